@@ -1,0 +1,3 @@
+from nodekit.cli.app import main
+
+main()

@@ -1,0 +1,207 @@
+"""The only module that talks to Docker, Compose and Buildx, always through python-on-whales.
+
+Functions take what they act on (an engine host, a compose file, a project name) and return plain models;
+DockerException never leaves this module: it becomes an EngineError, ImageError or BuildError with a fix.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from nodekit.errors import BuildError, EngineError, ImageError
+
+if TYPE_CHECKING:
+    from python_on_whales import DockerClient
+
+ENGINE_FIX = "make engine (provisions Docker Engine with Compose v2 and Buildx), or start your Docker daemon"
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    host: str
+    server_version: str
+    compose_version: str
+    buildx_version: str
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    id: str
+    tags: tuple[str, ...]
+    labels: Mapping[str, str]
+    size: int
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    name: str
+    status: str
+    running: bool
+    exit_code: int | None
+
+
+def client(host: str | None = None, *, compose_file: Path | None = None, project: str | None = None) -> DockerClient:
+    """A client for ``host`` (None: the default engine; else unix://, tcp:// or ssh:// endpoints)."""
+    from python_on_whales import DockerClient
+
+    if shutil.which("docker") is None:
+        raise EngineError("the docker command-line client is not installed", fix=ENGINE_FIX)
+    return DockerClient(
+        host=host,
+        compose_files=[compose_file] if compose_file else [],
+        compose_project_name=project,
+    )
+
+
+def _where(host: str | None) -> str:
+    return host or "the local Docker engine"
+
+
+def check_engine(host: str | None = None) -> EngineInfo:
+    """Versions of the engine and of the Compose v2 and Buildx plugins; EngineError when any is missing."""
+    from python_on_whales import DockerException
+
+    d = client(host)
+    try:
+        server = d.version().server
+    except DockerException as e:
+        raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
+    if server is None:
+        raise EngineError(f"no Docker engine answers at {_where(host)}", fix=ENGINE_FIX)
+    try:
+        compose = d.compose.version()
+    except DockerException:
+        raise EngineError("Docker Compose v2 (the `docker compose` plugin) is missing", fix=ENGINE_FIX) from None
+    try:
+        buildx = d.buildx.version()
+    except DockerException:
+        raise EngineError("Docker Buildx (the `docker buildx` plugin) is missing", fix=ENGINE_FIX) from None
+    return EngineInfo(
+        host=_where(host), server_version=str(server.version), compose_version=compose, buildx_version=buildx
+    )
+
+
+def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
+    """The image ``ref`` on ``host``, or None when that engine does not have it."""
+    from python_on_whales import DockerException
+
+    d = client(host)
+    try:
+        if not d.image.exists(ref):
+            return None
+        img = d.image.inspect(ref)
+    except DockerException as e:
+        raise EngineError(f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
+    config = img.config
+    env = dict(item.split("=", 1) for item in (config.env or []) if "=" in item) if config else {}
+    return ImageInfo(
+        id=str(img.id),
+        tags=tuple(img.repo_tags or ()),
+        labels=dict((config.labels or {}) if config else {}),
+        size=int(img.size or 0),
+        env=env,
+    )
+
+
+def require_image(ref: str, host: str | None = None, *, node: str | None = None) -> ImageInfo:
+    info = image_info(ref, host)
+    if info is None:
+        raise ImageError(
+            f"image {ref} is not on {_where(host)}",
+            fix="nodekit build (on this node), or nodekit push from the node that built it",
+            node=node,
+        )
+    return info
+
+
+def images_labelled(label: str, value: str, host: str | None = None) -> list[ImageInfo]:
+    """Images carrying ``label=value``, newest first."""
+    d = client(host)
+    found = d.image.list(filters={"label": f"{label}={value}"})
+    found.sort(key=lambda i: str(i.created), reverse=True)
+    infos = [image_info(str(i.id), host) for i in found]
+    return [i for i in infos if i is not None]
+
+
+# --- compose ---------------------------------------------------------------------------------------------
+
+
+def compose_config(compose_file: Path) -> dict[str, object]:
+    """`docker compose config` of a file, as JSON: proves Compose accepts it."""
+    from python_on_whales import DockerException
+
+    try:
+        out = client(compose_file=compose_file).compose.config(return_json=True)
+    except DockerException as e:
+        raise ImageError(f"docker compose rejects {compose_file}: {_last_line(e)}", fix="nodekit compose") from None
+    assert isinstance(out, dict)
+    return out
+
+
+def compose_up(compose_file: Path, project: str) -> None:
+    """Create and start the node's container in the background (recreated if it exists)."""
+    from python_on_whales import DockerException
+
+    try:
+        client(compose_file=compose_file, project=project).compose.up(detach=True, force_recreate=True, quiet=True)
+    except DockerException as e:
+        raise EngineError(
+            f"docker compose up failed for {compose_file}: {_last_line(e)}",
+            fix=f"docker compose -f {compose_file} up  (to see Docker's full output)",
+        ) from None
+
+
+def compose_logs(compose_file: Path, project: str, *, follow: bool, tail: str | None = None) -> Iterator[str]:
+    """The job's output line by line; with ``follow`` it ends when the container stops."""
+    d = client(compose_file=compose_file, project=project)
+    for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
+        yield content.decode(errors="replace").rstrip("\n")
+
+
+def compose_ps(compose_file: Path, project: str) -> list[ContainerState]:
+    d = client(compose_file=compose_file, project=project)
+    states = []
+    for c in d.compose.ps(all=True):
+        st = c.state
+        states.append(
+            ContainerState(
+                name=str(c.name),
+                status=str(st.status),
+                running=bool(st.running),
+                exit_code=None if st.running else st.exit_code,
+            )
+        )
+    return states
+
+
+def compose_wait(compose_file: Path, project: str) -> int:
+    """Block until the node's container exits; its exit code."""
+    d = client(compose_file=compose_file, project=project)
+    containers = d.compose.ps(all=True)
+    if not containers:
+        raise EngineError(f"project {project} has no container", fix=f"nodekit up (or docker compose -f {compose_file} up)")
+    code = d.container.wait(containers[0])
+    return int(code) if not isinstance(code, list) else int(code[0])
+
+
+def compose_down(compose_file: Path, project: str, *, timeout: int | None = None) -> None:
+    from python_on_whales import DockerException
+
+    try:
+        client(compose_file=compose_file, project=project).compose.down(timeout=timeout, remove_orphans=True, quiet=True)
+    except DockerException as e:
+        raise EngineError(f"docker compose down failed: {_last_line(e)}", fix=f"docker compose -p {project} down") from None
+
+
+def _last_line(e: Exception) -> str:
+    stderr = getattr(e, "stderr", None) or str(e)
+    lines = [ln.strip() for ln in str(stderr).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+__all__ = ["BuildError", "ContainerState", "EngineInfo", "ImageInfo"]

@@ -1,0 +1,1 @@
+"""Pure functions from specs to documents: compose files, rank environments, image build plans."""

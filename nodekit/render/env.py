@@ -1,0 +1,49 @@
+"""The environment one node's container runs with: rendezvous, rank, network and launcher variables."""
+
+from __future__ import annotations
+
+from nodekit.spec import HostFacts, NodeSpec
+
+OUTPUT_DIR_IN_CONTAINER = "/outputs"
+
+DEBUG_ENV = {
+    "NCCL_DEBUG": "INFO",
+    "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+    "TORCH_CPP_LOG_LEVEL": "INFO",
+}
+
+
+def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[str, str]:
+    """Variables for node ``node.rank``; user-configured variables win over everything but the rank itself."""
+    launch = node.launch
+    env: dict[str, str] = {
+        "MASTER_ADDR": node.main_addr,
+        "MASTER_PORT": str(launch.master_port),
+        "NODE_RANK": str(node.rank),
+        "NNODES": str(launch.nnodes),
+        "NPROC_PER_NODE": str(node.nproc),
+    }
+    if node.world_size is not None:
+        env["WORLD_SIZE"] = str(node.world_size)
+    env |= {
+        "NODEKIT_NAME": launch.name,
+        "NODEKIT_LAUNCHER": launch.launcher,
+        "NODEKIT_MAX_RESTARTS": str(launch.max_restarts),
+        "NODEKIT_RDZV_TIMEOUT": str(launch.rdzv_timeout),
+        "NODEKIT_PREFLIGHT_PORT": str(launch.preflight_port),
+        "NODEKIT_OUTPUT_DIR": OUTPUT_DIR_IN_CONTAINER,
+    }
+    if node.iface:
+        # Both libraries otherwise pick the first non-loopback interface (or the hostname's address), which on
+        # a multi-homed node is often not the one that reaches main: the classic hang at init.
+        env["GLOO_SOCKET_IFNAME"] = node.iface
+        env["NCCL_SOCKET_IFNAME"] = node.iface
+    if not facts.infiniband:
+        # Without this NCCL probes for IB verbs and, on some images, fails instead of falling back to sockets.
+        env["NCCL_IB_DISABLE"] = "1"
+    if debug:
+        env |= DEBUG_ENV
+    protected = {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES"}
+    env |= {k: v for k, v in launch.env if k not in protected}
+    return env

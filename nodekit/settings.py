@@ -1,0 +1,158 @@
+"""The only reader of ``nodekit.toml`` and ``NODEKIT_*`` variables.
+
+One precedence, highest first: command-line flags > ``NODEKIT_*`` environment variables > ``nodekit.toml`` >
+defaults. Flags arrive as keyword arguments of :func:`load`; a flag the user did not give is simply absent.
+The file is found at ``--config``/``NODEKIT_CONFIG``, else ``./nodekit.toml``; its directory is the project root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from nodekit.errors import ConfigError
+
+CONFIG_FILE = "nodekit.toml"
+DEFAULT_TORCH = "torch==2.13.0"
+_IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+
+
+class NodeOverride(BaseModel):
+    """Per-node settings under ``[nodes.<rank>]``; anything unset is detected on that node."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
+    addr: str | None = Field(None, description="this node's own address toward main")
+    nproc_per_node: int | Literal["auto"] | None = None
+
+
+class Settings(BaseSettings):
+    """Everything a user configures. Field docs double as the reference in ``nodekit init``'s starter file."""
+
+    model_config = SettingsConfigDict(env_prefix="NODEKIT_", frozen=True, extra="forbid", env_parse_none_str="")
+
+    # image
+    name: str | None = Field(None, description="image name; the image is tagged nodekit/<name>:<fingerprint>")
+    base_image: str = Field("nodekit/base:bookworm", description="base image (pin by digest on a real cluster)")
+    python_version: str = Field("3.11", description="the base image's Python (wheels are resolved for it)")
+    wheel_platform: str = Field("manylinux_2_36_x86_64", description="the image's wheel platform tag")
+    packages: tuple[str, ...] = Field((DEFAULT_TORCH,), description="Python requirements installed in the image")
+    # launch
+    script: str | None = Field(None, description="training script, relative to the project root")
+    module: str | None = Field(None, description="or a module to run with -m")
+    args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
+    launcher: Literal["torchrun", "env"] = Field("torchrun", description="torchrun, or env for frameworks that "
+                                                 "start their own workers (Lightning)")
+    nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
+    nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
+    master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")
+    max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts")
+    rdzv_timeout: int = Field(180, ge=1, description="seconds to wait for every node before giving up")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
+    # where things go on the host
+    compose_dir: Path = Field(Path("compose"), description="where compose/node-<rank>.yaml files are written")
+    output_dir: Path = Field(Path("outputs"), description="host directory mounted at /outputs in the job")
+    nodes: dict[int, NodeOverride] = Field(default_factory=dict, description="per-node overrides")
+
+    # Set by load(): where the file was found. Not a user setting.
+    project_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _docker_name(cls, v: str | None) -> str | None:
+        if v is not None and not _IMAGE_NAME.match(v):
+            raise ValueError(f"{v!r} is not a valid image name (lowercase letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("packages")
+    @classmethod
+    def _need_packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        if not v:
+            raise ValueError("at least one package is needed (torch)")
+        return v
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _TomlSource(settings_cls, _config_file.get()))
+
+    @property
+    def image_name(self) -> str:
+        """The configured name, else the project directory's name made valid for Docker."""
+        if self.name:
+            return self.name
+        cleaned = re.sub(r"[^a-z0-9._-]+", "-", self.project_dir.resolve().name.lower()).strip("._-")
+        return cleaned or "app"
+
+    def resolve(self, path: Path) -> Path:
+        """A configured path, relative to the project root."""
+        return path if path.is_absolute() else self.project_dir / path
+
+
+_config_file: ContextVar[Path | None] = ContextVar("nodekit_config_file", default=None)
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    """nodekit.toml, read once; an absent file contributes nothing."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        if path is not None and path.is_file():
+            try:
+                self._data = tomllib.loads(path.read_text())
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path} is not valid TOML: {e}", fix=f"edit {path}") from e
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def config_path(explicit: Path | None, environ: Mapping[str, str]) -> Path:
+    """Where the configuration file is: the flag, else NODEKIT_CONFIG, else ./nodekit.toml."""
+    if explicit is not None:
+        return explicit
+    if environ.get("NODEKIT_CONFIG"):
+        return Path(environ["NODEKIT_CONFIG"])
+    return Path(CONFIG_FILE)
+
+
+def load(config: Path | None = None, **flags: Any) -> Settings:
+    """Settings from flags (keyword arguments; None means "not given"), environment, file, defaults.
+
+    Raises ConfigError with the offending field and source when validation fails.
+    """
+    path = config_path(config, os.environ).absolute()
+    if config is not None and not path.is_file():
+        raise ConfigError(f"config file {path} does not exist", fix="nodekit init, or pass the right --config")
+    given = {k: v for k, v in flags.items() if v is not None}
+    token = _config_file.set(path)
+    try:
+        return Settings(project_dir=path.parent, **given)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "config"
+        raise ConfigError(
+            f"invalid setting {where}: {err['msg']}",
+            fix=f"fix {where} in {path.name}, NODEKIT_{where.upper()} or the flag",
+        ) from None
+    finally:
+        _config_file.reset(token)

@@ -1,0 +1,155 @@
+"""Frozen, validated models: what one node of one job is. Built from Settings plus per-node facts.
+
+Nothing here reads the environment, the file system or the network; callers pass what varies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nodekit.errors import ConfigError, UsageError
+from nodekit.settings import Settings
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+# Ports nodekit uses on main, relative to master_port: torchrun's store, then nodekit's own preflight store
+# (stack comparison, who-arrived). A separate port keeps a late torchrun client from ever talking to the
+# preflight store.
+PREFLIGHT_PORT_OFFSET = 1
+
+
+class Command(BaseModel):
+    """The user's training command: a script path or a module, plus arguments."""
+
+    model_config = _FROZEN
+
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Command:
+        if (self.script is None) == (self.module is None):
+            raise ValueError("set exactly one of script or module")
+        if self.script is not None and PurePosixPath(self.script).is_absolute():
+            raise ValueError(f"script {self.script!r} must be relative to the project root")
+        return self
+
+    def argv(self) -> list[str]:
+        """The arguments torchrun (or python) takes after its own options."""
+        head = [self.script] if self.script is not None else ["-m", str(self.module)]
+        return [*head, *self.args]
+
+
+class LaunchSpec(BaseModel):
+    """The job, identical on every node."""
+
+    model_config = _FROZEN
+
+    name: str
+    command: Command
+    launcher: Literal["torchrun", "env"] = "torchrun"
+    nnodes: int = Field(ge=1)
+    nproc_per_node: int | Literal["auto"] = "auto"
+    master_port: int = Field(29500, ge=1, le=65535 - PREFLIGHT_PORT_OFFSET)
+    max_restarts: int = Field(0, ge=0)
+    rdzv_timeout: int = Field(180, ge=1)
+    env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def preflight_port(self) -> int:
+        return self.master_port + PREFLIGHT_PORT_OFFSET
+
+
+class HostFacts(BaseModel):
+    """What this machine offers, gathered by ``nodekit.host`` and passed to render as data."""
+
+    model_config = _FROZEN
+
+    gpu_count: int = 0
+    gpu_models: tuple[str, ...] = ()
+    # Hard limits in bytes as the Docker daemon will see them; None means unlimited.
+    memlock_hard: int | None = None
+    stack_hard: int | None = None
+    infiniband: tuple[str, ...] = ()
+    iface: str | None = Field(None, description="interface that routes toward main")
+    local_addr: str | None = Field(None, description="this node's source address toward main")
+
+
+class NodeSpec(BaseModel):
+    """One node of the job: its rank, where main is, and the job."""
+
+    model_config = _FROZEN
+
+    rank: int = Field(ge=0)
+    main_addr: str
+    launch: LaunchSpec
+    nproc: int = Field(ge=1, description="processes on this node, 'auto' resolved with this node's facts")
+    iface: str | None = None
+    local_addr: str | None = None
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> NodeSpec:
+        if self.rank >= self.launch.nnodes:
+            raise ValueError(f"node rank {self.rank} is outside 0..{self.launch.nnodes - 1}")
+        ipaddress.ip_address(self.main_addr)
+        return self
+
+    @property
+    def world_size(self) -> int | None:
+        """Total processes, known when nproc_per_node is fixed (with 'auto' nodes may differ)."""
+        n = self.launch.nproc_per_node
+        return None if n == "auto" else n * self.launch.nnodes
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launch_spec(settings: Settings) -> LaunchSpec:
+    """The job from settings; a missing or ambiguous training command is a ConfigError."""
+    if (settings.script is None) == (settings.module is None):
+        which = "both script and module are set" if settings.script else "neither script nor module is set"
+        raise ConfigError(
+            f"no single training command: {which}",
+            fix='set script = "train.py" (or module = "pkg.train") in nodekit.toml, or pass --script',
+        )
+    if settings.script is not None and PurePosixPath(settings.script).is_absolute():
+        raise ConfigError(f"script {settings.script!r} must be relative to the project root", fix="use a relative path")
+    command = Command(script=settings.script, module=settings.module, args=settings.args)
+    return LaunchSpec(
+        name=settings.image_name,
+        command=command,
+        launcher=settings.launcher,
+        nnodes=settings.nnodes,
+        nproc_per_node=settings.nproc_per_node,
+        master_port=settings.master_port,
+        max_restarts=settings.max_restarts,
+        rdzv_timeout=settings.rdzv_timeout,
+        env=tuple(sorted(settings.env.items())),
+    )
+
+
+def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts) -> NodeSpec:
+    """Node ``rank`` of ``launch``; ``main_ip`` is already resolved to an IP address by the caller."""
+    if not 0 <= rank < launch.nnodes:
+        raise UsageError(
+            f"node rank {rank} is outside 0..{launch.nnodes - 1} (nnodes = {launch.nnodes})",
+            fix=f"pass --node-rank between 0 and {launch.nnodes - 1}, or raise nnodes",
+        )
+    override = settings.nodes.get(rank)
+    nproc_setting = override.nproc_per_node if override and override.nproc_per_node else launch.nproc_per_node
+    nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
+    return NodeSpec(
+        rank=rank,
+        main_addr=main_ip,
+        launch=launch,
+        nproc=nproc,
+        iface=(override.iface if override and override.iface else facts.iface),
+        local_addr=(override.addr if override and override.addr else facts.local_addr),
+    )
+
