@@ -156,14 +156,14 @@ def compose_up(compose_file: Path, project: str) -> None:
         ) from None
 
 
-def compose_logs(compose_file: Path, project: str, *, follow: bool, tail: str | None = None) -> Iterator[str]:
+def compose_logs(compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None) -> Iterator[str]:
     """The job's output line by line; with ``follow`` it ends when the container stops."""
     d = client(compose_file=compose_file, project=project)
     for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
         yield content.decode(errors="replace").rstrip("\n")
 
 
-def compose_ps(compose_file: Path, project: str) -> list[ContainerState]:
+def compose_ps(compose_file: Path | None, project: str) -> list[ContainerState]:
     d = client(compose_file=compose_file, project=project)
     states = []
     for c in d.compose.ps(all=True):
@@ -179,23 +179,27 @@ def compose_ps(compose_file: Path, project: str) -> list[ContainerState]:
     return states
 
 
-def compose_wait(compose_file: Path, project: str) -> int:
+def compose_wait(compose_file: Path | None, project: str) -> int:
     """Block until the node's container exits; its exit code."""
     d = client(compose_file=compose_file, project=project)
     containers = d.compose.ps(all=True)
     if not containers:
-        raise EngineError(f"project {project} has no container", fix=f"nodekit up (or docker compose -f {compose_file} up)")
+        raise EngineError(f"compose project {project} has no container", fix="nodekit up")
     code = d.container.wait(containers[0])
     return int(code) if not isinstance(code, list) else int(code[0])
 
 
-def compose_down(compose_file: Path, project: str, *, timeout: int | None = None) -> None:
+def compose_down(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
     from python_on_whales import DockerException
 
     try:
-        client(compose_file=compose_file, project=project).compose.down(timeout=timeout, remove_orphans=True, quiet=True)
+        client(compose_file=compose_file, project=project).compose.down(
+            timeout=timeout, remove_orphans=True, quiet=True
+        )
     except DockerException as e:
-        raise EngineError(f"docker compose down failed: {_last_line(e)}", fix=f"docker compose -p {project} down") from None
+        raise EngineError(
+            f"docker compose down failed: {_last_line(e)}", fix=f"docker compose -p {project} down"
+        ) from None
 
 
 def _last_line(e: Exception) -> str:

@@ -50,8 +50,9 @@ class Settings(BaseSettings):
     script: str | None = Field(None, description="training script, relative to the project root")
     module: str | None = Field(None, description="or a module to run with -m")
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
-    launcher: Literal["torchrun", "env"] = Field("torchrun", description="torchrun, or env for frameworks that "
-                                                 "start their own workers (Lightning)")
+    launcher: Literal["torchrun", "env"] = Field(
+        "torchrun", description="torchrun, or env for frameworks that start their own workers (Lightning)"
+    )
     nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
     nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
     master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")

@@ -1,9 +1,20 @@
-"""Placeholder app; replaced by the full CLI."""
+"""The ``nodekit`` command. Each command parses, makes one call into nodekit, and prints.
 
-import typer
+Heavy modules (python-on-whales, rich, the build pipeline) are imported inside the commands so that
+``nodekit --help`` answers at once. Commands live by topic in the modules imported below.
+"""
 
-app = typer.Typer()
+from __future__ import annotations
+
+from nodekit.cli import images, nodes, project
+from nodekit.cli.common import app
+
+__all__ = ["app", "images", "main", "nodes", "project"]
 
 
 def main() -> None:
-    app()
+    app(prog_name="nodekit")
+
+
+if __name__ == "__main__":
+    main()

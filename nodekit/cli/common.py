@@ -1,0 +1,91 @@
+"""The typer app, shared options, and the error mapping every command goes through."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from nodekit import __version__
+
+app = typer.Typer(
+    name="nodekit",
+    help="Multi-node PyTorch on plain machines: one pinned image, one compose file per node.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="nodekit.toml to use (default: ./nodekit.toml, NODEKIT_CONFIG)")
+]
+RankOpt = Annotated[int, typer.Option("--node-rank", "-r", help="this node's rank, 0 is main")]
+MainOpt = Annotated[str, typer.Option("--main", "-m", help="main node's address, as the other nodes reach it")]
+DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")]
+ImageOpt = Annotated[str | None, typer.Option("--image", help="image to run (default: the last one built here)")]
+NnodesOpt = Annotated[int | None, typer.Option("--nnodes", help="number of nodes")]
+NprocOpt = Annotated[str | None, typer.Option("--nproc-per-node", help="processes per node, or auto")]
+PortOpt = Annotated[int | None, typer.Option("--master-port", help="rendezvous port on main")]
+ScriptOpt = Annotated[str | None, typer.Option("--script", help="training script, relative to the project")]
+
+
+def handled(fn: F) -> F:
+    """Map NodekitError to its one-line message and exit code; Ctrl-C to 130."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from nodekit.errors import NodekitError
+
+        try:
+            return fn(*args, **kwargs)
+        except NodekitError as e:
+            from nodekit.cli import ui
+
+            ui.error(e.one_line())
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def load_settings(config: Path | None, **flags: Any) -> Any:
+    from nodekit import settings
+
+    if "nproc_per_node" in flags and flags["nproc_per_node"] not in (None, "auto"):
+        try:
+            flags["nproc_per_node"] = int(flags["nproc_per_node"])
+        except ValueError:
+            from nodekit.errors import UsageError
+
+            raise UsageError(
+                f"--nproc-per-node must be an integer or auto, not {flags['nproc_per_node']!r}",
+                fix="--nproc-per-node 8, or --nproc-per-node auto",
+            ) from None
+    return settings.load(config, **flags)
+
+
+def reporter() -> Any:
+    from nodekit.cli.ui import RichReporter
+
+    return RichReporter()
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nodekit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Build once, verify everywhere, launch with one command per node."""

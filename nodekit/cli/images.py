@@ -1,0 +1,91 @@
+"""Image commands: lock, base, build, inspect."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+
+from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, load_settings, reporter
+
+
+@app.command()
+@handled
+def lock(config: ConfigOpt = None) -> None:
+    """Resolve the image's packages into nodekit.lock (hash-locked, for the image's Python and platform)."""
+    from nodekit import lock as locking
+
+    settings = load_settings(config)
+    result = locking.lock(settings, reporter())
+    typer.echo(result.path)
+
+
+@app.command()
+@handled
+def base(
+    tag: Annotated[str | None, typer.Option(help="tag of the base image (default: base_image from the config)")] = None,
+    if_missing: Annotated[bool, typer.Option("--if-missing", help="do nothing when the image exists")] = False,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Create a minimal Debian base image with Python from Debian packages (no registry needed)."""
+    from nodekit import base as basing
+
+    settings = load_settings(config)
+    basing.create_base(tag or settings.base_image, reporter(), dry_run=dry_run, if_missing=if_missing)
+
+
+@app.command()
+@handled
+def build(
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every layer")] = False,
+    create_base: Annotated[
+        bool | None,
+        typer.Option("--create-base/--no-create-base", help="create the base image when it is missing (asks on a tty)"),
+    ] = None,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Lock, then build the pinned image with BuildKit; a no-op when nothing changed."""
+    from nodekit import base as basing
+    from nodekit import build as building
+    from nodekit.cli.ui import out
+
+    settings = load_settings(config)
+    rep = reporter()
+    missing = basing.missing_base(settings)
+    if missing and not dry_run:
+        if create_base is None and sys.stdin.isatty():
+            create_base = typer.confirm(
+                f"base image {settings.base_image} is not here and no registry is reachable; create it now "
+                "with nodekit base?",
+                default=True,
+            )
+        if create_base:
+            basing.create_base(settings.base_image, rep, dry_run=False, if_missing=True)
+    try:
+        result = building.build(settings, rep, dry_run=dry_run, no_cache=no_cache)
+    except Exception:
+        rep.fail()
+        raise
+    if dry_run:
+        out.print(result, markup=False)
+        return
+    out.print(result.summary(), markup=False)
+
+
+@app.command()
+@handled
+def inspect(
+    image: Annotated[str | None, typer.Argument(help="image (default: the last one built here)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Show the image's stack: fingerprint, base, Python, torch, CUDA/cuDNN/NCCL, size, locked packages."""
+    from nodekit import build as building
+    from nodekit.cli.ui import out
+
+    ref = image or building.current_image(load_settings(config))
+    report = building.inspect_image(ref)
+    out.print(report.to_json() if json_out else report.to_text(), markup=False)

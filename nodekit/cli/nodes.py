@@ -1,0 +1,180 @@
+"""Node commands: compose, up, down, logs, ps. Each acts on one node's compose project on this host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from nodekit.cli.common import (
+    ConfigOpt,
+    DryRunOpt,
+    ImageOpt,
+    MainOpt,
+    NnodesOpt,
+    NprocOpt,
+    PortOpt,
+    RankOpt,
+    ScriptOpt,
+    app,
+    handled,
+    load_settings,
+    reporter,
+)
+
+OutDirOpt = Annotated[Path | None, typer.Option("--out-dir", help="where node-<rank>.yaml goes (default: compose/)")]
+DebugOpt = Annotated[
+    bool,
+    typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO"),
+]
+
+
+def _plan(
+    config: Path | None,
+    rank: int,
+    main: str,
+    image: str | None,
+    debug: bool,
+    out_dir: Path | None,
+    **flags: Any,
+) -> Any:
+    from nodekit.node import plan_node
+
+    settings = load_settings(config, **flags)
+    return plan_node(settings, rank, main, image=image, debug=debug, out_dir=out_dir)
+
+
+def _print_plan(plan: Any) -> None:
+    from nodekit.cli.ui import out
+
+    out.print(f"# would write {plan.compose_path} (project {plan.project}):", markup=False)
+    out.print(plan.text, markup=False, end="")
+    for note in plan.notes:
+        out.print(f"# note: {note}", markup=False)
+
+
+@app.command()
+@handled
+def compose(
+    node_rank: RankOpt,
+    main: MainOpt,
+    image: ImageOpt = None,
+    out_dir: OutDirOpt = None,
+    debug: DebugOpt = False,
+    nnodes: NnodesOpt = None,
+    nproc_per_node: NprocOpt = None,
+    master_port: PortOpt = None,
+    script: ScriptOpt = None,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Write compose/node-<rank>.yaml for this node and print its path.
+
+    The file is self-contained: `docker compose -f compose/node-<rank>.yaml up` runs this node by hand.
+    """
+    from nodekit.node import write_compose
+
+    plan = _plan(
+        config, node_rank, main, image, debug, out_dir,
+        nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
+    )  # fmt: skip
+    if dry_run:
+        _print_plan(plan)
+        return
+    typer.echo(write_compose(plan))
+
+
+@app.command()
+@handled
+def up(
+    node_rank: RankOpt,
+    main: MainOpt,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="start in the background and return")] = False,
+    image: ImageOpt = None,
+    out_dir: OutDirOpt = None,
+    debug: DebugOpt = False,
+    nnodes: NnodesOpt = None,
+    nproc_per_node: NprocOpt = None,
+    master_port: PortOpt = None,
+    script: ScriptOpt = None,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Write this node's compose file and run it: logs stream with a node prefix, the exit code is the job's."""
+    from nodekit import node
+    from nodekit.cli.ui import prefixed
+
+    plan = _plan(
+        config, node_rank, main, image, debug, out_dir,
+        nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
+    )  # fmt: skip
+    if dry_run:
+        _print_plan(plan)
+        return
+    code = node.up(plan, reporter(), detach=detach, on_line=prefixed(f"[node {node_rank}]"))
+    raise typer.Exit(code)
+
+
+def _project(config: Path | None, rank: int, out_dir: Path | None) -> tuple[Path, str]:
+    from nodekit.node import compose_path, project_for
+
+    settings = load_settings(config)
+    return compose_path(settings, rank, out_dir), project_for(settings, rank)
+
+
+@app.command()
+@handled
+def down(
+    node_rank: RankOpt,
+    timeout: Annotated[int, typer.Option(help="seconds to let the job stop before it is killed")] = 30,
+    out_dir: OutDirOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Stop and remove this node's container."""
+    from nodekit import docker
+
+    path, project = _project(config, node_rank, out_dir)
+    docker.compose_down(path if path.is_file() else None, project, timeout=timeout)
+    typer.echo(f"node {node_rank} ({project}) is down")
+
+
+@app.command()
+@handled
+def logs(
+    node_rank: RankOpt,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="keep following until the job ends")] = False,
+    tail: Annotated[str | None, typer.Option(help="only the last N lines")] = None,
+    out_dir: OutDirOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Print this node's job output."""
+    from nodekit import docker
+    from nodekit.cli.ui import prefixed
+
+    path, project = _project(config, node_rank, out_dir)
+    emit = prefixed(f"[node {node_rank}]")
+    for line in docker.compose_logs(path if path.is_file() else None, project, follow=follow, tail=tail):
+        emit(line)
+
+
+@app.command()
+@handled
+def ps(
+    node_rank: Annotated[int | None, typer.Option("--node-rank", "-r", help="only this node")] = None,
+    out_dir: OutDirOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Show this host's nodekit containers for the project: node, state, exit code."""
+    from nodekit import docker
+    from nodekit.cli.ui import out
+    from nodekit.node import compose_path, project_for
+
+    settings = load_settings(config)
+    ranks = [node_rank] if node_rank is not None else range(settings.nnodes)
+    out.print(f"{'NODE':<6}{'PROJECT':<40}{'STATE':<12}EXIT", markup=False)
+    for r in ranks:
+        path, project = compose_path(settings, r, out_dir), project_for(settings, r)
+        for c in docker.compose_ps(path if path.is_file() else None, project):
+            code = "" if c.exit_code is None else str(c.exit_code)
+            out.print(f"{r:<6}{project:<40}{c.status:<12}{code}", markup=False)

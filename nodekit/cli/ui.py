@@ -1,0 +1,74 @@
+"""Console output for the CLI: the rich-backed Reporter, errors, and prefixed job logs."""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.status import Status
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class RichReporter:
+    """Steps as lines, tool output as a live spinner line (all of it on a non-terminal, e.g. in CI)."""
+
+    def __init__(self, console: Console = err, *, verbose: bool = False) -> None:
+        self.console = console
+        self.verbose = verbose or not console.is_terminal
+        self.recent: deque[str] = deque(maxlen=25)
+        self._status: Status | None = None
+        self._step = ""
+
+    def step(self, message: str) -> None:
+        self._stop()
+        self._step = message
+        self.console.print(f"[bold cyan]>[/] {escape(message)}")
+        if not self.verbose:
+            self._status = self.console.status(escape(message))
+            self._status.start()
+
+    def detail(self, line: str) -> None:
+        self.recent.append(line)
+        if self.verbose:
+            self.console.print(f"  [dim]{escape(line)}[/]")
+        elif self._status is not None:
+            self._status.update(f"{escape(self._step)}  [dim]{escape(line[-100:])}[/]")
+
+    def done(self, message: str) -> None:
+        self._stop()
+        self.console.print(f"[bold green]ok[/] {escape(message)}")
+
+    def warn(self, message: str) -> None:
+        self._stop()
+        self.console.print(f"[bold yellow]warning[/] {escape(message)}")
+
+    def fail(self) -> None:
+        """On error, show the last tool output that led to it (hidden behind the spinner until now)."""
+        self._stop()
+        if not self.verbose and self.recent:
+            for line in self.recent:
+                self.console.print(f"  [dim]{escape(line)}[/]")
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+
+def error(message: str) -> None:
+    err.print(f"[bold red]nodekit: error:[/] {escape(message)}", soft_wrap=True)
+
+
+def prefixed(prefix: str) -> Any:
+    """A line printer that tags each job line with its node, like torchrun's --tee prefixes."""
+
+    def emit(line: str) -> None:
+        sys.stdout.write(f"{prefix} {line}\n")
+        sys.stdout.flush()
+
+    return emit

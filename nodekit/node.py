@@ -1,0 +1,160 @@
+"""One node of a job: plan its compose file (pure decisions on gathered facts), write it, run it.
+
+``plan_node`` validates everything the user gave and gathers this host's facts; nothing is written until
+``write_compose`` and nothing runs until ``up``. A plan that fails leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodekit import docker
+from nodekit.errors import JobFailed, NetworkError, UsageError
+from nodekit.fsutil import write_atomic
+from nodekit.host import facts as host_facts
+from nodekit.host import net
+from nodekit.progress import Reporter
+from nodekit.render.compose import compose_filename, project_name, render_compose, to_yaml
+from nodekit.settings import Settings
+from nodekit.spec import HostFacts, NodeSpec, launch_spec, node_spec
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Everything ``nodekit up`` will do on this node, printable by ``--dry-run``."""
+
+    node: NodeSpec
+    image: str
+    facts: HostFacts
+    compose_path: Path
+    project: str
+    text: str
+    notes: tuple[str, ...] = field(default=())
+
+
+def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> Path:
+    return (out_dir or settings.resolve(settings.compose_dir)) / compose_filename(rank)
+
+
+def plan_node(
+    settings: Settings,
+    rank: int,
+    main: str,
+    *,
+    image: str | None = None,
+    debug: bool = False,
+    out_dir: Path | None = None,
+    facts: HostFacts | None = None,
+    resolve_image: Callable[[Settings], str] | None = None,
+) -> NodePlan:
+    """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing."""
+    launch = launch_spec(settings)
+    if not 0 <= rank < launch.nnodes:
+        raise UsageError(
+            f"node rank {rank} is outside 0..{launch.nnodes - 1} (nnodes = {launch.nnodes})",
+            fix=f"pass --node-rank between 0 and {launch.nnodes - 1}, or set nnodes",
+        )
+    if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
+        raise UsageError(
+            f"training script {launch.command.script} not found in {settings.project_dir}",
+            fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
+        )
+    main_ip = net.resolve(main)
+    notes: list[str] = []
+    if facts is None:
+        facts = host_facts.gather(main_ip)
+        if facts.iface is None:
+            raise NetworkError(
+                f"this host has no route to main address {main_ip}",
+                fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
+                node=f"node {rank}",
+            )
+    if not facts.infiniband:
+        notes.append("no InfiniBand devices: NCCL_IB_DISABLE=1 (NCCL uses TCP sockets)")
+    if facts.memlock_hard is not None:
+        notes.append(f"memlock hard limit is {facts.memlock_hard // 1024} KiB on this host: left at the default")
+    node = node_spec(settings, launch, rank, main_ip, facts)
+    ref = image or (resolve_image or _current_image)(settings)
+    path = compose_path(settings, rank, out_dir)
+    doc = render_compose(node, ref, facts, output_dir=settings.resolve(settings.output_dir).absolute(), debug=debug)
+    hint = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
+    text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
+    return NodePlan(
+        node=node,
+        image=ref,
+        facts=facts,
+        compose_path=path,
+        project=project_name(launch.name, rank),
+        text=text,
+        notes=tuple(notes),
+    )
+
+
+def _current_image(settings: Settings) -> str:
+    from nodekit.build import current_image
+
+    return current_image(settings)
+
+
+def write_compose(plan: NodePlan) -> Path:
+    write_atomic(plan.compose_path, plan.text)
+    return plan.compose_path
+
+
+def check_master_port(plan: NodePlan) -> None:
+    """On main, the rendezvous ports must be free before the container starts (host networking shares them)."""
+    if not plan.node.is_main:
+        return
+    for port in (plan.node.launch.master_port, plan.node.launch.preflight_port):
+        if net.port_in_use(port):
+            holder = net.port_holder(port)
+            who = f" by {holder}" if holder else ""
+            raise NetworkError(
+                f"port {port} on main is already in use{who}",
+                fix=f"stop that process (nodekit down --node-rank 0 if it is an earlier run), or pass --master-port "
+                f"{plan.node.launch.master_port + 10}",
+                node="node 0",
+            )
+
+
+def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None]) -> int:
+    """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
+
+    Returns the job's exit code (0 when detached). Interrupting (Ctrl-C) stops and removes the container.
+    """
+    docker.check_engine()
+    docker.require_image(plan.image, node=f"node {plan.node.rank}")
+    check_master_port(plan)
+    path = write_compose(plan)
+    reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
+    docker.compose_up(path, plan.project)
+    if detach:
+        reporter.done(f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f")
+        return 0
+    try:
+        for line in follow(path, plan.project):
+            on_line(line)
+        code = docker.compose_wait(path, plan.project)
+    except KeyboardInterrupt:
+        reporter.warn(f"interrupted: stopping node {plan.node.rank}")
+        docker.compose_down(path, plan.project, timeout=30)
+        return 130
+    if code != 0:
+        raise JobFailed(
+            f"the job exited with code {code}",
+            exit_code=code,
+            node=f"node {plan.node.rank}",
+            fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",
+        )
+    return 0
+
+
+def follow(path: Path, project: str) -> Iterator[str]:
+    return docker.compose_logs(path, project, follow=True)
+
+
+def project_for(settings: Settings, rank: int) -> str:
+    return project_name(settings.image_name, rank)

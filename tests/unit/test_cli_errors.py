@@ -1,0 +1,105 @@
+"""Every bad input: one line on stderr naming the problem and the fix, exit code 2, no compose file written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nodekit.cli.app import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_MASTER_PORT", "NODEKIT_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\nnnodes = 2\n')
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stderr
+
+
+def assert_refused(project: Path, code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("nodekit: error:")
+    assert "Fix:" in lines[0]
+    for needle in needles:
+        assert needle in lines[0]
+    assert not (project / "compose").exists(), "a refused command must not write a compose file"
+
+
+@pytest.mark.parametrize("command", ["compose", "up"])
+def test_rank_out_of_range(project: Path, command: str) -> None:
+    code, err = run(command, "--node-rank", "2", "--main", "10.0.0.5", "--image", "x:y")
+    assert_refused(project, code, err, "node rank 2", "0..1")
+
+
+def test_negative_rank(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "-1", "--main", "10.0.0.5", "--image", "x:y")
+    assert_refused(project, code, err, "node rank -1")
+
+
+def test_nnodes_below_one(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "0", "--main", "10.0.0.5", "--nnodes", "0", "--image", "x:y")
+    assert_refused(project, code, err, "nnodes")
+
+
+def test_unresolvable_main(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "1", "--main", "no-such-host.invalid", "--image", "x:y")
+    assert_refused(project, code, err, "no-such-host.invalid", "neither an IP")
+
+
+@pytest.mark.parametrize("port", ["0", "65536", "99999"])
+def test_port_out_of_range(project: Path, port: str) -> None:
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--master-port", port, "--image", "x:y")
+    assert_refused(project, code, err, "master_port")
+
+
+def test_missing_script(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--script", "nope.py", "--image", "x:y")
+    assert_refused(project, code, err, "nope.py", "not found")
+
+
+def test_bad_nproc(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--nproc-per-node", "many", "--image", "x:y")
+    assert_refused(project, code, err, "nproc-per-node")
+
+
+def test_no_docker_engine(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{project}/no-engine.sock")
+    code, err = run("up", "--node-rank", "1", "--main", "10.0.0.5", "--image", "x:y")
+    assert_refused(project, code, err, "no Docker engine", "make engine")
+
+
+def test_good_input_writes_the_file(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--image", "nodekit/clitest:abc")
+    assert code == 0, err
+    text = (project / "compose" / "node-1.yaml").read_text()
+    assert "NODE_RANK: '1'" in text and "MASTER_ADDR: 10.0.0.5" in text and "network_mode: host" in text
+    assert not [p for p in (project / "compose").iterdir() if p.name.startswith(".")], "temp file left behind"
+
+
+def test_dry_run_writes_nothing(project: Path) -> None:
+    result = runner.invoke(app, ["compose", "-r", "0", "-m", "127.0.0.1", "--image", "x:y", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    assert "NODE_RANK: '0'" in result.stdout
+    assert not (project / "compose").exists()
+
+
+def test_init_then_refuses_to_overwrite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert run("init", "--name", "x")[0] == 0
+    text = (tmp_path / "nodekit.toml").read_text()
+    assert 'name = "x"' in text and "torch==2.13.0" in text
+    code, err = run("init")
+    assert code == 2 and "already exists" in err

@@ -1,0 +1,114 @@
+"""Golden tests of rendered compose files: every host fact comes in as data, nothing is read from the machine.
+
+Regenerate after an intended change with NODEKIT_UPDATE_GOLDEN=1 and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nodekit.render.compose import render_compose, to_yaml
+from nodekit.settings import Settings
+from nodekit.spec import HostFacts, launch_spec, node_spec
+
+GOLDEN = Path(__file__).parent / "golden"
+PROJECT = Path("/srv/project")
+
+CPU_NODE = HostFacts(gpu_count=0, memlock_hard=8 * 1024 * 1024, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
+GPU_NODE = HostFacts(
+    gpu_count=8,
+    gpu_models=("NVIDIA H100 80GB HBM3",) * 8,
+    memlock_hard=None,
+    stack_hard=None,
+    infiniband=("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"),
+    iface="ens5",
+    local_addr="10.0.0.6",
+)
+
+
+def settings(**kw: object) -> Settings:
+    base: dict[str, object] = {"name": "demo", "script": "train.py", "args": ("--epochs", "3"), "nnodes": 2}
+    return Settings(project_dir=PROJECT, **(base | kw))  # type: ignore[arg-type]
+
+
+def rendered(s: Settings, rank: int, facts: HostFacts, *, debug: bool = False) -> str:
+    launch = launch_spec(s)
+    node = node_spec(s, launch, rank, "10.0.0.5", facts)
+    doc = render_compose(node, "nodekit/demo:0123456789ab", facts, output_dir=PROJECT / "outputs", debug=debug)
+    return to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=f"compose/node-{rank}.yaml")
+
+
+@pytest.mark.parametrize(
+    ("golden", "rank", "facts", "kw"),
+    [
+        ("node-0-cpu.yaml", 0, CPU_NODE, {"nproc_per_node": 1}),
+        ("node-1-gpu.yaml", 1, GPU_NODE, {}),
+    ],
+)
+def test_golden(golden: str, rank: int, facts: HostFacts, kw: dict[str, object]) -> None:
+    text = rendered(settings(**kw), rank, facts)
+    path = GOLDEN / golden
+    if os.environ.get("NODEKIT_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def svc(text: str) -> dict[str, object]:
+    doc = yaml.safe_load(text)
+    service: dict[str, object] = doc["services"]["train"]
+    return service
+
+
+def test_cpu_node_has_no_gpu_reservation_and_no_memlock() -> None:
+    s = svc(rendered(settings(), 1, CPU_NODE))
+    assert "deploy" not in s
+    assert "memlock" not in s["ulimits"]  # type: ignore[operator]
+    assert s["network_mode"] == "host" and s["ipc"] == "host"
+    env = s["environment"]
+    assert isinstance(env, dict)
+    assert env["NODE_RANK"] == "1" and env["MASTER_ADDR"] == "10.0.0.5"
+    assert env["NCCL_IB_DISABLE"] == "1"
+    assert "WORLD_SIZE" not in env  # nproc_per_node=auto: other nodes may differ
+
+
+def test_gpu_node_reserves_all_gpus_and_passes_infiniband() -> None:
+    s = svc(rendered(settings(), 1, GPU_NODE))
+    devices = s["deploy"]["resources"]["reservations"]["devices"]  # type: ignore[index]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert s["ulimits"]["memlock"] == {"soft": -1, "hard": -1}  # type: ignore[index]
+    assert s["cap_add"] == ["IPC_LOCK"]
+    assert "NCCL_IB_DISABLE" not in s["environment"]  # type: ignore[operator]
+    assert s["environment"]["NPROC_PER_NODE"] == "8"  # type: ignore[index]
+
+
+def test_world_size_when_nproc_is_fixed() -> None:
+    env = svc(rendered(settings(nproc_per_node=4, nnodes=3), 2, CPU_NODE))["environment"]
+    assert env["WORLD_SIZE"] == "12"  # type: ignore[index]
+
+
+def test_stack_limit_respects_a_lower_hard_limit() -> None:
+    facts = CPU_NODE.model_copy(update={"stack_hard": 8 * 1024 * 1024})
+    assert svc(rendered(settings(), 0, facts))["ulimits"]["stack"] == {"soft": 8388608, "hard": 8388608}  # type: ignore[index]
+
+
+def test_module_command_and_debug_env() -> None:
+    s = svc(rendered(settings(script=None, module="pkg.train", args=("--lr", "0.1")), 0, CPU_NODE, debug=True))
+    assert s["command"] == ["-m", "pkg.train", "--lr", "0.1"]
+    env = s["environment"]
+    assert env["NCCL_DEBUG"] == "INFO" and env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"  # type: ignore[index]
+
+
+def test_user_env_cannot_override_rank_variables() -> None:
+    s = svc(rendered(settings(env={"NODE_RANK": "9", "NCCL_DEBUG": "WARN"}), 1, CPU_NODE))
+    env = s["environment"]
+    assert env["NODE_RANK"] == "1" and env["NCCL_DEBUG"] == "WARN"  # type: ignore[index]
+
+
+def test_project_name_is_stable_per_rank() -> None:
+    doc0 = yaml.safe_load(rendered(settings(), 0, CPU_NODE))
+    doc1 = yaml.safe_load(rendered(settings(), 1, CPU_NODE))
+    assert (doc0["name"], doc1["name"]) == ("nodekit-demo-node0", "nodekit-demo-node1")
