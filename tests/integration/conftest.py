@@ -1,0 +1,40 @@
+"""Fixtures for real-Docker tests: the example project, copied to a temporary directory and built once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "ddp"
+
+
+def nodekit(
+    *args: str, config: Path, env: dict[str, str] | None = None, timeout: int = 600
+) -> subprocess.CompletedProcess[str]:
+    """Run the real CLI in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "nodekit", *args, "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ | (env or {}),
+    )
+
+
+@pytest.fixture(scope="session")
+def ddp_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: None) -> Path:
+    """examples/ddp in a temporary directory, with its image built (shared by every test in the session)."""
+    dest = tmp_path_factory.mktemp("ddp") / "ddp"
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
+    # The lock and the wheelhouse are inputs, not outputs: reuse the example's cache so the test resolves nothing.
+    if (EXAMPLE / ".nodekit" / "wheelhouse").is_dir():
+        shutil.copytree(EXAMPLE / ".nodekit" / "wheelhouse", dest / ".nodekit" / "wheelhouse")
+    built = nodekit("build", "--create-base", config=dest / "nodekit.toml", timeout=1500)
+    assert built.returncode == 0, built.stdout + built.stderr
+    return dest
