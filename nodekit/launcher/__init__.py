@@ -1,0 +1,46 @@
+"""nodekit's in-container launcher: ``python -m nodekit.launcher train.py [args]`` or ``... -m pkg.mod [args]``.
+
+Runs as the image's ENTRYPOINT on every node. Standard library plus torch, and torch only during preflight. It
+turns the node's environment into the launch:
+
+1. parse the environment (below) into a frozen ``LaunchConfig``; print one start line;
+2. check that the training script is in the working directory (/workspace);
+3. preflight (unless NODEKIT_PREFLIGHT=0 or NNODES=1): every node publishes its stack facts to node 0 over a
+   TCPStore on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT; node 0 compares them and every node prints the same report;
+   nodes that never arrive within NODEKIT_RDZV_TIMEOUT are named instead of everyone hanging;
+4. exec ``torchrun`` (mode ``torchrun``) or ``python <command>`` (mode ``env``) in place of itself, so the job's
+   exit code is the container's.
+
+Environment (set by nodekit's compose file, see ``nodekit/render/env.py``):
+
+=================================  ========  ====================================================================
+MASTER_ADDR                        required  main's IP address (not a name)
+MASTER_PORT                        required  torchrun's rendezvous port on main, 1..65535
+NODE_RANK                          required  0..NNODES-1
+NNODES                             required  >= 1
+NPROC_PER_NODE                     required  integer >= 1 (the host resolves ``auto``)
+WORLD_SIZE                         optional  total processes when fixed; informational and compared across nodes
+NODEKIT_NAME                       ""        job name, shown and compared
+NODEKIT_LAUNCHER                   torchrun  ``torchrun`` or ``env``
+NODEKIT_MAX_RESTARTS               0         torchrun --max-restarts
+NODEKIT_RDZV_TIMEOUT               180       seconds to wait for every node (preflight, and torchrun's rendezvous)
+NODEKIT_PREFLIGHT                  1         0 skips preflight
+NODEKIT_PREFLIGHT_PORT             PORT+1    preflight store port on main; must differ from MASTER_PORT
+NODEKIT_OUTPUT_DIR                 /outputs  for the training script; the launcher only passes it on
+NODEKIT_FINGERPRINT                ""        the image's stack fingerprint (baked into the image as ENV)
+NODEKIT_IMAGE_ID                   ""        the image id, when the host passes it
+NODEKIT_ALLOW_HETEROGENEOUS_GPUS   0         1: GPU model/count and processes per node may differ (notes)
+GLOO_SOCKET_IFNAME / NCCL_...      unset     the interface toward main; shown in the start line
+=================================  ========  ====================================================================
+
+Mode ``env`` (Lightning ``Trainer(num_nodes=NNODES, devices=NPROC_PER_NODE)``, LightlyTrain): the command runs as
+one process per node and the framework starts its own per-device workers. Lightning's LightningEnvironment reads
+MASTER_ADDR, MASTER_PORT and NODE_RANK; LOCAL_RANK, RANK, GROUP_RANK and LOCAL_WORLD_SIZE are removed, because a
+set LOCAL_RANK tells Lightning that someone else already started every worker (it would then start none and hang),
+and all four together select TorchElasticEnvironment.
+
+Exit codes: 0 the job succeeded; 2 bad environment or command (missing variable, script not found, torchrun
+missing); 17 stack or launch mismatch between nodes, or a node rank claimed twice; 18 rendezvous failed: a node
+never arrived within NODEKIT_RDZV_TIMEOUT, main unreachable, main lost, or the preflight port taken; 143
+terminated during preflight; anything else is the job's own code (torchrun's, in torchrun mode).
+"""

@@ -1,0 +1,139 @@
+"""The launcher's input: the container environment, parsed once into a frozen :class:`LaunchConfig`.
+
+:func:`parse_env` is pure (a mapping in, a config out) so the contract with ``nodekit/render/env.py`` is testable
+without a container or torch. Every problem is an :class:`EnvError` whose message names the variable.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+Mode = Literal["torchrun", "env"]
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class EnvError(ValueError):
+    """A required variable is missing or a variable does not parse; the message is one line naming it."""
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What one node's launcher knows about the job, all of it from the environment."""
+
+    master_addr: str
+    master_port: int
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    world_size: int | None
+    name: str
+    mode: Mode
+    max_restarts: int
+    rdzv_timeout: float
+    preflight: bool
+    preflight_port: int
+    output_dir: str
+    fingerprint: str
+    image_id: str
+    iface: str | None
+    allow_heterogeneous_gpus: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.node_rank == 0
+
+
+def _int(
+    env: Mapping[str, str], key: str, *, default: int | None = None, lo: int | None = None, hi: int | None = None
+) -> int:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        if default is None:
+            raise EnvError(f"{key} is not set (nodekit's compose file sets it; run `nodekit compose` again)")
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise EnvError(f"{key}={raw!r} is not an integer") from None
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"{lo if lo is not None else '-inf'}..{hi if hi is not None else 'inf'}"
+        raise EnvError(f"{key}={value} is outside {bounds}")
+    return value
+
+
+def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = env.get(key)
+    if raw is None:
+        return default
+    v = raw.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise EnvError(f"{key}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def parse_env(env: Mapping[str, str]) -> LaunchConfig:
+    """Parse the environment nodekit's compose file gives every node; raise :class:`EnvError` on the first problem.
+
+    Required: MASTER_ADDR (an IP address), MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host
+    resolved ``auto``). Everything else has a default, listed in the package docstring.
+    """
+    addr = env.get("MASTER_ADDR", "").strip()
+    if not addr:
+        raise EnvError("MASTER_ADDR is not set (nodekit's compose file sets it; run `nodekit compose` again)")
+    try:
+        ipaddress.ip_address(addr)
+    except ValueError:
+        # The host resolves names once so every node agrees on main; a name resolved inside each container can
+        # differ per node (the 127.0.1.1 /etc/hosts trap) and then the rendezvous hangs.
+        raise EnvError(f"MASTER_ADDR={addr!r} is not an IP address (nodekit passes main's IP, not a name)") from None
+    master_port = _int(env, "MASTER_PORT", lo=1, hi=65535)
+    nnodes = _int(env, "NNODES", lo=1)
+    node_rank = _int(env, "NODE_RANK", lo=0)
+    if node_rank >= nnodes:
+        raise EnvError(f"NODE_RANK={node_rank} is outside 0..{nnodes - 1} (NNODES={nnodes})")
+    nproc = env.get("NPROC_PER_NODE", "").strip()
+    if nproc == "auto":
+        raise EnvError("NPROC_PER_NODE='auto' must be resolved to an integer on the host (nodekit compose does it)")
+    nproc_per_node = _int(env, "NPROC_PER_NODE", lo=1)
+    world_size = _int(env, "WORLD_SIZE", lo=1) if env.get("WORLD_SIZE", "").strip() else None
+    mode = env.get("NODEKIT_LAUNCHER", "torchrun").strip() or "torchrun"
+    if mode not in ("torchrun", "env"):
+        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is neither 'torchrun' nor 'env'")
+    timeout_raw = env.get("NODEKIT_RDZV_TIMEOUT", "").strip() or "180"
+    try:
+        rdzv_timeout = float(timeout_raw)
+    except ValueError:
+        raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
+    if not rdzv_timeout > 0:
+        raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 seconds")
+    default_preflight_port = master_port + 1 if master_port < 65535 else None
+    preflight_port = _int(env, "NODEKIT_PREFLIGHT_PORT", default=default_preflight_port, lo=1, hi=65535)
+    if preflight_port == master_port:
+        # torchrun's own store listens on MASTER_PORT; sharing it would let a late torchrun client talk to ours.
+        raise EnvError(f"NODEKIT_PREFLIGHT_PORT={preflight_port} must differ from MASTER_PORT")
+    iface = env.get("GLOO_SOCKET_IFNAME", "").strip() or env.get("NCCL_SOCKET_IFNAME", "").strip() or None
+    return LaunchConfig(
+        master_addr=addr,
+        master_port=master_port,
+        node_rank=node_rank,
+        nnodes=nnodes,
+        nproc_per_node=nproc_per_node,
+        world_size=world_size,
+        name=env.get("NODEKIT_NAME", "").strip(),
+        mode="env" if mode == "env" else "torchrun",
+        max_restarts=_int(env, "NODEKIT_MAX_RESTARTS", default=0, lo=0),
+        rdzv_timeout=rdzv_timeout,
+        preflight=_bool(env, "NODEKIT_PREFLIGHT", True),
+        preflight_port=preflight_port,
+        output_dir=env.get("NODEKIT_OUTPUT_DIR", "").strip() or "/outputs",
+        fingerprint=env.get("NODEKIT_FINGERPRINT", "").strip(),
+        image_id=env.get("NODEKIT_IMAGE_ID", "").strip(),
+        iface=iface,
+        allow_heterogeneous_gpus=_bool(env, "NODEKIT_ALLOW_HETEROGENEOUS_GPUS", False),
+    )

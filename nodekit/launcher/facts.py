@@ -1,0 +1,146 @@
+"""What one node's stack is: gathered inside the container, published to main during preflight.
+
+:class:`NodeFacts` is plain data (JSON in the store). :func:`gather` is the only function that imports torch, and it
+does so lazily so the rest of the launcher is importable without it.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import socket
+import subprocess
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import nodekit
+from nodekit.launcher.config import LaunchConfig
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One node's stack and launch parameters. Empty strings mean "not applicable or unknown" (no CUDA, no GPU)."""
+
+    rank: int
+    hostname: str
+    address: str
+    fingerprint: str
+    image_id: str
+    python: str
+    torch: str
+    cuda: str
+    cudnn: str
+    nccl: str
+    driver: str
+    gpu_model: str
+    gpu_count: int
+    nodekit: str
+    nnodes: int
+    nproc_per_node: int
+    world_size: str
+    master_port: int
+    mode: str
+    name: str
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> NodeFacts:
+        """Tolerant of fields added by a newer launcher (ignored) and removed ones (empty): a version skew must
+        reach the comparison and be reported there, not crash the parser."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            default: Any = 0 if f.type in ("int", int) else ""
+            kwargs[f.name] = data.get(f.name, default)
+        return cls(**kwargs)
+
+
+def _run(argv: list[str]) -> str:
+    if shutil.which(argv[0]) is None:
+        return ""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
+def _gpus_from_nvidia_smi() -> tuple[str, int, str]:
+    """(model, count, driver) from nvidia-smi; it sees the GPUs the container was given without creating a CUDA
+    context (which would take seconds and GPU memory in a process that is about to exec)."""
+    out = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+    rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+    if not rows:
+        return "", 0, ""
+    models = sorted({r[0] for r in rows})
+    drivers = sorted({r[1] for r in rows if len(r) > 1})
+    return " + ".join(models), len(rows), " + ".join(drivers)
+
+
+def _driver_from_proc() -> str:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            first = f.readline()
+    except OSError:
+        return ""
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..."
+    for token in first.split():
+        if token[:1].isdigit() and "." in token:
+            return token
+    return ""
+
+
+def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None) -> NodeFacts:
+    """This node's facts. ``address`` is the local address this node reaches main from (main's own for node 0)."""
+    import torch  # type: ignore[import-not-found, unused-ignore]  # lazy: only preflight needs it
+
+    env = os.environ if env is None else env
+    cuda = torch.version.cuda or ""
+    cudnn = ""
+    nccl = ""
+    if cuda:
+        try:
+            v = torch.backends.cudnn.version()
+            cudnn = str(v) if v else ""
+        except Exception:  # a CUDA wheel without usable cuDNN libraries still reports the rest
+            cudnn = ""
+        try:
+            nv = torch.cuda.nccl.version()
+            nccl = ".".join(str(x) for x in nv) if isinstance(nv, tuple) else str(nv)
+        except Exception:
+            nccl = ""
+    model, count, driver = _gpus_from_nvidia_smi()
+    if not driver:
+        driver = _driver_from_proc()
+    if count == 0 and cuda:
+        try:
+            count = int(torch.cuda.device_count())
+            if count:
+                model = " + ".join(sorted({torch.cuda.get_device_name(i) for i in range(count)}))
+        except Exception:
+            count = 0
+    return NodeFacts(
+        rank=cfg.node_rank,
+        hostname=socket.gethostname(),
+        address=address,
+        fingerprint=cfg.fingerprint,
+        image_id=cfg.image_id or env.get("NODEKIT_IMAGE_ID", ""),
+        python=platform.python_version(),
+        torch=str(torch.__version__),
+        cuda=cuda,
+        cudnn=cudnn,
+        nccl=nccl,
+        driver=driver,
+        gpu_model=model,
+        gpu_count=count,
+        nodekit=nodekit.__version__,
+        nnodes=cfg.nnodes,
+        nproc_per_node=cfg.nproc_per_node,
+        world_size=str(cfg.world_size) if cfg.world_size is not None else "",
+        master_port=cfg.master_port,
+        mode=cfg.mode,
+        name=cfg.name,
+    )

@@ -1,0 +1,145 @@
+"""The launcher's entry point: parse, print the start line, check, preflight, exec. See the package docstring."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
+from nodekit.launcher.facts import gather
+from nodekit.launcher.plan import Command, CommandError, exec_plan, missing_target, parse_command, start_line
+from nodekit.launcher.preflight import Clock, Outcome, PreflightError, open_store, run_main, run_worker, wait_reachable
+from nodekit.launcher.verdict import render
+
+EXIT_OK = 0
+EXIT_BAD_ENV = 2
+EXIT_STACK_MISMATCH = 17
+EXIT_RENDEZVOUS = 18
+EXIT_TERMINATED = 143
+
+
+def _err(line: str) -> None:
+    sys.stdout.flush()
+    print(f"nodekit: error: {line}", file=sys.stderr, flush=True)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # As PID 1 in a container a signal without a handler is ignored, so `docker compose down` during preflight
+    # would wait out the grace period and then SIGKILL. exec resets this handler; torchrun installs its own.
+    raise SystemExit(EXIT_TERMINATED)
+
+
+def _torchrun() -> str:
+    # The torchrun next to this interpreter, so the workers run in the same environment as the launcher.
+    sibling = Path(sys.executable).with_name("torchrun")
+    return str(sibling) if sibling.is_file() else "torchrun"
+
+
+def _missing_module(command: Command) -> str | None:
+    if command.module is None:
+        return None
+    top = command.module.split(".")[0]
+    if importlib.util.find_spec(top) is not None:  # top level only: finding a submodule imports its parents
+        return None
+    return f"training module {command.module!r}: no package {top!r} in {os.getcwd()} or the image's Python"
+
+
+def _torchrun_in_process(argv: Sequence[str]) -> int:
+    """Run torchrun's own entry point in this process, after a preflight that has already imported torch.
+
+    Exec'ing the torchrun script would import torch a second time on the critical path (about 2 s here, the
+    whole of preflight's cost). The argv is exactly the one exec would get; torchrun's errors propagate as they
+    would from its console script (traceback, exit 1).
+    """
+    from torch.distributed.run import main as torchrun_main  # type: ignore[import-not-found, unused-ignore]
+
+    sys.argv = list(argv)
+    sys.stdout.flush()
+    torchrun_main(list(argv[1:]))
+    return EXIT_OK
+
+
+def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
+    """Run the stack check and the who-arrived rendezvous; return 0 to go on, else the exit code."""
+    clock = clock or Clock()
+    start = clock.now()
+    deadline = start + cfg.rdzv_timeout
+    # The store's own timeout bounds each call; the protocol enforces the real deadlines by polling.
+    store_timeout = cfg.rdzv_timeout + 60
+    outcome: Outcome
+    try:
+        if cfg.is_main:
+            store = open_store(cfg, store_timeout)
+            outcome = run_main(store, cfg, gather(cfg, cfg.master_addr), clock)
+        else:
+            # Facts first: importing torch takes seconds, and main is importing it at the same time before it
+            # can host the store, so the two overlap instead of adding up.
+            facts = gather(cfg, "")
+            local = wait_reachable(cfg, deadline, clock)
+            store = open_store(cfg, store_timeout)
+            facts = replace(facts, address=local)
+            outcome = run_worker(store, cfg, facts, clock)
+    except PreflightError as e:
+        _err(str(e))
+        return EXIT_RENDEZVOUS
+    report = render(outcome.verdict)
+    took = f"(preflight {clock.now() - start:.1f} s)"
+    verdict = outcome.verdict
+    if verdict.status == "ok" and not outcome.duplicate:
+        print(f"{report} {took}" if "\n" not in report else f"{report}\n{took}", flush=True)
+        return EXIT_OK
+    print(report, flush=True)
+    if outcome.duplicate:
+        _err(f"node rank {cfg.node_rank} is already taken by another node; this node does not start {took}")
+        return EXIT_STACK_MISMATCH
+    if outcome.late:
+        _err(f"this node (rank {cfg.node_rank}) arrived after main stopped waiting; restart every node {took}")
+        return EXIT_RENDEZVOUS
+    if verdict.status == "mismatch":
+        _err(f"stack mismatch between nodes; not starting training {took}")
+        return EXIT_STACK_MISMATCH
+    _err(f"node(s) {', '.join(map(str, verdict.missing))} never arrived; not starting training {took}")
+    return EXIT_RENDEZVOUS
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Parse, check, preflight, then exec (never returns on success); returns an exit code otherwise."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ if environ is None else environ)
+    try:
+        cfg = parse_env(env)
+        command = parse_command(argv)
+    except (EnvError, CommandError) as e:
+        _err(str(e))
+        return EXIT_BAD_ENV
+    print(start_line(cfg), flush=True)
+    problem = missing_target(command, os.getcwd()) or _missing_module(command)
+    if problem:
+        _err(problem)
+        return EXIT_BAD_ENV
+    if cfg.preflight and cfg.nnodes > 1:
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        try:
+            code = preflight(cfg)
+        except KeyboardInterrupt:
+            return 130
+        if code != EXIT_OK:
+            return code
+    plan = exec_plan(cfg, command, python=sys.executable, torchrun=_torchrun())
+    if cfg.mode == "torchrun" and "torch" in sys.modules:
+        return _torchrun_in_process(plan.argv)
+    # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(plan.argv[0], list(plan.argv), plan.environ(env))
+    except OSError as e:
+        _err(f"cannot run {plan.argv[0]}: {e.strerror} (the image's Python environment lacks it; `nodekit build`)")
+        return EXIT_BAD_ENV
+    return EXIT_OK  # not reached: exec does not return

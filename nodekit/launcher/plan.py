@@ -1,0 +1,120 @@
+"""Pure decisions: what to exec, with which environment, and the one line each node prints at start.
+
+Nothing here imports torch or touches the process; ``main`` carries the decisions out.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from nodekit.launcher.config import LaunchConfig
+
+# In ``env`` mode the framework (Lightning, LightlyTrain) starts its own per-device workers. Lightning's
+# LightningEnvironment treats a set LOCAL_RANK as "an external launcher already started every process" and then
+# starts none (one process per node joins a world that expects nnodes x devices: a hang), and with RANK,
+# GROUP_RANK, LOCAL_RANK and LOCAL_WORLD_SIZE all set it picks TorchElasticEnvironment instead. A stale value
+# (e.g. from a base image or a user's env table) must not leak in, so these are removed.
+ENV_MODE_UNSET = ("LOCAL_RANK", "RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+
+
+class CommandError(ValueError):
+    """The training command (argv after ``-m nodekit.launcher``) is empty or names nothing that exists."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """The user's training command: a script, or ``-m module``, and its arguments."""
+
+    script: str | None
+    module: str | None
+    args: tuple[str, ...]
+
+    def argv(self) -> list[str]:
+        """What follows ``python`` (or torchrun's own options): ``script args`` or ``-m module args``."""
+        head = ["-m", str(self.module)] if self.module is not None else [str(self.script)]
+        return [*head, *self.args]
+
+
+@dataclass(frozen=True)
+class ExecPlan:
+    """A complete description of the exec: argv, variables to set and variables to remove."""
+
+    argv: tuple[str, ...]
+    set_env: tuple[tuple[str, str], ...] = ()
+    unset_env: tuple[str, ...] = ()
+
+    def environ(self, base: Mapping[str, str]) -> dict[str, str]:
+        """``base`` with this plan's changes applied."""
+        env = {k: v for k, v in base.items() if k not in self.unset_env}
+        env.update(self.set_env)
+        return env
+
+
+def parse_command(argv: Sequence[str]) -> Command:
+    """``train.py a b`` or ``-m pkg.mod a b``; anything else is a :class:`CommandError`."""
+    if not argv:
+        raise CommandError(
+            "no training command: expected `python -m nodekit.launcher train.py [args]` or `... -m pkg.module [args]`"
+        )
+    if argv[0] in ("-m", "--module"):
+        if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
+            raise CommandError(f"{argv[0]} needs a module name, e.g. `-m pkg.train`")
+        return Command(script=None, module=argv[1], args=tuple(argv[2:]))
+    if argv[0].startswith("-"):
+        raise CommandError(f"unexpected option {argv[0]!r} before the training script (only -m is understood)")
+    return Command(script=argv[0], module=None, args=tuple(argv[1:]))
+
+
+def exec_plan(cfg: LaunchConfig, command: Command, *, python: str = "python", torchrun: str = "torchrun") -> ExecPlan:
+    """The process this node's launcher becomes.
+
+    ``torchrun`` mode: static rendezvous on MASTER_ADDR:MASTER_PORT, node 0 hosting it. ``--rdzv-conf timeout``
+    bounds torchrun's own wait for the other nodes (torch's default is 600 s) so that with preflight off, or on a
+    restart round, a missing node still ends the job instead of hanging it. ``env`` mode: ``python`` runs the
+    command itself with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and WORLD_SIZE when known)
+    already in the environment, and without the per-process variables listed in :data:`ENV_MODE_UNSET`.
+    """
+    if cfg.mode == "env":
+        return ExecPlan(argv=(python, *command.argv()), unset_env=ENV_MODE_UNSET)
+    argv = [
+        torchrun,
+        "--nnodes", str(cfg.nnodes),
+        "--node-rank", str(cfg.node_rank),
+        "--nproc-per-node", str(cfg.nproc_per_node),
+        "--master-addr", cfg.master_addr,
+        "--master-port", str(cfg.master_port),
+        "--max-restarts", str(cfg.max_restarts),
+        "--rdzv-conf", f"timeout={max(1, round(cfg.rdzv_timeout))}",
+        *command.argv(),
+    ]  # fmt: skip
+    return ExecPlan(argv=tuple(argv))
+
+
+def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | None = None) -> str | None:
+    """A one-line error when the script is not in ``workdir``, else None. Modules are not checked here.
+
+    ``exists`` maps paths to answers for tests; by default the file system is asked.
+    """
+    if command.script is None:
+        return None
+    path = command.script if os.path.isabs(command.script) else os.path.join(workdir, command.script)
+    found = exists[path] if exists is not None and path in exists else os.path.isfile(path)
+    if found:
+        return None
+    return (
+        f"training script {command.script!r} not found in {workdir} (the image copies the project directory "
+        f"there: check `script` in nodekit.toml and .dockerignore, then `nodekit build`)"
+    )
+
+
+def start_line(cfg: LaunchConfig) -> str:
+    """The single line every node prints first, so a log shows at a glance which node runs what."""
+    world = str(cfg.world_size) if cfg.world_size is not None else "?"
+    image = cfg.fingerprint[:12] if cfg.fingerprint else "unknown"
+    name = f" {cfg.name}" if cfg.name else ""
+    return (
+        f"nodekit{name}: node {cfg.node_rank}/{cfg.nnodes} | {cfg.nproc_per_node} proc/node | world {world} | "
+        f"main {cfg.master_addr}:{cfg.master_port} | iface {cfg.iface or 'auto'} | image {image} | {cfg.mode}"
+    )

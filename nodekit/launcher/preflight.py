@@ -1,0 +1,265 @@
+"""Preflight: every node publishes its facts to main, main compares, every node prints main's verdict.
+
+The channel is a ``torch.distributed.TCPStore`` on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by node 0 (a port of
+its own, so no late torchrun client ever talks to it). The protocol runs against the small :class:`Store`
+protocol, so it is testable with an in-memory store; only :func:`open_store` imports torch.
+
+Keys (all under ``nodekit/``)::
+
+    claim/<r>    counter: how many nodes said they are rank r (more than one is a copy-paste compose file)
+    facts/<r>    JSON NodeFacts of the first node with rank r; dup/<r>/<n> for the n-th claimant
+    verdict      JSON Verdict, written once by main
+    seen/<r>     counter: rank r has read the verdict; main keeps the store up until every arrival has
+
+Every wait polls in short steps instead of one long blocking call so that SIGTERM (``docker compose down``)
+interrupts it: Python runs signal handlers only between bytecodes, not inside a C++ ``wait``.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Protocol
+
+from nodekit.launcher.config import LaunchConfig
+from nodekit.launcher.facts import NodeFacts
+from nodekit.launcher.verdict import Verdict, decide
+
+PREFIX = "nodekit/"
+POLL_S = 0.1
+# How long main keeps the store up for arrived nodes to read the verdict. They poll every POLL_S, so this only
+# matters when one of them died right after arriving.
+ACK_TIMEOUT_S = 15.0
+# Workers wait this much longer for the verdict than main waits for nodes: main's clock started before theirs.
+VERDICT_GRACE_S = 30.0
+PROGRESS_EVERY_S = 30.0
+# Quiet at first: on a healthy start the other nodes show up within a second or two, and "waiting" lines would
+# be noise in every log.
+FIRST_REPORT_S = 3.0
+
+
+class Store(Protocol):
+    """The part of ``torch.distributed.Store`` the protocol uses."""
+
+    def set(self, key: str, value: str) -> None: ...
+    def get(self, key: str) -> bytes: ...
+    def add(self, key: str, amount: int) -> int: ...
+    def check(self, keys: list[str]) -> bool: ...
+
+
+class PreflightError(Exception):
+    """Preflight could not finish: main unreachable, a node lost, the port taken. ``str()`` is one line."""
+
+
+@dataclass
+class Clock:
+    """Time and output, injectable for tests."""
+
+    now: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    log: Callable[[str], None] = field(default=lambda line: print(line, flush=True))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What preflight decided for this node: main's verdict, and whether this node holds a duplicate rank."""
+
+    verdict: Verdict
+    duplicate: bool = False
+    late: bool = False
+
+
+# ---- reachability (standard library only) ----------------------------------------------------------------------
+
+_REASONS = {
+    errno.ECONNREFUSED: "connection refused",
+    errno.EHOSTUNREACH: "no route to host",
+    errno.ENETUNREACH: "network unreachable",
+    errno.ETIMEDOUT: "timed out",
+}
+
+
+def probe(addr: str, port: int, timeout: float) -> tuple[str | None, str | None]:
+    """One raw TCP connect: ``(None, local_address)`` on success, ``(reason, None)`` on failure.
+
+    The reason separates the three situations a user fixes differently: "connection refused" (main is up but
+    nothing listens yet, or a firewall rejects), "no route to host"/"network unreachable" (wrong address or
+    interface), "timed out" (a firewall silently drops, or the host is down).
+    """
+    try:
+        with socket.create_connection((addr, port), timeout=timeout) as s:
+            return None, str(s.getsockname()[0])
+    except TimeoutError:
+        return "timed out", None
+    except OSError as e:
+        return _REASONS.get(e.errno or 0, e.strerror or str(e)), None
+
+
+def wait_reachable(cfg: LaunchConfig, deadline: float, clock: Clock) -> str:
+    """Retry :func:`probe` against main's preflight port until it answers; return this node's local address.
+
+    Main usually starts later than some workers (``nodekit up`` runs per node, by hand), so a refusal is normal
+    at first; only the deadline turns it into an error, carrying the last reason seen.
+    """
+    start = clock.now()
+    last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
+    target = f"{cfg.master_addr}:{cfg.preflight_port}"
+    while True:
+        remaining = deadline - clock.now()
+        reason, local = probe(cfg.master_addr, cfg.preflight_port, max(0.05, min(2.0, remaining)))
+        if reason is None and local is not None:
+            return local
+        now = clock.now()
+        if now >= deadline:
+            raise PreflightError(
+                f"cannot reach main {target} ({reason}); gave up after NODEKIT_RDZV_TIMEOUT={cfg.rdzv_timeout:g} s. "
+                f"Node ranks arrived: unknown (main never answered). Is node 0 running (`nodekit ps` there)? "
+                f"From this node: `nodekit doctor --main {cfg.master_addr} --node-rank {cfg.node_rank}`"
+            )
+        if now - last_report >= PROGRESS_EVERY_S:
+            clock.log(
+                f"nodekit preflight: waiting for main {target} ({reason}), {now - start:.0f}/{cfg.rdzv_timeout:g} s"
+            )
+            last_report = now
+        clock.sleep(min(0.5, max(0.0, deadline - now)))
+
+
+# ---- the protocol (against any Store) --------------------------------------------------------------------------
+
+
+def _key(*parts: object) -> str:
+    return PREFIX + "/".join(str(p) for p in parts)
+
+
+def _publish(store: Store, facts: NodeFacts) -> int:
+    """Claim this node's rank and publish its facts; return how many nodes claimed the rank (1 = only us)."""
+    n = int(store.add(_key("claim", facts.rank), 1))
+    payload = _json(facts)
+    store.set(_key("facts", facts.rank) if n == 1 else _key("dup", facts.rank, n), payload)
+    return n
+
+
+def _json(facts: NodeFacts) -> str:
+    import json
+
+    return json.dumps(facts.to_json_dict(), sort_keys=True)
+
+
+def _facts(raw: bytes) -> NodeFacts:
+    import json
+
+    data: dict[str, Any] = json.loads(raw)
+    return NodeFacts.from_json_dict(data)
+
+
+def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
+    """Node 0: publish, wait up to ``cfg.rdzv_timeout`` (counted from now: the store is up) for every node, decide,
+    publish the verdict, and keep the store up until every node that arrived has read it (or ACK_TIMEOUT_S passes).
+    """
+    start = clock.now()
+    deadline = start + cfg.rdzv_timeout
+    _publish(store, facts)
+    pending = set(range(1, cfg.nnodes))
+    last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
+    while pending:
+        pending = {r for r in pending if not store.check([_key("facts", r)])}
+        now = clock.now()
+        if not pending or now >= deadline:
+            break
+        if now - last_report >= PROGRESS_EVERY_S:
+            ranks = ", ".join(str(r) for r in sorted(pending))
+            clock.log(
+                f"nodekit preflight: hosting on port {cfg.preflight_port}, waiting for node(s) {ranks}, "
+                f"{now - start:.0f}/{cfg.rdzv_timeout:g} s"
+            )
+            last_report = now
+        clock.sleep(POLL_S)
+    arrived = [r for r in range(cfg.nnodes) if r not in pending]
+    all_facts = [facts] + [_facts(store.get(_key("facts", r))) for r in arrived if r != 0]
+    duplicates: list[NodeFacts] = []
+    for r in arrived:
+        claims = int(store.add(_key("claim", r), 0))
+        for n in range(2, claims + 1):
+            if store.check([_key("dup", r, n)]):
+                duplicates.append(_facts(store.get(_key("dup", r, n))))
+    verdict = decide(
+        all_facts,
+        nnodes=cfg.nnodes,
+        timeout_s=cfg.rdzv_timeout,
+        main=f"{cfg.master_addr}:{cfg.preflight_port}",
+        duplicates=duplicates,
+        allow_heterogeneous_gpus=cfg.allow_heterogeneous_gpus,
+    )
+    store.set(_key("verdict"), verdict.to_json())
+    # The verdict must outlive this process's exec: torchrun replaces us and the store goes with us.
+    ack_deadline = clock.now() + ACK_TIMEOUT_S
+    unseen = {f.rank for f in all_facts if f.rank != 0}
+    while unseen and clock.now() < ack_deadline:
+        unseen = {r for r in unseen if not store.check([_key("seen", r)])}
+        if unseen:
+            clock.sleep(POLL_S)
+    if unseen:
+        clock.log(
+            f"nodekit preflight: node(s) {', '.join(map(str, sorted(unseen)))} did not confirm the verdict "
+            f"within {ACK_TIMEOUT_S:g} s; continuing"
+        )
+    return Outcome(verdict=verdict)
+
+
+def run_worker(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
+    """Node r > 0: publish, wait for main's verdict, confirm it, and return it.
+
+    Main decides at most ``rdzv_timeout`` after it started hosting, which was before we connected, so waiting
+    ``rdzv_timeout`` (plus a grace) from now is always enough. A lost connection to main is a :class:`PreflightError`.
+    """
+    target = f"{cfg.master_addr}:{cfg.preflight_port}"
+    try:
+        claims = _publish(store, facts)
+        verdict_deadline = clock.now() + cfg.rdzv_timeout + VERDICT_GRACE_S
+        while not store.check([_key("verdict")]):
+            if clock.now() >= verdict_deadline:
+                raise PreflightError(
+                    f"main {target} took our facts but gave no verdict within "
+                    f"{cfg.rdzv_timeout + VERDICT_GRACE_S:g} s (is node 0 stuck? see its log)"
+                )
+            clock.sleep(POLL_S)
+        verdict = Verdict.from_json(store.get(_key("verdict")))
+        store.add(_key("seen", cfg.node_rank), 1)
+    except RuntimeError as e:  # torch's DistNetworkError / DistStoreError: main went away mid-protocol
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PreflightError(f"lost main {target} during preflight: {first}") from e
+    late = cfg.node_rank in verdict.missing
+    return Outcome(verdict=verdict, duplicate=claims > 1, late=late)
+
+
+# ---- torch -----------------------------------------------------------------------------------------------------
+
+
+def open_store(cfg: LaunchConfig, timeout_s: float) -> Any:
+    """Main hosts the store (not waiting for workers: the protocol counts them itself); others connect.
+
+    ``timeout_s`` bounds every store call, including a client's connect retries.
+    """
+    from torch.distributed import TCPStore  # type: ignore[import-not-found, unused-ignore]  # lazy: preflight only
+
+    try:
+        return TCPStore(
+            cfg.master_addr,
+            cfg.preflight_port,
+            None,
+            cfg.is_main,
+            timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if cfg.is_main:
+            raise PreflightError(
+                f"cannot host the preflight store on port {cfg.preflight_port}: {first} (another job on this node? "
+                f"`nodekit ps`; or change master_port)"
+            ) from e
+        raise PreflightError(f"cannot reach main {cfg.master_addr}:{cfg.preflight_port}: {first}") from e
