@@ -1,0 +1,176 @@
+"""A small but real DDP job: synthetic regression, an MLP, DistributedSampler, DDP, a checkpoint, and proof that
+every rank ends with bit-identical parameters.
+
+Run under torchrun (nodekit's launcher does that), e.g. on one machine as two "nodes"::
+
+    torchrun --nnodes 2 --node-rank 0 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29600 train.py
+    torchrun --nnodes 2 --node-rank 1 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port 29600 train.py
+
+Rank 0 writes ``checkpoint.pt`` and ``result.json`` to $NODEKIT_OUTPUT_DIR (default ./outputs) and prints one
+summary line. ``--fail-rank R`` makes rank R exit with code 3 at its first step (for failure-path tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+FAIL_EXIT_CODE = 3
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--samples", type=int, default=4096, help="size of the synthetic data set")
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto")
+    p.add_argument(
+        "--pg-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a collective may wait for a peer; torch's default (10-30 min) hides a dead peer",
+    )
+    p.add_argument("--output-dir", default=os.environ.get("NODEKIT_OUTPUT_DIR", "outputs"))
+    p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 at its first step")
+    return p.parse_args(argv)
+
+
+def synthetic_data(n: int, d: int, seed: int) -> TensorDataset:
+    """y = sin(x . w) + 0.5 * (x . v) + noise; the same on every rank because the generator is seeded."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    w = torch.randn(d, generator=g) / d**0.5
+    v = torch.randn(d, generator=g) / d**0.5
+    y = torch.sin(x @ w) + 0.5 * (x @ v) + 0.05 * torch.randn(n, generator=g)
+    return TensorDataset(x, y.unsqueeze(1))
+
+
+def param_checksum(model: nn.Module) -> int:
+    """The first 8 bytes of a sha256 over every parameter's bytes, as a signed int64 so it travels in a tensor:
+    equal values mean bit-identical parameters. (all_gather_object would need numpy, which the image may lack.)"""
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        flat = p.detach().to("cpu").contiguous().view(-1)
+        h.update(bytes(flat.view(torch.uint8).tolist()))
+    return int.from_bytes(h.digest()[:8], "big", signed=True)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def main() -> int:
+    args = parse_args()
+    t0 = time.perf_counter()
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() and args.backend != "gloo"
+    backend = args.backend if args.backend != "auto" else ("nccl" if use_cuda else "gloo")
+    if use_cuda:
+        # Before init: NCCL binds each process to the current device, and every rank defaulting to cuda:0 is
+        # the classic "all processes on GPU 0" out-of-memory or hang.
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+
+    torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's at wrap time)
+    data = synthetic_data(args.samples, args.features, args.seed)
+    sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, drop_last=True)
+    model = nn.Sequential(nn.Linear(args.features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 1)).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[local_rank] if use_cuda else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = nn.MSELoss()
+
+    steps = 0
+    first_loss: float | None = None
+    epoch_loss = torch.zeros(2, device=device)  # (sum of losses, batches) of the last epoch
+    for epoch in range(args.epochs):
+        sampler.set_epoch(epoch)  # without it every epoch repeats the same shuffle
+        epoch_loss.zero_()
+        for x, y in loader:
+            if steps == 0 and rank == args.fail_rank:
+                print(f"rank {rank}: failing on purpose (--fail-rank {args.fail_rank})", file=sys.stderr, flush=True)
+                sys.exit(FAIL_EXIT_CODE)
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(x), y)
+            loss.backward()  # DDP all-reduces gradients here
+            opt.step()
+            epoch_loss += torch.stack([loss.detach(), torch.ones((), device=device)])
+            steps += 1
+        if first_loss is None:
+            first = epoch_loss.clone()
+            dist.all_reduce(first)
+            first_loss = (first[0] / first[1].clamp(min=1)).item()
+    dist.all_reduce(epoch_loss)
+    final_loss = (epoch_loss[0] / epoch_loss[1].clamp(min=1)).item()
+
+    out_dir = Path(args.output_dir)
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out_dir / "checkpoint.pt.tmp"
+        torch.save(
+            {"model": model.state_dict(), "optimizer": opt.state_dict(), "steps": steps, "args": vars(args)}, tmp
+        )
+        os.replace(tmp, out_dir / "checkpoint.pt")
+
+    mine = torch.tensor([param_checksum(model)], dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(world_size)]
+    dist.all_gather(gathered, mine)
+    checksums = [f"{int(t.item()) & (2**64 - 1):016x}" for t in gathered]
+    equal = len(set(checksums)) == 1
+    wall = time.perf_counter() - t0
+    if rank == 0:
+        nnodes = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")))
+        result = {
+            "nnodes": nnodes,
+            "world_size": world_size,
+            "nproc_per_node": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            "backend": backend,
+            "epochs": args.epochs,
+            "steps": steps,
+            "first_epoch_loss": round(first_loss or 0.0, 6),
+            "final_loss": round(final_loss, 6),
+            "checksums": checksums,
+            "checksums_equal": equal,
+            "wall_time_s": round(wall, 3),
+            "image": os.environ.get("NODEKIT_FINGERPRINT", "")[:12],
+        }
+        write_atomic(out_dir / "result.json", (json.dumps(result, indent=2) + "\n").encode())
+        verdict = "equal" if equal else "DIFFERENT"
+        print(
+            f"ddp-demo: {nnodes} nodes x {result['nproc_per_node']} proc (world {world_size}, {backend}) | "
+            f"{steps} steps | final loss {final_loss:.4f} | checksums {verdict} on {world_size} ranks | "
+            f"{wall:.1f} s",
+            flush=True,
+        )
+    dist.destroy_process_group()
+    return 0 if equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
