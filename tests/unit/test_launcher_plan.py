@@ -1,0 +1,86 @@
+"""What the launcher execs, built by a pure function from the environment: no torch, no process."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodekit.launcher.config import parse_env
+from nodekit.launcher.plan import ENV_MODE_UNSET, CommandError, exec_plan, missing_target, parse_command, start_line
+from tests.unit.test_launcher_config import BASE
+
+
+def test_torchrun_argv_for_a_script() -> None:
+    plan = exec_plan(parse_env(BASE), parse_command(["train.py", "--epochs", "3"]), torchrun="/opt/venv/bin/torchrun")
+    assert list(plan.argv) == [
+        "/opt/venv/bin/torchrun",
+        "--nnodes", "2",
+        "--node-rank", "1",
+        "--nproc-per-node", "4",
+        "--master-addr", "10.0.0.5",
+        "--master-port", "29500",
+        "--max-restarts", "0",
+        "--rdzv-conf", "timeout=180",
+        "train.py", "--epochs", "3",
+    ]  # fmt: skip
+    assert plan.set_env == () and plan.unset_env == ()
+
+
+def test_torchrun_argv_for_a_module() -> None:
+    plan = exec_plan(parse_env({**BASE, "NODEKIT_MAX_RESTARTS": "2"}), parse_command(["-m", "pkg.train", "--x"]))
+    assert plan.argv[0] == "torchrun"
+    tail = list(plan.argv[plan.argv.index("--max-restarts") :])
+    assert tail == ["--max-restarts", "2", "--rdzv-conf", "timeout=180", "-m", "pkg.train", "--x"]
+
+
+def test_env_mode_runs_python_directly_without_per_process_variables() -> None:
+    cfg = parse_env({**BASE, "NODEKIT_LAUNCHER": "env"})
+    plan = exec_plan(cfg, parse_command(["train.py", "--devices", "4"]), python="/opt/venv/bin/python")
+    assert plan.argv == ("/opt/venv/bin/python", "train.py", "--devices", "4")
+    env = plan.environ({**BASE, "LOCAL_RANK": "0", "RANK": "3", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "4"})
+    assert not set(ENV_MODE_UNSET) & set(env)
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["NODE_RANK"], env["WORLD_SIZE"]) == (
+        "10.0.0.5",
+        "29500",
+        "1",
+        "8",
+    )
+    module = exec_plan(cfg, parse_command(["-m", "pkg.train"]), python="python")
+    assert module.argv == ("python", "-m", "pkg.train")
+
+
+def test_fractional_timeout_rounds_for_torchrun() -> None:
+    plan = exec_plan(parse_env({**BASE, "NODEKIT_RDZV_TIMEOUT": "0.4"}), parse_command(["t.py"]))
+    assert "timeout=1" in plan.argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "no training command"),
+        (["-m"], "-m needs a module name"),
+        (["-m", "--flag"], "-m needs a module name"),
+        (["--nproc-per-node", "2", "train.py"], "unexpected option '--nproc-per-node'"),
+    ],
+)
+def test_bad_commands(argv: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        parse_command(argv)
+
+
+def test_missing_script_is_named_with_the_fix() -> None:
+    cmd = parse_command(["trian.py"])
+    problem = missing_target(cmd, "/workspace", exists={"/workspace/trian.py": False})
+    assert problem is not None and "'trian.py' not found in /workspace" in problem and "nodekit build" in problem
+    assert missing_target(cmd, "/workspace", exists={"/workspace/trian.py": True}) is None
+    assert missing_target(parse_command(["-m", "pkg"]), "/workspace", exists={}) is None
+
+
+def test_start_line() -> None:
+    assert start_line(parse_env(BASE)) == (
+        "nodekit ddp-demo: node 1/2 | 4 proc/node | world 8 | main 10.0.0.5:29500 | iface eth0 | "
+        "image 3f2a9c1b0d4e | torchrun"
+    )
+    bare = {k: BASE[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE")}
+    assert start_line(parse_env(bare)) == (
+        "nodekit: node 1/2 | 4 proc/node | world ? | main 10.0.0.5:29500 | iface auto | image unknown | torchrun"
+    )

@@ -1,0 +1,181 @@
+"""The preflight protocol against an in-memory store (threads stand in for nodes), reachability against real
+loopback sockets, and the launcher's early exits. No torch: the TCPStore itself is exercised in the manual runs
+recorded in the launcher's commit messages and by the real-Docker tests."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodekit.launcher.config import LaunchConfig, parse_env
+from nodekit.launcher.facts import NodeFacts
+from nodekit.launcher.main import EXIT_BAD_ENV, main
+from nodekit.launcher.preflight import Clock, Outcome, PreflightError, probe, run_main, run_worker, wait_reachable
+from tests.unit.test_launcher_config import BASE
+from tests.unit.test_launcher_verdict import NODE0
+
+
+class MemStore:
+    """A thread-safe stand-in for torch's TCPStore (set/get/add/check)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def _alive(self) -> None:
+        if self.broken:
+            raise RuntimeError("Connection reset by peer\nmore detail")
+
+    def set(self, key: str, value: str) -> None:
+        self._alive()
+        with self.lock:
+            self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        self._alive()
+        with self.lock:
+            return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        self._alive()
+        with self.lock:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def check(self, keys: list[str]) -> bool:
+        self._alive()
+        with self.lock:
+            return all(k in self.data for k in keys)
+
+
+def cfg(rank: int, nnodes: int = 2, timeout: float = 5.0, **env: str) -> LaunchConfig:
+    return parse_env({**BASE, "NODE_RANK": str(rank), "NNODES": str(nnodes), "NODEKIT_RDZV_TIMEOUT": str(timeout),
+                      **env})  # fmt: skip
+
+
+def quiet() -> Clock:
+    lines: list[str] = []
+    return Clock(log=lines.append)
+
+
+def facts(rank: int, **changes: Any) -> NodeFacts:
+    identity: dict[str, Any] = {"rank": rank, "hostname": f"host-{rank}", "address": f"10.0.0.{5 + rank}"}
+    return replace(NODE0, **(identity | changes))
+
+
+def run_nodes(store: MemStore, nodes: list[tuple[LaunchConfig, NodeFacts]]) -> list[Outcome]:
+    """Run node 0 (first in ``nodes``) and the workers concurrently; return their outcomes in order."""
+    results: list[Any] = [None] * len(nodes)
+
+    def go(i: int, c: LaunchConfig, f: NodeFacts) -> None:
+        results[i] = (run_main if c.is_main else run_worker)(store, c, f, quiet())
+
+    threads = [threading.Thread(target=go, args=(i, c, f)) for i, (c, f) in enumerate(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    return results
+
+
+def test_identical_nodes_all_get_the_same_ok_verdict_and_confirm_it() -> None:
+    store = MemStore()
+    out = run_nodes(store, [(cfg(r, 3), facts(r)) for r in range(3)])
+    assert [o.verdict.status for o in out] == ["ok", "ok", "ok"]
+    assert out[0].verdict == out[1].verdict == out[2].verdict
+    assert store.check(["nodekit/seen/1", "nodekit/seen/2"])
+
+
+def test_a_different_stack_stops_every_node_with_the_same_verdict() -> None:
+    out = run_nodes(MemStore(), [(cfg(0), facts(0)), (cfg(1), facts(1, torch="2.12.0"))])
+    assert [o.verdict.status for o in out] == ["mismatch", "mismatch"]
+    assert out[0].verdict == out[1].verdict
+    assert [d.field for d in out[0].verdict.errors] == ["torch"]
+
+
+def test_a_node_that_never_comes_is_named_after_the_timeout() -> None:
+    started = time.monotonic()
+    out = run_nodes(MemStore(), [(cfg(0, 3, 0.5), facts(0)), (cfg(1, 3, 0.5), facts(1))])
+    assert time.monotonic() - started < 5
+    assert [o.verdict.status for o in out] == ["missing", "missing"]
+    assert out[1].verdict.missing == (2,) and out[1].verdict.arrived == (0, 1)
+
+
+def test_a_rank_claimed_twice_is_a_mismatch_and_the_second_claimant_knows() -> None:
+    store = MemStore()
+    worker_results: list[Outcome] = []
+    workers = [
+        threading.Thread(target=lambda f=f: worker_results.append(run_worker(store, cfg(1), f, quiet())))
+        for f in (facts(1), facts(1, hostname="host-dup"))
+    ]
+    for t in workers:
+        t.start()
+    while not store.check(["nodekit/dup/1/2"]):
+        time.sleep(0.01)
+    main_outcome = run_main(store, cfg(0), facts(0), quiet())
+    for t in workers:
+        t.join(timeout=10)
+    assert main_outcome.verdict.status == "mismatch"
+    assert [f.hostname for f in main_outcome.verdict.duplicates] == ["host-dup"]
+    assert sorted(o.duplicate for o in worker_results) == [False, True]
+
+
+def test_a_node_arriving_after_the_verdict_knows_it_is_late() -> None:
+    store = MemStore()
+    run_main(store, cfg(0, 2, 0.2), facts(0), quiet())
+    late = run_worker(store, cfg(1, 2, 0.2), facts(1), quiet())
+    assert late.late and late.verdict.status == "missing"
+
+
+def test_losing_main_mid_protocol_is_one_line() -> None:
+    store = MemStore()
+    store.broken = True
+    with pytest.raises(
+        PreflightError, match=r"^lost main 10\.0\.0\.5:29501 during preflight: Connection reset by peer$"
+    ):
+        run_worker(store, cfg(1), facts(1), quiet())
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_probe_tells_a_closed_port_from_an_open_one() -> None:
+    port = closed_port()
+    assert probe("127.0.0.1", port, 1.0) == ("connection refused", None)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        reason, local = probe("127.0.0.1", server.getsockname()[1], 1.0)
+    assert reason is None and local == "127.0.0.1"
+
+
+def test_a_worker_that_cannot_reach_main_says_so_within_the_timeout() -> None:
+    c = cfg(1, 2, 0.6, MASTER_ADDR="127.0.0.1", NODEKIT_PREFLIGHT_PORT=str(closed_port()))
+    started = time.monotonic()
+    with pytest.raises(PreflightError) as info:
+        wait_reachable(c, time.monotonic() + c.rdzv_timeout, quiet())
+    assert time.monotonic() - started < 3
+    assert str(info.value).startswith(f"cannot reach main 127.0.0.1:{c.preflight_port} (connection refused)")
+
+
+def test_bad_environment_and_missing_script_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    assert main(["train.py"], {k: v for k, v in BASE.items() if k != "NNODES"}) == EXIT_BAD_ENV
+    assert capsys.readouterr().err.strip().startswith("nodekit: error: NNODES is not set")
+    assert main(["train.py"], BASE) == EXIT_BAD_ENV
+    out, err = capsys.readouterr()
+    assert out.startswith("nodekit ddp-demo: node 1/2 |") and "'train.py' not found in" in err
+    assert main(["-m", "no_such_pkg_nodekit.train"], BASE) == EXIT_BAD_ENV
+    assert "no package 'no_such_pkg_nodekit'" in capsys.readouterr().err
