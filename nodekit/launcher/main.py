@@ -29,10 +29,14 @@ def _err(line: str) -> None:
     print(f"nodekit: error: {line}", file=sys.stderr, flush=True)
 
 
+class _Terminated(Exception):
+    pass
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     # As PID 1 in a container a signal without a handler is ignored, so `docker compose down` during preflight
     # would wait out the grace period and then SIGKILL. exec resets this handler; torchrun installs its own.
-    raise SystemExit(EXIT_TERMINATED)
+    raise _Terminated
 
 
 def _torchrun() -> str:
@@ -96,14 +100,20 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
         return EXIT_OK
     print(report, flush=True)
     if outcome.duplicate:
-        _err(f"node rank {cfg.node_rank} is already taken by another node; this node does not start {took}")
+        holder = next((f for f in verdict.facts if f.rank == cfg.node_rank), None)
+        by = f"{holder.hostname} ({holder.address})" if holder else "another node"
+        _err(
+            f"node rank {cfg.node_rank} is already taken by {by}; this node does not start. "
+            f"Give every node its own --node-rank {took}"
+        )
+        return EXIT_STACK_MISMATCH
+    late = " (this node arrived after main had decided)" if outcome.late else ""
+    if verdict.status == "mismatch":
+        _err(f"stack mismatch between nodes; not starting training{late} {took}")
         return EXIT_STACK_MISMATCH
     if outcome.late:
         _err(f"this node (rank {cfg.node_rank}) arrived after main stopped waiting; restart every node {took}")
         return EXIT_RENDEZVOUS
-    if verdict.status == "mismatch":
-        _err(f"stack mismatch between nodes; not starting training {took}")
-        return EXIT_STACK_MISMATCH
     _err(f"node(s) {', '.join(map(str, verdict.missing))} never arrived; not starting training {took}")
     return EXIT_RENDEZVOUS
 
@@ -128,7 +138,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         try:
             code = preflight(cfg)
         except KeyboardInterrupt:
+            _err("interrupted during preflight")
             return 130
+        except _Terminated:
+            _err("terminated (SIGTERM) during preflight; no worker was started")
+            return EXIT_TERMINATED
         if code != EXIT_OK:
             return code
     plan = exec_plan(cfg, command, python=sys.executable, torchrun=_torchrun())

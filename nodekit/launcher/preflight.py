@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from nodekit.launcher.config import LaunchConfig
 from nodekit.launcher.facts import NodeFacts
-from nodekit.launcher.verdict import Verdict, decide
+from nodekit.launcher.verdict import Verdict, compare, decide
 
 PREFIX = "nodekit/"
 POLL_S = 0.1
@@ -156,6 +156,10 @@ def _facts(raw: bytes) -> NodeFacts:
     return NodeFacts.from_json_dict(data)
 
 
+def _policy(cfg: LaunchConfig) -> dict[str, bool]:
+    return {"allow_heterogeneous_gpus": cfg.allow_heterogeneous_gpus}
+
+
 def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
     """Node 0: publish, wait up to ``cfg.rdzv_timeout`` (counted from now: the store is up) for every node, decide,
     publish the verdict, and keep the store up until every node that arrived has read it (or ACK_TIMEOUT_S passes).
@@ -163,10 +167,19 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
     start = clock.now()
     deadline = start + cfg.rdzv_timeout
     _publish(store, facts)
+    arrived: dict[int, NodeFacts] = {0: facts}
     pending = set(range(1, cfg.nnodes))
     last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
+    early = False
     while pending:
-        pending = {r for r in pending if not store.check([_key("facts", r)])}
+        new = {r for r in pending if store.check([_key("facts", r)])}
+        arrived |= {r: _facts(store.get(_key("facts", r))) for r in new}
+        pending -= new
+        # A mismatch among the nodes already here is final: say so now rather than after waiting out the
+        # timeout for the rest (the missing ones are still named, as not yet arrived).
+        if new and any(d.severity == "error" for d in compare(list(arrived.values()), **_policy(cfg))):
+            early = bool(pending)
+            break
         now = clock.now()
         if not pending or now >= deadline:
             break
@@ -178,8 +191,7 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
             )
             last_report = now
         clock.sleep(POLL_S)
-    arrived = [r for r in range(cfg.nnodes) if r not in pending]
-    all_facts = [facts] + [_facts(store.get(_key("facts", r))) for r in arrived if r != 0]
+    all_facts = list(arrived.values())
     duplicates: list[NodeFacts] = []
     for r in arrived:
         claims = int(store.add(_key("claim", r), 0))
@@ -192,10 +204,11 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
         timeout_s=cfg.rdzv_timeout,
         main=f"{cfg.master_addr}:{cfg.preflight_port}",
         duplicates=duplicates,
-        allow_heterogeneous_gpus=cfg.allow_heterogeneous_gpus,
+        stopped_early=early,
+        **_policy(cfg),
     )
     store.set(_key("verdict"), verdict.to_json())
-    # The verdict must outlive this process's exec: torchrun replaces us and the store goes with us.
+    # The store dies with this preflight (torchrun runs next), so wait until every arrival has read the verdict.
     ack_deadline = clock.now() + ACK_TIMEOUT_S
     unseen = {f.rank for f in all_facts if f.rank != 0}
     while unseen and clock.now() < ack_deadline:

@@ -78,6 +78,7 @@ class Verdict:
     missing: tuple[int, ...]
     duplicates: tuple[NodeFacts, ...]
     differences: tuple[Difference, ...]
+    stopped_early: bool = False  # main stopped waiting at a mismatch, before the timeout
 
     @property
     def arrived(self) -> tuple[int, ...]:
@@ -104,6 +105,7 @@ class Verdict:
                 {"field": d.field, "severity": d.severity, "values": [list(v) for v in d.values], "fix": d.fix}
                 for d in self.differences
             ],
+            "stopped_early": self.stopped_early,
         }
         return json.dumps(data, sort_keys=True)
 
@@ -127,6 +129,7 @@ class Verdict:
                 )
                 for d in data["differences"]
             ),
+            stopped_early=bool(data.get("stopped_early", False)),
         )
 
 
@@ -163,6 +166,7 @@ def decide(
     main: str,
     duplicates: Sequence[NodeFacts] = (),
     allow_heterogeneous_gpus: bool = False,
+    stopped_early: bool = False,
 ) -> Verdict:
     """Main's verdict over the nodes that arrived. A stack/launch error or a rank claimed twice is ``mismatch``
     (it would fail even with every node present, so it wins); otherwise a node that never arrived is ``missing``."""
@@ -186,6 +190,7 @@ def decide(
         missing=missing,
         duplicates=tuple(duplicates),
         differences=differences,
+        stopped_early=stopped_early,
     )
 
 
@@ -205,6 +210,11 @@ def missing_message(verdict: Verdict) -> str:
     arrived = ", ".join(str(r) for r in verdict.arrived) or "none"
     missing = ", ".join(str(r) for r in verdict.missing)
     addr = verdict.main.rsplit(":", 1)[0]
+    if verdict.stopped_early:
+        return (
+            f"{len(verdict.arrived)} of {verdict.nnodes} nodes had arrived when the mismatch above stopped the wait: "
+            f"arrived {arrived}; not yet arrived {missing}"
+        )
     return (
         f"only {len(verdict.arrived)} of {verdict.nnodes} nodes arrived within {verdict.timeout_s:g} s: "
         f"arrived {arrived}; missing {missing}. On each missing node: is its container running (`nodekit ps`), "
@@ -242,7 +252,8 @@ def render(verdict: Verdict) -> str:
     for f in verdict.duplicates:
         rows.append([f"{f.rank} (dup)", f.hostname, f.address, *(_short(c, _value(f, c)) for c in shown)])
     for r in verdict.missing:
-        rows.append([str(r), "(did not arrive)", "-", *("-" for _ in shown)])
+        absent = "(not yet arrived)" if verdict.stopped_early else "(did not arrive)"
+        rows.append([str(r), absent, "-", *("-" for _ in shown)])
     lines = [head, *_table(rows)]
     for d in verdict.differences:
         label = "error" if d.severity == "error" else "note "

@@ -4,6 +4,7 @@ recorded in the launcher's commit messages and by the real-Docker tests."""
 
 from __future__ import annotations
 
+import errno
 import socket
 import threading
 import time
@@ -17,6 +18,7 @@ from nodekit.launcher.config import LaunchConfig, parse_env
 from nodekit.launcher.facts import NodeFacts
 from nodekit.launcher.main import EXIT_BAD_ENV, main
 from nodekit.launcher.preflight import Clock, Outcome, PreflightError, probe, run_main, run_worker, wait_reachable
+from nodekit.launcher.verdict import render
 from tests.unit.test_launcher_config import BASE
 from tests.unit.test_launcher_verdict import NODE0
 
@@ -179,3 +181,31 @@ def test_bad_environment_and_missing_script_exit_2(tmp_path: Path, monkeypatch: 
     assert out.startswith("nodekit ddp-demo: node 1/2 |") and "'train.py' not found in" in err
     assert main(["-m", "no_such_pkg_nodekit.train"], BASE) == EXIT_BAD_ENV
     assert "no package 'no_such_pkg_nodekit'" in capsys.readouterr().err
+
+
+def test_a_mismatch_among_the_nodes_already_here_does_not_wait_for_the_rest() -> None:
+    started = time.monotonic()
+    out = run_nodes(MemStore(), [(cfg(0, 3, 30.0), facts(0)), (cfg(1, 3, 30.0), facts(1, cuda="12.4"))])
+    assert time.monotonic() - started < 5
+    verdict = out[0].verdict
+    assert verdict.status == "mismatch" and verdict.stopped_early and verdict.missing == (2,)
+    assert out[1].verdict == verdict
+    assert "  2     (not yet arrived)" in render(verdict)
+    assert "2 of 3 nodes had arrived when the mismatch above stopped the wait" in render(verdict)
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (TimeoutError("timed out"), "timed out"),
+        (OSError(errno.EHOSTUNREACH, "No route to host"), "no route to host"),
+        (OSError(errno.ENETUNREACH, "Network is unreachable"), "network unreachable"),
+        (OSError(errno.EADDRNOTAVAIL, "Cannot assign requested address"), "Cannot assign requested address"),
+    ],
+)
+def test_probe_names_why_main_is_unreachable(monkeypatch: pytest.MonkeyPatch, error: OSError, reason: str) -> None:
+    def fail(*args: object, **kwargs: object) -> socket.socket:
+        raise error
+
+    monkeypatch.setattr(socket, "create_connection", fail)
+    assert probe("10.0.0.5", 29501, 0.1) == (reason, None)
