@@ -10,9 +10,9 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
-from nodekit.errors import BuildError, EngineError, ImageError
+from nodekit.errors import BuildError, EngineError, ImageError, ShipError
 
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
@@ -209,3 +209,188 @@ def _last_line(e: Exception) -> str:
 
 
 __all__ = ["BuildError", "ContainerState", "EngineInfo", "ImageInfo"]
+
+
+# --- shipping: save, load, push ---------------------------------------------------------------------------
+# python-on-whales builds the command line here (host, context, TLS and config flags, as for every other call),
+# but the byte streams run through our own processes: its load-from-iterator lets docker's stderr go to the
+# terminal (a failed load could not say why) and cannot be cut off halfway, and cutting a load off is how a broken
+# stream is kept from ever completing on a target. A `docker load` whose request body ends early registers
+# nothing, so a target's existing images stay as they were.
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What shipping needs to know about one engine."""
+
+    engine_id: str
+    server_version: str
+    root_dir: str
+    free_bytes: int | None
+    """Free space under the engine's data root; None when the engine is not on this machine."""
+
+
+def engine_facts(host: str | None) -> EngineFacts:
+    """Identity, version and free disk of the engine at ``host``; EngineError when it does not answer."""
+    import os
+
+    from python_on_whales import DockerException
+
+    try:
+        info = client(host).system.info()
+    except DockerException as e:
+        raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
+    root = str(info.docker_root_dir or "")
+    free = None
+    # Only a unix socket proves the engine is on this machine, so that its data root is our path too.
+    if (host is None or host.startswith("unix://")) and not os.environ.get("DOCKER_HOST", "").startswith(
+        ("tcp://", "ssh://")
+    ):
+        try:
+            st = os.statvfs(root)
+            free = st.f_bavail * st.f_frsize
+        except OSError:
+            free = None
+    return EngineFacts(
+        engine_id=str(info.id or ""), server_version=str(info.server_version or ""), root_dir=root, free_bytes=free
+    )
+
+
+def tag_image(image: str, ref: str, host: str | None = None) -> None:
+    from python_on_whales import DockerException
+
+    try:
+        client(host).image.tag(image, ref)
+    except DockerException as e:
+        raise ImageError(f"cannot tag {image} as {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
+
+
+def _docker_argv(host: str | None, *args: str) -> list[str]:
+    return [str(a) for a in client(host).client_config.docker_cmd] + list(args)
+
+
+class _Drain:
+    """Collects a pipe in a thread, so a chatty process never blocks on a full pipe while we feed it."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        import threading
+
+        self.data = b""
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.data = self._pipe.read()
+
+    def text(self, timeout: float = 10.0) -> str:
+        self._thread.join(timeout)
+        return self.data.decode(errors="replace")
+
+
+class SaveStream:
+    """The bytes of ``docker save REF`` on ``host``, in chunks. Iterating to the end raises ShipError when
+    docker save fails (its last stderr line says why); ``close`` stops it early."""
+
+    def __init__(self, ref: str, host: str | None = None) -> None:
+        import subprocess
+
+        self.ref = ref
+        self.host = host
+        self._proc = subprocess.Popen(
+            _docker_argv(host, "image", "save", ref), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert self._proc.stderr is not None
+        self._stderr = _Drain(self._proc.stderr)
+
+    def __iter__(self) -> Iterator[bytes]:
+        out = self._proc.stdout
+        assert out is not None
+        while chunk := out.read(CHUNK):
+            yield chunk
+        code = self._proc.wait()
+        if code != 0:
+            raise ShipError(f"docker save {self.ref} on {_where(self.host)} failed: {_tail(self._stderr.text())}")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What one ``docker load`` reported: the references (``name:tag``) and the untagged image ids it loaded."""
+
+    refs: tuple[str, ...]
+    ids: tuple[str, ...]
+
+
+class LoadSink:
+    """Feeds ``docker load`` on ``host``. ``finish`` ends the stream and returns what was loaded; ``abort`` cuts
+    the request off so that the engine discards it. Failures raise ShipError carrying docker's own last line
+    (``LoadSink.stderr`` keeps all of it)."""
+
+    def __init__(self, host: str | None = None) -> None:
+        import subprocess
+
+        self.host = host
+        self.stderr = ""
+        self._proc = subprocess.Popen(
+            _docker_argv(host, "image", "load", "--quiet"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._stdout = _Drain(self._proc.stdout)
+        self._stderr = _Drain(self._proc.stderr)
+
+    def write(self, chunk: bytes) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        try:
+            stdin.write(chunk)
+        except (BrokenPipeError, ValueError):
+            self._proc.wait()
+            raise self._failure() from None
+
+    def finish(self) -> Loaded:
+        import contextlib
+
+        stdin = self._proc.stdin
+        assert stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            stdin.close()
+        if self._proc.wait() != 0:
+            raise self._failure()
+        refs, ids = [], []
+        for line in self._stdout.text().splitlines():
+            if line.startswith("Loaded image ID: "):
+                ids.append(line.removeprefix("Loaded image ID: ").strip())
+            elif line.startswith("Loaded image: "):
+                refs.append(line.removeprefix("Loaded image: ").strip())
+        return Loaded(refs=tuple(refs), ids=tuple(ids))
+
+    def abort(self) -> None:
+        import contextlib
+
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        if self._proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self._proc.stdin.close()
+
+    def _failure(self) -> ShipError:
+        self.stderr = self._stderr.text()
+        return ShipError(f"docker load on {_where(self.host)} failed: {_tail(self.stderr)}")
+
+
+def _tail(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else "no message"

@@ -1,0 +1,145 @@
+"""Shipping commands: push (to other nodes' Docker engines), save and load (through a shared file system)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, cast
+
+import typer
+
+from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, load_settings
+
+ImageArg = Annotated[str | None, typer.Argument(help="image to ship (default: the last one built here)")]
+FromOpt = Annotated[
+    str | None,
+    typer.Option("--from", help="Docker endpoint that has the image (default: DOCKER_HOST, else the local engine)"),
+]
+COMPRESS = ("auto", "zstd", "gzip", "none")
+
+
+def _image(image: str | None, config: Path | None) -> str:
+    if image:
+        return image
+    from nodekit import build as building
+
+    ref: str = building.current_image(load_settings(config))
+    return ref
+
+
+@contextmanager
+def _progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """Per-target transfer bars on a terminal; None elsewhere (the reporter then prints progress lines)."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    from nodekit.cli.ui import err
+
+    bars = Progress(
+        TextColumn("{task.description:<20}"),
+        BarColumn(),
+        DownloadColumn(binary_units=True),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
+    tasks: dict[str, Any] = {}
+
+    def update(name: str, sent: int, total: int) -> None:
+        if name not in tasks:
+            tasks[name] = bars.add_task(name, total=total)
+        bars.update(tasks[name], completed=sent)
+
+    with bars:
+        yield update
+
+
+@app.command()
+@handled
+def push(
+    image: ImageArg = None,
+    to: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--to",
+            help="target Docker endpoint: ssh://user@host, tcp://host:2376 or unix:///path, optionally named "
+            "(node1=ssh://user@host); repeat for several nodes",
+        ),
+    ] = None,
+    source: FromOpt = None,
+    compress: Annotated[
+        str,
+        typer.Option(help="stream compression: auto (none over a local socket, else zstd or gzip), zstd, gzip or none"),
+    ] = "auto",
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Put the image on other nodes' Docker engines without a registry: docker save, compressed, streamed into
+    docker load on every target in parallel. Targets that already have the image are skipped; the image id on
+    every target is checked against the source's afterwards."""
+    from nodekit import ship
+    from nodekit.cli.ui import RichReporter, err, out
+    from nodekit.errors import UsageError
+
+    if not to:
+        raise UsageError("no target: name at least one with --to", fix="nodekit push --to ssh://user@node1")
+    if compress not in COMPRESS:
+        raise UsageError(f"--compress {compress!r} is not one of {', '.join(COMPRESS)}", fix="--compress auto")
+    targets = [ship.parse_target(t) for t in to]
+    src = ship.source_of(_image(image, config), source)
+    how = cast("ship.Compress", compress)
+    plan = ship.plan_push(src, ship.survey(src, targets), compress=how, zstd_here=ship.zstd_here())
+    if dry_run:
+        out.print(plan.to_text(), markup=False)
+        return
+    rep = RichReporter(verbose=True)
+    try:
+        with _progress_bars(err.is_terminal) as bars:
+            ship.push(plan, rep, on_progress=bars)
+    except Exception:
+        rep.fail()
+        raise
+    loaded = [s.target.name for s in plan.steps if s.action != "skip"]
+    if loaded:
+        rep.done(f"{src.ref} is on {len(plan.steps)} node(s), image id verified on {', '.join(loaded)}")
+
+
+@app.command()
+@handled
+def save(
+    file: Annotated[Path, typer.Argument(help="where to write: .tar, .tar.gz or .tar.zst (picks the compression)")],
+    image: ImageArg = None,
+    source: FromOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Write the image to a file (for nodes that share a file system); nodekit load reads it on each node."""
+    from nodekit import ship
+    from nodekit.cli.common import reporter
+
+    ship.save(_image(image, config), file, reporter(), endpoint=source)
+    typer.echo(file)
+
+
+@app.command()
+@handled
+def load(
+    file: Annotated[Path, typer.Argument(help="a file written by nodekit save (or docker save)")],
+    to: Annotated[
+        str | None, typer.Option("--to", help="Docker endpoint to load into (default: DOCKER_HOST, else local)")
+    ] = None,
+    expect: Annotated[
+        str | None, typer.Option("--expect", help="fail unless the file holds this image id (or its prefix)")
+    ] = None,
+) -> None:
+    """Load an image file into this node's Docker engine; a corrupt or truncated file changes nothing."""
+    from nodekit import ship
+    from nodekit.cli.common import reporter
+    from nodekit.cli.ui import out
+
+    result = ship.load(file, reporter(), endpoint=to, expect_id=expect)
+    for name, image_id in result.images:
+        out.print(f"{name} {image_id}", markup=False)
