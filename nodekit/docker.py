@@ -394,3 +394,142 @@ class LoadSink:
 def _tail(stderr: str) -> str:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     return lines[-1] if lines else "no message"
+
+
+# --- images: build, import, save, load ---
+# Builds run through `docker buildx build` with the engine's own `docker` driver, so the result lands in the
+# engine's image store directly (no --load copy) and BuildKit resolves FROM against local images first.
+
+
+def buildx_build(
+    context: Path,
+    *,
+    dockerfile: Path,
+    tag: str,
+    build_contexts: Mapping[str, Path],
+    build_args: Mapping[str, str],
+    metadata_file: Path,
+    no_cache: bool = False,
+) -> Iterator[str]:
+    """Run the build, yielding BuildKit's plain progress output line by line.
+
+    RUN steps get no network at all (``--network=none``): a build that tries to download fails instead of
+    silently depending on an index. Raises BuildError, with BuildKit's error line, when the build fails.
+    """
+    from python_on_whales import DockerException
+
+    logs = client().buildx.build(
+        context,
+        file=dockerfile,
+        tags=[tag],
+        build_contexts={k: str(v) for k, v in build_contexts.items()},
+        build_args=dict(build_args),
+        metadata_file=metadata_file,
+        cache=not no_cache,
+        network="none",
+        provenance=False,
+        progress="plain",
+        load=True,
+        stream_logs=True,
+    )
+    assert isinstance(logs, Iterator)
+    tail: list[str] = []
+    try:
+        for chunk in logs:
+            for line in chunk.splitlines():
+                tail = [*tail[-39:], line]
+                yield line
+    except DockerException as e:
+        errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
+        why = errors[-1].strip() if errors else _last_line(e)
+        raise BuildError(
+            f"image build failed: {why}",
+            fix=f"see the build output above; rerun with docker buildx build -f {dockerfile} ... {context}",
+        ) from None
+
+
+def image_layers(ref: str, host: str | None = None) -> tuple[str, ...]:
+    """The image's layer digests (its rootfs diff ids), base first."""
+    from python_on_whales import DockerException
+
+    try:
+        img = client(host).image.inspect(ref)
+    except DockerException as e:
+        raise ImageError(
+            f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix="nodekit build"
+        ) from None
+    return tuple(str(layer) for layer in (img.root_fs.layers or []))
+
+
+def run_in_image(ref: str, command: list[str], *, entrypoint: str | None = None, host: str | None = None) -> str:
+    """Run ``command`` in a throw-away container of ``ref`` with no network; its standard output."""
+    from python_on_whales import DockerException
+
+    try:
+        out = client(host).container.run(ref, command, entrypoint=entrypoint, remove=True, networks=["none"])
+    except DockerException as e:
+        raise ImageError(
+            f"running {command[0]} in {ref} failed: {_last_line(e)}", fix=f"docker run --rm {ref}"
+        ) from None
+    return str(out)
+
+
+def run_as_job(
+    ref: str,
+    script: str,
+    *,
+    ulimits: list[str] | None = None,
+    gpus: bool = False,
+    timeout: float | None = None,
+    host: str | None = None,
+) -> str:
+    """``sh -c script`` in a throw-away container of ``ref`` set up as a node's job is (host network and IPC,
+    ``ulimits`` such as ``stack=67108864:67108864``, every GPU when ``gpus``); its standard output.
+
+    For ``nodekit doctor``: the limits, shared memory and GPUs a job will see. EngineError, with Docker's own
+    error line, when the container cannot start (runc refusing a limit, no NVIDIA runtime), the script fails,
+    or it takes longer than ``timeout`` seconds. python-on-whales builds the command line; the process is ours
+    so that stderr is captured (its ``run`` lets it through to the terminal) and the wait is bounded.
+    """
+    import subprocess
+
+    argv = _docker_argv(
+        host,
+        "run", "--rm", "--network", "host", "--ipc", "host",
+        *(f"--ulimit={u}" for u in ulimits or []),
+        *(["--gpus", "all"] if gpus else []),
+        "--entrypoint", "sh", ref, "-c", script,
+    )  # fmt: skip
+    fix = f"docker run --rm --network host --ipc host{' --gpus all' if gpus else ''} --entrypoint true {ref}"
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise EngineError(f"a test container of {ref} did not finish within {timeout} s", fix=fix) from None
+    if proc.returncode != 0:
+        # docker run ends its stderr with "Run 'docker run --help' ..."; the reason is the "docker: Error ..." line.
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        why = next((ln for ln in lines if ln.startswith("docker:") or "Error" in ln), _tail(proc.stderr))
+        raise EngineError(f"a test container of {ref} failed: {why.removeprefix('docker: ')}", fix=fix)
+    return proc.stdout
+
+
+def import_image(tarball: Path, tag: str, *, changes: list[str], message: str | None = None) -> ImageInfo:
+    """``docker import`` a root filesystem tarball as ``tag`` with Dockerfile ``changes`` (ENV, CMD, LABEL)."""
+    from python_on_whales import DockerException
+
+    try:
+        client().image.import_(tarball, tag=tag, changes=changes, message=message)
+    except DockerException as e:
+        raise ImageError(f"docker import of {tarball} failed: {_last_line(e)}", fix="nodekit base") from None
+    return require_image(tag)
+
+
+def remove_image(ref: str, host: str | None = None) -> None:
+    """Remove the tag ``ref`` (layers other images share stay); a missing image is not an error."""
+    from python_on_whales import DockerException
+
+    try:
+        if client(host).image.exists(ref):
+            client(host).image.remove(ref, prune=False)
+    except DockerException as e:
+        raise ImageError(f"cannot remove {ref} on {_where(host)}: {_last_line(e)}", fix=f"docker rmi {ref}") from None

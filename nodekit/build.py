@@ -1,0 +1,587 @@
+"""``nodekit build``: lock, fingerprint, then build with BuildKit only when the stack changed.
+
+Order: engine, base image, lock, plan (pure, :mod:`nodekit.render.image`); if an image tagged with the
+fingerprint exists the build is a no-op; otherwise the wheelhouse is completed, the three build contexts are
+staged under ``<project>/.nodekit/build/`` and ``docker buildx build`` runs. The staged trees are hashed while
+they are copied, so the fingerprint describes exactly what BuildKit receives.
+
+Also here: :func:`current_image` (what ``up``/``inspect`` use by default) and :func:`inspect_image`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from nodekit import __version__, docker
+from nodekit.assets import images_dir, launcher_dir
+from nodekit.errors import ConfigError, ImageError
+from nodekit.lock import Lock, ensure_lock, ensure_wheelhouse, parse_lock
+from nodekit.progress import Reporter
+from nodekit.render.image import (
+    LABEL_BASE,
+    LABEL_BASE_ID,
+    LABEL_FINGERPRINT,
+    LABEL_LOCK,
+    LABEL_NAME,
+    LABEL_PYTHON,
+    LABEL_TORCH,
+    LABEL_VERSION,
+    STAGE_CODE,
+    STAGE_DOCKERFILE,
+    STAGE_LAUNCHER,
+    STAGE_WHEELS,
+    BuildPlan,
+    IgnoreRules,
+    TreeEntry,
+    ignore_rules,
+    normal_mode,
+    plan_build,
+)
+from nodekit.settings import Settings
+
+STAGE_DIR = Path(".nodekit") / "build"
+LAST_BUILD = Path(".nodekit") / "last-build.json"
+BUILD_FIX = "nodekit build"
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+_STEP = re.compile(r"^#(\d+) (\[(?!internal)[^\]]*\d+/\d+\] .*)$")
+
+
+class BuildResult(BaseModel):
+    """What :func:`build` did. ``skipped``: the image existed already; ``dry_run``: nothing was changed."""
+
+    model_config = _FROZEN
+
+    tag: str
+    image_id: str
+    fingerprint: str
+    size: int
+    seconds: float
+    skipped: bool
+    dry_run: bool = False
+    lock_created: bool = False
+    plan: BuildPlan
+
+    def summary(self) -> str:
+        if self.dry_run:
+            return f"would build {self.tag}"
+        verb = "up to date" if self.skipped else "built"
+        return f"{verb}: {self.tag}  {human_size(self.size)}  in {self.seconds:.1f} s"
+
+    def __str__(self) -> str:
+        return self.plan.describe() if self.dry_run else self.summary()
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    raise AssertionError("unreachable")
+
+
+# --- trees: walk, hash, stage -------------------------------------------------------------------------------
+
+
+def _kind(st_mode: int) -> Literal["file", "link", "dir"] | None:
+    if stat.S_ISLNK(st_mode):
+        return "link"
+    if stat.S_ISDIR(st_mode):
+        return "dir"
+    if stat.S_ISREG(st_mode):
+        return "file"
+    return None  # sockets, fifos, devices: Docker cannot ship them either
+
+
+def _walk(root: Path, rules: IgnoreRules) -> list[tuple[str, Path, os.stat_result]]:
+    """Included paths under ``root`` (relative, '/'-separated, sorted), with Docker's .dockerignore semantics."""
+    found: list[tuple[str, Path, os.stat_result]] = []
+    parents: set[str] = set()
+
+    def visit(directory: Path, rel: str) -> None:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError as e:
+            raise ConfigError(
+                f"cannot read {directory}: {e.strerror}", fix="fix its permissions, or .dockerignore it"
+            ) from None
+        for name in names:
+            path = directory / name
+            r = f"{rel}/{name}" if rel else name
+            st = path.lstat()
+            kind = _kind(st.st_mode)
+            if kind is None:
+                continue
+            excluded = rules.excluded(r)
+            if kind == "dir":
+                if not excluded:
+                    found.append((r, path, st))
+                if not excluded or rules.may_include_below(r):
+                    visit(path, r)
+            elif not excluded:
+                found.append((r, path, st))
+                if "/" in r:
+                    parents.add(r.rsplit("/", 1)[0])
+
+    visit(root, "")
+    # A file re-included by a `!` pattern inside an excluded directory still needs its parent directories.
+    have = {r for r, _, _ in found}
+    for p in sorted(parents):
+        parts = p.split("/")
+        for i in range(1, len(parts) + 1):
+            anc = "/".join(parts[:i])
+            if anc not in have:
+                have.add(anc)
+                apath = root / anc
+                found.append((anc, apath, apath.lstat()))
+    found.sort(key=lambda t: t[0])
+    return found
+
+
+def _hash_copy(src: Path, dest: Path | None) -> str:
+    """sha256 of ``src``; with ``dest``, the bytes hashed are the bytes written (no race with an editor)."""
+    h = hashlib.sha256()
+    with src.open("rb") as f, dest.open("wb") if dest else contextlib.nullcontext() as out:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+            if out is not None:
+                out.write(chunk)
+    return h.hexdigest()
+
+
+def hash_tree(root: Path, rules: IgnoreRules, *, prefix: str = "", stage: Path | None = None) -> tuple[TreeEntry, ...]:
+    """The tree under ``root`` as fingerprint entries, paths prefixed with ``prefix``.
+
+    With ``stage``, the tree is also copied there (modes normalized, mtimes kept so BuildKit's incremental
+    context transfer stays incremental) and the entries describe the copy.
+    """
+    entries = []
+    for rel, path, st in _walk(root, rules):
+        kind = _kind(st.st_mode)
+        assert kind is not None
+        mode = normal_mode(kind, st.st_mode)
+        target = stage / rel if stage else None
+        if kind == "dir":
+            digest, size = "", 0
+            if target:
+                target.mkdir(parents=True, exist_ok=True)
+                target.chmod(mode)
+        elif kind == "link":
+            link = os.readlink(path)
+            digest, size = hashlib.sha256(link.encode()).hexdigest(), 0
+            if target:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.symlink(link, target)
+        else:
+            if target:
+                target.parent.mkdir(parents=True, exist_ok=True)
+            digest, size = _hash_copy(path, target), st.st_size
+            if target:
+                target.chmod(mode)
+                os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        entries.append(TreeEntry(path=f"{prefix}{rel}", kind=kind, mode=mode, digest=digest, size=size))
+    return tuple(entries)
+
+
+def _relative(settings: Settings, path: Path) -> str | None:
+    try:
+        return settings.resolve(path).resolve().relative_to(settings.project_dir.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def code_rules(settings: Settings) -> IgnoreRules:
+    """nodekit's default exclusions, generated compose files and outputs, then the project's .dockerignore."""
+    extra = []
+    if (compose := _relative(settings, settings.compose_dir)) is not None:
+        extra.append(f"{compose}/node-*.yaml" if compose != "." else "node-*.yaml")
+    if (outputs := _relative(settings, settings.output_dir)) not in (None, "."):
+        extra.append(str(outputs))
+    dockerignore = settings.project_dir / ".dockerignore"
+    return ignore_rules(dockerignore.read_text() if dockerignore.is_file() else None, extra_excludes=extra)
+
+
+_LAUNCHER_RULES = IgnoreRules(["**/__pycache__", "**/*.pyc", "**/*.pyo"])
+
+
+def launcher_tree(stage: Path | None = None) -> tuple[TreeEntry, ...]:
+    """nodekit/__init__.py and nodekit/launcher/, as shipped to /opt/nodekit/nodekit in the image."""
+    package = launcher_dir().parent
+    init = package / "__init__.py"
+    if stage:
+        (stage / "nodekit").mkdir(parents=True, exist_ok=True)
+        (stage / "nodekit").chmod(0o755)
+    mode = normal_mode("file", init.stat().st_mode)
+    digest = _hash_copy(init, stage / "nodekit" / "__init__.py" if stage else None)
+    if stage:
+        (stage / "nodekit" / "__init__.py").chmod(mode)
+    head = (
+        TreeEntry(path="nodekit", kind="dir", mode=0o755),
+        TreeEntry(path="nodekit/__init__.py", kind="file", mode=mode, digest=digest, size=init.stat().st_size),
+        TreeEntry(path="nodekit/launcher", kind="dir", mode=0o755),
+    )
+    sub = stage / "nodekit" / "launcher" if stage else None
+    if sub:
+        sub.mkdir(exist_ok=True)
+    return head + hash_tree(launcher_dir(), _LAUNCHER_RULES, prefix="nodekit/launcher/", stage=sub)
+
+
+def dockerfile_text() -> str:
+    return (images_dir() / "Dockerfile").read_text()
+
+
+def _fresh(path: Path) -> Path:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+    path.mkdir(parents=True)
+    return path
+
+
+def _link_or_copy(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError:  # another file system, or no hard links there
+        shutil.copy2(src, dest)
+
+
+# --- plan, build, record ------------------------------------------------------------------------------------
+
+
+def _plan(settings: Settings, lock: Lock, base_id: str, *, no_cache: bool, stage: Path | None) -> BuildPlan:
+    stage_dir = settings.project_dir / STAGE_DIR
+    text = dockerfile_text()
+    if stage:
+        (stage / STAGE_DOCKERFILE).write_text(text)
+    return plan_build(
+        name=settings.image_name,
+        base_image=settings.base_image,
+        base_id=base_id,
+        lock_text=lock.text(),
+        torch=lock.torch_version,
+        packages=len(lock.packages),
+        python=settings.python_version,
+        dockerfile_text=text,
+        launcher=launcher_tree(stage / STAGE_LAUNCHER if stage else None),
+        code=hash_tree(settings.project_dir, code_rules(settings), stage=stage / STAGE_CODE if stage else None),
+        stage_dir=stage_dir,
+        version=__version__,
+        no_cache=no_cache,
+    )
+
+
+def plan(settings: Settings, reporter: Reporter, *, no_cache: bool = False) -> BuildPlan:
+    """The build plan for the project as it is now (reads files and the base image id; writes nothing)."""
+    base = _require_base(settings)
+    lock, _ = ensure_lock(settings, reporter, dry_run=True)
+    return _plan(settings, lock, base.id, no_cache=no_cache, stage=None)
+
+
+def _require_base(settings: Settings) -> docker.ImageInfo:
+    base = docker.image_info(settings.base_image)
+    if base is None:
+        raise ImageError(
+            f"base image {settings.base_image} is not in the local Docker engine, and nodekit does not pull "
+            "blindly (no registry may be reachable)",
+            fix="nodekit base (creates a minimal Debian base), or docker load the base you use",
+        )
+    return base
+
+
+def _stage(settings: Settings, lock: Lock, base_id: str, reporter: Reporter, *, no_cache: bool) -> BuildPlan:
+    wheels = ensure_wheelhouse(settings, lock, reporter)
+    reporter.step("staging build contexts")
+    stage = settings.project_dir / STAGE_DIR
+    stage.mkdir(parents=True, exist_ok=True)
+    for sub in (STAGE_LAUNCHER, STAGE_CODE):
+        _fresh(stage / sub)
+    wheel_dir = _fresh(stage / STAGE_WHEELS)
+    # Hard links: wheels are immutable and pip checks their hashes again inside the build.
+    for path in wheels.values():
+        _link_or_copy(path, wheel_dir / path.name)
+    (wheel_dir / "nodekit.lock").write_text(lock.text())
+    return _plan(settings, lock, base_id, no_cache=no_cache, stage=stage)
+
+
+def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_cache: bool = False) -> BuildResult:
+    """Build the project's image, or do nothing when an image with the same fingerprint exists.
+
+    Raises EngineError (no engine), ImageError (base image missing: fix ``nodekit base``), ConfigError (lock does
+    not match the config: fix ``nodekit lock``), BuildError (the build failed). With no lock file the lock is
+    created first. ``dry_run`` returns the plan and changes nothing (a missing lock is resolved, not written).
+    """
+    t0 = time.monotonic()
+    reporter.step("checking the Docker engine and the base image")
+    docker.check_engine()
+    base = _require_base(settings)
+    lock, created = ensure_lock(settings, reporter, dry_run=dry_run)
+    reporter.step("fingerprinting the stack")
+    planned = _plan(settings, lock, base.id, no_cache=no_cache, stage=None)
+    if dry_run:
+        reporter.done(f"would build {planned.tag}")
+        return _result(planned, None, t0, skipped=False, dry_run=True, created=created)
+    existing = docker.image_info(planned.tag)
+    if existing is not None and existing.labels.get(LABEL_FINGERPRINT) == planned.fingerprint and not no_cache:
+        result = _result(planned, existing, t0, skipped=True, created=created)
+        _record(settings, result)
+        reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
+        return result
+    staged = _stage(settings, lock, base.id, reporter, no_cache=no_cache)
+    if staged.fingerprint != planned.fingerprint:
+        reporter.warn("files changed while staging; building what was staged")
+    reporter.step(f"building {staged.tag}")
+    _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
+    info = docker.require_image(staged.tag)
+    result = _result(staged, info, t0, skipped=False, created=created)
+    _record(settings, result)
+    reporter.done(f"built {staged.tag} ({human_size(info.size)}) in {result.seconds:.1f} s")
+    return result
+
+
+def _run_build(plan: BuildPlan, reporter: Reporter, metadata: Path) -> None:
+    seen: set[str] = set()
+    for line in docker.buildx_build(
+        plan.context,
+        dockerfile=plan.dockerfile,
+        tag=plan.tag,
+        build_contexts=dict(plan.build_contexts),
+        build_args=dict(plan.build_args),
+        metadata_file=metadata,
+        no_cache=plan.no_cache,
+    ):
+        m = _STEP.match(line)
+        if m and m[1] not in seen:
+            seen.add(m[1])
+            reporter.step(m[2])
+        reporter.detail(line)
+
+
+def _result(
+    plan: BuildPlan,
+    info: docker.ImageInfo | None,
+    t0: float,
+    *,
+    skipped: bool,
+    dry_run: bool = False,
+    created: bool = False,
+) -> BuildResult:
+    return BuildResult(
+        tag=plan.tag,
+        image_id=info.id if info else "",
+        fingerprint=plan.fingerprint,
+        size=info.size if info else 0,
+        seconds=round(time.monotonic() - t0, 3),
+        skipped=skipped,
+        dry_run=dry_run,
+        lock_created=created,
+        plan=plan,
+    )
+
+
+def _record(settings: Settings, result: BuildResult) -> None:
+    path = settings.project_dir / LAST_BUILD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "tag": result.tag,
+        "image_id": result.image_id,
+        "fingerprint": result.fingerprint,
+        "size": result.size,
+        "seconds": result.seconds,
+        "skipped": result.skipped,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def last_build(settings: Settings) -> dict[str, Any] | None:
+    """The record of the last build in this project, or None."""
+    try:
+        data = json.loads((settings.project_dir / LAST_BUILD).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def current_image(settings: Settings) -> str:
+    """The image to run: the last one built here if the engine has it, else the newest labelled with the name.
+
+    Raises ImageError "no image built yet" (fix ``nodekit build``) when there is none.
+    """
+    record = last_build(settings)
+    if record and isinstance(record.get("tag"), str) and docker.image_info(record["tag"]) is not None:
+        return str(record["tag"])
+    name = settings.image_name
+    for info in docker.images_labelled(LABEL_NAME, name):
+        tags = [t for t in info.tags if t.startswith(f"nodekit/{name}:")]
+        return tags[0] if tags else info.id
+    raise ImageError(f"no image built yet for {name}", fix=BUILD_FIX)
+
+
+# --- inspect ------------------------------------------------------------------------------------------------
+
+# Runs in the image with its own Python; reads metadata only (importing torch would take seconds).
+_PROBE = r"""
+import ast, importlib.metadata as md, importlib.util, json, pathlib, platform, re
+dists = {}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if name:
+        dists[re.sub(r"[-_.]+", "-", name).lower()] = d.version
+torch = {}
+spec = importlib.util.find_spec("torch")
+if spec is not None and spec.origin:
+    p = pathlib.Path(spec.origin).with_name("version.py")
+    if p.is_file():
+        for node in ast.parse(p.read_text()).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
+                try:
+                    torch[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    pass
+lock = pathlib.Path("/opt/venv/nodekit.lock")
+print(json.dumps({"python": platform.python_version(), "dists": dists, "torch": torch,
+                  "lock": lock.read_text() if lock.is_file() else None}))
+"""
+
+
+class StackReport(BaseModel):
+    """``nodekit inspect``: an image's stack as its labels and installed wheels declare it."""
+
+    model_config = _FROZEN
+
+    ref: str
+    image_id: str
+    tags: tuple[str, ...]
+    name: str | None
+    fingerprint: str | None
+    base: str | None
+    python: str | None
+    torch: str | None
+    cuda: str | None
+    cudnn: str | None
+    nccl: str | None
+    size: int
+    nodekit_version: str | None
+    lock_sha256: str | None
+    packages: tuple[tuple[str, str], ...]
+    not_as_locked: tuple[str, ...] = ()  # locked packages installed at another version, or missing
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    def to_text(self) -> str:
+        none = "none (CPU-only torch)" if self.torch and not self.cuda else "-"
+        rows = [
+            ("image", ", ".join(self.tags) or self.ref),
+            ("id", self.image_id),
+            ("fingerprint", self.fingerprint or "- (not a nodekit image)"),
+            ("base", self.base or "-"),
+            ("python", self.python or "-"),
+            ("torch", self.torch or "-"),
+            ("cuda", self.cuda or none),
+            ("cudnn", self.cudnn or none),
+            ("nccl", self.nccl or none),
+            ("size", human_size(self.size)),
+            ("nodekit", self.nodekit_version or "-"),
+            ("lock", f"{len(self.packages)} packages, sha256 {self.lock_sha256 or '-'}"),
+        ]
+        if self.not_as_locked:
+            rows.append(("NOT AS LOCKED", ", ".join(self.not_as_locked)))
+        width = max(len(k) for k, _ in rows)
+        lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+        lines += [f"  {n}=={v}" for n, v in self.packages]
+        return "\n".join(lines)
+
+
+def _first(dists: Mapping[str, str], matches: Callable[[str], bool]) -> str | None:
+    return next((v for k, v in sorted(dists.items()) if matches(k)), None)
+
+
+def stack_from_probe(probe: Mapping[str, Any]) -> dict[str, Any]:
+    """Pure: the versions a probe of the image reports (see ``_PROBE``)."""
+    dists: dict[str, str] = dict(probe.get("dists") or {})
+    tv: dict[str, Any] = dict(probe.get("torch") or {})
+    lock: Lock | None = None
+    if probe.get("lock"):
+        with contextlib.suppress(ConfigError):
+            lock = parse_lock(str(probe["lock"]), source="the image's nodekit.lock")
+    packages = tuple((p.name, p.version) for p in lock.packages) if lock else ()
+    wrong = tuple(f"{n} (locked {v}, installed {dists.get(n, 'nothing')})" for n, v in packages if dists.get(n) != v)
+    return {
+        "python": probe.get("python"),
+        "torch": tv.get("__version__") or dists.get("torch"),
+        "cuda": tv.get("cuda") or tv.get("hip"),
+        "cudnn": _first(dists, lambda k: k.startswith("nvidia-cudnn")),
+        "nccl": _first(dists, lambda k: k.startswith("nvidia-nccl")),
+        "packages": packages,
+        "not_as_locked": wrong,
+    }
+
+
+def inspect_image(ref: str) -> StackReport:
+    """The stack of image ``ref``: labels, plus what a short metadata probe in a container of it reports.
+
+    Raises ImageError when the image is not here. A non-nodekit image gets a report of what its labels say.
+    """
+    info = docker.require_image(ref)
+    labels = info.labels
+    found: dict[str, Any] = {}
+    with contextlib.suppress(ImageError):
+        out = docker.run_in_image(info.id, ["-c", _PROBE], entrypoint="/opt/venv/bin/python")
+        found = stack_from_probe(json.loads(out.strip().splitlines()[-1]))
+    base = labels.get(LABEL_BASE)
+    if base and labels.get(LABEL_BASE_ID):
+        base = f"{base} ({labels[LABEL_BASE_ID]})"
+    return StackReport(
+        ref=ref,
+        image_id=info.id,
+        tags=info.tags,
+        name=labels.get(LABEL_NAME),
+        fingerprint=labels.get(LABEL_FINGERPRINT),
+        base=base,
+        python=found.get("python") or labels.get(LABEL_PYTHON),
+        torch=found.get("torch") or labels.get(LABEL_TORCH),
+        cuda=found.get("cuda"),
+        cudnn=found.get("cudnn"),
+        nccl=found.get("nccl"),
+        size=info.size,
+        nodekit_version=labels.get(LABEL_VERSION),
+        lock_sha256=labels.get(LABEL_LOCK),
+        packages=found.get("packages", ()),
+        not_as_locked=found.get("not_as_locked", ()),
+    )
+
+
+def layers(ref: str) -> tuple[str, ...]:
+    """The image's layer digests, base first (tests and benchmarks compare them across rebuilds)."""
+    return docker.image_layers(ref)
+
+
+__all__ = [
+    "BuildResult",
+    "StackReport",
+    "build",
+    "current_image",
+    "hash_tree",
+    "inspect_image",
+    "last_build",
+    "launcher_tree",
+    "plan",
+    "stack_from_probe",
+]

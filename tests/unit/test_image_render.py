@@ -1,0 +1,335 @@
+"""The image build plan: .dockerignore semantics, fingerprint stability and sensitivity, tag, labels, Dockerfile."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from nodekit.build import hash_tree, launcher_tree
+from nodekit.render.image import (
+    DEFAULT_EXCLUDES,
+    LABEL_BASE,
+    LABEL_FINGERPRINT,
+    LABEL_LOCK,
+    LABEL_NAME,
+    LABEL_PYTHON,
+    LABEL_TORCH,
+    LABEL_VERSION,
+    METADATA_ARGS,
+    IgnoreRules,
+    StackInputs,
+    TreeEntry,
+    fingerprint,
+    ignore_rules,
+    parse_dockerignore,
+    plan_build,
+)
+
+# --- .dockerignore -------------------------------------------------------------------------------------------
+
+
+def rules(text: str) -> IgnoreRules:
+    return IgnoreRules(parse_dockerignore(text))
+
+
+@pytest.mark.parametrize(
+    ("patterns", "path", "excluded"),
+    [
+        # anchored at the context root, unlike .gitignore
+        ("*.md", "README.md", True),
+        ("*.md", "docs/guide.md", False),
+        ("**/*.md", "docs/guide.md", True),
+        ("**/*.md", "README.md", True),
+        # a directory excludes everything below it; trailing and leading slashes do not matter
+        ("data", "data/a/b.bin", True),
+        ("data/", "data/a/b.bin", True),
+        ("/data", "data/a/b.bin", True),
+        ("/data", "src/data", False),
+        # ** spans any number of directories, also none
+        ("a/**/b", "a/b", True),
+        ("a/**/b", "a/x/y/b", True),
+        ("a/**/b", "a/x/y/c", False),
+        ("logs/**", "logs/today.txt", True),
+        ("logs/**", "logs", False),
+        ("**", "anything/at/all", True),
+        # * and ? stay inside one path element
+        ("*/tmp", "x/tmp", True),
+        ("*/tmp", "x/y/tmp", False),
+        ("file?.txt", "file1.txt", True),
+        ("file?.txt", "file10.txt", False),
+        ("file[0-3].txt", "file2.txt", True),
+        ("file[0-3].txt", "file7.txt", False),
+        # escapes, and regex characters that are literal in Docker patterns
+        (r"weird\*name", "weird*name", True),
+        (r"weird\*name", "weirdXname", False),
+        ("a+b.(c)", "a+b.(c)", True),
+        ("a+b.(c)", "aab.(c)", False),
+        # cleaned like Go's filepath.Clean
+        ("./src/../tmp", "tmp/x", True),
+        # exceptions: last matching pattern wins
+        ("*\n!keep.txt", "keep.txt", False),
+        ("*\n!keep.txt", "other.txt", True),
+        ("!keep.txt\n*", "keep.txt", True),
+        ("docs\n!docs/keep.md", "docs/keep.md", False),
+        ("docs\n!docs/keep.md", "docs/drop.md", True),
+        ("**/*.log\n!important.log", "important.log", False),
+        ("**/*.log\n!important.log", "sub/important.log", True),
+        # comments: only a # in the first column; surrounding whitespace is trimmed
+        ("# data", "data", False),
+        ("# data\n  data  ", "data", True),
+        (" #data", "#data", True),
+        ("\n\n", "anything", False),
+    ],
+)
+def test_dockerignore_semantics(patterns: str, path: str, excluded: bool) -> None:
+    assert rules(patterns).excluded(path) is excluded
+
+
+def test_parse_dockerignore_normalizes_like_docker() -> None:
+    text = "\ufeff# comment\n/build/\n! keep \n./a//b/../c\n\n  spaced  \n"
+    assert parse_dockerignore(text) == ["build", "!keep", "a/c", "spaced"]
+
+
+def test_invalid_pattern_is_a_config_error() -> None:
+    from nodekit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="dockerignore"):
+        rules("file[0-3.txt")
+
+
+def test_may_include_below_only_when_an_exception_can_reach_inside() -> None:
+    r = rules("docs\n!docs/keep.md\nbig")
+    assert r.may_include_below("docs")
+    assert not r.may_include_below("big")
+    assert rules("data\n!**/keep").may_include_below("data")
+
+
+def test_default_excludes_come_first_and_user_can_override() -> None:
+    r = ignore_rules("!outputs", extra_excludes=["outputs", "compose/node-*.yaml"])
+    assert r.patterns[: len(DEFAULT_EXCLUDES)] == DEFAULT_EXCLUDES
+    assert not r.excluded("outputs/x")
+    assert r.excluded("compose/node-0.yaml")
+    assert not r.excluded("compose/template.yaml")
+    for path in (".git/HEAD", ".nodekit/wheelhouse/x.whl", "pkg/__pycache__/m.cpython-311.pyc", "m.pyc"):
+        assert r.excluded(path), path
+    assert not r.excluded("nodekit.lock")
+
+
+# --- trees and the fingerprint ------------------------------------------------------------------------------
+
+
+def make_project(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "train.py").write_text("print('train')\n")
+    (root / "pkg" / "__init__.py").write_text("")
+    (root / "pkg" / "model.py").write_text("W = 1\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"\0" * 1000)
+    (root / ".dockerignore").write_text("data\n*.log\n")
+    (root / ".git").mkdir()
+    (root / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    os.symlink("train.py", root / "link.py")
+    return root
+
+
+def tree(root: Path) -> tuple[TreeEntry, ...]:
+    text = (root / ".dockerignore").read_text() if (root / ".dockerignore").exists() else None
+    return hash_tree(root, ignore_rules(text))
+
+
+BASE_INPUTS = {
+    "base_id": "sha256:" + "b" * 64,
+    "lock_text": "torch==2.13.0+cpu --hash=sha256:" + "1" * 64 + "\n",
+    "dockerfile_text": "FROM x\n",
+    "build_args": (("BASE_IMAGE", "nodekit/base:bookworm"),),
+    "launcher": (TreeEntry(path="nodekit/__init__.py", kind="file", mode=0o644, digest="d" * 64),),
+}
+
+
+def fp(code: tuple[TreeEntry, ...], **over: object) -> str:
+    return fingerprint(StackInputs(**{**BASE_INPUTS, "code": code, **over}))  # type: ignore[arg-type]
+
+
+def test_tree_follows_dockerignore_and_records_links(tmp_path: Path) -> None:
+    paths = {e.path: e for e in tree(make_project(tmp_path))}
+    assert set(paths) == {"train.py", "pkg", "pkg/__init__.py", "pkg/model.py", "link.py"}
+    assert paths["link.py"].kind == "link"
+    assert paths["pkg"].kind == "dir"
+    assert paths["train.py"].mode == 0o644
+
+
+def test_fingerprint_is_stable_across_mtimes_walk_order_and_umask(tmp_path: Path) -> None:
+    a = tree(make_project(tmp_path / "a"))
+    b_root = make_project(tmp_path / "b")
+    os.utime(b_root / "train.py", (1, 1))
+    os.utime(b_root / "pkg", (2, 2))
+    (b_root / "pkg" / "model.py").chmod(0o600)  # another umask; still not executable
+    b = tree(b_root)
+    assert fp(a) == fp(b)
+    assert fp(a) == fp(tuple(reversed(a)))
+    assert re.fullmatch(r"[0-9a-f]{64}", fp(a))
+
+
+def test_fingerprint_ignores_excluded_files(tmp_path: Path) -> None:
+    root = make_project(tmp_path)
+    before = fp(tree(root))
+    (root / "data" / "big.bin").write_bytes(b"changed")
+    (root / "debug.log").write_text("noise")
+    (root / ".git" / "HEAD").write_text("other")
+    (root / "pkg" / "__pycache__").mkdir()
+    (root / "pkg" / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"pyc")
+    (root / ".nodekit").mkdir()
+    (root / ".nodekit" / "last-build.json").write_text("{}")
+    assert fp(tree(root)) == before
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["content", "new_file", "rename", "chmod_x", "link_target", "empty_dir", "dockerignore_exception"],
+)
+def test_fingerprint_changes_with_the_code(tmp_path: Path, change: str) -> None:
+    root = make_project(tmp_path)
+    before = fp(tree(root))
+    if change == "content":
+        (root / "pkg" / "model.py").write_text("W = 2\n")
+    elif change == "new_file":
+        (root / "pkg" / "extra.py").write_text("")
+    elif change == "rename":
+        (root / "pkg" / "model.py").rename(root / "pkg" / "model2.py")
+    elif change == "chmod_x":
+        (root / "train.py").chmod(0o755)
+    elif change == "link_target":
+        (root / "link.py").unlink()
+        os.symlink("pkg/model.py", root / "link.py")
+    elif change == "empty_dir":
+        (root / "empty").mkdir()
+    elif change == "dockerignore_exception":
+        (root / ".dockerignore").write_text("data\n*.log\n!data/big.bin\n")
+    assert fp(tree(root)) != before
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("base_id", "sha256:" + "c" * 64),
+        ("lock_text", "torch==2.13.0+cpu --hash=sha256:" + "2" * 64 + "\n"),
+        ("dockerfile_text", "FROM y\n"),
+        ("build_args", (("BASE_IMAGE", "other/base:1"),)),
+        ("launcher", (TreeEntry(path="nodekit/__init__.py", kind="file", mode=0o644, digest="e" * 64),)),
+        ("launcher", (TreeEntry(path="nodekit/__init__.py", kind="file", mode=0o755, digest="d" * 64),)),
+    ],
+)
+def test_fingerprint_changes_with_every_other_input(field: str, value: object) -> None:
+    code = (TreeEntry(path="train.py", kind="file", mode=0o644, digest="a" * 64),)
+    assert fp(code, **{field: value}) != fp(code)
+
+
+def test_size_is_not_an_input() -> None:
+    a = (TreeEntry(path="t.py", kind="file", mode=0o644, digest="a" * 64, size=1),)
+    b = (TreeEntry(path="t.py", kind="file", mode=0o644, digest="a" * 64, size=2),)
+    assert fp(a) == fp(b)
+
+
+def test_staging_copies_exactly_what_is_hashed(tmp_path: Path) -> None:
+    root = make_project(tmp_path / "p")
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    staged = hash_tree(root, ignore_rules((root / ".dockerignore").read_text()), stage=stage)
+    assert staged == tree(root)
+    assert (stage / "train.py").read_text() == "print('train')\n"
+    assert os.readlink(stage / "link.py") == "train.py"
+    assert not (stage / "data").exists()
+    assert not (stage / ".git").exists()
+    # the copy, walked again with no rules beyond the defaults, is the same tree
+    assert hash_tree(stage, IgnoreRules([])) == staged
+
+
+def test_launcher_tree_holds_init_and_launcher_only() -> None:
+    entries = launcher_tree()
+    paths = [e.path for e in entries]
+    assert paths[:3] == ["nodekit", "nodekit/__init__.py", "nodekit/launcher"]
+    assert all(p == "nodekit" or p.startswith(("nodekit/__init__.py", "nodekit/launcher")) for p in paths)
+    assert not any("__pycache__" in p or p.endswith(".pyc") for p in paths)
+
+
+# --- the plan ------------------------------------------------------------------------------------------------
+
+
+def test_plan_build_tag_labels_and_args(tmp_path: Path) -> None:
+    code = (TreeEntry(path="train.py", kind="file", mode=0o644, digest="a" * 64, size=10),)
+    plan = plan_build(
+        name="demo",
+        base_image="nodekit/base:bookworm",
+        base_id="sha256:" + "b" * 64,
+        lock_text="torch==2.13.0+cpu --hash=sha256:" + "1" * 64 + "\n",
+        torch="2.13.0+cpu",
+        packages=1,
+        python="3.11",
+        dockerfile_text="FROM x\n",
+        launcher=BASE_INPUTS["launcher"],  # type: ignore[arg-type]
+        code=code,
+        stage_dir=tmp_path / "stage",
+        version="0.1.0",
+    )
+    assert plan.fingerprint == fp(code)
+    assert plan.tag == f"nodekit/demo:{plan.fingerprint[:12]}"
+    labels = dict(plan.labels)
+    assert labels[LABEL_NAME] == "demo"
+    assert labels[LABEL_FINGERPRINT] == plan.fingerprint
+    assert labels[LABEL_TORCH] == "2.13.0+cpu"
+    assert labels[LABEL_PYTHON] == "3.11"
+    assert labels[LABEL_BASE] == "nodekit/base:bookworm"
+    assert labels[LABEL_VERSION] == "0.1.0"
+    assert re.fullmatch(r"[0-9a-f]{64}", labels[LABEL_LOCK])
+    args = dict(plan.build_args)
+    assert args["BASE_IMAGE"] == "nodekit/base:bookworm"
+    assert set(METADATA_ARGS) <= set(args)
+    assert args["NODEKIT_FINGERPRINT"] == plan.fingerprint
+    assert plan.context == tmp_path / "stage" / "launcher"
+    assert dict(plan.build_contexts) == {"code": tmp_path / "stage" / "code", "wheels": tmp_path / "stage" / "wheels"}
+    assert (plan.code_files, plan.code_bytes) == (1, 10)
+    text = plan.describe()
+    assert plan.tag in text and "build-arg BASE_IMAGE" in text
+
+
+# --- the Dockerfile -----------------------------------------------------------------------------------------
+
+DOCKERFILE = Path(__file__).resolve().parents[2] / "images" / "Dockerfile"
+
+
+def instructions() -> list[str]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def test_dockerfile_layer_order_and_offline_install() -> None:
+    text = DOCKERFILE.read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M)  # would pull a frontend image
+    ins = instructions()
+    keywords = [i.split()[0] for i in ins]
+    first_run = keywords.index("RUN")
+    launcher = next(i for i, s in enumerate(ins) if s.startswith("COPY nodekit "))
+    code = next(i for i, s in enumerate(ins) if s.startswith("COPY --from=code"))
+    assert keywords.index("FROM") < first_run < launcher < code
+    assert keywords.count("RUN") == 1 and keywords.count("COPY") == 2
+    # nothing after the code copy touches the file system
+    assert all(k in ("ENTRYPOINT", "ARG", "LABEL", "ENV") for k in keywords[code + 1 :])
+    run = ins[first_run]
+    for needle in (
+        "--mount=type=bind,from=wheels",
+        "--no-index",
+        "--require-hashes",
+        "--no-cache-dir",
+        "python3 -m venv",
+    ):
+        assert needle in run, needle
+    assert 'ENTRYPOINT ["/opt/venv/bin/python", "-m", "nodekit.launcher"]' in ins
+    env = " ".join(s for s in ins if s.startswith("ENV"))
+    for needle in ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "/opt/venv/bin"):
+        assert needle in env
+    assert ins[-1] == "ENV NODEKIT_FINGERPRINT=${NODEKIT_FINGERPRINT}"
+    declared = {s.split()[1] for s in ins[code:] if s.startswith("ARG")}
+    assert declared == set(METADATA_ARGS)
