@@ -1,0 +1,197 @@
+"""``nodekit base``: a minimal Debian base image with Python from Debian packages, made without any registry.
+
+mmdebstrap builds the root file system from the Debian mirror the host already uses (``--variant=minbase`` plus
+python3 and python3-venv, documentation, manual pages and locales left out), writes it as a tarball, and
+``docker import`` turns that into the image. :func:`plan_base` decides everything (pure); :func:`create_base`
+carries it out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from nodekit import __version__, docker
+from nodekit.errors import ImageError
+from nodekit.progress import Reporter
+from nodekit.settings import Settings
+
+DEFAULT_TAG = "nodekit/base:bookworm"
+DEFAULT_SUITE = "bookworm"
+PACKAGES = ("python3", "python3-venv")
+# dpkg never unpacks these, in the base and in anything later installed on top of it (the options stay in
+# /etc/dpkg/dpkg.cfg.d). Copyright files stay: they are the licence notices.
+DPKG_EXCLUDES = (
+    "path-exclude=/usr/share/man/*",
+    "path-exclude=/usr/share/locale/*",
+    "path-include=/usr/share/locale/locale.alias",
+    "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright",
+    "path-exclude=/usr/share/info/*",
+    "path-exclude=/usr/share/lintian/*",
+)
+# Caches and logs of the bootstrap itself have no use in an image.
+CLEANUP_HOOK = 'rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache'
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class BasePlan(BaseModel):
+    """How the base image is made: the mmdebstrap command line, and the image settings ``docker import`` applies."""
+
+    model_config = _FROZEN
+
+    tag: str
+    suite: str
+    packages: tuple[str, ...]
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    changes: tuple[str, ...]
+
+    def describe(self) -> str:
+        return "\n".join(
+            [
+                f"base image  {self.tag}",
+                f"debian      {self.suite} (minbase) + {', '.join(self.packages)}",
+                f"command     {' '.join(self.argv)}",
+                *(f"env         {k}={v}" for k, v in self.env),
+                *(f"import      --change '{c}'" for c in self.changes),
+            ]
+        )
+
+
+def plan_base(
+    tag: str = DEFAULT_TAG,
+    *,
+    output: Path,
+    suite: str = DEFAULT_SUITE,
+    packages: tuple[str, ...] = PACKAGES,
+    mirror: str | None = None,
+    source_date_epoch: int | None = None,
+) -> BasePlan:
+    """The mmdebstrap run writing the root file system of ``tag`` to ``output`` (a .tar), and its import.
+
+    With ``source_date_epoch`` mmdebstrap's output is reproducible: the same mirror state gives the same tar.
+    """
+    argv = [
+        "mmdebstrap",
+        "--variant=minbase",
+        f"--include={','.join(packages)}",
+        '--aptopt=Acquire::Languages "none"',
+        *(f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES),
+        f"--customize-hook={CLEANUP_HOOK}",
+        suite,
+        str(output),
+    ]
+    if mirror:
+        argv.append(mirror)
+    env = (("SOURCE_DATE_EPOCH", str(source_date_epoch)),) if source_date_epoch is not None else ()
+    changes = (
+        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "ENV LANG=C.UTF-8",
+        f"LABEL org.nodekit.base-of={suite} org.nodekit.version={__version__}",
+        'CMD ["/bin/bash"]',
+    )
+    return BasePlan(tag=tag, suite=suite, packages=packages, argv=tuple(argv), env=env, changes=changes)
+
+
+def missing_base(settings: Settings) -> bool:
+    """The configured base image is not in the local engine (``nodekit build`` would refuse)."""
+    return docker.image_info(settings.base_image) is None
+
+
+class BaseResult(BaseModel):
+    model_config = _FROZEN
+
+    tag: str
+    image_id: str
+    size: int
+    seconds: float
+    created: bool
+
+
+def _ensure_mmdebstrap(reporter: Reporter) -> None:
+    if shutil.which("mmdebstrap"):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        raise ImageError(
+            "mmdebstrap is not installed (it builds the Debian root file system)",
+            fix="sudo apt-get install -y mmdebstrap, then nodekit base",
+        )
+    reporter.step("installing mmdebstrap with apt-get")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    proc = subprocess.run(
+        ["apt-get", "install", "-y", "--no-install-recommends", "mmdebstrap"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if proc.returncode != 0 or not shutil.which("mmdebstrap"):
+        last = (proc.stderr.strip().splitlines() or ["apt-get failed"])[-1]
+        raise ImageError(f"cannot install mmdebstrap: {last}", fix="apt-get update && apt-get install -y mmdebstrap")
+
+
+def _run(argv: tuple[str, ...], env: Mapping[str, str], reporter: Reporter) -> None:
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **env},
+    )
+    assert proc.stdout is not None
+    tail: list[str] = []
+    for line in proc.stdout:
+        tail = [*tail[-19:], line.rstrip()]
+        reporter.detail(line.rstrip())
+    if proc.wait() != 0:
+        errors = [ln for ln in tail if "E:" in ln or "error" in ln.lower()]
+        raise ImageError(
+            f"mmdebstrap failed: {(errors or tail or ['no output'])[-1].strip()}",
+            fix="check that the host reaches its Debian mirror (apt-get update), then nodekit base",
+        )
+
+
+def create_base(
+    tag: str = DEFAULT_TAG,
+    reporter: Reporter | None = None,
+    *,
+    dry_run: bool = False,
+    if_missing: bool = False,
+    mirror: str | None = None,
+) -> BaseResult | BasePlan:
+    """Create the base image ``tag``; returns the plan with ``dry_run``, else what was made (or found).
+
+    With ``if_missing`` an existing ``tag`` is kept. Needs root (mmdebstrap, and apt-get to install it when
+    absent) and the host's Debian mirror; raises ImageError saying which is missing.
+    """
+    from nodekit.progress import NullReporter
+
+    rep: Reporter = reporter or NullReporter()
+    with tempfile.TemporaryDirectory(prefix="nodekit-base-") as tmp:
+        plan = plan_base(tag, output=Path(tmp) / "rootfs.tar", mirror=mirror)
+        if dry_run:
+            rep.done(plan.describe())
+            return plan
+        docker.check_engine()
+        if if_missing and (have := docker.image_info(tag)) is not None:
+            rep.done(f"base image {tag} is already here")
+            return BaseResult(tag=tag, image_id=have.id, size=have.size, seconds=0.0, created=False)
+        t0 = time.monotonic()
+        _ensure_mmdebstrap(rep)
+        rep.step(f"bootstrapping Debian {plan.suite} (minbase + {', '.join(plan.packages)})")
+        _run(plan.argv, dict(plan.env), rep)
+        rep.step(f"importing it as {tag}")
+        info = docker.import_image(
+            Path(tmp) / "rootfs.tar", tag, changes=list(plan.changes), message=f"nodekit base ({plan.suite})"
+        )
+    seconds = round(time.monotonic() - t0, 1)
+    rep.done(f"created {tag} ({info.size / 1e6:.0f} MB) in {seconds:.0f} s")
+    return BaseResult(tag=tag, image_id=info.id, size=info.size, seconds=seconds, created=True)
