@@ -6,10 +6,10 @@ Heavy modules (python-on-whales, rich, the build pipeline) are imported inside t
 
 from __future__ import annotations
 
-from nodekit.cli import images, nodes, project
+from nodekit.cli import doctor, images, nodes, project, ship
 from nodekit.cli.common import app
 
-__all__ = ["app", "images", "main", "nodes", "project"]
+__all__ = ["app", "doctor", "images", "main", "nodes", "project", "ship"]
 
 
 def main() -> None:

@@ -8,11 +8,24 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperGroup
 
 from nodekit import __version__
 
+# The order a user meets the commands in: set up, build, ship, check, run.
+COMMAND_ORDER = (
+    "init", "lock", "base", "build", "inspect", "push", "save", "load", "doctor", "compose", "up", "logs", "ps", "down",
+)  # fmt: skip
+
+
+class _OrderedGroup(TyperGroup):
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: COMMAND_ORDER.index(n) if n in COMMAND_ORDER else len(COMMAND_ORDER))
+
 app = typer.Typer(
     name="nodekit",
+    cls=_OrderedGroup,
     help="Multi-node PyTorch on plain machines: one pinned image, one compose file per node.",
     no_args_is_help=True,
     add_completion=False,
