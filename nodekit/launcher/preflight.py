@@ -18,6 +18,7 @@ interrupts it: Python runs signal handlers only between bytecodes, not inside a 
 from __future__ import annotations
 
 import errno
+import json
 import socket
 import time
 from collections.abc import Callable
@@ -144,14 +145,10 @@ def _publish(store: Store, facts: NodeFacts) -> int:
 
 
 def _json(facts: NodeFacts) -> str:
-    import json
-
     return json.dumps(facts.to_json_dict(), sort_keys=True)
 
 
 def _facts(raw: bytes) -> NodeFacts:
-    import json
-
     data: dict[str, Any] = json.loads(raw)
     return NodeFacts.from_json_dict(data)
 
