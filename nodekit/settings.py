@@ -59,6 +59,13 @@ class Settings(BaseSettings):
     max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts")
     rdzv_timeout: int = Field(180, ge=1, description="seconds to wait for every node before giving up")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
+    # network
+    network: Literal["host", "bridge"] = Field(
+        "host", description="host (needed across machines), or bridge for runs with every node on this machine"
+    )
+    ib: Literal["auto", "on", "off"] = Field(
+        "auto", description="InfiniBand: auto = use /dev/infiniband when present, on = require it, off = never"
+    )
     # where things go on the host
     compose_dir: Path = Field(Path("compose"), description="where compose/node-<rank>.yaml files are written")
     output_dir: Path = Field(Path("outputs"), description="host directory mounted at /outputs in the job")

@@ -78,6 +78,7 @@ class HostFacts(BaseModel):
     infiniband: tuple[str, ...] = ()
     iface: str | None = Field(None, description="interface that routes toward main")
     local_addr: str | None = Field(None, description="this node's source address toward main")
+    bridge_gateway: str | None = Field(None, description="address of Docker's default bridge (docker0) here")
 
 
 class NodeSpec(BaseModel):
@@ -91,6 +92,8 @@ class NodeSpec(BaseModel):
     nproc: int = Field(ge=1, description="processes on this node, 'auto' resolved with this node's facts")
     iface: str | None = None
     local_addr: str | None = None
+    network: Literal["host", "bridge"] = "host"
+    infiniband: tuple[str, ...] = Field((), description="InfiniBand devices passed to the container")
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> NodeSpec:
@@ -144,12 +147,79 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, f
     override = settings.nodes.get(rank)
     nproc_setting = override.nproc_per_node if override and override.nproc_per_node else launch.nproc_per_node
     nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
+    check_main_addr(settings, main_ip)
+    main_addr = main_ip
+    iface = override.iface if override and override.iface else facts.iface
+    local_addr = override.addr if override and override.addr else facts.local_addr
+    if settings.network == "bridge":
+        main_addr, iface, local_addr = bridge_addresses(main_ip, facts, override.iface if override else None)
     return NodeSpec(
         rank=rank,
-        main_addr=main_ip,
+        main_addr=main_addr,
         launch=launch,
         nproc=nproc,
-        iface=(override.iface if override and override.iface else facts.iface),
-        local_addr=(override.addr if override and override.addr else facts.local_addr),
+        iface=iface,
+        local_addr=local_addr,
+        network=settings.network,
+        infiniband=infiniband_for(settings, facts, rank),
     )
 
+
+def check_main_addr(settings: Settings, main_ip: str) -> None:
+    """A loopback main only works with every node on this machine; a per-node address elsewhere contradicts it.
+
+    And the other way round: a node told to use a loopback address cannot be reached from a main elsewhere.
+    """
+    main_loopback = ipaddress.ip_address(main_ip).is_loopback
+    for r, o in sorted(settings.nodes.items()):
+        if r >= settings.nnodes:
+            continue
+        addr_loopback = o.addr is not None and _is_loopback(o.addr)
+        if main_loopback and o.addr is not None and not addr_loopback:
+            raise UsageError(
+                f"main address {main_ip} is loopback, which only works with every node on this machine, "
+                f"but [nodes.{r}] addr = {o.addr} puts node {r} on another one",
+                fix="pass --main with main's address on the network the nodes share (e.g. --main 10.0.0.5)",
+            )
+        if not main_loopback and (addr_loopback or o.iface == "lo"):
+            key, value = ("addr", o.addr) if addr_loopback else ("iface", "lo")
+            raise UsageError(
+                f"[nodes.{r}] {key} = {value} is loopback, but main {main_ip} is not: no other machine can reach it",
+                fix=f"remove {key} from [nodes.{r}] in nodekit.toml (nodekit detects the route to main)",
+            )
+
+
+def _is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def bridge_addresses(main_ip: str, facts: HostFacts, iface: str | None) -> tuple[str, str, None]:
+    """Main's address, the interface and the local address of a node on Docker's default bridge network."""
+    if not ipaddress.ip_address(main_ip).is_loopback:
+        raise UsageError(
+            f'network = "bridge" with main {main_ip}: NCCL and gloo advertise the container\'s own address, '
+            "which the bridge network hides behind NAT, so nodes on other machines cannot reach it",
+            fix='remove network = "bridge" (host networking), or run every node on this machine with --main 127.0.0.1',
+        )
+    if facts.bridge_gateway is None:
+        raise UsageError(
+            'network = "bridge" but this host has no docker0 bridge (the engine runs with --bridge=none?)',
+            fix='remove network = "bridge" from nodekit.toml, or start dockerd with its default bridge',
+        )
+    # Inside a container on the default bridge, its own interface is eth0 and this host is the gateway, where
+    # node 0 publishes the rendezvous ports; the containers then reach each other directly over the bridge.
+    return facts.bridge_gateway, iface or "eth0", None
+
+
+def infiniband_for(settings: Settings, facts: HostFacts, rank: int) -> tuple[str, ...]:
+    if settings.ib == "off":
+        return ()
+    if settings.ib == "on" and not facts.infiniband:
+        raise UsageError(
+            f'ib = "on" but node {rank} has no /dev/infiniband (driver not loaded, or no RDMA hardware)',
+            fix='ls /dev/infiniband && ibv_devices to check the hardware; or set ib = "auto" to fall back to TCP',
+        )
+    return facts.infiniband

@@ -1,13 +1,21 @@
-"""Gather HostFacts: GPUs, ulimits the Docker daemon can grant, InfiniBand devices, the route to main."""
+"""Gather HostFacts: GPUs, ulimits the Docker daemon can grant, InfiniBand devices, the route to main.
+
+Also the smaller facts only ``nodekit doctor`` looks at (shared memory, host name, firewall); each returns data.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
+import os
 import resource
 import shutil
+import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
-from nodekit.host.net import route_to
+from nodekit.host import net
 from nodekit.spec import HostFacts
 
 DOCKER_PIDFILES = (Path("/var/run/docker.pid"), Path("/run/docker.pid"), Path("/var/run/nodekit-dockerd.pid"))
@@ -18,11 +26,10 @@ def gather(main_ip: str | None = None, *, root: Path = Path("/")) -> HostFacts:
     gpus = gpu_models(root)
     memlock = daemon_hard_limit("Max locked memory", resource.RLIMIT_MEMLOCK, root)
     stack = daemon_hard_limit("Max stack size", resource.RLIMIT_STACK, root)
-    ib_dir = root / "dev" / "infiniband"
-    infiniband = tuple(sorted(f"/dev/infiniband/{p.name}" for p in ib_dir.iterdir())) if ib_dir.is_dir() else ()
+    links = net.links_here() if root == Path("/") else []
     iface = local_addr = None
     if main_ip is not None:
-        route = route_to(main_ip)
+        route = net.route_to(main_ip, links)
         if route is not None:
             iface, local_addr = route.iface, route.src or None
     return HostFacts(
@@ -30,10 +37,27 @@ def gather(main_ip: str | None = None, *, root: Path = Path("/")) -> HostFacts:
         gpu_models=tuple(gpus),
         memlock_hard=memlock,
         stack_hard=stack,
-        infiniband=infiniband,
+        infiniband=infiniband_devices(root),
         iface=iface,
         local_addr=local_addr,
+        bridge_gateway=bridge_gateway(links),
     )
+
+
+def infiniband_devices(root: Path = Path("/")) -> tuple[str, ...]:
+    """The RDMA device nodes a container needs (uverbs, rdma_cm, umad), sorted; empty without InfiniBand."""
+    ib_dir = root / "dev" / "infiniband"
+    return tuple(sorted(f"/dev/infiniband/{p.name}" for p in ib_dir.iterdir())) if ib_dir.is_dir() else ()
+
+
+def bridge_gateway(links: list[net.Link], name: str = "docker0") -> str | None:
+    """The IPv4 address of Docker's default bridge on this host (the gateway its containers see)."""
+    link = net.link_named(name, links)
+    for addr in link.addrs if link else ():
+        with contextlib.suppress(ValueError):
+            if ipaddress.ip_address(addr).version == 4:
+                return addr
+    return None
 
 
 def gpu_models(root: Path = Path("/")) -> list[str]:
@@ -76,10 +100,94 @@ def daemon_hard_limit(label: str, which: int, root: Path = Path("/")) -> int | N
     return None if hard == resource.RLIM_INFINITY else hard
 
 
-def parse_proc_limit(text: str, label: str) -> int | None | bool:
+def parse_proc_limit(text: str, label: str) -> int | bool | None:
     """The hard limit for ``label`` in /proc/PID/limits text: bytes, None (unlimited) or False (absent)."""
     for line in text.splitlines():
         if line.startswith(label):
-            hard = line[len(label):].split()[1]
+            hard = line[len(label) :].split()[1]
             return None if hard == "unlimited" else int(hard)
     return False
+
+
+def soft_limit(which: int) -> int | None:
+    soft = resource.getrlimit(which)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def shm_bytes(root: Path = Path("/")) -> int | None:
+    """Size of /dev/shm; with ``ipc: host`` the job's containers share this very mount."""
+    try:
+        st = os.statvfs(root / "dev" / "shm")
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def hostname_addrs() -> tuple[str, tuple[str, ...]]:
+    """This host's name and the addresses it resolves to here (/etc/hosts first, as libc does)."""
+    name = socket.gethostname()
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError):
+        return name, ()
+    return name, tuple(dict.fromkeys(str(i[4][0]) for i in infos))
+
+
+@dataclass(frozen=True)
+class Firewall:
+    """What this host's packet filter does to incoming TCP, as far as this user can read it."""
+
+    ufw: str | None = None
+    """"active", "inactive", or None when ufw is not installed or not readable."""
+    iptables_policy: str | None = None
+    """The INPUT chain's policy (ACCEPT, DROP), None when iptables is absent or not readable."""
+    iptables_blocks: bool = False
+    """An INPUT rule drops or rejects some traffic."""
+    readable: bool = True
+    """False when a firewall tool exists but this user cannot read its rules (not root)."""
+
+
+def parse_iptables_input(text: str) -> tuple[str | None, bool]:
+    """The INPUT policy and whether a rule drops/rejects, from ``iptables -S INPUT``."""
+    policy = None
+    blocks = False
+    for line in text.splitlines():
+        parts = line.split()
+        if parts[:2] == ["-P", "INPUT"] and len(parts) > 2:
+            policy = parts[2]
+        elif parts[:2] == ["-A", "INPUT"] and ("-j DROP" in line or "-j REJECT" in line):
+            blocks = True
+    return policy, blocks
+
+
+def firewall() -> Firewall:
+    """Read ufw's status and iptables' INPUT chain (both need root; each call is bounded to 3 s)."""
+    ufw = policy = None
+    blocks = False
+    readable = True
+    if shutil.which("ufw"):
+        out = _run(["ufw", "status"])
+        if out is None:
+            readable = False
+        else:
+            ufw = "active" if "status: active" in out.lower() else "inactive"
+    if shutil.which("iptables"):
+        out = _run(["iptables", "-S", "INPUT"])
+        if out is None:
+            readable = False
+        else:
+            policy, blocks = parse_iptables_input(out)
+    return Firewall(ufw=ufw, iptables_policy=policy, iptables_blocks=blocks, readable=readable)
+
+
+def nvidia_container_toolkit() -> bool:
+    """Whether the NVIDIA container toolkit (what gives containers GPUs) is installed on this host."""
+    return any(shutil.which(t) for t in ("nvidia-container-cli", "nvidia-container-runtime-hook", "nvidia-ctk"))
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=3)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None

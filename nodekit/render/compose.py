@@ -58,21 +58,34 @@ def render_compose(
         "org.nodekit.version": __version__,
     }
     svc["volumes"] = [
-        {"type": "bind", "source": str(output_dir), "target": OUTPUT_DIR_IN_CONTAINER, "bind": {"create_host_path": True}}
+        {
+            "type": "bind",
+            "source": str(output_dir),
+            "target": OUTPUT_DIR_IN_CONTAINER,
+            "bind": {"create_host_path": True},
+        }
     ]
-    svc["ulimits"] = _ulimits(facts)
+    svc["ulimits"] = ulimits(facts)
     if facts.gpu_count > 0:
         # Compose 2.26 has no service-level `gpus:` key; device reservations are the portable spelling.
         svc["deploy"] = {
             "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
         }
-    if facts.infiniband:
-        svc["devices"] = [f"{d}:{d}" for d in facts.infiniband]
+    if node.infiniband:
+        svc["devices"] = [f"{d}:{d}" for d in node.infiniband]
         svc["cap_add"] = ["IPC_LOCK"]
+    if node.network == "bridge":
+        # All-local runs only (spec refuses bridge otherwise). Node 0 publishes the rendezvous ports on the
+        # bridge gateway, which is MASTER_ADDR for every node; gloo and NCCL then connect container to container.
+        svc["network_mode"] = "bridge"
+        if node.is_main:
+            ports = (launch.master_port, launch.preflight_port)
+            svc["ports"] = [f"{node.main_addr}:{p}:{p}/tcp" for p in ports]
     return doc
 
 
-def _ulimits(facts: HostFacts) -> dict[str, Any]:
+def ulimits(facts: HostFacts) -> dict[str, Any]:
+    """The ulimits a node's container asks for on a host with ``facts`` (compose's ``ulimits`` key)."""
     stack = STACK_BYTES if facts.stack_hard is None else min(STACK_BYTES, facts.stack_hard)
     limits: dict[str, Any] = {"stack": {"soft": stack, "hard": stack}}
     # runc refuses to start a container whose limit exceeds what the daemon may raise to (seen with an 8 MiB

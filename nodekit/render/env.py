@@ -39,11 +39,13 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
         # a multi-homed node is often not the one that reaches main: the classic hang at init.
         env["GLOO_SOCKET_IFNAME"] = node.iface
         env["NCCL_SOCKET_IFNAME"] = node.iface
-    if not facts.infiniband:
+    if not node.infiniband:
         # Without this NCCL probes for IB verbs and, on some images, fails instead of falling back to sockets.
+        # Also set when InfiniBand is present but switched off (ib = "off"): the devices are not passed then.
         env["NCCL_IB_DISABLE"] = "1"
-    if debug:
-        env |= DEBUG_ENV
     protected = {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES"}
     env |= {k: v for k, v in launch.env if k not in protected}
+    if debug:
+        # A flag outranks the configuration file, so --debug wins over a configured NCCL_DEBUG=WARN.
+        env |= DEBUG_ENV
     return env
