@@ -138,8 +138,7 @@ def load(
     """Load an image file into this node's Docker engine; a corrupt or truncated file changes nothing."""
     from nodekit import ship
     from nodekit.cli.common import reporter
-    from nodekit.cli.ui import out
 
     result = ship.load(file, reporter(), endpoint=to, expect_id=expect)
     for name, image_id in result.images:
-        out.print(f"{name} {image_id}", markup=False)
+        typer.echo(f"{name} {image_id}")

@@ -1,0 +1,232 @@
+"""nodekit push / save / load against real, separate Docker engines (two hosts of a virtual cluster).
+
+Small images made with `docker import` (no registry): each test states what the targets have, pushes, and checks
+the image ids on every engine, including that a failed push leaves a target's existing images as they were.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+import subprocess
+import tarfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import pytest
+
+from nodekit import ship
+from nodekit.errors import ShipError
+from nodekit.progress import RecordingReporter
+from tests.cluster.conftest import nodekit_argv
+from tests.cluster.harness import Cluster, Host
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker]
+
+REF = "nodekit/shiptest:current"
+
+
+def make_image(host: Host, ref: str, *, seed: int, mib: int = 8) -> str:
+    """A one-layer image of ``mib`` MiB of (incompressible) random bytes, imported into ``host``'s engine."""
+    rnd = random.Random(seed)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("etc/seed", str(seed).encode()), ("data/blob", rnd.randbytes(mib << 20))):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    proc = subprocess.run(
+        ["docker", "-H", host.docker_host, "import", "-", ref], input=buf.getvalue(), capture_output=True
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return proc.stdout.decode().strip()
+
+
+def ids(host: Host) -> set[str]:
+    return set(host.docker("images", "-q", "--no-trunc", "-a").stdout.split())
+
+
+@pytest.fixture(scope="module")
+def pair(cluster_ready: None) -> Iterator[Cluster]:
+    """Three engines shared by this module's tests: h0 is the source, h1 and h2 the targets."""
+    c = Cluster(3, name="nks", owner=os.getpid(), decoy=False)
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+@pytest.fixture
+def fresh(pair: Cluster) -> Cluster:
+    """Every engine empty of images, then a new source image under REF on h0."""
+    for h in pair.hosts:
+        for image_id in ids(h):
+            h.docker("rmi", "-f", image_id, check=False)
+    make_image(pair.hosts[0], REF, seed=random.randrange(1 << 30))
+    return pair
+
+
+def push_cli(c: Cluster, *targets: Host, extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    to = [arg for h in targets for arg in ("--to", f"{h.name}={h.docker_host}")]
+    return c.hosts[0].run(*nodekit_argv("push", REF, *to, *extra), timeout=300)
+
+
+def test_push_loads_verifies_and_then_skips(fresh: Cluster) -> None:
+    h0, h1, h2 = fresh.hosts
+    want = h0.image_id(REF)
+    dry = push_cli(fresh, h1, h2, extra=("--dry-run",))
+    assert dry.returncode == 0, dry.stderr
+    assert "h1" in dry.stdout and "load (none stream): does not have the image" in dry.stdout
+    assert h1.image_id(REF) is None, "--dry-run changed a target"
+
+    first = push_cli(fresh, h1, h2)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert h1.image_id(REF) == want and h2.image_id(REF) == want
+    assert "image id verified on h1, h2" in first.stderr
+
+    again = push_cli(fresh, h1, h2)
+    assert again.returncode == 0, again.stderr
+    assert "h1: skipped, already has" in again.stderr and "h2: skipped, already has" in again.stderr
+
+
+@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+def test_compressed_streams_load(fresh: Cluster, compress: str) -> None:
+    h0, h1, _ = fresh.hosts
+    done = push_cli(fresh, h1, extra=("--compress", compress))
+    assert done.returncode == 0, done.stderr
+    assert f"{compress} stream" in done.stderr
+    assert h1.image_id(REF) == h0.image_id(REF)
+
+
+def test_a_target_with_the_image_under_another_name_is_only_tagged(fresh: Cluster) -> None:
+    h0, h1, _ = fresh.hosts
+    assert push_cli(fresh, h1).returncode == 0
+    h1.docker("tag", REF, "nodekit/shiptest:elsewhere")
+    h1.docker("rmi", REF)
+    done = push_cli(fresh, h1)
+    assert done.returncode == 0, done.stderr
+    assert "h1: tagged nodekit/shiptest:current" in done.stderr
+    assert h1.image_id(REF) == h0.image_id(REF)
+
+
+def _truncated(chunks: Iterable[bytes], keep: int) -> Iterator[bytes]:
+    sent = 0
+    for c in chunks:
+        if sent + len(c) >= keep:
+            yield c[: keep - sent]
+            raise ShipError("docker save on the source failed: unexpected EOF")
+        sent += len(c)
+        yield c
+
+
+def test_a_stream_cut_short_loads_nothing_and_keeps_the_old_image(fresh: Cluster) -> None:
+    h0, h1, h2 = fresh.hosts
+    old = make_image(h1, REF, seed=1)
+    before = {h.name: ids(h) for h in (h1, h2)}
+    src = ship.source_of(REF, h0.docker_host)
+    targets = [ship.Target(h.name, h.docker_host) for h in (h1, h2)]
+    plan = ship.plan_push(src, ship.survey(src, targets))
+    assert [s.action for s in plan.steps] == ["load", "load"]
+
+    def cut_short(ref: str, endpoint: str | None) -> Iterable[bytes]:
+        return _truncated(iter(__import__("nodekit.docker").docker.SaveStream(ref, endpoint)), 3 << 20)
+
+    with pytest.raises(ShipError) as e:
+        ship.push(plan, RecordingReporter(), open_source=cut_short)
+    assert "nothing was loaded" in e.value.message and e.value.node in ("h1", "h2")
+    assert h1.image_id(REF) == old
+    assert {h.name: ids(h) for h in (h1, h2)} == before
+
+
+def test_a_corrupt_stream_is_refused_by_the_target(fresh: Cluster) -> None:
+    """Bytes flipped in the middle of a layer: the target's docker load rejects the layer, nothing changes."""
+    h0, h1, _ = fresh.hosts
+    old = make_image(h1, REF, seed=2)
+    before = ids(h1)
+    src = ship.source_of(REF, h0.docker_host)
+    plan = ship.plan_push(src, ship.survey(src, [ship.Target("h1", h1.docker_host)]))
+
+    def corrupt(ref: str, endpoint: str | None) -> Iterable[bytes]:
+        data = bytearray(b"".join(__import__("nodekit.docker").docker.SaveStream(ref, endpoint)))
+        mid = len(data) // 2
+        data[mid : mid + 64] = bytes(64)
+        return [bytes(data)]
+
+    with pytest.raises(ShipError) as e:
+        ship.push(plan, RecordingReporter(), open_source=corrupt)
+    assert e.value.node == "h1"
+    assert h1.image_id(REF) == old and ids(h1) == before
+
+
+def test_an_unreachable_target_fails_before_anything_moves(fresh: Cluster, tmp_path: Path) -> None:
+    _, h1, _ = fresh.hosts
+    gone = tmp_path / "nothing.sock"
+    done = fresh.hosts[0].run(
+        *nodekit_argv("push", REF, "--to", f"h1={h1.docker_host}", "--to", f"h9=unix://{gone}"), timeout=120
+    )
+    assert done.returncode == 1
+    err = done.stderr.strip().splitlines()[-1]
+    assert err.startswith("nodekit: error: [h9] cannot push to h9: no Docker engine answers at unix://"), err
+    assert "Fix:" in err
+    assert h1.image_id(REF) is None
+
+
+def test_a_stopped_host_is_named(fresh: Cluster) -> None:
+    _, h1, h2 = fresh.hosts
+    h2.stop()
+    try:
+        done = push_cli(fresh, h1, h2)
+        assert done.returncode == 1
+        assert "[h2] cannot push to h2" in done.stderr
+        assert h1.image_id(REF) is None
+    finally:
+        fresh.restart(h2)
+
+
+def test_too_little_disk_is_refused_before_loading(fresh: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine is on this machine (unix socket), so its free space is known: the push refuses up front."""
+    h0, h1, _ = fresh.hosts
+    real = ship.docker.engine_facts
+
+    def tiny_disk(host: str | None) -> ship.docker.EngineFacts:
+        f = real(host)
+        if host != h1.docker_host:
+            return f
+        return ship.docker.EngineFacts(f.engine_id, f.server_version, f.root_dir, free_bytes=1 << 20)
+
+    monkeypatch.setattr(ship.docker, "engine_facts", tiny_disk)
+    src = ship.source_of(REF, h0.docker_host)
+    with pytest.raises(ShipError) as e:
+        ship.plan_push(src, ship.survey(src, [ship.Target("h1", h1.docker_host)]))
+    assert e.value.node == "h1" and "1.0 MiB free" in e.value.message
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz", ".tar.zst"])
+def test_save_then_load_a_file(fresh: Cluster, tmp_path: Path, suffix: str) -> None:
+    h0, h1, _ = fresh.hosts
+    path = tmp_path / f"image{suffix}"
+    saved = h0.run(*nodekit_argv("save", str(path), REF))
+    assert saved.returncode == 0, saved.stderr
+    assert path.is_file() and not list(tmp_path.glob(".*.partial"))
+    loaded = h1.run(*nodekit_argv("load", str(path), "--expect", h0.image_id(REF) or "?"))
+    assert loaded.returncode == 0, loaded.stderr
+    assert h1.image_id(REF) == h0.image_id(REF)
+    assert f"{REF} {h0.image_id(REF)}" in loaded.stdout
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.zst"])
+def test_loading_a_truncated_file_changes_nothing(fresh: Cluster, tmp_path: Path, suffix: str) -> None:
+    h0, h1, _ = fresh.hosts
+    path = tmp_path / f"image{suffix}"
+    assert h0.run(*nodekit_argv("save", str(path), REF)).returncode == 0
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    old = make_image(h1, REF, seed=3)
+    before = ids(h1)
+    loaded = h1.run(*nodekit_argv("load", str(path)))
+    assert loaded.returncode == 1
+    err = loaded.stderr.strip().splitlines()[-1]
+    assert "is corrupt or truncated" in err and "Fix: nodekit save the image again" in err, err
+    assert h1.image_id(REF) == old and ids(h1) == before
