@@ -29,8 +29,12 @@ def _err(line: str) -> None:
     print(f"nodekit: error: {line}", file=sys.stderr, flush=True)
 
 
-class _Terminated(Exception):
-    pass
+class _Terminated(SystemExit):
+    """SIGTERM before workers exist. A SystemExit, so that if it lands inside torchrun's start-up (before torchrun
+    installs its own handlers) the process still exits quietly with 143."""
+
+    def __init__(self) -> None:
+        super().__init__(EXIT_TERMINATED)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -134,7 +138,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         _err(problem)
         return EXIT_BAD_ENV
     if cfg.preflight and cfg.nnodes > 1:
-        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGTERM, _on_sigterm)  # stays for in-process torchrun; exec resets it
         try:
             code = preflight(cfg)
         except KeyboardInterrupt:
