@@ -68,10 +68,11 @@ def _run(argv: list[str]) -> str:
     return done.stdout if done.returncode == 0 else ""
 
 
-def _gpus_from_nvidia_smi() -> tuple[str, int, str]:
-    """(model, count, driver) from nvidia-smi; it sees the GPUs the container was given without creating a CUDA
-    context (which would take seconds and GPU memory in a process that is about to exec)."""
-    out = _run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"])
+def parse_nvidia_smi(out: str) -> tuple[str, int, str]:
+    """(model, count, driver) from ``nvidia-smi --query-gpu=name,driver_version --format=csv,noheader``.
+
+    Mixed models or drivers on one node are joined with " + " so that they show up in the comparison.
+    """
     rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
     if not rows:
         return "", 0, ""
@@ -80,17 +81,27 @@ def _gpus_from_nvidia_smi() -> tuple[str, int, str]:
     return " + ".join(models), len(rows), " + ".join(drivers)
 
 
-def _driver_from_proc() -> str:
-    try:
-        with open("/proc/driver/nvidia/version") as f:
-            first = f.readline()
-    except OSError:
-        return ""
-    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 ..."
-    for token in first.split():
+def parse_proc_driver(first_line: str) -> str:
+    """The driver version from the first line of /proc/driver/nvidia/version, e.g.
+    ``NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024``."""
+    for token in first_line.split():
         if token[:1].isdigit() and "." in token:
             return token
     return ""
+
+
+def _gpus_from_nvidia_smi() -> tuple[str, int, str]:
+    # nvidia-smi sees the GPUs the container was given without creating a CUDA context, which would take
+    # seconds and GPU memory in a process that is about to start the workers.
+    return parse_nvidia_smi(_run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]))
+
+
+def _driver_from_proc() -> str:
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            return parse_proc_driver(f.readline())
+    except OSError:
+        return ""
 
 
 def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None) -> NodeFacts:
