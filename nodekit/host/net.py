@@ -65,7 +65,11 @@ def resolve(addr: str) -> str:
 
 
 def is_loopback(ip: str) -> bool:
-    return ipaddress.ip_address(ip).is_loopback
+    """Whether ``ip`` is a loopback address (127.0.0.0/8, ::1); False for anything that is not an IP."""
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return False
 
 
 # --- routes and interfaces: pure parsers and the decision ---------------------------------------------------
