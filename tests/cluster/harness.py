@@ -244,12 +244,20 @@ class Host:
         return ["nsenter", f"--net={self.netns_path}", "--", *cmd]
 
     def run(
-        self, *cmd: str, env: Mapping[str, str] | None = None, timeout: float = 300, cwd: Path | None = None
+        self,
+        *cmd: str,
+        env: Mapping[str, str] | None = None,
+        timeout: float = 300,
+        cwd: Path | None = None,
+        check: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """Run ``cmd`` on this host (in its namespace, DOCKER_HOST set) and capture its output."""
-        return subprocess.run(
+        proc = subprocess.run(
             self.argv(*cmd), env=self.env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd
         )
+        if check and proc.returncode != 0:
+            raise HarnessError(f"[{self.name}] {' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
 
     def popen(
         self, *cmd: str, env: Mapping[str, str] | None = None, cwd: Path | None = None, log: Path | None = None
@@ -357,17 +365,17 @@ class Host:
         sh("ip", "-n", self.switch, "link", "set", self.name, "up")
 
     def block(self, dest: str, ports: Sequence[int]) -> None:
-        """Silently drop this host's TCP connections to ``dest`` on ``ports`` (a firewall in the way); the route to
-        ``dest`` itself is unchanged, so ``ip route get`` still answers as before."""
-        for i, port in enumerate(ports):
-            sh("ip", "-n", self.netns, "rule", "add", "to", dest, "ipproto", "tcp", "dport", str(port),
-               "table", "100", "priority", str(100 + i))  # fmt: skip
-        sh("ip", "-n", self.netns, "route", "replace", "blackhole", "default", "table", "100")
+        """Silently drop this host's TCP packets to ``dest`` on ``ports`` (a firewall in the way): connections
+        time out, and the route to ``dest`` is unchanged, so ``ip route get`` answers as before. The rules live in
+        the host's namespace and vanish with it. (A blackhole route would fail connect() at once with EINVAL.)"""
+        if shutil.which("iptables") is None:
+            raise HarnessError("Host.block needs iptables")
+        for port in ports:
+            self.run("iptables", "-w", "-A", "OUTPUT", "-p", "tcp", "-d", dest, "--dport", str(port), "-j", "DROP",
+                     check=True)  # fmt: skip
 
     def unblock(self) -> None:
-        while sh("ip", "-n", self.netns, "rule", "del", "table", "100", check=False).returncode == 0:
-            pass
-        sh("ip", "-n", self.netns, "route", "flush", "table", "100", check=False)
+        self.run("iptables", "-w", "-F", "OUTPUT", check=True)
 
     def describe(self) -> dict[str, object]:
         return {
