@@ -537,6 +537,9 @@ def arrivals_row(
     complete = sorted(r for r, ps in got.items() if set(ports) <= ps)
     partial = {r: sorted(set(ports) - ps) for r, ps in got.items() if not set(ports) <= ps}
     detail = f"round trips from node(s) {', '.join(map(str, complete)) or 'none'} in {seconds:.1f} s"
+    unnamed = {a.peer for a in arrivals if a.rank is None}
+    if unnamed:
+        detail += f", and from {', '.join(sorted(unnamed))} without --node-rank"
     missing = sorted(expected - set(got))
     problems = [f"node {r} missing" for r in missing] + [
         f"node {r} not on port {', '.join(map(str, ps))}" for r, ps in sorted(partial.items())
@@ -545,7 +548,9 @@ def arrivals_row(
     if problems:
         return Row("workers", Status.FAIL, f"{detail}; {', '.join(problems)}", fix)
     if not got:
-        return Row("workers", Status.WARN, f"no worker's doctor connected in {seconds:.1f} s", fix)
+        return Row(
+            "workers", Status.WARN, detail if unnamed else f"no worker's doctor connected in {seconds:.1f} s", fix
+        )
     return Row("workers", Status.PASS, detail)
 
 

@@ -348,6 +348,9 @@ def test_arrivals() -> None:
     assert r.status is Status.FAIL and "node 3 missing" in r.detail and "node 2 not on port 29501" in r.detail
     assert "--main 10.0.0.5" in (r.fix or "")
     assert doc.arrivals_row([], nnodes=1, ports=ports, seconds=5).status is Status.WARN
+    anonymous = Arrival(port=29500, peer="10.0.0.9", fields={"rank": "None"})
+    r = doc.arrivals_row([anonymous], nnodes=1, ports=ports, seconds=5)
+    assert r.status is Status.WARN and "from 10.0.0.9 without --node-rank" in r.detail
 
 
 # --- the command line ------------------------------------------------------------------------------------------------
