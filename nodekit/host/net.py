@@ -208,13 +208,6 @@ def _ipv4_by_ioctl(name: str) -> str | None:
     return socket.inet_ntoa(packed[20:24])
 
 
-def iface_of(addr: str) -> str | None:
-    """The interface that carries ``addr`` locally."""
-    if is_loopback(addr):
-        return "lo"
-    return next((link.name for link in links_here() if _same_ip(addr, link.addrs)), None)
-
-
 def mtu(iface: str, root: Path = Path("/")) -> int | None:
     try:
         return int((root / "sys" / "class" / "net" / iface / "mtu").read_text().strip())
