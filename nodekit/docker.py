@@ -189,6 +189,17 @@ def compose_wait(compose_file: Path | None, project: str) -> int:
     return int(code) if not isinstance(code, list) else int(code[0])
 
 
+def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
+    from python_on_whales import DockerException
+
+    try:
+        client(compose_file=compose_file, project=project).compose.stop(timeout=timeout)
+    except DockerException as e:
+        raise EngineError(
+            f"docker compose stop failed: {_last_line(e)}", fix=f"docker compose -p {project} stop"
+        ) from None
+
+
 def compose_down(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
     from python_on_whales import DockerException
 

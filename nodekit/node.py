@@ -63,7 +63,6 @@ def plan_node(
             fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
         )
     main_ip = net.resolve(main)
-    notes: list[str] = []
     if facts is None:
         facts = host_facts.gather(main_ip)
         if facts.iface is None:
@@ -72,11 +71,8 @@ def plan_node(
                 fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
                 node=f"node {rank}",
             )
-    if not facts.infiniband:
-        notes.append("no InfiniBand devices: NCCL_IB_DISABLE=1 (NCCL uses TCP sockets)")
-    if facts.memlock_hard is not None:
-        notes.append(f"memlock hard limit is {facts.memlock_hard // 1024} KiB on this host: left at the default")
     node = node_spec(settings, launch, rank, main_ip, facts)
+    notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)
     path = compose_path(settings, rank, out_dir)
     doc = render_compose(node, ref, facts, output_dir=settings.resolve(settings.output_dir).absolute(), debug=debug)
@@ -89,8 +85,22 @@ def plan_node(
         compose_path=path,
         project=project_name(launch.name, rank),
         text=text,
-        notes=tuple(notes),
+        notes=notes,
     )
+
+
+def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:
+    """What the user should know about decisions taken from this host's facts."""
+    notes = []
+    if not node.infiniband:
+        why = 'switched off (ib = "off")' if facts.infiniband else "no InfiniBand devices"
+        notes.append(f"{why}: NCCL_IB_DISABLE=1 (NCCL uses TCP sockets)")
+    if facts.memlock_hard is not None:
+        notes.append(f"memlock hard limit is {facts.memlock_hard // 1024} KiB on this host: left at the default")
+    if node.network == "bridge" and node.is_main:
+        ports = f"{node.launch.master_port} and {node.launch.preflight_port}"
+        notes.append(f"bridge network: node 0 publishes ports {ports} on {node.main_addr}")
+    return tuple(notes)
 
 
 def _current_image(settings: Settings) -> str:
@@ -120,10 +130,11 @@ def check_master_port(plan: NodePlan) -> None:
             )
 
 
-def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None]) -> int:
+def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool = False) -> int:
     """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
 
-    Returns the job's exit code (0 when detached). Interrupting (Ctrl-C) stops and removes the container.
+    Returns the job's exit code (0 when detached). Interrupting (Ctrl-C) stops and removes the container, or
+    with ``debug`` stops it and keeps it for inspection.
     """
     docker.check_engine()
     docker.require_image(plan.image, node=f"node {plan.node.rank}")
@@ -139,8 +150,13 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
             on_line(line)
         code = docker.compose_wait(path, plan.project)
     except KeyboardInterrupt:
-        reporter.warn(f"interrupted: stopping node {plan.node.rank}")
-        docker.compose_down(path, plan.project, timeout=30)
+        if debug:
+            # --debug keeps the container for inspection; stop it so it holds no ports or GPUs.
+            reporter.warn(f"interrupted: stopping node {plan.node.rank}, container kept (--debug)")
+            docker.compose_stop(path, plan.project, timeout=30)
+        else:
+            reporter.warn(f"interrupted: stopping and removing node {plan.node.rank}")
+            docker.compose_down(path, plan.project, timeout=30)
         return 130
     if code != 0:
         raise JobFailed(

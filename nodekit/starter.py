@@ -39,6 +39,10 @@ rdzv_timeout = 180
 max_restarts = 0
 # Host directory mounted at /outputs in the job (checkpoints, results).
 output_dir = "outputs"
+# Host networking (default) is what lets NCCL and gloo reach other machines; "bridge" only for all-local runs.
+# network = "host"
+# InfiniBand: "auto" passes /dev/infiniband when present (else NCCL_IB_DISABLE=1); "on" requires it; "off".
+# ib = "auto"
 
 # Extra environment variables for the job.
 [env]

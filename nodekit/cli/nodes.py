@@ -112,7 +112,7 @@ def up(
     if dry_run:
         _print_plan(plan)
         return
-    code = node.up(plan, reporter(), detach=detach, on_line=prefixed(f"[node {node_rank}]"))
+    code = node.up(plan, reporter(), detach=detach, on_line=prefixed(f"[node {node_rank}]"), debug=debug)
     raise typer.Exit(code)
 
 
