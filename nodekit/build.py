@@ -38,6 +38,7 @@ from nodekit.render.image import (
     LABEL_PYTHON,
     LABEL_TORCH,
     LABEL_VERSION,
+    SOURCE_DATE_EPOCH,
     STAGE_CODE,
     STAGE_DOCKERFILE,
     STAGE_LAUNCHER,
@@ -164,10 +165,15 @@ def _hash_copy(src: Path, dest: Path | None) -> str:
 def hash_tree(root: Path, rules: IgnoreRules, *, prefix: str = "", stage: Path | None = None) -> tuple[TreeEntry, ...]:
     """The tree under ``root`` as fingerprint entries, paths prefixed with ``prefix``.
 
-    With ``stage``, the tree is also copied there (modes normalized, mtimes kept so BuildKit's incremental
-    context transfer stays incremental) and the entries describe the copy.
+    With ``stage``, the tree is also copied there, modes normalized and every mtime (``stage`` itself included)
+    clamped to SOURCE_DATE_EPOCH, so the layer made from it is the same on every machine; the entries describe
+    the copy.
     """
     entries = []
+    dirs = [stage] if stage else []
+    if stage:
+        stage.mkdir(parents=True, exist_ok=True)
+        stage.chmod(0o755)
     for rel, path, st in _walk(root, rules):
         kind = _kind(st.st_mode)
         assert kind is not None
@@ -178,21 +184,30 @@ def hash_tree(root: Path, rules: IgnoreRules, *, prefix: str = "", stage: Path |
             if target:
                 target.mkdir(parents=True, exist_ok=True)
                 target.chmod(mode)
+                dirs.append(target)
         elif kind == "link":
             link = os.readlink(path)
             digest, size = hashlib.sha256(link.encode()).hexdigest(), 0
             if target:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.symlink(link, target)
+                os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
         else:
             if target:
                 target.parent.mkdir(parents=True, exist_ok=True)
             digest, size = _hash_copy(path, target), st.st_size
             if target:
                 target.chmod(mode)
-                os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+                os.utime(target, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
         entries.append(TreeEntry(path=f"{prefix}{rel}", kind=kind, mode=mode, digest=digest, size=size))
+    _clamp_dirs(dirs)
     return tuple(entries)
+
+
+def _clamp_dirs(dirs: list[Path]) -> None:
+    # Deepest first: creating an entry touches its parent's mtime.
+    for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
+        os.utime(d, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
 
 
 def _relative(settings: Settings, path: Path) -> str | None:
@@ -218,24 +233,23 @@ _LAUNCHER_RULES = IgnoreRules(["**/__pycache__", "**/*.pyc", "**/*.pyo"])
 
 def launcher_tree(stage: Path | None = None) -> tuple[TreeEntry, ...]:
     """nodekit/__init__.py and nodekit/launcher/, as shipped to /opt/nodekit/nodekit in the image."""
-    package = launcher_dir().parent
-    init = package / "__init__.py"
-    if stage:
-        (stage / "nodekit").mkdir(parents=True, exist_ok=True)
-        (stage / "nodekit").chmod(0o755)
+    init = launcher_dir().parent / "__init__.py"
     mode = normal_mode("file", init.stat().st_mode)
+    sub = stage / "nodekit" / "launcher" if stage else None
+    if stage and sub:
+        sub.mkdir(parents=True, exist_ok=True)
     digest = _hash_copy(init, stage / "nodekit" / "__init__.py" if stage else None)
-    if stage:
-        (stage / "nodekit" / "__init__.py").chmod(mode)
     head = (
         TreeEntry(path="nodekit", kind="dir", mode=0o755),
         TreeEntry(path="nodekit/__init__.py", kind="file", mode=mode, digest=digest, size=init.stat().st_size),
         TreeEntry(path="nodekit/launcher", kind="dir", mode=0o755),
     )
-    sub = stage / "nodekit" / "launcher" if stage else None
-    if sub:
-        sub.mkdir(exist_ok=True)
-    return head + hash_tree(launcher_dir(), _LAUNCHER_RULES, prefix="nodekit/launcher/", stage=sub)
+    tail = hash_tree(launcher_dir(), _LAUNCHER_RULES, prefix="nodekit/launcher/", stage=sub)
+    if stage:
+        (stage / "nodekit" / "__init__.py").chmod(mode)
+        os.utime(stage / "nodekit" / "__init__.py", (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+        _clamp_dirs([stage, stage / "nodekit"])
+    return head + tail
 
 
 def dockerfile_text() -> str:
@@ -265,6 +279,7 @@ def _plan(settings: Settings, lock: Lock, base_id: str, *, no_cache: bool, stage
     stage_dir = settings.project_dir / STAGE_DIR
     text = dockerfile_text()
     if stage:
+        stage.mkdir(parents=True, exist_ok=True)
         (stage / STAGE_DOCKERFILE).write_text(text)
     return plan_build(
         name=settings.image_name,
@@ -301,19 +316,39 @@ def _require_base(settings: Settings) -> docker.ImageInfo:
     return base
 
 
+def _sync_wheels(wheel_dir: Path, wheels: Mapping[str, Path], lock_text: str) -> None:
+    """Make ``wheel_dir`` hold exactly the locked wheels and the lock, touching nothing that is already right."""
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {p.name: p for p in wheels.values()}
+    for present in wheel_dir.iterdir():
+        if present.name != "nodekit.lock" and (
+            present.name not in wanted or not present.samefile(wanted[present.name])
+        ):
+            present.unlink()
+    for name, src in wanted.items():
+        if not (wheel_dir / name).exists():
+            # Hard links: wheels are immutable, and pip checks their hashes again inside the build.
+            _link_or_copy(src, wheel_dir / name)
+    lock_file = wheel_dir / "nodekit.lock"
+    if not lock_file.is_file() or lock_file.read_text() != lock_text:
+        lock_file.write_text(lock_text)
+
+
 def _stage(settings: Settings, lock: Lock, base_id: str, reporter: Reporter, *, no_cache: bool) -> BuildPlan:
+    """Stage the contexts (code and launcher copied and hashed at once) and return the plan for exactly them."""
     wheels = ensure_wheelhouse(settings, lock, reporter)
     reporter.step("staging build contexts")
-    stage = settings.project_dir / STAGE_DIR
-    stage.mkdir(parents=True, exist_ok=True)
-    for sub in (STAGE_LAUNCHER, STAGE_CODE):
-        _fresh(stage / sub)
-    wheel_dir = _fresh(stage / STAGE_WHEELS)
-    # Hard links: wheels are immutable and pip checks their hashes again inside the build.
-    for path in wheels.values():
-        _link_or_copy(path, wheel_dir / path.name)
-    (wheel_dir / "nodekit.lock").write_text(lock.text())
-    return _plan(settings, lock, base_id, no_cache=no_cache, stage=stage)
+    root = settings.project_dir / STAGE_DIR
+    _sync_wheels(root / STAGE_WHEELS, wheels, lock.text())
+    tmp = _fresh(root / ".staging")
+    staged = _plan(settings, lock, base_id, no_cache=no_cache, stage=tmp)
+    final = staged.context.parent
+    # Only the current staging directory is kept; earlier ones are the contexts of earlier builds.
+    for old in root.iterdir():
+        if old.is_dir() and re.fullmatch(r"[0-9a-f]{12}", old.name):
+            shutil.rmtree(old)
+    tmp.rename(final)
+    return staged
 
 
 def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_cache: bool = False) -> BuildResult:

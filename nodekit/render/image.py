@@ -33,11 +33,19 @@ LABEL_BASE = "org.nodekit.base"
 LABEL_BASE_ID = "org.nodekit.base-id"
 LABEL_VERSION = "org.nodekit.version"
 
-# Staging layout under <project>/.nodekit/build/: what is hashed is exactly what is sent to BuildKit.
+# Staging layout under <project>/.nodekit/build/: what is hashed is exactly what is sent to BuildKit. The code,
+# launcher and Dockerfile go to a directory named by the fingerprint: their mtimes are clamped to
+# SOURCE_DATE_EPOCH (reproducible layers), and BuildKit's incremental context transfer compares mtimes and sizes,
+# so a reused path could keep a stale copy of a same-size edit. The wheels keep one path: their names and hashes
+# change together.
 STAGE_LAUNCHER = "launcher"  # the main build context: nodekit/__init__.py + nodekit/launcher/
 STAGE_CODE = "code"  # --build-context code=...: the project after .dockerignore
 STAGE_WHEELS = "wheels"  # --build-context wheels=...: the locked wheels + nodekit.lock, bind-mounted
 STAGE_DOCKERFILE = "Dockerfile"
+
+# Every timestamp the image carries (config, history, file mtimes) is this instant, 2025-01-01T00:00:00Z, so two
+# builds of the same inputs give the same image id. `docker images` therefore shows the same "created" for all.
+SOURCE_DATE_EPOCH = 1735689600
 
 # Always left out of the user's code tree, before the user's own .dockerignore (whose `!` lines can override).
 # .nodekit holds the staging area and the wheelhouse; .dockerignore is filtering input, not code; the lock is
@@ -323,7 +331,7 @@ class BuildPlan(BaseModel):
 
 def input_build_args(base_image: str) -> dict[str, str]:
     """The Dockerfile arguments that shape the filesystem; they are fingerprint inputs."""
-    return {"BASE_IMAGE": base_image}
+    return {"BASE_IMAGE": base_image, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
 
 
 def image_labels(
@@ -371,7 +379,7 @@ def plan_build(
     version: str,
     no_cache: bool = False,
 ) -> BuildPlan:
-    """The build of ``name`` from these inputs, its contexts staged under ``stage_dir``."""
+    """The build of ``name`` from these inputs, its contexts staged under ``stage_dir`` (see STAGE_*)."""
     args = input_build_args(base_image)
     inputs = StackInputs(
         base_id=base_id,
@@ -403,9 +411,12 @@ def plan_build(
         python=python,
         torch=torch,
         packages=packages,
-        dockerfile=stage_dir / STAGE_DOCKERFILE,
-        context=stage_dir / STAGE_LAUNCHER,
-        build_contexts=((STAGE_CODE, stage_dir / STAGE_CODE), (STAGE_WHEELS, stage_dir / STAGE_WHEELS)),
+        dockerfile=stage_dir / fp[:TAG_LENGTH] / STAGE_DOCKERFILE,
+        context=stage_dir / fp[:TAG_LENGTH] / STAGE_LAUNCHER,
+        build_contexts=(
+            (STAGE_CODE, stage_dir / fp[:TAG_LENGTH] / STAGE_CODE),
+            (STAGE_WHEELS, stage_dir / STAGE_WHEELS),
+        ),
         build_args=tuple(sorted({**args, **_metadata_args(labels)}.items())),
         labels=tuple(sorted(labels.items())),
         code_files=sum(1 for e in code if e.kind == "file"),

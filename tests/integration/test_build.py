@@ -151,6 +151,32 @@ def test_inspect_reports_the_stack(built: Built) -> None:
     assert json.loads(report.to_json())["torch"] == "2.13.0+cpu"
 
 
+def test_dry_run_prints_the_plan_and_changes_nothing(built: Built) -> None:
+    current = building.build(built.settings, RecordingReporter())
+    record = (built.project / ".nodekit" / "last-build.json").read_text()
+    result = building.build(built.settings, RecordingReporter(), dry_run=True)
+    assert result.dry_run and not result.skipped
+    assert result.tag == current.tag
+    text = str(result)
+    assert result.tag in text and "build-arg BASE_IMAGE" in text and "label org.nodekit.fingerprint" in text
+    assert (built.project / ".nodekit" / "last-build.json").read_text() == record
+
+
+def test_two_no_cache_builds_give_the_same_image_id(built: Built, tmp_path: Path) -> None:
+    """Reproducible builds (issue 3 item 5), on a small package so that it takes seconds, not minutes."""
+    (tmp_path / "nodekit.toml").write_text(f'name = "{NAME}-repro"\nscript = "t.py"\npackages = ["mpmath==1.3.0"]\n')
+    (tmp_path / "t.py").write_text("print(1)\n")
+    settings = load(tmp_path / "nodekit.toml")
+    try:
+        first = building.build(settings, RecordingReporter(), no_cache=True)
+        os.utime(tmp_path / "t.py", (1, 1))  # another checkout: other mtimes
+        second = building.build(settings, RecordingReporter(), no_cache=True)
+        assert not second.skipped
+        assert second.image_id == first.image_id
+    finally:
+        docker.remove_image(building.last_build(settings)["tag"])  # type: ignore[index]
+
+
 def test_missing_base_is_refused_with_the_fix(built: Built, tmp_path: Path) -> None:
     (tmp_path / "nodekit.toml").write_text('name = "nobase"\nscript = "t.py"\nbase_image = "nodekit/absent:none"\n')
     with pytest.raises(ImageError) as e:

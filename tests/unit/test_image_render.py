@@ -19,11 +19,13 @@ from nodekit.render.image import (
     LABEL_TORCH,
     LABEL_VERSION,
     METADATA_ARGS,
+    SOURCE_DATE_EPOCH,
     IgnoreRules,
     StackInputs,
     TreeEntry,
     fingerprint,
     ignore_rules,
+    input_build_args,
     parse_dockerignore,
     plan_build,
 )
@@ -144,7 +146,7 @@ BASE_INPUTS = {
     "base_id": "sha256:" + "b" * 64,
     "lock_text": "torch==2.13.0+cpu --hash=sha256:" + "1" * 64 + "\n",
     "dockerfile_text": "FROM x\n",
-    "build_args": (("BASE_IMAGE", "nodekit/base:bookworm"),),
+    "build_args": tuple(sorted(input_build_args("nodekit/base:bookworm").items())),
     "launcher": (TreeEntry(path="nodekit/__init__.py", kind="file", mode=0o644, digest="d" * 64),),
 }
 
@@ -240,6 +242,9 @@ def test_staging_copies_exactly_what_is_hashed(tmp_path: Path) -> None:
     staged = hash_tree(root, ignore_rules((root / ".dockerignore").read_text()), stage=stage)
     assert staged == tree(root)
     assert (stage / "train.py").read_text() == "print('train')\n"
+    # every staged mtime is clamped, the root's and the link's too: the layer is the same on any machine
+    for p in [stage, *stage.rglob("*")]:
+        assert p.lstat().st_mtime == SOURCE_DATE_EPOCH, p
     assert os.readlink(stage / "link.py") == "train.py"
     assert not (stage / "data").exists()
     assert not (stage / ".git").exists()
@@ -288,8 +293,14 @@ def test_plan_build_tag_labels_and_args(tmp_path: Path) -> None:
     assert args["BASE_IMAGE"] == "nodekit/base:bookworm"
     assert set(METADATA_ARGS) <= set(args)
     assert args["NODEKIT_FINGERPRINT"] == plan.fingerprint
-    assert plan.context == tmp_path / "stage" / "launcher"
-    assert dict(plan.build_contexts) == {"code": tmp_path / "stage" / "code", "wheels": tmp_path / "stage" / "wheels"}
+    fp12 = plan.fingerprint[:12]
+    assert plan.context == tmp_path / "stage" / fp12 / "launcher"
+    assert plan.dockerfile == tmp_path / "stage" / fp12 / "Dockerfile"
+    assert dict(plan.build_contexts) == {
+        "code": tmp_path / "stage" / fp12 / "code",
+        "wheels": tmp_path / "stage" / "wheels",
+    }
+    assert args["SOURCE_DATE_EPOCH"] == str(SOURCE_DATE_EPOCH)
     assert (plan.code_files, plan.code_bytes) == (1, 10)
     text = plan.describe()
     assert plan.tag in text and "build-arg BASE_IMAGE" in text
