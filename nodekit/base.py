@@ -1,16 +1,24 @@
 """``nodekit base``: a minimal Debian base image with Python from Debian packages, made without any registry.
 
 mmdebstrap builds the root file system from the Debian mirror the host already uses (``--variant=minbase`` plus
-python3 and python3-venv, documentation, manual pages and locales left out), writes it as a tarball, and
-``docker import`` turns that into the image. :func:`plan_base` decides everything (pure); :func:`create_base`
-carries it out.
+python3 and python3-venv; documentation, manual pages and locales left out) as a tarball. With
+SOURCE_DATE_EPOCH that tarball is bit-for-bit reproducible for a given mirror state. ``docker import`` would
+stamp the image with the current time, so nodekit writes a ``docker load`` archive itself (config ``created`` =
+SOURCE_DATE_EPOCH, one layer = the tarball): the same mirror state gives the same image id on every machine, and
+with it the same stack fingerprints. :func:`plan_base` decides everything (pure); :func:`create_base` carries
+it out.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import os
+import platform
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from collections.abc import Mapping
@@ -18,9 +26,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nodekit import __version__, docker
+from nodekit import docker
 from nodekit.errors import ImageError
 from nodekit.progress import Reporter
+from nodekit.render.image import SOURCE_DATE_EPOCH
 from nodekit.settings import Settings
 
 DEFAULT_TAG = "nodekit/base:bookworm"
@@ -43,7 +52,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class BasePlan(BaseModel):
-    """How the base image is made: the mmdebstrap command line, and the image settings ``docker import`` applies."""
+    """How the base image is made: the mmdebstrap command line, and the image config around its tarball."""
 
     model_config = _FROZEN
 
@@ -52,18 +61,29 @@ class BasePlan(BaseModel):
     packages: tuple[str, ...]
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
-    changes: tuple[str, ...]
+    source_date_epoch: int
+    architecture: str
+    image_env: tuple[str, ...]
+    cmd: tuple[str, ...]
 
     def describe(self) -> str:
         return "\n".join(
             [
-                f"base image  {self.tag}",
+                f"base image  {self.tag} ({self.architecture})",
                 f"debian      {self.suite} (minbase) + {', '.join(self.packages)}",
                 f"command     {' '.join(self.argv)}",
                 *(f"env         {k}={v}" for k, v in self.env),
-                *(f"import      --change '{c}'" for c in self.changes),
+                f"image       created {self.source_date_epoch} (SOURCE_DATE_EPOCH), env {list(self.image_env)}, "
+                f"cmd {list(self.cmd)}; loaded with docker load",
             ]
         )
+
+
+def docker_arch(machine: str) -> str:
+    """Docker's name for a ``platform.machine()`` value."""
+    return {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "ppc64le": "ppc64le", "s390x": "s390x"}.get(
+        machine, machine
+    )
 
 
 def plan_base(
@@ -73,17 +93,17 @@ def plan_base(
     suite: str = DEFAULT_SUITE,
     packages: tuple[str, ...] = PACKAGES,
     mirror: str | None = None,
-    source_date_epoch: int | None = None,
+    source_date_epoch: int = SOURCE_DATE_EPOCH,
+    architecture: str = "amd64",
 ) -> BasePlan:
-    """The mmdebstrap run writing the root file system of ``tag`` to ``output`` (a .tar), and its import.
+    """The mmdebstrap run writing the root file system of ``tag`` to ``output`` (a .tar), and the image around it.
 
-    With ``source_date_epoch`` mmdebstrap's output is reproducible: the same mirror state gives the same tar.
+    mmdebstrap runs for the host's architecture; pass it as ``architecture`` (Docker's spelling).
     """
     argv = [
         "mmdebstrap",
         "--variant=minbase",
         f"--include={','.join(packages)}",
-        '--aptopt=Acquire::Languages "none"',
         *(f"--dpkgopt={opt}" for opt in DPKG_EXCLUDES),
         f"--customize-hook={CLEANUP_HOOK}",
         suite,
@@ -91,14 +111,52 @@ def plan_base(
     ]
     if mirror:
         argv.append(mirror)
-    env = (("SOURCE_DATE_EPOCH", str(source_date_epoch)),) if source_date_epoch is not None else ()
-    changes = (
-        "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "ENV LANG=C.UTF-8",
-        f"LABEL org.nodekit.base-of={suite} org.nodekit.version={__version__}",
-        'CMD ["/bin/bash"]',
+    return BasePlan(
+        tag=tag,
+        suite=suite,
+        packages=packages,
+        argv=tuple(argv),
+        env=(("SOURCE_DATE_EPOCH", str(source_date_epoch)),),
+        source_date_epoch=source_date_epoch,
+        architecture=architecture,
+        image_env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
+        cmd=("/bin/bash",),
     )
-    return BasePlan(tag=tag, suite=suite, packages=packages, argv=tuple(argv), env=env, changes=changes)
+
+
+def image_config(plan: BasePlan, layer_sha256: str) -> bytes:
+    """The image config's exact bytes; the image id is their sha256 (a pure function of the plan and layer)."""
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(plan.source_date_epoch))
+    config = {
+        "architecture": plan.architecture,
+        "os": "linux",
+        "created": created,
+        "config": {"Env": list(plan.image_env), "Cmd": list(plan.cmd)},
+        "rootfs": {"type": "layers", "diff_ids": [f"sha256:{layer_sha256}"]},
+        "history": [{"created": created, "created_by": "mmdebstrap"}],
+    }
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def write_load_archive(plan: BasePlan, rootfs: Path, out: Path) -> str:
+    """Write a ``docker load`` archive of ``rootfs`` as ``plan.tag`` to ``out``; returns the image id it will have."""
+    h = hashlib.sha256()
+    with rootfs.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    config = image_config(plan, h.hexdigest())
+    config_name = hashlib.sha256(config).hexdigest() + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": [plan.tag], "Layers": ["layer.tar"]}]).encode()
+    with tarfile.open(out, "w") as t:
+        for name, data in ((config_name, config), ("manifest.json", manifest)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), plan.source_date_epoch
+            t.addfile(info, io.BytesIO(data))
+        info = t.gettarinfo(str(rootfs), "layer.tar")
+        info.mtime, info.uid, info.gid, info.uname, info.gname = plan.source_date_epoch, 0, 0, "", ""
+        with rootfs.open("rb") as f:
+            t.addfile(info, f)
+    return "sha256:" + config_name.removesuffix(".json")
 
 
 def missing_base(settings: Settings) -> bool:
@@ -176,7 +234,8 @@ def create_base(
 
     rep: Reporter = reporter or NullReporter()
     with tempfile.TemporaryDirectory(prefix="nodekit-base-") as tmp:
-        plan = plan_base(tag, output=Path(tmp) / "rootfs.tar", mirror=mirror)
+        rootfs = Path(tmp) / "rootfs.tar"
+        plan = plan_base(tag, output=rootfs, mirror=mirror, architecture=docker_arch(platform.machine()))
         if dry_run:
             rep.done(plan.describe())
             return plan
@@ -188,10 +247,13 @@ def create_base(
         _ensure_mmdebstrap(rep)
         rep.step(f"bootstrapping Debian {plan.suite} (minbase + {', '.join(plan.packages)})")
         _run(plan.argv, dict(plan.env), rep)
-        rep.step(f"importing it as {tag}")
-        info = docker.import_image(
-            Path(tmp) / "rootfs.tar", tag, changes=list(plan.changes), message=f"nodekit base ({plan.suite})"
-        )
+        rep.step(f"loading it as {tag}")
+        archive = Path(tmp) / "image.tar"
+        expected = write_load_archive(plan, rootfs, archive)
+        docker.load_archive(archive)
+        info = docker.require_image(tag)
+        if info.id != expected:
+            raise ImageError(f"docker loaded {tag} as {info.id}, expected {expected}", fix="nodekit base")
     seconds = round(time.monotonic() - t0, 1)
-    rep.done(f"created {tag} ({info.size / 1e6:.0f} MB) in {seconds:.0f} s")
+    rep.done(f"created {tag} ({info.size / 1e6:.0f} MB, {info.id[:19]}) in {seconds:.0f} s")
     return BaseResult(tag=tag, image_id=info.id, size=info.size, seconds=seconds, created=True)

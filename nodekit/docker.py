@@ -544,3 +544,13 @@ def remove_image(ref: str, host: str | None = None) -> None:
             client(host).image.remove(ref, prune=False)
     except DockerException as e:
         raise ImageError(f"cannot remove {ref} on {_where(host)}: {_last_line(e)}", fix=f"docker rmi {ref}") from None
+
+
+def load_archive(archive: Path) -> None:
+    """``docker load`` an image archive from a file (the base image nodekit writes itself)."""
+    from python_on_whales import DockerException
+
+    try:
+        client().image.load(archive, quiet=True)
+    except DockerException as e:
+        raise ImageError(f"docker load of {archive} failed: {_last_line(e)}", fix="nodekit base") from None

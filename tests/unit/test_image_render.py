@@ -344,3 +344,32 @@ def test_dockerfile_layer_order_and_offline_install() -> None:
     assert ins[-1] == "ENV NODEKIT_FINGERPRINT=${NODEKIT_FINGERPRINT}"
     declared = {s.split()[1] for s in ins[code:] if s.startswith("ARG")}
     assert declared == set(METADATA_ARGS)
+
+
+# --- the base image ------------------------------------------------------------------------------------------
+
+
+def test_plan_base_is_slim_and_reproducible(tmp_path: Path) -> None:
+    from nodekit.base import plan_base
+
+    plan = plan_base("nodekit/base:bookworm", output=tmp_path / "rootfs.tar")
+    assert plan.argv[:3] == ("mmdebstrap", "--variant=minbase", "--include=python3,python3-venv")
+    assert plan.argv[-2:] == ("bookworm", str(tmp_path / "rootfs.tar"))
+    for excluded in ("/usr/share/man/*", "/usr/share/doc/*", "/usr/share/locale/*"):
+        assert f"--dpkgopt=path-exclude={excluded}" in plan.argv
+    assert dict(plan.env) == {"SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+    assert "docker load" in plan.describe()
+
+
+def test_base_image_id_is_a_function_of_the_rootfs() -> None:
+    """The id the engine gives the loaded base is sha256 of a config nodekit writes: known layer, known id.
+
+    Layer and id are those of nodekit/base:bookworm made on the dev machine (docs/engine-notes.md).
+    """
+    import hashlib
+
+    from nodekit.base import image_config, plan_base
+
+    plan = plan_base(output=Path("rootfs.tar"))
+    config = image_config(plan, "72f0ea92df68f3a75f1c867b08b6f8d9e471654397662c4314246a647b3f7160")
+    assert hashlib.sha256(config).hexdigest() == "7e121ebbddd1247c2bd3c35de45e36268de019219dfce38501b7cbf352c2355d"
