@@ -1,0 +1,247 @@
+"""Multi-host end to end: every node is its own host (namespace, address, dockerd, image store, checkout).
+
+The job is examples/ddp on three hosts. Each node runs `nodekit up --node-rank R --main <host 0's address>` as a
+user would on that machine: a subprocess inside the host's namespace with DOCKER_HOST at the host's engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cluster.conftest import Demo, host_project, nodekit_argv
+from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker]
+
+MASTER_PORT = 29500
+PREFLIGHT_PORT = MASTER_PORT + 1
+EXIT_STACK_MISMATCH = 17  # nodekit/launcher/__init__.py
+EXIT_RENDEZVOUS = 18
+
+
+@dataclass
+class Node:
+    rank: int
+    host: Host
+    project: Path
+    proc: subprocess.Popen[str]
+    log: Path
+    code: int | None = None
+    seconds: float = 0.0
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def compose(self) -> dict[str, object]:
+        data = yaml.safe_load((self.project / "compose" / f"node-{self.rank}.yaml").read_text())
+        assert isinstance(data, dict)
+        return data
+
+
+def start_job(
+    cluster: Cluster,
+    demo: Demo,
+    base: Path,
+    *,
+    image: dict[int, str] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[Node]:
+    """`nodekit up` on every host at once, each from its own copy of the project."""
+    nodes = []
+    for rank, host in enumerate(cluster.hosts):
+        project = host_project(demo, host, base)
+        argv = nodekit_argv(
+            "up", "--node-rank", str(rank), "--main", cluster.main.addr, "--nnodes", str(len(cluster.hosts)),
+            "--config", str(project / "nodekit.toml"),
+        )  # fmt: skip
+        if image and rank in image:
+            argv += ["--image", image[rank]]
+        log = base / f"node-{rank}.log"
+        proc = host.popen(*argv, env=env, cwd=project, log=log)
+        nodes.append(Node(rank=rank, host=host, project=project, proc=proc, log=log))
+    return nodes
+
+
+def wait_all(nodes: list[Node], timeout: float, started: float | None = None) -> None:
+    started = started or time.monotonic()
+    deadline = started + timeout
+    for n in nodes:
+        try:
+            n.code = n.proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            n.proc.kill()
+            n.code = n.proc.wait()
+            n.code = None
+        n.seconds = time.monotonic() - started
+
+
+def report(nodes: list[Node]) -> str:
+    parts = []
+    for n in nodes:
+        tail = "\n".join(n.output().splitlines()[-25:])
+        parts.append(
+            f"--- node {n.rank} on {n.host.name} ({n.host.addr}): exit {n.code} after {n.seconds:.0f} s\n{tail}"
+        )
+    return "\n".join(parts)
+
+
+def environment(compose: dict[str, object]) -> dict[str, str]:
+    services = compose["services"]
+    assert isinstance(services, dict)
+    (service,) = services.values()
+    env = service.get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {str(k): str(v) for k, v in env.items()}
+
+
+def test_image_pushed_from_host0_then_a_three_node_job(
+    demo_on_main: Demo, cluster: Cluster, tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
+    demo = demo_on_main
+    h0, h1, h2 = cluster.hosts
+    assert h0.image_id(demo.ref) == demo.image_id
+    for h in (h1, h2):
+        if h.image_id(demo.ref):
+            h.docker("rmi", "-f", demo.ref)
+        assert h.image_id(demo.ref) is None
+
+    t0 = time.monotonic()
+    pushed = h0.run(
+        *nodekit_argv("push", demo.ref, "--to", f"h1={h1.docker_host}", "--to", f"h2={h2.docker_host}"), timeout=600
+    )
+    push_s = time.monotonic() - t0
+    assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+    assert h1.image_id(demo.ref) == demo.image_id and h2.image_id(demo.ref) == demo.image_id
+    record_property("push_seconds", round(push_s, 1))
+
+    t0 = time.monotonic()
+    nodes = start_job(cluster, demo, tmp_path)
+    wait_all(nodes, timeout=420, started=t0)
+    record_property("job_seconds", round(time.monotonic() - t0, 1))
+    assert [n.code for n in nodes] == [0, 0, 0], report(nodes)
+
+    result = json.loads((nodes[0].project / "outputs" / "result.json").read_text())
+    assert result["world_size"] == 3 and len(result["checksums"]) == 3
+    assert result["checksums_equal"] is True and len(set(result["checksums"])) == 1, result
+    for n in nodes:
+        env = environment(n.compose())
+        assert env.get("GLOO_SOCKET_IFNAME") == "net0", f"node {n.rank}: {env}"
+        assert "decoy0" not in json.dumps(n.compose())
+        assert n.host.running_containers() == []
+
+
+def tampered_image(host: Host, ref: str) -> str:
+    """On ``host``, an image like ``ref`` but built from other inputs: another fingerprint and one more file."""
+    other = "f" * 64
+    name = f"{ref.rsplit(':', 1)[0]}:tampered"
+    cid = host.docker("create", ref).stdout.strip()
+    try:
+        extra = Path(host.run_dir) / "extra.txt"
+        extra.write_text("an extra package\n")
+        host.docker("cp", str(extra), f"{cid}:/extra.txt")
+        host.docker("commit", "--change", f"ENV NODEKIT_FINGERPRINT={other}", "--change",
+                    f"LABEL org.nodekit.fingerprint={other}", cid, name)  # fmt: skip
+    finally:
+        host.docker("rm", "-f", cid, check=False)
+    return name
+
+
+def test_a_different_image_on_one_host_is_refused_on_every_node(
+    demo_everywhere: Demo, cluster: Cluster, tmp_path: Path
+) -> None:
+    h2 = cluster.hosts[2]
+    other = tampered_image(h2, demo_everywhere.ref)
+    nodes = start_job(cluster, demo_everywhere, tmp_path, image={2: other})
+    wait_all(nodes, timeout=240)
+    assert [n.code for n in nodes] == [EXIT_STACK_MISMATCH] * 3, report(nodes)
+    for n in nodes:
+        out = n.output()
+        assert "fingerprint" in out and "stack mismatch" in out, report([n])
+        assert "f" * 12 in out, f"node {n.rank} does not show the differing fingerprint:\n{out[-3000:]}"
+        assert n.host.running_containers() == []
+    assert not (nodes[0].project / "outputs" / "result.json").exists()
+
+
+def test_main_unreachable_from_one_host_ends_with_the_diagnosis(
+    demo_everywhere: Demo, cluster: Cluster, tmp_path: Path
+) -> None:
+    h0, _, h2 = cluster.hosts
+    h2.block(h0.addr, [MASTER_PORT, PREFLIGHT_PORT])
+    timeout = 20
+    t0 = time.monotonic()
+    nodes = start_job(cluster, demo_everywhere, tmp_path, env={"NODEKIT_RDZV_TIMEOUT": str(timeout)})
+    wait_all(nodes, timeout=timeout + 150, started=t0)
+    assert nodes[2].code == EXIT_RENDEZVOUS, report(nodes)
+    out = nodes[2].output()
+    assert f"cannot reach main {h0.addr}:{PREFLIGHT_PORT}" in out, report([nodes[2]])
+    assert nodes[2].seconds < timeout + 90, f"node 2 took {nodes[2].seconds:.0f} s"
+    # Main waited for node 2 and names it; nobody trained.
+    assert nodes[0].code == EXIT_RENDEZVOUS, report(nodes)
+    assert "never arrived" in nodes[0].output() and "2" in nodes[0].output()
+    assert not (nodes[0].project / "outputs" / "result.json").exists()
+    for n in nodes:
+        assert n.host.running_containers() == []
+
+
+def _ip(hex_addr: str) -> str:
+    return ".".join(str(b) for b in reversed(bytes.fromhex(hex_addr)))
+
+
+def _mesh_connected(host: Host, peers: list[Host]) -> bool:
+    """The host has established TCP connections to every peer outside the rendezvous ports: gloo's full mesh,
+    built by init_process_group. Read from the namespace's own TCP table."""
+    inode = netns_inode(host.netns_path)
+    pids = pids_in_netns(inode) if inode else []
+    if not pids:
+        return False
+    try:
+        table = Path(f"/proc/{pids[0]}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    reached = set()
+    for row in table:
+        local, remote, state = row.split()[1:4]
+        lport, (rip, rport) = int(local.split(":")[1], 16), remote.split(":")
+        if state == "01" and {lport, int(rport, 16)}.isdisjoint({MASTER_PORT, PREFLIGHT_PORT}):
+            reached.add(_ip(rip))
+    return {p.addr for p in peers} <= reached
+
+
+def test_a_host_killed_mid_training_ends_the_others_promptly(
+    demo_everywhere: Demo, cluster: Cluster, tmp_path: Path
+) -> None:
+    h0, h1, h2 = cluster.hosts
+    # Long enough that the kill lands in training; the process group timeout is far above what we allow below.
+    env = {"NODEKIT_ARGS": json.dumps(["--epochs", "100000", "--pg-timeout", "600"])}
+    nodes = start_job(cluster, demo_everywhere, tmp_path, env=env)
+    deadline = time.monotonic() + 240
+    while not all(_mesh_connected(h, [p for p in cluster.hosts if p is not h]) for h in cluster.hosts):
+        assert time.monotonic() < deadline and all(n.proc.poll() is None for n in nodes), report(nodes)
+        time.sleep(0.5)
+    time.sleep(3)  # past DDP's first broadcast: in the training loop
+    assert all(n.proc.poll() is None for n in nodes), report(nodes)
+    killed_at = time.monotonic()
+    h2.stop()
+    survivors = nodes[:2]
+    wait_all(survivors, timeout=90, started=killed_at)
+    for n in survivors:
+        assert n.code not in (None, 0), report(nodes)
+        assert n.seconds < 60, f"node {n.rank} took {n.seconds:.0f} s to notice"
+        out = n.output()
+        # gloo names the peer that went away ("Connection closed by peer [172.31.250.12]:50819").
+        assert h2.addr in out or "node 2" in out, f"node {n.rank} does not name the lost node:\n{out[-3000:]}"
+        assert n.host.running_containers() == []
+    print(report(nodes))  # shown with -s: how the survivors name the lost node
+    nodes[2].proc.wait(timeout=10)
+    inode = netns_inode(h2.netns_path)
+    assert inode is not None and pids_in_netns(inode) == []
+    assert os.path.exists(h0.sock) and os.path.exists(h1.sock)
