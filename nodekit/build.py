@@ -83,6 +83,10 @@ class BuildResult(BaseModel):
     def __str__(self) -> str:
         return self.plan.describe() if self.dry_run else self.summary()
 
+    def __rich__(self) -> str:
+        # rich would otherwise pretty-print the model's fields (pydantic defines __rich_repr__).
+        return str(self)
+
 
 def human_size(n: int) -> str:
     size = float(n)
@@ -514,7 +518,7 @@ class StackReport(BaseModel):
     size: int
     nodekit_version: str | None
     lock_sha256: str | None
-    packages: tuple[tuple[str, str], ...]
+    packages: dict[str, str]  # the image's lock: name -> version
     not_as_locked: tuple[str, ...] = ()  # locked packages installed at another version, or missing
 
     def to_json(self) -> str:
@@ -540,7 +544,7 @@ class StackReport(BaseModel):
             rows.append(("NOT AS LOCKED", ", ".join(self.not_as_locked)))
         width = max(len(k) for k, _ in rows)
         lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
-        lines += [f"  {n}=={v}" for n, v in self.packages]
+        lines += [f"  {n}=={v}" for n, v in self.packages.items()]
         return "\n".join(lines)
 
 
@@ -556,8 +560,10 @@ def stack_from_probe(probe: Mapping[str, Any]) -> dict[str, Any]:
     if probe.get("lock"):
         with contextlib.suppress(ConfigError):
             lock = parse_lock(str(probe["lock"]), source="the image's nodekit.lock")
-    packages = tuple((p.name, p.version) for p in lock.packages) if lock else ()
-    wrong = tuple(f"{n} (locked {v}, installed {dists.get(n, 'nothing')})" for n, v in packages if dists.get(n) != v)
+    packages = {p.name: p.version for p in lock.packages} if lock else {}
+    wrong = tuple(
+        f"{n} (locked {v}, installed {dists.get(n, 'nothing')})" for n, v in packages.items() if dists.get(n) != v
+    )
     return {
         "python": probe.get("python"),
         "torch": tv.get("__version__") or dists.get("torch"),
@@ -598,7 +604,7 @@ def inspect_image(ref: str) -> StackReport:
         size=info.size,
         nodekit_version=labels.get(LABEL_VERSION),
         lock_sha256=labels.get(LABEL_LOCK),
-        packages=found.get("packages", ()),
+        packages=found.get("packages", {}),
         not_as_locked=found.get("not_as_locked", ()),
     )
 

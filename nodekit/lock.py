@@ -442,11 +442,12 @@ def lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False, upgra
     written = not dry_run and not unchanged
     if written:
         _write_atomic(path, new.text())
-    verb = "would write" if dry_run else ("wrote" if written else "unchanged:")
+    what = "would write" if dry_run else ("wrote" if written else "kept")
     summary = ", ".join(
         f"{len(v)} {k}" for k, v in (("added", diff.added), ("removed", diff.removed), ("changed", diff.changed)) if v
     )
-    reporter.done(f"{verb} {path.name}: {len(new.packages)} packages" + (f" ({summary})" if summary else ""))
+    detail = f"{summary}: " + "; ".join([*diff.changed, *diff.added, *diff.removed]) if summary else "no changes"
+    reporter.done(f"{what} {path.name}: {len(new.packages)} packages, {detail}"[:300])
     return LockResult(path=path, lock=new, created=previous is None, written=written, diff=diff, kept_pins=kept)
 
 

@@ -320,7 +320,8 @@ class BuildPlan(BaseModel):
             ("dockerfile", str(self.dockerfile)),
             ("context", str(self.context)),
             *((f"context {k}", str(v)) for k, v in self.build_contexts),
-            *((f"build-arg {k}", v) for k, v in self.build_args),
+            # The metadata arguments only carry the labels below into the Dockerfile; listing them twice is noise.
+            *((f"build-arg {k}", v) for k, v in self.build_args if k not in METADATA_ARGS),
             *((f"label {k}", v) for k, v in self.labels),
         ]
         if self.no_cache:

@@ -144,7 +144,7 @@ def test_inspect_reports_the_stack(built: Built) -> None:
     assert report.torch == "2.13.0+cpu"
     assert report.python and report.python.startswith("3.11")
     assert report.cuda is None and report.cudnn is None and report.nccl is None
-    assert ("torch", "2.13.0+cpu") in report.packages
+    assert report.packages["torch"] == "2.13.0+cpu"
     assert report.not_as_locked == ()
     text = report.to_text()
     assert "none (CPU-only torch)" in text and built.first.fingerprint in text
