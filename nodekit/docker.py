@@ -6,6 +6,7 @@ DockerException never leaves this module: it becomes an EngineError, ImageError 
 
 from __future__ import annotations
 
+import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from nodekit.errors import BuildError, EngineError, ImageError, ShipError
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
 
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ENGINE_FIX = "make engine (provisions Docker Engine with Compose v2 and Buildx), or start your Docker daemon"
 
 
@@ -160,7 +162,8 @@ def compose_logs(compose_file: Path | None, project: str, *, follow: bool, tail:
     """The job's output line by line; with ``follow`` it ends when the container stops."""
     d = client(compose_file=compose_file, project=project)
     for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
-        yield content.decode(errors="replace").rstrip("\n")
+        # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
+        yield _ANSI.sub("", content.decode(errors="replace")).rstrip("\n")
 
 
 def compose_ps(compose_file: Path | None, project: str) -> list[ContainerState]:
