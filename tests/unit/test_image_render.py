@@ -373,3 +373,41 @@ def test_base_image_id_is_a_function_of_the_rootfs() -> None:
     plan = plan_base(output=Path("rootfs.tar"))
     config = image_config(plan, "72f0ea92df68f3a75f1c867b08b6f8d9e471654397662c4314246a647b3f7160")
     assert hashlib.sha256(config).hexdigest() == "7e121ebbddd1247c2bd3c35de45e36268de019219dfce38501b7cbf352c2355d"
+
+
+# --- inspect: what the wheels in an image declare ------------------------------------------------------------
+
+
+def test_stack_from_probe_reads_cuda_cudnn_nccl_from_wheel_metadata() -> None:
+    from nodekit.build import stack_from_probe
+    from nodekit.lock import Lock, LockedPackage
+
+    lock = Lock(
+        python_version="3.11",
+        platform="manylinux_2_36_x86_64",
+        inputs=("torch==2.5.1",),
+        packages=(
+            LockedPackage(name="torch", version="2.5.1", hashes=("1" * 64,)),
+            LockedPackage(name="nvidia-cudnn-cu12", version="9.1.0.70", hashes=("2" * 64,)),
+            LockedPackage(name="nvidia-nccl-cu12", version="2.21.5", hashes=("3" * 64,)),
+        ),
+    )
+    probe = {
+        "python": "3.11.2",
+        "dists": {"torch": "2.5.1", "nvidia-cudnn-cu12": "9.1.0.70", "nvidia-nccl-cu12": "2.20.0", "pip": "23.0.1"},
+        "torch": {"__version__": "2.5.1", "cuda": "12.4", "hip": None},
+        "lock": lock.text(),
+    }
+    found = stack_from_probe(probe)
+    assert (found["python"], found["torch"], found["cuda"]) == ("3.11.2", "2.5.1", "12.4")
+    assert (found["cudnn"], found["nccl"]) == ("9.1.0.70", "2.20.0")
+    assert found["packages"] == {"nvidia-cudnn-cu12": "9.1.0.70", "nvidia-nccl-cu12": "2.21.5", "torch": "2.5.1"}
+    assert found["not_as_locked"] == ("nvidia-nccl-cu12 (locked 2.21.5, installed 2.20.0)",)
+
+
+def test_stack_from_probe_of_a_cpu_image_and_of_a_foreign_image() -> None:
+    from nodekit.build import stack_from_probe
+
+    cpu = stack_from_probe({"python": "3.11.2", "dists": {"torch": "2.13.0+cpu"}, "torch": {"cuda": None}})
+    assert (cpu["torch"], cpu["cuda"], cpu["cudnn"], cpu["nccl"]) == ("2.13.0+cpu", None, None, None)
+    assert stack_from_probe({"python": "3.12.0", "dists": {}, "torch": {}, "lock": "not a lock"})["packages"] == {}
