@@ -527,17 +527,6 @@ def run_as_job(
     return proc.stdout
 
 
-def import_image(tarball: Path, tag: str, *, changes: list[str], message: str | None = None) -> ImageInfo:
-    """``docker import`` a root filesystem tarball as ``tag`` with Dockerfile ``changes`` (ENV, CMD, LABEL)."""
-    from python_on_whales import DockerException
-
-    try:
-        client().image.import_(tarball, tag=tag, changes=changes, message=message)
-    except DockerException as e:
-        raise ImageError(f"docker import of {tarball} failed: {_last_line(e)}", fix="nodekit base") from None
-    return require_image(tag)
-
-
 def remove_image(ref: str, host: str | None = None) -> None:
     """Remove the tag ``ref`` (layers other images share stay); a missing image is not an error."""
     from python_on_whales import DockerException
