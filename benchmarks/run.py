@@ -38,13 +38,14 @@ def run_bare(py: Path, train_args: list[str], workdir: Path) -> float:
     torchrun = py.parent / "torchrun"
     env = os.environ | {"NODEKIT_OUTPUT_DIR": str(workdir / "bare-outputs"), "GLOO_SOCKET_IFNAME": "lo"}
     start = time.monotonic()
+
+    def torchrun_argv(rank: int) -> list[str]:
+        rdzv = ["--master-addr", "127.0.0.1", "--master-port", str(PORT)]
+        return [str(torchrun), "--nnodes", "2", "--node-rank", str(rank), "--nproc-per-node", "1", *rdzv]
+
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
     procs = [
-        subprocess.Popen(
-            [str(torchrun), "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1",
-             "--master-addr", "127.0.0.1", "--master-port", str(PORT), "train.py", *train_args],
-            cwd=EXAMPLE, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        for r in (0, 1)
+        subprocess.Popen([*torchrun_argv(r), "train.py", *train_args], cwd=EXAMPLE, env=env, **quiet) for r in (0, 1)
     ]
     codes = [p.wait(timeout=600) for p in procs]
     elapsed = time.monotonic() - start

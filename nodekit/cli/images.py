@@ -12,13 +12,22 @@ from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, load_settings
 
 @app.command()
 @handled
-def lock(config: ConfigOpt = None) -> None:
-    """Resolve the image's packages into nodekit.lock (hash-locked, for the image's Python and platform)."""
+def lock(
+    upgrade: Annotated[
+        bool, typer.Option("--upgrade", help="re-resolve everything, ignoring the current pins")
+    ] = False,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Resolve the image's packages into nodekit.lock (hash-locked, for the image's Python and platform).
+
+    Re-locking keeps every pin that still satisfies the config, so changing one package changes only its lines.
+    """
     from nodekit import lock as locking
 
     settings = load_settings(config)
-    result = locking.lock(settings, reporter())
-    typer.echo(result.path)
+    result = locking.lock(settings, reporter(), dry_run=dry_run, upgrade=upgrade)
+    typer.echo(result.lock.text() if dry_run else result.path)
 
 
 @app.command()
@@ -88,4 +97,7 @@ def inspect(
 
     ref = image or building.current_image(load_settings(config))
     report = building.inspect_image(ref)
-    out.print(report.to_json() if json_out else report.to_text(), markup=False)
+    if json_out:
+        typer.echo(report.to_json())  # not through rich: it would wrap long strings and break the JSON
+    else:
+        out.print(report.to_text(), markup=False)
