@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 class RichReporter:
