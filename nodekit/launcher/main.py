@@ -102,7 +102,10 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
     if verdict.status == "ok" and not outcome.duplicate:
         print(f"{report} {took}" if "\n" not in report else f"{report}\n{took}", flush=True)
         return EXIT_OK
-    print(report, flush=True)
+    # The report and the error line go to one stream: Docker collects stdout and stderr separately and would
+    # otherwise interleave them in whatever order it read them.
+    sys.stdout.flush()
+    print(report, file=sys.stderr, flush=True)
     if outcome.duplicate:
         holder = next((f for f in verdict.facts if f.rank == cfg.node_rank), None)
         by = f"{holder.hostname} ({holder.address})" if holder else "another node"
