@@ -6,6 +6,7 @@ import importlib.util
 import os
 import signal
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -76,6 +77,9 @@ def _torchrun_in_process(argv: Sequence[str]) -> int:
 def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
     """Run the stack check and the who-arrived rendezvous; return 0 to go on, else the exit code."""
     clock = clock or Clock()
+    # torch warns on import when numpy is absent, which the image need not have; the launcher does not use numpy,
+    # and the workers (fresh processes) still show the warning where it matters.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     start = clock.now()
     deadline = start + cfg.rdzv_timeout
     # The store's own timeout bounds each call; the protocol enforces the real deadlines by polling.
