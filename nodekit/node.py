@@ -19,7 +19,7 @@ from nodekit.host import net
 from nodekit.progress import Reporter
 from nodekit.render.compose import compose_filename, project_name, render_compose, to_yaml
 from nodekit.settings import Settings
-from nodekit.spec import HostFacts, NodeSpec, launch_spec, node_spec
+from nodekit.spec import HostFacts, NodeSpec, check_rank, launch_spec, node_spec
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,7 @@ def plan_node(
 ) -> NodePlan:
     """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing."""
     launch = launch_spec(settings)
-    if not 0 <= rank < launch.nnodes:
-        raise UsageError(
-            f"node rank {rank} is outside 0..{launch.nnodes - 1} (nnodes = {launch.nnodes})",
-            fix=f"pass --node-rank between 0 and {launch.nnodes - 1}, or set nnodes",
-        )
+    check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
     if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
         raise UsageError(
             f"training script {launch.command.script} not found in {settings.project_dir}",

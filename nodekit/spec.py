@@ -137,13 +137,18 @@ def launch_spec(settings: Settings) -> LaunchSpec:
     )
 
 
-def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts) -> NodeSpec:
-    """Node ``rank`` of ``launch``; ``main_ip`` is already resolved to an IP address by the caller."""
+def check_rank(launch: LaunchSpec, rank: int) -> None:
+    """UsageError unless ``rank`` is one of the job's node ranks."""
     if not 0 <= rank < launch.nnodes:
         raise UsageError(
             f"node rank {rank} is outside 0..{launch.nnodes - 1} (nnodes = {launch.nnodes})",
-            fix=f"pass --node-rank between 0 and {launch.nnodes - 1}, or raise nnodes",
+            fix=f"pass --node-rank between 0 and {launch.nnodes - 1}, or set nnodes",
         )
+
+
+def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts) -> NodeSpec:
+    """Node ``rank`` of ``launch``; ``main_ip`` is already resolved to an IP address by the caller."""
+    check_rank(launch, rank)
     override = settings.nodes.get(rank)
     nproc_setting = override.nproc_per_node if override and override.nproc_per_node else launch.nproc_per_node
     nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
