@@ -258,10 +258,10 @@ def engine_facts(host: str | None) -> EngineFacts:
         raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
     root = str(info.docker_root_dir or "")
     free = None
-    # Only a unix socket proves the engine is on this machine, so that its data root is our path too.
-    if (host is None or host.startswith("unix://")) and not os.environ.get("DOCKER_HOST", "").startswith(
-        ("tcp://", "ssh://")
-    ):
+    # Only a unix socket proves the engine is on this machine, so that its data root is our path too (a context
+    # may point anywhere: then we do not know).
+    endpoint = host or os.environ.get("DOCKER_HOST") or ("" if os.environ.get("DOCKER_CONTEXT") else "unix://")
+    if endpoint.startswith("unix://"):
         try:
             st = os.statvfs(root)
             free = st.f_bavail * st.f_frsize
