@@ -163,6 +163,7 @@ def remove_cgroups(parent: str) -> None:
                 d.rmdir()
         with contextlib.suppress(OSError):
             root.rmdir()
+            root.parent.rmdir()  # /nodekit-cluster itself, unless another cluster still uses it
 
 
 def ping_socket(sock: Path, timeout: float = 1.0) -> bool:
