@@ -156,13 +156,13 @@ def remove_cgroups(parent: str) -> None:
     if base.is_dir():
         roots += [d / parent.strip("/") for d in base.iterdir() if d.is_dir()]
     for root in roots:
-        if not root.is_dir():
-            continue
-        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+        if root.is_dir():
+            for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
             with contextlib.suppress(OSError):
-                d.rmdir()
+                root.rmdir()
         with contextlib.suppress(OSError):
-            root.rmdir()
             root.parent.rmdir()  # /nodekit-cluster itself, unless another cluster still uses it
 
 
