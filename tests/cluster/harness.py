@@ -322,6 +322,8 @@ class Host:
             f"--data-root={self.data_root}",
             f"--exec-root={self.exec_root}",
             f"--pidfile={self.run_dir / 'docker.pid'}",
+            # cgroupfs everywhere: on cgroup v2 dockerd would default to systemd, which wants "x.slice" parents.
+            "--exec-opt=native.cgroupdriver=cgroupfs",
             f"--cgroup-parent={self.cgroup_parent}",
             "--bridge=none",
             "--iptables=false",
