@@ -24,8 +24,7 @@ from tests.conftest import docker_required
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp"
-# Until nodekit.cli.app imports the ship commands this also registers them; afterwards the import is a no-op.
-NODEKIT = [sys.executable, "-c", "import nodekit.cli.ship; from nodekit.cli.app import main; main()"]
+NODEKIT = [sys.executable, "-m", "nodekit"]
 
 
 def nodekit_argv(*args: str) -> list[str]:
