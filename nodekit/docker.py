@@ -6,6 +6,7 @@ DockerException never leaves this module: it becomes an EngineError, ImageError 
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from collections.abc import Iterator, Mapping
@@ -149,9 +150,13 @@ def compose_up(compose_file: Path, project: str) -> None:
     """Create and start the node's container in the background (recreated if it exists)."""
     from python_on_whales import DockerException
 
+    d = client(compose_file=compose_file, project=project)
     try:
-        client(compose_file=compose_file, project=project).compose.up(detach=True, force_recreate=True, quiet=True)
+        d.compose.up(detach=True, force_recreate=True, quiet=True)
     except DockerException as e:
+        # Nothing half-running: a container that was created but failed to start is removed again.
+        with contextlib.suppress(DockerException):
+            d.compose.down(remove_orphans=True, quiet=True)
         raise EngineError(
             f"docker compose up failed for {compose_file}: {_last_line(e)}",
             fix=f"docker compose -f {compose_file} up  (to see Docker's full output)",
@@ -160,10 +165,18 @@ def compose_up(compose_file: Path, project: str) -> None:
 
 def compose_logs(compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None) -> Iterator[str]:
     """The job's output line by line; with ``follow`` it ends when the container stops."""
+    from python_on_whales import DockerException
+
     d = client(compose_file=compose_file, project=project)
-    for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
-        # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
-        yield _ANSI.sub("", content.decode(errors="replace")).rstrip("\n")
+    try:
+        for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
+            # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
+            yield _ANSI.sub("", content.decode(errors="replace")).rstrip("\n")
+    except DockerException as e:
+        raise EngineError(
+            f"lost the log stream of {project}: {_last_line(e)}",
+            fix=f"docker compose -p {project} ps  (is it running?)",
+        ) from None
 
 
 def compose_ps(compose_file: Path | None, project: str) -> list[ContainerState]:
