@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from nodekit import doctor as doc
-from nodekit.doctor import EngineCheck, Row, Status
+from nodekit.doctor import EngineCheck, Row, Status, gathering
 from nodekit.host import net
 from nodekit.host.net import Reach
 from nodekit.settings import Settings
@@ -44,7 +44,7 @@ def settings(port: int, tmp_path: Path) -> Settings:
 
 @pytest.fixture
 def no_docker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(doc, "_engine", lambda: EngineCheck(error="skipped in this test", failed="engine"))
+    monkeypatch.setattr(gathering, "_engine", lambda: EngineCheck(error="skipped in this test", failed="engine"))
 
 
 class Listening:
