@@ -9,6 +9,7 @@ import pytest
 from nodekit import docker, ship
 from nodekit.errors import ShipError, UsageError
 from nodekit.progress import RecordingReporter
+from nodekit.ship import fanout
 
 GiB = 1 << 30
 NEW = "sha256:" + "a" * 64
@@ -192,7 +193,7 @@ def test_fan_out_feeds_every_target_and_drops_a_failing_one(monkeypatch: pytest.
     """One source stream reaches every live target; a target that fails is cut off and named, the rest finish."""
     sinks = {"ssh://a": FakeSink(), "ssh://b": FakeSink(fail_after=2), "ssh://c": FakeSink()}
     verified: list[str] = []
-    monkeypatch.setattr(ship, "_verify", lambda src, step: verified.append(step.target.name))
+    monkeypatch.setattr(fanout, "_verify", lambda src, step: verified.append(step.target.name))
     plan = ship.plan_push(SRC, [state("a", "ssh://a"), state("b", "ssh://b"), state("c", "ssh://c")], compress="none")
     chunks = [bytes([i]) * 1000 for i in range(50)]
 

@@ -1,0 +1,73 @@
+"""Moving an image between Docker engines without a registry: push (engine to engines), save and load (files).
+
+Split by responsibility; this package re-exports the public names, so ``from nodekit import ship`` and
+``ship.plan_push`` / ``ship.push`` / ``ship.save`` / ``ship.load`` keep working:
+
+- :mod:`~nodekit.ship.plan`: pure. Given what each target engine has (``TargetState``), :func:`plan_push` decides
+  per target whether to skip, re-tag or load, and with which compression; it refuses before anything moves when a
+  target is unreachable or short of disk.
+- :mod:`~nodekit.ship.engines`: :func:`source_of` and :func:`survey` ask the engines what they have.
+- :mod:`~nodekit.ship.fanout`: :func:`push` carries a plan out: one ``docker save`` on the source, compressed once,
+  fanned out to one ``docker load`` per target in parallel, then the image id on every target is compared with the
+  source's. A target whose stream breaks is cut off (its engine discards the partial load), so a failed push leaves
+  that target's existing images as they were.
+- :mod:`~nodekit.ship.stream`: compression of the stream (and whether zstd is here), and what a failed
+  ``docker load`` means.
+- :mod:`~nodekit.ship.files`: :func:`save` and :func:`load`, the image as a file.
+"""
+
+from __future__ import annotations
+
+from nodekit import docker as docker
+from nodekit.errors import EngineError
+from nodekit.ship.engines import source_of, survey
+from nodekit.ship.fanout import ProgressFn, PushResult, push
+from nodekit.ship.files import LoadedFile, Saved, load, save
+from nodekit.ship.plan import (
+    DISK_FACTOR,
+    SCHEMES,
+    Action,
+    Codec,
+    Compress,
+    PushPlan,
+    Source,
+    Step,
+    Target,
+    TargetState,
+    choose_codec,
+    codec_for_file,
+    parse_target,
+    plan_push,
+)
+from nodekit.ship.stream import PROGRESS_EVERY_S, compressed, diagnose_load_failure, zstd_here
+
+__all__ = [
+    "DISK_FACTOR",
+    "PROGRESS_EVERY_S",
+    "SCHEMES",
+    "Action",
+    "Codec",
+    "Compress",
+    "EngineError",
+    "LoadedFile",
+    "ProgressFn",
+    "PushPlan",
+    "PushResult",
+    "Saved",
+    "Source",
+    "Step",
+    "Target",
+    "TargetState",
+    "choose_codec",
+    "codec_for_file",
+    "compressed",
+    "diagnose_load_failure",
+    "load",
+    "parse_target",
+    "plan_push",
+    "push",
+    "save",
+    "source_of",
+    "survey",
+    "zstd_here",
+]

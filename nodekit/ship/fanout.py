@@ -1,0 +1,268 @@
+"""Carrying out a push plan: one ``docker save`` on the source, compressed once, fanned out to one ``docker load``
+per target in parallel, then the image id on every target compared with the source's.
+
+:func:`push` executes a :class:`~nodekit.ship.plan.PushPlan` it is handed and decides nothing itself: skips are
+reported, re-tags are applied and verified, loads are streamed. Every target is attempted; afterwards ShipError
+names the first failed target. A target whose stream breaks is cut off (its engine discards the partial load), and
+one whose image id does not match gets its old name back, so a failed push leaves that target's existing images as
+they were.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from nodekit import docker
+from nodekit.errors import NodekitError, ShipError
+from nodekit.progress import Reporter
+from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
+from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
+
+ProgressFn = Callable[[str, int, int], None]
+"""``(target name, bytes of the image sent, bytes in all)``; called from worker threads."""
+
+
+@dataclass
+class PushResult:
+    plan: PushPlan
+    seconds: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, ShipError] = field(default_factory=dict)
+
+
+class _Sink(Protocol):
+    def write(self, chunk: bytes) -> None: ...
+
+    def finish(self) -> docker.Loaded: ...
+
+    def abort(self) -> None: ...
+
+
+class _SafeReporter:
+    """Reporters are not thread-safe (rich's live line is not); workers report through this lock."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self._r = reporter
+        self._lock = threading.Lock()
+
+    def step(self, message: str) -> None:
+        with self._lock:
+            self._r.step(message)
+
+    def detail(self, line: str) -> None:
+        with self._lock:
+            self._r.detail(line)
+
+    def done(self, message: str) -> None:
+        with self._lock:
+            self._r.done(message)
+
+    def warn(self, message: str) -> None:
+        with self._lock:
+            self._r.warn(message)
+
+
+def push(
+    plan: PushPlan,
+    reporter: Reporter,
+    *,
+    on_progress: ProgressFn | None = None,
+    open_source: Callable[[str, str | None], Iterable[bytes]] | None = None,
+    open_sink: Callable[[str], _Sink] | None = None,
+) -> PushResult:
+    """Carry out ``plan``. Every target is attempted; afterwards, ShipError names the first failed target (and
+    how many others failed) when any did. ``open_source``/``open_sink`` replace docker save/load in tests."""
+    rep = _SafeReporter(reporter)
+    src = plan.source
+    result = PushResult(plan=plan)
+    for s in plan.steps:
+        if s.action == "skip":
+            rep.done(f"{s.target.name}: skipped, {s.reason}")
+    for s in plan.steps:
+        if s.action == "tag":
+            t0 = time.monotonic()
+            try:
+                docker.tag_image(src.image_id, src.ref, s.target.endpoint)
+                _verify(src, s)
+            except NodekitError as e:
+                result.failures[s.target.name] = _as_ship_error(e, s.target)
+                continue
+            result.seconds[s.target.name] = time.monotonic() - t0
+            rep.done(f"{s.target.name}: tagged {src.ref} ({s.reason})")
+    loads = plan.loads()
+    by_codec: dict[Codec, list[Step]] = {}
+    for s in loads:
+        by_codec.setdefault(s.codec, []).append(s)
+    for codec, steps in by_codec.items():
+        names = ", ".join(s.target.name for s in steps)
+        rep.step(f"pushing {src.ref} ({size_text(src.size)}, {codec} stream) to {names}")
+        _fan_out(plan, steps, codec, rep, result, on_progress, open_source, open_sink)
+    if result.failures:
+        (_, first), *rest = result.failures.items()
+        if rest:
+            first = ShipError(
+                f"{first.message} (and {len(rest)} more failed: {', '.join(n for n, _ in rest)})",
+                fix=first.fix,
+                node=first.node,
+            )
+        raise first
+    return result
+
+
+def _as_ship_error(e: NodekitError, target: Target) -> ShipError:
+    if isinstance(e, ShipError) and e.node:
+        return e
+    return ShipError(e.message, fix=e.fix or reach_fix(target.endpoint), node=target.name)
+
+
+_END = object()
+
+
+def _fan_out(
+    plan: PushPlan,
+    steps: list[Step],
+    codec: Codec,
+    rep: _SafeReporter,
+    result: PushResult,
+    on_progress: ProgressFn | None,
+    open_source: Callable[[str, str | None], Iterable[bytes]] | None,
+    open_sink: Callable[[str], _Sink] | None,
+) -> None:
+    """One save, compressed once, into one bounded queue per target; a slow target slows the stream, a failed
+    one is dropped from it."""
+    src = plan.source
+    total = max(src.size, 1)
+    queues = {s.target.name: queue.Queue[object](maxsize=16) for s in steps}
+    dead = {s.target.name: threading.Event() for s in steps}
+    started = time.monotonic()
+
+    def consume(step: Step) -> None:
+        name = step.target.name
+        q = queues[name]
+        last = 0.0
+        try:
+            sink = (open_sink or docker.LoadSink)(step.target.endpoint)
+        except NodekitError as e:
+            result.failures[name] = _as_ship_error(e, step.target)
+            dead[name].set()
+            return
+        try:
+            while True:
+                item = q.get()
+                if item is _END:
+                    break
+                if isinstance(item, ShipError):
+                    # The source broke: cut this load off so the engine discards the partial image.
+                    sink.abort()
+                    result.failures[name] = ShipError(item.message, fix=item.fix, node=name)
+                    dead[name].set()
+                    return
+                assert isinstance(item, tuple)
+                chunk, sent = item
+                sink.write(chunk)
+                now = time.monotonic()
+                if on_progress is not None:
+                    on_progress(name, sent, total)
+                elif now - last >= PROGRESS_EVERY_S:
+                    last = now
+                    rate = sent / max(now - started, 1e-6)
+                    rep.detail(
+                        f"{name}: {size_text(sent)} of {size_text(total)} ({100 * sent // total}%), {size_text(rate)}/s"
+                    )
+            sink.finish()
+            _verify(src, step)
+        except NodekitError as e:
+            sink.abort()
+            result.failures[name] = _diagnose(e, step, plan)
+            dead[name].set()
+            return
+        except BaseException as e:
+            sink.abort()
+            result.failures[name] = ShipError(
+                f"pushing to {name} failed: {e}", fix=f"nodekit push again (--to {step.target.endpoint})", node=name
+            )
+            dead[name].set()
+            return
+        result.seconds[name] = time.monotonic() - started
+        rep.done(f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s")
+
+    def put(name: str, item: object) -> None:
+        while not dead[name].is_set():
+            try:
+                queues[name].put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    workers = [threading.Thread(target=consume, args=(s,), name=f"push-{s.target.name}") for s in steps]
+    for w in workers:
+        w.start()
+    raw: Iterable[bytes] | None = None
+    try:
+        raw = (open_source or docker.SaveStream)(src.ref, src.endpoint)
+        counted = Counted(raw)
+        for chunk in compressed(counted, codec):
+            live = [s.target.name for s in steps if not dead[s.target.name].is_set()]
+            if not live:
+                break
+            for name in live:
+                put(name, (chunk, min(counted.n, total)))
+        for s in steps:
+            put(s.target.name, _END)
+    except BaseException as e:
+        err = e if isinstance(e, NodekitError) else ShipError(f"the image stream from the source broke: {e}")
+        failure = ShipError(
+            f"{err.message}; nothing was loaded on the targets",
+            fix=f"check the image on the source ({src.endpoint or 'this engine'}: docker image inspect {src.ref}), "
+            "then nodekit push again",
+        )
+        for s in steps:
+            put(s.target.name, failure)
+        if not isinstance(e, Exception):
+            raise
+    finally:
+        for w in workers:
+            w.join()
+        close = getattr(raw, "close", None)
+        if callable(close):
+            close()
+
+
+def _verify(src: Source, step: Step) -> None:
+    """The image id ``ref`` names on the target must be the source's; else the old name is put back."""
+    got = docker.image_info(src.ref, step.target.endpoint)
+    if got is not None and got.id == src.image_id:
+        return
+    if step.previous_id is not None:
+        docker.tag_image(step.previous_id, src.ref, step.target.endpoint)
+    found = short_id(got.id) if got else "nothing"
+    raise ShipError(
+        f"after loading, {src.ref} on {step.target.name} is {found}, not {short_id(src.image_id)} as on the source",
+        fix=f"nodekit push again; if it repeats, compare `docker image inspect {src.ref}` on both engines "
+        "(both must use the same image store: the containerd store names images by manifest, not by config)",
+        node=step.target.name,
+    )
+
+
+def _diagnose(e: NodekitError, step: Step, plan: PushPlan) -> ShipError:
+    name, src = step.target.name, plan.source
+    if isinstance(e, ShipError) and e.node:
+        return e
+    kind = diagnose_load_failure(e.message)
+    if kind == "disk":
+        return ShipError(
+            f"{name} ran out of disk space loading {src.ref} ({size_text(src.size)}): {e.message}",
+            fix=f"free space on {name} (docker system prune there); its existing images are untouched",
+            node=name,
+        )
+    if kind == "corrupt":
+        return ShipError(
+            f"the image stream reached {name} corrupted or cut short; {name} discarded it: {e.message}",
+            fix=f"nodekit push again (--to {step.target.endpoint}); if it repeats, check the network to {name}",
+            node=name,
+        )
+    return ShipError(e.message, fix=e.fix or f"nodekit push again (--to {step.target.endpoint})", node=name)

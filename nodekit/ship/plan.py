@@ -1,0 +1,212 @@
+"""Planning a push, pure: which target engines are skipped, re-tagged or loaded, and with which compression.
+
+:func:`plan_push` takes what each target engine has (:class:`TargetState`, gathered by
+:func:`nodekit.ship.engines.survey`) as data and returns a :class:`PushPlan`; it refuses before anything moves when a
+target is unreachable, named twice or short of disk. :func:`parse_target` reads ``--to``, :func:`choose_codec` and
+:func:`codec_for_file` pick the compression. Nothing here calls Docker, runs a command or reads the environment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+from urllib.parse import urlsplit
+
+from nodekit.errors import ShipError, UsageError
+
+Codec = Literal["none", "gzip", "zstd"]
+Compress = Literal["auto", "none", "gzip", "zstd"]
+Action = Literal["skip", "tag", "load"]
+
+SCHEMES = ("ssh", "tcp", "unix")
+# `docker load` keeps the whole archive in its data root's tmp/ while it unpacks the layers next to it.
+DISK_FACTOR = 2.2
+
+
+@dataclass(frozen=True)
+class Target:
+    """A Docker engine to ship to: ``name`` is how messages call it, ``endpoint`` how docker reaches it."""
+
+    name: str
+    endpoint: str
+
+
+def parse_target(spec: str) -> Target:
+    """``ssh://user@host``, ``tcp://host:2376``, ``unix:///path``, optionally named: ``node1=ssh://user@host``."""
+    name, sep, endpoint = spec.partition("=")
+    if not sep or "://" in name:
+        name, endpoint = "", spec
+    scheme = urlsplit(endpoint).scheme
+    if scheme not in SCHEMES:
+        raise UsageError(
+            f"--to {spec!r} is not a Docker endpoint",
+            fix="--to ssh://user@host, --to tcp://host:2376 or --to unix:///var/run/docker.sock "
+            "(optionally named: --to node1=ssh://user@host)",
+        )
+    return Target(name=name or _short(endpoint), endpoint=endpoint)
+
+
+def _short(endpoint: str) -> str:
+    parts = urlsplit(endpoint)
+    if parts.scheme == "unix":
+        return endpoint
+    return parts.netloc or endpoint
+
+
+@dataclass(frozen=True)
+class TargetState:
+    """What one target engine has, as gathered by ``survey``; ``error`` is set when it could not be asked."""
+
+    target: Target
+    error: str | None = None
+    engine_id: str = ""
+    server_version: str = ""
+    ref_id: str | None = None
+    """The image id that the pushed reference names there (None: no such reference)."""
+    has_image: bool = False
+    """The source's image id is there (under whatever name)."""
+    free_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class Source:
+    ref: str
+    image_id: str
+    size: int
+    engine_id: str
+    endpoint: str | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    target: Target
+    action: Action
+    reason: str
+    codec: Codec = "none"
+    previous_id: str | None = None
+    """The id ``ref`` named on the target before the push: restored there if verification fails."""
+
+
+@dataclass(frozen=True)
+class PushPlan:
+    source: Source
+    steps: tuple[Step, ...]
+
+    def loads(self) -> tuple[Step, ...]:
+        return tuple(s for s in self.steps if s.action == "load")
+
+    def to_text(self) -> str:
+        src = self.source
+        head = f"push {src.ref} ({short_id(src.image_id)}, {size_text(src.size)}) from {src.endpoint or 'this engine'}"
+        lines = [head]
+        for s in self.steps:
+            how = f" ({s.codec} stream)" if s.action == "load" else ""
+            lines.append(f"  {s.target.name:<24} {s.action}{how}: {s.reason}")
+        return "\n".join(lines)
+
+
+def short_id(image_id: str) -> str:
+    """An image id as people read it: 12 hex digits, no ``sha256:``."""
+    return image_id.removeprefix("sha256:")[:12]
+
+
+def size_text(n: float) -> str:
+    """A byte count in B, KiB, MiB or GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit in ("B", "KiB") else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def choose_codec(compress: Compress, endpoint: str, *, zstd_here: bool, server_version: str) -> Codec:
+    """``auto``: no compression over a local unix socket (it would only cost CPU), else zstd when this machine
+    has the zstd command and the target engine decompresses it (Docker >= 23), else gzip."""
+    if compress != "auto":
+        return compress
+    if endpoint.startswith("unix://"):
+        return "none"
+    return "zstd" if zstd_here and _major(server_version) >= 23 else "gzip"
+
+
+def _major(version: str) -> int:
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 0
+
+
+def plan_push(
+    source: Source,
+    states: Sequence[TargetState],
+    *,
+    compress: Compress = "auto",
+    zstd_here: bool = True,
+) -> PushPlan:
+    """Decide each target's step. Raises ShipError, before anything moves, when a target cannot be asked or
+    does not have room; UsageError when the same target is named twice."""
+    seen: dict[str, str] = {}
+    for st in states:
+        if st.target.endpoint in seen:
+            raise UsageError(f"target {st.target.endpoint} is named twice", fix="pass each --to once")
+        seen[st.target.endpoint] = st.target.name
+    broken = [st for st in states if st.error is not None]
+    if broken:
+        first = broken[0]
+        more = (
+            f" (and {len(broken) - 1} more: {', '.join(b.target.name for b in broken[1:])})" if len(broken) > 1 else ""
+        )
+        raise ShipError(
+            f"cannot push to {first.target.name}: {first.error}{more}",
+            fix=reach_fix(first.target.endpoint),
+            node=first.target.name,
+        )
+    if compress == "zstd" and not zstd_here:
+        raise UsageError("--compress zstd needs the zstd command on this machine", fix="apt-get install zstd, or "
+                         "--compress gzip")  # fmt: skip
+    steps = []
+    for st in states:
+        t = st.target
+        if source.engine_id and st.engine_id == source.engine_id:
+            steps.append(Step(t, "skip", "is the source engine itself"))
+        elif st.ref_id == source.image_id:
+            steps.append(Step(t, "skip", f"already has {short_id(source.image_id)}"))
+        elif st.has_image:
+            steps.append(Step(t, "tag", "has the image under another name", previous_id=st.ref_id))
+        else:
+            need = int(source.size * DISK_FACTOR)
+            if st.free_bytes is not None and st.free_bytes < need:
+                raise ShipError(
+                    f"{t.name} has {size_text(st.free_bytes)} free for Docker, loading {source.ref} needs about "
+                    f"{size_text(need)}",
+                    fix=f"free space on {t.name} (docker system prune, or a larger disk for Docker's data root)",
+                    node=t.name,
+                )
+            codec = choose_codec(compress, t.endpoint, zstd_here=zstd_here, server_version=st.server_version)
+            reason = "has an older image under this name" if st.ref_id else "does not have the image"
+            steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id))
+    return PushPlan(source=source, steps=tuple(steps))
+
+
+def reach_fix(endpoint: str) -> str:
+    """The fix to print when the engine at ``endpoint`` cannot be asked."""
+    scheme = urlsplit(endpoint).scheme
+    if scheme == "ssh":
+        return f"check that `docker -H {endpoint} info` works (ssh key, and the user in the docker group there)"
+    if scheme == "tcp":
+        return f"check that the engine listens there (`docker -H {endpoint} info`) and the port is open"
+    return f"start the Docker engine behind that socket (`docker -H {endpoint} info` must answer)"
+
+
+def codec_for_file(path: Path) -> Codec:
+    name = path.name.lower()
+    if name.endswith((".tar.gz", ".tgz")):
+        return "gzip"
+    if name.endswith((".tar.zst", ".tzst")):
+        return "zstd"
+    if name.endswith(".tar"):
+        return "none"
+    raise UsageError(
+        f"{path} should end in .tar, .tar.gz or .tar.zst (that picks the compression)",
+        fix=f"nodekit save {path.with_name(path.name + '.tar.zst')}",
+    )

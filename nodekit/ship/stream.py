@@ -1,0 +1,104 @@
+"""The image stream's plumbing: counting, compressing, and reading what a failed ``docker load`` said.
+
+:func:`compressed` turns ``docker save``'s chunks into a gzip (in-process) or zstd (the zstd command, fed from a
+thread so neither side blocks) stream; a failing compressor raises ShipError. :func:`zstd_here` says whether this
+machine has the zstd command. :class:`Counted` measures progress against the image's uncompressed size.
+:func:`diagnose_load_failure` is pure: it classifies ``docker load``'s last line as a full disk, a corrupt stream
+or something else. Opening the save and load ends is :mod:`nodekit.docker`'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import zlib
+from collections.abc import Iterable, Iterator
+from typing import Literal
+
+from nodekit import docker
+from nodekit.errors import ShipError
+from nodekit.ship.plan import Codec
+
+PROGRESS_EVERY_S = 2.0
+
+
+class Counted:
+    """Counts the bytes of the uncompressed stream (progress is measured against the image's size)."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = chunks
+        self.n = 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        for c in self._chunks:
+            self.n += len(c)
+            yield c
+
+
+def zstd_here() -> bool:
+    return shutil.which("zstd") is not None
+
+
+def compressed(chunks: Iterable[bytes], codec: Codec) -> Iterator[bytes]:
+    """``chunks`` compressed with ``codec`` (gzip in-process, zstd through the zstd command, multi-threaded)."""
+    if codec == "none":
+        yield from chunks
+    elif codec == "gzip":
+        # Level 1: on a fast link the compressor, not the network, is the bottleneck.
+        z = zlib.compressobj(1, zlib.DEFLATED, 31)
+        for c in chunks:
+            if out := z.compress(c):
+                yield out
+        yield z.flush()
+    else:
+        yield from _through(["zstd", "-q", "-c", "-1", "-T0"], chunks)
+
+
+def _through(argv: list[str], chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """Pipe ``chunks`` through a filter command, feeding it from a thread so neither side blocks."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    failed: list[BaseException] = []
+
+    def feed() -> None:
+        assert proc.stdin is not None
+        try:
+            for c in chunks:
+                proc.stdin.write(c)
+        except BaseException as e:
+            failed.append(e)
+            proc.kill()
+        finally:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        while out := proc.stdout.read(docker.CHUNK):
+            yield out
+        feeder.join()
+        code = proc.wait()
+        if failed:
+            raise failed[0]
+        if code != 0:
+            raise ShipError(f"{argv[0]} exited with code {code} while compressing the image stream")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def diagnose_load_failure(docker_says: str) -> Literal["disk", "corrupt", "other"]:
+    """Classify the last line of a failed ``docker load``."""
+    low = docker_says.lower()
+    if "no space left" in low or "disk quota" in low:
+        return "disk"
+    corrupt = ("unexpected eof", "invalid tar", "archive/tar", "gzip", "zstd", "magic number", "checksum",
+               "diffid", "manifest.json", "invalid argument", "unexpected end", "does not match", "digest")  # fmt: skip
+    if any(c in low for c in corrupt):
+        return "corrupt"
+    return "other"
