@@ -23,6 +23,7 @@ class _OrderedGroup(TyperGroup):
         names = super().list_commands(ctx)
         return sorted(names, key=lambda n: COMMAND_ORDER.index(n) if n in COMMAND_ORDER else len(COMMAND_ORDER))
 
+
 app = typer.Typer(
     name="nodekit",
     cls=_OrderedGroup,
