@@ -1,15 +1,22 @@
 """nodekit's in-container launcher: ``python -m nodekit.launcher train.py [args]`` or ``... -m pkg.mod [args]``.
 
-Runs as the image's ENTRYPOINT on every node. Standard library plus torch, and torch only during preflight. It
-turns the node's environment into the launch:
+Runs as the image's ENTRYPOINT on every node. Standard library plus torch (imported by preflight, then used by
+torchrun and the peer watchdog). It turns the node's environment into the launch:
 
 1. parse the environment (below) into a frozen ``LaunchConfig``; print one start line;
 2. check that the training script is in the working directory (/workspace);
 3. preflight (unless NODEKIT_PREFLIGHT=0 or NNODES=1): every node publishes its stack facts to node 0 over a
    TCPStore on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT; node 0 compares them and every node prints the same report;
    nodes that never arrive within NODEKIT_RDZV_TIMEOUT are named instead of everyone hanging;
-4. exec ``torchrun`` (mode ``torchrun``) or ``python <command>`` (mode ``env``) in place of itself, so the job's
-   exit code is the container's.
+4. mode ``torchrun`` after a preflight: run torchrun in this process (torch is already imported) with the peer
+   watchdog (``watchdog.py``): node 0 keeps hosting the preflight store, every node bumps a heartbeat counter there
+   every second and watches the others'. A node whose counter stands still for NODEKIT_PEER_TIMEOUT, or a main
+   whose store stops answering that long, is *lost*: every other node prints one line naming it (rank, address,
+   host), stops its torchrun (SIGTERM to itself, which torchrun turns into stopping its workers) and exits 19. A
+   node whose torchrun failed marks itself done with its code, and the others stop with "node k failed with exit
+   code N" instead. A node that ended normally marks itself done too, so no one is reported for leaving;
+5. otherwise exec ``torchrun`` (mode ``torchrun`` without preflight) or ``python <command>`` (mode ``env``, which
+   has no watchdog) in place of itself, so the job's exit code is the container's.
 
 Environment (set by nodekit's compose file, see ``nodekit/render/env.py``):
 
@@ -24,6 +31,8 @@ NODEKIT_NAME                       ""        job name, shown and compared
 NODEKIT_LAUNCHER                   torchrun  ``torchrun`` or ``env``
 NODEKIT_MAX_RESTARTS               0         torchrun --max-restarts
 NODEKIT_RDZV_TIMEOUT               180       seconds to wait for every node (preflight, and torchrun's rendezvous)
+NODEKIT_PEER_TIMEOUT               15        seconds without a node's heartbeat before it is lost; 0: no watchdog,
+                                             else at least 3 (nodes beat once a second)
 NODEKIT_PREFLIGHT                  1         0 skips preflight
 NODEKIT_PREFLIGHT_PORT             PORT+1    preflight store port on main; must differ from MASTER_PORT
 NODEKIT_OUTPUT_DIR                 /outputs  for the training script; the launcher only passes it on
@@ -41,6 +50,9 @@ and all four together select TorchElasticEnvironment.
 
 Exit codes: 0 the job succeeded; 2 bad environment or command (missing variable, script not found, torchrun
 missing); 17 stack or launch mismatch between nodes, or a node rank claimed twice; 18 rendezvous failed: a node
-never arrived within NODEKIT_RDZV_TIMEOUT, main unreachable, main lost, or the preflight port taken; 143
-terminated during preflight; anything else is the job's own code (torchrun's, in torchrun mode).
+never arrived within NODEKIT_RDZV_TIMEOUT, main unreachable, main lost, or the preflight port taken; 19 another
+node was lost (no heartbeat for NODEKIT_PEER_TIMEOUT, or main's store unreachable that long) or failed, and this
+node stopped its own part of the job: the line before the exit names the node (also when this node's own job had
+already failed through gloo/NCCL, where the lost node is the cause); 143 terminated during preflight, or while
+waiting for the other nodes after torchrun; anything else is the job's own code (torchrun's, in torchrun mode).
 """

@@ -14,6 +14,8 @@ from typing import Literal
 Mode = Literal["torchrun", "env"]
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+DEFAULT_PEER_TIMEOUT = 15.0
+MIN_PEER_TIMEOUT = 3.0
 
 
 class EnvError(ValueError):
@@ -34,6 +36,7 @@ class LaunchConfig:
     mode: Mode
     max_restarts: int
     rdzv_timeout: float
+    peer_timeout: float  # 0: no peer watchdog
     preflight: bool
     preflight_port: int
     output_dir: str
@@ -112,6 +115,16 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
     if not rdzv_timeout > 0:
         raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 seconds")
+    peer_raw = env.get("NODEKIT_PEER_TIMEOUT", "").strip() or str(DEFAULT_PEER_TIMEOUT)
+    try:
+        peer_timeout = float(peer_raw)
+    except ValueError:
+        raise EnvError(f"NODEKIT_PEER_TIMEOUT={peer_raw!r} is not a number of seconds") from None
+    if peer_timeout != 0 and not peer_timeout >= MIN_PEER_TIMEOUT:
+        # Nodes beat once a second: a shorter window would call a node lost for one slow beat.
+        raise EnvError(
+            f"NODEKIT_PEER_TIMEOUT={peer_raw} must be 0 (no peer watchdog) or at least {MIN_PEER_TIMEOUT:g} seconds"
+        )
     default_preflight_port = master_port + 1 if master_port < 65535 else None
     preflight_port = _int(env, "NODEKIT_PREFLIGHT_PORT", default=default_preflight_port, lo=1, hi=65535)
     if preflight_port == master_port:
@@ -129,6 +142,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         mode="env" if mode == "env" else "torchrun",
         max_restarts=_int(env, "NODEKIT_MAX_RESTARTS", default=0, lo=0),
         rdzv_timeout=rdzv_timeout,
+        peer_timeout=peer_timeout,
         preflight=_bool(env, "NODEKIT_PREFLIGHT", True),
         preflight_port=preflight_port,
         output_dir=env.get("NODEKIT_OUTPUT_DIR", "").strip() or "/outputs",

@@ -1,4 +1,5 @@
-"""The launcher's entry point: parse, print the start line, check, preflight, exec. See the package docstring."""
+"""The launcher's entry point: parse, print the start line, check, preflight, then torchrun in this process under
+the peer watchdog (or exec). See the package docstring."""
 
 from __future__ import annotations
 
@@ -6,17 +7,21 @@ import importlib.util
 import os
 import signal
 import sys
+import traceback
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
 from nodekit.launcher.plan import Command, CommandError, exec_plan, missing_target, parse_command, start_line
 from nodekit.launcher.preflight import Clock, Outcome, PreflightError, open_store, run_main, run_worker, wait_reachable
-from nodekit.launcher.verdict import render
+from nodekit.launcher.verdict import Verdict, render
+from nodekit.launcher.watchdog import EXIT_PEER_LOST as EXIT_PEER_LOST  # 19, listed with the others
+from nodekit.launcher.watchdog import Watchdog, node_names
 
 EXIT_OK = 0
 EXIT_BAD_ENV = 2
@@ -74,8 +79,60 @@ def _torchrun_in_process(argv: Sequence[str]) -> int:
     return EXIT_OK
 
 
-def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
-    """Run the stack check and the who-arrived rendezvous; return 0 to go on, else the exit code."""
+def _sigterm_self() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _torchrun_watched(argv: Sequence[str], dog: Watchdog) -> int:
+    """:func:`_torchrun_in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
+    stopped it, or found after torchrun failed that a node was lost (then 19).
+
+    The watchdog stops torchrun with SIGTERM to this process: torchrun's handler raises its SignalException in the
+    main thread, and its agent stops the workers (SIGTERM, SIGKILL 30 s later) before re-raising it.
+    """
+
+    def _after(signum: int, frame: FrameType | None) -> None:
+        # torchrun leaves its handler installed, which would raise its SignalException anywhere below. The
+        # watchdog's own signal can land after torchrun returned: it was already acted on.
+        if dog.alarm is None:
+            raise _Terminated
+
+    dog.start()
+    error: BaseException | None = None
+    try:
+        try:
+            _torchrun_in_process(argv)
+        finally:
+            signal.signal(signal.SIGTERM, _after)
+        code = EXIT_OK
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException as e:  # ChildFailedError, SignalException: exit 1 with a traceback, as torchrun's script
+        code, error = 1, e
+    if error is not None and dog.alarm is None:
+        # Shown now, as an uncaught exception would be, not after the wait for the other nodes below.
+        traceback.print_exception(error)
+        sys.stderr.flush()
+    try:
+        return dog.finish(code).code
+    except _Terminated:
+        _err("terminated (SIGTERM) while waiting for the other nodes to end")
+        return EXIT_TERMINATED
+
+
+@dataclass(frozen=True)
+class Passed:
+    """A good preflight: the store (node 0 hosts it for as long as this object lives; the peer watchdog uses it
+    for the whole job) and the verdict, whose facts name every node."""
+
+    store: Any
+    verdict: Verdict
+
+
+def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passed | None]:
+    """Run the stack check and the who-arrived rendezvous; return ``(0, Passed)`` to go on, else the exit code."""
     clock = clock or Clock()
     # torch warns on import when numpy is absent, which the image need not have; the launcher does not use numpy,
     # and the workers (fresh processes) still show the warning where it matters.
@@ -99,13 +156,13 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
             outcome = run_worker(store, cfg, facts, clock)
     except PreflightError as e:
         _err(str(e))
-        return EXIT_RENDEZVOUS
+        return EXIT_RENDEZVOUS, None
     report = render(outcome.verdict)
     took = f"(preflight {clock.now() - start:.1f} s)"
     verdict = outcome.verdict
     if verdict.status == "ok" and not outcome.duplicate:
         print(f"{report} {took}" if "\n" not in report else f"{report}\n{took}", flush=True)
-        return EXIT_OK
+        return EXIT_OK, Passed(store=store, verdict=verdict)
     # The report and the error line go to one stream: Docker collects stdout and stderr separately and would
     # otherwise interleave them in whatever order it read them.
     sys.stdout.flush()
@@ -117,16 +174,16 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> int:
             f"node rank {cfg.node_rank} is already taken by {by}; this node does not start. "
             f"Give every node its own --node-rank {took}"
         )
-        return EXIT_STACK_MISMATCH
+        return EXIT_STACK_MISMATCH, None
     late = " (this node arrived after main had decided)" if outcome.late else ""
     if verdict.status == "mismatch":
         _err(f"stack mismatch between nodes; not starting training{late} {took}")
-        return EXIT_STACK_MISMATCH
+        return EXIT_STACK_MISMATCH, None
     if outcome.late:
         _err(f"this node (rank {cfg.node_rank}) arrived after main stopped waiting; restart every node {took}")
-        return EXIT_RENDEZVOUS
+        return EXIT_RENDEZVOUS, None
     _err(f"node(s) {', '.join(map(str, verdict.missing))} never arrived; not starting training {took}")
-    return EXIT_RENDEZVOUS
+    return EXIT_RENDEZVOUS, None
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -144,10 +201,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if problem:
         _err(problem)
         return EXIT_BAD_ENV
+    passed: Passed | None = None
     if cfg.preflight and cfg.nnodes > 1:
         signal.signal(signal.SIGTERM, _on_sigterm)  # stays for in-process torchrun; exec resets it
         try:
-            code = preflight(cfg)
+            code, passed = preflight(cfg)
         except KeyboardInterrupt:
             _err("interrupted during preflight")
             return 130
@@ -158,6 +216,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return code
     plan = exec_plan(cfg, command, python=sys.executable, torchrun=_torchrun())
     if cfg.mode == "torchrun" and "torch" in sys.modules:
+        if passed is not None and cfg.peer_timeout > 0:
+            names = node_names(passed.verdict.facts)
+            dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
+            return _torchrun_watched(plan.argv, dog)
         return _torchrun_in_process(plan.argv)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
     sys.stdout.flush()

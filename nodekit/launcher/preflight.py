@@ -205,7 +205,7 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
         **_policy(cfg),
     )
     store.set(_key("verdict"), verdict.to_json())
-    # The store dies with this preflight (torchrun runs next), so wait until every arrival has read the verdict.
+    # Without the peer watchdog the store dies with this preflight, so wait until every arrival has read the verdict.
     ack_deadline = clock.now() + ACK_TIMEOUT_S
     unseen = {f.rank for f in all_facts if f.rank != 0}
     while unseen and clock.now() < ack_deadline:

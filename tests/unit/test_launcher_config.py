@@ -67,6 +67,9 @@ def test_a_missing_required_variable_is_named(key: str) -> None:
         ("NODEKIT_LAUNCHER", "mpirun", "NODEKIT_LAUNCHER='mpirun' is neither"),
         ("NODEKIT_RDZV_TIMEOUT", "soon", "NODEKIT_RDZV_TIMEOUT='soon' is not a number"),
         ("NODEKIT_RDZV_TIMEOUT", "0", "NODEKIT_RDZV_TIMEOUT=0 must be more than 0"),
+        ("NODEKIT_PEER_TIMEOUT", "soon", "NODEKIT_PEER_TIMEOUT='soon' is not a number"),
+        ("NODEKIT_PEER_TIMEOUT", "2", r"NODEKIT_PEER_TIMEOUT=2 must be 0 \(no peer watchdog\) or at least 3 seconds"),
+        ("NODEKIT_PEER_TIMEOUT", "-1", "NODEKIT_PEER_TIMEOUT=-1 must be 0"),
         ("NODEKIT_PREFLIGHT", "maybe", "NODEKIT_PREFLIGHT='maybe' is not a boolean"),
         ("NODEKIT_PREFLIGHT_PORT", "29500", "NODEKIT_PREFLIGHT_PORT=29500 must differ from MASTER_PORT"),
     ],
@@ -84,3 +87,9 @@ def test_switches() -> None:
     assert not cfg.preflight and cfg.allow_heterogeneous_gpus and cfg.mode == "env"
     assert parse_env({**BASE, "MASTER_ADDR": "fd00::5"}).master_addr == "fd00::5"
     assert parse_env({**BASE, "NODEKIT_RDZV_TIMEOUT": "2.5"}).rdzv_timeout == 2.5
+
+
+def test_peer_timeout_defaults_to_15_s_and_0_turns_the_watchdog_off() -> None:
+    assert parse_env(BASE).peer_timeout == 15.0
+    assert parse_env({**BASE, "NODEKIT_PEER_TIMEOUT": "0"}).peer_timeout == 0.0
+    assert parse_env({**BASE, "NODEKIT_PEER_TIMEOUT": "7.5"}).peer_timeout == 7.5
