@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")
     max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts")
     rdzv_timeout: int = Field(180, ge=1, description="seconds to wait for every node before giving up")
+    peer_timeout: int = Field(
+        15, ge=0, description="seconds without a node's heartbeat before the others stop, naming it; 0: never"
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
     # network
     network: Literal["host", "bridge"] = Field(
@@ -79,6 +82,13 @@ class Settings(BaseSettings):
     def _docker_name(cls, v: str | None) -> str | None:
         if v is not None and not _IMAGE_NAME.match(v):
             raise ValueError(f"{v!r} is not a valid image name (lowercase letters, digits, '.', '_', '-')")
+        return v
+
+    @field_validator("peer_timeout")
+    @classmethod
+    def _beats(cls, v: int) -> int:
+        if 0 < v < 3:  # nodes beat once a second; the launcher refuses less than 3 (nodekit/launcher/config.py)
+            raise ValueError("must be 0 (no peer watchdog) or at least 3 seconds")
         return v
 
     @field_validator("packages")

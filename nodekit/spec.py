@@ -58,6 +58,7 @@ class LaunchSpec(BaseModel):
     master_port: int = Field(29500, ge=1, le=65535 - PREFLIGHT_PORT_OFFSET)
     max_restarts: int = Field(0, ge=0)
     rdzv_timeout: int = Field(180, ge=1)
+    peer_timeout: int = Field(15, ge=0)
     env: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -133,6 +134,7 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         master_port=settings.master_port,
         max_restarts=settings.max_restarts,
         rdzv_timeout=settings.rdzv_timeout,
+        peer_timeout=settings.peer_timeout,
         env=tuple(sorted(settings.env.items())),
     )
 
