@@ -220,6 +220,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             names = node_names(passed.verdict.facts)
             dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
             return _torchrun_watched(plan.argv, dog)
+        passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_in_process(plan.argv)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
     sys.stdout.flush()
