@@ -37,6 +37,8 @@ master_port = 29500
 rdzv_timeout = 180
 # Restarts of the whole worker group by torchrun after a failure (0: fail fast).
 max_restarts = 0
+# Seconds without a node's heartbeat before the other nodes stop and name it (0: no watchdog).
+peer_timeout = 15
 # Host directory mounted at /outputs in the job (checkpoints, results).
 output_dir = "outputs"
 # Host networking (default) is what lets NCCL and gloo reach other machines; "bridge" only for all-local runs.

@@ -64,7 +64,13 @@ def test_list_from_env_is_json(project: Path, monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.parametrize(
     ("flags", "field"),
-    [({"master_port": 0}, "master_port"), ({"master_port": 70000}, "master_port"), ({"nnodes": 0}, "nnodes")],
+    [
+        ({"master_port": 0}, "master_port"),
+        ({"master_port": 70000}, "master_port"),
+        ({"nnodes": 0}, "nnodes"),
+        ({"peer_timeout": 2}, "peer_timeout"),
+        ({"peer_timeout": -1}, "peer_timeout"),
+    ],
 )
 def test_invalid_values_name_the_field(project: Path, flags: dict[str, int], field: str) -> None:
     with pytest.raises(ConfigError) as e:
@@ -96,3 +102,14 @@ def test_image_name_defaults_to_directory(tmp_path: Path, monkeypatch: pytest.Mo
 def test_invalid_image_name(project: Path) -> None:
     with pytest.raises(ConfigError, match="name"):
         load(name="Bad Name")
+
+
+def test_starter_file_loads_and_matches_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What `nodekit init` writes must itself be a valid config that states the real defaults."""
+    from nodekit.starter import starter_config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nodekit.toml").write_text(starter_config("x"))
+    s = load()
+    assert (s.name, s.nnodes, s.master_port, s.peer_timeout, s.rdzv_timeout) == ("x", 2, 29500, 15, 180)
+    assert s.packages == ("torch==2.13.0",) and s.script == "train.py"
