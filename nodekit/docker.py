@@ -125,7 +125,7 @@ def require_image(ref: str, host: str | None = None, *, node: str | None = None)
 def images_labelled(label: str, value: str, host: str | None = None) -> list[ImageInfo]:
     """Images carrying ``label=value``, newest first."""
     d = client(host)
-    found = d.image.list(filters={"label": f"{label}={value}"})
+    found = d.image.list(filters=[("label", f"{label}={value}")])
     found.sort(key=lambda i: str(i.created), reverse=True)
     infos = [image_info(str(i.id), host) for i in found]
     return [i for i in infos if i is not None]
