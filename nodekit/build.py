@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from nodekit import __version__, docker
 from nodekit.assets import images_dir, launcher_dir
 from nodekit.errors import ConfigError, ImageError
+from nodekit.fsutil import write_atomic
 from nodekit.lock import Lock, ensure_lock, ensure_wheelhouse, parse_lock
 from nodekit.progress import Reporter
 from nodekit.render.image import (
@@ -442,9 +443,7 @@ def _record(settings: Settings, result: BuildResult) -> None:
         "skipped": result.skipped,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 
 def last_build(settings: Settings) -> dict[str, Any] | None:

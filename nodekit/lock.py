@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from nodekit.errors import BuildError, ConfigError
+from nodekit.fsutil import write_atomic
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
@@ -418,12 +418,6 @@ def resolve(
     return lock, kept
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False, upgrade: bool = False) -> LockResult:
     """``nodekit lock``: resolve ``settings.packages`` and write ``nodekit.lock`` (unless ``dry_run``).
 
@@ -441,7 +435,7 @@ def lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False, upgra
     unchanged = previous is not None and previous.text() == new.text() and path.read_text() == new.text()
     written = not dry_run and not unchanged
     if written:
-        _write_atomic(path, new.text())
+        write_atomic(path, new.text())
     what = "would write" if dry_run else ("wrote" if written else "kept")
     summary = ", ".join(
         f"{len(v)} {k}" for k, v in (("added", diff.added), ("removed", diff.removed), ("changed", diff.changed)) if v
@@ -563,5 +557,5 @@ def ensure_wheelhouse(settings: Settings, lock: Lock, reporter: Reporter) -> dic
                 fix=LOCK_FIX,
             )
         reporter.done(f"wheelhouse complete: {len(wheels)} wheels")
-    _write_atomic(index_path, json.dumps(index, indent=1, sort_keys=True))
+    write_atomic(index_path, json.dumps(index, indent=1, sort_keys=True))
     return wheels
