@@ -34,6 +34,10 @@ from nodekit.settings import Settings
 
 DEFAULT_TAG = "nodekit/base:bookworm"
 DEFAULT_SUITE = "bookworm"
+OWN_REPOSITORY = "nodekit/base"
+# Debian suites nodekit knows how to bootstrap, with the Python each ships (trixie: 3.13, so the probe and the
+# resolver are exercised against a second real Python).
+SUITES = ("bookworm", "trixie")
 PACKAGES = ("python3", "python3-venv")
 # dpkg never unpacks these, in the base and in anything later installed on top of it (the options stay in
 # /etc/dpkg/dpkg.cfg.d). Copyright files stay: they are the licence notices.
@@ -159,6 +163,37 @@ def write_load_archive(plan: BasePlan, rootfs: Path, out: Path) -> str:
     return "sha256:" + config_name.removesuffix(".json")
 
 
+def own_suite(tag: str) -> str | None:
+    """The Debian suite of ``tag`` when it names nodekit's own base (``nodekit/base:<suite>``), else None."""
+    repo, sep, suite = tag.rpartition(":")
+    return suite if sep and repo == OWN_REPOSITORY and suite in SUITES else None
+
+
+def choose_base(base_image: str, suite: str | None, *, present: bool) -> tuple[str, str]:
+    """Pure: the (tag, suite) ``nodekit base`` makes; it only ever names its own image, ``nodekit/base:<suite>``.
+
+    ``suite`` given: that suite's base, whatever ``base_image`` says. Otherwise ``base_image`` must name one of
+    nodekit's own bases; anything else (``nvidia/cuda:...``) is an ImageError, so a missing vendor image never
+    becomes plain Debian under the vendor's name. ``present``: whether ``base_image`` is in the engine (wording).
+    """
+    if suite is not None:
+        if suite not in SUITES:
+            raise ImageError(
+                f"nodekit base knows Debian suites {', '.join(SUITES)}, not {suite!r}",
+                fix=f"nodekit base --suite {DEFAULT_SUITE}",
+            )
+        return f"{OWN_REPOSITORY}:{suite}", suite
+    own = own_suite(base_image)
+    if own is not None:
+        return base_image, own
+    what = "is not nodekit's own base" if present else "is not in the local Docker engine"
+    raise ImageError(
+        f"base image {base_image} {what}, and nodekit base makes only {OWN_REPOSITORY}:<suite> "
+        f"(it never tags Debian under another image's name)",
+        fix=f'docker load {base_image} on this machine, or set base_image = "{DEFAULT_TAG}" and run nodekit base',
+    )
+
+
 def missing_base(settings: Settings) -> bool:
     """The configured base image is not in the local engine (``nodekit build`` would refuse)."""
     return docker.image_info(settings.base_image) is None
@@ -225,17 +260,24 @@ def create_base(
     if_missing: bool = False,
     mirror: str | None = None,
 ) -> BaseResult | BasePlan:
-    """Create the base image ``tag``; returns the plan with ``dry_run``, else what was made (or found).
+    """Create nodekit's base image ``tag`` (``nodekit/base:<suite>``, see :func:`choose_base`); returns the plan
+    with ``dry_run``, else what was made (or found).
 
     With ``if_missing`` an existing ``tag`` is kept. Needs root (mmdebstrap, and apt-get to install it when
-    absent) and the host's Debian mirror; raises ImageError saying which is missing.
+    absent) and the host's Debian mirror; raises ImageError saying which is missing, or when ``tag`` is not
+    nodekit's own base name.
     """
     from nodekit.progress import NullReporter
 
+    suite = own_suite(tag)
+    if suite is None:
+        # Never tag Debian under another image's name; choose_base raises, saying whether the image is here.
+        choose_base(tag, None, present=not dry_run and docker.image_info(tag) is not None)
+        raise AssertionError("unreachable")
     rep: Reporter = reporter or NullReporter()
     with tempfile.TemporaryDirectory(prefix="nodekit-base-") as tmp:
         rootfs = Path(tmp) / "rootfs.tar"
-        plan = plan_base(tag, output=rootfs, mirror=mirror, architecture=docker_arch(platform.machine()))
+        plan = plan_base(tag, output=rootfs, suite=suite, mirror=mirror, architecture=docker_arch(platform.machine()))
         if dry_run:
             rep.done(plan.describe())
             return plan

@@ -29,6 +29,8 @@ from nodekit.assets import images_dir, launcher_dir
 from nodekit.errors import ConfigError, ImageError
 from nodekit.fsutil import write_atomic
 from nodekit.lock import Lock, ensure_lock, ensure_wheelhouse, parse_lock
+from nodekit.probe import Target
+from nodekit.probe import target as probe_target
 from nodekit.progress import Reporter
 from nodekit.render.image import (
     LABEL_BASE,
@@ -280,7 +282,9 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 # --- plan, build, record ------------------------------------------------------------------------------------
 
 
-def _plan(settings: Settings, lock: Lock, base_id: str, *, no_cache: bool, stage: Path | None) -> BuildPlan:
+def _plan(
+    settings: Settings, lock: Lock, base_id: str, tgt: Target, *, no_cache: bool, stage: Path | None
+) -> BuildPlan:
     stage_dir = settings.project_dir / STAGE_DIR
     text = dockerfile_text()
     if stage:
@@ -293,21 +297,24 @@ def _plan(settings: Settings, lock: Lock, base_id: str, *, no_cache: bool, stage
         lock_text=lock.text(),
         torch=lock.torch_version,
         packages=len(lock.packages),
-        python=settings.python_version,
+        python=tgt.python_version,
         dockerfile_text=text,
         launcher=launcher_tree(stage / STAGE_LAUNCHER if stage else None),
         code=hash_tree(settings.project_dir, code_rules(settings), stage=stage / STAGE_CODE if stage else None),
         stage_dir=stage_dir,
         version=__version__,
         no_cache=no_cache,
+        base_python=tgt.stack.python if tgt.stack else "python3",
+        base_site=tgt.stack.site if tgt.stack else (),
     )
 
 
 def plan(settings: Settings, reporter: Reporter, *, no_cache: bool = False) -> BuildPlan:
     """The build plan for the project as it is now (reads files and the base image id; writes nothing)."""
     base = _require_base(settings)
-    lock, _ = ensure_lock(settings, reporter, dry_run=True)
-    return _plan(settings, lock, base.id, no_cache=no_cache, stage=None)
+    tgt = probe_target(settings, require_probe=True)
+    lock, _ = ensure_lock(settings, reporter, dry_run=True, target=tgt)
+    return _plan(settings, lock, base.id, tgt, no_cache=no_cache, stage=None)
 
 
 def _require_base(settings: Settings) -> docker.ImageInfo:
@@ -339,14 +346,16 @@ def _sync_wheels(wheel_dir: Path, wheels: Mapping[str, Path], lock_text: str) ->
         lock_file.write_text(lock_text)
 
 
-def _stage(settings: Settings, lock: Lock, base_id: str, reporter: Reporter, *, no_cache: bool) -> BuildPlan:
+def _stage(
+    settings: Settings, lock: Lock, base_id: str, tgt: Target, reporter: Reporter, *, no_cache: bool
+) -> BuildPlan:
     """Stage the contexts (code and launcher copied and hashed at once) and return the plan for exactly them."""
     wheels = ensure_wheelhouse(settings, lock, reporter)
     reporter.step("staging build contexts")
     root = settings.project_dir / STAGE_DIR
     _sync_wheels(root / STAGE_WHEELS, wheels, lock.text())
     tmp = _fresh(root / ".staging")
-    staged = _plan(settings, lock, base_id, no_cache=no_cache, stage=tmp)
+    staged = _plan(settings, lock, base_id, tgt, no_cache=no_cache, stage=tmp)
     final = staged.context.parent
     # Only the current staging directory is kept; earlier ones are the contexts of earlier builds.
     for old in root.iterdir():
@@ -367,9 +376,13 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
     reporter.step("checking the Docker engine and the base image")
     docker.check_engine()
     base = _require_base(settings)
-    lock, created = ensure_lock(settings, reporter, dry_run=dry_run)
+    reporter.step(f"probing the base image {settings.base_image}")
+    tgt = probe_target(settings, require_probe=True)
+    if tgt.stack is not None:
+        reporter.detail(f"base: {tgt.stack.describe()}")
+    lock, created = ensure_lock(settings, reporter, dry_run=dry_run, target=tgt)
     reporter.step("fingerprinting the stack")
-    planned = _plan(settings, lock, base.id, no_cache=no_cache, stage=None)
+    planned = _plan(settings, lock, base.id, tgt, no_cache=no_cache, stage=None)
     if dry_run:
         reporter.done(f"would build {planned.tag}")
         return _result(planned, None, t0, skipped=False, dry_run=True, created=created)
@@ -379,7 +392,7 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
         _record(settings, result)
         reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
         return result
-    staged = _stage(settings, lock, base.id, reporter, no_cache=no_cache)
+    staged = _stage(settings, lock, base.id, tgt, reporter, no_cache=no_cache)
     if staged.fingerprint != planned.fingerprint:
         reporter.warn("files changed while staging; building what was staged")
     reporter.step(f"building {staged.tag}")

@@ -501,6 +501,34 @@ def run_in_image(ref: str, command: list[str], *, entrypoint: str | None = None,
     return str(out)
 
 
+def probe_image(ref: str, script: str, *, env: Mapping[str, str], timeout: float, host: str | None = None) -> str:
+    """``sh -c script`` in a throw-away container of ``ref``: no network, the image's own user and PATH, ``env``
+    added; its standard output. ImageError with Docker's reason when it cannot start (an image without ``sh``),
+    fails, or outlives ``timeout`` seconds (the container is then removed)."""
+    import os
+    import subprocess
+    import uuid
+
+    name = f"nodekit-probe-{uuid.uuid4().hex[:12]}"
+    argv = _docker_argv(
+        host, "run", "--rm", "--name", name, "--network", "none", "--pull", "never",
+        *(a for k in sorted(env) for a in ("--env", k)), "--entrypoint", "sh", ref, "-c", script,
+    )  # fmt: skip
+    fix = f"docker run --rm --network none --entrypoint sh {ref} -c 'python3 -V'"
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+    except subprocess.TimeoutExpired:
+        subprocess.run(_docker_argv(host, "rm", "-f", name), capture_output=True, check=False)
+        raise ImageError(f"probing {ref} did not finish within {timeout:.0f} s", fix=fix) from None
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        why = next((ln for ln in lines if ln.startswith("docker:") or "Error" in ln), _tail(proc.stderr))
+        if "executable file not found" in why or "no such file or directory" in why:
+            raise ImageError(f"image {ref} has no /bin/sh (so no Python nodekit can use)", fix=fix)
+        raise ImageError(f"probing {ref} failed: {why.removeprefix('docker: ')}", fix=fix)
+    return proc.stdout
+
+
 def run_as_job(
     ref: str,
     script: str,

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -36,6 +36,9 @@ from nodekit.errors import BuildError, ConfigError
 from nodekit.fsutil import write_atomic
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
+
+if TYPE_CHECKING:
+    from nodekit.probe import Target
 
 LOCK_FILE = "nodekit.lock"
 WHEELHOUSE = Path(".nodekit") / "wheelhouse"
@@ -73,6 +76,8 @@ class Lock(BaseModel):
     platform: str
     inputs: tuple[str, ...]
     packages: tuple[LockedPackage, ...]
+    # name==version of what the base image already installs and the resolution relied on (kept, not installed)
+    provided: tuple[str, ...] = ()
 
     @field_validator("packages")
     @classmethod
@@ -90,6 +95,7 @@ class Lock(BaseModel):
             f"# python: {self.python_version}",
             f"# platform: {self.platform}",
             *(f"# input: {r}" for r in self.inputs),
+            *(f"# provided: {r}" for r in self.provided),
             "",
         ]
         return "\n".join([*head, *(p.line() for p in self.packages)]) + "\n"
@@ -98,9 +104,15 @@ class Lock(BaseModel):
     def sha256(self) -> str:
         return hashlib.sha256(self.text().encode()).hexdigest()
 
+    def provided_versions(self) -> dict[str, str]:
+        """What the base provides, name -> version."""
+        return dict(p.split("==", 1) for p in self.provided)
+
     @property
     def torch_version(self) -> str:
         torch = self.get("torch")
+        if torch is None and "torch" in self.provided_versions():
+            return self.provided_versions()["torch"]
         return torch.version if torch else "none"
 
 
@@ -151,6 +163,7 @@ def parse_lock(text: str, *, source: str = LOCK_FILE) -> Lock:
     """Parse a lock file's text; anything unexpected is a ConfigError whose fix is ``nodekit lock``."""
     meta: dict[str, str] = {}
     inputs: list[str] = []
+    provided: list[str] = []
     packages: list[LockedPackage] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -162,6 +175,8 @@ def parse_lock(text: str, *, source: str = LOCK_FILE) -> Lock:
                 meta[key] = value.strip()
             elif sep and key == "input":
                 inputs.append(value.strip())
+            elif sep and key == "provided":
+                provided.append(value.strip())
             continue
         m = _LINE.match(line)
         if m is None:
@@ -172,19 +187,23 @@ def parse_lock(text: str, *, source: str = LOCK_FILE) -> Lock:
         raise ConfigError(
             f"{source} has no `# python:` / `# platform:` header (not made by nodekit lock)", fix=LOCK_FIX
         )
-    if not packages:
+    if not packages and not provided:
         raise ConfigError(f"{source} pins no packages", fix=LOCK_FIX)
     return Lock(
-        python_version=meta["python"], platform=meta["platform"], inputs=tuple(inputs), packages=tuple(packages)
+        python_version=meta["python"],
+        platform=meta["platform"],
+        inputs=tuple(inputs),
+        packages=tuple(packages),
+        provided=tuple(provided),
     )
 
 
-def target_environment(python_version: str, platform: str) -> dict[str, str]:
+def target_environment(python_version: str, platform: str, full_version: str | None = None) -> dict[str, str]:
     """PEP 508 marker values of the image (not of the host)."""
     arch = re.sub(r"^(manylinux|musllinux)(_\d+_\d+|\d+)?_", "", platform)
     return {
         "python_version": python_version,
-        "python_full_version": f"{python_version}.0",
+        "python_full_version": full_version or f"{python_version}.0",
         "implementation_name": "cpython",
         "platform_python_implementation": "CPython",
         "sys_platform": "linux",
@@ -210,7 +229,11 @@ def unsatisfied(lock: Lock, requirements: Sequence[str]) -> list[str]:
             problems.append(f"{req.name}: direct URL requirements are not supported, publish a wheel instead")
             continue
         pin = lock.get(req.name)
-        if pin is None:
+        base = lock.provided_versions().get(canonicalize_name(req.name))
+        if pin is None and base is not None:
+            if not req.specifier.contains(base, prereleases=True):
+                problems.append(f"{req.name}: the base image provides {base}, nodekit.toml asks for {req.specifier}")
+        elif pin is None:
             problems.append(f"{req.name} is not in the lock")
         elif not req.specifier.contains(pin.version, prereleases=True):
             problems.append(f"{req.name}: the lock has {pin.version}, nodekit.toml asks for {req.specifier}")
@@ -262,6 +285,37 @@ def target_options(python_version: str, platform: str) -> list[str]:
     return [*opts, "--python-version", python_version, "--implementation", "cp", "--abi", abi]
 
 
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the user:password of every URL in it replaced by ``***`` (for anything printed or written)."""
+    return _URL_USERINFO.sub(r"\g<scheme>***@", text)
+
+
+def source_options(index_url: str | None, extra_index_urls: Sequence[str], find_links: Sequence[str]) -> list[str]:
+    """pip options for the configured package sources (they add to the user's pip configuration)."""
+    opts = ["--index-url", index_url] if index_url else []
+    for url in extra_index_urls:
+        opts += ["--extra-index-url", url]
+    for link in find_links:
+        opts += ["--find-links", link]
+    return opts
+
+
+# pip's --python-version decides which wheels fit, but pip evaluates environment markers (`foo; python_version <
+# "3.12"`) against the interpreter running it (checked with pip 23.2: a 3.13 target still took the 3.11 branch).
+# So pip runs with packaging's default marker environment replaced by the image's; argv[1] is that environment.
+PIP_RUNNER = (
+    "import json, sys\n"
+    "import pip._vendor.packaging.markers as m\n"
+    "_env = json.loads(sys.argv[1]); _base = m.default_environment\n"
+    "m.default_environment = lambda: {**_base(), **_env}\n"
+    "from pip._internal.cli.main import main\n"
+    "sys.exit(main(sys.argv[2:]))\n"
+)
+
+
 def resolve_argv(
     python: str,
     requirements: Path,
@@ -271,28 +325,39 @@ def resolve_argv(
     *,
     python_version: str,
     platform: str,
+    sources: Sequence[str] = (),
+    full_version: str | None = None,
 ) -> list[str]:
-    """The resolving pip command: a dry-run install whose JSON report names and hashes every wheel."""
-    argv = [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet", "--disable-pip-version-check"]
+    """The resolving pip command: a dry-run install whose JSON report names and hashes every wheel, with markers
+    evaluated for the image (see ``PIP_RUNNER``)."""
+    markers = json.dumps(target_environment(python_version, platform, full_version), sort_keys=True)
+    argv = [python, "-c", PIP_RUNNER, markers]
+    argv += ["install", "--dry-run", "--ignore-installed", "--quiet", "--disable-pip-version-check"]
     # pip allows --platform only with --target, even for a dry run; nothing is written there.
     argv += ["--target", str(target), "--report", str(report), *target_options(python_version, platform)]
-    argv += ["--requirement", str(requirements)]
+    argv += [*sources, "--requirement", str(requirements)]
     if constraints is not None:
         argv += ["--constraint", str(constraints)]
     return argv
 
 
-def packages_from_report(report: Mapping[str, Any]) -> tuple[LockedPackage, ...]:
-    """Pins from pip's installation report (format version 1)."""
+def packages_from_report(
+    report: Mapping[str, Any], provided: Mapping[str, str] | None = None
+) -> tuple[LockedPackage, ...]:
+    """Pins from pip's installation report (format version 1), leaving out what the base ``provided`` at the
+    resolved version (name -> version)."""
     pins = []
     for item in report.get("install", []):
         name = canonicalize_name(item["metadata"]["name"])
         version = str(item["metadata"]["version"])
+        if provided and provided.get(name) == version:
+            continue
         info = item.get("download_info", {})
         hashes = info.get("archive_info", {}).get("hashes", {})
         if "sha256" not in hashes:
             raise ConfigError(
-                f"{name} {version} resolved to {info.get('url', 'a source')} without a sha256 (not an index's wheel?)",
+                f"{name} {version} resolved to {redact(str(info.get('url', 'a source')))} without a sha256 "
+                "(not an index's wheel?)",
                 fix="require a package available as a wheel from your index or find-links",
             )
         pins.append(LockedPackage(name=name, version=version, hashes=(hashes["sha256"],)))
@@ -315,8 +380,15 @@ def read_lock(settings: Settings) -> Lock | None:
     return parse_lock(path.read_text(), source=str(path))
 
 
-def check_lock(settings: Settings) -> Lock:
-    """The lock, when it exists, was resolved for this image's Python and platform and satisfies the config.
+def _target(settings: Settings, target: Target | None) -> Target:
+    from nodekit.probe import target as probe_target
+
+    return target if target is not None else probe_target(settings)
+
+
+def check_lock(settings: Settings, target: Target | None = None) -> Lock:
+    """The lock, when it exists, was resolved for this image's Python and platform (``target``, by default
+    probed from the base), still matches what the base provides, and satisfies the config.
 
     Raises ConfigError (fix: ``nodekit lock``) otherwise. A lock whose recorded inputs differ from the config
     but that still satisfies it passes; see :func:`inputs_drifted`.
@@ -325,12 +397,21 @@ def check_lock(settings: Settings) -> Lock:
     lock = read_lock(settings)
     if lock is None:
         raise ConfigError(f"no {LOCK_FILE} next to {settings.project_dir / 'nodekit.toml'}", fix=LOCK_FIX)
-    if (lock.python_version, lock.platform) != (settings.python_version, settings.wheel_platform):
+    tgt = _target(settings, target)
+    if (lock.python_version, lock.platform) != (tgt.python_version, tgt.wheel_platform):
         raise ConfigError(
             f"{path} was resolved for Python {lock.python_version} on {lock.platform}, the image has Python "
-            f"{settings.python_version} on {settings.wheel_platform}",
+            f"{tgt.python_version} on {tgt.wheel_platform}",
             fix=LOCK_FIX,
         )
+    if tgt.stack is not None:
+        have = tgt.stack.provided()
+        gone = [f"{n} {v}" for n, v in lock.provided_versions().items() if have.get(n) != v]
+        if gone:
+            raise ConfigError(
+                f"{path} relies on the base image providing {gone[0]}, and base {settings.base_image} does not",
+                fix=LOCK_FIX,
+            )
     problems = unsatisfied(lock, settings.packages)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -347,16 +428,64 @@ class _ResolveFailed(Exception):
     pass
 
 
+def stub_wheel(directory: Path, name: str, version: str) -> Path:
+    """A metadata-only wheel standing for a distribution the base already has, so pip can resolve against
+    versions no index carries (NGC's ``2.5.0a0+nv24.10``); it is never installed (the lock leaves it out)."""
+    import zipfile
+
+    dist = f"{re.sub(r'[-.]+', '_', name)}-{version}"
+    path = directory / f"{dist}-py3-none-any.whl"
+    files = {
+        f"{dist}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: nodekit\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{dist}.dist-info/RECORD": "",
+    }
+    with zipfile.ZipFile(path, "w") as z:
+        for arc, content in files.items():
+            z.writestr(arc, content)
+    return path
+
+
+def base_conflicts(requirements: Sequence[str], provided: Mapping[str, str], env: Mapping[str, str]) -> list[str]:
+    """Pure: requirements that the base's installed versions cannot satisfy, as "req (the base has name v)"."""
+    out = []
+    for text in requirements:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate(dict(env)):
+            continue
+        have = provided.get(canonicalize_name(req.name))
+        if have is not None and not req.specifier.contains(have, prereleases=True):
+            out.append(f"{text} (the base image has {req.name} {have})")
+    return out
+
+
 def _run_pip_report(
-    requirements: Sequence[str], constraints: Sequence[str], *, python_version: str, platform: str
+    requirements: Sequence[str],
+    constraints: Sequence[str],
+    *,
+    python_version: str,
+    platform: str,
+    sources: Sequence[str] = (),
+    provided: Mapping[str, str] | None = None,
+    full_version: str | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="nodekit-lock-") as tmp:
         d = Path(tmp)
         (d / "requirements.txt").write_text("\n".join(requirements) + "\n")
         cons = None
-        if constraints:
+        base = [f"{n}=={v}" for n, v in sorted((provided or {}).items())]
+        if constraints or base:
             cons = d / "constraints.txt"
-            cons.write_text("\n".join(constraints) + "\n")
+            cons.write_text(
+                "\n".join([*base, *(c for c in constraints if c.split("==")[0] not in (provided or {}))]) + "\n"
+            )
+        extra = list(sources)
+        if provided:
+            stubs = d / "base-provides"
+            stubs.mkdir()
+            for n, v in provided.items():
+                stub_wheel(stubs, n, v)
+            extra += ["--find-links", str(stubs)]
         argv = resolve_argv(
             sys.executable,
             d / "requirements.txt",
@@ -365,6 +494,8 @@ def _run_pip_report(
             cons,
             python_version=python_version,
             platform=platform,
+            sources=extra,
+            full_version=full_version,
         )
         proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
@@ -379,46 +510,86 @@ def _pip_error(stderr: str) -> str:
     return lines[0].removeprefix("ERROR: ") if lines else "pip failed without a message"
 
 
+def sources(settings: Settings) -> list[str]:
+    return source_options(settings.index_url, settings.extra_index_urls, settings.find_links)
+
+
 def resolve(
-    settings: Settings, reporter: Reporter, *, previous: Lock | None = None, upgrade: bool = False
+    settings: Settings,
+    reporter: Reporter,
+    *,
+    previous: Lock | None = None,
+    upgrade: bool = False,
+    target: Target | None = None,
 ) -> tuple[Lock, bool]:
     """Resolve the config's packages for the image; returns the lock and whether previous pins were all kept.
 
-    With ``previous`` (and not ``upgrade``) the pins of packages whose input requirement did not change are
-    passed as constraints, so unrelated packages stay where they were; when that cannot be satisfied the
-    resolution is retried without them.
+    ``target`` (default: probed from the base) gives the Python, platform and what the base already installs:
+    those versions are constraints, and the lock leaves them out (``# provided:``). A requirement the base's
+    version contradicts is a ConfigError naming both. With ``previous`` (and not ``upgrade``) the pins of packages
+    whose input requirement did not change are passed as constraints, so unrelated packages stay where they
+    were; when that cannot be satisfied the resolution is retried without them.
     """
     inputs = normalize_inputs(settings.packages)
-    pv, platform = settings.python_version, settings.wheel_platform
-    host = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if host != pv:
-        # pip evaluates dependency markers (python_version < "3.12") against the interpreter running it.
-        reporter.warn(f"resolving for Python {pv} with the host's Python {host}: version markers follow the host's")
+    tgt = _target(settings, target)
+    pv, platform = tgt.python_version, tgt.wheel_platform
+    provided = tgt.stack.provided() if tgt.stack is not None else {}
+    full = tgt.stack.version if tgt.stack is not None and tgt.stack.python_version == pv else None
+    clash = base_conflicts(inputs, provided, target_environment(pv, platform, full))
+    if clash:
+        more = f" (and {len(clash) - 1} more)" if len(clash) > 1 else ""
+        raise ConfigError(
+            f"packages ask for {clash[0]}{more}: nodekit keeps what base {settings.base_image} provides",
+            fix="drop or relax that requirement in nodekit.toml, or choose a base_image with the version you need",
+        )
+    src = sources(settings)
     constraints: list[str] = []
     if previous is not None and not upgrade and (previous.python_version, previous.platform) == (pv, platform):
         changed = {canonicalize_name(Requirement(r).name) for r in set(inputs) - set(previous.inputs)}
         constraints = [f"{p.name}=={p.version}" for p in previous.packages if p.name not in changed]
     reporter.step(f"resolving {len(inputs)} requirement(s) for Python {pv} on {platform}")
+    kw: dict[str, Any] = {
+        "python_version": pv,
+        "platform": platform,
+        "sources": src,
+        "provided": provided,
+        "full_version": full,
+    }
     kept = True
     try:
         try:
-            report = _run_pip_report(inputs, constraints, python_version=pv, platform=platform)
+            report = _run_pip_report(inputs, constraints, **kw)
         except _ResolveFailed:
             if not constraints:
                 raise
             kept = False
             reporter.warn("the previous pins conflict with the new requirements; resolving without them")
-            report = _run_pip_report(inputs, [], python_version=pv, platform=platform)
+            report = _run_pip_report(inputs, [], **kw)
     except _ResolveFailed as e:
         raise ConfigError(
-            f"cannot resolve packages for Python {pv} on {platform}: {e}",
+            f"cannot resolve packages for Python {pv} on {platform}: {redact(str(e))}",
             fix="change packages in nodekit.toml (each needs a wheel for the image's Python and platform)",
         ) from None
-    lock = Lock(python_version=pv, platform=platform, inputs=inputs, packages=packages_from_report(report))
+    used = {canonicalize_name(i["metadata"]["name"]): str(i["metadata"]["version"]) for i in report.get("install", [])}
+    kept_from_base = tuple(sorted(f"{n}=={v}" for n, v in used.items() if provided.get(n) == v))
+    lock = Lock(
+        python_version=pv,
+        platform=platform,
+        inputs=inputs,
+        packages=packages_from_report(report, provided),
+        provided=kept_from_base,
+    )
     return lock, kept
 
 
-def lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False, upgrade: bool = False) -> LockResult:
+def lock(
+    settings: Settings,
+    reporter: Reporter,
+    *,
+    dry_run: bool = False,
+    upgrade: bool = False,
+    target: Target | None = None,
+) -> LockResult:
     """``nodekit lock``: resolve ``settings.packages`` and write ``nodekit.lock`` (unless ``dry_run``).
 
     Keeps previous pins where possible (``upgrade`` resolves everything afresh). Raises ConfigError when a
@@ -430,7 +601,7 @@ def lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False, upgra
         previous = read_lock(settings)
     except ConfigError:
         reporter.warn(f"{path} is unreadable; resolving from scratch")
-    new, kept = resolve(settings, reporter, previous=previous, upgrade=upgrade)
+    new, kept = resolve(settings, reporter, previous=previous, upgrade=upgrade, target=target)
     diff = diff_locks(previous, new)
     unchanged = previous is not None and previous.text() == new.text() and path.read_text() == new.text()
     written = not dry_run and not unchanged
@@ -445,15 +616,17 @@ def lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False, upgra
     return LockResult(path=path, lock=new, created=previous is None, written=written, diff=diff, kept_pins=kept)
 
 
-def ensure_lock(settings: Settings, reporter: Reporter, *, dry_run: bool = False) -> tuple[Lock, bool]:
+def ensure_lock(
+    settings: Settings, reporter: Reporter, *, dry_run: bool = False, target: Target | None = None
+) -> tuple[Lock, bool]:
     """The checked lock; when there is no lock file yet, create it first (and say so). Returns (lock, created).
 
     With ``dry_run`` a missing lock is resolved but not written.
     """
     if not lock_path(settings).is_file():
         reporter.warn(f"no {LOCK_FILE} yet: creating it as nodekit lock would (commit it next to nodekit.toml)")
-        return lock(settings, reporter, dry_run=dry_run).lock, True
-    checked = check_lock(settings)
+        return lock(settings, reporter, dry_run=dry_run, target=target).lock, True
+    checked = check_lock(settings, target)
     if inputs_drifted(checked, settings):
         reporter.warn(
             f"nodekit.toml's packages changed since {LOCK_FILE} was made; it still satisfies them "
@@ -516,11 +689,13 @@ def _match(
     return wheels, missing
 
 
-def download_argv(python: str, requirements: Path, dest: Path, *, python_version: str, platform: str) -> list[str]:
+def download_argv(
+    python: str, requirements: Path, dest: Path, *, python_version: str, platform: str, sources: Sequence[str] = ()
+) -> list[str]:
     """The refilling pip command: exactly the pinned wheels, hashes checked, no dependencies resolved."""
     return [
         python, "-m", "pip", "download", "--no-deps", "--require-hashes", "--quiet", "--disable-pip-version-check",
-        *target_options(python_version, platform), "--dest", str(dest), "--requirement", str(requirements),
+        *target_options(python_version, platform), *sources, "--dest", str(dest), "--requirement", str(requirements),
     ]  # fmt: skip
 
 
@@ -543,11 +718,18 @@ def ensure_wheelhouse(settings: Settings, lock: Lock, reporter: Reporter) -> dic
         with tempfile.TemporaryDirectory(prefix="nodekit-wheels-") as tmp:
             req = Path(tmp) / "missing.txt"
             req.write_text("".join(p.line() + "\n" for p in missing))
-            argv = download_argv(sys.executable, req, house, python_version=lock.python_version, platform=lock.platform)
+            argv = download_argv(
+                sys.executable,
+                req,
+                house,
+                python_version=lock.python_version,
+                platform=lock.platform,
+                sources=sources(settings),
+            )
             proc = subprocess.run(argv, capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise BuildError(
-                f"cannot fetch locked wheels ({', '.join(p.name for p in missing)}): {_pip_error(proc.stderr)}",
+                f"cannot fetch locked wheels ({', '.join(p.name for p in missing)}): {redact(_pip_error(proc.stderr))}",
                 fix="check access to your package index (pip config), or nodekit lock",
             )
         wheels, missing = _match(lock, _scan(house, index))

@@ -43,8 +43,17 @@ class Settings(BaseSettings):
     # image
     name: str | None = Field(None, description="image name; the image is tagged nodekit/<name>:<fingerprint>")
     base_image: str = Field("nodekit/base:bookworm", description="base image (pin by digest on a real cluster)")
-    python_version: str = Field("3.11", description="the base image's Python (wheels are resolved for it)")
-    wheel_platform: str = Field("manylinux_2_36_x86_64", description="the image's wheel platform tag")
+    python_version: str | None = Field(
+        None, description="the base image's Python (wheels are resolved for it); default: probed from the base"
+    )
+    wheel_platform: str | None = Field(
+        None, description="the image's wheel platform tag (manylinux_2_36_x86_64); default: probed from the base"
+    )
+    index_url: str | None = Field(None, description="package index for lock and wheelhouse (pip --index-url)")
+    extra_index_urls: tuple[str, ...] = Field(
+        (), description="more indexes, e.g. https://download.pytorch.org/whl/cu124 for a +cu124 torch"
+    )
+    find_links: tuple[str, ...] = Field((), description="directories or pages of wheels (pip --find-links)")
     packages: tuple[str, ...] = Field((DEFAULT_TORCH,), description="Python requirements installed in the image")
     # launch
     script: str | None = Field(None, description="training script, relative to the project root")

@@ -33,16 +33,24 @@ def lock(
 @app.command()
 @handled
 def base(
-    tag: Annotated[str | None, typer.Option(help="tag of the base image (default: base_image from the config)")] = None,
+    suite: Annotated[
+        str | None,
+        typer.Option(help="Debian suite: bookworm (Python 3.11) or trixie (3.13); default: base_image's suite"),
+    ] = None,
     if_missing: Annotated[bool, typer.Option("--if-missing", help="do nothing when the image exists")] = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Create a minimal Debian base image with Python from Debian packages (no registry needed)."""
+    """Create nodekit/base:<suite>, a minimal Debian image with Python from Debian packages (no registry needed).
+
+    It never makes any other image: with base_image naming another image and no --suite, it refuses.
+    """
     from nodekit import base as basing
 
     settings = load_settings(config)
-    basing.create_base(tag or settings.base_image, reporter(), dry_run=dry_run, if_missing=if_missing)
+    own = suite is not None or basing.own_suite(settings.base_image) is not None
+    tag, _ = basing.choose_base(settings.base_image, suite, present=own or not basing.missing_base(settings))
+    basing.create_base(tag, reporter(), dry_run=dry_run, if_missing=if_missing)
 
 
 @app.command()
@@ -65,13 +73,13 @@ def build(
     rep = reporter()
     missing = basing.missing_base(settings)
     if missing and not dry_run:
-        if create_base is None and sys.stdin.isatty():
+        if create_base is None and sys.stdin.isatty() and basing.own_suite(settings.base_image):
             create_base = typer.confirm(
                 f"base image {settings.base_image} is not here and no registry is reachable; create it now "
                 "with nodekit base?",
                 default=True,
             )
-        if create_base:
+        if create_base:  # create_base refuses any name but nodekit/base:<suite>
             basing.create_base(settings.base_image, rep, dry_run=False, if_missing=True)
     try:
         result = building.build(settings, rep, dry_run=dry_run, no_cache=no_cache)

@@ -330,9 +330,18 @@ class BuildPlan(BaseModel):
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def input_build_args(base_image: str) -> dict[str, str]:
-    """The Dockerfile arguments that shape the filesystem; they are fingerprint inputs."""
-    return {"BASE_IMAGE": base_image, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
+def input_build_args(base_image: str, base_python: str = "python3", base_site: Sequence[str] = ()) -> dict[str, str]:
+    """The Dockerfile arguments that shape the filesystem; they are fingerprint inputs.
+
+    ``base_python`` is the base's interpreter the job's environment is made from (the probe's answer) and
+    ``base_site`` its site directories, which that environment keeps seeing (what the base provides stays).
+    """
+    return {
+        "BASE_IMAGE": base_image,
+        "BASE_PYTHON": base_python,
+        "BASE_SITE": json.dumps(list(base_site)),
+        "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH),
+    }
 
 
 def image_labels(
@@ -379,9 +388,11 @@ def plan_build(
     stage_dir: Path,
     version: str,
     no_cache: bool = False,
+    base_python: str = "python3",
+    base_site: Sequence[str] = (),
 ) -> BuildPlan:
     """The build of ``name`` from these inputs, its contexts staged under ``stage_dir`` (see STAGE_*)."""
-    args = input_build_args(base_image)
+    args = input_build_args(base_image, base_python, base_site)
     inputs = StackInputs(
         base_id=base_id,
         lock_text=lock_text,

@@ -334,7 +334,8 @@ def test_dockerfile_layer_order_and_offline_install() -> None:
         "--no-index",
         "--require-hashes",
         "--no-cache-dir",
-        "python3 -m venv",
+        '"${BASE_PYTHON}" -m venv',
+        "nodekit-base.pth",
     ):
         assert needle in run, needle
     assert 'ENTRYPOINT ["/opt/venv/bin/python", "-m", "nodekit.launcher"]' in ins

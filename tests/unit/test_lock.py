@@ -33,6 +33,18 @@ from nodekit.settings import Settings, load
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
 
 
+@pytest.fixture(autouse=True)
+def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolve as on a host without a Docker engine: nodekit's own base is known without probing it."""
+    from nodekit import probe
+    from nodekit.errors import EngineError
+
+    def absent(settings: Settings, **_: object) -> probe.BaseStack:
+        raise EngineError("no Docker engine in unit tests")
+
+    monkeypatch.setattr(probe, "probe_base", absent)
+
+
 def sample() -> Lock:
     return Lock(
         python_version="3.11",
