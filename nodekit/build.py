@@ -532,6 +532,7 @@ class StackReport(BaseModel):
     lock_sha256: str | None
     packages: dict[str, str]  # the image's lock: name -> version
     not_as_locked: tuple[str, ...] = ()  # locked packages installed at another version, or missing
+    from_base: tuple[str, ...] = ()  # what the base image provides and the lock kept (name==version)
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2)
@@ -552,6 +553,8 @@ class StackReport(BaseModel):
             ("nodekit", self.nodekit_version or "-"),
             ("lock", f"{len(self.packages)} packages, sha256 {self.lock_sha256 or '-'}"),
         ]
+        if self.from_base:
+            rows.append(("from base", ", ".join(self.from_base)))
         if self.not_as_locked:
             rows.append(("NOT AS LOCKED", ", ".join(self.not_as_locked)))
         width = max(len(k) for k, _ in rows)
@@ -584,6 +587,7 @@ def stack_from_probe(probe: Mapping[str, Any]) -> dict[str, Any]:
         "nccl": _first(dists, lambda k: k.startswith("nvidia-nccl")),
         "packages": packages,
         "not_as_locked": wrong,
+        "from_base": lock.provided if lock else (),
     }
 
 
@@ -618,6 +622,7 @@ def inspect_image(ref: str) -> StackReport:
         lock_sha256=labels.get(LABEL_LOCK),
         packages=found.get("packages", {}),
         not_as_locked=found.get("not_as_locked", ()),
+        from_base=found.get("from_base", ()),
     )
 
 

@@ -185,6 +185,7 @@ def test_a_base_with_torch_keeps_it_and_a_two_node_lightning_job_runs(tmp_path: 
     assert inspected.returncode == 0, inspected.stderr
     report = json.loads(inspected.stdout)
     assert report["torch"].startswith("2.13.0") and report["python"].startswith("3.11")
+    assert "torch==2.13.0+cpu" in report["from_base"]
 
     flags = ["--main", "127.0.0.1", "--master-port", "29660"]
     try:
