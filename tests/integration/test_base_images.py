@@ -178,6 +178,7 @@ def test_a_base_with_torch_keeps_it_and_a_two_node_lightning_job_runs(tmp_path: 
     assert "\nlightning==2.6.6 " in lock
     record = json.loads((proj / ".nodekit" / "last-build.json").read_text())
     added = record["size"] - base.size
+    print(f"derived image {record['size'] / 1e6:.1f} MB = base {base.size / 1e6:.1f} MB + {added / 1e6:.1f} MB")
     # lightning and its dependencies are tens of MB; a second torch would be several hundred.
     assert 0 < added < 200e6, f"derived {record['size'] / 1e6:.0f} MB vs base {base.size / 1e6:.0f} MB"
 
