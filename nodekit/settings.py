@@ -33,6 +33,7 @@ class NodeOverride(BaseModel):
     iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
     addr: str | None = Field(None, description="this node's own address toward main")
     nproc_per_node: int | Literal["auto"] | None = None
+    gpus: int | None = Field(None, ge=0, description="GPUs this node has (default: detected on that node)")
 
 
 class Settings(BaseSettings):
