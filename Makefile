@@ -52,8 +52,9 @@ test-unit: venv
 test: lint engine sshd base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
-bench: venv engine base
+bench: venv engine sshd base
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/fleet_bench.py
 
 clean:
 	rm -rf $(VENV) .nodekit $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose

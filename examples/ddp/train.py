@@ -140,6 +140,7 @@ def main() -> int:
     out_dir = Path(args.output_dir)
     restarted = int(os.environ.get("NODEKIT_RESTART_COUNT", "0") or 0) > 0
     start_epoch, steps = resume(out_dir, model, opt, rank, args.resume or restarted)
+    start_steps = steps
     first_loss: float | None = None
     epoch_loss = torch.zeros(2, device=device)  # (sum of losses, batches) of the last epoch
     for epoch in range(start_epoch, args.epochs):
@@ -156,6 +157,8 @@ def main() -> int:
             opt.step()
             epoch_loss += torch.stack([loss.detach(), torch.ones((), device=device)])
             steps += 1
+            if rank == 0 and epoch == start_epoch and steps == start_steps + 1:
+                print(f"ddp-demo: first step done (epoch {epoch})", flush=True)  # benchmarks/fleet_bench.py
         if first_loss is None:
             first = epoch_loss.clone()
             dist.all_reduce(first)

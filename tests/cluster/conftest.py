@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import SSHD, Cluster, Host, problem
+from tests.cluster.harness import SSHD, Cluster, Host, problem, ssh_client
 from tests.conftest import docker_required
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -202,26 +202,9 @@ def fleet(cluster: Cluster, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet
     """``cluster`` with Debian's sshd on port 22 of every host (its own config, the session's host key, our client
     key authorised), stopped by PID after the test."""
     d = tmp_path / "ssh"
-    d.mkdir()
     authorized = ssh_keys.public(ssh_keys.client_key)
-    host_pub = ssh_keys.public(ssh_keys.host_key).split()
-    (d / "known_hosts").write_text("".join(f"{h.addr} {host_pub[0]} {host_pub[1]}\n" for h in cluster.hosts))
+    bin_dir = ssh_client(d, cluster.hosts, ssh_keys.client_key, ssh_keys.public(ssh_keys.host_key))
     config = d / "ssh_config"
-    config.write_text(
-        f"Host {' '.join(h.addr for h in cluster.hosts)}\n"
-        f"  IdentityFile {ssh_keys.client_key}\n"
-        "  IdentitiesOnly yes\n"
-        f"  UserKnownHostsFile {d / 'known_hosts'}\n"
-        "  StrictHostKeyChecking yes\n"
-        "  BatchMode yes\n"
-        "  ConnectTimeout 5\n"
-        "  LogLevel ERROR\n"
-    )
-    bin_dir = d / "bin"
-    bin_dir.mkdir()
-    ssh = bin_dir / "ssh"
-    ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
-    ssh.chmod(0o755)
     try:
         for h in cluster.hosts:
             h.start_sshd(authorized, ssh_keys.host_key)

@@ -460,6 +460,32 @@ class Host:
         }
 
 
+def ssh_client(d: Path, hosts: Sequence[Host], client_key: Path, host_key_pub: str) -> Path:
+    """An OpenSSH client set up for ``hosts`` as a user's own ~/.ssh/config would be (IdentityFile,
+    UserKnownHostsFile with their host key, StrictHostKeyChecking): the directory of an ``ssh`` that runs the system's
+    ssh with ``-F`` that config. Put it first on PATH; nodekit and the docker CLI's ssh:// transport both use it."""
+    d.mkdir(parents=True, exist_ok=True)
+    kind, key = host_key_pub.split()[:2]
+    (d / "known_hosts").write_text("".join(f"{h.addr} {kind} {key}\n" for h in hosts))
+    config = d / "ssh_config"
+    config.write_text(
+        f"Host {' '.join(h.addr for h in hosts)}\n"
+        f"  IdentityFile {client_key}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {d / 'known_hosts'}\n"
+        "  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+        "  ConnectTimeout 5\n"
+        "  LogLevel ERROR\n"
+    )
+    bin_dir = d / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    ssh = bin_dir / "ssh"
+    ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh") or "/usr/bin/ssh"} -F {config} "$@"\n')
+    ssh.chmod(0o755)
+    return bin_dir
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

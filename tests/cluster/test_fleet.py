@@ -133,6 +133,13 @@ def test_ctrl_c_on_the_head_stops_every_node(demo_on_main: Demo, fleet: Fleet, t
     log = tmp_path / "run.log"
     proc = fleet.run(project, "--image", demo_on_main.ref, log=log)
     wait_for(log, "ddp-demo: epoch 1 done", proc, 300)
+    # While it runs, the head sees every node: nodekit status over ssh://.
+    shown = fleet.nodekit(project, "status", "--json")
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    rows = json.loads(shown.stdout)
+    assert [(r["node"], r["state"]) for r in rows] == [(0, "running"), (1, "running"), (2, "running")], rows
+    assert rows[2]["host"] == f"root@{fleet.cluster.hosts[2].addr}"
+    assert rows[0]["image"] == demo_on_main.ref.rsplit(":", 1)[1][:12] and rows[0]["since"], rows
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, log, 60)
