@@ -6,7 +6,9 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -41,6 +43,10 @@ def line_printer(node: int | None) -> Any:
     return emit
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 @app.command()
 @handled
 def run(
@@ -67,6 +73,8 @@ def run(
             out.print(f"#   node {h.rank}: {h.url}", markup=False)
         return
     rep = RichReporter(verbose=True)
+    # A SIGTERM to the head (a closed SSH session, a batch system's stop) stops every node, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
     code = fleet.run(settings, hosts, rep, line_printer(node), image=image, debug=debug)
     raise typer.Exit(code)
 
