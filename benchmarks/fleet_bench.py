@@ -65,7 +65,7 @@ def main() -> int:
     ref = build.current_image(settings.load(cfg))
     counts = [int(n) for n in opts.hosts.split(",")]
     rows = []
-    with Cluster(max(counts), name="nkb", owner=os.getpid()) as c:
+    with Cluster(max(counts), name="nkt", owner=os.getpid()) as c:
         push_image(ref, None, [c.main])
         push_image(ref, c.main.docker_host, c.hosts[1:])
         host_key, client_key = keygen(work / "host"), keygen(work / "client")
