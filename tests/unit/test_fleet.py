@@ -156,3 +156,35 @@ def test_ssh_failures_are_named_with_their_fix() -> None:
     assert "Permission denied" in denied.what and denied.fix.startswith("ssh-copy-id me@10.0.0.5")
     assert "known_hosts" in remote.ssh_problem(h, "Host key verification failed.\n").fix
     assert "is up" in remote.ssh_problem(h, "ssh: connect to host 10.0.0.5 port 2222: No route to host").fix
+
+
+# --- the command line: bad hosts are refused before anything is contacted -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hosts", "extra", "needle"),
+    [
+        ('["http://a", "ssh://b"]', "", "not an ssh://, tcp:// or unix://"),
+        ('["ssh://a"]', "nnodes = 2\n", "1 host(s) for nnodes = 2"),
+        ('["ssh://me@a", "ssh://a"]', "", "same machine"),
+        ('["ssh://a", "ssh://b"]', "min_nodes = 3\n", "min_nodes = 3 is more than nnodes = 2"),
+    ],
+)
+def test_nodekit_run_refuses_bad_hosts_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosts: str, extra: str, needle: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from nodekit.cli.app import app
+
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text(f'name = "t"\nscript = "train.py"\nhosts = {hosts}\n{extra}')
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ssh, no docker here: nothing may be contacted
+    for argv in (["run"], ["status"], ["down"]):
+        result = CliRunner().invoke(app, argv)
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "compose").exists()
