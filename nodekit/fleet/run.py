@@ -23,7 +23,7 @@ from nodekit import docker
 from nodekit.errors import JobFailed, NodekitError
 from nodekit.fleet import remote
 from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
-from nodekit.fleet.supervise import LOST, Budget, Decision, Report, decide
+from nodekit.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
 from nodekit.node import NodePlan, plan_node, write_compose
 from nodekit.progress import Reporter
 from nodekit.render.compose import project_name
@@ -281,8 +281,12 @@ def run(
                 hosts = [replace(h, rank=i) for i, h in enumerate(h for h in hosts if h.rank not in decision.drop)]
             reporter.warn(f"{decision.reason}: restarting the whole job ({used} of {settings.restarts})")
             continue
+        also = ""
+        if decision.also:
+            others = ", ".join(hosts[r].name for r in decision.also)
+            also = f" (and within {SETTLE_S:g} s, on their own: {others}; the first to report is not always the cause)"
         raise JobFailed(
-            f"{culprit.name} {decision.reason.split(' ', 2)[2]}; every node was stopped",
+            f"{culprit.name} {decision.reason.split(' ', 2)[2]}{also}; every node was stopped",
             exit_code=decision.code,
             node=None,
             fix=f"the merged log above has node {culprit.rank}'s output (nodekit run --node {culprit.rank}: only it)",

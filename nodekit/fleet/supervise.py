@@ -3,9 +3,11 @@
 Nodes report an exit (code, when) or a loss (the head lost its engine: SSH down, host dead). The first node that
 failed is the culprit, with one subtlety: the peer watchdog makes every *other* node exit 19 ("node k failed"), so a
 19 is a consequence; when only 19s have arrived the table waits up to ``settle_s`` for the cause to report before it
-blames the earliest 19. Nodes the head stopped itself are never blamed. Then: stop whoever still runs; once nobody
-runs, restart the whole job while restarts are left (without lost hosts when ``min_nodes`` allows), else fail with
-the culprit's code. Tested on a fake clock (``now`` is an argument).
+blames the earliest 19. Nodes the head stopped itself are never blamed. A failure is also held for ``settle_s``
+before anyone is stopped, so that peers failing with it at the same moment (their collectives break when one rank
+dies) are reported as failing on their own and named with it (``also``), not as stopped by the head.
+Then: stop whoever still runs; once nobody runs, restart the whole job while restarts are left (without lost hosts
+when ``min_nodes`` allows), else fail with the culprit's code. Tested on a fake clock (``now`` is an argument).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ class Decision:
     drop: tuple[int, ...] = ()
     """Ranks whose hosts are left out of the restart (lost, allowed by min_nodes)."""
     reason: str = ""
+    also: tuple[int, ...] = ()
+    """Other nodes that failed on their own within ``settle_s`` of the culprit: when one rank dies, its peers' gloo or
+    NCCL calls fail within milliseconds with the same code, and which report reaches the head first is chance."""
 
 
 @dataclass(frozen=True)
@@ -87,19 +92,34 @@ def decide(reports: Sequence[Report], now: float, budget: Budget, settle_s: floa
         return Decision("wait")
     code = LOST if blamed.lost else int(blamed.code or 0)
     what = "was lost" if blamed.lost else f"failed with exit code {code}"
+    at = blamed.at if blamed.at is not None else now
+    also = tuple(
+        r.rank
+        for r in reports
+        if r.failed and r.rank != blamed.rank and r.code != EXIT_PEER_LOST and (r.at or now) - at <= settle_s
+    )
     if running:
-        return Decision("stop", culprit=blamed.rank, code=code, stop=running, reason=f"node {blamed.rank} {what}")
+        if now - at < settle_s and not blamed.lost:
+            # Let the peers' near-simultaneous failures arrive before stopping anyone: they are candidates too.
+            return Decision("wait", culprit=blamed.rank, code=code, reason="collecting simultaneous failures")
+        return Decision(
+            "stop", culprit=blamed.rank, code=code, stop=running, reason=f"node {blamed.rank} {what}", also=also
+        )
     if any(not r.ended and r.stopped for r in reports):
         return Decision("wait", culprit=blamed.rank, code=code, reason="stopping")
     lost = tuple(r.rank for r in reports if r.lost)
     keep = len(reports) - len(lost)
     if budget.used < budget.restarts:
         if not lost:
-            return Decision("restart", culprit=blamed.rank, code=code, reason=f"node {blamed.rank} {what}")
+            return Decision("restart", culprit=blamed.rank, code=code, reason=f"node {blamed.rank} {what}", also=also)
         if budget.min_nodes is not None and keep >= budget.min_nodes:
             return Decision("restart", culprit=blamed.rank, code=code, drop=lost, reason=f"node {blamed.rank} {what}")
     times = budget.failures.get(blamed.rank, 0) + 1
     again = f" (in {times} of {budget.used + 1} attempts)" if times > 1 else ""
     return Decision(
-        "fail", culprit=blamed.rank, code=code if code != LOST else 1, reason=f"node {blamed.rank} {what}{again}"
+        "fail",
+        culprit=blamed.rank,
+        code=code if code != LOST else 1,
+        reason=f"node {blamed.rank} {what}{again}",
+        also=also,
     )

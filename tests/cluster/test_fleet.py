@@ -116,7 +116,10 @@ def test_a_failing_rank_stops_every_node_and_names_it(demo_on_main: Demo, fleet:
     )
     assert code not in (0, 19, 130), out[-5000:]
     h2 = fleet.cluster.hosts[2]
-    assert f"node 2 (root@{h2.addr}) failed with exit code {code}; every node was stopped" in out, out[-5000:]
+    # Rank 2 exits 3; the others' gloo calls then fail at the same moment, so the first report may come from any of
+    # them: node 2 is named either as the one that failed or among those that failed with it, on its own.
+    verdict = next(ln for ln in out.splitlines() if "every node was stopped" in ln)
+    assert f"failed with exit code {code}" in verdict and f"node 2 (root@{h2.addr})" in verdict, out[-5000:]
     nothing_left(fleet.cluster)
     assert not (project / "outputs" / "result.json").exists()
 

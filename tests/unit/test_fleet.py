@@ -83,9 +83,19 @@ def test_all_finished_is_done_and_running_is_wait() -> None:
     assert decide([Report(0, 0, 1.0), Report(1)], 3.0, NONE).action == "wait"
 
 
-def test_the_first_failure_stops_the_others() -> None:
-    d = decide([Report(0), Report(1, 3, 10.0), Report(2)], 10.1, NONE)
-    assert (d.action, d.culprit, d.code, d.stop) == ("stop", 1, 3, (0, 2))
+def test_the_first_failure_stops_the_others_after_the_settle_time() -> None:
+    assert decide([Report(0), Report(1, 3, 10.0), Report(2)], 10.1, NONE).action == "wait"
+    d = decide([Report(0), Report(1, 3, 10.0), Report(2)], 13.1, NONE)
+    assert (d.action, d.culprit, d.code, d.stop, d.also) == ("stop", 1, 3, (0, 2), ())
+
+
+def test_peers_failing_at_the_same_moment_are_named_with_the_first() -> None:
+    reports = [Report(0, 1, 10.4), Report(1, 1, 10.0), Report(2)]
+    d = decide(reports, 13.1, NONE)
+    assert (d.action, d.culprit, d.also, d.stop) == ("stop", 1, (0,), (2,))
+    ended = [Report(0, 1, 10.4), Report(1, 1, 10.0), Report(2, 143, 14.0, stopped=True)]
+    d = decide(ended, 14.5, NONE)
+    assert (d.action, d.culprit, d.code, d.also) == ("fail", 1, 1, (0,))
 
 
 def test_a_watchdog_19_waits_for_the_cause_then_blames_it() -> None:
@@ -93,7 +103,8 @@ def test_a_watchdog_19_waits_for_the_cause_then_blames_it() -> None:
     early = [Report(0, 19, 10.0), Report(1), Report(2)]
     assert decide(early, 11.0, NONE).action == "wait"
     later = [Report(0, 19, 10.0), Report(1), Report(2, 1, 11.5)]
-    d = decide(later, 11.6, NONE)
+    assert decide(later, 11.6, NONE).action == "wait"
+    d = decide(later, 14.6, NONE)
     assert (d.action, d.culprit, d.code, d.stop) == ("stop", 2, 1, (1,))
     # If the cause never reports, the earliest 19 is blamed once the settle time is over.
     d = decide(early, 13.5, NONE)
