@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NODEKIT := $(VENV)/bin/nodekit
 DEMO := examples/ddp
 
-.PHONY: help venv engine base demo test test-unit test-docker lint format bench clean
+.PHONY: help venv engine sshd base demo test test-unit test-docker lint format bench clean
 
 help:
 	@echo "make demo    build the example image and run a 2-node DDP job on this machine"
@@ -25,6 +25,10 @@ venv: $(VENV)/.installed
 
 engine:
 	bash scripts/engine.sh
+
+# The fleet tests start Debian's sshd in every virtual host; this only installs the binary (never a service).
+sshd:
+	bash scripts/sshd.sh
 
 base: venv engine
 	$(NODEKIT) base --if-missing --config $(DEMO)/nodekit.toml
@@ -45,11 +49,12 @@ test-unit: venv
 	$(VENV)/bin/pytest tests/unit -q
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
-test: lint engine base
+test: lint engine sshd base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
-bench: venv engine base
+bench: venv engine sshd base
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/fleet_bench.py
 
 clean:
 	rm -rf $(VENV) .nodekit $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose

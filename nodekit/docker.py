@@ -46,6 +46,9 @@ class ContainerState:
     status: str
     running: bool
     exit_code: int | None
+    image: str = ""
+    started_at: str = ""
+    finished_at: str = ""
 
 
 def client(host: str | None = None, *, compose_file: Path | None = None, project: str | None = None) -> DockerClient:
@@ -87,6 +90,17 @@ def check_engine(host: str | None = None) -> EngineInfo:
     return EngineInfo(
         host=_where(host), server_version=str(server.version), compose_version=compose, buildx_version=buildx
     )
+
+
+def runtimes(host: str | None = None) -> tuple[str, ...]:
+    """The container runtimes the engine at ``host`` offers (``nvidia`` where the NVIDIA toolkit is set up)."""
+    from python_on_whales import DockerException
+
+    try:
+        info = client(host).system.info()
+    except DockerException as e:
+        raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
+    return tuple(sorted((info.runtimes or {}).keys()))
 
 
 def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
@@ -146,11 +160,11 @@ def compose_config(compose_file: Path) -> dict[str, object]:
     return out
 
 
-def compose_up(compose_file: Path, project: str) -> None:
-    """Create and start the node's container in the background (recreated if it exists)."""
+def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:
+    """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine."""
     from python_on_whales import DockerException
 
-    d = client(compose_file=compose_file, project=project)
+    d = client(host, compose_file=compose_file, project=project)
     try:
         d.compose.up(detach=True, force_recreate=True, quiet=True)
     except DockerException as e:
@@ -163,11 +177,13 @@ def compose_up(compose_file: Path, project: str) -> None:
         ) from None
 
 
-def compose_logs(compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None) -> Iterator[str]:
+def compose_logs(
+    compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None, host: str | None = None
+) -> Iterator[str]:
     """The job's output line by line; with ``follow`` it ends when the container stops."""
     from python_on_whales import DockerException
 
-    d = client(compose_file=compose_file, project=project)
+    d = client(host, compose_file=compose_file, project=project)
     try:
         for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
             # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
@@ -179,8 +195,8 @@ def compose_logs(compose_file: Path | None, project: str, *, follow: bool, tail:
         ) from None
 
 
-def compose_ps(compose_file: Path | None, project: str) -> list[ContainerState]:
-    d = client(compose_file=compose_file, project=project)
+def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:
+    d = client(host, compose_file=compose_file, project=project)
     states = []
     for c in d.compose.ps(all=True):
         st = c.state
@@ -190,14 +206,26 @@ def compose_ps(compose_file: Path | None, project: str) -> list[ContainerState]:
                 status=str(st.status),
                 running=bool(st.running),
                 exit_code=None if st.running else st.exit_code,
+                image=str(c.config.image or "") if c.config else "",
+                started_at=str(st.started_at or ""),
+                finished_at=str(st.finished_at or ""),
             )
         )
     return states
 
 
-def compose_wait(compose_file: Path | None, project: str) -> int:
-    """Block until the node's container exits; its exit code."""
-    d = client(compose_file=compose_file, project=project)
+def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:
+    """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked."""
+    from python_on_whales import DockerException
+
+    d = client(host, compose_file=compose_file, project=project)
+    try:
+        return _wait(d, project)
+    except DockerException as e:
+        raise EngineError(f"lost {_where(host)} while waiting for {project}: {_last_line(e)}", fix=ENGINE_FIX) from None
+
+
+def _wait(d: DockerClient, project: str) -> int:
     containers = d.compose.ps(all=True)
     if not containers:
         raise EngineError(f"compose project {project} has no container", fix="nodekit up")
@@ -216,11 +244,13 @@ def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None
         ) from None
 
 
-def compose_down(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
+def compose_down(
+    compose_file: Path | None, project: str, *, timeout: int | None = None, host: str | None = None
+) -> None:
     from python_on_whales import DockerException
 
     try:
-        client(compose_file=compose_file, project=project).compose.down(
+        client(host, compose_file=compose_file, project=project).compose.down(
             timeout=timeout, remove_orphans=True, quiet=True
         )
     except DockerException as e:

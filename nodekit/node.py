@@ -19,7 +19,7 @@ from nodekit.host import net
 from nodekit.progress import Reporter
 from nodekit.render.compose import compose_filename, project_name, render_compose, to_yaml
 from nodekit.settings import Settings
-from nodekit.spec import HostFacts, NodeSpec, check_rank, launch_spec, node_spec
+from nodekit.spec import HostFacts, NodeSpec, check_rank, launch_spec, node_facts, node_spec
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,7 @@ def plan_node(
                 fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
                 node=f"node {rank}",
             )
+    facts = node_facts(settings, rank, facts)
     node = node_spec(settings, launch, rank, main_ip, facts)
     notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)

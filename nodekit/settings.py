@@ -33,6 +33,7 @@ class NodeOverride(BaseModel):
     iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
     addr: str | None = Field(None, description="this node's own address toward main")
     nproc_per_node: int | Literal["auto"] | None = None
+    gpus: int | None = Field(None, ge=0, description="GPUs this node has (default: detected on that node)")
 
 
 class Settings(BaseSettings):
@@ -82,6 +83,13 @@ class Settings(BaseSettings):
     compose_dir: Path = Field(Path("compose"), description="where compose/node-<rank>.yaml files are written")
     output_dir: Path = Field(Path("outputs"), description="host directory mounted at /outputs in the job")
     nodes: dict[int, NodeOverride] = Field(default_factory=dict, description="per-node overrides")
+    # fleet: `nodekit run` on the head node
+    hosts: tuple[str, ...] = Field(
+        (), description='the nodes\' Docker endpoints, rank = position: ["ssh://me@10.0.0.5", "ssh://me@10.0.0.6"]'
+    )
+    main: str | None = Field(None, description="main's address as the other nodes reach it (default: host 0's)")
+    restarts: int = Field(0, ge=0, description="nodekit run: restart the whole job on every node this many times")
+    min_nodes: int | None = Field(None, ge=1, description="nodekit run: go on without lost hosts down to this many")
 
     # Set by load(): where the file was found. Not a user setting.
     project_dir: Path = Field(default_factory=Path.cwd, exclude=True)

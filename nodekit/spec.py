@@ -156,8 +156,12 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, f
     nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
     check_main_addr(settings, main_ip)
     main_addr = main_ip
-    iface = override.iface if override and override.iface else facts.iface
-    local_addr = override.addr if override and override.addr else facts.local_addr
+    # The interface and own address toward main belong to the node that runs the file: its launcher resolves them
+    # at container start (nodekit/launcher/netfacts.py). Only a pin in the config, or a loopback main (every node
+    # on this machine, where the rendering host is the running host), is written into the file.
+    local = ipaddress.ip_address(main_ip).is_loopback
+    iface = override.iface if override and override.iface else (facts.iface if local else None)
+    local_addr = override.addr if override and override.addr else (facts.local_addr if local else None)
     if settings.network == "bridge":
         main_addr, iface, local_addr = bridge_addresses(main_ip, facts, override.iface if override else None)
     return NodeSpec(
@@ -170,6 +174,15 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, f
         network=settings.network,
         infiniband=infiniband_for(settings, facts, rank),
     )
+
+
+def node_facts(settings: Settings, rank: int, facts: HostFacts) -> HostFacts:
+    """``facts`` with what the config pins for node ``rank`` (``[nodes.R] gpus``): a file rendered on a CPU-only
+    head for a GPU node still gives that node its GPUs."""
+    override = settings.nodes.get(rank)
+    if override is not None and override.gpus is not None and override.gpus != facts.gpu_count:
+        return facts.model_copy(update={"gpu_count": override.gpus, "gpu_models": ()})
+    return facts
 
 
 def check_main_addr(settings: Settings, main_ip: str) -> None:

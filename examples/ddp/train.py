@@ -8,6 +8,11 @@ Run under torchrun (nodekit's launcher does that), e.g. on one machine as two "n
 
 Rank 0 writes ``checkpoint.pt`` and ``result.json`` to $NODEKIT_OUTPUT_DIR (default ./outputs) and prints one
 summary line. ``--fail-rank R`` makes rank R exit with code 3 at its first step (for failure-path tests).
+
+Resume contract (``nodekit run`` with ``restarts = N``): rank 0 writes ``checkpoint.pt`` to $NODEKIT_OUTPUT_DIR after
+every epoch; when the job is restarted (NODEKIT_RESTART_COUNT > 0) or ``--resume`` is given and a checkpoint exists,
+rank 0 loads it and broadcasts it, so every rank continues from the same epoch with the same weights and optimizer
+state (momentum included: restoring it on rank 0 alone would make the ranks' parameters drift apart).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--output-dir", default=os.environ.get("NODEKIT_OUTPUT_DIR", "outputs"))
     p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 at its first step")
+    p.add_argument("--resume", action="store_true", help="continue from outputs/checkpoint.pt when it exists")
+    p.add_argument("--epoch-delay", type=float, default=0.0, help="seconds to pause after each epoch (tests)")
     return p.parse_args(argv)
 
 
@@ -70,6 +77,31 @@ def param_checksum(model: nn.Module) -> int:
         flat = p.detach().to("cpu").contiguous().view(-1)
         h.update(bytes(flat.view(torch.uint8).tolist()))
     return int.from_bytes(h.digest()[:8], "big", signed=True)
+
+
+def save_checkpoint(out_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, epoch: int, steps: int) -> None:
+    """Rank 0: the state after ``epoch`` (0-based), written atomically so a kill mid-write leaves the last one."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "checkpoint.pt.tmp"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "steps": steps}, tmp)
+    os.replace(tmp, out_dir / "checkpoint.pt")
+
+
+def resume(out_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, rank: int, wanted: bool) -> tuple[int, int]:
+    """Every rank: (first epoch to run, steps so far), from rank 0's checkpoint when ``wanted`` and one exists."""
+    box: list[object] = [None]
+    path = out_dir / "checkpoint.pt"
+    if rank == 0 and wanted and path.is_file():
+        box[0] = torch.load(path, map_location="cpu", weights_only=True)
+    dist.broadcast_object_list(box, src=0)
+    ckpt = box[0]
+    if not isinstance(ckpt, dict) or "epoch" not in ckpt:
+        return 0, 0
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    if rank == 0:
+        print(f"ddp-demo: resumed from {path} after epoch {ckpt['epoch']} ({ckpt['steps']} steps)", flush=True)
+    return int(ckpt["epoch"]) + 1, int(ckpt["steps"])
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -105,10 +137,13 @@ def main() -> int:
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = nn.MSELoss()
 
-    steps = 0
+    out_dir = Path(args.output_dir)
+    restarted = int(os.environ.get("NODEKIT_RESTART_COUNT", "0") or 0) > 0
+    start_epoch, steps = resume(out_dir, model, opt, rank, args.resume or restarted)
+    start_steps = steps
     first_loss: float | None = None
     epoch_loss = torch.zeros(2, device=device)  # (sum of losses, batches) of the last epoch
-    for epoch in range(args.epochs):
+    for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # without it every epoch repeats the same shuffle
         epoch_loss.zero_()
         for x, y in loader:
@@ -122,19 +157,32 @@ def main() -> int:
             opt.step()
             epoch_loss += torch.stack([loss.detach(), torch.ones((), device=device)])
             steps += 1
+            if rank == 0 and epoch == start_epoch and steps == start_steps + 1:
+                print(f"ddp-demo: first step done (epoch {epoch})", flush=True)  # benchmarks/fleet_bench.py
         if first_loss is None:
             first = epoch_loss.clone()
             dist.all_reduce(first)
             first_loss = (first[0] / first[1].clamp(min=1)).item()
+        if rank == 0:
+            save_checkpoint(out_dir, model, opt, epoch, steps)
+            print(f"ddp-demo: epoch {epoch} done, checkpoint written ({steps} steps)", flush=True)
+        if args.epoch_delay:
+            time.sleep(args.epoch_delay)
     dist.all_reduce(epoch_loss)
     final_loss = (epoch_loss[0] / epoch_loss[1].clamp(min=1)).item()
 
-    out_dir = Path(args.output_dir)
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
         tmp = out_dir / "checkpoint.pt.tmp"
         torch.save(
-            {"model": model.state_dict(), "optimizer": opt.state_dict(), "steps": steps, "args": vars(args)}, tmp
+            {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "steps": steps,
+                "epoch": args.epochs - 1,
+                "args": vars(args),
+            },
+            tmp,
         )
         os.replace(tmp, out_dir / "checkpoint.pt")
 

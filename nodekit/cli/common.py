@@ -14,7 +14,8 @@ from nodekit import __version__
 
 # The order a user meets the commands in: set up, build, ship, check, run.
 COMMAND_ORDER = (
-    "init", "lock", "base", "build", "inspect", "push", "save", "load", "doctor", "compose", "up", "logs", "ps", "down",
+    "init", "lock", "base", "build", "inspect", "push", "save", "load", "doctor", "compose", "up", "run", "status",
+    "logs", "ps", "down",
 )  # fmt: skip
 
 

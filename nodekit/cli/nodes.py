@@ -123,17 +123,53 @@ def _project(config: Path | None, rank: int, out_dir: Path | None) -> tuple[Path
     return compose_path(settings, rank, out_dir), project_for(settings, rank)
 
 
+# With hosts configured (nodekit.toml `hosts`, or --hostfile), logs and down act on the whole fleet from the head.
+FleetRankOpt = Annotated[
+    int | None, typer.Option("--node-rank", "-r", "--node", help="this node's rank (with hosts: only this node)")
+]
+FleetFileOpt = Annotated[Path | None, typer.Option("--hostfile", help="act on these hosts (DeepSpeed/MPI hostfile)")]
+
+
+def _fleet(config: Path | None, hostfile: Path | None) -> tuple[Any, Any] | None:
+    """The fleet's settings and hosts when hosts are configured, else None (this node only)."""
+    settings = load_settings(config)
+    if not settings.hosts and hostfile is None:
+        return None
+    from nodekit.fleet.run import hosts_of
+
+    return settings, hosts_of(settings, hostfile)
+
+
+def _need_rank(node_rank: int | None) -> int:
+    if node_rank is None:
+        from nodekit.errors import UsageError
+
+        raise UsageError(
+            "which node? no hosts are configured", fix="pass --node-rank R (or list hosts in nodekit.toml)"
+        )
+    return node_rank
+
+
 @app.command()
 @handled
 def down(
-    node_rank: RankOpt,
+    node_rank: FleetRankOpt = None,
     timeout: Annotated[int, typer.Option(help="seconds to let the job stop before it is killed")] = 30,
     out_dir: OutDirOpt = None,
+    hostfile: FleetFileOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Stop and remove this node's container."""
+    """Stop and remove this node's container (with hosts configured: every node's, or --node R's)."""
     from nodekit import docker
 
+    fleet = _fleet(config, hostfile)
+    if fleet is not None:
+        from nodekit.fleet import run as fleet_run
+
+        for line in fleet_run.down(*fleet, node_rank, timeout):
+            typer.echo(line)
+        return
+    node_rank = _need_rank(node_rank)
     path, project = _project(config, node_rank, out_dir)
     docker.compose_down(path if path.is_file() else None, project, timeout=timeout)
     typer.echo(f"node {node_rank} ({project}) is down")
@@ -142,16 +178,25 @@ def down(
 @app.command()
 @handled
 def logs(
-    node_rank: RankOpt,
+    node_rank: FleetRankOpt = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep following until the job ends")] = False,
     tail: Annotated[str | None, typer.Option(help="only the last N lines")] = None,
     out_dir: OutDirOpt = None,
+    hostfile: FleetFileOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Print this node's job output."""
+    """Print this node's job output (with hosts configured: every node's, merged, or --node R's)."""
     from nodekit import docker
     from nodekit.cli.ui import prefixed
 
+    fleet = _fleet(config, hostfile)
+    if fleet is not None:
+        from nodekit.cli.fleet import line_printer
+        from nodekit.fleet import run as fleet_run
+
+        fleet_run.logs(*fleet, line_printer(None), node=node_rank, follow=follow, tail=tail)
+        return
+    node_rank = _need_rank(node_rank)
     path, project = _project(config, node_rank, out_dir)
     emit = prefixed(f"[node {node_rank}]")
     for line in docker.compose_logs(path if path.is_file() else None, project, follow=follow, tail=tail):

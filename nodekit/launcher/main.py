@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nodekit.launcher import netfacts
 from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
 from nodekit.launcher.plan import Command, CommandError, exec_plan, missing_target, parse_command, start_line
@@ -190,6 +191,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """Parse, check, preflight, then exec (never returns on success); returns an exit code otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if environ is None else environ)
+    # Per-node network facts (interface toward main) are resolved here, on the node; the workers inherit them.
+    resolved = netfacts.resolve(env)
+    env |= resolved
+    if environ is None:
+        os.environ.update(resolved)
     try:
         cfg = parse_env(env)
         command = parse_command(argv)

@@ -9,6 +9,7 @@ into a host once stays there; namespaces, daemons, containers and mounts are new
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Cluster, Host, problem
+from tests.cluster.harness import SSHD, Cluster, Host, problem, ssh_client
 from tests.conftest import docker_required
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,3 +119,96 @@ def host_project(demo: Demo, host: Host, base: Path) -> Path:
     dest = base / host.name / "ddp"
     shutil.copytree(demo.project, dest, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
     return dest
+
+
+# --- real SSH: an OpenSSH server in every host, keys made here ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SshKeys:
+    dir: Path
+    host_key: Path
+    client_key: Path
+    wrong_key: Path
+
+    def public(self, key: Path) -> str:
+        return key.with_suffix(".pub").read_text()
+
+
+def _keygen(path: Path) -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)], check=True)
+    path.chmod(0o600)
+    return path
+
+
+@pytest.fixture(scope="session")
+def ssh_keys(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> SshKeys:
+    """A host key for every host's sshd, the client key the test's user logs in with, and a key nobody accepts."""
+    if not SSHD.is_file() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
+        why = "no OpenSSH server/client (bash scripts/sshd.sh installs Debian's openssh-server)"
+        if docker_required():
+            pytest.fail(why, pytrace=False)
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("ssh")
+    return SshKeys(
+        dir=d,
+        host_key=_keygen(d / "host_ed25519"),
+        client_key=_keygen(d / "id_ed25519"),
+        wrong_key=_keygen(d / "wrong"),
+    )
+
+
+@dataclass
+class Fleet:
+    """The cluster with an sshd on every host, and the head's OpenSSH set up for it: ``env`` puts an ``ssh`` first
+    on PATH that reads the test's ssh_config (IdentityFile, UserKnownHostsFile, StrictHostKeyChecking), as a user's
+    own ~/.ssh/config would; nodekit and the docker CLI (its ssh:// transport) both run that ``ssh``."""
+
+    cluster: Cluster
+    keys: SshKeys
+    config: Path
+    bin: Path
+
+    def url(self, host: Host, user: str = "root") -> str:
+        return f"ssh://{user}@{host.addr}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"PATH": f"{self.bin}:{os.environ.get('PATH', '')}"}
+
+    def project(self, demo: Demo, base: Path, *, hosts: list[str] | None = None, **settings: object) -> Path:
+        """The demo project, checked out on the head (host 0), with ``hosts`` and ``settings`` in its nodekit.toml."""
+        dest = host_project(demo, self.cluster.main, base)
+        urls = hosts if hosts is not None else [self.url(h) for h in self.cluster.hosts]
+        extra = {"hosts": urls, "nnodes": len(urls), **settings}
+        toml = (dest / "nodekit.toml").read_text()
+        lines = [ln for ln in toml.splitlines() if not ln.startswith(tuple(f"{k} =" for k in extra))]
+        lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+        (dest / "nodekit.toml").write_text("\n".join(lines) + "\n")
+        return dest
+
+    def run(self, project: Path, *args: str, log: Path) -> subprocess.Popen[str]:
+        """``nodekit run`` on the head (host 0), as a user there would type it."""
+        argv = nodekit_argv("run", "--config", str(project / "nodekit.toml"), *args)
+        return self.cluster.main.popen(*argv, env=self.env, cwd=project, log=log)
+
+    def nodekit(self, project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        argv = nodekit_argv(*args, "--config", str(project / "nodekit.toml"))
+        return self.cluster.main.run(*argv, env=self.env, cwd=project, timeout=timeout)
+
+
+@pytest.fixture
+def fleet(cluster: Cluster, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet]:
+    """``cluster`` with Debian's sshd on port 22 of every host (its own config, the session's host key, our client
+    key authorised), stopped by PID after the test."""
+    d = tmp_path / "ssh"
+    authorized = ssh_keys.public(ssh_keys.client_key)
+    bin_dir = ssh_client(d, cluster.hosts, ssh_keys.client_key, ssh_keys.public(ssh_keys.host_key))
+    config = d / "ssh_config"
+    try:
+        for h in cluster.hosts:
+            h.start_sshd(authorized, ssh_keys.host_key)
+        yield Fleet(cluster=cluster, keys=ssh_keys, config=config, bin=bin_dir)
+    finally:
+        for h in cluster.hosts:
+            h.stop_sshd()

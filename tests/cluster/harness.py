@@ -4,7 +4,8 @@ Layout (cluster ``nkt``, 3 hosts)::
 
     netns nkt-sw      bridge br0, ports h0 h1 h2          (the switch: nothing is added to the root namespace)
     netns nkt-h0      net0 172.31.250.10/24 (veth to h0)   decoy0 10.253.0.2/24 holding the default route
-    netns nkt-h1      net0 172.31.250.11/24                ...
+    netns nkt-h1      eth1 172.31.250.11/24                ...   (interface names differ per host, as on real
+    netns nkt-h2      ens5 172.31.250.12/24                ...    machines: net0, eth1, ens5, net0, ...)
     dockerd per host  started with `nsenter --net=/var/run/netns/nkt-hI` (not `ip netns exec`, which remounts /sys
                       and breaks the daemon's view of cgroups), socket /run/nodekit-cluster/nkt/hI/docker.sock,
                       data root /var/lib/nodekit-cluster/nkt/hI (kept between runs: images survive), exec root
@@ -43,8 +44,11 @@ FIRST_HOST = 10
 DECOY_ADDR = "10.253.0.2/24"
 DECOY_GW = "10.253.0.1"
 IFACE = "net0"
+# Different per host, so that a fact copied from one machine to another shows up as a failure.
+IFACES = ("net0", "eth1", "ens5")
 DECOY = "decoy0"
 ENGINE_PREFIXES = (Path("/opt/nodekit-engine"),)
+SSHD = Path("/usr/sbin/sshd")  # Debian's openssh-server (scripts/sshd.sh installs it)
 
 
 class HarnessError(RuntimeError):
@@ -195,6 +199,7 @@ class Host:
     run_dir: Path
     pid: int | None = None
     switch: str = ""
+    sshd_pid: int | None = None
 
     @property
     def name(self) -> str:
@@ -226,8 +231,8 @@ class Host:
 
     @property
     def iface(self) -> str:
-        """The interface that reaches the other hosts (the decoy holds the default route)."""
-        return IFACE
+        """The interface that reaches the other hosts (the decoy holds the default route); named per host."""
+        return IFACES[self.index % len(IFACES)]
 
     @property
     def cgroup_parent(self) -> str:
@@ -294,10 +299,11 @@ class Host:
         ns = self.netns
         sh("ip", "netns", "add", ns)
         sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.switch, "link", "add", self.name, "type", "veth", "peer", "name", IFACE, "netns", ns)
+        iface = self.iface
+        sh("ip", "-n", self.switch, "link", "add", self.name, "type", "veth", "peer", "name", iface, "netns", ns)
         sh("ip", "-n", self.switch, "link", "set", self.name, "master", "br0", "up")
-        sh("ip", "-n", ns, "addr", "add", f"{self.addr}/{self.prefixlen}", "dev", IFACE)
-        sh("ip", "-n", ns, "link", "set", IFACE, "up")
+        sh("ip", "-n", ns, "addr", "add", f"{self.addr}/{self.prefixlen}", "dev", iface)
+        sh("ip", "-n", ns, "link", "set", iface, "up")
         if self.decoy:
             # A veth pair with both ends here (not every kernel has the dummy driver): an interface with an
             # address and a carrier, leading nowhere.
@@ -380,6 +386,67 @@ class Host:
     def unblock(self) -> None:
         self.run("iptables", "-w", "-F", "OUTPUT", check=True)
 
+    # -- an OpenSSH server, so that a head node reaches this host the way it reaches a real one --
+
+    @property
+    def sshd_dir(self) -> Path:
+        return self.run_dir / "sshd"
+
+    def start_sshd(self, authorized_keys: str, host_key: Path, *, sshd: Path = SSHD) -> int:
+        """Start Debian's sshd in this host's namespace on port 22 of its address: only key logins (those in
+        ``authorized_keys``), host key ``host_key``, and ``DOCKER_HOST`` set for every session so that a remote
+        ``docker`` (the docker CLI's ``ssh://`` transport runs ``docker system dial-stdio`` there) reaches this host's
+        engine. Returns sshd's PID (``stop_sshd`` ends it; the host's ``stop`` kills it with everything else)."""
+        d = self.sshd_dir
+        d.mkdir(parents=True, exist_ok=True)
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
+        (d / "authorized_keys").write_text(authorized_keys)
+        config = d / "sshd_config"
+        config.write_text(
+            "\n".join(
+                [
+                    "Port 22",
+                    f"ListenAddress {self.addr}",
+                    f"HostKey {host_key}",
+                    f"PidFile {d / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "MaxStartups 100:30:200",
+                    "MaxSessions 100",
+                    f"SetEnv DOCKER_HOST={self.docker_host}",
+                    "",
+                ]
+            )
+        )
+        log = d / "sshd.log"
+        proc = subprocess.Popen(
+            self.argv(str(sshd), "-D", "-f", str(config), "-E", str(log)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.sshd_pid = proc.pid  # nsenter execs sshd: the same process
+        deadline = time.monotonic() + 10
+        while not self._port_open(22):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise HarnessError(f"sshd of {self.name} did not start; see {log}:\n{_tail(log)}")
+            time.sleep(0.05)
+        return proc.pid
+
+    def _port_open(self, port: int) -> bool:
+        probe = f"import socket; socket.create_connection(({self.addr!r}, {port}), timeout=1).close()"
+        return self.run("python3", "-c", probe, timeout=10).returncode == 0
+
+    def stop_sshd(self) -> None:
+        pid, self.sshd_pid = self.sshd_pid, None
+        if pid is not None and _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
     def describe(self) -> dict[str, object]:
         return {
             "name": self.name,
@@ -391,6 +458,32 @@ class Host:
             "data_root": str(self.data_root),
             "log": str(self.log),
         }
+
+
+def ssh_client(d: Path, hosts: Sequence[Host], client_key: Path, host_key_pub: str) -> Path:
+    """An OpenSSH client set up for ``hosts`` as a user's own ~/.ssh/config would be (IdentityFile,
+    UserKnownHostsFile with their host key, StrictHostKeyChecking): the directory of an ``ssh`` that runs the system's
+    ssh with ``-F`` that config. Put it first on PATH; nodekit and the docker CLI's ssh:// transport both use it."""
+    d.mkdir(parents=True, exist_ok=True)
+    kind, key = host_key_pub.split()[:2]
+    (d / "known_hosts").write_text("".join(f"{h.addr} {kind} {key}\n" for h in hosts))
+    config = d / "ssh_config"
+    config.write_text(
+        f"Host {' '.join(h.addr for h in hosts)}\n"
+        f"  IdentityFile {client_key}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {d / 'known_hosts'}\n"
+        "  StrictHostKeyChecking yes\n"
+        "  BatchMode yes\n"
+        "  ConnectTimeout 5\n"
+        "  LogLevel ERROR\n"
+    )
+    bin_dir = d / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    ssh = bin_dir / "ssh"
+    ssh.write_text(f'#!/bin/sh\nexec {shutil.which("ssh") or "/usr/bin/ssh"} -F {config} "$@"\n')
+    ssh.chmod(0o755)
+    return bin_dir
 
 
 def _alive(pid: int) -> bool:

@@ -45,7 +45,7 @@ def connect(cluster: Cluster, src: int, dst: int, port: int, timeout: float = 2.
 def test_hosts_have_their_own_address_route_and_engine(cluster: Cluster) -> None:
     h0, h1, _ = cluster.hosts
     route = json.loads(h1.run("ip", "-j", "route", "get", h0.addr).stdout)[0]
-    assert route["dev"] == "net0" and route["prefsrc"] == h1.addr
+    assert route["dev"] == h1.iface == "eth1" and route["prefsrc"] == h1.addr
     default = json.loads(h1.run("ip", "-j", "route", "show", "default").stdout)[0]
     assert default["dev"] == "decoy0", "the decoy must hold the default route"
     engines = {h.docker("info", "--format", "{{.ID}} {{.DockerRootDir}}").stdout.strip() for h in cluster.hosts}
@@ -65,7 +65,7 @@ def test_block_drops_one_port_only(cluster: Cluster) -> None:
     h0, h1, _ = cluster.hosts
     h1.block(h0.addr, [29404])
     route = json.loads(h1.run("ip", "-j", "route", "get", h0.addr).stdout)[0]
-    assert route["dev"] == "net0", "blocking a port must not change the route to the host"
+    assert route["dev"] == h1.iface, "blocking a port must not change the route to the host"
     assert connect(cluster, 1, 0, 29404, timeout=1.0) == "TimeoutError"
     assert connect(cluster, 1, 0, 29405) == "ok"
     assert connect(cluster, 2, 0, 29404) == "ok"

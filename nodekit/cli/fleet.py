@@ -1,0 +1,102 @@
+"""Fleet commands on the head node: run (every node, one log, one exit code) and status (a table of every node).
+
+``nodekit logs`` and ``nodekit down`` act on the fleet too when hosts are configured (see cli/nodes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from nodekit.cli.common import ConfigOpt, DryRunOpt, ImageOpt, NnodesOpt, app, handled, load_settings
+
+HostfileOpt = Annotated[
+    Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
+]
+NodeOpt = Annotated[int | None, typer.Option("--node", help="only this node (rank)")]
+
+
+def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[Any, Any]:
+    from nodekit.fleet.run import hosts_of
+
+    settings = load_settings(config, **flags)
+    return settings, hosts_of(settings, hostfile)
+
+
+def line_printer(node: int | None) -> Any:
+    from nodekit.cli.ui import prefixed
+
+    printers: dict[int, Any] = {}
+
+    def emit(rank: int, line: str) -> None:
+        if node is not None and rank != node:
+            return
+        if rank not in printers:
+            printers[rank] = prefixed(f"[node {rank}]")
+        printers[rank](line)
+
+    return emit
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@app.command()
+@handled
+def run(
+    hostfile: HostfileOpt = None,
+    node: Annotated[int | None, typer.Option("--node", help="follow only this node's log (all still run)")] = None,
+    image: ImageOpt = None,
+    nnodes: NnodesOpt = None,
+    debug: Annotated[bool, typer.Option("--debug", help="NCCL/gloo/torch distributed debug output")] = False,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Run the job on every host from this (head) node: check every host, ship the image where missing, write
+    compose/node-<rank>.yaml per rank, start every node, stream one log. The first node to fail is named and every
+    other node stopped; Ctrl-C stops every node; the exit code is the failing node's."""
+    from nodekit.cli.ui import RichReporter
+    from nodekit.fleet import run as fleet
+
+    settings, hosts = fleet_of(config, hostfile, nnodes=nnodes)
+    if dry_run:
+        from nodekit.cli.ui import out
+
+        out.print(f"# nodekit run: {len(hosts)} node(s), main {hosts[0].hostname}", markup=False)
+        for h in hosts:
+            out.print(f"#   node {h.rank}: {h.url}", markup=False)
+        return
+    rep = RichReporter(verbose=True)
+    # A SIGTERM to the head (a closed SSH session, a batch system's stop) stops every node, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _interrupt)
+    code = fleet.run(settings, hosts, rep, line_printer(node), image=image, debug=debug)
+    raise typer.Exit(code)
+
+
+@app.command()
+@handled
+def status(
+    node: NodeOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON list instead of the table")] = False,
+    hostfile: HostfileOpt = None,
+    config: ConfigOpt = None,
+) -> None:
+    """Every node of the fleet: node, host, state, image fingerprint, since, exit code."""
+    from nodekit.cli.ui import out
+    from nodekit.fleet import run as fleet
+
+    settings, hosts = fleet_of(config, hostfile)
+    rows = fleet.status(settings, hosts, node)
+    if as_json:
+        out.print(json.dumps([r.as_dict() for r in rows]), markup=False)
+        return
+    out.print(f"{'NODE':<6}{'HOST':<28}{'STATE':<14}{'IMAGE':<14}{'SINCE':<21}EXIT", markup=False)
+    for r in rows:
+        code = "" if r.exit_code is None else str(r.exit_code)
+        out.print(f"{r.rank:<6}{r.host:<28}{r.state:<14}{r.image:<14}{r.since:<21}{code}", markup=False)

@@ -1,0 +1,388 @@
+"""``nodekit run`` and the fleet's ``status``/``logs``/``down``: the plan per rank, carried out on every host.
+
+Order, each phase in parallel over hosts: check (and gather facts) -> ship the image where it is missing -> write
+``compose/node-R.yaml`` for every rank -> start every node -> one merged log while the supervisor's decision table
+(:mod:`nodekit.fleet.supervise`) watches the exits -> gang stop, restart or finish. Whatever happens (failure,
+Ctrl-C, an error of ours), every node's container is removed before this returns: nothing is left on any host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from nodekit import docker
+from nodekit.errors import JobFailed, NodekitError
+from nodekit.fleet import remote
+from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
+from nodekit.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
+from nodekit.node import NodePlan, plan_node, write_compose
+from nodekit.progress import Reporter
+from nodekit.render.compose import project_name
+from nodekit.settings import Settings
+
+STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
+RESTART_ENV = "NODEKIT_RESTART_COUNT"
+# The per-job secret (issue 12 adds NODEKIT_JOB_SECRET through its secret module): one secret per run, the same on
+# every node. When that module lands, take the value from it here instead of generating one.
+SECRET_ENV = "NODEKIT_JOB_SECRET"
+
+LineFn = Callable[[int, str], None]
+
+
+def hosts_of(settings: Settings, hostfile: Path | None = None) -> list[FleetHost]:
+    """The validated hosts of this job (``--hostfile`` wins over ``hosts``); ``nnodes`` defaults to their number."""
+    urls, slots = list(settings.hosts), []
+    if hostfile is not None:
+        entries = read_hostfile(hostfile)
+        urls, slots = [u for u, _ in entries], [s for _, s in entries]
+    nnodes = settings.nnodes if "nnodes" in settings.model_fields_set else len(urls) or settings.nnodes
+    return fleet_hosts(urls, nnodes, min_nodes=settings.min_nodes, slots=slots)
+
+
+def job_settings(settings: Settings, hosts: Sequence[FleetHost], *, restart: int, secret: str) -> Settings:
+    """The settings every node of attempt ``restart`` is planned with: nnodes = the hosts, the restart counter and
+    the job secret in the environment, hostfile slots as processes per node where the config sets none."""
+    nodes = dict(settings.nodes)
+    for h in hosts:
+        if h.slots is not None and (h.rank not in nodes or nodes[h.rank].nproc_per_node is None):
+            base = nodes.get(h.rank)
+            nodes[h.rank] = base.model_copy(update={"nproc_per_node": h.slots}) if base else _override(h.slots)
+    env = {**settings.env, RESTART_ENV: str(restart), SECRET_ENV: secret}
+    return settings.model_copy(update={"nnodes": len(hosts), "env": env, "nodes": nodes})
+
+
+def _override(nproc: int) -> Any:
+    from nodekit.settings import NodeOverride
+
+    return NodeOverride(nproc_per_node=nproc)
+
+
+def plan_fleet(
+    settings: Settings,
+    hosts: Sequence[FleetHost],
+    facts: Sequence[remote.Gathered],
+    image: str,
+    *,
+    debug: bool = False,
+) -> list[NodePlan]:
+    """Pure apart from resolving main's name: one NodePlan per rank, each with that host's own facts."""
+    main = main_address(hosts[0], settings.main)
+    return [
+        plan_node(settings, h.rank, main, image=image, facts=g.facts, debug=debug)
+        for h, g in zip(hosts, facts, strict=True)
+    ]
+
+
+def _parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def ship_image(ref: str, hosts: Sequence[FleetHost], reporter: Reporter) -> None:
+    """Put ``ref`` on every host that lacks it, through nodekit push's code (one save, fanned out)."""
+    from nodekit import ship
+
+    src = ship.source_of(ref, None)
+    targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
+    plan = ship.plan_push(src, ship.survey(src, targets), zstd_here=ship.zstd_here())
+    missing = [s.target.name for s in plan.steps if s.action != "skip"]
+    if not missing:
+        reporter.done(f"{ref} is already on every host")
+        return
+    reporter.step(f"shipping {ref} to {', '.join(missing)}")
+    ship.push(plan, reporter)
+    reporter.done(f"{ref} is on every host (image id verified)")
+
+
+@dataclass
+class _Live:
+    plan: NodePlan
+    host: FleetHost
+
+
+def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> None:
+    def one(n: _Live) -> None:
+        # A lost host: nothing of ours can be running there that we could reach.
+        with contextlib.suppress(NodekitError):
+            docker.compose_down(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+
+    _parallel(one, live)
+
+
+def _start(live: Sequence[_Live], reporter: Reporter) -> None:
+    def one(n: _Live) -> NodekitError | None:
+        try:
+            docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
+        except NodekitError as e:
+            e.node = n.host.name
+            return e
+        return None
+
+    errors = [e for e in _parallel(one, live) if e is not None]
+    if errors:
+        _down(live)
+        raise errors[0]
+
+
+def _watch(live: Sequence[_Live], events: queue.Queue[tuple[str, int, Any]]) -> list[threading.Thread]:
+    """A log follower and a waiter per node, feeding ``events``: ("line", rank, text), ("exit", rank, code),
+    ("lost", rank, message)."""
+    threads = []
+    for n in live:
+        rank = n.plan.node.rank
+
+        def follow(n: _Live = n, rank: int = rank) -> None:
+            try:
+                for line in docker.compose_logs(n.plan.compose_path, n.plan.project, follow=True, host=n.host.url):
+                    events.put(("line", rank, line))
+            except NodekitError:
+                pass  # the waiter reports what happened to the node
+            events.put(("eof", rank, None))
+
+        def wait(n: _Live = n, rank: int = rank) -> None:
+            try:
+                events.put(("exit", rank, docker.compose_wait(n.plan.compose_path, n.plan.project, host=n.host.url)))
+            except NodekitError as e:
+                events.put(("lost", rank, e.message))
+
+        for target in (follow, wait):
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            threads.append(t)
+    return threads
+
+
+def _attempt(
+    live: Sequence[_Live], budget: Budget, reporter: Reporter, on_line: LineFn, clock: Callable[[], float]
+) -> Decision:
+    """Run one attempt to its end: the decision that ended it (done, restart or fail)."""
+    events: queue.Queue[tuple[str, int, Any]] = queue.Queue()
+    _watch(live, events)
+    reports = {n.plan.node.rank: Report(n.plan.node.rank) for n in live}
+    eofs: set[int] = set()
+    stopping: list[threading.Thread] = []
+    while True:
+        try:
+            kind, rank, value = events.get(timeout=0.25)
+        except queue.Empty:
+            kind, rank, value = "tick", -1, None
+        if kind == "line":
+            on_line(rank, value)
+            continue
+        if kind == "eof":
+            eofs.add(rank)
+        elif kind == "exit":
+            reports[rank] = replace(reports[rank], code=int(value), at=clock())
+        elif kind == "lost":
+            reports[rank] = replace(reports[rank], lost=True, at=clock())
+            if not reports[rank].stopped:
+                reporter.warn(f"lost {live[rank].host.name}: {value}")
+        decision = decide(list(reports.values()), clock(), budget)
+        if decision.action == "stop":
+            who = live[decision.culprit or 0].host.name
+            code = "lost" if decision.code == LOST else f"exit code {decision.code}"
+            reporter.warn(f"{who} failed ({code}): stopping node(s) {', '.join(map(str, decision.stop))}")
+            for r in decision.stop:
+                reports[r] = replace(reports[r], stopped=True)
+            t = threading.Thread(target=_down, args=([live[r] for r in decision.stop],), daemon=True)
+            t.start()
+            stopping.append(t)
+        elif decision.action in ("done", "restart", "fail"):
+            # The rest of every node's log, before the verdict (the followers end with their containers).
+            deadline = clock() + 5
+            while len(eofs) < len(live) and clock() < deadline:
+                try:
+                    kind, rank, value = events.get(timeout=0.25)
+                except queue.Empty:
+                    continue
+                if kind == "line":
+                    on_line(rank, value)
+                elif kind == "eof":
+                    eofs.add(rank)
+            for t in stopping:
+                t.join(STOP_TIMEOUT_S + 20)
+            return decision
+
+
+def run(
+    settings: Settings,
+    hosts: Sequence[FleetHost],
+    reporter: Reporter,
+    on_line: LineFn,
+    *,
+    image: str | None = None,
+    debug: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Check, ship, write, start, supervise; restart up to ``settings.restarts`` times. Returns 0, or raises
+    JobFailed with the failing node's exit code; KeyboardInterrupt stops every node and returns 130."""
+    from nodekit.build import current_image
+
+    t0 = clock()
+    hosts = list(hosts)
+    ref = image or current_image(settings)
+    secret = secrets.token_hex(16)  # see SECRET_ENV
+    failures: dict[int, int] = {}
+    used = 0
+    while True:
+        n = len(hosts)
+        reporter.step(f"checking {n} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
+        facts = remote.check_all(
+            hosts,
+            expect=lambda h: remote.Expect(
+                ports=(settings.master_port, settings.master_port + 1) if h.rank == 0 else ()
+            ),
+            gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
+            on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
+        )
+        reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
+        ship_image(ref, hosts, reporter)
+        job = job_settings(settings, hosts, restart=used, secret=secret)
+        plans = plan_fleet(job, hosts, facts, ref, debug=debug)
+        for p in plans:
+            write_compose(p)
+        live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]
+        attempt = f" (restart {used} of {settings.restarts})" if used else ""
+        reporter.step(f"starting {n} node(s){attempt}: {', '.join(str(p.compose_path) for p in plans[:4])}")
+        try:
+            _start(live, reporter)
+            reporter.done(f"{n} node(s) started ({clock() - t0:.1f} s since the command)")
+            budget = Budget(restarts=settings.restarts, used=used, min_nodes=settings.min_nodes, failures=failures)
+            decision = _attempt(live, budget, reporter, on_line, clock)
+        except KeyboardInterrupt:
+            reporter.warn(f"interrupted: stopping every node ({n})")
+            _down(live)
+            return 130
+        except BaseException:
+            _down(live)
+            raise
+        _down(live)
+        if decision.action == "done":
+            reporter.done(f"the job finished on {n} node(s) in {clock() - t0:.1f} s")
+            return 0
+        culprit = hosts[decision.culprit or 0]
+        failures[culprit.rank] = failures.get(culprit.rank, 0) + 1
+        if decision.action == "restart":
+            used += 1
+            dropped = [hosts[r].name for r in decision.drop]
+            if dropped:
+                reporter.warn(f"going on without {', '.join(dropped)} (min_nodes = {settings.min_nodes})")
+                hosts = [replace(h, rank=i) for i, h in enumerate(h for h in hosts if h.rank not in decision.drop)]
+            reporter.warn(f"{decision.reason}: restarting the whole job ({used} of {settings.restarts})")
+            continue
+        also = ""
+        if decision.also:
+            others = ", ".join(hosts[r].name for r in decision.also)
+            also = f" (and within {SETTLE_S:g} s, on their own: {others}; the first to report is not always the cause)"
+        raise JobFailed(
+            f"{culprit.name} {decision.reason.split(' ', 2)[2]}{also}; every node was stopped",
+            exit_code=decision.code,
+            node=None,
+            fix=f"the merged log above has node {culprit.rank}'s output (nodekit run --node {culprit.rank}: only it)",
+        )
+
+
+# --- the fleet from the head: status, logs, down ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    host: str
+    state: str
+    image: str = ""
+    since: str = ""
+    exit_code: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "node": self.rank, "host": self.host, "state": self.state, "image": self.image, "since": self.since,
+            "exit_code": self.exit_code,
+        }  # fmt: skip
+
+
+def _pick(hosts: Sequence[FleetHost], node: int | None) -> list[FleetHost]:
+    if node is None:
+        return list(hosts)
+    from nodekit.errors import UsageError
+
+    chosen = [h for h in hosts if h.rank == node]
+    if not chosen:
+        raise UsageError(f"--node {node} is not one of 0..{len(hosts) - 1}", fix=f"--node 0..{len(hosts) - 1}")
+    return chosen
+
+
+def status(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None) -> list[Row]:
+    """One row per node (per container), asked of every host in parallel; an unreachable host is a row too."""
+
+    def one(h: FleetHost) -> list[Row]:
+        project = project_name(settings.image_name, h.rank)
+        try:
+            states = docker.compose_ps(None, project, host=h.url)
+        except Exception as e:
+            return [
+                Row(h.rank, h.where, f"unreachable ({str(e).splitlines()[-1][:60] if str(e) else type(e).__name__})")
+            ]
+        if not states:
+            return [Row(h.rank, h.where, "absent")]
+        return [
+            Row(h.rank, h.where, c.status, c.image.rsplit(":", 1)[-1][:12], c.started_at[:19], c.exit_code)
+            for c in states
+        ]
+
+    return [r for rows in _parallel(one, _pick(hosts, node)) for r in rows]
+
+
+def logs(
+    settings: Settings, hosts: Sequence[FleetHost], on_line: LineFn, *, node: int | None, follow: bool, tail: str | None
+) -> None:
+    """Every node's output, merged (lines as they come), or one node's."""
+    chosen = _pick(hosts, node)
+    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+
+    def one(h: FleetHost) -> None:
+        try:
+            project = project_name(settings.image_name, h.rank)
+            for line in docker.compose_logs(None, project, follow=follow, tail=tail, host=h.url):
+                lines.put((h.rank, line))
+        finally:
+            lines.put((h.rank, None))
+
+    for h in chosen:
+        threading.Thread(target=one, args=(h,), daemon=True).start()
+    ended = 0
+    while ended < len(chosen):
+        rank, line = lines.get()
+        if line is None:
+            ended += 1
+        else:
+            on_line(rank, line)
+
+
+def down(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None, timeout: int = 30) -> list[str]:
+    """Stop and remove the job's container on every host (or one); what was done, per node."""
+
+    def one(h: FleetHost) -> str:
+        project = project_name(settings.image_name, h.rank)
+        try:
+            docker.compose_down(None, project, timeout=timeout, host=h.url)
+        except NodekitError as e:
+            return f"{h.name}: {e.message}"
+        return f"{h.name}: down"
+
+    return list(_parallel(one, _pick(hosts, node)))
+
+
+def iter_ranks(hosts: Sequence[FleetHost]) -> Iterator[int]:
+    return (h.rank for h in hosts)

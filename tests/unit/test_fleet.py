@@ -1,0 +1,201 @@
+"""The fleet's pure parts: hosts and hostfiles, the supervisor's decision table on a fake clock, remote facts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodekit.errors import UsageError
+from nodekit.fleet import remote
+from nodekit.fleet.hosts import fleet_hosts, main_address, parse_hostfile
+from nodekit.fleet.run import hosts_of, job_settings
+from nodekit.fleet.supervise import LOST, Budget, Report, decide
+from nodekit.settings import Settings
+
+
+def test_hosts_are_ranked_by_position_with_user_and_port() -> None:
+    hosts = fleet_hosts(["ssh://me@10.0.0.5", "ssh://10.0.0.6:2222", "unix:///var/run/docker.sock"], 3)
+    assert [(h.rank, h.user, h.hostname, h.port) for h in hosts] == [
+        (0, "me", "10.0.0.5", None),
+        (1, None, "10.0.0.6", 2222),
+        (2, None, "/var/run/docker.sock", None),
+    ]
+    assert hosts[0].name == "node 0 (me@10.0.0.5)" and main_address(hosts[0], None) == "10.0.0.5"
+    assert main_address(hosts[0], "192.168.1.5") == "192.168.1.5"
+    assert main_address(hosts[2], None) == "127.0.0.1"
+
+
+@pytest.mark.parametrize(
+    ("urls", "nnodes", "min_nodes", "says"),
+    [
+        (["http://10.0.0.5", "ssh://b"], 2, None, "not an ssh://, tcp:// or unix://"),
+        (["10.0.0.5"], 1, None, "not an ssh://"),
+        (["ssh://a"], 2, None, "1 host(s) for nnodes = 2"),
+        (["ssh://me@a", "ssh://you@A"], 2, None, "same machine"),
+        (["ssh://a", "ssh://b"], 2, 3, "min_nodes = 3 is more than nnodes = 2"),
+        ([], 1, None, "no hosts"),
+    ],
+)
+def test_bad_hosts_are_one_line_usage_errors(urls: list[str], nnodes: int, min_nodes: int | None, says: str) -> None:
+    with pytest.raises(UsageError) as e:
+        fleet_hosts(urls, nnodes, min_nodes=min_nodes)
+    assert says in e.value.message and e.value.exit_code == 2 and "\n" not in e.value.one_line()
+
+
+def test_the_same_host_on_distinct_ports_is_two_nodes() -> None:
+    assert len(fleet_hosts(["ssh://a:22", "ssh://a:2222"], 2)) == 2
+
+
+def test_hostfile_deepspeed_style(tmp_path: Path) -> None:
+    text = "# comment\nworker-1 slots=4\nworker-2 slots=8  # trailing\n\nssh://me@worker-3\n"
+    assert parse_hostfile(text, user="me") == [
+        ("ssh://me@worker-1", 4),
+        ("ssh://me@worker-2", 8),
+        ("ssh://me@worker-3", None),
+    ]
+    with pytest.raises(UsageError):
+        parse_hostfile("a gpus=4\n")
+    f = tmp_path / "hostfile"
+    f.write_text("a slots=2\nb slots=3\n")
+    s = Settings(project_dir=tmp_path, name="d", script="t.py")
+    hosts = hosts_of(s, f)
+    assert [h.url for h in hosts] == ["ssh://a", "ssh://b"] and [h.slots for h in hosts] == [2, 3]
+    job = job_settings(s, hosts, restart=1, secret="x")
+    assert job.nnodes == 2 and job.nodes[1].nproc_per_node == 3
+    assert job.env["NODEKIT_RESTART_COUNT"] == "1" and job.env["NODEKIT_JOB_SECRET"] == "x"
+
+
+def test_nnodes_defaults_to_the_number_of_hosts(tmp_path: Path) -> None:
+    s = Settings(project_dir=tmp_path, name="d", script="t.py", hosts=("ssh://a", "ssh://b", "ssh://c"))
+    assert len(hosts_of(s)) == 3
+    s2 = Settings(project_dir=tmp_path, name="d", script="t.py", hosts=("ssh://a", "ssh://b", "ssh://c"), nnodes=2)
+    assert [h.url for h in hosts_of(s2)] == ["ssh://a", "ssh://b"]
+
+
+# --- the decision table, on a fake clock -------------------------------------------------------------------------
+
+NONE = Budget()
+
+
+def test_all_finished_is_done_and_running_is_wait() -> None:
+    assert decide([Report(0, 0, 1.0), Report(1, 0, 2.0)], 3.0, NONE).action == "done"
+    assert decide([Report(0, 0, 1.0), Report(1)], 3.0, NONE).action == "wait"
+
+
+def test_the_first_failure_stops_the_others_after_the_settle_time() -> None:
+    assert decide([Report(0), Report(1, 3, 10.0), Report(2)], 10.1, NONE).action == "wait"
+    d = decide([Report(0), Report(1, 3, 10.0), Report(2)], 13.1, NONE)
+    assert (d.action, d.culprit, d.code, d.stop, d.also) == ("stop", 1, 3, (0, 2), ())
+
+
+def test_peers_failing_at_the_same_moment_are_named_with_the_first() -> None:
+    reports = [Report(0, 1, 10.4), Report(1, 1, 10.0), Report(2)]
+    d = decide(reports, 13.1, NONE)
+    assert (d.action, d.culprit, d.also, d.stop) == ("stop", 1, (0,), (2,))
+    ended = [Report(0, 1, 10.4), Report(1, 1, 10.0), Report(2, 143, 14.0, stopped=True)]
+    d = decide(ended, 14.5, NONE)
+    assert (d.action, d.culprit, d.code, d.also) == ("fail", 1, 1, (0,))
+
+
+def test_a_watchdog_19_waits_for_the_cause_then_blames_it() -> None:
+    # Node 0 reported "another node failed" (19) first; node 2, the cause, reports a moment later.
+    early = [Report(0, 19, 10.0), Report(1), Report(2)]
+    assert decide(early, 11.0, NONE).action == "wait"
+    later = [Report(0, 19, 10.0), Report(1), Report(2, 1, 11.5)]
+    assert decide(later, 11.6, NONE).action == "wait"
+    d = decide(later, 14.6, NONE)
+    assert (d.action, d.culprit, d.code, d.stop) == ("stop", 2, 1, (1,))
+    # If the cause never reports, the earliest 19 is blamed once the settle time is over.
+    d = decide(early, 13.5, NONE)
+    assert (d.action, d.culprit, d.code) == ("stop", 0, 19)
+
+
+def test_nodes_the_head_stopped_are_never_blamed_and_the_end_is_fail_with_the_culprits_code() -> None:
+    reports = [Report(0, 143, 12.0, stopped=True), Report(1, 3, 10.0), Report(2, 137, 12.5, stopped=True)]
+    d = decide(reports, 13.0, NONE)
+    assert (d.action, d.culprit, d.code) == ("fail", 1, 3)
+    stopping = [Report(0, stopped=True), Report(1, 3, 10.0)]
+    assert decide(stopping, 11.0, NONE).action == "wait"
+
+
+def test_restarts_while_budget_is_left_then_names_a_host_that_keeps_failing() -> None:
+    reports = [Report(0, 143, 12.0, stopped=True), Report(1, 3, 10.0)]
+    assert decide(reports, 13.0, Budget(restarts=1, used=0)).action == "restart"
+    d = decide(reports, 13.0, Budget(restarts=1, used=1, failures={1: 1}))
+    assert d.action == "fail" and "in 2 of 2 attempts" in d.reason
+
+
+def test_a_lost_host_restarts_without_it_only_when_min_nodes_allows() -> None:
+    reports = [Report(0, 143, 5.0, stopped=True), Report(1, 143, 5.0, stopped=True), Report(2, lost=True, at=4.0)]
+    d = decide(reports, 6.0, Budget(restarts=2, min_nodes=2))
+    assert (d.action, d.drop, d.culprit) == ("restart", (2,), 2)
+    d = decide(reports, 6.0, Budget(restarts=2))
+    assert d.action == "fail" and d.code == 1 and LOST == -1
+    assert decide(reports, 6.0, Budget(restarts=2, min_nodes=3)).action == "fail"
+
+
+# --- remote facts and ssh failures, parsed ------------------------------------------------------------------------
+
+FACTS = """gpus=2
+ib=/dev/infiniband/uverbs0
+limit=Max locked memory         8388608              8388608              bytes
+limit=Max stack size            8388608              unlimited            bytes
+memlock_kb=64
+stack_kb=unlimited
+host=gpu-7
+listen=00000000:7530
+listen=0100007F:0016
+"""
+
+
+def test_facts_parse_with_the_engines_limits_first() -> None:
+    g = remote.parse_facts(FACTS)
+    assert g.facts.gpu_count == 2 and g.facts.infiniband == ("/dev/infiniband/uverbs0",)
+    assert g.facts.memlock_hard == 8388608 and g.facts.stack_hard is None
+    assert g.hostname == "gpu-7" and g.listening == {0x7530, 22}
+    assert remote.parse_facts(FACTS, gpus=0).facts.gpu_count == 0
+    bare = remote.parse_facts("gpus=0\nmemlock_kb=64\nstack_kb=unlimited\n")
+    assert bare.facts.memlock_hard == 64 * 1024 and bare.facts.stack_hard is None
+
+
+def test_ssh_failures_are_named_with_their_fix() -> None:
+    (h,) = fleet_hosts(["ssh://me@10.0.0.5:2222"], 1)
+    assert remote.ssh_argv(h, "true")[-4:] == ["me", "--", "10.0.0.5", "true"]
+    assert "-p" in remote.ssh_argv(h, "true") and "BatchMode=yes" in remote.ssh_argv(h, "true")
+    denied = remote.ssh_problem(h, "me@10.0.0.5: Permission denied (publickey).\n")
+    assert "Permission denied" in denied.what and denied.fix.startswith("ssh-copy-id me@10.0.0.5")
+    assert "known_hosts" in remote.ssh_problem(h, "Host key verification failed.\n").fix
+    assert "is up" in remote.ssh_problem(h, "ssh: connect to host 10.0.0.5 port 2222: No route to host").fix
+
+
+# --- the command line: bad hosts are refused before anything is contacted -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hosts", "extra", "needle"),
+    [
+        ('["http://a", "ssh://b"]', "", "not an ssh://, tcp:// or unix://"),
+        ('["ssh://a"]', "nnodes = 2\n", "1 host(s) for nnodes = 2"),
+        ('["ssh://me@a", "ssh://a"]', "", "same machine"),
+        ('["ssh://a", "ssh://b"]', "min_nodes = 3\n", "min_nodes = 3 is more than nnodes = 2"),
+    ],
+)
+def test_nodekit_run_refuses_bad_hosts_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hosts: str, extra: str, needle: str
+) -> None:
+    from typer.testing import CliRunner
+
+    from nodekit.cli.app import app
+
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text(f'name = "t"\nscript = "train.py"\nhosts = {hosts}\n{extra}')
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no ssh, no docker here: nothing may be contacted
+    for argv in (["run"], ["status"], ["down"]):
+        result = CliRunner().invoke(app, argv)
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.stderr
+    assert not (tmp_path / "compose").exists()
