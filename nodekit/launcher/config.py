@@ -44,6 +44,7 @@ class LaunchConfig:
     image_id: str
     iface: str | None
     allow_heterogeneous_gpus: bool
+    exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
 
     @property
     def is_main(self) -> bool:
@@ -150,4 +151,5 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         image_id=env.get("NODEKIT_IMAGE_ID", "").strip(),
         iface=iface,
         allow_heterogeneous_gpus=_bool(env, "NODEKIT_ALLOW_HETEROGENEOUS_GPUS", False),
+        exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
     )

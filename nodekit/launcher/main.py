@@ -216,6 +216,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return code
     plan = exec_plan(cfg, command, python=sys.executable, torchrun=_torchrun())
     if cfg.mode == "torchrun" and "torch" in sys.modules:
+        os.environ.update(plan.set_env)  # torchrun's workers inherit this process's environment
         if passed is not None and cfg.peer_timeout > 0:
             names = node_names(passed.verdict.facts)
             dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)

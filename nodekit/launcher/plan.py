@@ -75,9 +75,12 @@ def exec_plan(cfg: LaunchConfig, command: Command, *, python: str = "python", to
     restart round, a missing node still ends the job instead of hanging it. ``env`` mode: ``python`` runs the
     command itself with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and WORLD_SIZE when known)
     already in the environment, and without the per-process variables listed in :data:`ENV_MODE_UNSET`.
+    Both set NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment said 0), which makes every
+    Python process of the job load :mod:`nodekit.launcher.exitguard`.
     """
+    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"),)
     if cfg.mode == "env":
-        return ExecPlan(argv=(python, *command.argv()), unset_env=ENV_MODE_UNSET)
+        return ExecPlan(argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET)
     argv = [
         torchrun,
         "--nnodes", str(cfg.nnodes),
@@ -89,7 +92,7 @@ def exec_plan(cfg: LaunchConfig, command: Command, *, python: str = "python", to
         "--rdzv-conf", f"timeout={max(1, round(cfg.rdzv_timeout))}",
         *command.argv(),
     ]  # fmt: skip
-    return ExecPlan(argv=tuple(argv))
+    return ExecPlan(argv=tuple(argv), set_env=guard)
 
 
 def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | None = None) -> str | None:
