@@ -15,13 +15,14 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nodekit.errors import ConfigError
 
 CONFIG_FILE = "nodekit.toml"
 DEFAULT_TORCH = "torch==2.13.0"
+FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 
 
@@ -50,9 +51,16 @@ class Settings(BaseSettings):
     script: str | None = Field(None, description="training script, relative to the project root")
     module: str | None = Field(None, description="or a module to run with -m")
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
-    launcher: Literal["torchrun", "env"] = Field(
-        "torchrun", description="torchrun, or env for frameworks that start their own workers (Lightning)"
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = Field(
+        "torchrun",
+        description="torchrun; fabric (what `fabric run` does); env for frameworks that start their own workers "
+        "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank",
     )
+    accelerator: str | None = Field(
+        None, description="launcher fabric: --accelerator (default: cuda on a node with GPUs, else cpu)"
+    )
+    strategy: str | None = Field(None, description="launcher fabric: --strategy (default ddp)")
+    precision: str | None = Field(None, description="launcher fabric: --precision (default: Fabric's own)")
     nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
     nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
     master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")
@@ -83,6 +91,13 @@ class Settings(BaseSettings):
         if v is not None and not _IMAGE_NAME.match(v):
             raise ValueError(f"{v!r} is not a valid image name (lowercase letters, digits, '.', '_', '-')")
         return v
+
+    @model_validator(mode="after")
+    def _fabric_only(self) -> Settings:
+        given = [k for k in FABRIC_SETTINGS if getattr(self, k) is not None]
+        if given and self.launcher != "fabric":
+            raise ValueError(f'{", ".join(given)} only apply to launcher = "fabric" (launcher is {self.launcher!r})')
+        return self
 
     @field_validator("peer_timeout")
     @classmethod

@@ -52,7 +52,10 @@ class LaunchSpec(BaseModel):
 
     name: str
     command: Command
-    launcher: Literal["torchrun", "env"] = "torchrun"
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = "torchrun"
+    accelerator: str | None = None  # launcher fabric; None: cuda on a node with GPUs, else cpu
+    strategy: str = "ddp"  # launcher fabric
+    precision: str | None = None  # launcher fabric; None: Fabric's default
     nnodes: int = Field(ge=1)
     nproc_per_node: int | Literal["auto"] = "auto"
     master_port: int = Field(29500, ge=1, le=65535 - PREFLIGHT_PORT_OFFSET)
@@ -129,6 +132,9 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         name=settings.image_name,
         command=command,
         launcher=settings.launcher,
+        accelerator=settings.accelerator if settings.accelerator not in (None, "auto") else None,
+        strategy=settings.strategy or "ddp",
+        precision=settings.precision,
         nnodes=settings.nnodes,
         nproc_per_node=settings.nproc_per_node,
         master_port=settings.master_port,

@@ -11,7 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["torchrun", "env"]
+Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
+MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch")
+# The modes whose workers torchrun starts (in this process after a preflight, under the peer watchdog).
+TORCHRUN_MODES = frozenset({"torchrun", "fabric", "torch.distributed.launch"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_PEER_TIMEOUT = 15.0
@@ -44,6 +47,9 @@ class LaunchConfig:
     image_id: str
     iface: str | None
     allow_heterogeneous_gpus: bool
+    accelerator: str = "cpu"  # mode fabric: NODEKIT_ACCELERATOR, resolved on the host
+    strategy: str = "ddp"  # mode fabric
+    precision: str | None = None  # mode fabric
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
 
     @property
@@ -107,8 +113,8 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     nproc_per_node = _int(env, "NPROC_PER_NODE", lo=1)
     world_size = _int(env, "WORLD_SIZE", lo=1) if env.get("WORLD_SIZE", "").strip() else None
     mode = env.get("NODEKIT_LAUNCHER", "torchrun").strip() or "torchrun"
-    if mode not in ("torchrun", "env"):
-        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is neither 'torchrun' nor 'env'")
+    if mode not in MODES:
+        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is not one of {', '.join(MODES)}")
     timeout_raw = env.get("NODEKIT_RDZV_TIMEOUT", "").strip() or "180"
     try:
         rdzv_timeout = float(timeout_raw)
@@ -140,7 +146,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         nproc_per_node=nproc_per_node,
         world_size=world_size,
         name=env.get("NODEKIT_NAME", "").strip(),
-        mode="env" if mode == "env" else "torchrun",
+        mode=next(m for m in MODES if m == mode),
         max_restarts=_int(env, "NODEKIT_MAX_RESTARTS", default=0, lo=0),
         rdzv_timeout=rdzv_timeout,
         peer_timeout=peer_timeout,
@@ -151,5 +157,8 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         image_id=env.get("NODEKIT_IMAGE_ID", "").strip(),
         iface=iface,
         allow_heterogeneous_gpus=_bool(env, "NODEKIT_ALLOW_HETEROGENEOUS_GPUS", False),
+        accelerator=env.get("NODEKIT_ACCELERATOR", "").strip() or "cpu",
+        strategy=env.get("NODEKIT_STRATEGY", "").strip() or "ddp",
+        precision=env.get("NODEKIT_PRECISION", "").strip() or None,
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
     )

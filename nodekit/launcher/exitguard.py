@@ -41,6 +41,7 @@ from typing import Any, NoReturn
 
 ENV = "NODEKIT_EXIT_GUARD"
 _RETURNS = frozenset({"RETURN_VALUE", "RETURN_CONST"})
+_WRITERS = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
 
 
 class _State:
@@ -104,7 +105,8 @@ def _flush_all() -> None:
     # Files the script left open still hold buffered data that finalisation would have written.
     for obj in gc.get_objects():
         try:
-            if isinstance(obj, io.TextIOWrapper | io.BufferedWriter | io.BufferedRandom) and not obj.closed:
+            # type(), not isinstance(): the latter asks lazy proxies for __class__, which can warn or import.
+            if issubclass(type(obj), _WRITERS) and not obj.closed:
                 obj.flush()
         except Exception:
             pass

@@ -35,6 +35,12 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
         "NODEKIT_PREFLIGHT_PORT": str(launch.preflight_port),
         "NODEKIT_OUTPUT_DIR": OUTPUT_DIR_IN_CONTAINER,
     }
+    if launch.launcher == "fabric":
+        # What `fabric run --accelerator/--strategy/--precision` passes on; the launcher turns them into LT_*.
+        env["NODEKIT_ACCELERATOR"] = launch.accelerator or ("cuda" if facts.gpu_count > 0 else "cpu")
+        env["NODEKIT_STRATEGY"] = launch.strategy
+        if launch.precision is not None:
+            env["NODEKIT_PRECISION"] = launch.precision
     if node.iface:
         # Both libraries otherwise pick the first non-loopback interface (or the hostname's address), which on
         # a multi-homed node is often not the one that reaches main: the classic hang at init.
