@@ -1,0 +1,102 @@
+"""The guides' own scripts, unmodified, as 2-node jobs on a real engine (main 127.0.0.1): Lightning's Trainer
+(launcher env), Fabric without .launch() (launcher fabric), a torch.distributed.launch-style script (--local_rank),
+and the exit-code proof: 20 consecutive runs of the Lightning script, every one exit 0 on both nodes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from nodekit import docker
+from nodekit.node import compose_path, project_for
+from nodekit.settings import load
+from tests.integration.conftest import nodekit
+
+pytestmark = pytest.mark.docker
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _project(tmp: Path, example: str) -> Path:
+    """examples/<example> in ``tmp`` with its image built; wheels are reused from every example's wheelhouse and
+    the new ones kept in the example's, so the next run downloads nothing."""
+    dest = tmp / example
+    shutil.copytree(
+        EXAMPLES / example, dest, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__")
+    )
+    house = dest / ".nodekit" / "wheelhouse"
+    house.mkdir(parents=True)
+    for other in EXAMPLES.glob("*/.nodekit/wheelhouse/*.whl"):
+        if not (house / other.name).exists():
+            _link_or_copy(str(other), str(house / other.name))
+    built = nodekit("build", "--create-base", config=dest / "nodekit.toml", timeout=1500)
+    assert built.returncode == 0, built.stdout + built.stderr
+    keep = EXAMPLES / example / ".nodekit" / "wheelhouse"
+    keep.mkdir(parents=True, exist_ok=True)
+    for wheel in house.glob("*.whl"):
+        if not (keep / wheel.name).exists():
+            _link_or_copy(str(wheel), str(keep / wheel.name))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def projects(tmp_path_factory: pytest.TempPathFactory, docker_engine: None) -> dict[str, Path]:
+    tmp = tmp_path_factory.mktemp("modes")
+    return {ex: _project(tmp, ex) for ex in ("lightning", "fabric", "legacy")}
+
+
+def run_two_nodes(config: Path, port: int) -> tuple[int, int, str]:
+    """Node 1 detached, node 0 in the foreground; both nodes' exit codes and node 0's output."""
+    flags = ["--main", "127.0.0.1", "--master-port", str(port)]
+    settings = load(config)
+    try:
+        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config)
+        assert bg.returncode == 0, bg.stdout + bg.stderr
+        fg = nodekit("up", "--node-rank", "0", *flags, config=config, timeout=300)
+        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
+    finally:
+        for rank in (0, 1):
+            nodekit("down", "--node-rank", str(rank), config=config)
+    return fg.returncode, worker, fg.stdout + fg.stderr
+
+
+@pytest.mark.parametrize(
+    ("example", "port", "line"),
+    [
+        ("lightning", 29640, "lightning: 5 steps, parameters equal on 2 ranks"),
+        ("fabric", 29650, "fabric: 5 steps"),
+        ("legacy", 29660, "legacy: local_rank 0"),
+    ],
+)
+def test_each_guides_script_trains_to_equal_parameters(
+    projects: dict[str, Path], example: str, port: int, line: str
+) -> None:
+    main, worker, out = run_two_nodes(projects[example] / "nodekit.toml", port)
+    assert (main, worker) == (0, 0), out
+    assert line in out, out
+    assert "equal on 2 ranks" in out, out
+
+
+RUNS = int(os.environ.get("NODEKIT_EXIT_CODE_RUNS", "20"))
+
+
+def test_an_unmodified_lightning_trainer_exits_0_on_both_nodes_every_time(projects: dict[str, Path]) -> None:
+    config = projects["lightning"] / "nodekit.toml"
+    codes = []
+    start = time.monotonic()
+    for i in range(RUNS):
+        main, worker, out = run_two_nodes(config, 29670)
+        codes.append((main, worker))
+        assert (main, worker) == (0, 0), f"run {i + 1} of {RUNS}: exit codes {codes}\n{out}"
+    took = time.monotonic() - start
+    print(f"{RUNS} two-node Lightning runs, all exit 0 on both nodes, {took / RUNS:.1f} s per run")
