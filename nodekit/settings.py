@@ -33,7 +33,10 @@ class NodeOverride(BaseModel):
 
     iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
     addr: str | None = Field(None, description="this node's own address toward main")
-    nproc_per_node: int | Literal["auto"] | None = None
+    nproc_per_node: int | Literal["auto"] | None = Field(
+        None, description="this node's processes (heterogeneous nodes)"
+    )
+    gpus: int | None = Field(None, ge=0, description="this node's GPU count, where nodes differ")
 
 
 class Settings(BaseSettings):
@@ -91,6 +94,15 @@ class Settings(BaseSettings):
         if v is not None and not _IMAGE_NAME.match(v):
             raise ValueError(f"{v!r} is not a valid image name (lowercase letters, digits, '.', '_', '-')")
         return v
+
+    @model_validator(mode="after")
+    def _node_ranks(self) -> Settings:
+        outside = sorted(r for r in self.nodes if not 0 <= r < self.nnodes)
+        if outside:
+            raise ValueError(
+                f"[nodes.{outside[0]}] is outside node ranks 0..{self.nnodes - 1} (nnodes = {self.nnodes})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _fabric_only(self) -> Settings:

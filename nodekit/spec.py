@@ -63,6 +63,19 @@ class LaunchSpec(BaseModel):
     rdzv_timeout: int = Field(180, ge=1)
     peer_timeout: int = Field(15, ge=0)
     env: tuple[tuple[str, str], ...] = ()
+    # Per node, by rank: processes (an int, or "auto" for the node's GPUs) and declared GPU counts ([nodes.R]).
+    node_nproc: tuple[int | Literal["auto"], ...] = ()
+    node_gpus: tuple[int | None, ...] = ()
+
+    def nproc_of(self, rank: int) -> int | Literal["auto"]:
+        """Node ``rank``'s declared processes: its [nodes.R] nproc_per_node, else the job's."""
+        return self.node_nproc[rank] if rank < len(self.node_nproc) else self.nproc_per_node
+
+    @property
+    def world_size(self) -> int | None:
+        """Total processes, the sum over nodes; None while some node's count is 'auto' (known after preflight)."""
+        counts = [self.nproc_of(r) for r in range(self.nnodes)]
+        return None if "auto" in counts else sum(c for c in counts if c != "auto")
 
     @property
     def preflight_port(self) -> int:
@@ -108,9 +121,8 @@ class NodeSpec(BaseModel):
 
     @property
     def world_size(self) -> int | None:
-        """Total processes, known when nproc_per_node is fixed (with 'auto' nodes may differ)."""
-        n = self.launch.nproc_per_node
-        return None if n == "auto" else n * self.launch.nnodes
+        """Total processes, the sum of every node's declared count; None while some node's is 'auto'."""
+        return self.launch.world_size
 
     @property
     def is_main(self) -> bool:
@@ -142,6 +154,11 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         rdzv_timeout=settings.rdzv_timeout,
         peer_timeout=settings.peer_timeout,
         env=tuple(sorted(settings.env.items())),
+        node_nproc=tuple(
+            o.nproc_per_node if (o := settings.nodes.get(r)) and o.nproc_per_node else settings.nproc_per_node
+            for r in range(settings.nnodes)
+        ),
+        node_gpus=tuple(o.gpus if (o := settings.nodes.get(r)) else None for r in range(settings.nnodes)),
     )
 
 

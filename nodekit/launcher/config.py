@@ -50,6 +50,8 @@ class LaunchConfig:
     accelerator: str = "cpu"  # mode fabric: NODEKIT_ACCELERATOR, resolved on the host
     strategy: str = "ddp"  # mode fabric
     precision: str | None = None  # mode fabric
+    nproc_declared: tuple[tuple[int, str], ...] = ()  # NODEKIT_NPROC_DECLARED: (rank, "N" or "auto") per node
+    gpus_declared: tuple[tuple[int, int], ...] = ()  # NODEKIT_GPUS_DECLARED: (rank, N) where declared
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
 
     @property
@@ -85,6 +87,20 @@ def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
     if v in _FALSE:
         return False
     raise EnvError(f"{key}={raw!r} is not a boolean (use 1 or 0)")
+
+
+def _per_node(env: Mapping[str, str], key: str, nnodes: int, *, auto: bool) -> tuple[tuple[int, str], ...]:
+    """``0:2,1:auto`` -> ((0, "2"), (1, "auto")); ranks in 0..nnodes-1, counts >= 0 (or auto where allowed)."""
+    raw = env.get(key, "").strip()
+    out: dict[int, str] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        rank, sep, count = item.partition(":")
+        if not (sep and rank.strip().isdigit() and (count.strip().isdigit() or (auto and count.strip() == "auto"))):
+            raise EnvError(f"{key}={raw!r} is not a list of rank:count (e.g. 0:2,1:1)")
+        if int(rank) >= nnodes:
+            raise EnvError(f"{key}={raw!r} names node {int(rank)}, outside 0..{nnodes - 1}")
+        out[int(rank)] = count.strip()
+    return tuple(sorted(out.items()))
 
 
 def parse_env(env: Mapping[str, str]) -> LaunchConfig:
@@ -160,5 +176,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         accelerator=env.get("NODEKIT_ACCELERATOR", "").strip() or "cpu",
         strategy=env.get("NODEKIT_STRATEGY", "").strip() or "ddp",
         precision=env.get("NODEKIT_PRECISION", "").strip() or None,
+        nproc_declared=_per_node(env, "NODEKIT_NPROC_DECLARED", nnodes, auto=True),
+        gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
     )

@@ -243,6 +243,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return EXIT_TERMINATED
         if code != EXIT_OK:
             return code
+    if passed is not None and cfg.world_size is None:
+        # Some node's count was 'auto': now every node has reported it, the world is known.
+        world = sum(f.nproc_per_node for f in passed.verdict.facts)
+        counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
+        print(f"nodekit: world {world} ({counts} processes)", flush=True)
+        env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
     plan = exec_plan(
         cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command)
     )

@@ -69,7 +69,9 @@ def render_compose(
     if facts.gpu_count > 0:
         # Compose 2.26 has no service-level `gpus:` key; device reservations are the portable spelling.
         svc["deploy"] = {
-            "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+            "resources": {
+                "reservations": {"devices": [{"driver": "nvidia", "count": _gpus(node), "capabilities": ["gpu"]}]}
+            }
         }
     if node.infiniband:
         svc["devices"] = [f"{d}:{d}" for d in node.infiniband]
@@ -82,6 +84,12 @@ def render_compose(
             ports = (launch.master_port, launch.preflight_port)
             svc["ports"] = [f"{node.main_addr}:{p}:{p}/tcp" for p in ports]
     return doc
+
+
+def _gpus(node: NodeSpec) -> int | str:
+    """The GPUs the container reserves: this node's declared [nodes.R] gpus, else all of them."""
+    declared = node.launch.node_gpus[node.rank] if node.rank < len(node.launch.node_gpus) else None
+    return "all" if declared is None else declared
 
 
 def ulimits(facts: HostFacts) -> dict[str, Any]:

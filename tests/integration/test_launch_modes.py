@@ -4,6 +4,7 @@ and the exit-code proof: 20 consecutive runs of the Lightning script, every one 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
@@ -100,3 +101,24 @@ def test_an_unmodified_lightning_trainer_exits_0_on_both_nodes_every_time(projec
         assert (main, worker) == (0, 0), f"run {i + 1} of {RUNS}: exit codes {codes}\n{out}"
     took = time.monotonic() - start
     print(f"{RUNS} two-node Lightning runs, all exit 0 on both nodes, {took / RUNS:.1f} s per run")
+
+
+def test_a_one_plus_two_process_job_runs_with_world_3(ddp_project: Path) -> None:
+    """Heterogeneous nodes declared in the shared configuration: node 0 runs 1 process, node 1 runs 2."""
+    config = ddp_project / "nodekit.toml"
+    hetero = {"NODEKIT_NODES": '{"1": {"nproc_per_node": 2}}', "NODEKIT_ARGS": '["--epochs", "1"]'}
+    flags = ["--main", "127.0.0.1", "--master-port", "29680"]
+    settings = load(config)
+    try:
+        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=hetero)
+        assert bg.returncode == 0, bg.stdout + bg.stderr
+        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=hetero, timeout=300)
+        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
+    finally:
+        for rank in (0, 1):
+            nodekit("down", "--node-rank", str(rank), config=config)
+    assert (fg.returncode, worker) == (0, 0), fg.stdout + fg.stderr
+    assert "| 1 proc/node | world 3 |" in fg.stdout
+    assert "nproc_per_node: 1 on node 0; 2 on node 1" in fg.stdout  # a note, not a mismatch
+    result = json.loads((ddp_project / "outputs" / "result.json").read_text())
+    assert result["world_size"] == 3 and result["checksums_equal"] is True and len(result["checksums"]) == 3
