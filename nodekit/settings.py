@@ -23,6 +23,7 @@ from nodekit.errors import ConfigError
 CONFIG_FILE = "nodekit.toml"
 DEFAULT_TORCH = "torch==2.13.0"
 FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 
 
@@ -73,6 +74,9 @@ class Settings(BaseSettings):
         15, ge=0, description="seconds without a node's heartbeat before the others stop, naming it; 0: never"
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
+    pass_env: tuple[str, ...] = Field(
+        (), description="variables passed by name from the shell that runs nodekit up (secrets: no value is written)"
+    )
     # network
     network: Literal["host", "bridge"] = Field(
         "host", description="host (needed across machines), or bridge for runs with every node on this machine"
@@ -110,6 +114,14 @@ class Settings(BaseSettings):
         if given and self.launcher != "fabric":
             raise ValueError(f'{", ".join(given)} only apply to launcher = "fabric" (launcher is {self.launcher!r})')
         return self
+
+    @field_validator("pass_env")
+    @classmethod
+    def _env_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [n for n in v if not ENV_NAME.match(n)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a valid environment variable name (letters, digits, _)")
+        return tuple(dict.fromkeys(v))
 
     @field_validator("peer_timeout")
     @classmethod

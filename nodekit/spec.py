@@ -63,6 +63,7 @@ class LaunchSpec(BaseModel):
     rdzv_timeout: int = Field(180, ge=1)
     peer_timeout: int = Field(15, ge=0)
     env: tuple[tuple[str, str], ...] = ()
+    pass_env: tuple[str, ...] = ()  # names only: compose takes the values from the shell that runs it
     # Per node, by rank: processes (an int, or "auto" for the node's GPUs) and declared GPU counts ([nodes.R]).
     node_nproc: tuple[int | Literal["auto"], ...] = ()
     node_gpus: tuple[int | None, ...] = ()
@@ -154,6 +155,7 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         rdzv_timeout=settings.rdzv_timeout,
         peer_timeout=settings.peer_timeout,
         env=tuple(sorted(settings.env.items())),
+        pass_env=settings.pass_env,
         node_nproc=tuple(
             o.nproc_per_node if (o := settings.nodes.get(r)) and o.nproc_per_node else settings.nproc_per_node
             for r in range(settings.nnodes)

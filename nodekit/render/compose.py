@@ -50,7 +50,11 @@ def render_compose(
     doc = {"name": project_name(launch.name, node.rank), **doc}
     svc["image"] = image
     svc["command"] = launch.command.argv()
-    svc["environment"] = rank_env(node, facts, debug=debug)
+    env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
+    # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or
+    # `nodekit up`), so a secret never lands in this file, a label, or nodekit's output.
+    env |= {name: None for name in launch.pass_env if name not in env}
+    svc["environment"] = env
     svc["labels"] = {
         "org.nodekit.name": launch.name,
         "org.nodekit.rank": str(node.rank),

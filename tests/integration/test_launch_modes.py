@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -122,3 +123,60 @@ def test_a_one_plus_two_process_job_runs_with_world_3(ddp_project: Path) -> None
     assert "nproc_per_node: 1 on node 0; 2 on node 1" in fg.stdout  # a note, not a mismatch
     result = json.loads((ddp_project / "outputs" / "result.json").read_text())
     assert result["world_size"] == 3 and result["checksums_equal"] is True and len(result["checksums"]) == 3
+
+
+SECRET = "nk-secret-3b1f9a7c5e"
+
+
+def _files_holding(root: Path, needle: bytes) -> list[str]:
+    return [str(p) for p in root.rglob("*") if p.is_file() and needle in p.read_bytes()]
+
+
+def test_pass_env_reaches_the_job_and_no_file_nodekit_wrote(projects: dict[str, Path]) -> None:
+    """The secret is in the container's environment (from the shell that ran nodekit up) and nowhere else: not in
+    the compose file, the outputs, nodekit's output, --dry-run, or the container's labels."""
+    project = projects["legacy"]
+    config = project / "nodekit.toml"
+    shell = {"NODEKIT_PASS_ENV": '["NK_TEST_TOKEN", "NK_TEST_UNSET"]', "NK_TEST_TOKEN": SECRET}
+    flags = ["--main", "127.0.0.1", "--master-port", "29690"]
+    settings = load(config)
+    outputs: list[str] = []
+    try:
+        dry = nodekit("up", "--node-rank", "0", *flags, "--dry-run", config=config, env=shell)
+        outputs.append(dry.stdout + dry.stderr)
+        assert "NK_TEST_TOKEN" in dry.stdout and SECRET not in dry.stdout
+        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=shell)
+        outputs.append(bg.stdout + bg.stderr)
+        assert bg.returncode == 0, bg.stdout + bg.stderr
+        assert "pass_env NK_TEST_UNSET is not set" in bg.stderr
+        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=shell, timeout=300)
+        outputs.append(fg.stdout + fg.stderr)
+        assert fg.returncode == 0, fg.stdout + fg.stderr
+        compose_file = compose_path(settings, 0)
+        resolved = subprocess.run(
+            ["docker", "compose", "-f", str(compose_file), "config"],
+            env=os.environ | {"NK_TEST_TOKEN": SECRET},
+            capture_output=True,
+            text=True,
+        )
+        assert resolved.returncode == 0, resolved.stderr
+        assert f"NK_TEST_TOKEN: {SECRET}" in resolved.stdout  # compose takes the value from its shell
+        inspect = subprocess.run(
+            ["docker", "compose", "-f", str(compose_file), "-p", project_for(settings, 0), "ps", "-a", "-q"],
+            capture_output=True,
+            text=True,
+        )
+        cid = inspect.stdout.split()[0]
+        env = subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Config.Env}}", cid], capture_output=True, text=True
+        )
+        labels = subprocess.run(
+            ["docker", "inspect", "--format", "{{json .Config.Labels}}", cid], capture_output=True, text=True
+        )
+        assert f"NK_TEST_TOKEN={SECRET}" in env.stdout
+        assert SECRET not in labels.stdout
+    finally:
+        for rank in (0, 1):
+            nodekit("down", "--node-rank", str(rank), config=config)
+    assert _files_holding(project, SECRET.encode()) == []
+    assert all(SECRET not in o for o in outputs)
