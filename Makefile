@@ -49,6 +49,7 @@ test: lint engine base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
 bench: venv engine base
+	$(PY) benchmarks/manifest_bench.py
 	$(PY) benchmarks/run.py
 
 clean:

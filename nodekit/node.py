@@ -70,6 +70,13 @@ def plan_node(
                 node=f"node {rank}",
             )
     node = node_spec(settings, launch, rank, main_ip, facts)
+    absent = next((m for m in node.mounts if not Path(m.host).exists()), None)
+    if absent is not None:
+        raise UsageError(
+            f"mount {absent.host} (for {absent.container}) does not exist on node {rank}",
+            fix=f"create or mount it here, or set this node's path: [nodes.{rank}] mounts = "
+            f'{{ "{absent.container}" = "/its/path" }} in nodekit.toml',
+        )
     notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)
     path = compose_path(settings, rank, out_dir)

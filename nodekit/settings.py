@@ -27,6 +27,26 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 
 
+class Mount(BaseModel):
+    """One ``[[mounts]]`` entry: a host directory (or file) in the job, read-only unless ``writable``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(description="absolute path on the host (per node: [nodes.R] mounts)")
+    container: str = Field(description="absolute path in the container")
+    writable: bool = Field(False, description="mount read-write (default read-only)")
+    check: Literal["none", "sizes", "hashes"] = Field(
+        "none", description="same data on every node: compare relative paths and sizes, or also content hashes"
+    )
+
+    @field_validator("host", "container")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"mount path {v!r} is not absolute")
+        return v.rstrip("/") or "/"
+
+
 class NodeOverride(BaseModel):
     """Per-node settings under ``[nodes.<rank>]``; anything unset is detected on that node."""
 
@@ -38,6 +58,15 @@ class NodeOverride(BaseModel):
         None, description="this node's processes (heterogeneous nodes)"
     )
     gpus: int | None = Field(None, ge=0, description="this node's GPU count, where nodes differ")
+    mounts: dict[str, str] = Field(default_factory=dict, description="container path -> this node's host path")
+
+    @field_validator("mounts")
+    @classmethod
+    def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [p for kv in v.items() for p in kv if not p.startswith("/")]
+        if bad:
+            raise ValueError(f"mount path {bad[0]!r} is not absolute")
+        return {k.rstrip("/") or "/": p for k, p in v.items()}
 
 
 class Settings(BaseSettings):
@@ -88,6 +117,7 @@ class Settings(BaseSettings):
     compose_dir: Path = Field(Path("compose"), description="where compose/node-<rank>.yaml files are written")
     output_dir: Path = Field(Path("outputs"), description="host directory mounted at /outputs in the job")
     nodes: dict[int, NodeOverride] = Field(default_factory=dict, description="per-node overrides")
+    mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
 
     # Set by load(): where the file was found. Not a user setting.
     project_dir: Path = Field(default_factory=Path.cwd, exclude=True)
@@ -106,6 +136,21 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"[nodes.{outside[0]}] is outside node ranks 0..{self.nnodes - 1} (nnodes = {self.nnodes})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _mount_targets(self) -> Settings:
+        targets = [m.container for m in self.mounts]
+        reserved = {"/outputs", "/workspace", "/opt/venv", "/opt/nodekit"}
+        clash = next((t for t in targets if targets.count(t) > 1 or t in reserved or t == "/"), None)
+        if clash is not None:
+            raise ValueError(
+                f"mount target {clash!r} is used twice or is one of nodekit's own ({', '.join(sorted(reserved))})"
+            )
+        for r, o in self.nodes.items():
+            unknown = next((t for t in o.mounts if t not in targets), None)
+            if unknown is not None:
+                raise ValueError(f"[nodes.{r}] mounts {unknown!r}, which no [[mounts]] entry mounts")
         return self
 
     @model_validator(mode="after")

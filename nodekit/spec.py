@@ -99,6 +99,17 @@ class HostFacts(BaseModel):
     bridge_gateway: str | None = Field(None, description="address of Docker's default bridge (docker0) here")
 
 
+class MountPoint(BaseModel):
+    """One mount on one node: this node's host path (its [nodes.R] override, else the shared one)."""
+
+    model_config = _FROZEN
+
+    host: str
+    container: str
+    writable: bool = False
+    check: Literal["none", "sizes", "hashes"] = "none"
+
+
 class NodeSpec(BaseModel):
     """One node of the job: its rank, where main is, and the job."""
 
@@ -112,6 +123,7 @@ class NodeSpec(BaseModel):
     local_addr: str | None = None
     network: Literal["host", "bridge"] = "host"
     infiniband: tuple[str, ...] = Field((), description="InfiniBand devices passed to the container")
+    mounts: tuple[MountPoint, ...] = ()
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> NodeSpec:
@@ -194,6 +206,15 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, f
         local_addr=local_addr,
         network=settings.network,
         infiniband=infiniband_for(settings, facts, rank),
+        mounts=tuple(
+            MountPoint(
+                host=override.mounts.get(m.container, m.host) if override else m.host,
+                container=m.container,
+                writable=m.writable,
+                check=m.check,
+            )
+            for m in settings.mounts
+        ),
     )
 
 

@@ -69,6 +69,17 @@ def render_compose(
             "bind": {"create_host_path": True},
         }
     ]
+    for m in node.mounts:
+        # create_host_path false: a missing dataset must be an error, not an empty directory Docker made.
+        svc["volumes"].append(
+            {
+                "type": "bind",
+                "source": m.host,
+                "target": m.container,
+                "read_only": not m.writable,
+                "bind": {"create_host_path": False},
+            }
+        )
     svc["ulimits"] = ulimits(facts)
     if facts.gpu_count > 0:
         # Compose 2.26 has no service-level `gpus:` key; device reservations are the portable spelling.

@@ -41,6 +41,10 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
         gpus = [(r, g) for r, g in enumerate(launch.node_gpus) if g is not None]
         if gpus:
             env["NODEKIT_GPUS_DECLARED"] = ",".join(f"{r}:{g}" for r, g in gpus)
+    checked = [f"{m.container}:{m.check}" for m in node.mounts if m.check != "none"]
+    if checked:
+        # The launcher's same-data check: a manifest of each of these mounts, compared across nodes by the preflight.
+        env["NODEKIT_DATA_CHECK"] = ",".join(checked)
     if launch.launcher == "fabric":
         # What `fabric run --accelerator/--strategy/--precision` passes on; the launcher turns them into LT_*.
         env["NODEKIT_ACCELERATOR"] = launch.accelerator or ("cuda" if facts.gpu_count > 0 else "cpu")
