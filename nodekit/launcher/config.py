@@ -52,6 +52,7 @@ class LaunchConfig:
     precision: str | None = None  # mode fabric
     nproc_declared: tuple[tuple[int, str], ...] = ()  # NODEKIT_NPROC_DECLARED: (rank, "N" or "auto") per node
     gpus_declared: tuple[tuple[int, int], ...] = ()  # NODEKIT_GPUS_DECLARED: (rank, N) where declared
+    data_check: tuple[tuple[str, str], ...] = ()  # NODEKIT_DATA_CHECK: (container path, "sizes" or "hashes")
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
 
     @property
@@ -101,6 +102,18 @@ def _per_node(env: Mapping[str, str], key: str, nnodes: int, *, auto: bool) -> t
             raise EnvError(f"{key}={raw!r} names node {int(rank)}, outside 0..{nnodes - 1}")
         out[int(rank)] = count.strip()
     return tuple(sorted(out.items()))
+
+
+def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``/data:sizes,/ref:hashes`` -> (("/data", "sizes"), ("/ref", "hashes"))."""
+    raw = env.get("NODEKIT_DATA_CHECK", "").strip()
+    out = []
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        path, _, mode = item.rpartition(":")
+        if not path.startswith("/") or mode not in ("sizes", "hashes"):
+            raise EnvError(f"NODEKIT_DATA_CHECK={raw!r} is not a list of /path:sizes or /path:hashes")
+        out.append((path, mode))
+    return tuple(out)
 
 
 def parse_env(env: Mapping[str, str]) -> LaunchConfig:
@@ -178,5 +191,6 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         precision=env.get("NODEKIT_PRECISION", "").strip() or None,
         nproc_declared=_per_node(env, "NODEKIT_NPROC_DECLARED", nnodes, auto=True),
         gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
+        data_check=_data_check(env),
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
     )

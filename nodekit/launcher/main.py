@@ -243,6 +243,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return EXIT_TERMINATED
         if code != EXIT_OK:
             return code
+    if passed is not None and cfg.data_check:
+        from nodekit.launcher import samedata
+
+        same, report = samedata.run(passed.store, cfg.node_rank, cfg.nnodes, cfg.data_check, timeout_s=cfg.rdzv_timeout)
+        if not same:
+            sys.stdout.flush()
+            print(report, file=sys.stderr, flush=True)
+            _err("the checked mounts differ between nodes; not starting training")
+            return EXIT_STACK_MISMATCH
+        print(report, flush=True)
     if passed is not None and cfg.world_size is None:
         # Some node's count was 'auto': now every node has reported it, the world is known.
         world = sum(f.nproc_per_node for f in passed.verdict.facts)
