@@ -180,3 +180,43 @@ def test_pass_env_reaches_the_job_and_no_file_nodekit_wrote(projects: dict[str, 
             nodekit("down", "--node-rank", str(rank), config=config)
     assert _files_holding(project, SECRET.encode()) == []
     assert all(SECRET not in o for o in outputs)
+
+
+def test_a_dataset_differing_on_one_node_is_refused_with_the_file_named(
+    projects: dict[str, Path], tmp_path: Path
+) -> None:
+    project = projects["legacy"]
+    config = project / "nodekit.toml"
+    for node, extra in (("a", b""), ("b", b"!")):
+        (tmp_path / node / "train").mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / node / "train" / f"{i}.bin").write_bytes(b"x" * 10 + (extra if i == 2 else b""))
+    shell = {
+        "NODEKIT_MOUNTS": f'[{{"host": "{tmp_path / "a"}", "container": "/data", "check": "sizes"}}]',
+        "NODEKIT_NODES": f'{{"1": {{"mounts": {{"/data": "{tmp_path / "b"}"}}}}}}',
+    }
+    flags = ["--main", "127.0.0.1", "--master-port", "29700"]
+    settings = load(config)
+    try:
+        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=shell)
+        assert bg.returncode == 0, bg.stdout + bg.stderr
+        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=shell, timeout=300)
+        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
+    finally:
+        for rank in (0, 1):
+            nodekit("down", "--node-rank", str(rank), config=config)
+    out = fg.stdout + fg.stderr
+    assert (fg.returncode, worker) == (17, 17), out
+    assert "DATA DIFFERS" in out and "train/2.bin: 11 bytes, main has 10" in out, out
+    assert "legacy:" not in out  # training never started
+
+
+def test_a_mount_missing_on_a_node_is_one_line_before_anything_starts(
+    projects: dict[str, Path], tmp_path: Path
+) -> None:
+    config = projects["legacy"] / "nodekit.toml"
+    shell = {"NODEKIT_MOUNTS": f'[{{"host": "{tmp_path / "absent"}", "container": "/data"}}]'}
+    up = nodekit("up", "--node-rank", "1", "--main", "127.0.0.1", config=config, env=shell)
+    assert up.returncode == 2
+    lines = [ln for ln in up.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "does not exist on node 1" in lines[0], up.stderr
