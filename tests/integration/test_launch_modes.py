@@ -220,3 +220,22 @@ def test_a_mount_missing_on_a_node_is_one_line_before_anything_starts(
     assert up.returncode == 2
     lines = [ln for ln in up.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "does not exist on node 1" in lines[0], up.stderr
+
+
+@pytest.mark.parametrize(("guard", "loaded"), [("1", "True"), ("0", "False"), (None, "False")])
+def test_the_image_loads_the_exit_guard_only_when_asked(
+    projects: dict[str, Path], guard: str | None, loaded: str
+) -> None:
+    from nodekit.build import current_image
+
+    image = current_image(load(projects["lightning"] / "nodekit.toml"))
+    env = ["-e", f"NODEKIT_EXIT_GUARD={guard}"] if guard is not None else []
+    probe = "import sys, json; print('nodekit.launcher.exitguard' in sys.modules)"
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", *env, "--entrypoint", "python", image, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == loaded
