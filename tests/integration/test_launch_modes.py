@@ -75,9 +75,9 @@ def run_two_nodes(config: Path, port: int) -> tuple[int, int, str]:
 @pytest.mark.parametrize(
     ("example", "port", "line"),
     [
-        ("lightning", 29640, "lightning: 5 steps, parameters equal on 2 ranks"),
-        ("fabric", 29650, "fabric: 5 steps"),
-        ("legacy", 29660, "legacy: local_rank 0"),
+        ("lightning", 29760, "lightning: 5 steps, parameters equal on 2 ranks"),
+        ("fabric", 29762, "fabric: 5 steps"),
+        ("legacy", 29764, "legacy: local_rank 0"),
     ],
 )
 def test_each_guides_script_trains_to_equal_parameters(
@@ -97,7 +97,7 @@ def test_an_unmodified_lightning_trainer_exits_0_on_both_nodes_every_time(projec
     codes = []
     start = time.monotonic()
     for i in range(RUNS):
-        main, worker, out = run_two_nodes(config, 29670)
+        main, worker, out = run_two_nodes(config, 29766)
         codes.append((main, worker))
         assert (main, worker) == (0, 0), f"run {i + 1} of {RUNS}: exit codes {codes}\n{out}"
     took = time.monotonic() - start
@@ -108,7 +108,7 @@ def test_a_one_plus_two_process_job_runs_with_world_3(ddp_project: Path) -> None
     """Heterogeneous nodes declared in the shared configuration: node 0 runs 1 process, node 1 runs 2."""
     config = ddp_project / "nodekit.toml"
     hetero = {"NODEKIT_NODES": '{"1": {"nproc_per_node": 2}}', "NODEKIT_ARGS": '["--epochs", "1"]'}
-    flags = ["--main", "127.0.0.1", "--master-port", "29680"]
+    flags = ["--main", "127.0.0.1", "--master-port", "29768"]
     settings = load(config)
     try:
         bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=hetero)
@@ -138,7 +138,7 @@ def test_pass_env_reaches_the_job_and_no_file_nodekit_wrote(projects: dict[str, 
     project = projects["legacy"]
     config = project / "nodekit.toml"
     shell = {"NODEKIT_PASS_ENV": '["NK_TEST_TOKEN", "NK_TEST_UNSET"]', "NK_TEST_TOKEN": SECRET}
-    flags = ["--main", "127.0.0.1", "--master-port", "29690"]
+    flags = ["--main", "127.0.0.1", "--master-port", "29770"]
     settings = load(config)
     outputs: list[str] = []
     try:
@@ -195,7 +195,7 @@ def test_a_dataset_differing_on_one_node_is_refused_with_the_file_named(
         "NODEKIT_MOUNTS": f'[{{"host": "{tmp_path / "a"}", "container": "/data", "check": "sizes"}}]',
         "NODEKIT_NODES": f'{{"1": {{"mounts": {{"/data": "{tmp_path / "b"}"}}}}}}',
     }
-    flags = ["--main", "127.0.0.1", "--master-port", "29700"]
+    flags = ["--main", "127.0.0.1", "--master-port", "29772"]
     settings = load(config)
     try:
         bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=shell)
