@@ -11,8 +11,8 @@ without an active exception"): SIGABRT, exit 134, on a rank whose script had ret
 
 How a finished process is told from a failed one (the rule the README documents):
 
-* *finished*: the ``__main__`` module ran to its end, or ``sys.exit()`` was called with 0 or None, and no uncaught
-  exception reached ``sys.excepthook``;
+* *finished*: the ``__main__`` module ran to its end, or a ``sys.exit()`` with 0 or None ended it (its SystemExit
+  went up through ``__main__``'s frame), and no uncaught exception reached ``sys.excepthook``;
 * anything else is *not known to be finished*: an uncaught exception, ``sys.exit(n)`` with n != 0, a
   ``raise SystemExit(n)`` (the ``__main__`` module then did not run to its end), ``os._exit(n)`` and signals (no
   Python code runs at all then).
@@ -45,8 +45,7 @@ _WRITERS = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
 
 
 class _State:
-    exit_code: object = None  # the last sys.exit() argument
-    exited: bool = False  # sys.exit() was called
+    exit_exc: SystemExit | None = None  # what the last sys.exit() raised
     uncaught: bool = False  # an exception reached sys.excepthook
     main_frame: FrameType | None = None
     installed: bool = False
@@ -87,12 +86,24 @@ def completed(frame: FrameType) -> bool:
 
 def finished() -> bool:
     """Whether this process is known to have finished its work (see the module docstring)."""
-    if _state.uncaught:
-        return False
     frame = _state.main_frame
-    if frame is not None and completed(frame):
+    if _state.uncaught or frame is None:
+        return False
+    if completed(frame):
         return True
-    return _state.exited and (_state.exit_code is None or _state.exit_code == 0)
+    e = _state.exit_exc
+    # sys.exit(0) counts only if its SystemExit went up through __main__'s frame: one caught below it (a library
+    # or torchrun calling sys.exit internally) says nothing about how the process ends.
+    return e is not None and (e.code is None or e.code == 0) and _passed_through(e, frame)
+
+
+def _passed_through(e: BaseException, frame: FrameType) -> bool:
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame is frame:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _flush_all() -> None:
@@ -128,8 +139,11 @@ def install() -> None:
     real_hook = sys.excepthook
 
     def exit(status: str | int | None = None) -> NoReturn:
-        _state.exited, _state.exit_code = True, status
-        real_exit(status)
+        try:
+            real_exit(status)
+        except SystemExit as e:
+            _state.exit_exc = e
+            raise
 
     def excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
         _state.uncaught = True

@@ -43,6 +43,15 @@ if mode == "raise3":
     raise SystemExit(main())
 if mode == "return3":
     sys.exit(main())
+def library_call():
+    try:
+        sys.exit(0)  # as a library (or torchrun) may, caught inside it
+    except SystemExit:
+        pass
+
+if mode == "caught0":
+    library_call()
+    raise SystemExit(5)
 main()
 """
 
@@ -80,7 +89,9 @@ def test_a_finished_script_exits_0_although_its_teardown_aborts(tmp_path: Path, 
     assert log == f"unflushed {mode}"  # open files are flushed although finalisation is skipped
 
 
-@pytest.mark.parametrize(("mode", "expected"), [("exit4", 4), ("raise3", 3), ("return3", 3), ("raise", 1)])
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("exit4", 4), ("raise3", 3), ("return3", 3), ("raise", 1), ("caught0", 5)]
+)
 def test_a_failed_script_keeps_its_code(tmp_path: Path, mode: str, expected: int) -> None:
     code, stdout, log = _run(tmp_path, mode, guard="1")
     assert code == expected
