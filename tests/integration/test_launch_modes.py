@@ -89,6 +89,24 @@ def test_each_guides_script_trains_to_equal_parameters(
     assert "equal on 2 ranks" in out, out
 
 
+def test_lightning_starts_its_own_processes_for_several_devices_per_node(projects: dict[str, Path]) -> None:
+    """launcher env with 2 devices per node: Lightning spawns the second process on each node itself."""
+    config = projects["lightning"] / "nodekit.toml"
+    two = {"NODEKIT_ARGS": '["--num-nodes", "2", "--devices", "2", "--max-steps", "3"]', "NODEKIT_NPROC_PER_NODE": "2"}
+    flags = ["--main", "127.0.0.1", "--master-port", "29774"]
+    settings = load(config)
+    try:
+        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=two)
+        assert bg.returncode == 0, bg.stdout + bg.stderr
+        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=two, timeout=300)
+        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
+    finally:
+        for rank in (0, 1):
+            nodekit("down", "--node-rank", str(rank), config=config)
+    assert (fg.returncode, worker) == (0, 0), fg.stdout + fg.stderr
+    assert "lightning: 3 steps, parameters equal on 4 ranks" in fg.stdout, fg.stdout
+
+
 RUNS = int(os.environ.get("NODEKIT_EXIT_CODE_RUNS", "20"))
 
 
