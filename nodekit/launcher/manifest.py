@@ -15,7 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 CHUNK = 1 << 20
-HASH_THREADS = 8  # hashlib releases the GIL on large updates: a few threads keep a fast disk busy
+HASH_THREADS = max(4, min(16, 2 * (os.cpu_count() or 1)))  # hashlib releases the GIL on large updates
+# Files larger than this are hashed in pieces of this size in parallel (sha256 over the pieces' digests): one big
+# file would otherwise be hashed by a single core, slower than a fast disk reads it.
+PIECE = 32 << 20
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,45 @@ def file_sha256(path: str) -> str:
     return h.hexdigest()
 
 
+def _piece_sha256(task: tuple[str, int, int]) -> bytes:
+    path, offset, length = task
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(offset)
+        left = length
+        while left > 0 and (chunk := f.read(min(CHUNK, left))):
+            h.update(chunk)
+            left -= len(chunk)
+    return h.digest()
+
+
+def content_hashes(files: Sequence[tuple[str, int]], threads: int = HASH_THREADS) -> list[str]:
+    """The content hash of each ``(path, size)``: sha256 of the file, or for a file over :data:`PIECE` bytes
+    ``p:`` + sha256 over its pieces' sha256 digests. Every piece of every file is hashed in one thread pool."""
+    tasks: list[tuple[str, int, int]] = []
+    owners: list[int] = []
+    for i, (path, size) in enumerate(files):
+        pieces = range(0, size, PIECE) if size > PIECE else [0]
+        for off in pieces:
+            tasks.append((path, off, PIECE if size > PIECE else 1 << 62))  # small: to the end, as file_sha256
+            owners.append(i)
+    with ThreadPoolExecutor(threads) as pool:
+        digests = list(pool.map(_piece_sha256, tasks, chunksize=8))
+    parts: list[list[bytes]] = [[] for _ in files]
+    for i, d in zip(owners, digests, strict=True):
+        parts[i].append(d)
+    out = []
+    for (_, size), p in zip(files, parts, strict=True):
+        out.append("p:" + hashlib.sha256(b"".join(p)).hexdigest() if size > PIECE else p[0].hex())
+    return out
+
+
 def manifest(root: str, *, hashes: bool = False) -> tuple[Entry, ...]:
     """The manifest of ``root`` (see the module docstring); OSError when ``root`` cannot be read."""
     found = sorted(_walk(root), key=lambda t: t[0])
     if not hashes:
         return tuple(Entry(p, size, f"->{link}" if link else "") for p, _, size, link in found)
-    files = [a for _, a, _, link in found if not link]
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        digests = iter(pool.map(file_sha256, files, chunksize=16))
+    digests = iter(content_hashes([(a, size) for _, a, size, link in found if not link]))
     return tuple(Entry(p, size, f"->{link}" if link else next(digests)) for p, _, size, link in found)
 
 

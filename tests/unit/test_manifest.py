@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from nodekit.launcher.manifest import digest, first_differences, from_text, manifest, to_text
 
 
@@ -46,3 +48,20 @@ def test_links_are_listed_not_followed(tmp_path: Path) -> None:
     root = _tree(tmp_path / "one")
     (root / "loop").symlink_to(root)
     assert next(e for e in manifest(str(root)) if e.path == "loop").hash == f"->{root}"
+
+
+def test_a_large_file_is_hashed_in_pieces_and_a_change_in_any_piece_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodekit.launcher import manifest as m
+
+    monkeypatch.setattr(m, "PIECE", 1000)
+    small, big = tmp_path / "small.bin", tmp_path / "big.bin"
+    small.write_bytes(b"a" * 999)
+    big.write_bytes(bytes(range(256)) * 10)  # 2560 bytes: three pieces
+    h = m.content_hashes([(str(small), 999), (str(big), 2560)])
+    assert h[0] == m.file_sha256(str(small)) and h[1].startswith("p:")
+    data = bytearray(big.read_bytes())
+    data[2100] ^= 1
+    big.write_bytes(bytes(data))
+    assert m.content_hashes([(str(big), 2560)])[0] != h[1]
