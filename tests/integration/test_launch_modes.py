@@ -257,3 +257,34 @@ def test_the_image_loads_the_exit_guard_only_when_asked(
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == loaded
+
+
+ABORTS_IN_TEARDOWN = """
+import os, sys
+class AbortsInTeardown:
+    def __del__(self):
+        os.abort()  # as the gloo/NCCL teardown of torch now and then does (SIGABRT)
+keep = AbortsInTeardown()
+import json
+print("trained", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("guard", "code"), [("1", 0), ("0", 134)])
+def test_in_the_image_a_finished_script_whose_teardown_aborts_exits_0(
+    projects: dict[str, Path], guard: str, code: int
+) -> None:
+    """The abort the guard exists for does not reproduce on demand with torch (0 of 20 unguarded Lightning runs
+    failed on the CI machine), so the image's interpreter is shown the same abort at teardown directly."""
+    from nodekit.build import current_image
+
+    image = current_image(load(projects["lightning"] / "nodekit.toml"))
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "-e", f"NODEKIT_EXIT_GUARD={guard}", "--entrypoint", "sh",
+         image, "-c", f"python -c '{ABORTS_IN_TEARDOWN}'; echo exit=$?"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert "trained" in proc.stdout
+    assert f"exit={code}" in proc.stdout, proc.stdout + proc.stderr
