@@ -53,6 +53,7 @@ test: lint engine sshd base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
 bench: venv engine sshd base
+	$(PY) benchmarks/manifest_bench.py
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/fleet_bench.py
 

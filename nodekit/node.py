@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +33,7 @@ class NodePlan:
     project: str
     text: str
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
 
 def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> Path:
@@ -49,6 +50,7 @@ def plan_node(
     out_dir: Path | None = None,
     facts: HostFacts | None = None,
     resolve_image: Callable[[Settings], str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> NodePlan:
     """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing."""
     launch = launch_spec(settings)
@@ -69,6 +71,13 @@ def plan_node(
             )
     facts = node_facts(settings, rank, facts)
     node = node_spec(settings, launch, rank, main_ip, facts)
+    absent = next((m for m in node.mounts if not Path(m.host).exists()), None)
+    if absent is not None:
+        raise UsageError(
+            f"mount {absent.host} (for {absent.container}) does not exist on node {rank}",
+            fix=f"create or mount it here, or set this node's path: [nodes.{rank}] mounts = "
+            f'{{ "{absent.container}" = "/its/path" }} in nodekit.toml',
+        )
     notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)
     path = compose_path(settings, rank, out_dir)
@@ -83,6 +92,16 @@ def plan_node(
         project=project_name(launch.name, rank),
         text=text,
         notes=notes,
+        warnings=unset_pass_env(launch.pass_env, os.environ if environ is None else environ),
+    )
+
+
+def unset_pass_env(names: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """A warning for each pass_env variable this shell lacks (the job would run without it)."""
+    return tuple(
+        f"pass_env {n} is not set in this shell: the job runs without it (export {n}=... before nodekit up)"
+        for n in names
+        if n not in environ
     )
 
 
@@ -133,6 +152,8 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     Returns the job's exit code (0 when detached). Interrupting (Ctrl-C) stops and removes the container, or
     with ``debug`` stops it and keeps it for inspection.
     """
+    for warning in plan.warnings:
+        reporter.warn(warning)
     docker.check_engine()
     docker.require_image(plan.image, node=f"node {plan.node.rank}")
     check_master_port(plan)

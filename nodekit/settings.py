@@ -15,14 +15,36 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from nodekit.errors import ConfigError
 
 CONFIG_FILE = "nodekit.toml"
 DEFAULT_TORCH = "torch==2.13.0"
+FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+
+
+class Mount(BaseModel):
+    """One ``[[mounts]]`` entry: a host directory (or file) in the job, read-only unless ``writable``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(description="absolute path on the host (per node: [nodes.R] mounts)")
+    container: str = Field(description="absolute path in the container")
+    writable: bool = Field(False, description="mount read-write (default read-only)")
+    check: Literal["none", "sizes", "hashes"] = Field(
+        "none", description="same data on every node: compare relative paths and sizes, or also content hashes"
+    )
+
+    @field_validator("host", "container")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"mount path {v!r} is not absolute")
+        return v.rstrip("/") or "/"
 
 
 class NodeOverride(BaseModel):
@@ -32,8 +54,19 @@ class NodeOverride(BaseModel):
 
     iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
     addr: str | None = Field(None, description="this node's own address toward main")
-    nproc_per_node: int | Literal["auto"] | None = None
-    gpus: int | None = Field(None, ge=0, description="GPUs this node has (default: detected on that node)")
+    nproc_per_node: int | Literal["auto"] | None = Field(
+        None, description="this node's processes (heterogeneous nodes)"
+    )
+    gpus: int | None = Field(None, ge=0, description="this node's GPU count, where nodes differ")
+    mounts: dict[str, str] = Field(default_factory=dict, description="container path -> this node's host path")
+
+    @field_validator("mounts")
+    @classmethod
+    def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
+        bad = [p for kv in v.items() for p in kv if not p.startswith("/")]
+        if bad:
+            raise ValueError(f"mount path {bad[0]!r} is not absolute")
+        return {k.rstrip("/") or "/": p for k, p in v.items()}
 
 
 class Settings(BaseSettings):
@@ -60,9 +93,16 @@ class Settings(BaseSettings):
     script: str | None = Field(None, description="training script, relative to the project root")
     module: str | None = Field(None, description="or a module to run with -m")
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
-    launcher: Literal["torchrun", "env"] = Field(
-        "torchrun", description="torchrun, or env for frameworks that start their own workers (Lightning)"
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = Field(
+        "torchrun",
+        description="torchrun; fabric (what `fabric run` does); env for frameworks that start their own workers "
+        "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank",
     )
+    accelerator: str | None = Field(
+        None, description="launcher fabric: --accelerator (default: cuda on a node with GPUs, else cpu)"
+    )
+    strategy: str | None = Field(None, description="launcher fabric: --strategy (default ddp)")
+    precision: str | None = Field(None, description="launcher fabric: --precision (default: Fabric's own)")
     nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
     nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
     master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")
@@ -72,6 +112,9 @@ class Settings(BaseSettings):
         15, ge=0, description="seconds without a node's heartbeat before the others stop, naming it; 0: never"
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
+    pass_env: tuple[str, ...] = Field(
+        (), description="variables passed by name from the shell that runs nodekit up (secrets: no value is written)"
+    )
     # network
     network: Literal["host", "bridge"] = Field(
         "host", description="host (needed across machines), or bridge for runs with every node on this machine"
@@ -90,6 +133,7 @@ class Settings(BaseSettings):
     main: str | None = Field(None, description="main's address as the other nodes reach it (default: host 0's)")
     restarts: int = Field(0, ge=0, description="nodekit run: restart the whole job on every node this many times")
     min_nodes: int | None = Field(None, ge=1, description="nodekit run: go on without lost hosts down to this many")
+    mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
 
     # Set by load(): where the file was found. Not a user setting.
     project_dir: Path = Field(default_factory=Path.cwd, exclude=True)
@@ -100,6 +144,45 @@ class Settings(BaseSettings):
         if v is not None and not _IMAGE_NAME.match(v):
             raise ValueError(f"{v!r} is not a valid image name (lowercase letters, digits, '.', '_', '-')")
         return v
+
+    @model_validator(mode="after")
+    def _node_ranks(self) -> Settings:
+        outside = sorted(r for r in self.nodes if not 0 <= r < self.nnodes)
+        if outside:
+            raise ValueError(
+                f"[nodes.{outside[0]}] is outside node ranks 0..{self.nnodes - 1} (nnodes = {self.nnodes})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _mount_targets(self) -> Settings:
+        targets = [m.container for m in self.mounts]
+        reserved = {"/outputs", "/workspace", "/opt/venv", "/opt/nodekit"}
+        clash = next((t for t in targets if targets.count(t) > 1 or t in reserved or t == "/"), None)
+        if clash is not None:
+            raise ValueError(
+                f"mount target {clash!r} is used twice or is one of nodekit's own ({', '.join(sorted(reserved))})"
+            )
+        for r, o in self.nodes.items():
+            unknown = next((t for t in o.mounts if t not in targets), None)
+            if unknown is not None:
+                raise ValueError(f"[nodes.{r}] mounts {unknown!r}, which no [[mounts]] entry mounts")
+        return self
+
+    @model_validator(mode="after")
+    def _fabric_only(self) -> Settings:
+        given = [k for k in FABRIC_SETTINGS if getattr(self, k) is not None]
+        if given and self.launcher != "fabric":
+            raise ValueError(f'{", ".join(given)} only apply to launcher = "fabric" (launcher is {self.launcher!r})')
+        return self
+
+    @field_validator("pass_env")
+    @classmethod
+    def _env_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [n for n in v if not ENV_NAME.match(n)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a valid environment variable name (letters, digits, _)")
+        return tuple(dict.fromkeys(v))
 
     @field_validator("peer_timeout")
     @classmethod

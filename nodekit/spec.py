@@ -52,7 +52,10 @@ class LaunchSpec(BaseModel):
 
     name: str
     command: Command
-    launcher: Literal["torchrun", "env"] = "torchrun"
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = "torchrun"
+    accelerator: str | None = None  # launcher fabric; None: cuda on a node with GPUs, else cpu
+    strategy: str = "ddp"  # launcher fabric
+    precision: str | None = None  # launcher fabric; None: Fabric's default
     nnodes: int = Field(ge=1)
     nproc_per_node: int | Literal["auto"] = "auto"
     master_port: int = Field(29500, ge=1, le=65535 - PREFLIGHT_PORT_OFFSET)
@@ -60,6 +63,20 @@ class LaunchSpec(BaseModel):
     rdzv_timeout: int = Field(180, ge=1)
     peer_timeout: int = Field(15, ge=0)
     env: tuple[tuple[str, str], ...] = ()
+    pass_env: tuple[str, ...] = ()  # names only: compose takes the values from the shell that runs it
+    # Per node, by rank: processes (an int, or "auto" for the node's GPUs) and declared GPU counts ([nodes.R]).
+    node_nproc: tuple[int | Literal["auto"], ...] = ()
+    node_gpus: tuple[int | None, ...] = ()
+
+    def nproc_of(self, rank: int) -> int | Literal["auto"]:
+        """Node ``rank``'s declared processes: its [nodes.R] nproc_per_node, else the job's."""
+        return self.node_nproc[rank] if rank < len(self.node_nproc) else self.nproc_per_node
+
+    @property
+    def world_size(self) -> int | None:
+        """Total processes, the sum over nodes; None while some node's count is 'auto' (known after preflight)."""
+        counts = [self.nproc_of(r) for r in range(self.nnodes)]
+        return None if "auto" in counts else sum(c for c in counts if c != "auto")
 
     @property
     def preflight_port(self) -> int:
@@ -82,6 +99,17 @@ class HostFacts(BaseModel):
     bridge_gateway: str | None = Field(None, description="address of Docker's default bridge (docker0) here")
 
 
+class MountPoint(BaseModel):
+    """One mount on one node: this node's host path (its [nodes.R] override, else the shared one)."""
+
+    model_config = _FROZEN
+
+    host: str
+    container: str
+    writable: bool = False
+    check: Literal["none", "sizes", "hashes"] = "none"
+
+
 class NodeSpec(BaseModel):
     """One node of the job: its rank, where main is, and the job."""
 
@@ -95,6 +123,7 @@ class NodeSpec(BaseModel):
     local_addr: str | None = None
     network: Literal["host", "bridge"] = "host"
     infiniband: tuple[str, ...] = Field((), description="InfiniBand devices passed to the container")
+    mounts: tuple[MountPoint, ...] = ()
 
     @model_validator(mode="after")
     def _rank_in_range(self) -> NodeSpec:
@@ -105,9 +134,8 @@ class NodeSpec(BaseModel):
 
     @property
     def world_size(self) -> int | None:
-        """Total processes, known when nproc_per_node is fixed (with 'auto' nodes may differ)."""
-        n = self.launch.nproc_per_node
-        return None if n == "auto" else n * self.launch.nnodes
+        """Total processes, the sum of every node's declared count; None while some node's is 'auto'."""
+        return self.launch.world_size
 
     @property
     def is_main(self) -> bool:
@@ -129,6 +157,9 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         name=settings.image_name,
         command=command,
         launcher=settings.launcher,
+        accelerator=settings.accelerator if settings.accelerator not in (None, "auto") else None,
+        strategy=settings.strategy or "ddp",
+        precision=settings.precision,
         nnodes=settings.nnodes,
         nproc_per_node=settings.nproc_per_node,
         master_port=settings.master_port,
@@ -136,6 +167,12 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         rdzv_timeout=settings.rdzv_timeout,
         peer_timeout=settings.peer_timeout,
         env=tuple(sorted(settings.env.items())),
+        pass_env=settings.pass_env,
+        node_nproc=tuple(
+            o.nproc_per_node if (o := settings.nodes.get(r)) and o.nproc_per_node else settings.nproc_per_node
+            for r in range(settings.nnodes)
+        ),
+        node_gpus=tuple(o.gpus if (o := settings.nodes.get(r)) else None for r in range(settings.nnodes)),
     )
 
 
@@ -173,6 +210,15 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, f
         local_addr=local_addr,
         network=settings.network,
         infiniband=infiniband_for(settings, facts, rank),
+        mounts=tuple(
+            MountPoint(
+                host=override.mounts.get(m.container, m.host) if override else m.host,
+                container=m.container,
+                writable=m.writable,
+                check=m.check,
+            )
+            for m in settings.mounts
+        ),
     )
 
 

@@ -26,7 +26,9 @@ packages = ["{DEFAULT_TORCH}"]
 script = "{script}"
 args = []
 # torchrun (default) starts nproc_per_node workers per node; "env" runs the script once per node with
-# MASTER_ADDR/MASTER_PORT/NODE_RANK/WORLD_SIZE set, for frameworks that start their own workers (Lightning).
+# MASTER_ADDR/MASTER_PORT/NODE_RANK/WORLD_SIZE set, for frameworks that start their own workers (Lightning);
+# "fabric" does what `fabric run` does (Fabric() without .launch(); settings accelerator, strategy, precision);
+# "torch.distributed.launch" passes each worker --local-rank (or --local_rank) for older scripts.
 launcher = "torchrun"
 nnodes = 2
 # An integer, or "auto": the node's GPU count (1 on a CPU-only node).

@@ -216,21 +216,8 @@ def main() -> int:
             f"{wall:.1f} s",
             flush=True,
         )
-    # Every rank passes this barrier only after rank 0 has written its files; after it nobody talks to the group
-    # again. Then leave without tearing gloo down: with torch 2.13, destroy_process_group() (or the interpreter's
-    # own teardown) while the peers are closing their sockets aborts a rank now and then ("terminate called
-    # without an active exception", SIGABRT, measured here in 2-3 of 12 two-node runs, 0 of 14 with this exit),
-    # which fails a job that had finished, and torchrun's exit barrier then holds the other node for 5 minutes.
-    dist.barrier()
     return 0 if equal else 1
 
 
-def exit_now(code: int) -> None:
-    """Flush and end the process without running C++ destructors (see the barrier above)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    sys.exit(main())

@@ -52,6 +52,8 @@ def _print_plan(plan: Any) -> None:
     out.print(plan.text, markup=False, end="")
     for note in plan.notes:
         out.print(f"# note: {note}", markup=False)
+    for warning in plan.warnings:
+        out.print(f"# warning: {warning}", markup=False)
 
 
 @app.command()
@@ -82,6 +84,8 @@ def compose(
     if dry_run:
         _print_plan(plan)
         return
+    for warning in plan.warnings:
+        reporter().warn(warning)
     typer.echo(write_compose(plan))
 
 

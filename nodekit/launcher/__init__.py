@@ -28,7 +28,13 @@ NNODES                             required  >= 1
 NPROC_PER_NODE                     required  integer >= 1 (the host resolves ``auto``)
 WORLD_SIZE                         optional  total processes when fixed; informational and compared across nodes
 NODEKIT_NAME                       ""        job name, shown and compared
-NODEKIT_LAUNCHER                   torchrun  ``torchrun`` or ``env``
+NODEKIT_LAUNCHER                   torchrun  ``torchrun``, ``fabric``, ``env`` or ``torch.distributed.launch``
+NODEKIT_ACCELERATOR / _STRATEGY /  cpu, ddp  mode fabric: LT_ACCELERATOR, LT_STRATEGY, LT_PRECISION (plan.fabric_env)
+  _PRECISION
+NODEKIT_NPROC_DECLARED             unset     ``0:2,1:auto``: per-node processes nodekit.toml declares (preflight)
+NODEKIT_GPUS_DECLARED              unset     ``0:4,1:2``: per-node GPUs nodekit.toml declares (preflight)
+NODEKIT_DATA_CHECK                 unset     ``/data:sizes,/ref:hashes``: mounts compared across nodes (samedata.py)
+NODEKIT_EXIT_GUARD                 1         the job's processes load exitguard.py; 0 switches it off
 NODEKIT_MAX_RESTARTS               0         torchrun --max-restarts
 NODEKIT_RDZV_TIMEOUT               180       seconds to wait for every node (preflight, and torchrun's rendezvous)
 NODEKIT_PEER_TIMEOUT               15        seconds without a node's heartbeat before it is lost; 0: no watchdog,

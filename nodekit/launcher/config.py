@@ -11,7 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-Mode = Literal["torchrun", "env"]
+Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
+MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch")
+# The modes whose workers torchrun starts (in this process after a preflight, under the peer watchdog).
+TORCHRUN_MODES = frozenset({"torchrun", "fabric", "torch.distributed.launch"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_PEER_TIMEOUT = 15.0
@@ -44,6 +47,13 @@ class LaunchConfig:
     image_id: str
     iface: str | None
     allow_heterogeneous_gpus: bool
+    accelerator: str = "cpu"  # mode fabric: NODEKIT_ACCELERATOR, resolved on the host
+    strategy: str = "ddp"  # mode fabric
+    precision: str | None = None  # mode fabric
+    nproc_declared: tuple[tuple[int, str], ...] = ()  # NODEKIT_NPROC_DECLARED: (rank, "N" or "auto") per node
+    gpus_declared: tuple[tuple[int, int], ...] = ()  # NODEKIT_GPUS_DECLARED: (rank, N) where declared
+    data_check: tuple[tuple[str, str], ...] = ()  # NODEKIT_DATA_CHECK: (container path, "sizes" or "hashes")
+    exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
 
     @property
     def is_main(self) -> bool:
@@ -80,6 +90,32 @@ def _bool(env: Mapping[str, str], key: str, default: bool) -> bool:
     raise EnvError(f"{key}={raw!r} is not a boolean (use 1 or 0)")
 
 
+def _per_node(env: Mapping[str, str], key: str, nnodes: int, *, auto: bool) -> tuple[tuple[int, str], ...]:
+    """``0:2,1:auto`` -> ((0, "2"), (1, "auto")); ranks in 0..nnodes-1, counts >= 0 (or auto where allowed)."""
+    raw = env.get(key, "").strip()
+    out: dict[int, str] = {}
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        rank, sep, count = item.partition(":")
+        if not (sep and rank.strip().isdigit() and (count.strip().isdigit() or (auto and count.strip() == "auto"))):
+            raise EnvError(f"{key}={raw!r} is not a list of rank:count (e.g. 0:2,1:1)")
+        if int(rank) >= nnodes:
+            raise EnvError(f"{key}={raw!r} names node {int(rank)}, outside 0..{nnodes - 1}")
+        out[int(rank)] = count.strip()
+    return tuple(sorted(out.items()))
+
+
+def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """``/data:sizes,/ref:hashes`` -> (("/data", "sizes"), ("/ref", "hashes"))."""
+    raw = env.get("NODEKIT_DATA_CHECK", "").strip()
+    out = []
+    for item in filter(None, (p.strip() for p in raw.split(","))):
+        path, _, mode = item.rpartition(":")
+        if not path.startswith("/") or mode not in ("sizes", "hashes"):
+            raise EnvError(f"NODEKIT_DATA_CHECK={raw!r} is not a list of /path:sizes or /path:hashes")
+        out.append((path, mode))
+    return tuple(out)
+
+
 def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     """Parse the environment nodekit's compose file gives every node; raise :class:`EnvError` on the first problem.
 
@@ -106,8 +142,8 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     nproc_per_node = _int(env, "NPROC_PER_NODE", lo=1)
     world_size = _int(env, "WORLD_SIZE", lo=1) if env.get("WORLD_SIZE", "").strip() else None
     mode = env.get("NODEKIT_LAUNCHER", "torchrun").strip() or "torchrun"
-    if mode not in ("torchrun", "env"):
-        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is neither 'torchrun' nor 'env'")
+    if mode not in MODES:
+        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is not one of {', '.join(MODES)}")
     timeout_raw = env.get("NODEKIT_RDZV_TIMEOUT", "").strip() or "180"
     try:
         rdzv_timeout = float(timeout_raw)
@@ -139,7 +175,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         nproc_per_node=nproc_per_node,
         world_size=world_size,
         name=env.get("NODEKIT_NAME", "").strip(),
-        mode="env" if mode == "env" else "torchrun",
+        mode=next(m for m in MODES if m == mode),
         max_restarts=_int(env, "NODEKIT_MAX_RESTARTS", default=0, lo=0),
         rdzv_timeout=rdzv_timeout,
         peer_timeout=peer_timeout,
@@ -150,4 +186,11 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         image_id=env.get("NODEKIT_IMAGE_ID", "").strip(),
         iface=iface,
         allow_heterogeneous_gpus=_bool(env, "NODEKIT_ALLOW_HETEROGENEOUS_GPUS", False),
+        accelerator=env.get("NODEKIT_ACCELERATOR", "").strip() or "cpu",
+        strategy=env.get("NODEKIT_STRATEGY", "").strip() or "ddp",
+        precision=env.get("NODEKIT_PRECISION", "").strip() or None,
+        nproc_declared=_per_node(env, "NODEKIT_NPROC_DECLARED", nnodes, auto=True),
+        gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
+        data_check=_data_check(env),
+        exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
     )

@@ -16,9 +16,17 @@ from types import FrameType
 from typing import Any
 
 from nodekit.launcher import netfacts
-from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
+from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
-from nodekit.launcher.plan import Command, CommandError, exec_plan, missing_target, parse_command, start_line
+from nodekit.launcher.plan import (
+    Command,
+    CommandError,
+    exec_plan,
+    local_rank_flag,
+    missing_target,
+    parse_command,
+    start_line,
+)
 from nodekit.launcher.preflight import Clock, Outcome, PreflightError, open_store, run_main, run_worker, wait_reachable
 from nodekit.launcher.verdict import Verdict, render
 from nodekit.launcher.watchdog import EXIT_PEER_LOST as EXIT_PEER_LOST  # 19, listed with the others
@@ -54,6 +62,27 @@ def _torchrun() -> str:
     # The torchrun next to this interpreter, so the workers run in the same environment as the launcher.
     sibling = Path(sys.executable).with_name("torchrun")
     return str(sibling) if sibling.is_file() else "torchrun"
+
+
+def _cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _local_rank(cfg: LaunchConfig, command: Command) -> str:
+    """The local-rank option the script defines (mode torch.distributed.launch only; it reads the source)."""
+    if cfg.mode != "torch.distributed.launch":
+        return "--local-rank"
+    path = command.script
+    if path is None:
+        spec = importlib.util.find_spec(str(command.module))
+        path = spec.origin if spec is not None else None
+    try:
+        return local_rank_flag(Path(path).read_text(errors="replace") if path else None)
+    except OSError:
+        return local_rank_flag(None)
 
 
 def _missing_module(command: Command) -> str | None:
@@ -220,8 +249,30 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return EXIT_TERMINATED
         if code != EXIT_OK:
             return code
-    plan = exec_plan(cfg, command, python=sys.executable, torchrun=_torchrun())
-    if cfg.mode == "torchrun" and "torch" in sys.modules:
+    if passed is not None and cfg.data_check:
+        from nodekit.launcher import samedata
+
+        same, report = samedata.run(passed.store, cfg.node_rank, cfg.nnodes, cfg.data_check, timeout_s=cfg.rdzv_timeout)
+        if not same:
+            sys.stdout.flush()
+            print(report, file=sys.stderr, flush=True)
+            _err("the checked mounts differ between nodes; not starting training")
+            return EXIT_STACK_MISMATCH
+        print(report, flush=True)
+    if passed is not None and cfg.world_size is None:
+        # Some node's count was 'auto': now every node has reported it, the world is known.
+        world = sum(f.nproc_per_node for f in passed.verdict.facts)
+        counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
+        print(f"nodekit: world {world} ({counts} processes)", flush=True)
+        env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
+    plan = exec_plan(
+        cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command)
+    )
+    if cfg.mode in TORCHRUN_MODES and "torch" in sys.modules:
+        # torchrun's workers inherit this process's environment.
+        os.environ.update(plan.set_env)
+        for key, value in plan.default_env:
+            os.environ.setdefault(key, value)
         if passed is not None and cfg.peer_timeout > 0:
             names = node_names(passed.verdict.facts)
             dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)

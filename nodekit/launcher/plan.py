@@ -44,11 +44,14 @@ class ExecPlan:
     argv: tuple[str, ...]
     set_env: tuple[tuple[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
+    default_env: tuple[tuple[str, str], ...] = ()  # set only where ``base`` lacks them
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with this plan's changes applied."""
         env = {k: v for k, v in base.items() if k not in self.unset_env}
         env.update(self.set_env)
+        for k, v in self.default_env:
+            env.setdefault(k, v)
         return env
 
 
@@ -67,7 +70,45 @@ def parse_command(argv: Sequence[str]) -> Command:
     return Command(script=argv[0], module=None, args=tuple(argv[1:]))
 
 
-def exec_plan(cfg: LaunchConfig, command: Command, *, python: str = "python", torchrun: str = "torchrun") -> ExecPlan:
+def fabric_env(cfg: LaunchConfig) -> tuple[tuple[str, str], ...]:
+    """What Lightning's ``fabric run`` sets before it calls torchrun (lightning/fabric/cli.py, _set_env_variables),
+    for ``--accelerator --strategy --devices <this node's processes> --num-nodes --precision``: Fabric() reads these
+    when the script leaves its own arguments at their defaults."""
+    env = [
+        ("LT_CLI_USED", "1"),
+        ("LT_ACCELERATOR", cfg.accelerator),
+        ("LT_STRATEGY", cfg.strategy),
+        ("LT_DEVICES", str(cfg.nproc_per_node)),
+        ("LT_NUM_NODES", str(cfg.nnodes)),
+    ]
+    if cfg.precision is not None:
+        env.append(("LT_PRECISION", cfg.precision))
+    return tuple(env)
+
+
+_LOCAL_RANK_FLAGS = ("--local-rank", "--local_rank")
+
+
+def local_rank_flag(source: str | None) -> str:
+    """The spelling of the local-rank option a ``torch.distributed.launch``-style script defines in ``source``.
+
+    torch >= 2.0 passes ``--local-rank``; scripts written for older torch define only ``--local_rank``, which
+    argparse would then refuse. The dashed form wins when both (or neither) appear.
+    """
+    if source is not None and "--local_rank" in source and "--local-rank" not in source:
+        return "--local_rank"
+    return "--local-rank"
+
+
+def exec_plan(
+    cfg: LaunchConfig,
+    command: Command,
+    *,
+    python: str = "python",
+    torchrun: str = "torchrun",
+    cpus: int = 1,
+    local_rank: str = "--local-rank",
+) -> ExecPlan:
     """The process this node's launcher becomes.
 
     ``torchrun`` mode: static rendezvous on MASTER_ADDR:MASTER_PORT, node 0 hosting it. ``--rdzv-conf timeout``
@@ -75,9 +116,21 @@ def exec_plan(cfg: LaunchConfig, command: Command, *, python: str = "python", to
     restart round, a missing node still ends the job instead of hanging it. ``env`` mode: ``python`` runs the
     command itself with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and WORLD_SIZE when known)
     already in the environment, and without the per-process variables listed in :data:`ENV_MODE_UNSET`.
+    Both set NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment said 0), which makes every
+    Python process of the job load :mod:`nodekit.launcher.exitguard`.
+
+    ``fabric`` mode is torchrun plus :func:`fabric_env`, and OMP_NUM_THREADS defaulting to ``cpus`` as ``fabric
+    run`` does. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}`` appended to the
+    script's arguments: torch's agent substitutes each worker's local rank there, as the legacy launcher did.
     """
+    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"),)
     if cfg.mode == "env":
-        return ExecPlan(argv=(python, *command.argv()), unset_env=ENV_MODE_UNSET)
+        return ExecPlan(argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET)
+    target = command.argv()
+    if cfg.mode == "torch.distributed.launch":
+        if local_rank not in _LOCAL_RANK_FLAGS:
+            raise ValueError(f"local_rank must be one of {_LOCAL_RANK_FLAGS}")
+        target.append(f"{local_rank}=${{local_rank}}")
     argv = [
         torchrun,
         "--nnodes", str(cfg.nnodes),
@@ -87,9 +140,13 @@ def exec_plan(cfg: LaunchConfig, command: Command, *, python: str = "python", to
         "--master-port", str(cfg.master_port),
         "--max-restarts", str(cfg.max_restarts),
         "--rdzv-conf", f"timeout={max(1, round(cfg.rdzv_timeout))}",
-        *command.argv(),
+        *target,
     ]  # fmt: skip
-    return ExecPlan(argv=tuple(argv))
+    if cfg.mode == "fabric":
+        return ExecPlan(
+            argv=tuple(argv), set_env=guard + fabric_env(cfg), default_env=(("OMP_NUM_THREADS", str(max(1, cpus))),)
+        )
+    return ExecPlan(argv=tuple(argv), set_env=guard)
 
 
 def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | None = None) -> str | None:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from nodekit.launcher.config import LaunchConfig
 from nodekit.launcher.facts import NodeFacts
-from nodekit.launcher.verdict import Verdict, compare, decide
+from nodekit.launcher.verdict import Declared, Verdict, compare, decide
 
 PREFIX = "nodekit/"
 POLL_S = 0.1
@@ -153,8 +153,9 @@ def _facts(raw: bytes) -> NodeFacts:
     return NodeFacts.from_json_dict(data)
 
 
-def _policy(cfg: LaunchConfig) -> dict[str, bool]:
-    return {"allow_heterogeneous_gpus": cfg.allow_heterogeneous_gpus}
+def _policy(cfg: LaunchConfig) -> dict[str, Any]:
+    declared = Declared(nproc=cfg.nproc_declared, gpus=cfg.gpus_declared) if cfg.nproc_declared else None
+    return {"allow_heterogeneous_gpus": cfg.allow_heterogeneous_gpus, "declared": declared}
 
 
 def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:

@@ -38,8 +38,8 @@ STACK_FIELDS: dict[str, str] = {
 # Legitimately different on heterogeneous nodes; notes instead of errors when the job says so.
 HARDWARE_FIELDS: dict[str, str] = {
     "gpu_model": "set NODEKIT_ALLOW_HETEROGENEOUS_GPUS=1 if mixed GPUs are intended",
-    "gpu_count": "set NODEKIT_ALLOW_HETEROGENEOUS_GPUS=1 if mixed GPUs are intended",
-    "nproc_per_node": "set NODEKIT_ALLOW_HETEROGENEOUS_GPUS=1 if different process counts are intended",
+    "gpu_count": 'declare each node\'s GPUs in nodekit.toml: [nodes.<rank>] gpus = N (or nproc_per_node = "auto")',
+    "nproc_per_node": "declare each node's count in nodekit.toml: [nodes.<rank>] nproc_per_node = N",
 }
 # Compared only among nodes that know it: an image id is absent when the container was started by hand.
 _ONLY_WHERE_KNOWN = {"image_id"}
@@ -137,11 +137,41 @@ def _value(facts: NodeFacts, field: str) -> str:
     return str(getattr(facts, field))
 
 
-def compare(facts: Sequence[NodeFacts], *, allow_heterogeneous_gpus: bool = False) -> list[Difference]:
+@dataclass(frozen=True)
+class Declared:
+    """Per-node counts the shared nodekit.toml declares (``[nodes.R] nproc_per_node``, ``gpus``): a difference
+    between nodes that every node's declaration explains is the job as configured, not a mismatch."""
+
+    nproc: tuple[tuple[int, str], ...] = ()  # (rank, "2" or "auto") for every node
+    gpus: tuple[tuple[int, int], ...] = ()  # (rank, count) where [nodes.R] gpus is set
+
+    def unexplained(self, field: str, facts: Sequence[NodeFacts]) -> list[int]:
+        """The ranks whose ``field`` (nproc_per_node or gpu_count) no declaration accounts for."""
+        nproc, gpus = dict(self.nproc), dict(self.gpus)
+        out = []
+        for f in facts:
+            if field == "nproc_per_node":
+                ok = nproc.get(f.rank) in ("auto", str(f.nproc_per_node))
+            else:
+                # A node's GPU count is accounted for by its declared gpus, or by processes that follow its GPUs.
+                ok = gpus.get(f.rank) == f.gpu_count if f.rank in gpus else nproc.get(f.rank) == "auto"
+            if not ok:
+                out.append(f.rank)
+        return out
+
+
+_DECLARABLE = {f: HARDWARE_FIELDS[f] for f in ("nproc_per_node", "gpu_count")}
+
+
+def compare(
+    facts: Sequence[NodeFacts], *, allow_heterogeneous_gpus: bool = False, declared: Declared | None = None
+) -> list[Difference]:
     """Every field that differs between the nodes in ``facts``; an empty list means identical stacks.
 
     Stack and launch fields are always errors. GPU model, GPU count and processes per node are notes when
-    ``allow_heterogeneous_gpus``, errors otherwise. Identity fields (rank, hostname, address) are never compared.
+    ``allow_heterogeneous_gpus``, errors otherwise. With ``declared``, a differing process or GPU count that every
+    node's declaration explains is a note, and one that some node's does not is an error naming those nodes.
+    Identity fields (rank, hostname, address) are never compared.
     """
     ordered = sorted(facts, key=lambda f: f.rank)
     out: list[Difference] = []
@@ -151,6 +181,13 @@ def compare(facts: Sequence[NodeFacts], *, allow_heterogeneous_gpus: bool = Fals
     for field, severity, fix in policies:
         values = tuple((f.rank, _value(f, field)) for f in ordered)
         known = [v for _, v in values if v] if field in _ONLY_WHERE_KNOWN else [v for _, v in values]
+        if len(set(known)) > 1 and declared is not None and field in _DECLARABLE and not allow_heterogeneous_gpus:
+            loose = declared.unexplained(field, ordered)
+            severity = "error" if loose else "note"
+            if loose:
+                fix = f"not declared for node(s) {', '.join(map(str, loose))}: {_DECLARABLE[field]}"
+            else:
+                fix = "declared in nodekit.toml"
         if len(set(known)) > 1:
             out.append(
                 Difference(field=field, severity="note" if severity == "note" else "error", values=values, fix=fix)
@@ -166,12 +203,13 @@ def decide(
     main: str,
     duplicates: Sequence[NodeFacts] = (),
     allow_heterogeneous_gpus: bool = False,
+    declared: Declared | None = None,
     stopped_early: bool = False,
 ) -> Verdict:
     """Main's verdict over the nodes that arrived. A stack/launch error or a rank claimed twice is ``mismatch``
     (it would fail even with every node present, so it wins); otherwise a node that never arrived is ``missing``."""
     ordered = tuple(sorted(facts, key=lambda f: f.rank))
-    differences = tuple(compare(ordered, allow_heterogeneous_gpus=allow_heterogeneous_gpus))
+    differences = tuple(compare(ordered, allow_heterogeneous_gpus=allow_heterogeneous_gpus, declared=declared))
     arrived = {f.rank for f in ordered}
     missing = tuple(r for r in range(nnodes) if r not in arrived)
     status: Status

@@ -52,7 +52,11 @@ def render_compose(
     doc = {"name": project_name(launch.name, node.rank), **doc}
     svc["image"] = image
     svc["command"] = launch.command.argv()
-    svc["environment"] = rank_env(node, facts, debug=debug)
+    env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
+    # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or
+    # `nodekit up`), so a secret never lands in this file, a label, or nodekit's output.
+    env |= {name: None for name in launch.pass_env if name not in env}
+    svc["environment"] = env
     svc["labels"] = {
         "org.nodekit.name": launch.name,
         "org.nodekit.rank": str(node.rank),
@@ -67,11 +71,24 @@ def render_compose(
             "bind": {"create_host_path": True},
         }
     ]
+    for m in node.mounts:
+        # create_host_path false: a missing dataset must be an error, not an empty directory Docker made.
+        svc["volumes"].append(
+            {
+                "type": "bind",
+                "source": m.host,
+                "target": m.container,
+                "read_only": not m.writable,
+                "bind": {"create_host_path": False},
+            }
+        )
     svc["ulimits"] = ulimits(facts)
     if facts.gpu_count > 0:
         # Compose 2.26 has no service-level `gpus:` key; device reservations are the portable spelling.
         svc["deploy"] = {
-            "resources": {"reservations": {"devices": [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}
+            "resources": {
+                "reservations": {"devices": [{"driver": "nvidia", "count": _gpus(node), "capabilities": ["gpu"]}]}
+            }
         }
     if node.infiniband:
         svc["devices"] = [f"{d}:{d}" for d in node.infiniband]
@@ -84,6 +101,12 @@ def render_compose(
             ports = (launch.master_port, launch.preflight_port)
             svc["ports"] = [f"{node.main_addr}:{p}:{p}/tcp" for p in ports]
     return doc
+
+
+def _gpus(node: NodeSpec) -> int | str:
+    """The GPUs the container reserves: this node's declared [nodes.R] gpus, else all of them."""
+    declared = node.launch.node_gpus[node.rank] if node.rank < len(node.launch.node_gpus) else None
+    return "all" if declared is None else declared
 
 
 def ulimits(facts: HostFacts) -> dict[str, Any]:

@@ -35,6 +35,22 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
         "NODEKIT_PREFLIGHT_PORT": str(launch.preflight_port),
         "NODEKIT_OUTPUT_DIR": OUTPUT_DIR_IN_CONTAINER,
     }
+    if launch.nnodes > 1:
+        # What the shared nodekit.toml declares per node, so the preflight accepts exactly those differences.
+        env["NODEKIT_NPROC_DECLARED"] = ",".join(f"{r}:{launch.nproc_of(r)}" for r in range(launch.nnodes))
+        gpus = [(r, g) for r, g in enumerate(launch.node_gpus) if g is not None]
+        if gpus:
+            env["NODEKIT_GPUS_DECLARED"] = ",".join(f"{r}:{g}" for r, g in gpus)
+    checked = [f"{m.container}:{m.check}" for m in node.mounts if m.check != "none"]
+    if checked:
+        # The launcher's same-data check: a manifest of each of these mounts, compared across nodes by the preflight.
+        env["NODEKIT_DATA_CHECK"] = ",".join(checked)
+    if launch.launcher == "fabric":
+        # What `fabric run --accelerator/--strategy/--precision` passes on; the launcher turns them into LT_*.
+        env["NODEKIT_ACCELERATOR"] = launch.accelerator or ("cuda" if facts.gpu_count > 0 else "cpu")
+        env["NODEKIT_STRATEGY"] = launch.strategy
+        if launch.precision is not None:
+            env["NODEKIT_PRECISION"] = launch.precision
     if node.iface:
         # Both libraries otherwise pick the first non-loopback interface (or the hostname's address), which on
         # a multi-homed node is often not the one that reaches main: the classic hang at init.

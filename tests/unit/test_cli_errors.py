@@ -103,3 +103,20 @@ def test_init_then_refuses_to_overwrite(tmp_path: Path, monkeypatch: pytest.Monk
     assert 'name = "x"' in text and "torch==2.13.0" in text
     code, err = run("init")
     assert code == 2 and "already exists" in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ('launcher = "mpirun"', "launcher"),
+        ('precision = "bf16-mixed"', 'only apply to launcher = "fabric"'),
+        ('pass_env = ["HF-TOKEN"]', "pass_env"),
+        ("[nodes.2]\nnproc_per_node = 1", "[nodes.2] is outside node ranks 0..1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["compose", "up"])
+def test_bad_launch_settings_are_refused(project: Path, command: str, extra: str, needle: str) -> None:
+    toml = project / "nodekit.toml"
+    toml.write_text(toml.read_text() + extra + "\n")
+    code, err = run(command, "--node-rank", "0", "--main", "10.0.0.5", "--image", "x:y")
+    assert_refused(project, code, err, needle)

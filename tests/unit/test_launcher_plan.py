@@ -22,7 +22,7 @@ def test_torchrun_argv_for_a_script() -> None:
         "--rdzv-conf", "timeout=180",
         "train.py", "--epochs", "3",
     ]  # fmt: skip
-    assert plan.set_env == () and plan.unset_env == ()
+    assert plan.set_env == (("NODEKIT_EXIT_GUARD", "1"),) and plan.unset_env == ()
 
 
 def test_torchrun_argv_for_a_module() -> None:
@@ -84,3 +84,13 @@ def test_start_line() -> None:
     assert start_line(parse_env(bare)) == (
         "nodekit: node 1/2 | 4 proc/node | world ? | main 10.0.0.5:29500 | iface auto | image unknown | torchrun"
     )
+
+
+def test_exit_guard_is_on_for_the_jobs_processes_unless_the_node_said_0() -> None:
+    for mode in ("torchrun", "env"):
+        on = exec_plan(parse_env({**BASE, "NODEKIT_LAUNCHER": mode}), parse_command(["train.py"]))
+        assert on.environ({})["NODEKIT_EXIT_GUARD"] == "1"
+        off = exec_plan(
+            parse_env({**BASE, "NODEKIT_LAUNCHER": mode, "NODEKIT_EXIT_GUARD": "0"}), parse_command(["train.py"])
+        )
+        assert off.environ({"NODEKIT_EXIT_GUARD": "0"})["NODEKIT_EXIT_GUARD"] == "0"

@@ -1,0 +1,67 @@
+"""The same-data manifest on real directories: equal trees agree, and a difference is named by file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from nodekit.launcher.manifest import digest, first_differences, from_text, manifest, to_text
+
+
+def _tree(root: Path) -> Path:
+    (root / "a" / "b").mkdir(parents=True)
+    (root / "a" / "b" / "x.bin").write_bytes(b"12345")
+    (root / "a" / "y.txt").write_text("hello")
+    (root / "z.txt").write_text("zz")
+    return root
+
+
+def test_equal_trees_have_equal_digests_wherever_they_are(tmp_path: Path) -> None:
+    one, two = _tree(tmp_path / "one"), _tree(tmp_path / "two")
+    for hashes in (False, True):
+        m1, m2 = manifest(str(one), hashes=hashes), manifest(str(two), hashes=hashes)
+        assert [e.path for e in m1] == ["a/b/x.bin", "a/y.txt", "z.txt"]
+        assert digest(m1) == digest(m2)
+        assert from_text(to_text(m1)) == m1
+
+
+def test_a_size_or_a_missing_file_is_named(tmp_path: Path) -> None:
+    one, two = _tree(tmp_path / "one"), _tree(tmp_path / "two")
+    (two / "a" / "y.txt").write_text("hello!")
+    os.remove(two / "z.txt")
+    m1, m2 = manifest(str(one)), manifest(str(two))
+    assert digest(m1) != digest(m2)
+    assert first_differences(m1, m2) == ["a/y.txt: 6 bytes, main has 5", "z.txt: missing"]
+
+
+def test_same_size_different_content_needs_hashes(tmp_path: Path) -> None:
+    one, two = _tree(tmp_path / "one"), _tree(tmp_path / "two")
+    (two / "a" / "y.txt").write_text("HELLO")
+    assert digest(manifest(str(one))) == digest(manifest(str(two)))  # sizes only: the default, cheap check
+    h1, h2 = manifest(str(one), hashes=True), manifest(str(two), hashes=True)
+    assert first_differences(h1, h2) == ["a/y.txt: content differs"]
+
+
+def test_links_are_listed_not_followed(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "one")
+    (root / "loop").symlink_to(root)
+    assert next(e for e in manifest(str(root)) if e.path == "loop").hash == f"->{root}"
+
+
+def test_a_large_file_is_hashed_in_pieces_and_a_change_in_any_piece_shows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodekit.launcher import manifest as m
+
+    monkeypatch.setattr(m, "PIECE", 1000)
+    small, big = tmp_path / "small.bin", tmp_path / "big.bin"
+    small.write_bytes(b"a" * 999)
+    big.write_bytes(bytes(range(256)) * 10)  # 2560 bytes: three pieces
+    h = m.content_hashes([(str(small), 999), (str(big), 2560)])
+    assert h[0] == m.file_sha256(str(small)) and h[1].startswith("p:")
+    data = bytearray(big.read_bytes())
+    data[2100] ^= 1
+    big.write_bytes(bytes(data))
+    assert m.content_hashes([(str(big), 2560)])[0] != h[1]
