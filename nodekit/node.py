@@ -50,6 +50,7 @@ def plan_node(
     out_dir: Path | None = None,
     facts: HostFacts | None = None,
     resolve_image: Callable[[Settings], str] | None = None,
+    mounts_checked: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> NodePlan:
     """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing."""
@@ -71,7 +72,8 @@ def plan_node(
             )
     facts = node_facts(settings, rank, facts)
     node = node_spec(settings, launch, rank, main_ip, facts)
-    absent = next((m for m in node.mounts if not Path(m.host).exists()), None)
+    # With facts gathered on the node itself (nodekit run), its mounts were checked there, not on this machine.
+    absent = None if mounts_checked else next((m for m in node.mounts if not Path(m.host).exists()), None)
     if absent is not None:
         raise UsageError(
             f"mount {absent.host} (for {absent.container}) does not exist on node {rank}",

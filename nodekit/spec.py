@@ -210,15 +210,21 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, f
         local_addr=local_addr,
         network=settings.network,
         infiniband=infiniband_for(settings, facts, rank),
-        mounts=tuple(
-            MountPoint(
-                host=override.mounts.get(m.container, m.host) if override else m.host,
-                container=m.container,
-                writable=m.writable,
-                check=m.check,
-            )
-            for m in settings.mounts
-        ),
+        mounts=mount_points(settings, rank),
+    )
+
+
+def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:
+    """Node ``rank``'s mounts: each shared mount with that node's ``[nodes.R] mounts`` host path where set."""
+    override = settings.nodes.get(rank)
+    return tuple(
+        MountPoint(
+            host=override.mounts.get(m.container, m.host) if override else m.host,
+            container=m.container,
+            writable=m.writable,
+            check=m.check,
+        )
+        for m in settings.mounts
     )
 
 

@@ -7,6 +7,8 @@ fix; nothing has been started anywhere when it does. The parsers are pure.
 
 from __future__ import annotations
 
+import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -62,6 +64,7 @@ class Gathered:
     facts: HostFacts
     hostname: str = ""
     listening: frozenset[int] = field(default_factory=frozenset)
+    absent: frozenset[str] = field(default_factory=frozenset)  # of the paths asked about (the job's mounts)
 
 
 def ssh_argv(host: FleetHost, command: str) -> list[str]:
@@ -91,6 +94,12 @@ def ssh_problem(host: FleetHost, stderr: str) -> Problem:
     return Problem(host, f"SSH to {target} failed: {last}", fix)
 
 
+def facts_script(paths: Sequence[str] = ()) -> str:
+    """:data:`FACTS_SCRIPT`, plus a line for each of ``paths`` (the node's mount sources) missing on the host."""
+    tests = "".join(f'[ -e {shlex.quote(p)} ] || echo "absent="{shlex.quote(p)}\n' for p in paths)
+    return FACTS_SCRIPT + tests
+
+
 def parse_facts(text: str, gpus: int | None = None) -> Gathered:
     """The facts script's output as data; ``gpus`` (the config's ``[nodes.R] gpus``) wins over the count found."""
     count = 0
@@ -100,6 +109,7 @@ def parse_facts(text: str, gpus: int | None = None) -> Gathered:
     kb: dict[str, int | None] = {}
     hostname = ""
     listening: set[int] = set()
+    absent: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition("=")
         value = value.strip()
@@ -119,6 +129,8 @@ def parse_facts(text: str, gpus: int | None = None) -> Gathered:
             kb[key] = None if value == "unlimited" or not value.isdigit() else int(value) * 1024
         elif key == "host":
             hostname = value
+        elif key == "absent":
+            absent.add(line.partition("=")[2])
         elif key == "listen":
             port = value.rsplit(":", 1)[-1]
             if port:
@@ -129,16 +141,19 @@ def parse_facts(text: str, gpus: int | None = None) -> Gathered:
         stack_hard=kb.get("stack_kb") if stack is False else stack,
         infiniband=tuple(sorted(ib)),
     )
-    return Gathered(facts=facts, hostname=hostname, listening=frozenset(listening))
+    return Gathered(facts=facts, hostname=hostname, listening=frozenset(listening), absent=frozenset(absent))
 
 
-def gather(host: FleetHost, gpus: int | None = None) -> Gathered | Problem:
+def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) -> Gathered | Problem:
     """Facts of ``host``: over SSH for ``ssh://``, here for ``unix://``, from the config alone for ``tcp://``."""
     if host.scheme == "unix":
         from nodekit.host import facts as host_facts
 
         here = host_facts.gather()
-        return Gathered(facts=here if gpus is None else here.model_copy(update={"gpu_count": gpus}))
+        return Gathered(
+            facts=here if gpus is None else here.model_copy(update={"gpu_count": gpus}),
+            absent=frozenset(p for p in paths if not os.path.exists(p)),
+        )
     if host.scheme == "tcp":
         return Gathered(facts=HostFacts(gpu_count=gpus or 0))
     if shutil.which("ssh") is None:
@@ -146,7 +161,9 @@ def gather(host: FleetHost, gpus: int | None = None) -> Gathered | Problem:
             host, "no ssh client on this machine", "install OpenSSH's client (apt-get install openssh-client)"
         )
     try:
-        proc = subprocess.run(ssh_argv(host, FACTS_SCRIPT), capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 20)
+        proc = subprocess.run(
+            ssh_argv(host, facts_script(paths)), capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 20
+        )
     except subprocess.TimeoutExpired:
         return Problem(
             host, "SSH did not answer within 30 s", f"check that {host.hostname} is up (ssh {host.hostname})"
@@ -164,14 +181,18 @@ class Expect:
 
     gpus: bool = False
     ports: tuple[int, ...] = ()
+    paths: tuple[str, ...] = ()  # host paths the node's mounts need
 
 
 def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Gathered | list[Problem]:
     """Reachable, engine with Compose, GPUs and NVIDIA runtime where expected, free ports (main): facts, or why not."""
-    got = gather(host, gpus)
+    got = gather(host, gpus, expect.paths)
     if isinstance(got, Problem):
         return [got]
-    problems: list[Problem] = []
+    problems = [
+        Problem(host, f"mount source {p} does not exist there", f"create it there, or set [nodes.{host.rank}] mounts")
+        for p in sorted(got.absent)
+    ]
     try:
         docker.check_engine(host.url)
     except NodekitError as e:

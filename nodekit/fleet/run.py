@@ -28,6 +28,7 @@ from nodekit.node import NodePlan, plan_node, write_compose
 from nodekit.progress import Reporter
 from nodekit.render.compose import project_name
 from nodekit.settings import Settings
+from nodekit.spec import mount_points
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
 RESTART_ENV = "NODEKIT_RESTART_COUNT"
@@ -77,7 +78,7 @@ def plan_fleet(
     """Pure apart from resolving main's name: one NodePlan per rank, each with that host's own facts."""
     main = main_address(hosts[0], settings.main)
     return [
-        plan_node(settings, h.rank, main, image=image, facts=g.facts, debug=debug)
+        plan_node(settings, h.rank, main, image=image, facts=g.facts, debug=debug, mounts_checked=True)
         for h, g in zip(hosts, facts, strict=True)
     ]
 
@@ -241,7 +242,8 @@ def run(
         facts = remote.check_all(
             hosts,
             expect=lambda h: remote.Expect(
-                ports=(settings.master_port, settings.master_port + 1) if h.rank == 0 else ()
+                ports=(settings.master_port, settings.master_port + 1) if h.rank == 0 else (),
+                paths=tuple(m.host for m in mount_points(settings, h.rank)),
             ),
             gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
             on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -157,6 +158,22 @@ def test_facts_parse_with_the_engines_limits_first() -> None:
     assert remote.parse_facts(FACTS, gpus=0).facts.gpu_count == 0
     bare = remote.parse_facts("gpus=0\nmemlock_kb=64\nstack_kb=unlimited\n")
     assert bare.facts.memlock_hard == 64 * 1024 and bare.facts.stack_hard is None
+
+
+def test_mount_sources_missing_on_a_host_are_reported_by_that_host(tmp_path: Path) -> None:
+    """The facts script as a host's shell runs it: a node's mount sources are checked there, not on the head."""
+    here = tmp_path / "data set's"
+    here.mkdir()
+    gone = tmp_path / "not here" / "it's"
+    proc = subprocess.run(["sh", "-c", remote.facts_script([str(here), str(gone)])], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert remote.parse_facts(proc.stdout).absent == {str(gone)}
+
+
+def test_a_local_host_missing_a_mount_source_fails_its_check_naming_it(tmp_path: Path) -> None:
+    (h,) = fleet_hosts(["unix:///nonexistent/docker.sock"], 1)
+    got = remote.gather(h, 0, [str(tmp_path), str(tmp_path / "absent")])
+    assert isinstance(got, remote.Gathered) and got.absent == {str(tmp_path / "absent")}
 
 
 def test_ssh_failures_are_named_with_their_fix() -> None:
