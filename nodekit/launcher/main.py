@@ -18,7 +18,17 @@ from typing import Any
 from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
 from nodekit.launcher.plan import Command, CommandError, exec_plan, missing_target, parse_command, start_line
-from nodekit.launcher.preflight import Clock, Outcome, PreflightError, open_store, run_main, run_worker, wait_reachable
+from nodekit.launcher.preflight import (
+    CONNECT_TIMEOUT_S,
+    Clock,
+    Outcome,
+    PreflightError,
+    linger,
+    open_store,
+    run_main,
+    run_worker,
+    wait_reachable,
+)
 from nodekit.launcher.verdict import Verdict, render
 from nodekit.launcher.watchdog import EXIT_PEER_LOST as EXIT_PEER_LOST  # 19, listed with the others
 from nodekit.launcher.watchdog import Watchdog, node_names
@@ -151,7 +161,7 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
             # can host the store, so the two overlap instead of adding up.
             facts = gather(cfg, "")
             local = wait_reachable(cfg, deadline, clock)
-            store = open_store(cfg, store_timeout)
+            store = open_store(cfg, store_timeout, connect_s=CONNECT_TIMEOUT_S)
             facts = replace(facts, address=local)
             outcome = run_worker(store, cfg, facts, clock)
     except PreflightError as e:
@@ -178,12 +188,24 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
     late = " (this node arrived after main had decided)" if outcome.late else ""
     if verdict.status == "mismatch":
         _err(f"stack mismatch between nodes; not starting training{late} {took}")
+        if cfg.is_main and verdict.missing:
+            _serve_verdict(store, cfg, verdict, clock)
         return EXIT_STACK_MISMATCH, None
     if outcome.late:
         _err(f"this node (rank {cfg.node_rank}) arrived after main stopped waiting; restart every node {took}")
         return EXIT_RENDEZVOUS, None
     _err(f"node(s) {', '.join(map(str, verdict.missing))} never arrived; not starting training {took}")
     return EXIT_RENDEZVOUS, None
+
+
+def _serve_verdict(store: Any, cfg: LaunchConfig, verdict: Verdict, clock: Clock) -> None:
+    """Main after an early refusal: the report is out; keep the verdict readable for the nodes still to come."""
+    try:
+        linger(store, cfg, verdict, clock)
+    except _Terminated:
+        pass  # `nodekit down` while lingering: the verdict stands, exit with it
+    except RuntimeError:
+        pass  # the store failed under us: nothing more to serve
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
