@@ -67,6 +67,8 @@ def plan_node(
                 fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
                 node=f"node {rank}",
             )
+        if rank == 0 and settings.network == "host":
+            check_main_is_here(main_ip, [a for link in net.links_here() for a in link.addrs])
     node = node_spec(settings, launch, rank, main_ip, facts)
     notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)
@@ -83,6 +85,28 @@ def plan_node(
         text=text,
         notes=notes,
     )
+
+
+def check_main_is_here(main_ip: str, addrs: list[str]) -> None:
+    """Node 0 hosts the rendezvous at the main address, so that address must be this machine's (loopback is: an
+    all-local run). Otherwise every other node would wait for a main that is not there until its timeout."""
+    if net.is_loopback(main_ip) or any(_same_ip(main_ip, a) for a in addrs):
+        return
+    here = ", ".join(a for a in addrs if not net.is_loopback(a.split("%", 1)[0])) or "none but loopback"
+    raise UsageError(
+        f"node rank 0 is main, but main address {main_ip} is not one of this machine's addresses ({here})",
+        fix="run node 0 on the machine that has that address, or pass --main with one of the addresses above",
+        node="node 0",
+    )
+
+
+def _same_ip(a: str, b: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b.split("%", 1)[0])
+    except ValueError:
+        return False
 
 
 def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:

@@ -22,6 +22,17 @@ from nodekit.errors import ConfigError
 
 CONFIG_FILE = "nodekit.toml"
 DEFAULT_TORCH = "torch==2.13.0"
+# Variables the launcher and torchrun own: a user value would silently break the rendezvous or the stack check.
+_RESERVED_ENV = frozenset(
+    {"WORLD_SIZE", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"}
+)
+
+
+def reserved_env(key: str) -> bool:
+    """Whether ``key`` is one of nodekit's own variables, which the ``env`` table may not set."""
+    return key.startswith(("NODEKIT_", "MASTER_")) or key in _RESERVED_ENV
+
+
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 
 
@@ -55,7 +66,9 @@ class Settings(BaseSettings):
     )
     nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
     nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
-    master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")
+    master_port: int = Field(
+        29500, ge=1, le=65534, description="TCP port of the rendezvous on main (preflight uses the next one)"
+    )
     max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts")
     rdzv_timeout: int = Field(180, ge=1, description="seconds to wait for every node before giving up")
     peer_timeout: int = Field(
@@ -89,6 +102,17 @@ class Settings(BaseSettings):
     def _beats(cls, v: int) -> int:
         if 0 < v < 3:  # nodes beat once a second; the launcher refuses less than 3 (nodekit/launcher/config.py)
             raise ValueError("must be 0 (no peer watchdog) or at least 3 seconds")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _not_ours(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in v if reserved_env(k))
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by nodekit itself "
+                "(NODEKIT_*, MASTER_*, ranks and sizes); use the matching setting or flag instead"
+            )
         return v
 
     @field_validator("packages")
@@ -161,6 +185,10 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
     path = config_path(config, os.environ).absolute()
     if config is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist", fix="nodekit init, or pass the right --config")
+    if config is None and os.environ.get("NODEKIT_CONFIG") and not path.is_file():
+        raise ConfigError(
+            f"NODEKIT_CONFIG names {path}, which does not exist", fix="unset NODEKIT_CONFIG or point it at the file"
+        )
     given = {k: v for k, v in flags.items() if v is not None}
     token = _config_file.set(path)
     try:

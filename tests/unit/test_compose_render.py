@@ -103,7 +103,9 @@ def test_module_command_and_debug_env() -> None:
 
 
 def test_user_env_cannot_override_rank_variables() -> None:
-    s = svc(rendered(settings(env={"NODE_RANK": "9", "NCCL_DEBUG": "WARN"}), 1, CPU_NODE))
+    with pytest.raises(ValueError, match="NODE_RANK is set by nodekit itself"):
+        settings(env={"NODE_RANK": "9", "NCCL_DEBUG": "WARN"})
+    s = svc(rendered(settings(env={"NCCL_DEBUG": "WARN"}), 1, CPU_NODE))
     env = s["environment"]
     assert env["NODE_RANK"] == "1" and env["NCCL_DEBUG"] == "WARN"  # type: ignore[index]
 
