@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.harness import Cluster, Host, problem
-from tests.conftest import docker_required
+from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp"
@@ -37,9 +37,7 @@ def cluster_ready(docker_engine: None) -> None:
     why = problem()
     if why is None:
         return
-    if docker_required():
-        pytest.fail(f"multi-host tests must run here but {why}", pytrace=False)
-    pytest.skip(f"no virtual cluster here: {why}")
+    unavailable("multi-host tests", f"no virtual cluster here: {why}")
 
 
 def _fresh(n: int, name: str) -> Iterator[Cluster]:
