@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from nodekit.errors import ConfigError
 
@@ -193,6 +193,13 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
     token = _config_file.set(path)
     try:
         return Settings(project_dir=path.parent, **given)
+    except SettingsError as e:  # a NODEKIT_* value for a list or table field that is not JSON
+        found = re.search(r'field "(\w+)"', str(e))
+        where = found.group(1) if found else "config"
+        raise ConfigError(
+            f"invalid setting {where}: NODEKIT_{where.upper()} is not valid JSON",
+            fix=f'write NODEKIT_{where.upper()} as JSON (e.g. \'["a", "b"]\' or \'{{"KEY": "value"}}\'), or unset it',
+        ) from None
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "config"
