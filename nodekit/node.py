@@ -49,8 +49,12 @@ def plan_node(
     out_dir: Path | None = None,
     facts: HostFacts | None = None,
     resolve_image: Callable[[Settings], str] | None = None,
+    image_id: Callable[[str], str] | None = None,
 ) -> NodePlan:
-    """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing."""
+    """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing.
+
+    ``image_id`` looks up the chosen image's id on this host (``nodekit up`` passes one; ``compose`` and dry runs
+    do not, so they never need an engine): it is rendered as NODEKIT_IMAGE_ID for preflight to compare."""
     launch = launch_spec(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
     if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
@@ -73,7 +77,14 @@ def plan_node(
     notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)
     path = compose_path(settings, rank, out_dir)
-    doc = render_compose(node, ref, facts, output_dir=settings.resolve(settings.output_dir).absolute(), debug=debug)
+    doc = render_compose(
+        node,
+        ref,
+        facts,
+        output_dir=settings.resolve(settings.output_dir).absolute(),
+        debug=debug,
+        image_id=image_id(ref) if image_id else "",
+    )
     hint = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
     text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
     return NodePlan(
@@ -127,6 +138,16 @@ def _current_image(settings: Settings) -> str:
     from nodekit.build import current_image
 
     return current_image(settings)
+
+
+def image_id_here(rank: int) -> Callable[[str], str]:
+    """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise)."""
+
+    def lookup(ref: str) -> str:
+        docker.check_engine()
+        return docker.require_image(ref, node=f"node {rank}").id
+
+    return lookup
 
 
 def write_compose(plan: NodePlan) -> Path:

@@ -37,12 +37,13 @@ def _plan(
     image: str | None,
     debug: bool,
     out_dir: Path | None,
+    image_id: Any = None,
     **flags: Any,
 ) -> Any:
     from nodekit.node import plan_node
 
     settings = load_settings(config, **flags)
-    return plan_node(settings, rank, main, image=image, debug=debug, out_dir=out_dir)
+    return plan_node(settings, rank, main, image=image, debug=debug, out_dir=out_dir, image_id=image_id)
 
 
 def _print_plan(plan: Any) -> None:
@@ -106,7 +107,7 @@ def up(
     from nodekit.cli.ui import prefixed
 
     plan = _plan(
-        config, node_rank, main, image, debug, out_dir,
+        config, node_rank, main, image, debug, out_dir, None if dry_run else node.image_id_here(node_rank),
         nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
     )  # fmt: skip
     if dry_run:

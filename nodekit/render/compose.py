@@ -39,10 +39,13 @@ def render_compose(
     output_dir: Path,
     debug: bool = False,
     template: dict[str, Any] | None = None,
+    image_id: str = "",
 ) -> dict[str, Any]:
     """The compose document for ``node`` running ``image`` on a host with ``facts``.
 
-    ``output_dir`` is the absolute host directory mounted at /outputs. Nothing is read from the environment.
+    ``output_dir`` is the absolute host directory mounted at /outputs. ``image_id``, when known (the image is on
+    this host), goes to NODEKIT_IMAGE_ID so that preflight compares the image itself, not only its fingerprint.
+    Nothing is read from the environment.
     """
     doc = copy.deepcopy(template if template is not None else compose_template())
     svc: dict[str, Any] = doc["services"][SERVICE]
@@ -51,6 +54,8 @@ def render_compose(
     svc["image"] = image
     svc["command"] = launch.command.argv()
     svc["environment"] = rank_env(node, facts, debug=debug)
+    if image_id:
+        svc["environment"]["NODEKIT_IMAGE_ID"] = image_id
     svc["labels"] = {
         "org.nodekit.name": launch.name,
         "org.nodekit.rank": str(node.rank),
