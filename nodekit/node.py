@@ -33,6 +33,14 @@ class NodePlan:
     project: str
     text: str
     notes: tuple[str, ...] = field(default=())
+    job_secret: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The compose text as it may be printed: the job secret masked."""
+        from nodekit.secret import masked
+
+        return masked(self.text, self.job_secret)
 
 
 def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> Path:
@@ -50,11 +58,13 @@ def plan_node(
     facts: HostFacts | None = None,
     resolve_image: Callable[[Settings], str] | None = None,
     image_id: Callable[[str], str] | None = None,
+    job_secret: Callable[[], str] | None = None,
 ) -> NodePlan:
     """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing.
 
     ``image_id`` looks up the chosen image's id on this host (``nodekit up`` passes one; ``compose`` and dry runs
-    do not, so they never need an engine): it is rendered as NODEKIT_IMAGE_ID for preflight to compare."""
+    do not, so they never need an engine): it is rendered as NODEKIT_IMAGE_ID for preflight to compare.
+    ``job_secret`` is asked for last, once everything else validated (it may create the project's secret file)."""
     launch = launch_spec(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
     if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
@@ -77,6 +87,7 @@ def plan_node(
     notes = _notes(node, facts)
     ref = image or (resolve_image or _current_image)(settings)
     path = compose_path(settings, rank, out_dir)
+    secret = job_secret() if job_secret else ""
     doc = render_compose(
         node,
         ref,
@@ -84,6 +95,7 @@ def plan_node(
         output_dir=settings.resolve(settings.output_dir).absolute(),
         debug=debug,
         image_id=image_id(ref) if image_id else "",
+        job_secret=secret,
     )
     hint = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
     text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
@@ -95,6 +107,7 @@ def plan_node(
         project=project_name(launch.name, rank),
         text=text,
         notes=notes,
+        job_secret=secret,
     )
 
 
@@ -151,7 +164,8 @@ def image_id_here(rank: int) -> Callable[[str], str]:
 
 
 def write_compose(plan: NodePlan) -> Path:
-    write_atomic(plan.compose_path, plan.text)
+    # 0600 when it carries the job secret: another user on this host must not read it and join the job.
+    write_atomic(plan.compose_path, plan.text, mode=0o600 if plan.job_secret else 0o644)
     return plan.compose_path
 
 

@@ -38,19 +38,30 @@ def _plan(
     debug: bool,
     out_dir: Path | None,
     image_id: Any = None,
+    *,
+    dry_run: bool = False,
     **flags: Any,
 ) -> Any:
+    import os
+
+    from nodekit import secret
     from nodekit.node import plan_node
 
     settings = load_settings(config, **flags)
-    return plan_node(settings, rank, main, image=image, debug=debug, out_dir=out_dir, image_id=image_id)
+
+    def job_secret() -> str:
+        return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
+
+    return plan_node(
+        settings, rank, main, image=image, debug=debug, out_dir=out_dir, image_id=image_id, job_secret=job_secret
+    )
 
 
 def _print_plan(plan: Any) -> None:
     from nodekit.cli.ui import out
 
     out.print(f"# would write {plan.compose_path} (project {plan.project}):", markup=False)
-    out.print(plan.text, markup=False, end="")
+    out.print(plan.shown, markup=False, end="")
     for note in plan.notes:
         out.print(f"# note: {note}", markup=False)
 
@@ -77,7 +88,7 @@ def compose(
     from nodekit.node import write_compose
 
     plan = _plan(
-        config, node_rank, main, image, debug, out_dir,
+        config, node_rank, main, image, debug, out_dir, dry_run=dry_run,
         nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
     )  # fmt: skip
     if dry_run:
@@ -108,7 +119,7 @@ def up(
 
     plan = _plan(
         config, node_rank, main, image, debug, out_dir, None if dry_run else node.image_id_here(node_rank),
-        nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
+        dry_run=dry_run, nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
     )  # fmt: skip
     if dry_run:
         _print_plan(plan)

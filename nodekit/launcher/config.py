@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Mode = Literal["torchrun", "env"]
@@ -44,6 +44,8 @@ class LaunchConfig:
     image_id: str
     iface: str | None
     allow_heterogeneous_gpus: bool
+    # NODEKIT_JOB_SECRET: what this node presents to main's store (launcher/auth.py); never printed.
+    job_secret: str = field(default="", repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -150,4 +152,5 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         image_id=env.get("NODEKIT_IMAGE_ID", "").strip(),
         iface=iface,
         allow_heterogeneous_gpus=_bool(env, "NODEKIT_ALLOW_HETEROGENEOUS_GPUS", False),
+        job_secret=env.get("NODEKIT_JOB_SECRET", "").strip(),
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nodekit.launcher.auth import ScopedStore, SecretMismatch, announce, verify
 from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
 from nodekit.launcher.plan import Command, CommandError, exec_plan, missing_target, parse_command, start_line
@@ -154,16 +155,23 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
     outcome: Outcome
     try:
         if cfg.is_main:
-            store = open_store(cfg, store_timeout)
+            raw = open_store(cfg, store_timeout)
+            announce(raw, cfg.job_secret)
+            store = ScopedStore(raw, cfg.job_secret)
             outcome = run_main(store, cfg, gather(cfg, cfg.master_addr), clock)
         else:
             # Facts first: importing torch takes seconds, and main is importing it at the same time before it
             # can host the store, so the two overlap instead of adding up.
             facts = gather(cfg, "")
             local = wait_reachable(cfg, deadline, clock)
-            store = open_store(cfg, store_timeout, connect_s=CONNECT_TIMEOUT_S)
+            raw = open_store(cfg, store_timeout, connect_s=CONNECT_TIMEOUT_S)
+            verify(raw, cfg.job_secret, deadline, clock, f"{cfg.master_addr}:{cfg.preflight_port}")
+            store = ScopedStore(raw, cfg.job_secret)
             facts = replace(facts, address=local)
             outcome = run_worker(store, cfg, facts, clock)
+    except SecretMismatch as e:
+        _err(str(e))
+        return EXIT_STACK_MISMATCH, None
     except PreflightError as e:
         _err(str(e))
         return EXIT_RENDEZVOUS, None
@@ -212,8 +220,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     """Parse, check, preflight, then exec (never returns on success); returns an exit code otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if environ is None else environ)
+    # The job secret is the launcher's alone: the training processes (and whatever they print) never see it.
+    os.environ.pop("NODEKIT_JOB_SECRET", None)
     try:
         cfg = parse_env(env)
+        env.pop("NODEKIT_JOB_SECRET", None)
         command = parse_command(argv)
     except (EnvError, CommandError) as e:
         _err(str(e))

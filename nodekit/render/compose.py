@@ -40,11 +40,13 @@ def render_compose(
     debug: bool = False,
     template: dict[str, Any] | None = None,
     image_id: str = "",
+    job_secret: str = "",
 ) -> dict[str, Any]:
     """The compose document for ``node`` running ``image`` on a host with ``facts``.
 
     ``output_dir`` is the absolute host directory mounted at /outputs. ``image_id``, when known (the image is on
     this host), goes to NODEKIT_IMAGE_ID so that preflight compares the image itself, not only its fingerprint.
+    ``job_secret`` goes to NODEKIT_JOB_SECRET: the launcher's store refuses nodes without it (nodekit/secret.py).
     Nothing is read from the environment.
     """
     doc = copy.deepcopy(template if template is not None else compose_template())
@@ -56,6 +58,8 @@ def render_compose(
     svc["environment"] = rank_env(node, facts, debug=debug)
     if image_id:
         svc["environment"]["NODEKIT_IMAGE_ID"] = image_id
+    if job_secret:
+        svc["environment"]["NODEKIT_JOB_SECRET"] = job_secret
     svc["labels"] = {
         "org.nodekit.name": launch.name,
         "org.nodekit.rank": str(node.rank),

@@ -243,7 +243,9 @@ def test_a_node_arriving_after_an_early_mismatch_gets_the_verdict_not_an_absent_
     main_thread = threading.Thread(target=node, args=(0,))
     main_thread.start()
     node(2)
-    while not store.check(["nodekit/verdict"]):
+    from nodekit.launcher.auth import ScopedStore
+
+    while not ScopedStore(store, "").check(["nodekit/verdict"]):
         time.sleep(0.01)
     reported = time.monotonic() - started
     time.sleep(0.5)  # node 1 is late: main has reported and, before the fix, left
