@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from nodekit import secret
 from tests.cluster.harness import Cluster, Host, problem
 from tests.conftest import unavailable
 
@@ -114,5 +115,7 @@ def demo_everywhere(demo_on_main: Demo, cluster: Cluster) -> Demo:
 def host_project(demo: Demo, host: Host, base: Path) -> Path:
     """The demo project as this host's own checkout (each machine has its own files, outputs and compose dir)."""
     dest = base / host.name / "ddp"
+    # The job secret travels with the project (.nodekit/job-secret), as a user's copy to each machine carries it.
+    secret.load_or_create(demo.project)
     shutil.copytree(demo.project, dest, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
     return dest
