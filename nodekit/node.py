@@ -85,7 +85,13 @@ def plan_node(
             check_main_is_here(main_ip, [a for link in net.links_here() for a in link.addrs])
     node = node_spec(settings, launch, rank, main_ip, facts)
     notes = _notes(node, facts)
-    ref = image or (resolve_image or _current_image)(settings)
+    if image or resolve_image:
+        ref = image or (resolve_image or _current_image)(settings)
+    else:
+        from nodekit.build import choose_image
+
+        ref, why = choose_image(settings)
+        notes = (*notes, f"image {ref}: {why}")
     path = compose_path(settings, rank, out_dir)
     secret = job_secret() if job_secret else ""
     doc = render_compose(

@@ -103,6 +103,9 @@ def up(
     node_rank: RankOpt,
     main: MainOpt,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="start in the background and return")] = False,
+    build: Annotated[
+        bool, typer.Option("--build", help="build the project's image first (a no-op when it is up to date)")
+    ] = False,
     image: ImageOpt = None,
     out_dir: OutDirOpt = None,
     debug: DebugOpt = False,
@@ -117,6 +120,11 @@ def up(
     from nodekit import node
     from nodekit.cli.ui import prefixed
 
+    if build and image is None:
+        from nodekit import build as building
+
+        settings = load_settings(config, nnodes=nnodes, master_port=master_port, script=script)
+        image = building.build(settings, reporter(), dry_run=dry_run).tag
     plan = _plan(
         config, node_rank, main, image, debug, out_dir, None if dry_run else node.image_id_here(node_rank),
         dry_run=dry_run, nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
