@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -202,23 +205,28 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     check_master_port(plan)
     path = write_compose(plan)
     reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
-    docker.compose_up(path, plan.project)
-    if detach:
-        reporter.done(f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f")
-        return 0
     try:
-        for line in follow(path, plan.project):
-            on_line(line)
-        code = docker.compose_wait(path, plan.project)
-    except KeyboardInterrupt:
+        with _stop_signals():
+            docker.compose_up(path, plan.project)
+            if detach:
+                reporter.done(
+                    f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
+                )
+                return 0
+            for line in follow(path, plan.project):
+                on_line(line)
+            code = docker.compose_wait(path, plan.project)
+    except (KeyboardInterrupt, Stopped) as e:
+        exit_code = 128 + e.signum if isinstance(e, Stopped) else 130
+        what = f"{e.name} received" if isinstance(e, Stopped) else "interrupted"
         if debug:
             # --debug keeps the container for inspection; stop it so it holds no ports or GPUs.
-            reporter.warn(f"interrupted: stopping node {plan.node.rank}, container kept (--debug)")
+            reporter.warn(f"{what}: stopping node {plan.node.rank}, container kept (--debug)")
             docker.compose_stop(path, plan.project, timeout=30)
         else:
-            reporter.warn(f"interrupted: stopping and removing node {plan.node.rank}")
+            reporter.warn(f"{what}: stopping and removing node {plan.node.rank}")
             docker.compose_down(path, plan.project, timeout=30)
-        return 130
+        return exit_code
     if code != 0:
         raise JobFailed(
             f"the job exited with code {code}",
@@ -227,6 +235,34 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
             fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",
         )
     return 0
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP while ``up`` ran: handled like Ctrl-C (what was started is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """SIGTERM (kill, systemd, CI cancel) and SIGHUP (a closed terminal or SSH session) raise :class:`Stopped`,
+    so ``up`` removes its container instead of leaving it running without anyone following it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def follow(path: Path, project: str) -> Iterator[str]:
