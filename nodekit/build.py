@@ -18,7 +18,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -356,6 +356,27 @@ def _stage(settings: Settings, lock: Lock, base_id: str, reporter: Reporter, *, 
     return staged
 
 
+@contextlib.contextmanager
+def build_lock(project_dir: Path, reporter: Reporter) -> Iterator[None]:
+    """One build of a project at a time: staging replaces ``.nodekit/build/`` (and removes earlier contexts), so
+    a second build running at once would delete the context the first is sending to BuildKit. The second waits.
+    An flock: released by the kernel when the holder dies, so a killed build never leaves it stuck."""
+    import fcntl
+
+    path = project_dir / ".nodekit" / "build.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            reporter.step("another build of this project is running here; waiting for it to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_cache: bool = False) -> BuildResult:
     """Build the project's image, or do nothing when an image with the same fingerprint exists.
 
@@ -379,11 +400,12 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
         _record(settings, result)
         reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
         return result
-    staged = _stage(settings, lock, base.id, reporter, no_cache=no_cache)
-    if staged.fingerprint != planned.fingerprint:
-        reporter.warn("files changed while staging; building what was staged")
-    reporter.step(f"building {staged.tag}")
-    _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
+    with build_lock(settings.project_dir, reporter):
+        staged = _stage(settings, lock, base.id, reporter, no_cache=no_cache)
+        if staged.fingerprint != planned.fingerprint:
+            reporter.warn("files changed while staging; building what was staged")
+        reporter.step(f"building {staged.tag}")
+        _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
     info = docker.require_image(staged.tag)
     result = _result(staged, info, t0, skipped=False, created=created)
     _record(settings, result)

@@ -78,3 +78,31 @@ def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses
 def test_the_fingerprint_is_unknown_without_a_lock(tmp_path: Path) -> None:
     fp, why = build.project_fingerprint(settings(tmp_path))
     assert fp is None and "nodekit.lock" in why
+
+
+def test_a_second_build_of_the_project_waits_for_the_first(tmp_path: Path) -> None:
+    """Staging replaces .nodekit/build/: two builds at once deleted each other's context."""
+    import threading
+    import time
+
+    from nodekit.progress import RecordingReporter
+
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def first() -> None:
+        with build.build_lock(tmp_path, RecordingReporter()):
+            order.append("first in")
+            first_in.set()
+            time.sleep(0.3)
+            order.append("first out")
+
+    t = threading.Thread(target=first)
+    t.start()
+    first_in.wait(5)
+    rep = RecordingReporter()
+    with build.build_lock(tmp_path, rep):
+        order.append("second in")
+    t.join(5)
+    assert order == ["first in", "first out", "second in"]
+    assert any("another build of this project is running" in m for m in rep.said("step"))
