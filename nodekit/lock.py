@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from nodekit import deadline
 from nodekit.errors import BuildError, ConfigError
 from nodekit.fsutil import write_atomic
 from nodekit.progress import Reporter
@@ -366,7 +366,12 @@ def _run_pip_report(
             python_version=python_version,
             platform=platform,
         )
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        proc = deadline.run(
+            argv,
+            timeout=deadline.PIP_TIMEOUT_S,
+            what="pip resolving the lock",
+            fix="check access to your package index (pip config, proxy), then nodekit lock again",
+        )
         if proc.returncode != 0:
             raise _ResolveFailed(_pip_error(proc.stderr))
         report: dict[str, Any] = json.loads((d / "report.json").read_text())
@@ -544,7 +549,12 @@ def ensure_wheelhouse(settings: Settings, lock: Lock, reporter: Reporter) -> dic
             req = Path(tmp) / "missing.txt"
             req.write_text("".join(p.line() + "\n" for p in missing))
             argv = download_argv(sys.executable, req, house, python_version=lock.python_version, platform=lock.platform)
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            proc = deadline.run(
+                argv,
+                timeout=deadline.PIP_TIMEOUT_S,
+                what="pip downloading the locked wheels",
+                fix="check access to your package index (pip config, proxy), then build again",
+            )
         if proc.returncode != 0:
             raise BuildError(
                 f"cannot fetch locked wheels ({', '.join(p.name for p in missing)}): {_pip_error(proc.stderr)}",
