@@ -20,3 +20,18 @@ def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> Non
     assert time.monotonic() - started < 5
     assert e.value.one_line().startswith("pip resolving the lock did not finish within 0.5 s and was stopped")
     assert "\n" not in e.value.one_line()
+
+
+def test_a_streamed_process_that_hangs_is_killed_and_named() -> None:
+    """mmdebstrap's output is streamed line by line; a stalled mirror used to keep `nodekit base` waiting."""
+    import subprocess
+
+    started = time.monotonic()
+    proc = subprocess.Popen(["sh", "-c", "echo fetching; exec sleep 30"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    with deadline.Killer(proc, 0.5, "mmdebstrap", "check the mirror") as killer:
+        lines = list(proc.stdout)
+        proc.wait()
+    with pytest.raises(DeadlineError, match=r"^mmdebstrap did not finish within 0.5 s"):
+        killer.check()
+    assert lines == ["fetching\n"] and time.monotonic() - started < 5
