@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nodekit import docker
+from nodekit import deadline, docker
 from nodekit.errors import ImageError
 from nodekit.progress import Reporter
 from nodekit.render.image import SOURCE_DATE_EPOCH
@@ -219,12 +219,12 @@ def _ensure_mmdebstrap(reporter: Reporter) -> None:
         )
     reporter.step("installing mmdebstrap with apt-get")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = subprocess.run(
+    proc = deadline.run(
         ["apt-get", "install", "-y", "--no-install-recommends", "mmdebstrap"],
-        capture_output=True,
-        text=True,
+        timeout=deadline.APT_TIMEOUT_S,
+        what="apt-get install mmdebstrap",
+        fix="check that the host reaches its Debian mirror (apt-get update), then nodekit base",
         env=env,
-        check=False,
     )
     if proc.returncode != 0 or not shutil.which("mmdebstrap"):
         last = (proc.stderr.strip().splitlines() or ["apt-get failed"])[-1]
@@ -241,10 +241,14 @@ def _run(argv: tuple[str, ...], env: Mapping[str, str], reporter: Reporter) -> N
     )
     assert proc.stdout is not None
     tail: list[str] = []
-    for line in proc.stdout:
-        tail = [*tail[-19:], line.rstrip()]
-        reporter.detail(line.rstrip())
-    if proc.wait() != 0:
+    fix = "check that the host reaches its Debian mirror (apt-get update), then nodekit base"
+    with deadline.Killer(proc, deadline.MMDEBSTRAP_TIMEOUT_S, "mmdebstrap", fix) as killer:
+        for line in proc.stdout:
+            tail = [*tail[-19:], line.rstrip()]
+            reporter.detail(line.rstrip())
+        code = proc.wait()
+    killer.check()
+    if code != 0:
         errors = [ln for ln in tail if "E:" in ln or "error" in ln.lower()]
         raise ImageError(
             f"mmdebstrap failed: {(errors or tail or ['no output'])[-1].strip()}",

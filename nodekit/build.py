@@ -18,7 +18,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,9 +26,9 @@ from pydantic import BaseModel, ConfigDict
 
 from nodekit import __version__, docker
 from nodekit.assets import images_dir, launcher_dir
-from nodekit.errors import ConfigError, ImageError
+from nodekit.errors import ConfigError, ImageError, NodekitError
 from nodekit.fsutil import write_atomic
-from nodekit.lock import Lock, ensure_lock, ensure_wheelhouse, parse_lock
+from nodekit.lock import Lock, check_lock, ensure_lock, ensure_wheelhouse, inputs_drifted, parse_lock
 from nodekit.probe import Target
 from nodekit.probe import target as probe_target
 from nodekit.progress import Reporter
@@ -365,6 +365,27 @@ def _stage(
     return staged
 
 
+@contextlib.contextmanager
+def build_lock(project_dir: Path, reporter: Reporter) -> Iterator[None]:
+    """One build of a project at a time: staging replaces ``.nodekit/build/`` (and removes earlier contexts), so
+    a second build running at once would delete the context the first is sending to BuildKit. The second waits.
+    An flock: released by the kernel when the holder dies, so a killed build never leaves it stuck."""
+    import fcntl
+
+    path = project_dir / ".nodekit" / "build.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            reporter.step("another build of this project is running here; waiting for it to finish")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_cache: bool = False) -> BuildResult:
     """Build the project's image, or do nothing when an image with the same fingerprint exists.
 
@@ -392,11 +413,12 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
         _record(settings, result)
         reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
         return result
-    staged = _stage(settings, lock, base.id, tgt, reporter, no_cache=no_cache)
-    if staged.fingerprint != planned.fingerprint:
-        reporter.warn("files changed while staging; building what was staged")
-    reporter.step(f"building {staged.tag}")
-    _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
+    with build_lock(settings.project_dir, reporter):
+        staged = _stage(settings, lock, base.id, tgt, reporter, no_cache=no_cache)
+        if staged.fingerprint != planned.fingerprint:
+            reporter.warn("files changed while staging; building what was staged")
+        reporter.step(f"building {staged.tag}")
+        _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
     info = docker.require_image(staged.tag)
     result = _result(staged, info, t0, skipped=False, created=created)
     _record(settings, result)
@@ -468,19 +490,78 @@ def last_build(settings: Settings) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def current_image(settings: Settings) -> str:
-    """The image to run: the last one built here if the engine has it, else the newest labelled with the name.
+def project_fingerprint(settings: Settings) -> tuple[str | None, str]:
+    """The fingerprint an image of the project as it is now would have, without resolving or building anything:
+    ``(fingerprint, "")``, or ``(None, why it cannot be known here)`` (no usable lock, no base image)."""
+    try:
+        lock = check_lock(settings)
+    except ConfigError as e:
+        return None, e.message
+    if inputs_drifted(lock, settings):
+        return None, "nodekit.lock was made from other packages than nodekit.toml lists"
+    base = docker.image_info(settings.base_image)
+    if base is None:
+        return None, f"base image {settings.base_image} is not here"
+    try:
+        tgt = probe_target(settings, require_probe=True)  # cached by the base's image id
+    except NodekitError as e:
+        return None, e.message
+    return _plan(settings, lock, base.id, tgt, no_cache=False, stage=None).fingerprint, ""
 
-    Raises ImageError "no image built yet" (fix ``nodekit build``) when there is none.
+
+def choose_image(settings: Settings) -> tuple[str, str]:
+    """The image ``nodekit up`` runs when none is named, and why: ``(ref, reason)``. Deterministic:
+
+    1. the image whose fingerprint is the project's as it is now on this node (built here or pushed here);
+    2. else, when a build record names an image that is here, that image is stale (the project changed since):
+       ImageError with the fix (``nodekit build``, ``nodekit up --build``, or ``--image`` to run it anyway);
+    3. else, when the project's fingerprint cannot be known here (no lock, no base image: a node that only
+       received a pushed image), the one image of this project here; several: ImageError asking for ``--image``.
+
+    Creation time never decides: every nodekit image has the same reproducible one.
     """
-    record = last_build(settings)
-    if record and isinstance(record.get("tag"), str) and docker.image_info(record["tag"]) is not None:
-        return str(record["tag"])
     name = settings.image_name
-    for info in docker.images_labelled(LABEL_NAME, name):
-        tags = [t for t in info.tags if t.startswith(f"nodekit/{name}:")]
+    fingerprint, unknown = project_fingerprint(settings)
+    labelled = docker.images_labelled(LABEL_NAME, name)
+
+    def ref(info: docker.ImageInfo) -> str:
+        tags = sorted(t for t in info.tags if t.startswith(f"nodekit/{name}:"))
         return tags[0] if tags else info.id
-    raise ImageError(f"no image built yet for {name}", fix=BUILD_FIX)
+
+    if fingerprint is not None:
+        match = [i for i in labelled if i.labels.get(LABEL_FINGERPRINT) == fingerprint]
+        if match:
+            return ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now"
+    record = last_build(settings)
+    recorded = record.get("tag") if record else None
+    if isinstance(recorded, str) and docker.image_info(recorded) is not None:
+        if fingerprint is not None:
+            raise ImageError(
+                f"the image built here last, {recorded}, no longer matches the project (its fingerprint is now "
+                f"{fingerprint[:12]}: files or packages changed since)",
+                fix=f"nodekit build, or nodekit up --build; or --image {recorded} to run the old image anyway",
+            )
+        return recorded, f"the last build here (the project's fingerprint is unknown: {unknown})"
+    if fingerprint is not None:
+        raise ImageError(
+            f"no image of {name} here matches the project (fingerprint {fingerprint[:12]})",
+            fix=f"{BUILD_FIX}, or nodekit push it from the node that built it, or pass --image",
+        )
+    refs = sorted({ref(i) for i in labelled})
+    if len(refs) == 1:
+        return refs[0], f"the only image of {name} here (the project's fingerprint is unknown: {unknown})"
+    if not refs:
+        raise ImageError(f"no image built yet for {name}", fix=BUILD_FIX)
+    raise ImageError(
+        f"{len(refs)} images of {name} are here ({', '.join(refs[:3])}) and the project's fingerprint, which would "
+        f"pick one, is unknown ({unknown})",
+        fix="pass --image with the one to run (the one pushed from the node that built it)",
+    )
+
+
+def current_image(settings: Settings) -> str:
+    """The image to run when none is named (see :func:`choose_image`). Raises ImageError with the fix."""
+    return choose_image(settings)[0]
 
 
 # --- inspect ------------------------------------------------------------------------------------------------

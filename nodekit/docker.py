@@ -576,11 +576,13 @@ def run_as_job(
     or it takes longer than ``timeout`` seconds. python-on-whales builds the command line; the process is ours
     so that stderr is captured (its ``run`` lets it through to the terminal) and the wait is bounded.
     """
+    import secrets
     import subprocess
 
+    name = f"nodekit-probe-{secrets.token_hex(4)}"
     argv = _docker_argv(
         host,
-        "run", "--rm", "--network", "host", "--ipc", "host",
+        "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
         *(f"--ulimit={u}" for u in ulimits or []),
         *(["--gpus", "all"] if gpus else []),
         "--entrypoint", "sh", ref, "-c", script,
@@ -589,7 +591,12 @@ def run_as_job(
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise EngineError(f"a test container of {ref} did not finish within {timeout} s", fix=fix) from None
+        # Killing the client leaves the container running: remove it, or it would hold the ports and GPUs.
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run(_docker_argv(host, "rm", "-f", name), capture_output=True, timeout=30)
+        raise EngineError(
+            f"a test container of {ref} did not finish within {timeout} s (it hung); it was removed", fix=fix
+        ) from None
     if proc.returncode != 0:
         # docker run ends its stderr with "Run 'docker run --help' ..."; the reason is the "docker: Error ..." line.
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]

@@ -69,3 +69,10 @@ class JobFailed(NodekitError):
     def __init__(self, message: str, *, exit_code: int, node: str | None = None, fix: str | None = None) -> None:
         super().__init__(message, fix=fix, node=node)
         self.exit_code = exit_code
+
+
+class DeadlineError(NodekitError):
+    """A call that can hang (a subprocess, an engine call, a peer) did not finish within its deadline; the message
+    names what hung and for how long."""
+
+    exit_code = 1

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -32,6 +31,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from nodekit import deadline
 from nodekit.errors import BuildError, ConfigError
 from nodekit.fsutil import write_atomic
 from nodekit.progress import Reporter
@@ -497,7 +497,12 @@ def _run_pip_report(
             sources=extra,
             full_version=full_version,
         )
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        proc = deadline.run(
+            argv,
+            timeout=deadline.PIP_TIMEOUT_S,
+            what="pip resolving the lock",
+            fix="check access to your package index (pip config, proxy), then nodekit lock again",
+        )
         if proc.returncode != 0:
             raise _ResolveFailed(_pip_error(proc.stderr))
         report: dict[str, Any] = json.loads((d / "report.json").read_text())
@@ -726,7 +731,12 @@ def ensure_wheelhouse(settings: Settings, lock: Lock, reporter: Reporter) -> dic
                 platform=lock.platform,
                 sources=sources(settings),
             )
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            proc = deadline.run(
+                argv,
+                timeout=deadline.PIP_TIMEOUT_S,
+                what="pip downloading the locked wheels",
+                fix="check access to your package index (pip config, proxy), then build again",
+            )
         if proc.returncode != 0:
             raise BuildError(
                 f"cannot fetch locked wheels ({', '.join(p.name for p in missing)}): {redact(_pip_error(proc.stderr))}",

@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +37,14 @@ class NodePlan:
     text: str
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
+    job_secret: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The compose text as it may be printed: the job secret masked."""
+        from nodekit.secret import masked
+
+        return masked(self.text, self.job_secret)
 
 
 def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> Path:
@@ -52,8 +63,14 @@ def plan_node(
     resolve_image: Callable[[Settings], str] | None = None,
     mounts_checked: bool = False,
     environ: Mapping[str, str] | None = None,
+    image_id: Callable[[str], str] | None = None,
+    job_secret: Callable[[], str] | None = None,
 ) -> NodePlan:
-    """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing."""
+    """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing.
+
+    ``image_id`` looks up the chosen image's id on this host (``nodekit up`` passes one; ``compose`` and dry runs
+    do not, so they never need an engine): it is rendered as NODEKIT_IMAGE_ID for preflight to compare.
+    ``job_secret`` is asked for last, once everything else validated (it may create the project's secret file)."""
     launch = launch_spec(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
     if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
@@ -70,6 +87,8 @@ def plan_node(
                 fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
                 node=f"node {rank}",
             )
+        if rank == 0 and settings.network == "host":
+            check_main_is_here(main_ip, [a for link in net.links_here() for a in link.addrs])
     facts = node_facts(settings, rank, facts)
     node = node_spec(settings, launch, rank, main_ip, facts)
     # With facts gathered on the node itself (nodekit run), its mounts were checked there, not on this machine.
@@ -81,9 +100,24 @@ def plan_node(
             f'{{ "{absent.container}" = "/its/path" }} in nodekit.toml',
         )
     notes = _notes(node, facts)
-    ref = image or (resolve_image or _current_image)(settings)
+    if image or resolve_image:
+        ref = image or (resolve_image or _current_image)(settings)
+    else:
+        from nodekit.build import choose_image
+
+        ref, why = choose_image(settings)
+        notes = (*notes, f"image {ref}: {why}")
     path = compose_path(settings, rank, out_dir)
-    doc = render_compose(node, ref, facts, output_dir=settings.resolve(settings.output_dir).absolute(), debug=debug)
+    secret = job_secret() if job_secret else ""
+    doc = render_compose(
+        node,
+        ref,
+        facts,
+        output_dir=settings.resolve(settings.output_dir).absolute(),
+        debug=debug,
+        image_id=image_id(ref) if image_id else "",
+        job_secret=secret,
+    )
     hint = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
     text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
     return NodePlan(
@@ -95,6 +129,7 @@ def plan_node(
         text=text,
         notes=notes,
         warnings=unset_pass_env(launch.pass_env, os.environ if environ is None else environ),
+        job_secret=secret,
     )
 
 
@@ -105,6 +140,28 @@ def unset_pass_env(names: tuple[str, ...], environ: Mapping[str, str]) -> tuple[
         for n in names
         if n not in environ
     )
+
+
+def check_main_is_here(main_ip: str, addrs: list[str]) -> None:
+    """Node 0 hosts the rendezvous at the main address, so that address must be this machine's (loopback is: an
+    all-local run). Otherwise every other node would wait for a main that is not there until its timeout."""
+    if net.is_loopback(main_ip) or any(_same_ip(main_ip, a) for a in addrs):
+        return
+    here = ", ".join(a for a in addrs if not net.is_loopback(a.split("%", 1)[0])) or "none but loopback"
+    raise UsageError(
+        f"node rank 0 is main, but main address {main_ip} is not one of this machine's addresses ({here})",
+        fix="run node 0 on the machine that has that address, or pass --main with one of the addresses above",
+        node="node 0",
+    )
+
+
+def _same_ip(a: str, b: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b.split("%", 1)[0])
+    except ValueError:
+        return False
 
 
 def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:
@@ -127,8 +184,19 @@ def _current_image(settings: Settings) -> str:
     return current_image(settings)
 
 
+def image_id_here(rank: int) -> Callable[[str], str]:
+    """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise)."""
+
+    def lookup(ref: str) -> str:
+        docker.check_engine()
+        return docker.require_image(ref, node=f"node {rank}").id
+
+    return lookup
+
+
 def write_compose(plan: NodePlan) -> Path:
-    write_atomic(plan.compose_path, plan.text)
+    # 0600 when it carries the job secret: another user on this host must not read it and join the job.
+    write_atomic(plan.compose_path, plan.text, mode=0o600 if plan.job_secret else 0o644)
     return plan.compose_path
 
 
@@ -161,23 +229,28 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     check_master_port(plan)
     path = write_compose(plan)
     reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
-    docker.compose_up(path, plan.project)
-    if detach:
-        reporter.done(f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f")
-        return 0
     try:
-        for line in follow(path, plan.project):
-            on_line(line)
-        code = docker.compose_wait(path, plan.project)
-    except KeyboardInterrupt:
+        with _stop_signals():
+            docker.compose_up(path, plan.project)
+            if detach:
+                reporter.done(
+                    f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
+                )
+                return 0
+            for line in follow(path, plan.project):
+                on_line(line)
+            code = docker.compose_wait(path, plan.project)
+    except (KeyboardInterrupt, Stopped) as e:
+        exit_code = 128 + e.signum if isinstance(e, Stopped) else 130
+        what = f"{e.name} received" if isinstance(e, Stopped) else "interrupted"
         if debug:
             # --debug keeps the container for inspection; stop it so it holds no ports or GPUs.
-            reporter.warn(f"interrupted: stopping node {plan.node.rank}, container kept (--debug)")
+            reporter.warn(f"{what}: stopping node {plan.node.rank}, container kept (--debug)")
             docker.compose_stop(path, plan.project, timeout=30)
         else:
-            reporter.warn(f"interrupted: stopping and removing node {plan.node.rank}")
+            reporter.warn(f"{what}: stopping and removing node {plan.node.rank}")
             docker.compose_down(path, plan.project, timeout=30)
-        return 130
+        return exit_code
     if code != 0:
         raise JobFailed(
             f"the job exited with code {code}",
@@ -186,6 +259,34 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
             fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",
         )
     return 0
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP while ``up`` ran: handled like Ctrl-C (what was started is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[None]:
+    """SIGTERM (kill, systemd, CI cancel) and SIGHUP (a closed terminal or SSH session) raise :class:`Stopped`,
+    so ``up`` removes its container instead of leaving it running without anyone following it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        raise Stopped(signum)
+
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 def follow(path: Path, project: str) -> Iterator[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from nodekit.errors import ConfigError
 
@@ -24,6 +24,21 @@ CONFIG_FILE = "nodekit.toml"
 DEFAULT_TORCH = "torch==2.13.0"
 FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Variables the launcher and torchrun own: a user value would silently break the rendezvous or the stack check.
+_RESERVED_ENV = frozenset(
+    {"WORLD_SIZE", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"}
+)
+# nodekit variables that are the user's switches, documented for the env table.
+_USER_SWITCHES = frozenset({"NODEKIT_EXIT_GUARD"})
+
+
+def reserved_env(key: str) -> bool:
+    """Whether ``key`` is one of nodekit's own variables, which the ``env`` table may not set."""
+    if key in _USER_SWITCHES:
+        return False
+    return key.startswith(("NODEKIT_", "MASTER_")) or key in _RESERVED_ENV
+
+
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 
 
@@ -105,7 +120,9 @@ class Settings(BaseSettings):
     precision: str | None = Field(None, description="launcher fabric: --precision (default: Fabric's own)")
     nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
     nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
-    master_port: int = Field(29500, ge=1, le=65535, description="TCP port of the rendezvous on main")
+    master_port: int = Field(
+        29500, ge=1, le=65534, description="TCP port of the rendezvous on main (preflight uses the next one)"
+    )
     max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts")
     rdzv_timeout: int = Field(180, ge=1, description="seconds to wait for every node before giving up")
     peer_timeout: int = Field(
@@ -191,6 +208,17 @@ class Settings(BaseSettings):
             raise ValueError("must be 0 (no peer watchdog) or at least 3 seconds")
         return v
 
+    @field_validator("env")
+    @classmethod
+    def _not_ours(cls, v: dict[str, str]) -> dict[str, str]:
+        taken = sorted(k for k in v if reserved_env(k))
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by nodekit itself "
+                "(NODEKIT_*, MASTER_*, ranks and sizes); use the matching setting or flag instead"
+            )
+        return v
+
     @field_validator("packages")
     @classmethod
     def _need_packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
@@ -261,10 +289,21 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
     path = config_path(config, os.environ).absolute()
     if config is not None and not path.is_file():
         raise ConfigError(f"config file {path} does not exist", fix="nodekit init, or pass the right --config")
+    if config is None and os.environ.get("NODEKIT_CONFIG") and not path.is_file():
+        raise ConfigError(
+            f"NODEKIT_CONFIG names {path}, which does not exist", fix="unset NODEKIT_CONFIG or point it at the file"
+        )
     given = {k: v for k, v in flags.items() if v is not None}
     token = _config_file.set(path)
     try:
         return Settings(project_dir=path.parent, **given)
+    except SettingsError as e:  # a NODEKIT_* value for a list or table field that is not JSON
+        found = re.search(r'field "(\w+)"', str(e))
+        where = found.group(1) if found else "config"
+        raise ConfigError(
+            f"invalid setting {where}: NODEKIT_{where.upper()} is not valid JSON",
+            fix=f'write NODEKIT_{where.upper()} as JSON (e.g. \'["a", "b"]\' or \'{{"KEY": "value"}}\'), or unset it',
+        ) from None
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "config"

@@ -30,15 +30,21 @@ def docker_required() -> bool:
     return os.environ.get("NODEKIT_REQUIRE_DOCKER") == "1" or os.environ.get("CI", "").lower() == "true"
 
 
+def unavailable(what: str, why: str) -> None:
+    """The one fail-or-skip rule for a real-engine test that cannot run: fail where it must run (CI, or
+    NODEKIT_REQUIRE_DOCKER=1), skip elsewhere. Never returns."""
+    if docker_required():
+        pytest.fail(f"{what} must run here but {why}", pytrace=False)
+    pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def docker_engine() -> None:
     """Use in every real-Docker test: skips without an engine locally, fails without one in CI."""
     problem = _engine_problem()
     if problem is None:
         return
-    if docker_required():
-        pytest.fail(f"real-Docker tests must run here but {problem}: run `make engine`", pytrace=False)
-    pytest.skip(f"{problem} (run `make engine`)")
+    unavailable("real-Docker tests", f"{problem} (run `make engine`)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

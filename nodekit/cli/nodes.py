@@ -37,19 +37,31 @@ def _plan(
     image: str | None,
     debug: bool,
     out_dir: Path | None,
+    image_id: Any = None,
+    *,
+    dry_run: bool = False,
     **flags: Any,
 ) -> Any:
+    import os
+
+    from nodekit import secret
     from nodekit.node import plan_node
 
     settings = load_settings(config, **flags)
-    return plan_node(settings, rank, main, image=image, debug=debug, out_dir=out_dir)
+
+    def job_secret() -> str:
+        return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
+
+    return plan_node(
+        settings, rank, main, image=image, debug=debug, out_dir=out_dir, image_id=image_id, job_secret=job_secret
+    )
 
 
 def _print_plan(plan: Any) -> None:
     from nodekit.cli.ui import out
 
     out.print(f"# would write {plan.compose_path} (project {plan.project}):", markup=False)
-    out.print(plan.text, markup=False, end="")
+    out.print(plan.shown, markup=False, end="")
     for note in plan.notes:
         out.print(f"# note: {note}", markup=False)
     for warning in plan.warnings:
@@ -78,7 +90,7 @@ def compose(
     from nodekit.node import write_compose
 
     plan = _plan(
-        config, node_rank, main, image, debug, out_dir,
+        config, node_rank, main, image, debug, out_dir, dry_run=dry_run,
         nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
     )  # fmt: skip
     if dry_run:
@@ -95,6 +107,9 @@ def up(
     node_rank: RankOpt,
     main: MainOpt,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="start in the background and return")] = False,
+    build: Annotated[
+        bool, typer.Option("--build", help="build the project's image first (a no-op when it is up to date)")
+    ] = False,
     image: ImageOpt = None,
     out_dir: OutDirOpt = None,
     debug: DebugOpt = False,
@@ -109,9 +124,14 @@ def up(
     from nodekit import node
     from nodekit.cli.ui import prefixed
 
+    if build and image is None:
+        from nodekit import build as building
+
+        settings = load_settings(config, nnodes=nnodes, master_port=master_port, script=script)
+        image = building.build(settings, reporter(), dry_run=dry_run).tag
     plan = _plan(
-        config, node_rank, main, image, debug, out_dir,
-        nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
+        config, node_rank, main, image, debug, out_dir, None if dry_run else node.image_id_here(node_rank),
+        dry_run=dry_run, nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
     )  # fmt: skip
     if dry_run:
         _print_plan(plan)

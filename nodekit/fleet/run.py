@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,14 +26,12 @@ from nodekit.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, de
 from nodekit.node import NodePlan, plan_node, write_compose
 from nodekit.progress import Reporter
 from nodekit.render.compose import project_name
+from nodekit.secret import new_secret
 from nodekit.settings import Settings
 from nodekit.spec import mount_points
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
 RESTART_ENV = "NODEKIT_RESTART_COUNT"
-# The per-job secret (issue 12 adds NODEKIT_JOB_SECRET through its secret module): one secret per run, the same on
-# every node. When that module lands, take the value from it here instead of generating one.
-SECRET_ENV = "NODEKIT_JOB_SECRET"
 
 LineFn = Callable[[int, str], None]
 
@@ -49,15 +46,15 @@ def hosts_of(settings: Settings, hostfile: Path | None = None) -> list[FleetHost
     return fleet_hosts(urls, nnodes, min_nodes=settings.min_nodes, slots=slots)
 
 
-def job_settings(settings: Settings, hosts: Sequence[FleetHost], *, restart: int, secret: str) -> Settings:
-    """The settings every node of attempt ``restart`` is planned with: nnodes = the hosts, the restart counter and
-    the job secret in the environment, hostfile slots as processes per node where the config sets none."""
+def job_settings(settings: Settings, hosts: Sequence[FleetHost], *, restart: int) -> Settings:
+    """The settings every node of attempt ``restart`` is planned with: nnodes = the hosts, the restart counter in
+    the environment, hostfile slots as processes per node where the config sets none."""
     nodes = dict(settings.nodes)
     for h in hosts:
         if h.slots is not None and (h.rank not in nodes or nodes[h.rank].nproc_per_node is None):
             base = nodes.get(h.rank)
             nodes[h.rank] = base.model_copy(update={"nproc_per_node": h.slots}) if base else _override(h.slots)
-    env = {**settings.env, RESTART_ENV: str(restart), SECRET_ENV: secret}
+    env = {**settings.env, RESTART_ENV: str(restart)}
     return settings.model_copy(update={"nnodes": len(hosts), "env": env, "nodes": nodes})
 
 
@@ -74,11 +71,24 @@ def plan_fleet(
     image: str,
     *,
     debug: bool = False,
+    image_id: str = "",
+    secret: str = "",
 ) -> list[NodePlan]:
-    """Pure apart from resolving main's name: one NodePlan per rank, each with that host's own facts."""
+    """Pure apart from resolving main's name: one NodePlan per rank, each with that host's own facts, all with the
+    run's one job secret and the image id every node verified after shipping."""
     main = main_address(hosts[0], settings.main)
     return [
-        plan_node(settings, h.rank, main, image=image, facts=g.facts, debug=debug, mounts_checked=True)
+        plan_node(
+            settings,
+            h.rank,
+            main,
+            image=image,
+            facts=g.facts,
+            debug=debug,
+            mounts_checked=True,
+            image_id=(lambda _ref: image_id) if image_id else None,
+            job_secret=(lambda: secret) if secret else None,
+        )
         for h, g in zip(hosts, facts, strict=True)
     ]
 
@@ -233,7 +243,8 @@ def run(
     t0 = clock()
     hosts = list(hosts)
     ref = image or current_image(settings)
-    secret = secrets.token_hex(16)  # see SECRET_ENV
+    secret = new_secret()  # one per run, the same on every node (nodekit/secret.py)
+    image_id = docker.require_image(ref).id
     failures: dict[int, int] = {}
     used = 0
     while True:
@@ -250,8 +261,8 @@ def run(
         )
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         ship_image(ref, hosts, reporter)
-        job = job_settings(settings, hosts, restart=used, secret=secret)
-        plans = plan_fleet(job, hosts, facts, ref, debug=debug)
+        job = job_settings(settings, hosts, restart=used)
+        plans = plan_fleet(job, hosts, facts, ref, debug=debug, image_id=image_id, secret=secret)
         for p in plans:
             write_compose(p)
         live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]

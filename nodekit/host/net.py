@@ -158,7 +158,10 @@ def route_to(ip: str, links: Sequence[Link] | None = None) -> Route | None:
     """
     links = links_here() if links is None else links
     if shutil.which("ip"):
-        proc = subprocess.run(["ip", "-j", "route", "get", ip], capture_output=True, text=True, timeout=5)
+        try:
+            proc = subprocess.run(["ip", "-j", "route", "get", ip], capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:  # a hung `ip` (seen with a wedged netlink): ask the kernel by socket
+            return interface_toward(ip, _route_by_socket(ip, links), links)
         if proc.returncode == 0:
             return interface_toward(ip, parse_ip_route_get(proc.stdout), links)
         lowered = proc.stderr.lower()
@@ -185,7 +188,10 @@ def _route_by_socket(ip: str, links: Sequence[Link]) -> Route | None:
 def links_here() -> list[Link]:
     """This host's interfaces: from ``ip -j addr show``, else from /sys/class/net and ioctl (IPv4 only)."""
     if shutil.which("ip"):
-        proc = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5)
+        try:
+            proc = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:
+            proc = subprocess.CompletedProcess([], 1)
         if proc.returncode == 0:
             return parse_ip_addr(proc.stdout)
     links = []
@@ -330,7 +336,10 @@ def parse_proc_net_tcp(text: str) -> dict[int, list[int]]:
 def port_holder(port: int) -> str | None:
     """Which process listens on ``port`` ("python3 (pid 1234)"), from ``ss``, else from /proc; None if unknown."""
     if shutil.which("ss"):
-        proc = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5)
+        try:
+            proc = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5)
+        except subprocess.TimeoutExpired:
+            return _holder_from_proc(port)
         listeners = [x for x in parse_ss_listeners(proc.stdout) if x.port == port]
         named = [x for x in listeners if x.process is not None]
         if named or listeners:

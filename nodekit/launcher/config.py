@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
@@ -54,6 +54,8 @@ class LaunchConfig:
     gpus_declared: tuple[tuple[int, int], ...] = ()  # NODEKIT_GPUS_DECLARED: (rank, N) where declared
     data_check: tuple[tuple[str, str], ...] = ()  # NODEKIT_DATA_CHECK: (container path, "sizes" or "hashes")
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
+    # NODEKIT_JOB_SECRET: what this node presents to main's store (launcher/auth.py); never printed.
+    job_secret: str = field(default="", repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -193,4 +195,5 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
         data_check=_data_check(env),
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
+        job_secret=env.get("NODEKIT_JOB_SECRET", "").strip(),
     )

@@ -104,6 +104,26 @@ def _driver_from_proc() -> str:
         return ""
 
 
+def _gpus_from_proc(dev: str = "/dev", proc: str = "/proc/driver/nvidia/gpus") -> tuple[str, int]:
+    """(model, count) without CUDA: the container's /dev/nvidiaN files, models from the driver's /proc entries
+    (which list the host's GPUs, so a model is reported only when they all agree). ("", 0) when unknown."""
+    try:
+        count = sum(1 for name in os.listdir(dev) if name.startswith("nvidia") and name[6:].isdigit())
+    except OSError:
+        return "", 0
+    models: set[str] = set()
+    try:
+        for bus in os.listdir(proc):
+            with open(os.path.join(proc, bus, "information")) as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    if key.strip() == "Model":
+                        models.add(value.strip())
+    except OSError:
+        models = set()
+    return (models.pop() if count and len(models) == 1 else ""), count
+
+
 def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None) -> NodeFacts:
     """This node's facts. ``address`` is the local address this node reaches main from (main's own for node 0)."""
     import torch  # type: ignore[import-not-found, unused-ignore]  # lazy: only preflight needs it
@@ -127,12 +147,9 @@ def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None
     if not driver:
         driver = _driver_from_proc()
     if count == 0 and cuda:
-        try:
-            count = int(torch.cuda.device_count())
-            if count:
-                model = " + ".join(sorted({torch.cuda.get_device_name(i) for i in range(count)}))
-        except Exception:
-            count = 0
+        # No nvidia-smi: never ask torch.cuda, which initialises CUDA in this process and holds memory on GPU 0
+        # for the whole job. The device files and the driver's /proc entries say as much without a context.
+        model, count = _gpus_from_proc()
     return NodeFacts(
         rank=cfg.node_rank,
         hostname=socket.gethostname(),

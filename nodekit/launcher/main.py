@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from nodekit.launcher import netfacts
+from nodekit.launcher.auth import ScopedStore, SecretMismatch, announce, verify
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
 from nodekit.launcher.plan import (
@@ -27,7 +28,17 @@ from nodekit.launcher.plan import (
     parse_command,
     start_line,
 )
-from nodekit.launcher.preflight import Clock, Outcome, PreflightError, open_store, run_main, run_worker, wait_reachable
+from nodekit.launcher.preflight import (
+    CONNECT_TIMEOUT_S,
+    Clock,
+    Outcome,
+    PreflightError,
+    linger,
+    open_store,
+    run_main,
+    run_worker,
+    wait_reachable,
+)
 from nodekit.launcher.verdict import Verdict, render
 from nodekit.launcher.watchdog import EXIT_PEER_LOST as EXIT_PEER_LOST  # 19, listed with the others
 from nodekit.launcher.watchdog import Watchdog, node_names
@@ -174,16 +185,23 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
     outcome: Outcome
     try:
         if cfg.is_main:
-            store = open_store(cfg, store_timeout)
+            raw = open_store(cfg, store_timeout)
+            announce(raw, cfg.job_secret)
+            store = ScopedStore(raw, cfg.job_secret)
             outcome = run_main(store, cfg, gather(cfg, cfg.master_addr), clock)
         else:
             # Facts first: importing torch takes seconds, and main is importing it at the same time before it
             # can host the store, so the two overlap instead of adding up.
             facts = gather(cfg, "")
             local = wait_reachable(cfg, deadline, clock)
-            store = open_store(cfg, store_timeout)
+            raw = open_store(cfg, store_timeout, connect_s=CONNECT_TIMEOUT_S)
+            verify(raw, cfg.job_secret, deadline, clock, f"{cfg.master_addr}:{cfg.preflight_port}")
+            store = ScopedStore(raw, cfg.job_secret)
             facts = replace(facts, address=local)
             outcome = run_worker(store, cfg, facts, clock)
+    except SecretMismatch as e:
+        _err(str(e))
+        return EXIT_STACK_MISMATCH, None
     except PreflightError as e:
         _err(str(e))
         return EXIT_RENDEZVOUS, None
@@ -208,12 +226,24 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
     late = " (this node arrived after main had decided)" if outcome.late else ""
     if verdict.status == "mismatch":
         _err(f"stack mismatch between nodes; not starting training{late} {took}")
+        if cfg.is_main and verdict.missing:
+            _serve_verdict(store, cfg, verdict, clock)
         return EXIT_STACK_MISMATCH, None
     if outcome.late:
         _err(f"this node (rank {cfg.node_rank}) arrived after main stopped waiting; restart every node {took}")
         return EXIT_RENDEZVOUS, None
     _err(f"node(s) {', '.join(map(str, verdict.missing))} never arrived; not starting training {took}")
     return EXIT_RENDEZVOUS, None
+
+
+def _serve_verdict(store: Any, cfg: LaunchConfig, verdict: Verdict, clock: Clock) -> None:
+    """Main after an early refusal: the report is out; keep the verdict readable for the nodes still to come."""
+    try:
+        linger(store, cfg, verdict, clock)
+    except _Terminated:
+        pass  # `nodekit down` while lingering: the verdict stands, exit with it
+    except RuntimeError:
+        pass  # the store failed under us: nothing more to serve
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -225,8 +255,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     env |= resolved
     if environ is None:
         os.environ.update(resolved)
+    # The job secret is the launcher's alone: the training processes (and whatever they print) never see it.
+    os.environ.pop("NODEKIT_JOB_SECRET", None)
     try:
         cfg = parse_env(env)
+        env.pop("NODEKIT_JOB_SECRET", None)
         command = parse_command(argv)
     except (EnvError, CommandError) as e:
         _err(str(e))

@@ -9,7 +9,8 @@ Keys (all under ``nodekit/``)::
     claim/<r>    counter: how many nodes said they are rank r (more than one is a copy-paste compose file)
     facts/<r>    JSON NodeFacts of the first node with rank r; dup/<r>/<n> for the n-th claimant
     verdict      JSON Verdict, written once by main
-    seen/<r>     counter: rank r has read the verdict; main keeps the store up until every arrival has
+    seen/<r>     counter: rank r has read the verdict; main keeps the store up until every arrival has, and after
+                 a refusal until every node has (see :func:`linger`), so a late node learns the verdict too
 
 Every wait polls in short steps instead of one long blocking call so that SIGTERM (``docker compose down``)
 interrupts it: Python runs signal handlers only between bytecodes, not inside a C++ ``wait``.
@@ -35,6 +36,13 @@ POLL_S = 0.1
 # How long main keeps the store up for arrived nodes to read the verdict. They poll every POLL_S, so this only
 # matters when one of them died right after arriving.
 ACK_TIMEOUT_S = 15.0
+# After a refusal main keeps serving the verdict this long (at most; less if rdzv_timeout is shorter) for nodes
+# that had not arrived yet: they get the verdict and exit 17 instead of retrying an absent main until their own
+# rdzv_timeout. The report is printed before this wait, so the "report within 5 s" promise holds.
+LINGER_S = 30.0
+# A worker that reached main's port connects its store client within this; if main is gone by then (it ended the
+# job between the probe and the connect), waiting out the store's full timeout would only hide that.
+CONNECT_TIMEOUT_S = 10.0
 # Workers wait this much longer for the verdict than main waits for nodes: main's clock started before theirs.
 VERDICT_GRACE_S = 30.0
 PROGRESS_EVERY_S = 30.0
@@ -221,6 +229,31 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
     return Outcome(verdict=verdict)
 
 
+def linger(
+    store: Store, cfg: LaunchConfig, verdict: Verdict, clock: Clock, window: float | None = None
+) -> tuple[int, ...]:
+    """Main, after a refusal: keep the store (and so the verdict) up until every other node has confirmed reading it,
+    or ``window`` (default ``min(rdzv_timeout, LINGER_S)``) passes; return the ranks that never confirmed.
+
+    Without this, a node that arrives after main decided finds nobody at the preflight port and retries until its
+    own ``rdzv_timeout`` (minutes) and then reports main as unreachable instead of the mismatch.
+    """
+    window = min(cfg.rdzv_timeout, LINGER_S) if window is None else window
+    deadline = clock.now() + window
+    unseen = set(range(1, cfg.nnodes))
+    while True:
+        unseen = {r for r in unseen if not store.check([_key("seen", r)])}
+        if not unseen or clock.now() >= deadline:
+            break
+        clock.sleep(POLL_S)
+    if unseen:
+        clock.log(
+            f"nodekit preflight: node(s) {', '.join(map(str, sorted(unseen)))} never read the verdict "
+            f"within {window:g} s; main ends the job"
+        )
+    return tuple(sorted(unseen))
+
+
 def run_worker(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
     """Node r > 0: publish, wait for main's verdict, confirm it, and return it.
 
@@ -250,27 +283,37 @@ def run_worker(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) 
 # ---- torch -----------------------------------------------------------------------------------------------------
 
 
-def open_store(cfg: LaunchConfig, timeout_s: float) -> Any:
+def open_store(cfg: LaunchConfig, timeout_s: float, connect_s: float | None = None) -> Any:
     """Main hosts the store (not waiting for workers: the protocol counts them itself); others connect.
 
-    ``timeout_s`` bounds every store call, including a client's connect retries.
+    ``timeout_s`` bounds every store call; a client's connect retries are bounded by ``connect_s`` when given (a
+    worker that has just seen main's port answer), so a main that ended the job in between is reported in seconds.
     """
     from torch.distributed import TCPStore  # type: ignore[import-not-found, unused-ignore]  # lazy: preflight only
 
+    first_timeout = timeout_s if cfg.is_main or connect_s is None else min(connect_s, timeout_s)
     try:
-        return TCPStore(
+        store = TCPStore(
             cfg.master_addr,
             cfg.preflight_port,
             None,
             cfg.is_main,
-            timedelta(seconds=timeout_s),
+            timedelta(seconds=first_timeout),
             wait_for_workers=False,
         )
+        if first_timeout != timeout_s:
+            store.set_timeout(timedelta(seconds=timeout_s))
+        return store
     except RuntimeError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if cfg.is_main:
             raise PreflightError(
                 f"cannot host the preflight store on port {cfg.preflight_port}: {first} (another job on this node? "
                 f"`nodekit ps`; or change master_port)"
+            ) from e
+        if connect_s is not None:
+            raise PreflightError(
+                f"main {cfg.master_addr}:{cfg.preflight_port} ended the job before this node joined ({first}); "
+                f"see node 0's log for why, then restart every node"
             ) from e
         raise PreflightError(f"cannot reach main {cfg.master_addr}:{cfg.preflight_port}: {first}") from e

@@ -41,10 +41,15 @@ def render_compose(
     output_dir: Path,
     debug: bool = False,
     template: dict[str, Any] | None = None,
+    image_id: str = "",
+    job_secret: str = "",
 ) -> dict[str, Any]:
     """The compose document for ``node`` running ``image`` on a host with ``facts``.
 
-    ``output_dir`` is the absolute host directory mounted at /outputs. Nothing is read from the environment.
+    ``output_dir`` is the absolute host directory mounted at /outputs. ``image_id``, when known (the image is on
+    this host), goes to NODEKIT_IMAGE_ID so that preflight compares the image itself, not only its fingerprint.
+    ``job_secret`` goes to NODEKIT_JOB_SECRET: the launcher's store refuses nodes without it (nodekit/secret.py).
+    Nothing is read from the environment.
     """
     doc = copy.deepcopy(template if template is not None else compose_template())
     svc: dict[str, Any] = doc["services"][SERVICE]
@@ -53,6 +58,10 @@ def render_compose(
     svc["image"] = image
     svc["command"] = launch.command.argv()
     env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
+    if image_id:
+        env["NODEKIT_IMAGE_ID"] = image_id
+    if job_secret:
+        env["NODEKIT_JOB_SECRET"] = job_secret
     # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or
     # `nodekit up`), so a secret never lands in this file, a label, or nodekit's output.
     env |= {name: None for name in launch.pass_env if name not in env}

@@ -23,6 +23,10 @@ from nodekit.progress import Reporter
 from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
 
+# A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
+# cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.
+STALL_S = 60.0
+
 ProgressFn = Callable[[str, int, int], None]
 """``(target name, bytes of the image sent, bytes in all)``; called from worker threads."""
 
@@ -73,6 +77,7 @@ def push(
     on_progress: ProgressFn | None = None,
     open_source: Callable[[str, str | None], Iterable[bytes]] | None = None,
     open_sink: Callable[[str], _Sink] | None = None,
+    stall_s: float | None = None,
 ) -> PushResult:
     """Carry out ``plan``. Every target is attempted; afterwards, ShipError names the first failed target (and
     how many others failed) when any did. ``open_source``/``open_sink`` replace docker save/load in tests."""
@@ -100,7 +105,17 @@ def push(
     for codec, steps in by_codec.items():
         names = ", ".join(s.target.name for s in steps)
         rep.step(f"pushing {src.ref} ({size_text(src.size)}, {codec} stream) to {names}")
-        _fan_out(plan, steps, codec, rep, result, on_progress, open_source, open_sink)
+        _fan_out(
+            plan,
+            steps,
+            codec,
+            rep,
+            result,
+            on_progress,
+            open_source,
+            open_sink,
+            STALL_S if stall_s is None else stall_s,
+        )
     if result.failures:
         (_, first), *rest = result.failures.items()
         if rest:
@@ -131,6 +146,7 @@ def _fan_out(
     on_progress: ProgressFn | None,
     open_source: Callable[[str, str | None], Iterable[bytes]] | None,
     open_sink: Callable[[str], _Sink] | None,
+    stall_s: float = STALL_S,
 ) -> None:
     """One save, compressed once, into one bounded queue per target; a slow target slows the stream, a failed
     one is dropped from it."""
@@ -138,6 +154,7 @@ def _fan_out(
     total = max(src.size, 1)
     queues = {s.target.name: queue.Queue[object](maxsize=16) for s in steps}
     dead = {s.target.name: threading.Event() for s in steps}
+    sinks: dict[str, _Sink] = {}
     started = time.monotonic()
 
     def consume(step: Step) -> None:
@@ -146,6 +163,7 @@ def _fan_out(
         last = 0.0
         try:
             sink = (open_sink or docker.LoadSink)(step.target.endpoint)
+            sinks[name] = sink
         except NodekitError as e:
             result.failures[name] = _as_ship_error(e, step.target)
             dead[name].set()
@@ -177,13 +195,16 @@ def _fan_out(
             _verify(src, step)
         except NodekitError as e:
             sink.abort()
-            result.failures[name] = _diagnose(e, step, plan)
+            result.failures.setdefault(name, _diagnose(e, step, plan))
             dead[name].set()
             return
         except BaseException as e:
             sink.abort()
-            result.failures[name] = ShipError(
-                f"pushing to {name} failed: {e}", fix=f"nodekit push again (--to {step.target.endpoint})", node=name
+            result.failures.setdefault(
+                name,
+                ShipError(
+                    f"pushing to {name} failed: {e}", fix=f"nodekit push again (--to {step.target.endpoint})", node=name
+                ),
             )
             dead[name].set()
             return
@@ -191,14 +212,33 @@ def _fan_out(
         rep.done(f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s")
 
     def put(name: str, item: object) -> None:
+        waited_since = time.monotonic()
         while not dead[name].is_set():
             try:
-                queues[name].put(item, timeout=0.5)
+                queues[name].put(item, timeout=min(0.5, stall_s))
                 return
             except queue.Full:
+                if time.monotonic() - waited_since >= stall_s:
+                    stalled(name)
                 continue
 
-    workers = [threading.Thread(target=consume, args=(s,), name=f"push-{s.target.name}") for s in steps]
+    def stalled(name: str) -> None:
+        step = next(s for s in steps if s.target.name == name)
+        result.failures.setdefault(
+            name,
+            ShipError(
+                f"{name} stopped reading the image stream: nothing taken for {stall_s:g} s; cut off, the other "
+                "targets go on",
+                fix=f"check the engine and the connection on {name} ({step.target.endpoint}), then nodekit push again",
+                node=name,
+            ),
+        )
+        dead[name].set()
+        sink = sinks.get(name)
+        if sink is not None:
+            sink.abort()  # ends the load process, which unblocks the worker's write
+
+    workers = [threading.Thread(target=consume, args=(s,), name=f"push-{s.target.name}", daemon=True) for s in steps]
     for w in workers:
         w.start()
     raw: Iterable[bytes] | None = None
@@ -226,7 +266,8 @@ def _fan_out(
             raise
     finally:
         for w in workers:
-            w.join()
+            # A cut-off target's worker may still sit in a write its sink cannot interrupt; it is a daemon.
+            w.join(timeout=None if not dead[w.name.removeprefix("push-")].is_set() else 5)
         close = getattr(raw, "close", None)
         if callable(close):
             close()

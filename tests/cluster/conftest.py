@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from nodekit import secret
 from tests.cluster.harness import SSHD, Cluster, Host, problem, ssh_client
-from tests.conftest import docker_required
+from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp"
@@ -38,9 +39,7 @@ def cluster_ready(docker_engine: None) -> None:
     why = problem()
     if why is None:
         return
-    if docker_required():
-        pytest.fail(f"multi-host tests must run here but {why}", pytrace=False)
-    pytest.skip(f"no virtual cluster here: {why}")
+    unavailable("multi-host tests", f"no virtual cluster here: {why}")
 
 
 def _fresh(n: int, name: str) -> Iterator[Cluster]:
@@ -117,6 +116,8 @@ def demo_everywhere(demo_on_main: Demo, cluster: Cluster) -> Demo:
 def host_project(demo: Demo, host: Host, base: Path) -> Path:
     """The demo project as this host's own checkout (each machine has its own files, outputs and compose dir)."""
     dest = base / host.name / "ddp"
+    # The job secret travels with the project (.nodekit/job-secret), as a user's copy to each machine carries it.
+    secret.load_or_create(demo.project)
     shutil.copytree(demo.project, dest, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
     return dest
 
@@ -146,9 +147,7 @@ def ssh_keys(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> S
     """A host key for every host's sshd, the client key the test's user logs in with, and a key nobody accepts."""
     if not SSHD.is_file() or shutil.which("ssh") is None or shutil.which("ssh-keygen") is None:
         why = "no OpenSSH server/client (bash scripts/sshd.sh installs Debian's openssh-server)"
-        if docker_required():
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why)
+        unavailable("fleet tests", why)
     d = tmp_path_factory.mktemp("ssh")
     return SshKeys(
         dir=d,

@@ -56,10 +56,13 @@ def start_job(
     *,
     image: dict[int, str] | None = None,
     env: dict[str, str] | None = None,
+    ranks: list[int] | None = None,
 ) -> list[Node]:
-    """`nodekit up` on every host at once, each from its own copy of the project."""
+    """`nodekit up` on every host (or those of ``ranks``) at once, each from its own copy of the project."""
     nodes = []
     for rank, host in enumerate(cluster.hosts):
+        if ranks is not None and rank not in ranks:
+            continue
         project = host_project(demo, host, base)
         argv = nodekit_argv(
             "up", "--node-rank", str(rank), "--main", cluster.main.addr, "--nnodes", str(len(cluster.hosts)),
@@ -166,15 +169,30 @@ def tampered_image(host: Host, ref: str) -> str:
 def test_a_different_image_on_one_host_is_refused_on_every_node(
     demo_everywhere: Demo, cluster: Cluster, tmp_path: Path
 ) -> None:
+    """Node 1 starts only after main has reported the mismatch: the CI flake was such a late node finding main
+    gone and retrying until its own rdzv_timeout (exit 18 after minutes). Main keeps serving the verdict now."""
     h2 = cluster.hosts[2]
     other = tampered_image(h2, demo_everywhere.ref)
     try:
-        nodes = start_job(cluster, demo_everywhere, tmp_path, image={2: other})
-        wait_all(nodes, timeout=240)
+        started = time.monotonic()
+        early = start_job(cluster, demo_everywhere, tmp_path, image={2: other}, ranks=[0, 2])
+        while "stack mismatch" not in early[0].output() and early[0].proc.poll() is None:
+            assert time.monotonic() - started < 180, report(early)
+            time.sleep(0.2)
+        reported = time.monotonic() - started
+        late_start = time.monotonic()
+        (late,) = start_job(cluster, demo_everywhere, tmp_path, ranks=[1])
+        nodes = sorted([*early, late], key=lambda n: n.rank)
+        wait_all(nodes, timeout=240, started=started)
+        late_s = time.monotonic() - late_start
     finally:
         h2.docker("rm", "-f", *h2.docker("ps", "-aq").stdout.split(), check=False)
         h2.docker("rmi", other, check=False)  # it shares layers with the demo image: later pushes would be cheaper
     assert [n.code for n in nodes] == [EXIT_STACK_MISMATCH] * 3, report(nodes)
+    print(f"mismatch reported by node 0 after {reported:.1f} s; late node 1 ended {late_s:.1f} s after its start; "
+          f"every node done after {max(n.seconds for n in nodes):.1f} s")  # fmt: skip
+    assert "this node arrived after main had decided" in late.output(), report([late])
+    assert late_s < 90, f"the late node took {late_s:.0f} s to learn the verdict"
     for n in nodes:
         out = n.output()
         assert "fingerprint" in out and "stack mismatch" in out, report([n])

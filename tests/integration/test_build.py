@@ -2,8 +2,8 @@
 
 A torch image takes minutes on two cores, so the tests are few and ordered to reuse that build: labels and
 records, a no-op rebuild, a code-only rebuild that shares every layer but the last, running torch, inspect.
-Without an engine (or without the base image) they skip, except under NODEKIT_REQUIRE_DOCKER=1 (CI) where
-they fail.
+Without an engine (or without the base image) they follow tests/conftest.py's one rule: skip on a laptop, fail
+in CI.
 """
 
 from __future__ import annotations
@@ -26,17 +26,12 @@ from nodekit.errors import EngineError, ImageError
 from nodekit.progress import RecordingReporter
 from nodekit.render.image import LABEL_FINGERPRINT, LABEL_LOCK, LABEL_NAME, LABEL_PYTHON, LABEL_TORCH
 from nodekit.settings import Settings, load
+from tests.conftest import unavailable
 
 pytestmark = pytest.mark.docker
 
 NAME = "nodekit-itest-build"
 TRAIN = "import torch\nprint('loss', torch.zeros(1).sum().item())\n"
-
-
-def _unavailable(why: str) -> None:
-    if os.environ.get("NODEKIT_REQUIRE_DOCKER") == "1":
-        pytest.fail(f"real-Docker test cannot run: {why}")
-    pytest.skip(why)
 
 
 @dataclass
@@ -52,7 +47,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     try:
         docker.check_engine()
     except EngineError as e:
-        _unavailable(e.one_line())
+        unavailable("real-Docker tests", e.one_line())
     project = tmp_path_factory.mktemp("build") / "proj"
     (project / "data").mkdir(parents=True)
     (project / "nodekit.toml").write_text(f'name = "{NAME}"\nscript = "train.py"\npackages = ["torch==2.13.0"]\n')
@@ -61,7 +56,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     (project / ".dockerignore").write_text("data\n")
     settings = load(project / "nodekit.toml")
     if docker.image_info(settings.base_image) is None:
-        _unavailable(f"base image {settings.base_image} is missing (nodekit base)")
+        unavailable("real-Docker tests", f"base image {settings.base_image} is missing (nodekit base)")
     rep = RecordingReporter()
     first = building.build(settings, rep)
     yield Built(project, settings, first, rep)

@@ -105,6 +105,36 @@ def test_init_then_refuses_to_overwrite(tmp_path: Path, monkeypatch: pytest.Monk
     assert code == 2 and "already exists" in err
 
 
+def test_master_port_with_no_room_for_preflight(project: Path) -> None:
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--image", "x:y", "--master-port", "65535")
+    assert_refused(project, code, err, "master_port")
+
+
+def test_nodekit_config_naming_a_missing_file(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODEKIT_CONFIG", str(project / "elsewhere.toml"))
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--image", "x:y")
+    assert_refused(project, code, err, "NODEKIT_CONFIG", "elsewhere.toml")
+
+
+@pytest.mark.parametrize("key", ["MASTER_ADDR", "NODEKIT_FINGERPRINT", "WORLD_SIZE", "LOCAL_RANK", "NODE_RANK"])
+def test_env_table_may_not_set_nodekits_own_variables(project: Path, key: str) -> None:
+    (project / "nodekit.toml").write_text(
+        f'name = "clitest"\nscript = "train.py"\nnnodes = 2\n[env]\n{key} = "1"\nNCCL_DEBUG = "WARN"\n'
+    )
+    code, err = run("compose", "--node-rank", "1", "--main", "10.0.0.5", "--image", "x:y")
+    assert_refused(project, code, err, key, "set by nodekit itself")
+
+
+def test_main_on_another_machine_is_refused_for_rank_0(project: Path) -> None:
+    # 198.51.100.7 (TEST-NET-2) is never one of this machine's addresses; loopback stays fine for all-local runs.
+    code, err = run("compose", "--node-rank", "0", "--main", "198.51.100.7", "--image", "x:y")
+    if "no route" in err:
+        pytest.skip("this machine has no default route, so the address check is never reached")
+    assert_refused(project, code, err, "198.51.100.7", "not one of this machine's addresses")
+    code, err = run("compose", "--node-rank", "0", "--main", "127.0.0.1", "--image", "x:y")
+    assert code == 0, err
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [

@@ -103,7 +103,9 @@ def test_module_command_and_debug_env() -> None:
 
 
 def test_user_env_cannot_override_rank_variables() -> None:
-    s = svc(rendered(settings(env={"NODE_RANK": "9", "NCCL_DEBUG": "WARN"}), 1, CPU_NODE))
+    with pytest.raises(ValueError, match="NODE_RANK is set by nodekit itself"):
+        settings(env={"NODE_RANK": "9", "NCCL_DEBUG": "WARN"})
+    s = svc(rendered(settings(env={"NCCL_DEBUG": "WARN"}), 1, CPU_NODE))
     env = s["environment"]
     assert env["NODE_RANK"] == "1" and env["NCCL_DEBUG"] == "WARN"  # type: ignore[index]
 
@@ -112,3 +114,25 @@ def test_project_name_is_stable_per_rank() -> None:
     doc0 = yaml.safe_load(rendered(settings(), 0, CPU_NODE))
     doc1 = yaml.safe_load(rendered(settings(), 1, CPU_NODE))
     assert (doc0["name"], doc1["name"]) == ("nodekit-demo-node0", "nodekit-demo-node1")
+
+
+def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
+    """Preflight compares NODEKIT_IMAGE_ID; before, nothing ever set it, so the compared id was always empty."""
+    from nodekit.launcher.config import parse_env
+    from nodekit.node import plan_node
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)
+    looked_up: list[str] = []
+
+    def lookup(ref: str) -> str:
+        looked_up.append(ref)
+        return "sha256:" + "ab" * 32
+
+    plan = plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE, image_id=lookup)
+    env = svc(plan.text)["environment"]
+    assert looked_up == ["nodekit/demo:0123456789ab"]
+    assert env["NODEKIT_IMAGE_ID"] == "sha256:" + "ab" * 32  # type: ignore[index]
+    assert parse_env({k: str(v) for k, v in env.items()}).image_id == "sha256:" + "ab" * 32  # type: ignore[union-attr]
+    plain = svc(plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE).text)
+    assert "NODEKIT_IMAGE_ID" not in plain["environment"]  # type: ignore[operator]

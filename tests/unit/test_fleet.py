@@ -62,9 +62,9 @@ def test_hostfile_deepspeed_style(tmp_path: Path) -> None:
     s = Settings(project_dir=tmp_path, name="d", script="t.py")
     hosts = hosts_of(s, f)
     assert [h.url for h in hosts] == ["ssh://a", "ssh://b"] and [h.slots for h in hosts] == [2, 3]
-    job = job_settings(s, hosts, restart=1, secret="x")
+    job = job_settings(s, hosts, restart=1)
     assert job.nnodes == 2 and job.nodes[1].nproc_per_node == 3
-    assert job.env["NODEKIT_RESTART_COUNT"] == "1" and job.env["NODEKIT_JOB_SECRET"] == "x"
+    assert job.env["NODEKIT_RESTART_COUNT"] == "1" and "NODEKIT_JOB_SECRET" not in job.env
 
 
 def test_nnodes_defaults_to_the_number_of_hosts(tmp_path: Path) -> None:

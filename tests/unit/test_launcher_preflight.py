@@ -17,7 +17,16 @@ import pytest
 from nodekit.launcher.config import LaunchConfig, parse_env
 from nodekit.launcher.facts import NodeFacts
 from nodekit.launcher.main import EXIT_BAD_ENV, main
-from nodekit.launcher.preflight import Clock, Outcome, PreflightError, probe, run_main, run_worker, wait_reachable
+from nodekit.launcher.preflight import (
+    Clock,
+    Outcome,
+    PreflightError,
+    linger,
+    probe,
+    run_main,
+    run_worker,
+    wait_reachable,
+)
 from nodekit.launcher.verdict import render
 from tests.unit.test_launcher_config import BASE
 from tests.unit.test_launcher_verdict import NODE0
@@ -209,3 +218,61 @@ def test_probe_names_why_main_is_unreachable(monkeypatch: pytest.MonkeyPatch, er
 
     monkeypatch.setattr(socket, "create_connection", fail)
     assert probe("10.0.0.5", 29501, 0.1) == (reason, None)
+
+
+def test_a_node_arriving_after_an_early_mismatch_gets_the_verdict_not_an_absent_main(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CI flake: node 0 decided early (node 2 differs) and used to leave at once, so node 1, arriving later,
+    found no store and retried until its own rdzv_timeout. Main now reports at once and keeps serving."""
+    import nodekit.launcher.main as launcher_main
+
+    store = MemStore()
+    node_facts = {0: facts(0), 1: facts(1), 2: facts(2, torch="2.12.0")}
+    monkeypatch.setattr(launcher_main, "open_store", lambda c, *a, **k: store)
+    monkeypatch.setattr(launcher_main, "gather", lambda c, addr: node_facts[c.node_rank])
+    monkeypatch.setattr(launcher_main, "wait_reachable", lambda c, deadline, clock: f"10.0.0.{5 + c.node_rank}")
+    codes: dict[int, int] = {}
+    ended: dict[int, float] = {}
+
+    def node(rank: int) -> None:
+        codes[rank], _ = launcher_main.preflight(cfg(rank, 3, 60.0), quiet())
+        ended[rank] = time.monotonic()
+
+    started = time.monotonic()
+    main_thread = threading.Thread(target=node, args=(0,))
+    main_thread.start()
+    node(2)
+    from nodekit.launcher.auth import ScopedStore
+
+    while not ScopedStore(store, "").check(["nodekit/verdict"]):
+        time.sleep(0.01)
+    reported = time.monotonic() - started
+    time.sleep(0.5)  # node 1 is late: main has reported and, before the fix, left
+    assert main_thread.is_alive(), "main left before every node had read the verdict"
+    node(1)
+    main_thread.join(timeout=10)
+    assert not main_thread.is_alive()
+    assert codes == {0: 17, 1: 17, 2: 17}
+    assert reported < 5
+    assert ended[0] - ended[1] < 2, "main keeps serving only until the last node has read the verdict"
+    err = capsys.readouterr().err
+    assert "this node arrived after main had decided" in err
+
+
+def test_main_lingers_after_a_refusal_no_longer_than_its_window() -> None:
+    store = MemStore()
+    now = [0.0]
+    lines: list[str] = []
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    clock = Clock(now=lambda: now[0], sleep=sleep, log=lines.append)
+    store.add("nodekit/seen/1", 1)
+    verdict = run_nodes(MemStore(), [(cfg(0, 2), facts(0)), (cfg(1, 2), facts(1, torch="2.12.0"))])[0].verdict
+    assert linger(store, cfg(0, 3, 600.0), verdict, clock) == (2,)
+    assert 30.0 <= now[0] < 30.5
+    assert lines == ["nodekit preflight: node(s) 2 never read the verdict within 30 s; main ends the job"]
+    now[0] = 0.0
+    assert linger(store, cfg(0, 3, 8.0), verdict, clock) == (2,) and now[0] < 8.5

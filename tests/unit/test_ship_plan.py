@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 
 import pytest
@@ -222,3 +224,40 @@ def test_a_broken_source_stream_aborts_every_target() -> None:
         ship.push(plan, RecordingReporter(), open_source=source, open_sink=lambda ep: sinks[ep])
     assert "nothing was loaded" in e.value.message and "(and 1 more failed" in e.value.message
     assert all(s.aborted and not s.finished for s in sinks.values())
+
+
+class StalledSink(FakeSink):
+    """A target that stopped reading: write blocks until the sink is aborted (as killing `docker load` does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def write(self, chunk: bytes) -> None:
+        if self.chunks:
+            self.released.wait(30)
+            raise ShipError("docker load on s: broken pipe")
+        self.chunks.append(chunk)
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.released.set()
+
+
+def test_a_target_that_stops_reading_is_cut_off_and_the_others_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, one stalled target stalled every target, forever."""
+    sinks = {"ssh://a": FakeSink(), "ssh://s": StalledSink(), "ssh://c": FakeSink()}
+    monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
+    plan = ship.plan_push(SRC, [state("a", "ssh://a"), state("s", "ssh://s"), state("c", "ssh://c")], compress="none")
+    chunks = [bytes([i]) * 1000 for i in range(60)]
+    started = time.monotonic()
+    with pytest.raises(ShipError) as e:
+        ship.push(
+            plan, RecordingReporter(), open_source=lambda r, ep: iter(chunks), open_sink=lambda ep: sinks[ep],
+            stall_s=0.5,
+        )  # fmt: skip
+    assert time.monotonic() - started < 10
+    assert e.value.node == "s" and "stopped reading the image stream: nothing taken for 0.5 s" in e.value.message
+    assert sinks["ssh://s"].aborted
+    for ep in ("ssh://a", "ssh://c"):
+        assert b"".join(sinks[ep].chunks) == b"".join(chunks) and sinks[ep].finished

@@ -1,0 +1,108 @@
+"""Which image `nodekit up` runs when none is named: the project's fingerprint decides, a stale build is refused,
+and without a fingerprint several candidates are refused rather than picked by (identical) creation time.
+
+The engine's answers are stand-ins here (a dict of images); the decision is build.choose_image's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nodekit import build, docker
+from nodekit.errors import ImageError
+from nodekit.render.image import LABEL_FINGERPRINT, LABEL_NAME
+from nodekit.settings import Settings
+
+OLD, NEW = "d5cc483dcf63" + "0" * 52, "d726855b19c7" + "1" * 52
+
+
+def image(fp: str) -> docker.ImageInfo:
+    return docker.ImageInfo(
+        id=f"sha256:{fp}", tags=(f"nodekit/p:{fp[:12]}",), labels={LABEL_NAME: "p", LABEL_FINGERPRINT: fp}, size=1
+    )
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> dict[str, docker.ImageInfo]:
+    images: dict[str, docker.ImageInfo] = {}
+    monkeypatch.setattr(docker, "image_info", lambda ref, host=None: images.get(ref))
+    monkeypatch.setattr(
+        docker, "images_labelled", lambda label, value, host=None: [i for r, i in images.items() if r.startswith("n")]
+    )
+    return images
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings(project_dir=tmp_path, name="p", script="train.py")
+
+
+def test_a_stale_build_is_refused_with_the_fix(
+    tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine["nodekit/p:" + OLD[:12]] = image(OLD)
+    monkeypatch.setattr(build, "last_build", lambda s: {"tag": "nodekit/p:" + OLD[:12]})
+    monkeypatch.setattr(build, "project_fingerprint", lambda s: (NEW, ""))
+    with pytest.raises(ImageError) as info:
+        build.choose_image(settings(tmp_path))
+    assert "no longer matches the project" in info.value.message and NEW[:12] in info.value.message
+    assert "nodekit up --build" in (info.value.fix or "")
+
+
+def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(
+    tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine["nodekit/p:" + OLD[:12]] = image(OLD)
+    engine["nodekit/p:" + NEW[:12]] = image(NEW)
+    monkeypatch.setattr(build, "project_fingerprint", lambda s: (NEW, ""))
+    for record in (None, {"tag": "nodekit/p:" + OLD[:12]}):
+        monkeypatch.setattr(build, "last_build", lambda s, r=record: r)
+        ref, why = build.choose_image(settings(tmp_path))
+        assert ref == "nodekit/p:" + NEW[:12] and "fingerprint" in why
+
+
+def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses_to_guess_among_several(
+    tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(build, "last_build", lambda s: None)
+    monkeypatch.setattr(build, "project_fingerprint", lambda s: (None, "base image nodekit/base:bookworm is not here"))
+    engine["nodekit/p:" + OLD[:12]] = image(OLD)
+    ref, why = build.choose_image(settings(tmp_path))
+    assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and "base image" in why
+    engine["nodekit/p:" + NEW[:12]] = image(NEW)
+    with pytest.raises(ImageError, match="2 images of p are here") as info:
+        build.choose_image(settings(tmp_path))
+    assert "--image" in (info.value.fix or "")
+
+
+def test_the_fingerprint_is_unknown_without_a_lock(tmp_path: Path) -> None:
+    fp, why = build.project_fingerprint(settings(tmp_path))
+    assert fp is None and "nodekit.lock" in why
+
+
+def test_a_second_build_of_the_project_waits_for_the_first(tmp_path: Path) -> None:
+    """Staging replaces .nodekit/build/: two builds at once deleted each other's context."""
+    import threading
+    import time
+
+    from nodekit.progress import RecordingReporter
+
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def first() -> None:
+        with build.build_lock(tmp_path, RecordingReporter()):
+            order.append("first in")
+            first_in.set()
+            time.sleep(0.3)
+            order.append("first out")
+
+    t = threading.Thread(target=first)
+    t.start()
+    first_in.wait(5)
+    rep = RecordingReporter()
+    with build.build_lock(tmp_path, rep):
+        order.append("second in")
+    t.join(5)
+    assert order == ["first in", "first out", "second in"]
+    assert any("another build of this project is running" in m for m in rep.said("step"))

@@ -1,0 +1,126 @@
+"""The job secret: made once per project (or taken from the shell), rendered into every node's environment, never
+printed; the launcher's store refuses a node or a process without it."""
+
+from __future__ import annotations
+
+import json
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import nodekit.launcher.main as launcher_main
+from nodekit import secret
+from nodekit.cli.app import app
+from nodekit.errors import ConfigError
+from nodekit.launcher.auth import ScopedStore, SecretMismatch, announce, verify
+from nodekit.launcher.watchdog import Done
+from tests.unit.test_launcher_preflight import MemStore, cfg, facts, quiet
+
+S1 = "a" * 32
+S2 = "b" * 32
+
+
+def test_the_project_secret_is_made_once_0600_and_the_shell_wins(tmp_path: Path) -> None:
+    first = secret.resolve({}, tmp_path)
+    path = tmp_path / ".nodekit" / "job-secret"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert secret.resolve({}, tmp_path) == first and len(first) == 32
+    assert secret.resolve({"NODEKIT_JOB_SECRET": S1}, tmp_path) == S1
+    assert secret.new_secret() != secret.new_secret()
+    with pytest.raises(ConfigError, match="not a usable job secret"):
+        secret.resolve({"NODEKIT_JOB_SECRET": "short"}, tmp_path)
+
+
+def test_a_dry_run_creates_no_secret_file(tmp_path: Path) -> None:
+    assert len(secret.for_node({}, tmp_path, create=False)) == 32
+    assert not (tmp_path / ".nodekit").exists()
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_MASTER_PORT", "NODEKIT_NAME", "NODEKIT_JOB_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text('name = "sec"\nscript = "train.py"\nnnodes = 2\n')
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_every_node_file_carries_the_same_secret_and_no_output_shows_it(project: Path) -> None:
+    runner = CliRunner()
+    for rank in (0, 1):
+        made = runner.invoke(app, ["compose", "--node-rank", str(rank), "--main", "127.0.0.1", "--image", "x:y"])
+        assert made.exit_code == 0, made.stderr
+    value = (project / ".nodekit" / "job-secret").read_text().strip()
+    for rank in (0, 1):
+        path = project / "compose" / f"node-{rank}.yaml"
+        env = yaml.safe_load(path.read_text())["services"]["train"]["environment"]
+        assert env["NODEKIT_JOB_SECRET"] == value
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    for command in ("compose", "up"):
+        shown = runner.invoke(app, [command, "--dry-run", "--node-rank", "1", "--main", "127.0.0.1", "--image", "x:y"])
+        assert shown.exit_code == 0, shown.stderr
+        assert value not in shown.stdout and "NODEKIT_JOB_SECRET: ********" in shown.stdout
+
+
+def run_preflight(
+    monkeypatch: pytest.MonkeyPatch, store: MemStore, secrets_by_rank: dict[int, str], timeout: float = 3.0
+) -> dict[int, int]:
+    monkeypatch.setattr(launcher_main, "open_store", lambda c, *a, **k: store)
+    monkeypatch.setattr(launcher_main, "gather", lambda c, addr: facts(c.node_rank))
+    monkeypatch.setattr(launcher_main, "wait_reachable", lambda c, deadline, clock: f"10.0.0.{5 + c.node_rank}")
+    codes: dict[int, int] = {}
+
+    def node(rank: int) -> None:
+        c = cfg(rank, len(secrets_by_rank), timeout, NODEKIT_JOB_SECRET=secrets_by_rank[rank])
+        codes[rank], _ = launcher_main.preflight(c, quiet())
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in secrets_by_rank]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)  # main first, as in most starts (a worker waits for the challenge anyway)
+    for t in threads:
+        t.join(timeout=30)
+    return codes
+
+
+def test_nodes_sharing_the_secret_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_preflight(monkeypatch, MemStore(), {0: S1, 1: S1}) == {0: 0, 1: 0}
+
+
+def test_a_node_with_another_secret_is_refused_at_once_and_never_joins(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = MemStore()
+    started = time.monotonic()
+    codes = run_preflight(monkeypatch, store, {0: S1, 1: S2}, timeout=2.0)
+    assert codes == {0: 18, 1: 17}  # main names node 1 as never arrived; node 1 knows why
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert "another NODEKIT_JOB_SECRET than this node's" in err and "node(s) 1 never arrived" in err
+    assert not any("facts/1" in k for k in store.data), "a node without the secret published its facts"
+
+
+def test_a_process_without_the_secret_cannot_write_the_watchdogs_keys() -> None:
+    store = MemStore()
+    job = ScopedStore(store, S1)
+    for intruder in (store, ScopedStore(store, ""), ScopedStore(store, S2)):
+        intruder.set("nodekit/done/1", Done(0).to_json())
+        intruder.add("nodekit/hb/1", 5)
+    assert not job.check(["nodekit/done/1"]) and job.add("nodekit/hb/1", 0) == 0
+
+
+def test_verify_refuses_a_forged_challenge() -> None:
+    store = MemStore()
+    announce(store, S1)
+    verify(store, S1, time.monotonic() + 1, quiet(), "main")
+    with pytest.raises(SecretMismatch):
+        verify(store, S2, time.monotonic() + 1, quiet(), "main")
+    store.set("nodekit/auth", json.dumps({"nonce": "x", "mac": "y"}))
+    with pytest.raises(SecretMismatch):
+        verify(store, S1, time.monotonic() + 1, quiet(), "main")
