@@ -29,7 +29,7 @@ from nodekit.assets import images_dir, launcher_dir
 from nodekit.errors import ConfigError, ImageError, NodekitError
 from nodekit.fsutil import write_atomic
 from nodekit.lock import Lock, check_lock, ensure_lock, ensure_wheelhouse, inputs_drifted, parse_lock
-from nodekit.probe import Target
+from nodekit.probe import DISTS_AND_TORCH, Target
 from nodekit.probe import target as probe_target
 from nodekit.progress import Reporter
 from nodekit.render.image import (
@@ -567,29 +567,14 @@ def current_image(settings: Settings) -> str:
 # --- inspect ------------------------------------------------------------------------------------------------
 
 # Runs in the image with its own Python; reads metadata only (importing torch would take seconds).
-_PROBE = r"""
-import ast, importlib.metadata as md, importlib.util, json, pathlib, platform, re
-dists = {}
-for d in md.distributions():
-    name = d.metadata["Name"]
-    if name:
-        dists[re.sub(r"[-_.]+", "-", name).lower()] = d.version
-torch = {}
-spec = importlib.util.find_spec("torch")
-if spec is not None and spec.origin:
-    p = pathlib.Path(spec.origin).with_name("version.py")
-    if p.is_file():
-        for node in ast.parse(p.read_text()).body:
-            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-            if isinstance(target, ast.Name) and getattr(node, "value", None) is not None:
-                try:
-                    torch[target.id] = ast.literal_eval(node.value)
-                except ValueError:
-                    pass
-lock = pathlib.Path("/opt/venv/nodekit.lock")
+_PROBE = (
+    "import ast, importlib.metadata as md, importlib.util, json, os, pathlib, platform, re\n"
+    + DISTS_AND_TORCH
+    + r"""lock = pathlib.Path("/opt/venv/nodekit.lock")
 print(json.dumps({"python": platform.python_version(), "dists": dists, "torch": torch,
                   "lock": lock.read_text() if lock.is_file() else None}))
 """
+)
 
 
 class StackReport(BaseModel):

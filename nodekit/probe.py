@@ -37,9 +37,10 @@ KNOWN_BASES = {
     "nodekit/base:trixie": ("3.13", "manylinux_2_41"),
 }
 
-# Runs inside the base with its own Python: standard library only, metadata only (importing torch takes seconds).
-PROBE_SCRIPT = r"""
-import ast, importlib.metadata as md, importlib.util, json, os, platform, re, site, sys, sysconfig
+# Shared by the base probe and `nodekit inspect`, run inside an image with its own Python: the installed
+# distributions (the first on sys.path wins, as an import would) and torch's build facts read from its version.py,
+# metadata only (importing torch takes seconds). Needs ast, importlib.metadata as md, importlib.util, os, re.
+DISTS_AND_TORCH = r"""
 dists = {}
 for d in md.distributions():
     name = d.metadata["Name"]
@@ -57,7 +58,13 @@ if spec is not None and spec.origin:
                     torch[target.id] = ast.literal_eval(node.value)
                 except ValueError:
                     pass
-libc, libc_version = platform.libc_ver()
+"""
+
+# Runs inside the base with its own Python: standard library only.
+PROBE_SCRIPT = (
+    "import ast, importlib.metadata as md, importlib.util, json, os, platform, re, site, sys, sysconfig\n"
+    + DISTS_AND_TORCH
+    + r"""libc, libc_version = platform.libc_ver()
 try:
     gnu = os.confstr("CS_GNU_LIBC_VERSION") or ""
 except (ValueError, OSError):
@@ -80,6 +87,7 @@ print(json.dumps({
     "dists": dists, "torch": {k: v for k, v in torch.items() if isinstance(v, (str, int, type(None)))},
 }))
 """
+)
 
 # sh, not python, is the entrypoint: which Python runs the job is exactly what is being asked.
 PROBE_SHELL = (

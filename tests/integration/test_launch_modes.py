@@ -57,14 +57,15 @@ def projects(tmp_path_factory: pytest.TempPathFactory, docker_engine: None) -> d
     return {ex: _project(tmp, ex) for ex in ("lightning", "fabric", "legacy")}
 
 
-def run_two_nodes(config: Path, port: int) -> tuple[int, int, str]:
-    """Node 1 detached, node 0 in the foreground; both nodes' exit codes and node 0's output."""
+def run_two_nodes(config: Path, port: int, env: dict[str, str] | None = None) -> tuple[int, int, str]:
+    """Node 1 detached, node 0 in the foreground (both with ``env`` added, e.g. NODEKIT_* settings); both nodes'
+    exit codes and node 0's output."""
     flags = ["--main", "127.0.0.1", "--master-port", str(port)]
     settings = load(config)
     try:
-        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config)
+        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=env)
         assert bg.returncode == 0, bg.stdout + bg.stderr
-        fg = nodekit("up", "--node-rank", "0", *flags, config=config, timeout=300)
+        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=env, timeout=300)
         worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
     finally:
         for rank in (0, 1):
@@ -93,18 +94,9 @@ def test_lightning_starts_its_own_processes_for_several_devices_per_node(project
     """launcher env with 2 devices per node: Lightning spawns the second process on each node itself."""
     config = projects["lightning"] / "nodekit.toml"
     two = {"NODEKIT_ARGS": '["--num-nodes", "2", "--devices", "2", "--max-steps", "3"]', "NODEKIT_NPROC_PER_NODE": "2"}
-    flags = ["--main", "127.0.0.1", "--master-port", "29774"]
-    settings = load(config)
-    try:
-        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=two)
-        assert bg.returncode == 0, bg.stdout + bg.stderr
-        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=two, timeout=300)
-        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
-    finally:
-        for rank in (0, 1):
-            nodekit("down", "--node-rank", str(rank), config=config)
-    assert (fg.returncode, worker) == (0, 0), fg.stdout + fg.stderr
-    assert "lightning: 3 steps, parameters equal on 4 ranks" in fg.stdout, fg.stdout
+    main, worker, out = run_two_nodes(config, 29774, two)
+    assert (main, worker) == (0, 0), out
+    assert "lightning: 3 steps, parameters equal on 4 ranks" in out, out
 
 
 RUNS = int(os.environ.get("NODEKIT_EXIT_CODE_RUNS", "20"))
@@ -126,19 +118,10 @@ def test_a_one_plus_two_process_job_runs_with_world_3(ddp_project: Path) -> None
     """Heterogeneous nodes declared in the shared configuration: node 0 runs 1 process, node 1 runs 2."""
     config = ddp_project / "nodekit.toml"
     hetero = {"NODEKIT_NODES": '{"1": {"nproc_per_node": 2}}', "NODEKIT_ARGS": '["--epochs", "1"]'}
-    flags = ["--main", "127.0.0.1", "--master-port", "29768"]
-    settings = load(config)
-    try:
-        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=hetero)
-        assert bg.returncode == 0, bg.stdout + bg.stderr
-        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=hetero, timeout=300)
-        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
-    finally:
-        for rank in (0, 1):
-            nodekit("down", "--node-rank", str(rank), config=config)
-    assert (fg.returncode, worker) == (0, 0), fg.stdout + fg.stderr
-    assert "| 1 proc/node | world 3 |" in fg.stdout
-    assert "nproc_per_node: 1 on node 0; 2 on node 1" in fg.stdout  # a note, not a mismatch
+    main, worker, out = run_two_nodes(config, 29768, hetero)
+    assert (main, worker) == (0, 0), out
+    assert "| 1 proc/node | world 3 |" in out
+    assert "nproc_per_node: 1 on node 0; 2 on node 1" in out  # a note, not a mismatch
     result = json.loads((ddp_project / "outputs" / "result.json").read_text())
     assert result["world_size"] == 3 and result["checksums_equal"] is True and len(result["checksums"]) == 3
 
