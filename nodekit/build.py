@@ -225,10 +225,15 @@ def _relative(settings: Settings, path: Path) -> str | None:
 
 
 def code_rules(settings: Settings) -> IgnoreRules:
-    """nodekit's default exclusions, generated compose files and outputs, then the project's .dockerignore."""
+    """nodekit's default exclusions, generated compose files and outputs, then the project's .dockerignore.
+
+    What nodekit itself writes into the project never counts as code: a compose directory of its own is excluded
+    whole, since even empty it would be a directory in the image and so change the fingerprint (``nodekit up`` on
+    one node would make the image look stale to the next).
+    """
     extra = []
     if (compose := _relative(settings, settings.compose_dir)) is not None:
-        extra.append(f"{compose}/node-*.yaml" if compose != "." else "node-*.yaml")
+        extra.append(compose if compose != "." else "node-*.yaml")
     if (outputs := _relative(settings, settings.output_dir)) not in (None, "."):
         extra.append(str(outputs))
     dockerignore = settings.project_dir / ".dockerignore"

@@ -106,3 +106,20 @@ def test_a_second_build_of_the_project_waits_for_the_first(tmp_path: Path) -> No
     t.join(5)
     assert order == ["first in", "first out", "second in"]
     assert any("another build of this project is running" in m for m in rep.said("step"))
+
+
+def test_what_nodekit_writes_into_a_project_never_changes_its_code_fingerprint(tmp_path: Path) -> None:
+    """No .dockerignore: `nodekit up` on one node writes compose/, outputs/ and .nodekit/; the next node must still
+    find the image current (an empty compose/ left in the tree was once enough to call it stale)."""
+    (tmp_path / "train.py").write_text("print('train')\n")
+    s = settings(tmp_path)
+    before = build.hash_tree(tmp_path, build.code_rules(s))
+    (tmp_path / "compose").mkdir()
+    (tmp_path / "compose" / "node-1.yaml").write_text("services: {}\n")
+    (tmp_path / "outputs").mkdir()
+    (tmp_path / "outputs" / "ckpt.pt").write_bytes(b"\0")
+    (tmp_path / ".nodekit").mkdir()
+    (tmp_path / ".nodekit" / "job-secret").write_text("s\n")
+    assert build.hash_tree(tmp_path, build.code_rules(s)) == before
+    (tmp_path / "model.py").write_text("x = 1\n")
+    assert build.hash_tree(tmp_path, build.code_rules(s)) != before
