@@ -57,13 +57,18 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
     settings = load(project / "nodekit.toml")
     if docker.image_info(settings.base_image) is None:
         unavailable("real-Docker tests", f"base image {settings.base_image} is missing (nodekit base)")
+    _remove_images()  # a run killed before its teardown leaves them, and the first build would be a no-op
     rep = RecordingReporter()
     first = building.build(settings, rep)
     yield Built(project, settings, first, rep)
+    _remove_images()
+    shutil.rmtree(project, ignore_errors=True)
+
+
+def _remove_images() -> None:
     for info in docker.images_labelled(LABEL_NAME, NAME):
         for tag in info.tags:
             docker.remove_image(tag)
-    shutil.rmtree(project, ignore_errors=True)
 
 
 def test_first_build_creates_the_lock_and_labels_the_image(built: Built) -> None:
