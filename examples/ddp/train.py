@@ -216,6 +216,10 @@ def main() -> int:
             f"{wall:.1f} s",
             flush=True,
         )
+    # Every rank leaves together, once rank 0 has written its files (the DDP tutorials' usual ending). Without it
+    # the other ranks' processes end while rank 0 still holds the group; with torch 2.13's gloo that aborted rank 0
+    # once ("terminate called without an active exception") after its summary, before its interpreter exited.
+    dist.barrier()
     return 0 if equal else 1
 
 
