@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from nodekit import docker as docker
 from nodekit.errors import EngineError
-from nodekit.ship.engines import source_of, survey
+from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push
 from nodekit.ship.files import LoadedFile, Saved, load, save
 from nodekit.ship.layers import WithoutLayers
@@ -44,6 +44,8 @@ from nodekit.ship.plan import (
     chains_of,
     choose_codec,
     codec_for_file,
+    format_layer_list,
+    parse_layer_list,
     parse_target,
     plan_layers,
     plan_push,
@@ -77,7 +79,10 @@ __all__ = [
     "codec_for_file",
     "compressed",
     "diagnose_load_failure",
+    "format_layer_list",
+    "layers_held",
     "load",
+    "parse_layer_list",
     "parse_target",
     "plan_layers",
     "plan_push",

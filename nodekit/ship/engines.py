@@ -27,6 +27,11 @@ def source_of(ref: str, endpoint: str | None = None) -> Source:
     )
 
 
+def layers_held(endpoint: str | None = None) -> frozenset[str]:
+    """Every layer chain id the engine at ``endpoint`` holds (what ``nodekit layers`` reports)."""
+    return chains_of(docker.layer_lists(endpoint))
+
+
 def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
     """Ask every target, in parallel, what it has: the image, its free disk and the layer chains its engine holds
     (only asked when the image must travel). Never raises: failures land in ``TargetState.error``."""

@@ -143,6 +143,32 @@ def plan_layers(layers: Sequence[Layer], have: frozenset[str]) -> LayerPlan:
     return LayerPlan(send=send, skip=skip)
 
 
+LAYER_LIST_HEAD = "# nodekit layers: the layer chain ids one Docker engine holds"
+
+
+def format_layer_list(chains: Iterable[str], engine: str) -> str:
+    """What ``nodekit layers`` prints: a comment line, then one chain id a line (sorted, so lists diff well)."""
+    return "\n".join([f"{LAYER_LIST_HEAD} ({engine})", *sorted(chains)]) + "\n"
+
+
+def parse_layer_list(text: str, source: str) -> frozenset[str]:
+    """The chain ids in a list ``nodekit layers`` printed (``#`` comments and blank lines ignored). UsageError
+    naming the first line that is not a ``sha256:`` digest."""
+    chains = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        algo, _, digest = line.partition(":")
+        if algo != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise UsageError(
+                f"{source} line {n} is not a layer chain id: {line[:80]!r}",
+                fix="write the list with `nodekit layers > FILE` on the node that will load the archive",
+            )
+        chains.add(line)
+    return frozenset(chains)
+
+
 @dataclass(frozen=True)
 class TargetState:
     """What one target engine has, as gathered by ``survey``; ``error`` is set when it could not be asked."""

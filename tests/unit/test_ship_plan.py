@@ -438,3 +438,13 @@ def test_fan_out_sends_each_target_only_what_it_lacks(monkeypatch: pytest.Monkey
     assert "blobs/sha256/" + "1" * 64 not in members(got_a) and len(members(got_a)) == len(SAVED) - 1
     assert result.sent == {"a": len(got_a), "b": len(full)}
     assert result.layers_skipped == {"a": 1, "b": 0}
+
+
+def test_a_layer_list_round_trips_and_bad_lines_are_named() -> None:
+    chains = ship.chains_of([[d("1"), d("2")], [d("1"), d("3")]])
+    text = ship.format_layer_list(chains, "ssh://me@node1")
+    assert text.startswith("# nodekit layers") and len(text.splitlines()) == 4
+    assert ship.parse_layer_list(text + "\n\n# a comment\n", "node1.layers") == chains
+    with pytest.raises(UsageError) as e:
+        ship.parse_layer_list(f"{d('1')}\nsha256:abc\n", "node1.layers")
+    assert "node1.layers line 2 is not a layer chain id" in e.value.message
