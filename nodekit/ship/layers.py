@@ -63,7 +63,7 @@ class WithoutLayers:
 
     def __iter__(self) -> Iterator[bytes]:
         # ignore_zeros=False: the two zero blocks end the archive, as they end docker save's.
-        with tarfile.open(fileobj=self._reader, mode="r|") as tar:  # type: ignore[call-overload]
+        with tarfile.open(fileobj=self._reader, mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
             for member in tar:
                 if member.name in self._names and member.isfile():
                     self.skipped.append(self._names[member.name])
