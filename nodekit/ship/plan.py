@@ -223,9 +223,8 @@ class PushPlan:
         lines = [head]
         for s in self.steps:
             how = f" ({s.codec} stream)" if s.action == "load" else ""
-            if s.layers is not None:
-                how += f", sends {s.layers.to_text()}"
-            lines.append(f"  {s.target.name:<24} {s.action}{how}: {s.reason}")
+            sends = f"; sends {s.layers.to_text()}" if s.layers is not None else ""
+            lines.append(f"  {s.target.name:<24} {s.action}{how}: {s.reason}{sends}")
         return "\n".join(lines)
 
 
