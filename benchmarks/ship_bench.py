@@ -29,6 +29,7 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from nodekit import build, settings, ship
     from nodekit.progress import NullReporter
+    from nodekit.ship.plan import size_text
     from tests.cluster.conftest import push_image
     from tests.cluster.harness import Cluster, Host
 
@@ -97,7 +98,7 @@ def main() -> int:
         "",
         "| push | targets | time | bytes sent (all targets) | layers skipped |",
         "| --- | --- | --- | --- | --- |",
-        *(f"| {what} | {n} | {s:.1f} s | {b / 1e6:.1f} MB | {k} |" for what, n, s, b, k in rows),
+        *(f"| {what} | {n} | {s:.1f} s | {size_text(b)} | {k} |" for what, n, s, b, k in rows),
         "",
         "No `tc` limits and no SSH here: the targets are local unix sockets, so the stream is uncompressed and the",
         "time is Docker's own work on this machine's 2 shared cores. What a code-only push still pays is `docker",
