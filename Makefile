@@ -56,6 +56,7 @@ bench: venv engine sshd base
 	$(PY) benchmarks/manifest_bench.py
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/fleet_bench.py
+	$(PY) benchmarks/ship_bench.py
 
 clean:
 	rm -rf $(VENV) .nodekit $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose

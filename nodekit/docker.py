@@ -287,6 +287,8 @@ class EngineFacts:
     root_dir: str
     free_bytes: int | None
     """Free space under the engine's data root; None when the engine is not on this machine."""
+    containerd_store: bool = False
+    """Images are kept in containerd's store (snapshotters), not the classic graphdriver layer store."""
 
 
 def engine_facts(host: str | None) -> EngineFacts:
@@ -310,8 +312,13 @@ def engine_facts(host: str | None) -> EngineFacts:
             free = st.f_bavail * st.f_frsize
         except OSError:
             free = None
+    containerd = any("containerd.snapshotter" in str(v) for _, v in (info.driver_status or []))
     return EngineFacts(
-        engine_id=str(info.id or ""), server_version=str(info.server_version or ""), root_dir=root, free_bytes=free
+        engine_id=str(info.id or ""),
+        server_version=str(info.server_version or ""),
+        root_dir=root,
+        free_bytes=free,
+        containerd_store=containerd,
     )
 
 
@@ -624,3 +631,40 @@ def load_archive(archive: Path) -> None:
         client().image.load(archive, quiet=True)
     except DockerException as e:
         raise ImageError(f"docker load of {archive} failed: {_last_line(e)}", fix="nodekit base") from None
+
+
+def layer_lists(host: str | None = None) -> list[tuple[str, ...]]:
+    """The diff ids (base first) of every image on ``host``'s engine, dangling ones included: what its layer
+    store holds, for planning which layers a push must send. Two calls, whatever the number of images."""
+    import json
+    import subprocess
+
+    def run(*args: str) -> str:
+        proc = subprocess.run(_docker_argv(host, *args), capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise EngineError(f"cannot list the images on {_where(host)}: {_tail(proc.stderr)}", fix=ENGINE_FIX)
+        return proc.stdout
+
+    ids = sorted(set(run("image", "ls", "--all", "--quiet", "--no-trunc").split()))
+    if not ids:
+        return []
+    # An image removed between the two calls makes inspect fail: ask again once, then give up.
+    try:
+        out = run("image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids)
+    except EngineError:
+        ids = sorted(set(run("image", "ls", "--all", "--quiet", "--no-trunc").split()))
+        out = run("image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids) if ids else ""
+    return [tuple(json.loads(line) or ()) for line in out.splitlines() if line.strip()]
+
+
+def history_sizes(ref: str, host: str | None = None) -> tuple[int, ...]:
+    """The size in bytes of every history entry of ``ref``, oldest first (0 for entries that made no layer)."""
+    import subprocess
+
+    argv = _docker_argv(host, "image", "history", "--human=false", "--no-trunc", "--format", "{{.Size}}", ref)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise ImageError(
+            f"cannot read the history of {ref} on {_where(host)}: {_tail(proc.stderr)}", fix="nodekit build"
+        )
+    return tuple(int(s) for s in reversed(proc.stdout.split()) if s.isdigit())

@@ -114,14 +114,44 @@ def save(
     file: Annotated[Path, typer.Argument(help="where to write: .tar, .tar.gz or .tar.zst (picks the compression)")],
     image: ImageArg = None,
     source: FromOpt = None,
+    have: Annotated[
+        Path | None,
+        typer.Option(
+            "--have",
+            help="incremental: leave out the layers listed in this file (written by `nodekit layers` on the node "
+            "that will load it)",
+        ),
+    ] = None,
     config: ConfigOpt = None,
 ) -> None:
     """Write the image to a file (for nodes that share a file system); nodekit load reads it on each node."""
     from nodekit import ship
     from nodekit.cli.common import reporter
+    from nodekit.errors import UsageError
 
-    ship.save(_image(image, config), file, reporter(), endpoint=source)
+    chains = None
+    if have is not None:
+        try:
+            chains = ship.parse_layer_list(have.read_text(), str(have))
+        except OSError as e:
+            raise UsageError(
+                f"cannot read {have}: {e.strerror or e}", fix="nodekit layers > FILE on the node"
+            ) from None
+    ship.save(_image(image, config), file, reporter(), endpoint=source, have=chains)
     typer.echo(file)
+
+
+@app.command()
+@handled
+def layers(
+    to: Annotated[
+        str | None, typer.Option("--to", help="Docker endpoint to ask (default: DOCKER_HOST, else local)")
+    ] = None,
+) -> None:
+    """Print the layers this node's Docker engine holds (chain ids), for `nodekit save --have` elsewhere."""
+    from nodekit import ship
+
+    typer.echo(ship.format_layer_list(ship.layers_held(to), to or "this engine"), nl=False)
 
 
 @app.command()

@@ -6,6 +6,9 @@ Split by responsibility; this package re-exports the public names, so ``from nod
 - :mod:`~nodekit.ship.plan`: pure. Given what each target engine has (``TargetState``), :func:`plan_push` decides
   per target whether to skip, re-tag or load, and with which compression; it refuses before anything moves when a
   target is unreachable or short of disk.
+  Per loading target it also decides which of the image's layers travel (:func:`plan_layers`, by chain id).
+- :mod:`~nodekit.ship.layers`: :class:`WithoutLayers` leaves the layer files a target has out of the ``docker
+  save`` stream, on the fly.
 - :mod:`~nodekit.ship.engines`: :func:`source_of` and :func:`survey` ask the engines what they have.
 - :mod:`~nodekit.ship.fanout`: :func:`push` carries a plan out: one ``docker save`` on the source, compressed once,
   fanned out to one ``docker load`` per target in parallel, then the image id on every target is compared with the
@@ -20,24 +23,33 @@ from __future__ import annotations
 
 from nodekit import docker as docker
 from nodekit.errors import EngineError
-from nodekit.ship.engines import source_of, survey
+from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push
 from nodekit.ship.files import LoadedFile, Saved, load, save
+from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.plan import (
     DISK_FACTOR,
     SCHEMES,
     Action,
     Codec,
     Compress,
+    Layer,
+    LayerPlan,
     PushPlan,
     Source,
     Step,
     Target,
     TargetState,
+    chain_ids,
+    chains_of,
     choose_codec,
     codec_for_file,
+    format_layer_list,
+    parse_layer_list,
     parse_target,
+    plan_layers,
     plan_push,
+    sized_layers,
 )
 from nodekit.ship.stream import PROGRESS_EVERY_S, compressed, diagnose_load_failure, zstd_here
 
@@ -49,6 +61,8 @@ __all__ = [
     "Codec",
     "Compress",
     "EngineError",
+    "Layer",
+    "LayerPlan",
     "LoadedFile",
     "ProgressFn",
     "PushPlan",
@@ -58,15 +72,23 @@ __all__ = [
     "Step",
     "Target",
     "TargetState",
+    "WithoutLayers",
+    "chain_ids",
+    "chains_of",
     "choose_codec",
     "codec_for_file",
     "compressed",
     "diagnose_load_failure",
+    "format_layer_list",
+    "layers_held",
     "load",
+    "parse_layer_list",
     "parse_target",
+    "plan_layers",
     "plan_push",
     "push",
     "save",
+    "sized_layers",
     "source_of",
     "survey",
     "zstd_here",

@@ -13,18 +13,28 @@ from concurrent.futures import ThreadPoolExecutor
 
 from nodekit import docker
 from nodekit.errors import NodekitError
-from nodekit.ship.plan import Source, Target, TargetState
+from nodekit.ship.plan import Source, Target, TargetState, chains_of, sized_layers
 
 
 def source_of(ref: str, endpoint: str | None = None) -> Source:
-    """The image to push, on the source engine. ImageError when it is not there."""
+    """The image to push, on the source engine, with its layers (diff ids, sizes). ImageError when it is not
+    there."""
     info = docker.require_image(ref, endpoint)
     facts = docker.engine_facts(endpoint)
-    return Source(ref=ref, image_id=info.id, size=info.size, engine_id=facts.engine_id, endpoint=endpoint)
+    layers = sized_layers(docker.image_layers(info.id, endpoint), docker.history_sizes(info.id, endpoint))
+    return Source(
+        ref=ref, image_id=info.id, size=info.size, engine_id=facts.engine_id, endpoint=endpoint, layers=layers
+    )
+
+
+def layers_held(endpoint: str | None = None) -> frozenset[str]:
+    """Every layer chain id the engine at ``endpoint`` holds (what ``nodekit layers`` reports)."""
+    return chains_of(docker.layer_lists(endpoint))
 
 
 def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
-    """Ask every target, in parallel, what it has. Never raises: failures land in ``TargetState.error``."""
+    """Ask every target, in parallel, what it has: the image, its free disk and the layer chains its engine holds
+    (only asked when the image must travel). Never raises: failures land in ``TargetState.error``."""
 
     def one(t: Target) -> TargetState:
         try:
@@ -33,6 +43,12 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             by_id = (
                 at_ref if at_ref and at_ref.id == source.image_id else docker.image_info(source.image_id, t.endpoint)
             )
+            has_image = by_id is not None and by_id.id == source.image_id
+            chains = None
+            # Leaving layers out relies on the classic layer store's load (chain ids); the containerd store loads
+            # differently, so it gets the whole image.
+            if not has_image and facts.engine_id != source.engine_id and not facts.containerd_store:
+                chains = chains_of(docker.layer_lists(t.endpoint))
         except NodekitError as e:
             return TargetState(target=t, error=e.message)
         return TargetState(
@@ -40,8 +56,9 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             engine_id=facts.engine_id,
             server_version=facts.server_version,
             ref_id=at_ref.id if at_ref else None,
-            has_image=by_id is not None and by_id.id == source.image_id,
+            has_image=has_image,
             free_bytes=facts.free_bytes,
+            chains=chains,
         )
 
     if not targets:

@@ -1,11 +1,13 @@
 """Carrying out a push plan: one ``docker save`` on the source, compressed once, fanned out to one ``docker load``
 per target in parallel, then the image id on every target compared with the source's.
 
-:func:`push` executes a :class:`~nodekit.ship.plan.PushPlan` it is handed and decides nothing itself: skips are
-reported, re-tags are applied and verified, loads are streamed. Every target is attempted; afterwards ShipError
-names the first failed target. A target whose stream breaks is cut off (its engine discards the partial load), and
-one whose image id does not match gets its old name back, so a failed push leaves that target's existing images as
-they were.
+Only the layers a target lacks travel: the plan says per target which layer files to leave out
+(:class:`~nodekit.ship.plan.LayerPlan`), and targets that lack the same layers share one filtered stream
+(:class:`~nodekit.ship.layers.WithoutLayers`). :func:`push` executes a :class:`~nodekit.ship.plan.PushPlan` it is
+handed and decides nothing itself: skips are reported, re-tags are applied and verified, loads are streamed. Every
+target is attempted; afterwards ShipError names the first failed target. A target whose stream breaks is cut off
+(its engine discards the partial load), and one whose image id does not match gets its old name back, so a failed
+push leaves that target's existing images as they were.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Protocol
 from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
 from nodekit.progress import Reporter
+from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
 
@@ -36,6 +39,10 @@ class PushResult:
     plan: PushPlan
     seconds: dict[str, float] = field(default_factory=dict)
     failures: dict[str, ShipError] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    """Bytes written into each target's ``docker load`` (after compression: what went on the wire)."""
+    layers_skipped: dict[str, int] = field(default_factory=dict)
+    """How many of the image's layer files each target was spared (it had them)."""
 
 
 class _Sink(Protocol):
@@ -99,16 +106,21 @@ def push(
             result.seconds[s.target.name] = time.monotonic() - t0
             rep.done(f"{s.target.name}: tagged {src.ref} ({s.reason})")
     loads = plan.loads()
-    by_codec: dict[Codec, list[Step]] = {}
+    # Targets that lack the same layers and take the same compression share one stream.
+    groups: dict[tuple[Codec, frozenset[str]], list[Step]] = {}
     for s in loads:
-        by_codec.setdefault(s.codec, []).append(s)
-    for codec, steps in by_codec.items():
+        skip = s.layers.skip_ids if s.layers is not None else frozenset()
+        groups.setdefault((s.codec, skip), []).append(s)
+    for (codec, skip), steps in groups.items():
         names = ", ".join(s.target.name for s in steps)
-        rep.step(f"pushing {src.ref} ({size_text(src.size)}, {codec} stream) to {names}")
+        layers = steps[0].layers
+        what = layers.to_text() if layers is not None else size_text(src.size)
+        rep.step(f"pushing {src.ref} ({what}, {codec} stream) to {names}")
         _fan_out(
             plan,
             steps,
             codec,
+            skip,
             rep,
             result,
             on_progress,
@@ -141,6 +153,7 @@ def _fan_out(
     plan: PushPlan,
     steps: list[Step],
     codec: Codec,
+    skip: frozenset[str],
     rep: _SafeReporter,
     result: PushResult,
     on_progress: ProgressFn | None,
@@ -148,10 +161,11 @@ def _fan_out(
     open_sink: Callable[[str], _Sink] | None,
     stall_s: float = STALL_S,
 ) -> None:
-    """One save, compressed once, into one bounded queue per target; a slow target slows the stream, a failed
-    one is dropped from it."""
+    """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
+    target slows the stream, a failed one is dropped from it."""
     src = plan.source
-    total = max(src.size, 1)
+    layers = steps[0].layers
+    total = max(layers.send_bytes if layers is not None and skip else src.size, 1)
     queues = {s.target.name: queue.Queue[object](maxsize=16) for s in steps}
     dead = {s.target.name: threading.Event() for s in steps}
     sinks: dict[str, _Sink] = {}
@@ -182,14 +196,16 @@ def _fan_out(
                 assert isinstance(item, tuple)
                 chunk, sent = item
                 sink.write(chunk)
+                result.sent[name] = result.sent.get(name, 0) + len(chunk)
                 now = time.monotonic()
                 if on_progress is not None:
                     on_progress(name, sent, total)
                 elif now - last >= PROGRESS_EVERY_S:
                     last = now
-                    rate = sent / max(now - started, 1e-6)
+                    rate = result.sent[name] / max(now - started, 1e-6)
                     rep.detail(
-                        f"{name}: {size_text(sent)} of {size_text(total)} ({100 * sent // total}%), {size_text(rate)}/s"
+                        f"{name}: {size_text(sent)} of {size_text(total)} ({100 * sent // total}%), "
+                        f"{size_text(result.sent[name])} on the wire, {size_text(rate)}/s"
                     )
             sink.finish()
             _verify(src, step)
@@ -209,7 +225,12 @@ def _fan_out(
             dead[name].set()
             return
         result.seconds[name] = time.monotonic() - started
-        rep.done(f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s")
+        result.layers_skipped[name] = skipped_n[0]
+        spared = f", {skipped_n[0]} layers already there" if skipped_n[0] else ""
+        rep.done(
+            f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s: "
+            f"{size_text(result.sent.get(name, 0))} sent{spared}"
+        )
 
     def put(name: str, item: object) -> None:
         waited_since = time.monotonic()
@@ -242,15 +263,19 @@ def _fan_out(
     for w in workers:
         w.start()
     raw: Iterable[bytes] | None = None
+    skipped_n = [0]
     try:
         raw = (open_source or docker.SaveStream)(src.ref, src.endpoint)
-        counted = Counted(raw)
+        filtered = WithoutLayers(raw, skip) if skip else None
+        counted = Counted(filtered if filtered is not None else raw)
         for chunk in compressed(counted, codec):
             live = [s.target.name for s in steps if not dead[s.target.name].is_set()]
             if not live:
                 break
             for name in live:
                 put(name, (chunk, min(counted.n, total)))
+        if filtered is not None:
+            skipped_n[0] = len(filtered.skipped)
         for s in steps:
             put(s.target.name, _END)
     except BaseException as e:
@@ -293,6 +318,14 @@ def _diagnose(e: NodekitError, step: Step, plan: PushPlan) -> ShipError:
     name, src = step.target.name, plan.source
     if isinstance(e, ShipError) and e.node:
         return e
+    if "blobs/sha256/" in e.message and "no such file" in e.message:
+        # A layer left out because the survey found it there was gone by the time docker load looked for it.
+        return ShipError(
+            f"{name} no longer has a layer it had when asked (an image removed during the push?); nothing was "
+            f"loaded: {e.message}",
+            fix=f"nodekit push again (--to {step.target.endpoint}): it asks again what {name} has",
+            node=name,
+        )
     kind = diagnose_load_failure(e.message)
     if kind == "disk":
         return ShipError(

@@ -1,7 +1,9 @@
 """Images as files, for nodes that share a file system: :func:`save` writes one, :func:`load` reads one.
 
 :func:`save` writes ``docker save`` compressed as the file's suffix says (:func:`nodekit.ship.plan.codec_for_file`),
-atomically: a failed or interrupted save leaves no file at the path. :func:`load` streams a file (plain or
+atomically: a failed or interrupted save leaves no file at the path. With ``have`` (the chain ids a node reported
+with ``nodekit layers``) it is incremental: the layer files that node holds are left out, so the file loads there
+(and only on an engine holding those layers) to the same image id. :func:`load` streams a file (plain or
 compressed) into ``docker load``; a corrupt or truncated file changes no image on the engine, and with ``expect_id``
 the file must hold that image.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +20,8 @@ from pathlib import Path
 from nodekit import docker
 from nodekit.errors import NodekitError, ShipError, UsageError
 from nodekit.progress import Reporter
-from nodekit.ship.plan import codec_for_file, short_id, size_text
+from nodekit.ship.layers import WithoutLayers
+from nodekit.ship.plan import LayerPlan, codec_for_file, plan_layers, short_id, size_text, sized_layers
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure, zstd_here
 
 
@@ -28,11 +32,16 @@ class Saved:
     image_id: str
     bytes: int
     seconds: float
+    layers: LayerPlan | None = None
+    """For an incremental save: the layers written and the ones left out."""
 
 
-def save(ref: str, path: Path, reporter: Reporter, *, endpoint: str | None = None) -> Saved:
+def save(
+    ref: str, path: Path, reporter: Reporter, *, endpoint: str | None = None, have: frozenset[str] | None = None
+) -> Saved:
     """Write ``docker save REF`` to ``path`` (compressed as its suffix says), atomically: a failed or
-    interrupted save leaves no file at ``path``."""
+    interrupted save leaves no file at ``path``. With ``have`` (chain ids, from ``nodekit layers`` on the node
+    that will load it), the layer files whose chain is in ``have`` are left out."""
     codec = codec_for_file(path)
     if codec == "zstd" and not zstd_here():
         raise UsageError("saving .tar.zst needs the zstd command", fix="apt-get install zstd, or save to .tar.gz")
@@ -44,13 +53,19 @@ def save(ref: str, path: Path, reporter: Reporter, *, endpoint: str | None = Non
             f"{path.parent} has {size_text(free)} free, {ref} needs about {size_text(info.size)}",
             fix="save to another directory, or to .tar.zst (compressed)",
         )
-    reporter.step(f"saving {ref} ({size_text(info.size)}) to {path}")
+    plan = None
+    if have is not None:
+        layers = sized_layers(docker.image_layers(info.id, endpoint), docker.history_sizes(info.id, endpoint))
+        plan = plan_layers(layers, have)
+    what = plan.to_text() if plan is not None else size_text(info.size)
+    reporter.step(f"saving {ref} ({what}) to {path}")
     tmp = path.with_name(f".{path.name}.partial")
     t0 = time.monotonic()
     stream = docker.SaveStream(ref, endpoint)
     last = 0.0
     try:
-        counted = Counted(stream)
+        skip = plan.skip_ids if plan is not None else frozenset()
+        counted = Counted(WithoutLayers(stream, skip) if skip else stream)
         with open(tmp, "wb") as f:
             for chunk in compressed(counted, codec):
                 f.write(chunk)
@@ -64,10 +79,14 @@ def save(ref: str, path: Path, reporter: Reporter, *, endpoint: str | None = Non
         raise ShipError(
             f"cannot write {path}: {e.strerror or e}", fix="check the directory and its free space"
         ) from None
+    except tarfile.TarError as e:
+        raise ShipError(f"docker save {ref} did not write a whole archive: {e}", fix="nodekit save again") from None
     finally:
         stream.close()
         tmp.unlink(missing_ok=True)
-    saved = Saved(path=path, ref=ref, image_id=info.id, bytes=path.stat().st_size, seconds=time.monotonic() - t0)
+    saved = Saved(
+        path=path, ref=ref, image_id=info.id, bytes=path.stat().st_size, seconds=time.monotonic() - t0, layers=plan
+    )
     reporter.done(f"saved {ref} ({short_id(info.id)}) to {path}: {size_text(saved.bytes)} in {saved.seconds:.1f} s")
     return saved
 
@@ -105,6 +124,15 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
     except NodekitError as e:
         sink.abort()
         kind = diagnose_load_failure(e.message)
+        if "blobs/sha256/" in e.message and "no such file" in e.message:
+            # An incremental file (nodekit save --have) leaves out layers; docker load opens a left-out one only
+            # when this engine lacks it.
+            raise ShipError(
+                f"{path} leaves out layers that {where} does not have (it was saved incrementally against another "
+                f"engine's layer list); nothing was loaded ({e.message})",
+                fix="nodekit layers > FILE on this node, then nodekit save --have FILE on the node with the image",
+                node=endpoint,
+            ) from None
         if kind == "corrupt":
             raise ShipError(
                 f"{path} is corrupt or truncated; {where} discarded it ({e.message})",

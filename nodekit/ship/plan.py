@@ -1,4 +1,5 @@
-"""Planning a push, pure: which target engines are skipped, re-tagged or loaded, and with which compression.
+"""Planning a push, pure: which target engines are skipped, re-tagged or loaded, with which compression, and which
+of the image's layers each loading target lacks (only those travel).
 
 :func:`plan_push` takes what each target engine has (:class:`TargetState`, gathered by
 :func:`nodekit.ship.engines.survey`) as data and returns a :class:`PushPlan`; it refuses before anything moves when a
@@ -8,8 +9,9 @@ target is unreachable, named twice or short of disk. :func:`parse_target` reads 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
@@ -56,6 +58,118 @@ def _short(endpoint: str) -> str:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One layer of an image: its diff id (``sha256:`` of the uncompressed layer tar, as in the image config's
+    ``rootfs.diff_ids``) and its size in bytes (an estimate from ``docker history``; 0 when unknown)."""
+
+    diff_id: str
+    size: int = 0
+
+
+def sized_layers(diff_ids: Sequence[str], history_sizes: Sequence[int]) -> tuple[Layer, ...]:
+    """The layers with their sizes from ``docker history`` (oldest first). History also lists steps that made no
+    layer (ENV, CMD: size 0); the entries with a size are the layers in order when there are as many of them as
+    diff ids. Otherwise (a layer of size 0, which cannot be told from such a step) the sizes are unknown: 0."""
+    sized = [n for n in history_sizes if n > 0]
+    if len(history_sizes) == len(diff_ids):
+        sized = list(history_sizes)
+    elif len(sized) != len(diff_ids):
+        sized = [0] * len(diff_ids)
+    return tuple(Layer(d, n) for d, n in zip(diff_ids, sized, strict=True))
+
+
+def chain_ids(diff_ids: Sequence[str]) -> tuple[str, ...]:
+    """The chain id of every prefix of ``diff_ids`` (base first), as Docker's layer store names layers: the first
+    is the first diff id, each next one ``sha256(previous chain id + " " + diff id)``. An engine reuses a layer only
+    when the layer *and everything below it* match, which is what a chain id identifies."""
+    chains: list[str] = []
+    for d in diff_ids:
+        if not chains:
+            chains.append(d)
+        else:
+            chains.append("sha256:" + hashlib.sha256(f"{chains[-1]} {d}".encode()).hexdigest())
+    return tuple(chains)
+
+
+def chains_of(images: Iterable[Sequence[str]]) -> frozenset[str]:
+    """Every chain id an engine holds, given each of its images' diff ids: the layer store keeps a layer with the
+    whole chain below it, so every prefix of every image is there."""
+    return frozenset(c for diff_ids in images for c in chain_ids(diff_ids))
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which of the image's layers travel to one target (``send``) and which it already has (``skip``); each diff
+    id once, base first. ``docker load`` reuses a layer whose chain id exists without opening its file, so an
+    archive without the skipped layer files loads to the same image id."""
+
+    send: tuple[Layer, ...]
+    skip: tuple[Layer, ...]
+
+    @property
+    def send_bytes(self) -> int:
+        return sum(layer.size for layer in self.send)
+
+    @property
+    def skip_bytes(self) -> int:
+        return sum(layer.size for layer in self.skip)
+
+    @property
+    def skip_ids(self) -> frozenset[str]:
+        return frozenset(layer.diff_id for layer in self.skip)
+
+    def to_text(self) -> str:
+        n = len(self.send) + len(self.skip)
+        if not self.skip:
+            return f"all {n} layers ({size_text(self.send_bytes)})"
+        return (
+            f"{len(self.send)} of {n} layers ({size_text(self.send_bytes)}; {len(self.skip)} already there, "
+            f"{size_text(self.skip_bytes)})"
+        )
+
+
+def plan_layers(layers: Sequence[Layer], have: frozenset[str]) -> LayerPlan:
+    """Pure: the layers a target whose layer store holds the chain ids ``have`` lacks. A layer file is sent when
+    the chain at *any* position where its diff id occurs is missing there (the same diff id can sit on two
+    different chains, and the archive holds its file once)."""
+    chains = chain_ids([layer.diff_id for layer in layers])
+    needed: dict[str, bool] = {}
+    first: dict[str, Layer] = {}
+    for layer, chain in zip(layers, chains, strict=True):
+        first.setdefault(layer.diff_id, layer)
+        needed[layer.diff_id] = needed.get(layer.diff_id, False) or chain not in have
+    send = tuple(first[d] for d, need in needed.items() if need)
+    skip = tuple(first[d] for d, need in needed.items() if not need)
+    return LayerPlan(send=send, skip=skip)
+
+
+LAYER_LIST_HEAD = "# nodekit layers: the layer chain ids one Docker engine holds"
+
+
+def format_layer_list(chains: Iterable[str], engine: str) -> str:
+    """What ``nodekit layers`` prints: a comment line, then one chain id a line (sorted, so lists diff well)."""
+    return "\n".join([f"{LAYER_LIST_HEAD} ({engine})", *sorted(chains)]) + "\n"
+
+
+def parse_layer_list(text: str, source: str) -> frozenset[str]:
+    """The chain ids in a list ``nodekit layers`` printed (``#`` comments and blank lines ignored). UsageError
+    naming the first line that is not a ``sha256:`` digest."""
+    chains = set()
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        algo, _, digest = line.partition(":")
+        if algo != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise UsageError(
+                f"{source} line {n} is not a layer chain id: {line[:80]!r}",
+                fix="write the list with `nodekit layers > FILE` on the node that will load the archive",
+            )
+        chains.add(line)
+    return frozenset(chains)
+
+
+@dataclass(frozen=True)
 class TargetState:
     """What one target engine has, as gathered by ``survey``; ``error`` is set when it could not be asked."""
 
@@ -68,6 +182,8 @@ class TargetState:
     has_image: bool = False
     """The source's image id is there (under whatever name)."""
     free_bytes: int | None = None
+    chains: frozenset[str] | None = None
+    """Every layer chain id the target's engine holds; None when unknown (then every layer is sent)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +193,8 @@ class Source:
     size: int
     engine_id: str
     endpoint: str | None = None
+    layers: tuple[Layer, ...] = field(default=())
+    """The image's layers, base first; empty when unknown (then every layer is sent)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +205,8 @@ class Step:
     codec: Codec = "none"
     previous_id: str | None = None
     """The id ``ref`` named on the target before the push: restored there if verification fails."""
+    layers: LayerPlan | None = None
+    """For a load: which layers travel and which the target has (None: the whole image travels)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +223,8 @@ class PushPlan:
         lines = [head]
         for s in self.steps:
             how = f" ({s.codec} stream)" if s.action == "load" else ""
-            lines.append(f"  {s.target.name:<24} {s.action}{how}: {s.reason}")
+            sends = f"; sends {s.layers.to_text()}" if s.layers is not None else ""
+            lines.append(f"  {s.target.name:<24} {s.action}{how}: {s.reason}{sends}")
         return "\n".join(lines)
 
 
@@ -174,7 +295,12 @@ def plan_push(
         elif st.has_image:
             steps.append(Step(t, "tag", "has the image under another name", previous_id=st.ref_id))
         else:
-            need = int(source.size * DISK_FACTOR)
+            layers = None
+            if source.layers and st.chains is not None:
+                layers = plan_layers(source.layers, st.chains)
+            # The target keeps what it has; it needs room for what arrives (the archive, then the unpacked layers).
+            incoming = layers.send_bytes if layers is not None and layers.skip else source.size
+            need = int(incoming * DISK_FACTOR)
             if st.free_bytes is not None and st.free_bytes < need:
                 raise ShipError(
                     f"{t.name} has {size_text(st.free_bytes)} free for Docker, loading {source.ref} needs about "
@@ -184,7 +310,7 @@ def plan_push(
                 )
             codec = choose_codec(compress, t.endpoint, zstd_here=zstd_here, server_version=st.server_version)
             reason = "has an older image under this name" if st.ref_id else "does not have the image"
-            steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id))
+            steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id, layers=layers))
     return PushPlan(source=source, steps=tuple(steps))
 
 

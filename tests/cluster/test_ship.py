@@ -230,3 +230,160 @@ def test_loading_a_truncated_file_changes_nothing(fresh: Cluster, tmp_path: Path
     err = loaded.stderr.strip().splitlines()[-1]
     assert "is corrupt or truncated" in err and "Fix: nodekit save the image again" in err, err
     assert h1.image_id(REF) == old and ids(h1) == before
+
+
+# --- only the layers a target lacks travel ------------------------------------------------------------------
+
+
+def layer_tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def load_layered(host: Host, ref: str, layers: list[bytes], *, env: str = "X=1") -> str:
+    """An image with exactly these layers (base first), written as a docker save archive and loaded into
+    ``host``'s engine: a build's layers without a build (a base, its dependencies, the project's code)."""
+    import hashlib
+    import json
+
+    diff_ids = ["sha256:" + hashlib.sha256(t).hexdigest() for t in layers]
+    config = json.dumps({
+        "architecture": "amd64", "os": "linux", "config": {"Env": [env]},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created": "2026-01-01T00:00:00Z", "created_by": f"layer {i}"} for i in range(len(layers))],
+    }).encode()  # fmt: skip
+    cfg_name = hashlib.sha256(config).hexdigest() + ".json"
+    names = [f"{d.removeprefix('sha256:')}/layer.tar" for d in diff_ids]
+    manifest = json.dumps([{"Config": cfg_name, "RepoTags": [ref], "Layers": names}]).encode()
+    proc = subprocess.run(
+        ["docker", "-H", host.docker_host, "load", "-q"],
+        input=layer_tar({cfg_name: config, "manifest.json": manifest, **dict(zip(names, layers, strict=True))}),
+        capture_output=True,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    got = host.image_id(ref)
+    assert got is not None
+    return got
+
+
+BASE = layer_tar({"data/blob": random.Random(10).randbytes(8 << 20)})
+DEPS = layer_tar({"deps/pkg.py": random.Random(11).randbytes(256 << 10)})
+
+
+def code(n: int) -> bytes:
+    return layer_tar({"app/train.py": f"print('version {n}')\n".encode()})
+
+
+def layer_ids(host: Host, ref: str) -> list[str]:
+    import json
+
+    return list(json.loads(host.docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref).stdout))
+
+
+def in_layer_store(host: Host, chain_id: str) -> bool:
+    """The classic layer store keeps each layer under its chain id: the proof our chain ids are Docker's."""
+    return (host.data_root / "image" / "overlay2" / "layerdb" / chain_id.replace(":", "/")).is_dir()
+
+
+def push_api(c: Cluster, *targets: Host, open_source: object = None) -> tuple[ship.PushPlan, ship.PushResult]:
+    src = ship.source_of(REF, c.hosts[0].docker_host)
+    plan = ship.plan_push(src, ship.survey(src, [ship.Target(h.name, h.docker_host) for h in targets]))
+    kw = {"open_source": open_source} if open_source is not None else {}
+    return plan, ship.push(plan, RecordingReporter(), **kw)  # type: ignore[arg-type]
+
+
+def test_a_code_change_sends_only_the_code_layer(fresh: Cluster) -> None:
+    h0, h1, h2 = fresh.hosts
+    load_layered(h0, REF, [BASE, DEPS, code(1)])
+    _, first = push_api(fresh, h1, h2)
+    assert min(first.sent.values()) > 8 << 20, first.sent
+
+    want = load_layered(h0, REF, [BASE, DEPS, code(2)])
+    dry = push_cli(fresh, h1, h2, extra=("--dry-run",))
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count("sends 1 of 3 layers") == 2, dry.stdout
+    plan, result = push_api(fresh, h1, h2)
+    code_layer = layer_ids(h0, REF)[2]
+    for s in plan.steps:
+        assert s.layers is not None and [layer.diff_id for layer in s.layers.send] == [code_layer]
+    # The code layer (2 KiB as a tar) plus the config, manifest.json and index: not the 8 MiB base again.
+    assert all(n < 64 << 10 for n in result.sent.values()), result.sent
+    assert result.layers_skipped == {"h1": 2, "h2": 2}
+    chains = ship.chain_ids(layer_ids(h0, REF))
+    for h in (h1, h2):
+        assert h.image_id(REF) == want
+        assert all(in_layer_store(h, c) for c in chains)
+
+
+def test_a_target_with_every_layer_receives_no_layer(fresh: Cluster) -> None:
+    h0, h1, _ = fresh.hosts
+    load_layered(h0, REF, [BASE, DEPS, code(3)])
+    push_api(fresh, h1)
+    # Same layers, another config (an environment variable changed): only the config travels.
+    want = load_layered(h0, REF, [BASE, DEPS, code(3)], env="X=2")
+    plan, result = push_api(fresh, h1)
+    assert plan.steps[0].layers is not None and plan.steps[0].layers.send == ()
+    assert result.sent["h1"] < 16 << 10 and result.layers_skipped["h1"] == 3, result
+    assert h1.image_id(REF) == want
+    # And a target that has the image itself receives nothing at all.
+    plan, result = push_api(fresh, h1)
+    assert [s.action for s in plan.steps] == ["skip"] and result.sent == {}
+
+
+def test_a_layer_corrupted_in_transit_is_refused_and_leaves_nothing(fresh: Cluster) -> None:
+    h0, h1, _ = fresh.hosts
+    load_layered(h0, REF, [BASE, DEPS, code(4)])
+    push_api(fresh, h1)
+    old_id = h1.image_id(REF)
+    load_layered(h0, REF, [BASE, DEPS, code(5)])
+    code_layer = layer_ids(h0, REF)[2]
+    before = ids(h1)
+    src = ship.source_of(REF, h0.docker_host)
+    step = ship.plan_push(src, ship.survey(src, [ship.Target("h1", h1.docker_host)])).steps[0]
+    assert step.layers is not None and [layer.diff_id for layer in step.layers.send] == [code_layer]
+
+    def flipped(ref: str, endpoint: str | None) -> Iterable[bytes]:
+        """docker save, with one byte of the code layer's file content flipped on its way."""
+        data = bytearray(b"".join(ship.docker.SaveStream(ref, endpoint)))
+        with tarfile.open(fileobj=io.BytesIO(bytes(data))) as tar:
+            blob = tar.getmember("blobs/sha256/" + code_layer.removeprefix("sha256:"))
+        data[blob.offset_data + 512] ^= 0x01  # the first byte of train.py, after its tar header
+        return [bytes(data)]
+
+    with pytest.raises(ShipError) as e:
+        push_api(fresh, h1, open_source=flipped)
+    assert e.value.node == "h1"
+    assert h1.image_id(REF) == old_id and ids(h1) == before
+    assert not in_layer_store(h1, ship.chain_ids(layer_ids(h0, REF))[2]), "a half-loaded layer was left behind"
+
+
+def test_an_incremental_save_loads_where_its_layers_are(fresh: Cluster, tmp_path: Path) -> None:
+    """nodekit layers on the loading node, nodekit save --have on the one with the image, nodekit load: the file
+    holds only the code layer; an engine that lacks the others refuses it by name and loads nothing."""
+    h0, h1, h2 = fresh.hosts
+    load_layered(h0, REF, [BASE, DEPS, code(6)])
+    push_api(fresh, h1)
+    want = load_layered(h0, REF, [BASE, DEPS, code(7)])
+    listed = h1.run(*nodekit_argv("layers"))
+    assert listed.returncode == 0, listed.stderr
+    have = tmp_path / "h1.layers"
+    have.write_text(listed.stdout)
+    path = tmp_path / "code-only.tar"
+    saved = h0.run(*nodekit_argv("save", str(path), REF, "--have", str(have)))
+    assert saved.returncode == 0, saved.stderr
+    assert "1 of 3 layers" in saved.stderr and path.stat().st_size < 64 << 10
+    loaded = h1.run(*nodekit_argv("load", str(path), "--expect", want))
+    assert loaded.returncode == 0, loaded.stderr
+    assert h1.image_id(REF) == want
+
+    before = ids(h2)
+    refused = h2.run(*nodekit_argv("load", str(path)))
+    assert refused.returncode == 1
+    assert "leaves out layers that" in refused.stderr and "nodekit save --have" in refused.stderr, refused.stderr
+    assert ids(h2) == before

@@ -261,3 +261,193 @@ def test_a_target_that_stops_reading_is_cut_off_and_the_others_finish(monkeypatc
     assert sinks["ssh://s"].aborted
     for ep in ("ssh://a", "ssh://c"):
         assert b"".join(sinks[ep].chunks) == b"".join(chunks) and sinks[ep].finished
+
+
+# --- only the layers a target lacks travel ------------------------------------------------------------------
+
+
+def d(c: str) -> str:
+    return "sha256:" + c * 64
+
+
+BASE, DEPS, CODE1, CODE2 = (ship.Layer(d("1"), 900 << 20), ship.Layer(d("2"), 200 << 20),
+                            ship.Layer(d("3"), 4096), ship.Layer(d("4"), 5000))  # fmt: skip
+V1, V2 = (BASE, DEPS, CODE1), (BASE, DEPS, CODE2)
+
+
+def have(*images: tuple[ship.Layer, ...]) -> frozenset[str]:
+    return ship.chains_of([[layer.diff_id for layer in img] for img in images])
+
+
+def test_chain_ids_follow_dockers_rule() -> None:
+    """chain(0) = diff(0); chain(i) = sha256 of "chain(i-1) diff(i)" (image-spec, config.md "ChainID")."""
+    import hashlib
+
+    a, b, c = d("a"), d("b"), d("c")
+    ab = "sha256:" + hashlib.sha256(f"{a} {b}".encode()).hexdigest()
+    assert ship.chain_ids([a, b, c]) == (a, ab, "sha256:" + hashlib.sha256(f"{ab} {c}".encode()).hexdigest())
+    assert ship.chain_ids([]) == ()
+    assert ship.chain_ids([b, a])[1] != ab, "order matters"
+
+
+def test_a_code_change_sends_only_the_code_layer() -> None:
+    lp = ship.plan_layers(V2, have(V1))
+    assert lp.send == (CODE2,) and lp.skip == (BASE, DEPS)
+    assert lp.send_bytes == 5000 and lp.skip_bytes == (1100 << 20)
+    assert lp.skip_ids == {BASE.diff_id, DEPS.diff_id}
+    assert lp.to_text() == "1 of 3 layers (5 KiB; 2 already there, 1.1 GiB)"
+
+
+def test_an_empty_target_gets_every_layer_and_a_full_one_none() -> None:
+    assert ship.plan_layers(V2, frozenset()).send == V2
+    assert ship.plan_layers(V2, frozenset()).to_text() == "all 3 layers (1.1 GiB)"
+    full = ship.plan_layers(V2, have(V2))
+    assert full.send == () and full.send_bytes == 0 and full.skip == V2
+
+
+def test_a_layer_on_another_chain_does_not_count() -> None:
+    """The target has DEPS's diff id, but on another base: Docker would not reuse it, so it travels."""
+    other_base = ship.Layer(d("9"), 10)
+    lp = ship.plan_layers(V2, have((other_base, DEPS, CODE2)))
+    assert lp.send == V2
+
+
+def test_a_diff_id_twice_travels_when_any_of_its_chains_is_missing() -> None:
+    img = (BASE, CODE1, DEPS, CODE1)
+    lp = ship.plan_layers(img, have((BASE, CODE1)))
+    assert [layer.diff_id for layer in lp.send] == [CODE1.diff_id, DEPS.diff_id]
+    assert lp.skip == (BASE,)
+
+
+@pytest.mark.parametrize(
+    ("history", "sizes"),
+    [
+        ((900, 0, 200, 0, 4096), (900, 200, 4096)),  # ENV/CMD steps made no layer
+        ((900, 200, 4096), (900, 200, 4096)),
+        ((900, 0, 0, 4096), (0, 0, 0)),  # a layer of size 0 cannot be told from an ENV step: unknown
+    ],
+)
+def test_layer_sizes_from_history(history: tuple[int, ...], sizes: tuple[int, ...]) -> None:
+    ids = [d("1"), d("2"), d("3")]
+    assert ship.sized_layers(ids, history) == tuple(ship.Layer(i, n) for i, n in zip(ids, sizes, strict=True))
+
+
+SRC_L = ship.Source(ref=SRC.ref, image_id=NEW, size=int(1.2 * GiB), engine_id="engine-src", layers=V2)
+
+
+def test_push_plan_carries_each_targets_layers() -> None:
+    plan = ship.plan_push(
+        SRC_L,
+        [state("n1", ref_id=OLD, chains=have(V1)), state("n2", chains=frozenset()), state("n3")],
+        zstd_here=True,
+    )
+    by = {s.target.name: s for s in plan.steps}
+    assert actions(plan) == {"n1": "load", "n2": "load", "n3": "load"}
+    assert by["n1"].layers is not None and by["n1"].layers.send == (CODE2,)
+    assert by["n2"].layers is not None and by["n2"].layers.send == V2
+    assert by["n3"].layers is None, "unknown chains: the whole image travels"
+    assert (
+        "load (zstd stream): has an older image under this name; sends 1 of 3 layers (5 KiB; 2 already"
+        in plan.to_text()
+    )
+
+
+def test_disk_is_checked_against_what_travels() -> None:
+    """A target that has 1.1 GiB of the image needs room for the code layer, not for the whole image again."""
+    plan = ship.plan_push(SRC_L, [state("n1", chains=have(V1), free_bytes=100 << 20)])
+    assert actions(plan) == {"n1": "load"}
+    with pytest.raises(ShipError):
+        ship.plan_push(SRC_L, [state("n1", chains=frozenset(), free_bytes=100 << 20)])
+
+
+def archive(members: list[tuple[str, bytes]]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def members(data: bytes) -> dict[str, bytes]:
+    import io
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        out = {}
+        for m in tar:
+            f = tar.extractfile(m)
+            out[m.name] = f.read() if f else b""
+        return out
+
+
+def chunked(data: bytes, n: int = 777) -> list[bytes]:
+    return [data[i : i + n] for i in range(0, len(data), n)]
+
+
+SAVED = [
+    ("blobs/sha256/" + "1" * 64, b"base" * 50_000),
+    ("blobs/sha256/" + "3" * 64, b"code" * 300),
+    ("blobs/sha256/" + "c" * 64, b'{"config": true}'),
+    ("index.json", b"{}"),
+    ("manifest.json", b'[{"Layers": ["blobs/sha256/1...", "blobs/sha256/3..."]}]'),
+    ("d/" + "x" * 150, b"a name longer than 100 characters (pax header)"),
+]
+
+
+def test_without_layers_drops_only_the_named_layer_files() -> None:
+    from nodekit.ship.layers import WithoutLayers
+
+    full = archive(SAVED)
+    w = WithoutLayers(chunked(full), frozenset({d("1"), d("7")}))
+    out = b"".join(w)
+    assert w.skipped == [d("1")] and w.skipped_bytes == 200_000
+    want = dict(SAVED)
+    del want["blobs/sha256/" + "1" * 64]
+    assert members(out) == want
+    assert len(out) < len(full) - 199_000
+
+
+def test_without_layers_passes_a_stream_cut_short_as_an_error() -> None:
+    import tarfile
+
+    from nodekit.ship.layers import WithoutLayers
+
+    full = archive(SAVED)
+    with pytest.raises(tarfile.TarError):
+        b"".join(WithoutLayers(chunked(full[:150_000]), frozenset({d("3")})))
+
+
+def test_fan_out_sends_each_target_only_what_it_lacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two targets that lack different layers get different streams; bytes sent and layers skipped are counted."""
+    monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
+    base, code = ship.Layer(d("1"), 200_000), ship.Layer(d("3"), 1200)
+    src = ship.Source(ref=SRC.ref, image_id=NEW, size=201_200, engine_id="engine-src", layers=(base, code))
+    plan = ship.plan_push(
+        src,
+        [state("a", "ssh://a", chains=have((base,))), state("b", "ssh://b", chains=frozenset())],
+        compress="none",
+    )
+    sinks = {"ssh://a": FakeSink(), "ssh://b": FakeSink()}
+    full = archive(SAVED)
+    result = ship.push(plan, RecordingReporter(), open_source=lambda r, ep: chunked(full, 4096),
+                       open_sink=lambda ep: sinks[ep])  # fmt: skip
+    got_a, got_b = (b"".join(sinks[ep].chunks) for ep in ("ssh://a", "ssh://b"))
+    assert got_b == full
+    assert "blobs/sha256/" + "1" * 64 not in members(got_a) and len(members(got_a)) == len(SAVED) - 1
+    assert result.sent == {"a": len(got_a), "b": len(full)}
+    assert result.layers_skipped == {"a": 1, "b": 0}
+
+
+def test_a_layer_list_round_trips_and_bad_lines_are_named() -> None:
+    chains = ship.chains_of([[d("1"), d("2")], [d("1"), d("3")]])
+    text = ship.format_layer_list(chains, "ssh://me@node1")
+    assert text.startswith("# nodekit layers") and len(text.splitlines()) == 4
+    assert ship.parse_layer_list(text + "\n\n# a comment\n", "node1.layers") == chains
+    with pytest.raises(UsageError) as e:
+        ship.parse_layer_list(f"{d('1')}\nsha256:abc\n", "node1.layers")
+    assert "node1.layers line 2 is not a layer chain id" in e.value.message
