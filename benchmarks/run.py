@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp"
 BENCH_VENV = ROOT / ".nodekit" / "bench-venv"
 PORT = 29710
+KEEP = "<!-- kept by benchmarks/run.py -->"
 
 
 def bare_venv() -> Path:
@@ -218,7 +219,11 @@ def main() -> int:
     (ROOT / ".nodekit" / "bench.json").write_text(json.dumps(results, indent=2))
     build_table = build_bench.table(build) if build else "(build benchmark skipped)"
     text = report(results, build_table)
-    (ROOT / "docs" / "benchmarks.md").write_text(text)
+    doc = ROOT / "docs" / "benchmarks.md"
+    # What follows the marker (the method and benchmarks/decide.py's table) is not this script's to rewrite.
+    old = doc.read_text() if doc.is_file() else ""
+    kept = old[old.index(KEEP) :] if KEEP in old else ""
+    doc.write_text(text + ("\n" + kept if kept else ""))
     print(text)
     return 0
 
