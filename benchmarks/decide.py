@@ -60,7 +60,7 @@ def _wait_cpu(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
 def run_bare(py: Path, train_args: list[str], out: Path) -> Run:
     """Two torchrun processes (node 0 and 1) on 127.0.0.1, started together."""
     shutil.rmtree(out, ignore_errors=True)
-    torchrun = py.parent / "torchrun"
+    torchrun = py.parent.absolute() / "torchrun"  # absolute: Popen resolves a relative one against cwd
     env = os.environ | {"NODEKIT_OUTPUT_DIR": str(out), "GLOO_SOCKET_IFNAME": "lo"}
     rdzv = ["--master-addr", "127.0.0.1", "--master-port", str(PORT)]
     argvs = [[str(torchrun), "--nnodes", "2", "--node-rank", str(r), "--nproc-per-node", "1", *rdzv] for r in (0, 1)]

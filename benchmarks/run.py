@@ -29,11 +29,14 @@ KEEP = "<!-- kept by benchmarks/run.py -->"
 
 
 def bare_venv() -> Path:
-    """A host virtual environment with the same torch the image pins."""
+    """A host virtual environment with the same torch and numpy the image pins (train.py's broadcast_object_list
+    needs numpy; a venv made before that is completed)."""
     py = BENCH_VENV / "bin" / "python"
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "torch==2.13.0"], check=True)
+    if subprocess.run([str(py), "-c", "import numpy, torch"], capture_output=True).returncode != 0:
+        pins = ["torch==2.13.0", "numpy==2.4.6"]  # as examples/ddp/nodekit.lock
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", *pins], check=True)
     return py
 
 
