@@ -37,8 +37,8 @@ TARGET_CLI_S = 0.5
 TARGET_UP_TO_START_S = 1.0
 TARGET_PREFLIGHT_S = 0.3
 POLL_S = 0.02
-DOCS_BEGIN = "<!-- decide:begin -->"
-DOCS_END = "<!-- decide:end -->"
+DOCS_BEGIN = "<!-- decide:begin{} -->"
+DOCS_END = "<!-- decide:end{} -->"
 
 
 @dataclass
@@ -254,13 +254,15 @@ def table(rs: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def splice(doc: str, block: str) -> str:
-    """``doc`` with the text between the decide markers replaced by ``block`` (markers appended when absent)."""
-    wrapped = f"{DOCS_BEGIN}\n{block.strip()}\n{DOCS_END}"
-    begin, end = doc.find(DOCS_BEGIN), doc.find(DOCS_END)
+def splice(doc: str, block: str, key: str = "") -> str:
+    """``doc`` with the text between the decide markers of ``key`` (one block per job length) replaced by
+    ``block``; the markers are appended when absent."""
+    first, last = DOCS_BEGIN.format(key), DOCS_END.format(key)
+    wrapped = f"{first}\n{block.strip()}\n{last}"
+    begin, end = doc.find(first), doc.find(last)
     if begin == -1 or end < begin:
         return doc.rstrip("\n") + "\n\n" + wrapped + "\n"
-    return doc[:begin] + wrapped + doc[end + len(DOCS_END) :]
+    return doc[:begin] + wrapped + doc[end + len(last) :]
 
 
 def main() -> int:
@@ -311,10 +313,10 @@ def main() -> int:
         "nodekit": [{"phases": asdict(r.phases), "cpu_s": r.cpu_s, **r.detail} for r in kit],
         "cli": cli,
     }
-    (ROOT / ".nodekit" / "decide.json").write_text(json.dumps(raw, indent=2, default=str))
+    (ROOT / ".nodekit" / f"decide-{opts.epochs}.json").write_text(json.dumps(raw, indent=2, default=str))
     if opts.write_docs:
         doc = ROOT / "docs" / "benchmarks.md"
-        doc.write_text(splice(doc.read_text(), text))
+        doc.write_text(splice(doc.read_text(), text, key=f" epochs={opts.epochs}"))
     print(text)
     return 0
 

@@ -116,9 +116,13 @@ def test_rows_and_table_give_verdicts_against_the_issue_targets() -> None:
     assert "| per step (median interval) | 10.00 ms | 13.00 ms |" in text
 
 
-def test_splice_replaces_only_the_decide_block() -> None:
+def test_splice_replaces_only_the_decide_block_of_its_key() -> None:
+    b30, e30 = decide.DOCS_BEGIN.format(" epochs=30"), decide.DOCS_END.format(" epochs=30")
+    b150, e150 = decide.DOCS_BEGIN.format(" epochs=150"), decide.DOCS_END.format(" epochs=150")
     doc = "# Benchmarks\n\nintro\n"
-    once = decide.splice(doc, "table 1")
-    assert once == f"# Benchmarks\n\nintro\n\n{decide.DOCS_BEGIN}\ntable 1\n{decide.DOCS_END}\n"
-    twice = decide.splice(once + "after\n", "table 2\n")
-    assert twice == f"# Benchmarks\n\nintro\n\n{decide.DOCS_BEGIN}\ntable 2\n{decide.DOCS_END}\nafter\n"
+    once = decide.splice(doc, "table 1", key=" epochs=30")
+    assert once == f"# Benchmarks\n\nintro\n\n{b30}\ntable 1\n{e30}\n"
+    both = decide.splice(once + "after\n", "long 1", key=" epochs=150")
+    assert both == f"# Benchmarks\n\nintro\n\n{b30}\ntable 1\n{e30}\nafter\n\n{b150}\nlong 1\n{e150}\n"
+    again = decide.splice(both, "table 2\n", key=" epochs=30")
+    assert again == both.replace("table 1", "table 2")
