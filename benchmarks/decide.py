@@ -124,28 +124,34 @@ def run_nodekit(config: Path, train_args: list[str], out: Path) -> Run:
     t_wall, t_cmd = time.time(), time.monotonic()
     ups = [subprocess.Popen([*argv, "--node-rank", str(r)], env=env, stdout=subprocess.DEVNULL) for r in (1, 0)]
     waited = [_wait_cpu(p) for p in ups]
-    if any(code for code, _ in waited):
-        raise SystemExit(f"nodekit up failed: exit codes {[c for c, _ in waited]}")
-    projects = {r: project_for(settings, r) for r in (0, 1)}
-    ids = {r: _docker("ps", "-aq", "--no-trunc", "--filter", f"label=com.docker.compose.project={p}").split()
-           for r, p in projects.items()}  # fmt: skip
-    if any(len(v) != 1 for v in ids.values()):
-        raise SystemExit(f"expected one container per node, found {ids}")
-    meters = {r: CgroupCpu(v[0]) for r, v in ids.items()}
-    for m in meters.values():
-        m.start()
-    codes = [docker.compose_wait(compose_path(settings, r), projects[r]) for r in (0, 1)]
-    t_exit = time.monotonic()
-    for m in meters.values():
-        m.join(timeout=5)
-    started = [phases.parse_docker_time(_docker("inspect", "-f", "{{.State.StartedAt}}", v[0])) for v in ids.values()]
-    logs = {r: subprocess.run(["docker", "logs", v[0]], capture_output=True, text=True, check=False)
-            for r, v in ids.items()}  # fmt: skip
-    for rank in (0, 1):
-        subprocess.run([*_nodekit(), "down", "--node-rank", str(rank), "--config", str(config)],
-                       check=True, stdout=subprocess.DEVNULL, env=env)  # fmt: skip
-    if any(codes):
-        raise SystemExit(f"nodekit run failed: exit codes {codes}")
+    try:
+        if any(code for code, _ in waited):
+            raise SystemExit(f"nodekit up failed: exit codes {[c for c, _ in waited]}")
+        projects = {r: project_for(settings, r) for r in (0, 1)}
+        ids = {r: _docker("ps", "-aq", "--no-trunc", "--filter", f"label=com.docker.compose.project={p}").split()
+               for r, p in projects.items()}  # fmt: skip
+        if any(len(v) != 1 for v in ids.values()):
+            raise SystemExit(f"expected one container per node, found {ids}")
+        meters = {r: CgroupCpu(v[0]) for r, v in ids.items()}
+        for m in meters.values():
+            m.start()
+        codes = [docker.compose_wait(compose_path(settings, r), projects[r]) for r in (0, 1)]
+        t_exit = time.monotonic()
+        for m in meters.values():
+            m.join(timeout=5)
+        started = [phases.parse_docker_time(_docker("inspect", "-f", "{{.State.StartedAt}}", v[0]))
+                   for v in ids.values()]  # fmt: skip
+        logs = {r: subprocess.run(["docker", "logs", v[0]], capture_output=True, text=True, check=False)
+                for r, v in ids.items()}  # fmt: skip
+        if any(codes):
+            for r, log in logs.items():
+                print(f"--- node {r} ---\n{(log.stdout + log.stderr)[-2000:]}", file=sys.stderr)
+            raise SystemExit(f"nodekit run failed: exit codes {codes}")
+    finally:
+        # Also after a failure: a container left behind would hold the port for every later run.
+        for rank in (0, 1):
+            subprocess.run([*_nodekit(), "down", "--node-rank", str(rank), "--config", str(config)],
+                           check=False, stdout=subprocess.DEVNULL, env=env)  # fmt: skip
     steps = phases.parse_step_times((out / phases.STEP_TIMES_FILE).read_text())
     cli_cpu = sum(cpu for _, cpu in waited)
     container_cpu = sum(m.cpu_s for m in meters.values())
