@@ -81,9 +81,9 @@ class CgroupCpu(threading.Thread):
     a late start loses nothing; what can be lost is the CPU between the last read and the exit, at most one poll
     interval (``exact`` says the last read saw an empty cgroup, i.e. the final value)."""
 
-    def __init__(self, container_id: str) -> None:
+    def __init__(self, container_id: str, root: str = "/sys/fs/cgroup") -> None:
         super().__init__(daemon=True)
-        found = [(p, k) for p, k in phases.cgroup_cpu_files(container_id) if Path(p).is_file()]
+        found = [(p, k) for p, k in phases.cgroup_cpu_files(container_id, root) if Path(p).is_file()]
         self.where = found[0] if found else None
         self.cpu_s = float("nan")
         self.exact = False

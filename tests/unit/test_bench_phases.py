@@ -3,6 +3,12 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from benchmarks import decide, phases, stats
@@ -126,3 +132,42 @@ def test_splice_replaces_only_the_decide_block_of_its_key() -> None:
     assert both == f"# Benchmarks\n\nintro\n\n{b30}\ntable 1\n{e30}\nafter\n\n{b150}\nlong 1\n{e150}\n"
     again = decide.splice(both, "table 2\n", key=" epochs=30")
     assert again == both.replace("table 1", "table 2")
+
+
+def test_cgroup_meter_reads_the_final_value_of_an_emptied_cgroup(tmp_path: Path) -> None:
+    cg = tmp_path / "cpuacct" / "docker" / "abc"
+    cg.mkdir(parents=True)
+    (cg / "cpuacct.usage").write_text("2500000000\n")
+    (cg / "cgroup.procs").write_text("")
+    meter = decide.CgroupCpu("abc", root=str(tmp_path))
+    meter.run()
+    assert (meter.cpu_s, meter.exact) == (2.5, True)
+
+
+def test_cgroup_meter_keeps_the_last_value_when_the_cgroup_vanishes(tmp_path: Path) -> None:
+    cg = tmp_path / "system.slice" / "docker-abc.scope"
+    cg.mkdir(parents=True)
+    (cg / "cpu.stat").write_text("usage_usec 1500000\nuser_usec 1000000\nsystem_usec 500000\n")
+    (cg / "cgroup.procs").write_text("4242\n")
+    meter = decide.CgroupCpu("abc", root=str(tmp_path))
+    meter.start()
+    while meter.cpu_s != meter.cpu_s:  # NaN until the first read
+        time.sleep(0.005)
+    shutil.rmtree(cg)  # what the runtime does when the container exits
+    meter.join(timeout=10)
+    assert not meter.is_alive()
+    assert (meter.cpu_s, meter.exact) == (1.5, False)
+
+
+def test_cgroup_meter_without_a_cgroup_reports_nothing(tmp_path: Path) -> None:
+    meter = decide.CgroupCpu("absent", root=str(tmp_path))
+    meter.run()
+    assert meter.where is None
+    assert meter.cpu_s != meter.cpu_s
+
+
+def test_wait_cpu_gives_the_exit_code_and_the_child_cpu_time() -> None:
+    busy = "import sys\nx = 0\nfor i in range(3_000_000):\n    x += i\nsys.exit(3)\n"
+    code, cpu = decide._wait_cpu(subprocess.Popen([sys.executable, "-c", busy]))
+    assert code == 3
+    assert cpu > 0
