@@ -250,8 +250,6 @@ def table(rs: list[Row]) -> str:
             cmp, target = f"{iv.estimate:+.3f} s [{iv.low:+.3f}, {iv.high:+.3f}]", "<= +{:.1f} s"
         else:
             cmp, target = f"median {iv.estimate:.3f} s [{iv.low:.3f}, {iv.high:.3f}]", "< {:.1f} s"
-        if r.unit == "ms" and r.compared == "difference":
-            cmp = f"{iv.estimate * 1000:+.2f} ms [{iv.low * 1000:+.2f}, {iv.high * 1000:+.2f}]"
         v = r.verdict
         lines.append(
             f"| {r.phase} | {_fmt(r.bare, r.unit)} | {_fmt(r.nodekit, r.unit)} | {cmp} | "
@@ -271,6 +269,10 @@ def splice(doc: str, block: str, key: str = "") -> str:
     return doc[:begin] + wrapped + doc[end + len(last) :]
 
 
+def _load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--reps", type=int, default=10, help="runs of each side, interleaved (ABAB...)")
@@ -285,7 +287,7 @@ def main() -> int:
     work = ROOT / ".nodekit" / "decide"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    load_at_start = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    load_at_start = _load()
     config = EXAMPLE / "nodekit.toml"
     subprocess.run([*_nodekit(), "build", "--config", str(config)], check=True)
     py = bare_venv()
@@ -308,8 +310,9 @@ def main() -> int:
     rs = rows(bare, kit, cli, opts.seed)
     head = (
         f"Written by `make bench DECIDE=1` ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-        f"{os.cpu_count()} CPUs, load at start {load_at_start}): `--epochs {opts.epochs}`, {opts.reps} runs per "
-        f"side interleaved after {opts.warmup} warm-up pair(s), {opts.cli_reps} runs of each command; "
+        f"{os.cpu_count()} CPUs, load {load_at_start} at start, {_load()} at the end): `--epochs {opts.epochs}`, "
+        f"{opts.reps} runs per side interleaved after {opts.warmup} warm-up pair(s), {opts.cli_reps} runs of each "
+        "command; "
         f"bootstrap seed {opts.seed}."
     )
     text = f"{head}\n\n{table(rs)}\n"
