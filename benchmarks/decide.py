@@ -85,6 +85,9 @@ class CgroupCpu(threading.Thread):
         super().__init__(daemon=True)
         found = [(p, k) for p, k in phases.cgroup_cpu_files(container_id, root) if Path(p).is_file()]
         self.where = found[0] if found else None
+        if self.where is None:
+            print(f"decide: no CPU counter found for container {container_id[:12]}; its CPU time is NaN",
+                  file=sys.stderr)  # fmt: skip
         self.cpu_s = float("nan")
         self.exact = False
 
