@@ -52,11 +52,16 @@ test-unit: venv
 test: lint engine sshd base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
+# make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 30 --write-docs"]: only the deciding benchmark (issue 13).
 bench: venv engine sshd base
+ifdef DECIDE
+	$(PY) benchmarks/decide.py $(DECIDE_ARGS)
+else
 	$(PY) benchmarks/manifest_bench.py
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/fleet_bench.py
 	$(PY) benchmarks/ship_bench.py
+endif
 
 clean:
 	rm -rf $(VENV) .nodekit $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose

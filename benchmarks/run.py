@@ -25,14 +25,18 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp"
 BENCH_VENV = ROOT / ".nodekit" / "bench-venv"
 PORT = 29710
+KEEP = "<!-- kept by benchmarks/run.py -->"
 
 
 def bare_venv() -> Path:
-    """A host virtual environment with the same torch the image pins."""
+    """A host virtual environment with the same torch and numpy the image pins (train.py's broadcast_object_list
+    needs numpy; a venv made before that is completed)."""
     py = BENCH_VENV / "bin" / "python"
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
-        subprocess.run([str(py), "-m", "pip", "install", "--quiet", "torch==2.13.0"], check=True)
+    if subprocess.run([str(py), "-c", "import numpy, torch"], capture_output=True).returncode != 0:
+        pins = ["torch==2.13.0", "numpy==2.4.6"]  # as examples/ddp/nodekit.lock
+        subprocess.run([str(py), "-m", "pip", "install", "--quiet", *pins], check=True)
     return py
 
 
@@ -218,7 +222,11 @@ def main() -> int:
     (ROOT / ".nodekit" / "bench.json").write_text(json.dumps(results, indent=2))
     build_table = build_bench.table(build) if build else "(build benchmark skipped)"
     text = report(results, build_table)
-    (ROOT / "docs" / "benchmarks.md").write_text(text)
+    doc = ROOT / "docs" / "benchmarks.md"
+    # What follows the marker (the method and benchmarks/decide.py's table) is not this script's to rewrite.
+    old = doc.read_text() if doc.is_file() else ""
+    kept = old[old.index(KEEP) :] if KEEP in old else ""
+    doc.write_text(text + ("\n" + kept if kept else ""))
     print(text)
     return 0
 

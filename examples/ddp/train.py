@@ -33,6 +33,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 FAIL_EXIT_CODE = 3
+STEP_TIMES = "step-times.txt"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 at its first step")
     p.add_argument("--resume", action="store_true", help="continue from outputs/checkpoint.pt when it exists")
     p.add_argument("--epoch-delay", type=float, default=0.0, help="seconds to pause after each epoch (tests)")
+    p.add_argument(
+        "--step-times",
+        action="store_true",
+        help=f"rank 0 writes each step's time.monotonic() to <output-dir>/{STEP_TIMES} (benchmarks/phases.py)",
+    )
     return p.parse_args(argv)
 
 
@@ -113,6 +119,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 def main() -> int:
     args = parse_args()
     t0 = time.perf_counter()
+    marks = [f"start {time.monotonic():.6f}"] if args.step_times else None  # in memory: no I/O inside the loop
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -127,6 +134,8 @@ def main() -> int:
         device = torch.device("cpu")
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=args.pg_timeout))
     rank, world_size = dist.get_rank(), dist.get_world_size()
+    if marks is not None:
+        marks.append(f"init {time.monotonic():.6f}")
 
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP also broadcasts rank 0's at wrap time)
     data = synthetic_data(args.samples, args.features, args.seed)
@@ -157,6 +166,8 @@ def main() -> int:
             opt.step()
             epoch_loss += torch.stack([loss.detach(), torch.ones((), device=device)])
             steps += 1
+            if marks is not None:
+                marks.append(f"step {time.monotonic():.6f}")
             if rank == 0 and epoch == start_epoch and steps == start_steps + 1:
                 print(f"ddp-demo: first step done (epoch {epoch})", flush=True)  # benchmarks/fleet_bench.py
         if first_loss is None:
@@ -192,6 +203,10 @@ def main() -> int:
     checksums = [f"{int(t.item()) & (2**64 - 1):016x}" for t in gathered]
     equal = len(set(checksums)) == 1
     wall = time.perf_counter() - t0
+    if marks is not None and rank == 0:
+        marks.append(f"end {time.monotonic():.6f}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_atomic(out_dir / STEP_TIMES, ("\n".join(["# time.monotonic() seconds, rank 0", *marks]) + "\n").encode())
     if rank == 0:
         nnodes = int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")))
         result = {
