@@ -196,18 +196,8 @@ def test_a_dataset_differing_on_one_node_is_refused_with_the_file_named(
         "NODEKIT_MOUNTS": f'[{{"host": "{tmp_path / "a"}", "container": "/data", "check": "sizes"}}]',
         "NODEKIT_NODES": f'{{"1": {{"mounts": {{"/data": "{tmp_path / "b"}"}}}}}}',
     }
-    flags = ["--main", "127.0.0.1", "--master-port", "29772"]
-    settings = load(config)
-    try:
-        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config, env=shell)
-        assert bg.returncode == 0, bg.stdout + bg.stderr
-        fg = nodekit("up", "--node-rank", "0", *flags, config=config, env=shell, timeout=300)
-        worker = docker.compose_wait(compose_path(settings, 1), project_for(settings, 1))
-    finally:
-        for rank in (0, 1):
-            nodekit("down", "--node-rank", str(rank), config=config)
-    out = fg.stdout + fg.stderr
-    assert (fg.returncode, worker) == (17, 17), out
+    main, worker, out = run_two_nodes(config, 29772, shell)
+    assert (main, worker) == (17, 17), out
     assert "DATA DIFFERS" in out and "train/2.bin: 11 bytes, main has 10" in out, out
     assert "legacy:" not in out  # training never started
 
