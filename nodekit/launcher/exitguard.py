@@ -13,6 +13,10 @@ How a finished process is told from a failed one (the rule the README documents)
 
 * *finished*: the ``__main__`` module ran to its end, or a ``sys.exit()`` with 0 or None ended it (its SystemExit
   went up through ``__main__``'s frame), and no uncaught exception reached ``sys.excepthook``;
+  (On Python 3.11, which keeps no record of the frames an uncaught SystemExit left, "went up through" is judged
+  by where ``__main__``'s frame stopped: at the call that was running when ``sys.exit(0)`` was made. One ending is
+  then misread: inside that same top-level call, a library's ``sys.exit(0)`` caught and then a bare
+  ``raise SystemExit(n)``: it counts as finished.)
 * anything else is *not known to be finished*: an uncaught exception, ``sys.exit(n)`` with n != 0, a
   ``raise SystemExit(n)`` (the ``__main__`` module then did not run to its end), ``os._exit(n)`` and signals (no
   Python code runs at all then).
@@ -46,6 +50,7 @@ _WRITERS = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
 
 class _State:
     exit_exc: SystemExit | None = None  # what the last sys.exit() raised
+    exit_lasti: int | None = None  # where __main__'s frame was then (None: it was not among the callers)
     uncaught: bool = False  # an exception reached sys.excepthook
     main_frame: FrameType | None = None
     installed: bool = False
@@ -92,9 +97,25 @@ def finished() -> bool:
     if completed(frame):
         return True
     e = _state.exit_exc
+    if e is None or not (e.code is None or e.code == 0):
+        return False
     # sys.exit(0) counts only if its SystemExit went up through __main__'s frame: one caught below it (a library
-    # or torchrun calling sys.exit internally) says nothing about how the process ends.
-    return e is not None and (e.code is None or e.code == 0) and _passed_through(e, frame)
+    # or torchrun calling sys.exit internally) says nothing about how the process ends. From Python 3.12 the
+    # exception's traceback shows the frames it went through. Python 3.11 stops updating ``__traceback__`` at the
+    # last frame that caught it (the exit() wrapper below), so there the test is where __main__'s frame stopped:
+    # at the very instruction that was running when sys.exit(0) was called (a caught exit followed by a
+    # ``raise SystemExit(n)`` elsewhere in the module stops it at another one).
+    return _passed_through(e, frame) or (_state.exit_lasti is not None and _state.exit_lasti == frame.f_lasti)
+
+
+def _lasti_of_main(caller: FrameType | None) -> int | None:
+    """The instruction __main__'s module frame is at, if it is ``caller`` or one of its callers."""
+    main = _state.main_frame
+    while caller is not None:
+        if caller is main:
+            return caller.f_lasti
+        caller = caller.f_back
+    return None
 
 
 def _passed_through(e: BaseException, frame: FrameType) -> bool:
@@ -143,6 +164,7 @@ def install() -> None:
             real_exit(status)
         except SystemExit as e:
             _state.exit_exc = e
+            _state.exit_lasti = _lasti_of_main(sys._getframe(1))
             raise
 
     def excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:

@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The script's last act before the interpreter finalises: an object whose destructor aborts at module teardown,
 # as torch's gloo process group now and then does ("terminate called without an active exception", exit 134).
+# It is held by sys.modules, which finalisation clears whatever else still refers to the script's globals (a
+# global of __main__ is not enough: the guard itself keeps __main__'s frame, and with it that object, alive).
 SCRIPT = """
 import atexit, os, sys
 mode = sys.argv[1]
@@ -27,16 +29,21 @@ class AbortsInTeardown:
     def __del__(self):
         os.abort()
 
-keep = AbortsInTeardown() if mode in ("finish", "exit0") else None
+if mode in ("finish", "exit0", "exit_main0", "exit_in_main0"):
+    sys.modules["nodekit_test_aborts_in_teardown"] = AbortsInTeardown()
 import json  # the first import of a module not yet loaded, as every training script makes (torch)
 
 def main():
     if mode == "raise":
         raise RuntimeError("boom")
+    if mode == "exit_in_main0":
+        sys.exit(0)
     return 3 if mode in ("return3", "raise3") else 0
 
 if mode == "exit0":
     sys.exit(0)
+if mode in ("exit_main0", "exit_in_main0"):
+    sys.exit(main())  # the usual ending: ``if __name__ == "__main__": sys.exit(main())``
 if mode == "exit4":
     sys.exit(4)
 if mode == "raise3":
@@ -80,7 +87,7 @@ def _run(tmp_path: Path, mode: str, guard: str | None) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout, out.read_text()
 
 
-@pytest.mark.parametrize("mode", ["finish", "exit0"])
+@pytest.mark.parametrize("mode", ["finish", "exit0", "exit_main0", "exit_in_main0"])
 def test_a_finished_script_exits_0_although_its_teardown_aborts(tmp_path: Path, mode: str) -> None:
     assert _run(tmp_path, mode, guard="0")[0] == -6  # without the guard: SIGABRT in finalisation
     code, stdout, log = _run(tmp_path, mode, guard="1")
