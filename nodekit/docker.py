@@ -7,20 +7,62 @@ DockerException never leaves this module: it becomes an EngineError, ImageError 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Literal
 
-from nodekit.errors import BuildError, EngineError, ImageError, ShipError
+from nodekit.errors import BuildError, DeadlineError, EngineError, ImageError, ShipError
 
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ENGINE_FIX = "make engine (provisions Docker Engine with Compose v2 and Buildx), or start your Docker daemon"
+
+# Deadlines of engine calls (seconds). A healthy engine answers a query in well under a second, over SSH in a few;
+# minutes mean it hung (a wedged dockerd, a dead SSH link). Calls that last as long as the job (log follow, wait)
+# and the image build (its own steps' time) have none.
+ENGINE_CALL_S = 120.0
+CONTAINER_START_S = 600.0  # compose up / a throw-away container: create and start, the image already local
+LOAD_S = 1800.0  # docker load of a whole image archive from a file
+_HUNG = (124, 137)  # timeout(1)'s code when the deadline passed; 128+9 when it had to kill
+
+
+def _timeout_call(deadline: float | None) -> list[str]:
+    """The command python-on-whales runs: ``docker``, behind GNU timeout(1) when there is a deadline.
+
+    ``--foreground`` keeps docker in our process group, so Ctrl-C reaches it as before; ``--kill-after`` ends a
+    docker that ignores the TERM. Without GNU timeout on PATH (not Linux), calls run without a deadline.
+    """
+    if deadline is None or not _gnu_timeout():
+        return ["docker"]
+    return ["timeout", "--foreground", "--kill-after=5", f"{deadline:g}", "docker"]
+
+
+@functools.cache
+def _gnu_timeout() -> bool:
+    import subprocess
+
+    if shutil.which("timeout") is None:
+        return False
+    try:
+        out = subprocess.run(["timeout", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "GNU coreutils" in out
+
+
+def _raise_if_hung(e: Exception, host: str | None, what: str, deadline: float) -> None:
+    """DeadlineError when ``e`` is an engine call that its deadline stopped."""
+    if getattr(e, "return_code", None) in _HUNG and _gnu_timeout():
+        raise DeadlineError(
+            f"{what} on {_where(host)} did not finish within {deadline:g} s and was stopped (the engine hung)",
+            fix=f"check that engine: docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer",
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -51,9 +93,20 @@ class ContainerState:
     finished_at: str = ""
 
 
-def client(host: str | None = None, *, compose_file: Path | None = None, project: str | None = None) -> DockerClient:
-    """A client for ``host`` (None: the default engine; else unix://, tcp:// or ssh:// endpoints)."""
+def client(
+    host: str | None = None,
+    *,
+    compose_file: Path | None = None,
+    project: str | None = None,
+    deadline: float | Literal["query"] | None = "query",
+) -> DockerClient:
+    """A client for ``host`` (None: the default engine; else unix://, tcp:// or ssh:// endpoints) whose every call
+    is stopped after ``deadline`` seconds (None: no deadline; "query": :data:`ENGINE_CALL_S`); see
+    :func:`_raise_if_hung`."""
     from python_on_whales import DockerClient
+
+    if deadline == "query":
+        deadline = ENGINE_CALL_S
 
     if shutil.which("docker") is None:
         raise EngineError("the docker command-line client is not installed", fix=ENGINE_FIX)
@@ -61,6 +114,7 @@ def client(host: str | None = None, *, compose_file: Path | None = None, project
         host=host,
         compose_files=[compose_file] if compose_file else [],
         compose_project_name=project,
+        client_call=_timeout_call(deadline),
     )
 
 
@@ -76,16 +130,19 @@ def check_engine(host: str | None = None) -> EngineInfo:
     try:
         server = d.version().server
     except DockerException as e:
+        _raise_if_hung(e, host, "docker version", ENGINE_CALL_S)
         raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
     if server is None:
         raise EngineError(f"no Docker engine answers at {_where(host)}", fix=ENGINE_FIX)
     try:
         compose = d.compose.version()
-    except DockerException:
+    except DockerException as e:
+        _raise_if_hung(e, host, "docker compose version", ENGINE_CALL_S)
         raise EngineError("Docker Compose v2 (the `docker compose` plugin) is missing", fix=ENGINE_FIX) from None
     try:
         buildx = d.buildx.version()
-    except DockerException:
+    except DockerException as e:
+        _raise_if_hung(e, host, "docker buildx version", ENGINE_CALL_S)
         raise EngineError("Docker Buildx (the `docker buildx` plugin) is missing", fix=ENGINE_FIX) from None
     return EngineInfo(
         host=_where(host), server_version=str(server.version), compose_version=compose, buildx_version=buildx
@@ -99,6 +156,7 @@ def runtimes(host: str | None = None) -> tuple[str, ...]:
     try:
         info = client(host).system.info()
     except DockerException as e:
+        _raise_if_hung(e, host, "docker info", ENGINE_CALL_S)
         raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
     return tuple(sorted((info.runtimes or {}).keys()))
 
@@ -113,6 +171,7 @@ def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
             return None
         img = d.image.inspect(ref)
     except DockerException as e:
+        _raise_if_hung(e, host, f"inspecting image {ref}", ENGINE_CALL_S)
         raise EngineError(f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
     config = img.config
     env = dict(item.split("=", 1) for item in (config.env or []) if "=" in item) if config else {}
@@ -138,8 +197,13 @@ def require_image(ref: str, host: str | None = None, *, node: str | None = None)
 
 def images_labelled(label: str, value: str, host: str | None = None) -> list[ImageInfo]:
     """Images carrying ``label=value``, newest first."""
-    d = client(host)
-    found = d.image.list(filters=[("label", f"{label}={value}")])
+    from python_on_whales import DockerException
+
+    try:
+        found = client(host).image.list(filters=[("label", f"{label}={value}")])
+    except DockerException as e:
+        _raise_if_hung(e, host, "listing images", ENGINE_CALL_S)
+        raise EngineError(f"cannot list images on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
     found.sort(key=lambda i: str(i.created), reverse=True)
     infos = [image_info(str(i.id), host) for i in found]
     return [i for i in infos if i is not None]
@@ -155,6 +219,7 @@ def compose_config(compose_file: Path) -> dict[str, object]:
     try:
         out = client(compose_file=compose_file).compose.config(return_json=True)
     except DockerException as e:
+        _raise_if_hung(e, None, f"docker compose config of {compose_file}", ENGINE_CALL_S)
         raise ImageError(f"docker compose rejects {compose_file}: {_last_line(e)}", fix="nodekit compose") from None
     assert isinstance(out, dict)
     return out
@@ -164,13 +229,14 @@ def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> 
     """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine."""
     from python_on_whales import DockerException
 
-    d = client(host, compose_file=compose_file, project=project)
+    d = client(host, compose_file=compose_file, project=project, deadline=CONTAINER_START_S)
     try:
         d.compose.up(detach=True, force_recreate=True, quiet=True)
     except DockerException as e:
         # Nothing half-running: a container that was created but failed to start is removed again.
         with contextlib.suppress(DockerException):
             d.compose.down(remove_orphans=True, quiet=True)
+        _raise_if_hung(e, host, f"docker compose up of {compose_file}", CONTAINER_START_S)
         raise EngineError(
             f"docker compose up failed for {compose_file}: {_last_line(e)}",
             fix=f"docker compose -f {compose_file} up  (to see Docker's full output)",
@@ -183,7 +249,7 @@ def compose_logs(
     """The job's output line by line; with ``follow`` it ends when the container stops."""
     from python_on_whales import DockerException
 
-    d = client(host, compose_file=compose_file, project=project)
+    d = client(host, compose_file=compose_file, project=project, deadline=None)
     try:
         for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
             # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
@@ -196,9 +262,15 @@ def compose_logs(
 
 
 def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:
-    d = client(host, compose_file=compose_file, project=project)
+    from python_on_whales import DockerException
+
+    try:
+        containers = client(host, compose_file=compose_file, project=project).compose.ps(all=True)
+    except DockerException as e:
+        _raise_if_hung(e, host, f"docker compose ps of {project}", ENGINE_CALL_S)
+        raise EngineError(f"cannot list the containers of {project}: {_last_line(e)}", fix=ENGINE_FIX) from None
     states = []
-    for c in d.compose.ps(all=True):
+    for c in containers:
         st = c.state
         states.append(
             ContainerState(
@@ -218,7 +290,7 @@ def compose_wait(compose_file: Path | None, project: str, *, host: str | None = 
     """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked."""
     from python_on_whales import DockerException
 
-    d = client(host, compose_file=compose_file, project=project)
+    d = client(host, compose_file=compose_file, project=project, deadline=None)
     try:
         return _wait(d, project)
     except DockerException as e:
@@ -237,8 +309,11 @@ def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None
     from python_on_whales import DockerException
 
     try:
-        client(compose_file=compose_file, project=project).compose.stop(timeout=timeout)
+        client(compose_file=compose_file, project=project, deadline=_stop_deadline(timeout)).compose.stop(
+            timeout=timeout
+        )
     except DockerException as e:
+        _raise_if_hung(e, None, f"docker compose stop of {project}", _stop_deadline(timeout))
         raise EngineError(
             f"docker compose stop failed: {_last_line(e)}", fix=f"docker compose -p {project} stop"
         ) from None
@@ -250,13 +325,19 @@ def compose_down(
     from python_on_whales import DockerException
 
     try:
-        client(host, compose_file=compose_file, project=project).compose.down(
+        client(host, compose_file=compose_file, project=project, deadline=_stop_deadline(timeout)).compose.down(
             timeout=timeout, remove_orphans=True, quiet=True
         )
     except DockerException as e:
+        _raise_if_hung(e, host, f"docker compose down of {project}", _stop_deadline(timeout))
         raise EngineError(
             f"docker compose down failed: {_last_line(e)}", fix=f"docker compose -p {project} down"
         ) from None
+
+
+def _stop_deadline(timeout: int | None) -> float:
+    """Stopping waits up to ``timeout`` (Docker's default 10 s) per container before killing it, then removes."""
+    return (10 if timeout is None else timeout) + ENGINE_CALL_S
 
 
 def _last_line(e: Exception) -> str:
@@ -300,6 +381,7 @@ def engine_facts(host: str | None) -> EngineFacts:
     try:
         info = client(host).system.info()
     except DockerException as e:
+        _raise_if_hung(e, host, "docker info", ENGINE_CALL_S)
         raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
     root = str(info.docker_root_dir or "")
     free = None
@@ -328,11 +410,12 @@ def tag_image(image: str, ref: str, host: str | None = None) -> None:
     try:
         client(host).image.tag(image, ref)
     except DockerException as e:
+        _raise_if_hung(e, host, f"tagging {image}", ENGINE_CALL_S)
         raise ImageError(f"cannot tag {image} as {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
 
 
 def _docker_argv(host: str | None, *args: str) -> list[str]:
-    return [str(a) for a in client(host).client_config.docker_cmd] + list(args)
+    return [str(a) for a in client(host, deadline=None).client_config.docker_cmd] + list(args)
 
 
 class _Drain:
@@ -482,7 +565,7 @@ def buildx_build(
     """
     from python_on_whales import DockerException
 
-    logs = client().buildx.build(
+    logs = client(deadline=None).buildx.build(
         context,
         file=dockerfile,
         tags=[tag],
@@ -519,6 +602,7 @@ def image_layers(ref: str, host: str | None = None) -> tuple[str, ...]:
     try:
         img = client(host).image.inspect(ref)
     except DockerException as e:
+        _raise_if_hung(e, host, f"inspecting image {ref}", ENGINE_CALL_S)
         raise ImageError(
             f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix="nodekit build"
         ) from None
@@ -527,11 +611,20 @@ def image_layers(ref: str, host: str | None = None) -> tuple[str, ...]:
 
 def run_in_image(ref: str, command: list[str], *, entrypoint: str | None = None, host: str | None = None) -> str:
     """Run ``command`` in a throw-away container of ``ref`` with no network; its standard output."""
+    import uuid
+
     from python_on_whales import DockerException
 
+    name = f"nodekit-probe-{uuid.uuid4().hex[:12]}"
     try:
-        out = client(host).container.run(ref, command, entrypoint=entrypoint, remove=True, networks=["none"])
+        out = client(host, deadline=CONTAINER_START_S).container.run(
+            ref, command, entrypoint=entrypoint, remove=True, networks=["none"], name=name
+        )
     except DockerException as e:
+        # A container its deadline stopped the client of is still running: removed, not left behind.
+        with contextlib.suppress(DockerException):
+            client(host).container.remove(name, force=True)
+        _raise_if_hung(e, host, f"running {command[0]} in {ref}", CONTAINER_START_S)
         raise ImageError(
             f"running {command[0]} in {ref} failed: {_last_line(e)}", fix=f"docker run --rm {ref}"
         ) from None
@@ -620,6 +713,7 @@ def remove_image(ref: str, host: str | None = None) -> None:
         if client(host).image.exists(ref):
             client(host).image.remove(ref, prune=False)
     except DockerException as e:
+        _raise_if_hung(e, host, f"removing {ref}", ENGINE_CALL_S)
         raise ImageError(f"cannot remove {ref} on {_where(host)}: {_last_line(e)}", fix=f"docker rmi {ref}") from None
 
 
@@ -628,8 +722,9 @@ def load_archive(archive: Path) -> None:
     from python_on_whales import DockerException
 
     try:
-        client().image.load(archive, quiet=True)
+        client(deadline=LOAD_S).image.load(archive, quiet=True)
     except DockerException as e:
+        _raise_if_hung(e, None, f"docker load of {archive}", LOAD_S)
         raise ImageError(f"docker load of {archive} failed: {_last_line(e)}", fix="nodekit base") from None
 
 

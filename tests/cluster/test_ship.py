@@ -387,3 +387,33 @@ def test_an_incremental_save_loads_where_its_layers_are(fresh: Cluster, tmp_path
     assert refused.returncode == 1
     assert "leaves out layers that" in refused.stderr and "nodekit save --have" in refused.stderr, refused.stderr
     assert ids(h2) == before
+
+
+def test_a_hung_engine_is_named_within_its_deadline(fresh: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dockerd that stops answering (here: SIGSTOP, as a wedged daemon) used to keep every nodekit command that
+    asked it anything waiting forever. Each engine call now ends on its deadline with one line naming the host, and
+    no docker or compose process is left behind."""
+    import signal
+    import time
+
+    from nodekit import docker
+    from nodekit.errors import DeadlineError
+
+    h2 = fresh.hosts[2]
+    assert h2.pid is not None
+    monkeypatch.setattr(docker, "ENGINE_CALL_S", 3.0)
+    os.kill(h2.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(DeadlineError) as e:
+            docker.check_engine(h2.docker_host)
+        assert f"docker version on {h2.docker_host} did not finish within 3 s" in e.value.one_line()
+        with pytest.raises(DeadlineError, match=r"^docker compose ps of nodekit-hung"):
+            docker.compose_ps(None, "nodekit-hung", host=h2.docker_host)
+        assert time.monotonic() - started < 60  # a deadline, not a timing: two 3 s calls, not forever
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", f"-H {h2.docker_host}"], capture_output=True, text=True).stdout.split()
+        assert left == [], f"docker processes left behind: {left}"
+    finally:
+        os.kill(h2.pid, signal.SIGCONT)
+    assert docker.check_engine(h2.docker_host).server_version  # and it answers again

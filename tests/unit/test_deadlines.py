@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 
-from nodekit import deadline, lock
+from nodekit import deadline, docker, lock
 from nodekit.errors import DeadlineError
 
 
@@ -35,3 +38,41 @@ def test_a_streamed_process_that_hangs_is_killed_and_named() -> None:
     with pytest.raises(DeadlineError, match=r"^mmdebstrap did not finish within 0.5 s"):
         killer.check()
     assert lines == ["fetching\n"] and time.monotonic() - started < 5
+
+
+@pytest.fixture
+def hung_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `docker` first on PATH that never answers, as the CLI does against a wedged engine or a dead SSH link
+    (the real case, a stopped dockerd: tests/cluster/test_ship.py, test_a_hung_engine_is_named_within_its_deadline)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "docker"
+    fake.write_text("#!/bin/sh\nexec sleep 60\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(docker, "ENGINE_CALL_S", 0.5)
+    return fake
+
+
+def test_a_hung_engine_query_is_stopped_and_named(hung_docker: object) -> None:
+    started = time.monotonic()
+    with pytest.raises(DeadlineError) as e:
+        docker.check_engine("ssh://me@10.0.0.6")
+    assert time.monotonic() - started < 10
+    line = e.value.one_line()
+    assert line.startswith("docker version on ssh://me@10.0.0.6 did not finish within 0.5 s and was stopped")
+    assert "docker -H ssh://me@10.0.0.6 info" in line
+
+
+def test_every_query_has_the_deadline_but_the_job_long_calls_have_none(hung_docker: object) -> None:
+    with pytest.raises(DeadlineError, match=r"^inspecting image nodekit/x:1 on the local Docker engine"):
+        docker.image_info("nodekit/x:1")
+    with pytest.raises(DeadlineError, match=r"^docker compose ps of p"):
+        docker.compose_ps(None, "p")
+    # Following the job's log and waiting for its end last as long as the job: no deadline there.
+    argv = docker.client(deadline=None).client_config.docker_cmd
+    assert str(argv[0]).endswith("docker")
+    assert [str(a) for a in docker.client().client_config.docker_cmd][:2] == [
+        str(shutil.which("timeout")),
+        "--foreground",
+    ]
