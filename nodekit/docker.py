@@ -648,7 +648,10 @@ def probe_image(ref: str, script: str, *, env: Mapping[str, str], timeout: float
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
     except subprocess.TimeoutExpired:
-        subprocess.run(_docker_argv(host, "rm", "-f", name), capture_output=True, check=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # the engine hung: the error below says so
+            subprocess.run(
+                _docker_argv(host, "rm", "-f", name), capture_output=True, check=False, timeout=ENGINE_CALL_S
+            )
         raise ImageError(f"probing {ref} did not finish within {timeout:.0f} s", fix=fix) from None
     if proc.returncode != 0:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]

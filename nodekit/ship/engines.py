@@ -23,7 +23,13 @@ def source_of(ref: str, endpoint: str | None = None) -> Source:
     facts = docker.engine_facts(endpoint)
     layers = sized_layers(docker.image_layers(info.id, endpoint), docker.history_sizes(info.id, endpoint))
     return Source(
-        ref=ref, image_id=info.id, size=info.size, engine_id=facts.engine_id, endpoint=endpoint, layers=layers
+        ref=ref,
+        image_id=info.id,
+        size=info.size,
+        engine_id=facts.engine_id,
+        endpoint=endpoint,
+        layers=layers,
+        containerd_store=facts.containerd_store,
     )
 
 
@@ -59,6 +65,7 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             has_image=has_image,
             free_bytes=facts.free_bytes,
             chains=chains,
+            containerd_store=facts.containerd_store,
         )
 
     if not targets:

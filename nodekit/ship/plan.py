@@ -184,6 +184,8 @@ class TargetState:
     free_bytes: int | None = None
     chains: frozenset[str] | None = None
     """Every layer chain id the target's engine holds; None when unknown (then every layer is sent)."""
+    containerd_store: bool = False
+    """The target's engine keeps images in Docker's containerd image store."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,8 @@ class Source:
     endpoint: str | None = None
     layers: tuple[Layer, ...] = field(default=())
     """The image's layers, base first; empty when unknown (then every layer is sent)."""
+    containerd_store: bool = False
+    """The source engine keeps images in Docker's containerd image store (ids are manifest digests there)."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +286,12 @@ def plan_push(
             fix=reach_fix(first.target.endpoint),
             node=first.target.name,
         )
+    for st in states:
+        if st.containerd_store != source.containerd_store and not (
+            source.engine_id and st.engine_id == source.engine_id
+        ):
+            raise ShipError(mixed_stores(st.target.name, target_containerd=st.containerd_store), fix=STORE_FIX,
+                            node=st.target.name)  # fmt: skip
     if compress == "zstd" and not zstd_here:
         raise UsageError("--compress zstd needs the zstd command on this machine", fix="apt-get install zstd, or "
                          "--compress gzip")  # fmt: skip
@@ -312,6 +322,23 @@ def plan_push(
             reason = "has an older image under this name" if st.ref_id else "does not have the image"
             steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id, layers=layers))
     return PushPlan(source=source, steps=tuple(steps))
+
+
+STORE_FIX = (
+    'use one image store on every node: the same "features": {"containerd-snapshotter": true|false} in each '
+    "node's /etc/docker/daemon.json, restart docker there, then nodekit push again"
+)
+
+
+def mixed_stores(target: str, *, target_containerd: bool) -> str:
+    """Why a push between engines with different image stores is refused: the stores give one image two ids."""
+    stores = ("Docker's containerd image store", "the classic layer store")
+    there, here = stores if target_containerd else stores[::-1]
+    return (
+        f"{target} keeps images in {there} and the source in {here}: the two name the same image by different ids "
+        "(manifest vs config digest), so the image could not be verified there nor matched by the preflight; "
+        "nothing was sent"
+    )
 
 
 def reach_fix(endpoint: str) -> str:

@@ -417,3 +417,48 @@ def test_a_hung_engine_is_named_within_its_deadline(fresh: Cluster, monkeypatch:
     finally:
         os.kill(h2.pid, signal.SIGCONT)
     assert docker.check_engine(h2.docker_host).server_version  # and it answers again
+
+
+@pytest.fixture(scope="module")
+def stores(cluster_ready: None) -> Iterator[Cluster]:
+    """h0 with the classic layer store, h1 and h2 with Docker's containerd image store (the default of new
+    installs in newer Docker), each a real dockerd started with that feature."""
+    c = Cluster(3, name="nkd", owner=os.getpid(), decoy=False)
+    c.hosts[1].containerd_store = c.hosts[2].containerd_store = True
+    c.up()
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def test_the_containerd_image_store_is_detected_and_a_mixed_push_refused(stores: Cluster) -> None:
+    from nodekit import docker
+
+    h0, h1, _ = stores.hosts
+    assert [docker.engine_facts(h.docker_host).containerd_store for h in stores.hosts] == [False, True, True]
+    for h in stores.hosts:
+        for image_id in ids(h):
+            h.docker("rmi", "-f", image_id, check=False)
+    make_image(h0, REF, seed=random.randrange(1 << 30))
+    done = push_cli(stores, h1)
+    assert done.returncode == 1, done.stderr
+    assert "[h1] h1 keeps images in Docker's containerd image store and the source in the classic layer store" in (
+        done.stderr
+    )
+    assert "nothing was sent" in done.stderr and "containerd-snapshotter" in done.stderr
+    assert h1.image_id(REF) is None and ids(h1) == set()
+
+
+def test_a_push_between_containerd_stores_loads_and_verifies(stores: Cluster) -> None:
+    _, h1, h2 = stores.hosts
+    for h in (h1, h2):
+        for image_id in ids(h):
+            h.docker("rmi", "-f", image_id, check=False)
+    source_id = make_image(h1, REF, seed=random.randrange(1 << 30))
+    first = h1.run(*nodekit_argv("push", REF, "--to", f"h2={h2.docker_host}"), timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "image id verified on h2" in first.stdout + first.stderr
+    assert h2.image_id(REF) == source_id
+    again = h1.run(*nodekit_argv("push", REF, "--to", f"h2={h2.docker_host}"), timeout=300)
+    assert again.returncode == 0 and "already has" in again.stdout + again.stderr

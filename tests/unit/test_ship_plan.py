@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Iterable
@@ -82,6 +83,24 @@ def test_disk_does_not_matter_when_nothing_is_loaded() -> None:
 
 def test_unknown_free_disk_does_not_block() -> None:
     assert actions(ship.plan_push(SRC, [state("n1", free_bytes=None)])) == {"n1": "load"}
+
+
+def test_engines_with_different_image_stores_are_refused_before_anything_moves() -> None:
+    """The containerd store names an image by its manifest digest, the classic store by its config digest: a load
+    across them works but the ids never match (seen on Docker 26.1.5). Refused up front, in both directions."""
+    with pytest.raises(ShipError) as e:
+        ship.plan_push(SRC, [state("n1"), state("n2", containerd_store=True)])
+    assert e.value.node == "n2"
+    assert e.value.one_line().startswith(
+        "[n2] n2 keeps images in Docker's containerd image store and the source in the classic layer store"
+    )
+    assert "containerd-snapshotter" in (e.value.fix or "")
+    src = dataclasses.replace(SRC, containerd_store=True)
+    with pytest.raises(ShipError, match=r"n1 keeps images in the classic layer store and the source in Docker's"):
+        ship.plan_push(src, [state("n1")])
+    # The same store on both sides is pushed as any other (the whole image: layers are left out only between
+    # classic stores, whose load skips a layer by its chain id).
+    assert actions(ship.plan_push(src, [state("n1", containerd_store=True)])) == {"n1": "load"}
 
 
 def test_a_target_named_twice_is_a_usage_error() -> None:
