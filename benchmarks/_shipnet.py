@@ -56,6 +56,12 @@ HOWS = {
 }
 
 
+def ordered(rows: Sequence[Row]) -> list[Row]:
+    """Rows as the table shows them: the main link speed first, then by case, target count and how."""
+    how = list(HOWS)
+    return sorted(rows, key=lambda r: (-r.mbit, r.case, r.targets, how.index(r.how)))
+
+
 def mib(n: float) -> str:
     if n < 1024 * 1024:
         return f"{n / 1024:.0f} KiB"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks._shipnet import Row, table, tbf_argv, tx_bytes, verdicts
+from benchmarks._shipnet import Row, ordered, table, tbf_argv, tx_bytes, verdicts
 
 # What `ip -s -j link` printed in a host's namespace (trimmed to the fields it has on iproute2 6.1).
 IP_LINK = json.dumps(
@@ -74,3 +74,21 @@ def test_verdicts_leave_out_what_was_not_measured() -> None:
     only_b = [r for r in _rows() if r.case == "b"]
     assert len(verdicts(only_b, mbit=1000, image_wire=None, code_wire_s=0.0)) == 1
     assert verdicts([], mbit=1000, image_wire=1, code_wire_s=1.0) == []
+
+
+def test_ordered_puts_the_main_speed_first_then_case_targets_and_how() -> None:
+    rows = [
+        Row("b", "registry", 1, 100, 1.0, 1),
+        Row("b", "whole", 2, 1000, 1.0, 1),
+        Row("b", "layers", 2, 1000, 1.0, 1),
+        Row("a", "layers", 4, 1000, 1.0, 1),
+        Row("a", "layers", 1, 1000, 1.0, 1),
+    ]
+    got = [(r.case, r.how, r.targets, r.mbit) for r in ordered(rows)]
+    assert got == [
+        ("a", "layers", 1, 1000),
+        ("a", "layers", 4, 1000),
+        ("b", "layers", 2, 1000),
+        ("b", "whole", 2, 1000),
+        ("b", "registry", 1, 100),
+    ]
