@@ -310,6 +310,15 @@ def render(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int,
                      f"({mib(image_wire)}); the registry's gzip blobs for all three versions took "
                      f"{mib(int(str(facts.get('registry_bytes_all_versions', 0))))}.")  # fmt: skip
         lines.append("")
+    lines += [
+        "Reproduce (root, 2 cores, about 15 minutes; needs `make engine sshd` and `apt-get install -y "
+        "docker-registry`; the cluster is named `nkb` and is torn down, data purged, at the end, also on failure):",
+        "",
+        "```sh",
+        "sudo .venv/bin/python benchmarks/ship_bench.py     # or: make bench (runs it last)",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
