@@ -92,3 +92,24 @@ def test_ordered_puts_the_main_speed_first_then_case_targets_and_how() -> None:
         ("b", "whole", 2, 1000),
         ("b", "registry", 1, 100),
     ]
+
+
+def test_the_section_states_targets_reasons_and_how_to_reproduce() -> None:
+    from benchmarks import ship_bench
+
+    rows = [
+        *_rows(),
+        Row("b", "layers", 1, 1000, 1.2, 50 * 1024, 9 * 1024),
+        Row("c", "layers", 1, 1000, 9.0, 260 * 2**20, 259 * 2**20),
+        Row("b", "whole", 1, 100, 40.0, 320 * 2**20, 317 * 2**20),
+    ]
+    facts: dict[str, object] = {"measured": "2026-11-22 19:02 UTC", "image_bytes": "1121934462", "layers": 5}
+    text = ship_bench.render(rows, facts, 1000, 100, [1, 2, 4])
+    assert text.startswith(ship_bench.TITLE + "\n")
+    assert "Measured 2026-11-22 19:02 UTC" in text and "1122 MB, 5 layers" in text
+    assert text.count("**NOT met**") == 2 and text.count("**met**") == 1
+    assert "fan-out relays of issue 10 (nodes passing layers on) are NOT built" in text
+    assert "carries 4 copies" in text
+    assert "At 100 Mbit/s, case (b) to one node: whole 40.0 s (320.0 MiB)" in text
+    assert "not timed in this run" in text  # no save_s in facts: said, not invented
+    assert "benchmarks/ship_bench.py" in text.split("Reproduce", 1)[1]
