@@ -13,16 +13,13 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "ddp"
 FIRST_STEP = "ddp-demo: first step done"
 
 
@@ -57,18 +54,14 @@ def main() -> int:
     parser.add_argument("--hosts", default="1,2,3")
     opts = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from nodekit import build, settings
+    from benchmarks._project import build, copy_demo
     from tests.cluster.conftest import push_image
     from tests.cluster.harness import Cluster, ssh_client
 
-    work = Path(tempfile.mkdtemp(prefix="nodekit-fleet-bench-"))
-    project = work / "ddp"
-    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
-    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    project = copy_demo("nodekit-fleet-bench-")
+    work = project.parent
     cfg = project / "nodekit.toml"
-    made = [sys.executable, "-m", "nodekit", "build", "--create-base", "--config", str(cfg)]
-    subprocess.run(made, check=True, env=env)
-    ref = build.current_image(settings.load(cfg))
+    ref = build(project)
     counts = [int(n) for n in opts.hosts.split(",")]
     rows = []
     with Cluster(max(counts), name="nkt", owner=os.getpid()) as c:

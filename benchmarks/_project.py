@@ -1,0 +1,40 @@
+"""The demo project as the benchmarks use it: examples/ddp copied to a temporary directory (so that edits there
+never touch the checkout) and built on this machine's default engine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "ddp"
+
+
+def default_engine_env() -> dict[str, str]:
+    """Our environment without DOCKER_HOST/DOCKER_CONTEXT: builds go to the default engine, whatever the shell
+    pointed docker at."""
+    return {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+
+
+def copy_demo(prefix: str) -> Path:
+    """A fresh copy of examples/ddp (without outputs, compose files, caches) in a new temp dir; returns its path."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    project = work / "ddp"
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
+    return project
+
+
+def build(project: Path, *, quiet: bool = False) -> str:
+    """`nodekit build --create-base` of ``project`` on the default engine; returns the image reference."""
+    sys.path.insert(0, str(ROOT))
+    from nodekit import build as nk_build
+    from nodekit import settings
+
+    cfg = project / "nodekit.toml"
+    argv = [sys.executable, "-m", "nodekit", "build", "--create-base", "--config", str(cfg)]
+    subprocess.run(argv, check=True, env=default_engine_env(), capture_output=quiet)
+    return nk_build.current_image(settings.load(cfg))

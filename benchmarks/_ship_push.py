@@ -1,0 +1,42 @@
+"""One timed `nodekit push` through the Python API, run by benchmarks/ship_bench.py on the head (inside host 0's
+network namespace, so that ssh:// targets are reached over the virtual network). Prints one JSON line:
+{"seconds": ..., "sent": {target: bytes}, "skipped": {target: layers}}.
+
+    python benchmarks/_ship_push.py --source unix:///... [--whole] REF ssh://root@ADDR ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--whole", action="store_true", help="send every layer (nodekit's push before issue 10)")
+    parser.add_argument("ref")
+    parser.add_argument("targets", nargs="+")
+    opts = parser.parse_args()
+    from nodekit import ship
+    from nodekit.progress import NullReporter
+
+    t0 = time.monotonic()
+    src = ship.source_of(opts.ref, opts.source)
+    states = ship.survey(src, [ship.Target(t.rsplit("@", 1)[-1], t) for t in opts.targets])
+    if opts.whole:
+        states = [dataclasses.replace(st, chains=None) for st in states]
+    result = ship.push(ship.plan_push(src, states), NullReporter())
+    seconds = time.monotonic() - t0
+    print(json.dumps({"seconds": seconds, "sent": result.sent, "skipped": result.layers_skipped}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
