@@ -196,17 +196,48 @@ def require_image(ref: str, host: str | None = None, *, node: str | None = None)
 
 
 def images_labelled(label: str, value: str, host: str | None = None) -> list[ImageInfo]:
-    """Images carrying ``label=value``, newest first."""
-    from python_on_whales import DockerException
+    """Images carrying ``label=value``, newest first. Two engine calls whatever their number (python-on-whales'
+    list inspects each image separately: 60 calls and 1.5 s for 20 images, on the path of every ``nodekit up``)."""
+    import json
+    import subprocess
 
+    def run(*args: str) -> str:
+        try:
+            proc = subprocess.run(_docker_argv(host, *args), capture_output=True, text=True, timeout=ENGINE_CALL_S)
+        except subprocess.TimeoutExpired:
+            raise DeadlineError(
+                f"listing images on {_where(host)} did not finish within {ENGINE_CALL_S:g} s and was stopped "
+                "(the engine hung)",
+                fix=f"check that engine: docker{' -H ' + host if host else ''} info",
+            ) from None
+        if proc.returncode != 0:
+            raise EngineError(f"cannot list images on {_where(host)}: {_tail(proc.stderr)}", fix=ENGINE_FIX)
+        return proc.stdout
+
+    ids = sorted(set(run("image", "ls", "--quiet", "--no-trunc", "--filter", f"label={label}={value}").split()))
+    if not ids:
+        return []
     try:
-        found = client(host).image.list(filters=[("label", f"{label}={value}")])
-    except DockerException as e:
-        _raise_if_hung(e, host, "listing images", ENGINE_CALL_S)
-        raise EngineError(f"cannot list images on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
-    found.sort(key=lambda i: str(i.created), reverse=True)
-    infos = [image_info(str(i.id), host) for i in found]
-    return [i for i in infos if i is not None]
+        found = json.loads(run("image", "inspect", *ids))
+    except EngineError:  # one was removed between the two calls: ask again once
+        ids = sorted(set(run("image", "ls", "--quiet", "--no-trunc", "--filter", f"label={label}={value}").split()))
+        found = json.loads(run("image", "inspect", *ids)) if ids else []
+    found.sort(key=lambda i: str(i.get("Created", "")), reverse=True)
+    return [_image_info_of(i) for i in found]
+
+
+def _image_info_of(inspected: Mapping[str, object]) -> ImageInfo:
+    """An ImageInfo from one entry of ``docker image inspect``'s JSON."""
+    config = inspected.get("Config")
+    config = config if isinstance(config, dict) else {}
+    env = [e for e in (config.get("Env") or []) if isinstance(e, str) and "=" in e]
+    return ImageInfo(
+        id=str(inspected.get("Id", "")),
+        tags=tuple(str(t) for t in (inspected.get("RepoTags") or [])),  # type: ignore[attr-defined]
+        labels={str(k): str(v) for k, v in (config.get("Labels") or {}).items()},
+        size=int(inspected.get("Size") or 0),  # type: ignore[call-overload]
+        env=dict(e.split("=", 1) for e in env),
+    )
 
 
 # --- compose ---------------------------------------------------------------------------------------------
