@@ -112,13 +112,21 @@ def split(command_at: float, exited_at: float, t: StepTimes) -> Phases:
     )
 
 
-_PREFLIGHT = re.compile(r"\(preflight ([0-9]+(?:\.[0-9]+)?) s\)")
+_PREFLIGHT = re.compile(r"\(preflight ([0-9]+(?:\.[0-9]+)?) s[,)]")
+_SETTLED = re.compile(r"\(preflight [0-9.]+ s, ([0-9]+) ms once every node was there\)")
 
 
 def parse_preflight(log: str) -> float | None:
-    """Seconds of the launcher's preflight from its ``(preflight X s)`` line, or None when the log has none."""
+    """Seconds of the launcher's preflight from its ``(preflight X s...)`` line, or None when the log has none."""
     found = _PREFLIGHT.findall(log)
     return float(found[-1]) if found else None
+
+
+def parse_preflight_settled(log: str) -> float | None:
+    """Seconds main's preflight took once every node was there (``..., N ms once every node was there)``): its
+    own cost, without the nodes' start-up and the wait for them. None when the log has no such line."""
+    found = _SETTLED.findall(log)
+    return int(found[-1]) / 1000 if found else None
 
 
 def parse_cpuacct_usage(text: str) -> float:

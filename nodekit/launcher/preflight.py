@@ -80,6 +80,9 @@ class Outcome:
     verdict: Verdict
     duplicate: bool = False
     late: bool = False
+    settled_s: float | None = None
+    """Main only: seconds from the last node's arrival to the end (decide, publish, every node confirmed): the
+    preflight's own cost, apart from the nodes' start-up and the wait for them. None when a node never came."""
 
 
 # ---- reachability (standard library only) ----------------------------------------------------------------------
@@ -177,10 +180,13 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
     pending = set(range(1, cfg.nnodes))
     last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
     early = False
+    all_here = start if not pending else None
     while pending:
         new = {r for r in pending if store.check([_key("facts", r)])}
         arrived |= {r: _facts(store.get(_key("facts", r))) for r in new}
         pending -= new
+        if not pending:
+            all_here = clock.now()
         # A mismatch among the nodes already here is final: say so now rather than after waiting out the
         # timeout for the rest (the missing ones are still named, as not yet arrived).
         if new and any(d.severity == "error" for d in compare(list(arrived.values()), **_policy(cfg))):
@@ -226,7 +232,7 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
             f"nodekit preflight: node(s) {', '.join(map(str, sorted(unseen)))} did not confirm the verdict "
             f"within {ACK_TIMEOUT_S:g} s; continuing"
         )
-    return Outcome(verdict=verdict)
+    return Outcome(verdict=verdict, settled_s=None if all_here is None else clock.now() - all_here)
 
 
 def linger(

@@ -71,6 +71,12 @@ def test_preflight_seconds_from_the_launcher_log() -> None:
     )
     assert phases.parse_preflight(log) == 0.4
     assert phases.parse_preflight("ddp-demo: first step done (epoch 0)\n") is None
+    assert phases.parse_preflight_settled(log) is None  # a launcher from before the own-cost figure
+    now = (
+        "nodekit preflight: ok, 2/2 nodes, identical stacks (...) (preflight 2.3 s, 41 ms once every node was there)\n"
+    )
+    assert phases.parse_preflight(now) == 2.3
+    assert phases.parse_preflight_settled(now) == 0.041
 
 
 def test_cgroup_counters_v1_and_v2() -> None:
@@ -106,7 +112,7 @@ def _run(side: str, whole: float, step: float, cpu: float, **detail: object) -> 
 
 def test_rows_and_table_give_verdicts_against_the_issue_targets() -> None:
     bare = [_run("bare", w, 0.010, 20.0) for w in (30.0, 30.2, 29.9, 30.1)]
-    kit_detail = {"up_to_container_start_s": 0.6, "preflight_s": {0: 0.2, 1: 0.9}}
+    kit_detail = {"up_to_container_start_s": 0.6, "preflight_s": {0: 2.2, 1: 0.9}, "preflight_settled_s": {0: 0.05}}
     kit = [_run("nodekit", w, 0.013, 26.0, **kit_detail) for w in (36.0, 36.1, 35.9, 36.2)]
     rs = decide.rows(bare, kit, {"`nodekit --help`": [0.2, 0.21, 0.22]}, seed=0)
     by = {r.phase: r for r in rs}
@@ -115,7 +121,10 @@ def test_rows_and_table_give_verdicts_against_the_issue_targets() -> None:
     assert by["time to first step"].verdict is not None and by["time to first step"].verdict.status == "met"
     assert by["CPU time, user+system"].verdict is None
     assert by["`nodekit --help`"].verdict == stats.verdict(by["`nodekit --help`"].interval, 0.5)
-    assert by["preflight on main (as printed)"].nodekit == pytest.approx(0.2)
+    whole_preflight = by["preflight on main, whole (torch import and the wait for nodes included)"]
+    assert whole_preflight.nodekit == pytest.approx(2.2) and whole_preflight.verdict is None
+    own = by["preflight's own cost on main (once every node was there)"]
+    assert own.nodekit == pytest.approx(0.05) and own.verdict is not None and own.verdict.status == "met"
     text = decide.table(rs)
     assert "| whole job | 30.050 s | 36.050 s | x1.200 [" in text
     assert "| <= x1.05 | **missed** |" in text

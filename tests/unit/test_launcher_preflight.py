@@ -103,6 +103,14 @@ def test_identical_nodes_all_get_the_same_ok_verdict_and_confirm_it() -> None:
     assert [o.verdict.status for o in out] == ["ok", "ok", "ok"]
     assert out[0].verdict == out[1].verdict == out[2].verdict
     assert store.check(["nodekit/seen/1", "nodekit/seen/2"])
+    # Main's own cost is measured from the last arrival; only main knows it.
+    assert out[0].settled_s is not None and 0 <= out[0].settled_s < 5
+    assert out[1].settled_s is None and out[2].settled_s is None
+
+
+def test_no_own_cost_is_claimed_when_a_node_never_came() -> None:
+    (main,) = run_nodes(MemStore(), [(cfg(0, 2, timeout=0.3), facts(0))])
+    assert main.verdict.status != "ok" and main.settled_s is None
 
 
 def test_a_different_stack_stops_every_node_with_the_same_verdict() -> None:
