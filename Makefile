@@ -61,6 +61,7 @@ else
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/fleet_bench.py
 	$(PY) benchmarks/ship_bench.py
+	$(PY) benchmarks/base_bench.py
 endif
 
 clean:
