@@ -188,7 +188,7 @@ def image_id_here(rank: int) -> Callable[[str], str]:
     """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise)."""
 
     def lookup(ref: str) -> str:
-        docker.check_engine()
+        docker.check_engine(buildx=False)
         return docker.require_image(ref, node=f"node {rank}").id
 
     return lookup
@@ -224,7 +224,7 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     """
     for warning in plan.warnings:
         reporter.warn(warning)
-    docker.check_engine()
+    docker.check_engine(buildx=False)
     docker.require_image(plan.image, node=f"node {plan.node.rank}")
     check_master_port(plan)
     path = write_compose(plan)

@@ -194,7 +194,7 @@ def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Gathered | 
         for p in sorted(got.absent)
     ]
     try:
-        docker.check_engine(host.url)
+        docker.check_engine(host.url, buildx=False)  # nodes run images, they build none
     except NodekitError as e:
         problems.append(Problem(host, e.message, e.fix or docker.ENGINE_FIX))
         return problems

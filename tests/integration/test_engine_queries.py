@@ -4,14 +4,18 @@ calls give, in two engine calls."""
 from __future__ import annotations
 
 import io
+import os
+import shutil
 import subprocess
 import tarfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from nodekit import docker
+from nodekit.errors import EngineError
 
 pytestmark = pytest.mark.docker
 
@@ -57,3 +61,21 @@ def test_images_labelled_finds_exactly_the_labelled_images_with_their_facts(
         assert info.labels["io.nodekit.n"] == n and info.env["NK_N"] == n
         assert info == docker.image_info(info.id)  # what the per-image python-on-whales call says
     assert docker.images_labelled("io.nodekit.test", f"{value}-none") == []
+
+
+def test_running_a_job_does_not_need_buildx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node that only runs pushed images needs the engine and Compose, not Buildx; `nodekit up` and the fleet's
+    checks no longer ask for it (its call was the slowest of the three). Building still does."""
+    real = shutil.which("docker")
+    assert real is not None
+    shim = tmp_path / "bin" / "docker"
+    shim.parent.mkdir()
+    shim.write_text(
+        f'#!/bin/sh\n[ "$1" = buildx ] && {{ echo "unknown command: docker buildx" >&2; exit 1; }}\nexec {real} "$@"\n'
+    )
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    info = docker.check_engine(buildx=False)
+    assert info.server_version and info.compose_version and info.buildx_version == ""
+    with pytest.raises(EngineError, match="Buildx"):
+        docker.check_engine()

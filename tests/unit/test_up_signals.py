@@ -19,7 +19,7 @@ from tests.unit.test_compose_render import CPU_NODE
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    monkeypatch.setattr(docker, "check_engine", lambda: None)
+    monkeypatch.setattr(docker, "check_engine", lambda **kw: None)
     monkeypatch.setattr(docker, "require_image", lambda *a, **k: None)
     monkeypatch.setattr(node, "check_master_port", lambda plan: None)
     monkeypatch.setattr(docker, "compose_down", lambda path, project, timeout: seen.append("down"))
