@@ -73,7 +73,9 @@ def push(
     source: FromOpt = None,
     compress: Annotated[
         str,
-        typer.Option(help="stream compression: auto (none over a local socket, else zstd or gzip), zstd, gzip or none"),
+        typer.Option(
+            help="stream compression: auto (none over a local socket, else gzip), gzip or none; zstd is refused"
+        ),
     ] = "auto",
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,

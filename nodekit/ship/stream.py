@@ -56,7 +56,13 @@ def compressed(chunks: Iterable[bytes], codec: Codec) -> Iterator[bytes]:
         yield from _through(["zstd", "-q", "-c", "-1", "-T0"], chunks)
 
 
-def _through(argv: list[str], chunks: Iterable[bytes]) -> Iterator[bytes]:
+def decompressed_zstd(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """``chunks`` of a zstd stream, decompressed here by the zstd command (so no engine has to: see
+    :data:`nodekit.ship.plan.ZSTD_LOAD_CRASH`). A truncated or corrupt stream raises ShipError at its end."""
+    yield from _through(["zstd", "-q", "-d", "-c"], chunks, doing="decompressing")
+
+
+def _through(argv: list[str], chunks: Iterable[bytes], *, doing: str = "compressing") -> Iterator[bytes]:
     """Pipe ``chunks`` through a filter command, feeding it from a thread so neither side blocks."""
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdin is not None and proc.stdout is not None
@@ -84,7 +90,7 @@ def _through(argv: list[str], chunks: Iterable[bytes]) -> Iterator[bytes]:
         if failed:
             raise failed[0]
         if code != 0:
-            raise ShipError(f"{argv[0]} exited with code {code} while compressing the image stream")
+            raise ShipError(f"{argv[0]} exited with code {code} while {doing} the image stream")
     finally:
         if proc.poll() is None:
             proc.kill()

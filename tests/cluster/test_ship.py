@@ -91,7 +91,7 @@ def test_push_loads_verifies_and_then_skips(fresh: Cluster) -> None:
     assert "h1: skipped, already has" in again.stderr and "h2: skipped, already has" in again.stderr
 
 
-@pytest.mark.parametrize("compress", ["gzip", "zstd"])
+@pytest.mark.parametrize("compress", ["gzip", "none"])
 def test_compressed_streams_load(fresh: Cluster, compress: str) -> None:
     h0, h1, _ = fresh.hosts
     done = push_cli(fresh, h1, extra=("--compress", compress))
