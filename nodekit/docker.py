@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal
 
-from nodekit.errors import BuildError, DeadlineError, EngineError, ImageError, ShipError
+from nodekit.errors import BuildError, DeadlineError, EngineError, ImageError, NodekitError, ShipError
 
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
@@ -56,13 +56,18 @@ def _gnu_timeout() -> bool:
     return "GNU coreutils" in out
 
 
+def _hung(host: str | None, what: str, deadline: float) -> DeadlineError:
+    """The error for an engine call that its deadline stopped."""
+    return DeadlineError(
+        f"{what} on {_where(host)} did not finish within {deadline:g} s and was stopped (the engine hung)",
+        fix=f"check that engine: docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer",
+    )
+
+
 def _raise_if_hung(e: Exception, host: str | None, what: str, deadline: float) -> None:
-    """DeadlineError when ``e`` is an engine call that its deadline stopped."""
+    """DeadlineError when ``e`` is a python-on-whales call that its deadline (timeout(1)) stopped."""
     if getattr(e, "return_code", None) in _HUNG and _gnu_timeout():
-        raise DeadlineError(
-            f"{what} on {_where(host)} did not finish within {deadline:g} s and was stopped (the engine hung)",
-            fix=f"check that engine: docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer",
-        ) from None
+        raise _hung(host, what, deadline) from None
 
 
 @dataclass(frozen=True)
@@ -203,29 +208,9 @@ def images_labelled(label: str, value: str, host: str | None = None) -> list[Ima
     """Images carrying ``label=value``, newest first. Two engine calls whatever their number (python-on-whales'
     list inspects each image separately: 60 calls and 1.5 s for 20 images, on the path of every ``nodekit up``)."""
     import json
-    import subprocess
 
-    def run(*args: str) -> str:
-        try:
-            proc = subprocess.run(_docker_argv(host, *args), capture_output=True, text=True, timeout=ENGINE_CALL_S)
-        except subprocess.TimeoutExpired:
-            raise DeadlineError(
-                f"listing images on {_where(host)} did not finish within {ENGINE_CALL_S:g} s and was stopped "
-                "(the engine hung)",
-                fix=f"check that engine: docker{' -H ' + host if host else ''} info",
-            ) from None
-        if proc.returncode != 0:
-            raise EngineError(f"cannot list images on {_where(host)}: {_tail(proc.stderr)}", fix=ENGINE_FIX)
-        return proc.stdout
-
-    ids = sorted(set(run("image", "ls", "--quiet", "--no-trunc", "--filter", f"label={label}={value}").split()))
-    if not ids:
-        return []
-    try:
-        found = json.loads(run("image", "inspect", *ids))
-    except EngineError:  # one was removed between the two calls: ask again once
-        ids = sorted(set(run("image", "ls", "--quiet", "--no-trunc", "--filter", f"label={label}={value}").split()))
-        found = json.loads(run("image", "inspect", *ids)) if ids else []
+    out = _inspect_listed(host, ("--filter", f"label={label}={value}"), (), what="list images")
+    found = json.loads(out) if out else []
     found.sort(key=lambda i: str(i.get("Created", "")), reverse=True)
     return [_image_info_of(i) for i in found]
 
@@ -770,34 +755,49 @@ def layer_lists(host: str | None = None) -> list[tuple[str, ...]]:
     """The diff ids (base first) of every image on ``host``'s engine, dangling ones included: what its layer
     store holds, for planning which layers a push must send. Two calls, whatever the number of images."""
     import json
-    import subprocess
 
-    def run(*args: str) -> str:
-        proc = subprocess.run(_docker_argv(host, *args), capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise EngineError(f"cannot list the images on {_where(host)}: {_tail(proc.stderr)}", fix=ENGINE_FIX)
-        return proc.stdout
-
-    ids = sorted(set(run("image", "ls", "--all", "--quiet", "--no-trunc").split()))
-    if not ids:
-        return []
-    # An image removed between the two calls makes inspect fail: ask again once, then give up.
-    try:
-        out = run("image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids)
-    except EngineError:
-        ids = sorted(set(run("image", "ls", "--all", "--quiet", "--no-trunc").split()))
-        out = run("image", "inspect", "--format", "{{json .RootFS.Layers}}", *ids) if ids else ""
+    out = _inspect_listed(host, ("--all",), ("--format", "{{json .RootFS.Layers}}"), what="list the images")
     return [tuple(json.loads(line) or ()) for line in out.splitlines() if line.strip()]
 
 
 def history_sizes(ref: str, host: str | None = None) -> tuple[int, ...]:
     """The size in bytes of every history entry of ``ref``, oldest first (0 for entries that made no layer)."""
+    out = _query(
+        host, "image", "history", "--human=false", "--no-trunc", "--format", "{{.Size}}", ref,
+        what=f"read the history of {ref}", error=ImageError, fix="nodekit build",
+    )  # fmt: skip
+    return tuple(int(s) for s in reversed(out.split()) if s.isdigit())
+
+
+def _query(
+    host: str | None, *args: str, what: str, error: type[NodekitError] = EngineError, fix: str = ENGINE_FIX
+) -> str:
+    """One docker query run as our own process (the command line built by python-on-whales), under the query
+    deadline; its standard output. ``error`` when it fails ("cannot ``what``"), DeadlineError when it hangs."""
     import subprocess
 
-    argv = _docker_argv(host, "image", "history", "--human=false", "--no-trunc", "--format", "{{.Size}}", ref)
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    try:
+        proc = subprocess.run(_docker_argv(host, *args), capture_output=True, text=True, timeout=ENGINE_CALL_S)
+    except subprocess.TimeoutExpired:
+        raise _hung(host, " ".join(("docker", *args[:2])), ENGINE_CALL_S) from None  # e.g. docker image ls
     if proc.returncode != 0:
-        raise ImageError(
-            f"cannot read the history of {ref} on {_where(host)}: {_tail(proc.stderr)}", fix="nodekit build"
-        )
-    return tuple(int(s) for s in reversed(proc.stdout.split()) if s.isdigit())
+        raise error(f"cannot {what} on {_where(host)}: {_tail(proc.stderr)}", fix=fix)
+    return proc.stdout
+
+
+def _inspect_listed(host: str | None, ls: tuple[str, ...], inspect: tuple[str, ...], *, what: str) -> str:
+    """``docker image inspect [inspect...]`` of every image ``docker image ls [ls...]`` lists: two calls, whatever
+    their number; "" when there is none. An image removed between the two calls makes inspect fail: ask again
+    once, then give up."""
+
+    def ids() -> list[str]:
+        return sorted(set(_query(host, "image", "ls", *ls, "--quiet", "--no-trunc", what=what).split()))
+
+    listed = ids()
+    if not listed:
+        return ""
+    try:
+        return _query(host, "image", "inspect", *inspect, *listed, what=what)
+    except EngineError:
+        listed = ids()
+        return _query(host, "image", "inspect", *inspect, *listed, what=what) if listed else ""

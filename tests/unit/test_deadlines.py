@@ -69,6 +69,13 @@ def test_every_query_has_the_deadline_but_the_job_long_calls_have_none(hung_dock
         docker.image_info("nodekit/x:1")
     with pytest.raises(DeadlineError, match=r"^docker compose ps of p"):
         docker.compose_ps(None, "p")
+    # The batched queries run docker themselves (python-on-whales builds the command line): the same deadline.
+    with pytest.raises(DeadlineError, match=r"^docker image ls on the local Docker engine did not finish within 0.5 s"):
+        docker.images_labelled("io.nodekit.name", "demo")
+    with pytest.raises(DeadlineError, match=r"^docker image ls on ssh://me@n1 did not finish"):
+        docker.layer_lists("ssh://me@n1")
+    with pytest.raises(DeadlineError, match=r"^docker image history on the local Docker engine did not finish"):
+        docker.history_sizes("nodekit/x:1")
     # Following the job's log and waiting for its end last as long as the job: no deadline there.
     argv = docker.client(deadline=None).client_config.docker_cmd
     assert str(argv[0]).endswith("docker")
