@@ -94,7 +94,7 @@ def push(
     targets = [ship.parse_target(t) for t in to]
     src = ship.source_of(_image(image, config), source)
     how = cast("ship.Compress", compress)
-    plan = ship.plan_push(src, ship.survey(src, targets), compress=how, zstd_here=ship.zstd_here())
+    plan = ship.plan_push(src, ship.survey(src, targets), compress=how)
     if dry_run:
         out.print(plan.to_text(), markup=False)
         return

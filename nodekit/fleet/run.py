@@ -106,7 +106,7 @@ def ship_image(ref: str, hosts: Sequence[FleetHost], reporter: Reporter) -> None
 
     src = ship.source_of(ref, None)
     targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
-    plan = ship.plan_push(src, ship.survey(src, targets), zstd_here=ship.zstd_here())
+    plan = ship.plan_push(src, ship.survey(src, targets))
     missing = [s.target.name for s in plan.steps if s.action != "skip"]
     if not missing:
         reporter.done(f"{ref} is already on every host")

@@ -318,7 +318,8 @@ def _diagnose(e: NodekitError, step: Step, plan: PushPlan) -> ShipError:
     name, src = step.target.name, plan.source
     if isinstance(e, ShipError) and e.node:
         return e
-    if "blobs/sha256/" in e.message and "no such file" in e.message:
+    kind = diagnose_load_failure(e.message)
+    if kind == "missing layer":
         # A layer left out because the survey found it there was gone by the time docker load looked for it.
         return ShipError(
             f"{name} no longer has a layer it had when asked (an image removed during the push?); nothing was "
@@ -326,7 +327,6 @@ def _diagnose(e: NodekitError, step: Step, plan: PushPlan) -> ShipError:
             fix=f"nodekit push again (--to {step.target.endpoint}): it asks again what {name} has",
             node=name,
         )
-    kind = diagnose_load_failure(e.message)
     if kind == "disk":
         return ShipError(
             f"{name} ran out of disk space loading {src.ref} ({size_text(src.size)}): {e.message}",

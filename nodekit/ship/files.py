@@ -144,7 +144,7 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
     except NodekitError as e:
         sink.abort()
         kind = diagnose_load_failure(e.message)
-        if "blobs/sha256/" in e.message and "no such file" in e.message:
+        if kind == "missing layer":
             # An incremental file (nodekit save --have) leaves out layers; docker load opens a left-out one only
             # when this engine lacks it.
             raise ShipError(

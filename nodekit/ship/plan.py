@@ -253,9 +253,9 @@ ZSTD_LOAD_CRASH = (
 )
 
 
-def choose_codec(compress: Compress, endpoint: str, *, zstd_here: bool, server_version: str) -> Codec:
+def choose_codec(compress: Compress, endpoint: str) -> Codec:
     """``auto``: no compression over a local unix socket (it would only cost CPU), else gzip (never zstd: see
-    :data:`ZSTD_LOAD_CRASH`). ``zstd_here`` and ``server_version`` are kept for callers; they no longer decide."""
+    :data:`ZSTD_LOAD_CRASH`)."""
     if compress != "auto":
         return compress
     if endpoint.startswith("unix://"):
@@ -263,17 +263,11 @@ def choose_codec(compress: Compress, endpoint: str, *, zstd_here: bool, server_v
     return "gzip"
 
 
-def _major(version: str) -> int:
-    head = version.split(".", 1)[0]
-    return int(head) if head.isdigit() else 0
-
-
 def plan_push(
     source: Source,
     states: Sequence[TargetState],
     *,
     compress: Compress = "auto",
-    zstd_here: bool = True,
 ) -> PushPlan:
     """Decide each target's step. Raises ShipError, before anything moves, when a target cannot be asked or
     does not have room; UsageError when the same target is named twice."""
@@ -324,7 +318,7 @@ def plan_push(
                     fix=f"free space on {t.name} (docker system prune, or a larger disk for Docker's data root)",
                     node=t.name,
                 )
-            codec = choose_codec(compress, t.endpoint, zstd_here=zstd_here, server_version=st.server_version)
+            codec = choose_codec(compress, t.endpoint)
             reason = "has an older image under this name" if st.ref_id else "does not have the image"
             steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id, layers=layers))
     return PushPlan(source=source, steps=tuple(steps))

@@ -98,11 +98,15 @@ def _through(argv: list[str], chunks: Iterable[bytes], *, doing: str = "compress
         proc.stdout.close()
 
 
-def diagnose_load_failure(docker_says: str) -> Literal["disk", "corrupt", "other"]:
-    """Classify the last line of a failed ``docker load``."""
+def diagnose_load_failure(docker_says: str) -> Literal["disk", "missing layer", "corrupt", "other"]:
+    """Classify the last line of a failed ``docker load``. "missing layer": the archive left out a layer file (an
+    incremental save, or a push that skipped what the target had) and the engine, lacking that layer, looked for it.
+    """
     low = docker_says.lower()
     if "no space left" in low or "disk quota" in low:
         return "disk"
+    if "blobs/sha256/" in low and "no such file" in low:
+        return "missing layer"
     corrupt = ("unexpected eof", "invalid tar", "archive/tar", "gzip", "zstd", "magic number", "checksum",
                "diffid", "manifest.json", "invalid argument", "unexpected end", "does not match", "digest")  # fmt: skip
     if any(c in low for c in corrupt):
