@@ -206,13 +206,12 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
         _err(str(e))
         return EXIT_RENDEZVOUS, None
     report = render(outcome.verdict)
-    took = f"(preflight {clock.now() - start:.1f} s)"
+    elapsed = f"preflight {clock.now() - start:.1f} s"
+    took = f"({elapsed})"
     verdict = outcome.verdict
     if verdict.status == "ok" and not outcome.duplicate:
         if outcome.settled_s is not None:
-            took = (
-                f"(preflight {clock.now() - start:.1f} s, {outcome.settled_s * 1000:.0f} ms once every node was there)"
-            )
+            took = f"({elapsed}, {outcome.settled_s * 1000:.0f} ms once every node was there)"
         print(f"{report} {took}" if "\n" not in report else f"{report}\n{took}", flush=True)
         return EXIT_OK, Passed(store=store, verdict=verdict)
     # The report and the error line go to one stream: Docker collects stdout and stderr separately and would
