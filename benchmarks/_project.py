@@ -1,9 +1,10 @@
 """The demo project as the benchmarks use it: examples/ddp copied to a temporary directory (so that edits there
-never touch the checkout) and built on this machine's default engine."""
+never touch the checkout) and built on this machine's default engine; and their sections of docs/benchmarks.md."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp"
+DOCS = ROOT / "docs" / "benchmarks.md"
+
+
+def replace_section(doc: str, title: str, new: str) -> str:
+    """``doc`` with the section headed ``title`` (up to the next ``## `` heading) replaced by ``new``, or ``new``
+    appended when there is none (pure)."""
+    start = doc.find(title)
+    if start < 0:
+        return doc.rstrip("\n") + "\n\n" + new
+    nxt = re.search(r"^## ", doc[start + len(title) :], flags=re.M)
+    end = start + len(title) + nxt.start() if nxt else len(doc)
+    return doc[:start] + new + ("\n" + doc[end:] if nxt else "")
 
 
 def default_engine_env() -> dict[str, str]:

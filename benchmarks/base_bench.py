@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -22,7 +21,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs" / "benchmarks.md"
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks._project import DOCS, replace_section  # noqa: E402
+
 TITLE = "## A derived image against its base (bring your own base)"
 
 
@@ -51,21 +54,10 @@ def section(base_mb: float, derived_mb: float, lock_lines: list[str], seconds: f
     )
 
 
-def replace_section(doc: str, new: str) -> str:
-    """``doc`` with its section under TITLE replaced by ``new`` (appended when absent) (pure)."""
-    start = doc.find(TITLE)
-    if start < 0:
-        return doc.rstrip("\n") + "\n\n" + new
-    nxt = re.search(r"^## ", doc[start + len(TITLE) :], flags=re.M)
-    end = start + len(TITLE) + nxt.start() if nxt else len(doc)
-    return doc[:start] + new + ("\n" + doc[end:] if nxt else "")
-
-
 def main() -> int:
     opts = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     opts.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
     args = opts.parse_args()
-    sys.path.insert(0, str(ROOT))
     from tests.integration.test_base_images import LIGHTNING, TORCH_BASE, _torch_base
 
     with tempfile.TemporaryDirectory(prefix="nodekit-base-bench-") as tmp:
@@ -94,7 +86,7 @@ def main() -> int:
         subprocess.run(["docker", "rmi", "-f", str(record.get("tag", ""))], capture_output=True, check=False)
     print(text)
     if not args.no_docs:
-        DOCS.write_text(replace_section(DOCS.read_text(), text))
+        DOCS.write_text(replace_section(DOCS.read_text(), TITLE, text))
         print(f"written to {DOCS.relative_to(ROOT)}")
     return 0
 

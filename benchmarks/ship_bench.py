@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._project import build, copy_demo, default_engine_env  # noqa: E402
+from benchmarks._project import DOCS, build, copy_demo, default_engine_env, replace_section  # noqa: E402
 from benchmarks._shipnet import Row, ordered, table, tbf_argv, tx_bytes, verdicts  # noqa: E402
 
 TITLE = "## Shipping the image: whole vs only the layers a node lacks"
@@ -380,15 +380,7 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
 
 
 def write_section(section: str) -> None:
-    doc = ROOT / "docs" / "benchmarks.md"
-    text = doc.read_text()
-    if TITLE in text:
-        head, _, rest = text.partition(TITLE)
-        tail = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        text = head + section + ("\n" + tail if tail else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    doc.write_text(text)
+    DOCS.write_text(replace_section(DOCS.read_text(), TITLE, section))
 
 
 if __name__ == "__main__":

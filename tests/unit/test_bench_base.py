@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from benchmarks import base_bench
+from benchmarks._project import replace_section
 
 
 def test_the_section_states_sizes_and_the_kept_torch() -> None:
@@ -15,8 +16,8 @@ def test_the_section_states_sizes_and_the_kept_torch() -> None:
 
 def test_the_section_replaces_its_old_self_and_keeps_the_rest() -> None:
     doc = f"# B\n\n## Before\n\nx\n\n{base_bench.TITLE}\n\nold numbers\n\n## After\n\ny\n"
-    out = base_bench.replace_section(doc, f"{base_bench.TITLE}\n\nnew numbers\n")
+    out = replace_section(doc, base_bench.TITLE, f"{base_bench.TITLE}\n\nnew numbers\n")
     assert "old numbers" not in out and "new numbers" in out
     assert out.index("## Before") < out.index("new numbers") < out.index("## After") and out.endswith("y\n")
-    appended = base_bench.replace_section("# B\n", f"{base_bench.TITLE}\n\nfirst\n")
+    appended = replace_section("# B\n", base_bench.TITLE, f"{base_bench.TITLE}\n\nfirst\n")
     assert appended == f"# B\n\n{base_bench.TITLE}\n\nfirst\n"
