@@ -47,6 +47,13 @@ def ids(host: Host) -> set[str]:
     return set(host.docker("images", "-q", "--no-trunc", "-a").stdout.split())
 
 
+def wipe(*hosts: Host) -> None:
+    """Every image on these hosts' engines removed."""
+    for h in hosts:
+        for image_id in ids(h):
+            h.docker("rmi", "-f", image_id, check=False)
+
+
 @pytest.fixture(scope="module")
 def pair(cluster_ready: None) -> Iterator[Cluster]:
     """Three engines shared by this module's tests: h0 is the source, h1 and h2 the targets."""
@@ -61,9 +68,7 @@ def pair(cluster_ready: None) -> Iterator[Cluster]:
 @pytest.fixture
 def fresh(pair: Cluster) -> Cluster:
     """Every engine empty of images, then a new source image under REF on h0."""
-    for h in pair.hosts:
-        for image_id in ids(h):
-            h.docker("rmi", "-f", image_id, check=False)
+    wipe(*pair.hosts)
     make_image(pair.hosts[0], REF, seed=random.randrange(1 << 30))
     return pair
 
@@ -437,9 +442,7 @@ def test_the_containerd_image_store_is_detected_and_a_mixed_push_refused(stores:
 
     h0, h1, _ = stores.hosts
     assert [docker.engine_facts(h.docker_host).containerd_store for h in stores.hosts] == [False, True, True]
-    for h in stores.hosts:
-        for image_id in ids(h):
-            h.docker("rmi", "-f", image_id, check=False)
+    wipe(*stores.hosts)
     make_image(h0, REF, seed=random.randrange(1 << 30))
     done = push_cli(stores, h1)
     assert done.returncode == 1, done.stderr
@@ -452,9 +455,7 @@ def test_the_containerd_image_store_is_detected_and_a_mixed_push_refused(stores:
 
 def test_a_push_between_containerd_stores_loads_and_verifies(stores: Cluster) -> None:
     _, h1, h2 = stores.hosts
-    for h in (h1, h2):
-        for image_id in ids(h):
-            h.docker("rmi", "-f", image_id, check=False)
+    wipe(h1, h2)
     source_id = make_image(h1, REF, seed=random.randrange(1 << 30))
     first = h1.run(*nodekit_argv("push", REF, "--to", f"h2={h2.docker_host}"), timeout=300)
     assert first.returncode == 0, first.stderr
