@@ -2,7 +2,7 @@
 network namespace, so that ssh:// targets are reached over the virtual network). Prints one JSON line:
 {"seconds": ..., "sent": {target: bytes}, "skipped": {target: layers}}.
 
-    python benchmarks/_ship_push.py --source unix:///... [--whole] REF ssh://root@ADDR ...
+    python benchmarks/_ship_push.py --source unix:///... [--whole | --store DIR] REF ssh://root@ADDR ...
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--source", required=True)
     parser.add_argument("--whole", action="store_true", help="send every layer (nodekit's push before issue 10)")
+    parser.add_argument("--store", type=Path, help="the project's blob store (nodekit push passes it from the project)")
     parser.add_argument("ref")
     parser.add_argument("targets", nargs="+")
     opts = parser.parse_args()
@@ -28,7 +29,7 @@ def main() -> int:
     from nodekit.progress import NullReporter
 
     t0 = time.monotonic()
-    src = ship.source_of(opts.ref, opts.source)
+    src = ship.source_of(opts.ref, opts.source, store=opts.store)
     states = ship.survey(src, [ship.Target(t.rsplit("@", 1)[-1], t) for t in opts.targets])
     if opts.whole:
         states = [dataclasses.replace(st, chains=None) for st in states]

@@ -56,6 +56,7 @@ from nodekit.render.image import (
 from nodekit.settings import Settings
 
 STAGE_DIR = Path(".nodekit") / "build"
+ENV_STAGE = "env"  # images/Dockerfile's stage that BuildKit builds; nodekit writes the last one
 LAST_BUILD = Path(".nodekit") / "last-build.json"
 BUILD_FIX = "nodekit build"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -424,6 +425,7 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
             reporter.warn("files changed while staging; building what was staged")
         reporter.step(f"building {staged.tag}")
         _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
+        _append_code(staged, settings, reporter)
     info = docker.require_image(staged.tag)
     result = _result(staged, info, t0, skipped=False, created=created)
     _record(settings, result)
@@ -431,12 +433,19 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
     return result
 
 
+def env_tag(plan: BuildPlan) -> str:
+    """Where BuildKit's part of the image (every stage but the last, see images/Dockerfile) is kept: one tag per
+    project, moved by every build; the final images hold its layers whether or not it is tagged."""
+    return f"nodekit/{plan.name}:env"
+
+
 def _run_build(plan: BuildPlan, reporter: Reporter, metadata: Path) -> None:
     seen: set[str] = set()
     for line in docker.buildx_build(
         plan.context,
         dockerfile=plan.dockerfile,
-        tag=plan.tag,
+        tag=env_tag(plan),
+        target=ENV_STAGE,
         build_contexts=dict(plan.build_contexts),
         build_args=dict(plan.build_args),
         metadata_file=metadata,
@@ -447,6 +456,51 @@ def _run_build(plan: BuildPlan, reporter: Reporter, metadata: Path) -> None:
             seen.add(m[1])
             reporter.step(m[2])
         reporter.detail(line)
+
+
+def _append_code(plan: BuildPlan, settings: Settings, reporter: Reporter) -> str:
+    """The Dockerfile's last stage, written here (see :mod:`nodekit.append`): the staged code as one layer on the
+    environment image BuildKit just made, plus the labels; loaded into the local engine as ``plan.tag``. The layer
+    and the config stay in the project's blob store, so a push of this image to a node that has the environment
+    sends them without a ``docker save``. Returns the image id; ImageError when the engine loaded something else.
+    """
+    from nodekit import append
+    from nodekit.blobs import BlobStore
+
+    code = dict(plan.build_contexts)[STAGE_CODE]
+    reporter.step(f"adding the code layer ({plan.code_files} files) and the labels")
+    env = env_tag(plan)
+    base = docker.image_config(env)
+    history = docker.image_history(env)
+    store = BlobStore.of_project(settings.project_dir)
+    diff_id, size = store.put(lambda f: append.write_code_layer(code, f, mtime=SOURCE_DATE_EPOCH))
+    config = append.appended_config(
+        base,
+        history,
+        diff_id,
+        labels=dict(plan.labels),
+        env={"NODEKIT_FINGERPRINT": plan.fingerprint},
+        created=append.created_at(SOURCE_DATE_EPOCH),
+        created_by=f"COPY . /{append.CODE_ROOT}/ and LABEL org.nodekit.* (written by nodekit build)",
+    )
+    image_id = store.put_bytes(config)
+    sink = docker.LoadSink()
+    try:
+        for chunk in append.archive(config, image_id, plan.tag, {diff_id: store.path(diff_id)}):
+            sink.write(chunk)
+        sink.finish()
+    except BaseException:
+        sink.abort()
+        raise
+    got = docker.image_info(plan.tag)
+    if got is None or got.id != image_id:
+        raise ImageError(
+            f"the engine loaded {plan.tag} as {got.id if got else 'nothing'}, not {image_id} as written",
+            fix="nodekit build --no-cache; if it repeats, report it with `docker version`",
+        )
+    store.prune(keep=frozenset({diff_id, image_id}))
+    reporter.detail(f"code layer {diff_id[7:19]} ({human_size(size)}), image {image_id[7:19]}")
+    return image_id
 
 
 def _result(

@@ -13,7 +13,7 @@ import shutil
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from nodekit.errors import BuildError, DeadlineError, EngineError, ImageError, NodekitError, ShipError
 
@@ -577,6 +577,7 @@ def buildx_build(
     build_args: Mapping[str, str],
     metadata_file: Path,
     no_cache: bool = False,
+    target: str | None = None,
 ) -> Iterator[str]:
     """Run the build, yielding BuildKit's plain progress output line by line.
 
@@ -592,6 +593,7 @@ def buildx_build(
         build_contexts={k: str(v) for k, v in build_contexts.items()},
         build_args=dict(build_args),
         metadata_file=metadata_file,
+        target=target,
         cache=not no_cache,
         network="none",
         provenance=False,
@@ -767,6 +769,33 @@ def history_sizes(ref: str, host: str | None = None) -> tuple[int, ...]:
         what=f"read the history of {ref}", error=ImageError, fix="nodekit build",
     )  # fmt: skip
     return tuple(int(s) for s in reversed(out.split()) if s.isdigit())
+
+
+def image_config(ref: str, host: str | None = None) -> dict[str, Any]:
+    """What ``docker image inspect`` says of ``ref``: the runtime configuration (``Config``), ``Architecture``,
+    ``Os``, ``Variant`` and ``RootFS`` as Docker spells them; the facts an image built on top of it starts from."""
+    import json
+
+    out = _query(host, "image", "inspect", "--format", "{{json .}}", ref, what=f"inspect {ref}", error=ImageError,
+                 fix="nodekit build")  # fmt: skip
+    found: dict[str, Any] = json.loads(out)
+    return found
+
+
+def image_history(ref: str, host: str | None = None) -> tuple[tuple[str, str, int], ...]:
+    """``(created by, comment, size in bytes)`` of every history entry of ``ref``, oldest first."""
+    import json
+
+    out = _query(
+        host, "image", "history", "--human=false", "--no-trunc", "--format", "{{json .}}", ref,
+        what=f"read the history of {ref}", error=ImageError, fix="nodekit build",
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return tuple(
+        (str(r.get("CreatedBy", "")), str(r.get("Comment", "")), int(r["Size"]) if str(r.get("Size", "")).isdigit()
+         else 0)
+        for r in reversed(rows)
+    )  # fmt: skip
 
 
 def _query(

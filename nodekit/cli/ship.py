@@ -28,6 +28,19 @@ def _image(image: str | None, config: Path | None) -> str:
     return ref
 
 
+def _blob_store(config: Path | None) -> Path | None:
+    """The project's blob store (where ``nodekit build`` keeps the code layers it wrote), when there is a project
+    here; pushes of its images then need no ``docker save`` for a code change."""
+    from nodekit.blobs import BLOBS
+    from nodekit.errors import NodekitError
+
+    try:
+        root: Path = load_settings(config).project_dir / BLOBS
+    except NodekitError:
+        return None
+    return root if root.is_dir() else None
+
+
 @contextmanager
 def _progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
     """Per-target transfer bars on a terminal; None elsewhere (the reporter then prints progress lines)."""
@@ -92,7 +105,7 @@ def push(
     if compress not in COMPRESS:
         raise UsageError(f"--compress {compress!r} is not one of {', '.join(COMPRESS)}", fix="--compress auto")
     targets = [ship.parse_target(t) for t in to]
-    src = ship.source_of(_image(image, config), source)
+    src = ship.source_of(_image(image, config), source, store=_blob_store(config))
     how = cast("ship.Compress", compress)
     plan = ship.plan_push(src, ship.survey(src, targets), compress=how)
     if dry_run:
@@ -139,7 +152,7 @@ def save(
             raise UsageError(
                 f"cannot read {have}: {e.strerror or e}", fix="nodekit layers > FILE on the node"
             ) from None
-    ship.save(_image(image, config), file, reporter(), endpoint=source, have=chains)
+    ship.save(_image(image, config), file, reporter(), endpoint=source, have=chains, store=_blob_store(config))
     typer.echo(file)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nodekit import docker
+from nodekit.blobs import BLOBS
 from nodekit.errors import JobFailed, NodekitError
 from nodekit.fleet import remote
 from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
@@ -100,11 +101,12 @@ def _parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         return list(pool.map(fn, items))
 
 
-def ship_image(ref: str, hosts: Sequence[FleetHost], reporter: Reporter) -> None:
-    """Put ``ref`` on every host that lacks it, through nodekit push's code (one save, fanned out)."""
+def ship_image(ref: str, hosts: Sequence[FleetHost], reporter: Reporter, *, store: Path | None = None) -> None:
+    """Put ``ref`` on every host that lacks it, through nodekit push's code (one save, fanned out; from the
+    project's blob ``store`` alone when the hosts lack only what it holds, e.g. after a code change)."""
     from nodekit import ship
 
-    src = ship.source_of(ref, None)
+    src = ship.source_of(ref, None, store=store)
     targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
     plan = ship.plan_push(src, ship.survey(src, targets))
     missing = [s.target.name for s in plan.steps if s.action != "skip"]
@@ -260,7 +262,7 @@ def run(
             on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
         )
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
-        ship_image(ref, hosts, reporter)
+        ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS)
         job = job_settings(settings, hosts, restart=used)
         plans = plan_fleet(job, hosts, facts, ref, debug=debug, image_id=image_id, secret=secret)
         for p in plans:

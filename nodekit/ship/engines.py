@@ -10,19 +10,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from nodekit import docker
+from nodekit.blobs import BlobStore
 from nodekit.errors import NodekitError
 from nodekit.ship.plan import Source, Target, TargetState, chains_of, sized_layers
 
 
-def source_of(ref: str, endpoint: str | None = None) -> Source:
+def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = None) -> Source:
     """The image to push, on the source engine, with its layers (diff ids, sizes). ImageError when it is not
-    there."""
+    there. With ``store`` (a project's :class:`~nodekit.blobs.BlobStore` root), the layers that store holds for
+    this image (``nodekit build`` wrote its config and code layer there) are noted: they travel without a
+    ``docker save``."""
     info = docker.require_image(ref, endpoint)
     facts = docker.engine_facts(endpoint)
     layers = sized_layers(docker.image_layers(info.id, endpoint), docker.history_sizes(info.id, endpoint))
+    blobs = BlobStore(store) if store is not None else None
+    cached = frozenset(layer.diff_id for layer in layers if blobs is not None and blobs.has(layer.diff_id))
     return Source(
+        blob_store=store if blobs is not None and blobs.has(info.id) and not facts.containerd_store else None,
+        cached_layers=cached,
         ref=ref,
         image_id=info.id,
         size=info.size,

@@ -22,7 +22,7 @@ from typing import Protocol
 from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
 from nodekit.progress import Reporter
-from nodekit.ship.layers import WithoutLayers
+from nodekit.ship.layers import WithoutLayers, from_store
 from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
 
@@ -115,7 +115,10 @@ def push(
         names = ", ".join(s.target.name for s in steps)
         layers = steps[0].layers
         what = layers.to_text() if layers is not None else size_text(src.size)
-        rep.step(f"pushing {src.ref} ({what}, {codec} stream) to {names}")
+        # From the build's blob store when it holds every file that travels: no docker save of the whole image.
+        cached = None if open_source is not None else from_store(src, skip)
+        origin = ", from the build's blob store" if cached is not None else ""
+        rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
         _fan_out(
             plan,
             steps,
@@ -127,6 +130,7 @@ def push(
             open_source,
             open_sink,
             STALL_S if stall_s is None else stall_s,
+            cached,
         )
     if result.failures:
         (_, first), *rest = result.failures.items()
@@ -160,9 +164,11 @@ def _fan_out(
     open_source: Callable[[str, str | None], Iterable[bytes]] | None,
     open_sink: Callable[[str], _Sink] | None,
     stall_s: float = STALL_S,
+    cached: Iterable[bytes] | None = None,
 ) -> None:
     """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
-    target slows the stream, a failed one is dropped from it."""
+    target slows the stream, a failed one is dropped from it. ``cached``: the archive already composed without
+    those files (from the build's blob store), used instead of the save."""
     src = plan.source
     layers = steps[0].layers
     total = max(layers.send_bytes if layers is not None and skip else src.size, 1)
@@ -265,8 +271,8 @@ def _fan_out(
     raw: Iterable[bytes] | None = None
     skipped_n = [0]
     try:
-        raw = (open_source or docker.SaveStream)(src.ref, src.endpoint)
-        filtered = WithoutLayers(raw, skip) if skip else None
+        raw = cached if cached is not None else (open_source or docker.SaveStream)(src.ref, src.endpoint)
+        filtered = WithoutLayers(raw, skip) if skip and cached is None else None
         counted = Counted(filtered if filtered is not None else raw)
         for chunk in compressed(counted, codec):
             live = [s.target.name for s in steps if not dead[s.target.name].is_set()]
@@ -276,6 +282,8 @@ def _fan_out(
                 put(name, (chunk, min(counted.n, total)))
         if filtered is not None:
             skipped_n[0] = len(filtered.skipped)
+        elif cached is not None:
+            skipped_n[0] = len(skip)
         for s in steps:
             put(s.target.name, _END)
     except BaseException as e:

@@ -22,8 +22,9 @@ from typing import BinaryIO
 from nodekit import docker
 from nodekit.errors import NodekitError, ShipError, UsageError
 from nodekit.progress import Reporter
-from nodekit.ship.layers import WithoutLayers
-from nodekit.ship.plan import LayerPlan, codec_for_file, plan_layers, short_id, size_text, sized_layers
+from nodekit.ship.engines import source_of
+from nodekit.ship.layers import WithoutLayers, from_store
+from nodekit.ship.plan import LayerPlan, codec_for_file, plan_layers, short_id, size_text
 from nodekit.ship.stream import (
     PROGRESS_EVERY_S,
     Counted,
@@ -48,11 +49,18 @@ class Saved:
 
 
 def save(
-    ref: str, path: Path, reporter: Reporter, *, endpoint: str | None = None, have: frozenset[str] | None = None
+    ref: str,
+    path: Path,
+    reporter: Reporter,
+    *,
+    endpoint: str | None = None,
+    have: frozenset[str] | None = None,
+    store: Path | None = None,
 ) -> Saved:
     """Write ``docker save REF`` to ``path`` (compressed as its suffix says), atomically: a failed or
     interrupted save leaves no file at ``path``. With ``have`` (chain ids, from ``nodekit layers`` on the node
-    that will load it), the layer files whose chain is in ``have`` are left out."""
+    that will load it), the layer files whose chain is in ``have`` are left out; when the project's blob
+    ``store`` holds every other file (a code change), the archive is written from it, without ``docker save``."""
     codec = codec_for_file(path)
     if codec == "zstd" and not zstd_here():
         raise UsageError("saving .tar.zst needs the zstd command", fix="apt-get install zstd, or save to .tar.gz")
@@ -65,18 +73,25 @@ def save(
             fix="save to another directory, or to .tar.zst (compressed)",
         )
     plan = None
+    cached = None
     if have is not None:
-        layers = sized_layers(docker.image_layers(info.id, endpoint), docker.history_sizes(info.id, endpoint))
-        plan = plan_layers(layers, have)
+        src = source_of(ref, endpoint, store=store)
+        plan = plan_layers(src.layers, have)
+        cached = from_store(src, plan.skip_ids)
     what = plan.to_text() if plan is not None else size_text(info.size)
-    reporter.step(f"saving {ref} ({what}) to {path}")
+    origin = ", from the build's blob store" if cached is not None else ""
+    reporter.step(f"saving {ref} ({what}{origin}) to {path}")
     tmp = path.with_name(f".{path.name}.partial")
     t0 = time.monotonic()
-    stream = docker.SaveStream(ref, endpoint)
+    stream = docker.SaveStream(ref, endpoint) if cached is None else None
     last = 0.0
     try:
         skip = plan.skip_ids if plan is not None else frozenset()
-        counted = Counted(WithoutLayers(stream, skip) if skip else stream)
+        if stream is None:
+            assert cached is not None
+            counted = Counted(cached)
+        else:
+            counted = Counted(WithoutLayers(stream, skip) if skip else stream)
         with open(tmp, "wb") as f:
             for chunk in compressed(counted, codec):
                 f.write(chunk)
@@ -93,7 +108,8 @@ def save(
     except tarfile.TarError as e:
         raise ShipError(f"docker save {ref} did not write a whole archive: {e}", fix="nodekit save again") from None
     finally:
-        stream.close()
+        if stream is not None:
+            stream.close()
         tmp.unlink(missing_ok=True)
     saved = Saved(
         path=path, ref=ref, image_id=info.id, bytes=path.stat().st_size, seconds=time.monotonic() - t0, layers=plan

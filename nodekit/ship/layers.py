@@ -15,8 +15,13 @@ then passes whole (correct, just not smaller).
 
 from __future__ import annotations
 
+import re
 import tarfile
 from collections.abc import Iterable, Iterator
+
+from nodekit import append
+from nodekit.blobs import BlobStore
+from nodekit.ship.plan import Source
 
 BLOCK = tarfile.BLOCKSIZE
 CHUNK = 1 << 20
@@ -83,3 +88,26 @@ class WithoutLayers:
                     if pad := -member.size % BLOCK:
                         yield bytes(pad)
         yield bytes(2 * BLOCK)
+
+
+def from_store(src: Source, skip: frozenset[str]) -> Iterator[bytes] | None:
+    """The archive of ``src`` without the layer files ``skip``, composed from the blob store ``nodekit build``
+    wrote (its config and code layer; see :mod:`nodekit.append`), or None when the store cannot give every file
+    that must travel: then ``docker save`` does. Every blob is checked against its digest before it is used."""
+    if not src.from_store(skip) or src.blob_store is None:
+        return None
+    store = BlobStore(src.blob_store)
+    config = store.read_verified(src.image_id)
+    if config is None:
+        return None
+    files = {}
+    for layer in src.layers:
+        if layer.diff_id in skip or layer.diff_id in files:
+            continue
+        path = store.verified_path(layer.diff_id)
+        if path is None:
+            return None
+        files[layer.diff_id] = path
+    # An image named by its id is loaded untagged, as docker save writes it.
+    named = not re.fullmatch(r"(sha256:)?[0-9a-f]{6,64}", src.ref)
+    return append.archive(config, src.image_id, src.ref if named else None, files)

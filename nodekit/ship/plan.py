@@ -199,6 +199,17 @@ class Source:
     """The image's layers, base first; empty when unknown (then every layer is sent)."""
     containerd_store: bool = False
     """The source engine keeps images in Docker's containerd image store (ids are manifest digests there)."""
+    blob_store: Path | None = None
+    """A :class:`nodekit.blobs.BlobStore` holding this image's config (``nodekit build`` wrote it), or None."""
+    cached_layers: frozenset[str] = frozenset()
+    """The diff ids whose layer files that store holds: a target that needs only these gets them from the store,
+    without a ``docker save`` of the whole image."""
+
+    def from_store(self, skip: frozenset[str]) -> bool:
+        """Whether a target that has the layers ``skip`` can be sent the rest from the blob store."""
+        return self.blob_store is not None and all(
+            layer.diff_id in self.cached_layers or layer.diff_id in skip for layer in self.layers
+        )
 
 
 @dataclass(frozen=True)
