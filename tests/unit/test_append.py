@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import append
+from nodekit import append, ship
 from nodekit.blobs import BlobStore
 
 EPOCH = 1735689600
@@ -196,3 +196,37 @@ def test_prune_removes_old_blobs_but_keeps_the_ones_named(tmp_path: Path) -> Non
     assert (store.has(old), store.has(kept), store.has(new)) == (False, True, True)
     with pytest.raises(ValueError, match="not a sha256 digest"):
         store.path("md5:00")
+
+
+# --- a push from the store ----------------------------------------------------------------------------------
+
+
+def stored_image(tmp_path: Path) -> tuple[BlobStore, ship.Source, str]:
+    """A store holding an image's config and its code layer (not its base layers), and the image as a Source."""
+    store = BlobStore(tmp_path / "blobs")
+    diff_id, _ = store.put(lambda f: append.write_code_layer(tree(tmp_path / "code"), f, mtime=EPOCH))
+    cfg = append.appended_config(ENV_IMAGE, HISTORY, diff_id, labels={}, env={}, created="t", created_by="x")
+    image_id = store.put_bytes(cfg)
+    layers = tuple(ship.Layer(d, 1) for d in json.loads(cfg)["rootfs"]["diff_ids"])
+    src = ship.Source(ref="nodekit/demo:2", image_id=image_id, size=9, engine_id="e", layers=layers,
+                      blob_store=store.root, cached_layers=frozenset({diff_id}))  # fmt: skip
+    return store, src, diff_id
+
+
+def test_a_target_lacking_only_the_code_layer_is_sent_it_from_the_store(tmp_path: Path) -> None:
+    from nodekit.ship.layers import from_store
+
+    store, src, diff_id = stored_image(tmp_path)
+    base = frozenset(layer.diff_id for layer in src.layers[:-1])
+    stream = from_store(src, base)
+    assert stream is not None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        assert sorted(tar.getnames()) == sorted(
+            ["manifest.json", f"blobs/sha256/{src.image_id[7:]}", f"blobs/sha256/{diff_id[7:]}"]
+        )
+        assert json.loads(tar.extractfile("manifest.json").read())[0]["RepoTags"] == ["nodekit/demo:2"]  # type: ignore[union-attr]
+    # A target that also lacks a base layer needs docker save: the store does not hold it.
+    assert from_store(src, base - {src.layers[0].diff_id}) is None
+    # Nor does a damaged store give anything (and it loses the damaged blob).
+    store.path(diff_id).write_bytes(b"x" * 10)
+    assert from_store(src, base) is None and not store.has(diff_id)
