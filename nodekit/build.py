@@ -33,6 +33,8 @@ from nodekit.probe import DISTS_AND_TORCH, Target
 from nodekit.probe import target as probe_target
 from nodekit.progress import Reporter
 from nodekit.render.image import (
+    FRAMEWORK_LOCK,
+    FRAMEWORK_PACKAGE,
     LABEL_BASE,
     LABEL_BASE_ID,
     LABEL_FINGERPRINT,
@@ -41,9 +43,11 @@ from nodekit.render.image import (
     LABEL_PYTHON,
     LABEL_TORCH,
     LABEL_VERSION,
+    PACKAGES_LOCK,
     SOURCE_DATE_EPOCH,
     STAGE_CODE,
     STAGE_DOCKERFILE,
+    STAGE_FRAMEWORK,
     STAGE_LAUNCHER,
     STAGE_WHEELS,
     BuildPlan,
@@ -52,6 +56,7 @@ from nodekit.render.image import (
     ignore_rules,
     normal_mode,
     plan_build,
+    split_lock,
 )
 from nodekit.settings import Settings
 
@@ -334,22 +339,32 @@ def _require_base(settings: Settings) -> docker.ImageInfo:
     return base
 
 
-def _sync_wheels(wheel_dir: Path, wheels: Mapping[str, Path], lock_text: str) -> None:
-    """Make ``wheel_dir`` hold exactly the locked wheels and the lock, touching nothing that is already right."""
+def _sync_wheels(wheel_dir: Path, wheels: Mapping[str, Path], files: Mapping[str, str]) -> None:
+    """Make ``wheel_dir`` hold exactly ``wheels`` and the text ``files`` (name -> content), touching nothing that
+    is already right."""
     wheel_dir.mkdir(parents=True, exist_ok=True)
     wanted = {p.name: p for p in wheels.values()}
     for present in wheel_dir.iterdir():
-        if present.name != "nodekit.lock" and (
-            present.name not in wanted or not present.samefile(wanted[present.name])
-        ):
+        if present.name not in files and (present.name not in wanted or not present.samefile(wanted[present.name])):
             present.unlink()
     for name, src in wanted.items():
         if not (wheel_dir / name).exists():
             # Hard links: wheels are immutable, and pip checks their hashes again inside the build.
             _link_or_copy(src, wheel_dir / name)
-    lock_file = wheel_dir / "nodekit.lock"
-    if not lock_file.is_file() or lock_file.read_text() != lock_text:
-        lock_file.write_text(lock_text)
+    for name, text in files.items():
+        path = wheel_dir / name
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+
+
+def _stage_wheels(root: Path, wheels: Mapping[str, Path], lock: Lock) -> None:
+    """The two wheel contexts: the framework's wheels (torch, triton, nvidia-*: their own layer, whose cache key
+    then depends on them alone) and the other packages' wheels with the whole lock."""
+    framework_text, packages_text = split_lock(lock.text())
+    framework = {n: w for n, w in wheels.items() if FRAMEWORK_PACKAGE.match(f"{n}==")}
+    others = {n: w for n, w in wheels.items() if n not in framework}
+    _sync_wheels(root / STAGE_FRAMEWORK, framework, {FRAMEWORK_LOCK: framework_text})
+    _sync_wheels(root / STAGE_WHEELS, others, {"nodekit.lock": lock.text(), PACKAGES_LOCK: packages_text})
 
 
 def _stage(
@@ -359,7 +374,7 @@ def _stage(
     wheels = ensure_wheelhouse(settings, lock, reporter)
     reporter.step("staging build contexts")
     root = settings.project_dir / STAGE_DIR
-    _sync_wheels(root / STAGE_WHEELS, wheels, lock.text())
+    _stage_wheels(root, wheels, lock)
     tmp = _fresh(root / ".staging")
     staged = _plan(settings, lock, base_id, tgt, no_cache=no_cache, stage=tmp)
     final = staged.context.parent

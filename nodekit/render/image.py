@@ -41,7 +41,19 @@ LABEL_VERSION = "org.nodekit.version"
 STAGE_LAUNCHER = "launcher"  # the main build context: nodekit/__init__.py + nodekit/launcher/
 STAGE_CODE = "code"  # --build-context code=...: the project after .dockerignore
 STAGE_WHEELS = "wheels"  # --build-context wheels=...: the locked wheels + nodekit.lock, bind-mounted
+STAGE_FRAMEWORK = "framework"  # --build-context framework=...: the framework's wheels + framework.lock
+FRAMEWORK_LOCK = "framework.lock"  # in STAGE_FRAMEWORK: the lock's framework lines (its own layer)
+PACKAGES_LOCK = "packages.lock"  # in STAGE_WHEELS: the other lines (the packages layer above it)
 STAGE_DOCKERFILE = "Dockerfile"
+
+# The packages of the framework layer: torch and what ships with it, most of the image's bytes (6-10 GB with
+# CUDA) and the packages that change least. Everything else the lock pins goes to the packages layer above it, so
+# adding or upgrading a package rebuilds and ships that layer alone. setuptools goes with the framework because
+# ensurepip puts its own copy into the environment in that step: replacing it there keeps the old copy out of the
+# image (a later layer would only hide it under a whiteout).
+FRAMEWORK_PACKAGE = re.compile(
+    r"^(torch|torchvision|torchaudio|triton|pytorch-triton(-[a-z0-9]+)*|nvidia-[a-z0-9-]+|setuptools)=="
+)
 
 # Every timestamp the image carries (config, history, file mtimes) is this instant, 2025-01-01T00:00:00Z, so two
 # builds of the same inputs give the same image id. `docker images` therefore shows the same "created" for all.
@@ -262,6 +274,9 @@ def fingerprint(inputs: StackInputs) -> str:
         "scheme": FINGERPRINT_SCHEME,
         "base_id": inputs.base_id,
         "lock": _sha256(inputs.lock_text),
+        # Which pins the framework layer holds (split_lock's rule is code, not an input file): a change of the rule
+        # changes the layers, so it changes the fingerprint.
+        "framework": _sha256(split_lock(inputs.lock_text)[0]),
         "dockerfile": _sha256(inputs.dockerfile_text),
         "build_args": sorted([k, v] for k, v in inputs.build_args),
         "launcher": _tree(inputs.launcher),
@@ -328,6 +343,18 @@ class BuildPlan(BaseModel):
             rows.append(("cache", "disabled (--no-cache)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def split_lock(lock_text: str) -> tuple[str, str]:
+    """Pure: ``(framework, packages)``, the lock's requirement lines split between the framework layer and the
+    packages layer (see FRAMEWORK_PACKAGE); each keeps the lock's comment header, so either is a valid
+    ``--require-hashes`` requirement file on its own."""
+    header = [ln for ln in lock_text.splitlines() if not ln or ln.startswith("#")]
+    lines = [ln for ln in lock_text.splitlines() if ln and not ln.startswith("#")]
+    framework = [ln for ln in lines if FRAMEWORK_PACKAGE.match(ln)]
+    packages = [ln for ln in lines if not FRAMEWORK_PACKAGE.match(ln)]
+    head = "\n".join(header).rstrip("\n") + "\n"
+    return head + "".join(f"{ln}\n" for ln in framework), head + "".join(f"{ln}\n" for ln in packages)
 
 
 def input_build_args(base_image: str, base_python: str = "python3", base_site: Sequence[str] = ()) -> dict[str, str]:
@@ -428,6 +455,7 @@ def plan_build(
         build_contexts=(
             (STAGE_CODE, stage_dir / fp[:TAG_LENGTH] / STAGE_CODE),
             (STAGE_WHEELS, stage_dir / STAGE_WHEELS),
+            (STAGE_FRAMEWORK, stage_dir / STAGE_FRAMEWORK),
         ),
         build_args=tuple(sorted({**args, **_metadata_args(labels)}.items())),
         labels=tuple(sorted(labels.items())),

@@ -24,8 +24,12 @@ def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = Non
     this image (``nodekit build`` wrote its config and code layer there) are noted: they travel without a
     ``docker save``."""
     info = docker.require_image(ref, endpoint)
-    facts = docker.engine_facts(endpoint)
-    layers = sized_layers(docker.image_layers(info.id, endpoint), docker.history_sizes(info.id, endpoint))
+    with ThreadPoolExecutor(max_workers=3) as asks:  # independent queries: at once, not one after the other
+        f_facts = asks.submit(docker.engine_facts, endpoint)
+        f_ids = asks.submit(docker.image_layers, info.id, endpoint)
+        f_sizes = asks.submit(docker.history_sizes, info.id, endpoint)
+    facts = f_facts.result()
+    layers = sized_layers(f_ids.result(), f_sizes.result())
     blobs = BlobStore(store) if store is not None else None
     cached = frozenset(layer.diff_id for layer in layers if blobs is not None and blobs.has(layer.diff_id))
     return Source(
@@ -51,18 +55,23 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
     (only asked when the image must travel). Never raises: failures land in ``TargetState.error``."""
 
     def one(t: Target) -> TargetState:
+        # The four questions go out at once: over ssh:// each docker call is its own SSH connection, so asking
+        # one after the other cost a round of handshakes each (about 2 s of a 5 s code-only push to one node).
+        # The layer list is asked before it is known to be needed; it is dropped when the target has the image.
+        with ThreadPoolExecutor(max_workers=4) as asks:
+            f_facts = asks.submit(docker.engine_facts, t.endpoint)
+            f_ref = asks.submit(docker.image_info, source.ref, t.endpoint)
+            f_id = asks.submit(docker.image_info, source.image_id, t.endpoint)
+            f_layers = asks.submit(docker.layer_lists, t.endpoint)
         try:
-            facts = docker.engine_facts(t.endpoint)
-            at_ref = docker.image_info(source.ref, t.endpoint)
-            by_id = (
-                at_ref if at_ref and at_ref.id == source.image_id else docker.image_info(source.image_id, t.endpoint)
-            )
+            facts = f_facts.result()
+            at_ref, by_id = f_ref.result(), f_id.result()
             has_image = by_id is not None and by_id.id == source.image_id
             chains = None
             # Leaving layers out relies on the classic layer store's load (chain ids); the containerd store loads
             # differently, so it gets the whole image.
             if not has_image and facts.engine_id != source.engine_id and not facts.containerd_store:
-                chains = chains_of(docker.layer_lists(t.endpoint))
+                chains = chains_of(f_layers.result())
         except NodekitError as e:
             return TargetState(target=t, error=e.message)
         return TargetState(

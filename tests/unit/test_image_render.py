@@ -299,6 +299,7 @@ def test_plan_build_tag_labels_and_args(tmp_path: Path) -> None:
     assert dict(plan.build_contexts) == {
         "code": tmp_path / "stage" / fp12 / "code",
         "wheels": tmp_path / "stage" / "wheels",
+        "framework": tmp_path / "stage" / "framework",
     }
     assert args["SOURCE_DATE_EPOCH"] == str(SOURCE_DATE_EPOCH)
     assert (plan.code_files, plan.code_bytes) == (1, 10)
@@ -325,12 +326,13 @@ def test_dockerfile_layer_order_and_offline_install() -> None:
     launcher = next(i for i, s in enumerate(ins) if s.startswith("COPY nodekit "))
     code = next(i for i, s in enumerate(ins) if s.startswith("COPY --from=code"))
     assert keywords.index("FROM") < first_run < launcher < code
-    assert keywords.count("RUN") == 1 and keywords.count("COPY") == 2
+    assert keywords.count("RUN") == 2 and keywords.count("COPY") == 2
     # nothing after the code copy touches the file system
     assert all(k in ("ENTRYPOINT", "ARG", "LABEL", "ENV") for k in keywords[code + 1 :])
     run = ins[first_run]
     for needle in (
-        "--mount=type=bind,from=wheels",
+        "--mount=type=bind,from=framework",
+        "/wheels/framework.lock",
         "--no-index",
         "--require-hashes",
         "--no-cache-dir",
@@ -338,6 +340,13 @@ def test_dockerfile_layer_order_and_offline_install() -> None:
         "nodekit-base.pth",
     ):
         assert needle in run, needle
+    # The packages layer comes next, from the other wheels only: its own cache key, its own layer.
+    second_run = keywords.index("RUN", first_run + 1)
+    assert first_run < second_run < launcher
+    packages = ins[second_run]
+    for needle in ("--mount=type=bind,from=wheels", "/wheels/packages.lock", "--require-hashes", "nodekit.lock"):
+        assert needle in packages, needle
+    assert "from=wheels" not in run and "framework" not in packages
     assert 'ENTRYPOINT ["/opt/venv/bin/python", "-m", "nodekit.launcher"]' in ins
     env = " ".join(s for s in ins if s.startswith("ENV"))
     for needle in ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "/opt/venv/bin"):
@@ -412,3 +421,27 @@ def test_stack_from_probe_of_a_cpu_image_and_of_a_foreign_image() -> None:
     cpu = stack_from_probe({"python": "3.11.2", "dists": {"torch": "2.13.0+cpu"}, "torch": {"cuda": None}})
     assert (cpu["torch"], cpu["cuda"], cpu["cudnn"], cpu["nccl"]) == ("2.13.0+cpu", None, None, None)
     assert stack_from_probe({"python": "3.12.0", "dists": {}, "torch": {}, "lock": "not a lock"})["packages"] == {}
+
+
+def test_the_lock_splits_into_the_framework_and_the_packages_layers() -> None:
+    from nodekit.render.image import split_lock
+
+    lock = (
+        "# nodekit.lock: header\n# python: 3.11\n\n"
+        "filelock==4.2.11 --hash=sha256:aa\n"
+        "numpy==2.4.6 --hash=sha256:bb\n"
+        "nvidia-nccl-cu12==2.21.5 --hash=sha256:cc\n"
+        "setuptools==84.2.1 --hash=sha256:b1\n"
+        "torch==2.13.0+cpu --hash=sha256:dd\n"
+        "torchvision==0.28.0 --hash=sha256:ee\n"
+        "triton==3.5.0 --hash=sha256:ff\n"
+        "torchmetrics==1.5.0 --hash=sha256:gg\n"
+    )
+    framework, packages = split_lock(lock)
+    body = [ln.split("==")[0] for ln in framework.splitlines() if ln and not ln.startswith("#")]
+    rest = [ln.split("==")[0] for ln in packages.splitlines() if ln and not ln.startswith("#")]
+    assert body == ["nvidia-nccl-cu12", "setuptools", "torch", "torchvision", "triton"]
+    # torchmetrics is a package like any other: it changes with the project, not with torch.
+    assert rest == ["filelock", "numpy", "torchmetrics"]
+    assert framework.startswith("# nodekit.lock: header\n# python: 3.11\n") and packages.endswith("sha256:gg\n")
+    assert split_lock("# only comments\n") == ("# only comments\n", "# only comments\n")
