@@ -344,9 +344,13 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
             f"- (b): nodekit sends {mib(b4.nodekit_bytes or 0)} to 4 nodes ({mib(b4.link_bytes)} on the head's link, "
             f"SSH included) in {b4.seconds:.1f} s ({b1.seconds:.1f} s to one node). The code layer and the image "
             "config travel from the blob store `nodekit build` keeps (it writes the image's last layer itself, "
-            f"nodekit/append.py), so the head runs no `docker save` ({save} for this image, the fixed cost "
-            "before this change). What remains is the survey of every target over SSH (engine, image and layer "
-            "queries), the load and the image id check there. "
+            f"nodekit/append.py), so the head runs no `docker save` ({save}: the fixed cost before this "
+            "change). What remains is per target: six `docker -H ssh://` calls (four survey questions, asked at "
+            "once, then the load and the image id check), each a docker CLI process opening its own SSH "
+            "connection, with sshd and `docker system dial-stdio` on the target. On this machine all of them, for "
+            "every target, share the same 2 cores, which is why the time grows with the number of targets; on a "
+            "cluster each target's side runs on its own CPU, and OpenSSH connection sharing (ControlMaster, "
+            "docs/scale.md) removes the handshakes. "
             + (f"A registry pull of the same change takes {rb4.seconds:.1f} s ({rb4.extra}) because the daemon "
                "fetches only missing blobs and the head's `docker push` only uploads new ones." if rb4 else "")
         )  # fmt: skip
@@ -363,11 +367,10 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
     c1 = find(rows, "c", "layers", 1, mbit)
     if c1 is not None:
         out.append(
-            "- (c): the demo image installs all its packages in one `RUN` layer, so adding one small package makes a "
-            f"new ~1 GB packages layer: nodekit sends it again ({mib(c1.nodekit_bytes or 0)} to one node), and the "
-            "registry re-uploads and every node pulls it too. Only the base and code layers are skipped. A small "
-            "dependency change could travel small only with the packages split over several layers (an image "
-            "layout change, not made here)."
+            "- (c): adding a package rebuilds the packages layer (every pin but the framework's: 174 MB uncompressed "
+            f"for the demo) and the small layers above it: nodekit sends those ({mib(c1.nodekit_bytes or 0)} to one "
+            "node); the framework layer (torch, 776 MB) and the base stay on the nodes. The packages layer is "
+            "BuildKit's, so this push still starts with a `docker save` of the whole image on the head."
         )
     slow = [r for r in rows if r.mbit == slow_mbit and r.mbit != mbit]
     if slow:
