@@ -165,7 +165,9 @@ def _member(name: str, size: int) -> bytes:
     return info.tobuf(tarfile.PAX_FORMAT, tarfile.ENCODING, "surrogateescape")
 
 
-def _blob_name(digest: str) -> str:
+def blob_name(digest: str) -> str:
+    """Where a ``docker save`` archive (Docker >= 25, OCI layout) keeps the blob ``digest``: a layer under its diff
+    id, the config under the image id."""
     algo, _, hexdigest = digest.partition(":")
     return f"blobs/{algo}/{hexdigest}"
 
@@ -175,16 +177,16 @@ def archive(config: bytes, image_id: str, ref: str | None, files: Mapping[str, P
     manifest (naming ``ref`` when given), the config, and the layer files ``files`` (diff id -> uncompressed layer
     tar). Layers of the config not in ``files`` are left out: it loads on an engine that holds their chain."""
     diff_ids = json.loads(config)["rootfs"]["diff_ids"]
-    manifest = [{"Config": _blob_name(image_id), "RepoTags": [ref] if ref else None,
-                 "Layers": [_blob_name(d) for d in diff_ids]}]  # fmt: skip
-    small = {_blob_name(image_id): config, "manifest.json": json.dumps(manifest).encode()}
+    manifest = [{"Config": blob_name(image_id), "RepoTags": [ref] if ref else None,
+                 "Layers": [blob_name(d) for d in diff_ids]}]  # fmt: skip
+    small = {blob_name(image_id): config, "manifest.json": json.dumps(manifest).encode()}
     seen = set()
     for d in diff_ids:
         if d in files and d not in seen:
             seen.add(d)
             path = files[d]
             size = path.stat().st_size
-            yield _member(_blob_name(d), size)
+            yield _member(blob_name(d), size)
             with path.open("rb") as f:
                 left = size
                 while left:
@@ -208,6 +210,7 @@ __all__ = [
     "EMPTY_LAYER",
     "appended_config",
     "archive",
+    "blob_name",
     "created_at",
     "history_entries",
     "write_code_layer",

@@ -440,8 +440,7 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
             reporter.warn("files changed while staging; building what was staged")
         reporter.step(f"building {staged.tag}")
         _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
-        _append_code(staged, settings, reporter)
-    info = docker.require_image(staged.tag)
+        info = _append_code(staged, settings, reporter)
     result = _result(staged, info, t0, skipped=False, created=created)
     _record(settings, result)
     reporter.done(f"built {staged.tag} ({human_size(info.size)}) in {result.seconds:.1f} s")
@@ -473,11 +472,12 @@ def _run_build(plan: BuildPlan, reporter: Reporter, metadata: Path) -> None:
         reporter.detail(line)
 
 
-def _append_code(plan: BuildPlan, settings: Settings, reporter: Reporter) -> str:
+def _append_code(plan: BuildPlan, settings: Settings, reporter: Reporter) -> docker.ImageInfo:
     """The Dockerfile's last stage, written here (see :mod:`nodekit.append`): the staged code as one layer on the
     environment image BuildKit just made, plus the labels; loaded into the local engine as ``plan.tag``. The layer
     and the config stay in the project's blob store, so a push of this image to a node that has the environment
-    sends them without a ``docker save``. Returns the image id; ImageError when the engine loaded something else.
+    sends them without a ``docker save``. Returns the loaded image; ImageError when the engine loaded something
+    else.
     """
     from nodekit import append
     from nodekit.blobs import BlobStore
@@ -515,7 +515,7 @@ def _append_code(plan: BuildPlan, settings: Settings, reporter: Reporter) -> str
         )
     store.prune(keep=frozenset({diff_id, image_id}))
     reporter.detail(f"code layer {diff_id[7:19]} ({human_size(size)}), image {image_id[7:19]}")
-    return image_id
+    return got
 
 
 def _result(

@@ -764,11 +764,7 @@ def layer_lists(host: str | None = None) -> list[tuple[str, ...]]:
 
 def history_sizes(ref: str, host: str | None = None) -> tuple[int, ...]:
     """The size in bytes of every history entry of ``ref``, oldest first (0 for entries that made no layer)."""
-    out = _query(
-        host, "image", "history", "--human=false", "--no-trunc", "--format", "{{.Size}}", ref,
-        what=f"read the history of {ref}", error=ImageError, fix="nodekit build",
-    )  # fmt: skip
-    return tuple(int(s) for s in reversed(out.split()) if s.isdigit())
+    return tuple(size for _, _, size in image_history(ref, host))
 
 
 def image_config(ref: str, host: str | None = None) -> dict[str, Any]:

@@ -23,8 +23,7 @@ from nodekit import append
 from nodekit.blobs import BlobStore
 from nodekit.ship.plan import Source
 
-BLOCK = tarfile.BLOCKSIZE
-CHUNK = 1 << 20
+BLOCK, CHUNK = append.BLOCK, append.CHUNK
 
 
 class _Reader:
@@ -49,12 +48,6 @@ class _Reader:
         return out
 
 
-def blob_name(diff_id: str) -> str:
-    """Where ``docker save`` (Docker >= 25, OCI layout) puts the layer with this diff id."""
-    algo, _, hexdigest = diff_id.partition(":")
-    return f"blobs/{algo}/{hexdigest}"
-
-
 class WithoutLayers:
     """The archive ``chunks`` with the files of the layers ``skip`` (diff ids) left out. Iterate once; afterwards
     ``skipped`` names the diff ids actually left out and ``skipped_bytes`` their size. A stream that is not a tar
@@ -62,7 +55,7 @@ class WithoutLayers:
 
     def __init__(self, chunks: Iterable[bytes], skip: frozenset[str]) -> None:
         self._reader = _Reader(chunks)
-        self._names = {blob_name(d): d for d in skip}
+        self._names = {append.blob_name(d): d for d in skip}
         self.skipped: list[str] = []
         self.skipped_bytes = 0
 
