@@ -2,7 +2,7 @@
 network namespace, so that ssh:// targets are reached over the virtual network). Prints one JSON line:
 {"seconds": ..., "sent": {target: bytes}, "skipped": {target: layers}}.
 
-    python benchmarks/_ship_push.py --source unix:///... [--whole | --store DIR] REF ssh://root@ADDR ...
+    python benchmarks/_ship_push.py --source unix:///... [--whole | --store DIR] [--relay MODE] REF ssh://root@ADDR ...
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def main() -> int:
     parser.add_argument("--source", required=True)
     parser.add_argument("--whole", action="store_true", help="send every layer (nodekit's push before issue 10)")
     parser.add_argument("--store", type=Path, help="the project's blob store (nodekit push passes it from the project)")
+    parser.add_argument("--relay", default="auto", help="auto, always or never (--whole implies never)")
     parser.add_argument("ref")
     parser.add_argument("targets", nargs="+")
     opts = parser.parse_args()
@@ -33,9 +34,11 @@ def main() -> int:
     states = ship.survey(src, [ship.Target(t.rsplit("@", 1)[-1], t) for t in opts.targets])
     if opts.whole:
         states = [dataclasses.replace(st, chains=None) for st in states]
-    result = ship.push(ship.plan_push(src, states), NullReporter())
+    relay = "never" if opts.whole else opts.relay
+    result = ship.push(ship.plan_push(src, states), NullReporter(), relay=relay)
     seconds = time.monotonic() - t0
-    print(json.dumps({"seconds": seconds, "sent": result.sent, "skipped": result.layers_skipped}))
+    print(json.dumps({"seconds": seconds, "sent": result.sent, "skipped": result.layers_skipped,
+                      "relayed": result.relayed}))  # fmt: skip
     return 0
 
 

@@ -50,8 +50,9 @@ CASES = {
     "c": "(c) one package added",
 }
 HOWS = {
-    "layers": "nodekit push, only missing layers",
-    "whole": "nodekit push, whole image (before)",
+    "layers": "nodekit push, only missing layers (relayed when 64 MiB+ travel)",
+    "direct": "nodekit push, no relay (--relay never)",
+    "whole": "nodekit push, whole image, no relay (before)",
     "registry": "registry: docker push + pulls",
 }
 

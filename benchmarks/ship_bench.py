@@ -139,10 +139,11 @@ def main() -> int:
                 for image_id in sorted(set(h.docker("images", "-q", "--no-trunc", "-a").stdout.split())):
                     h.docker("rmi", "-f", image_id, check=False)
 
-        def nk_push(case: str, targets: list[Host], mbit: int, *, whole: bool = False) -> Row:
+        def nk_push(case: str, targets: list[Host], mbit: int, *, whole: bool = False, relay: bool = True) -> Row:
             argv = [sys.executable, str(ROOT / "benchmarks" / "_ship_push.py"), "--source", h0.docker_host]
             # As `nodekit push` run in the project: the build's blob store carries a code change without a save.
             argv += ["--whole"] if whole else ["--store", str(project / ".nodekit" / "blobs")]
+            argv += ["--relay", "auto" if relay else "never"]
             argv += [version[case], *(f"ssh://root@{t.addr}" for t in targets)]
             before = head_tx()
             proc = h0.run(*argv, env=head_env, timeout=900)
@@ -152,7 +153,10 @@ def main() -> int:
             got = json.loads(proc.stdout.strip().splitlines()[-1])
             skipped = sum(got["skipped"].values())
             note = f"layer files skipped: {skipped}" if skipped else ""
-            row = Row(case, "whole" if whole else "layers", len(targets), mbit, got["seconds"], after - before,
+            if got.get("relayed"):
+                note = ", ".join(filter(None, [note, f"relayed to {len(got['relayed'])} of {len(targets)}"]))
+            how = "whole" if whole else "layers" if relay else "direct"
+            row = Row(case, how, len(targets), mbit, got["seconds"], after - before,
                       sum(got["sent"].values()), note)  # fmt: skip
             record(row)
             return row
@@ -214,6 +218,9 @@ def main() -> int:
 
         for n in counts:
             targets = targets_all[:n]
+            if n > 1:  # the same first push with the head feeding every target itself, for comparison
+                wipe(targets)
+                nk_push("a", targets, opts.mbit, relay=False)
             wipe(targets)
             nk_push("a", targets, opts.mbit)
             nk_push("b", targets, opts.mbit)
@@ -296,6 +303,9 @@ def render(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int,
         "- *whole image (before)*: the same push with every layer sent, as nodekit did before issue 10 (the "
         "target's engine then skips what it has, after it crossed the wire). Case (a) is not repeated this way: on "
         "empty nodes both send every layer.",
+        "- *relayed*: from 2 targets on, when 64 MiB or more travel (`--relay auto`), the targets pass the stream "
+        "on to each other (a chain over SSH, nodekit/ship/relay.py) and the head sends it once; *no relay*: case "
+        "(a) once more with `--relay never`, the head feeding every target itself, as before.",
         "- *registry*: Debian's `docker-registry` (the CNCF distribution registry) on the head's 127.0.0.1:"
         f"{REG_PORT}; the head's engine pushes each version once (gzip, as `docker push` does; that time is "
         "added to every row of that version), each target `docker pull`s `localhost:5000/...` through an `ssh -R` "
@@ -355,14 +365,18 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
                "fetches only missing blobs and the head's `docker push` only uploads new ones." if rb4 else "")
         )  # fmt: skip
     a1, a4 = find(rows, "a", "layers", 1, mbit), find(rows, "a", "layers", 4, mbit)
+    d4 = find(rows, "a", "direct", 4, mbit)
     if a1 is not None and a4 is not None:
+        direct = (f" Without the relay (the head feeding each target itself, the row above it) the head's link "
+                  f"carried {mib(d4.link_bytes)} in {d4.seconds:.1f} s." if d4 is not None else "")  # fmt: skip
         out.append(
-            f"- (a), time and head's bytes: the fan-out relays of issue 10 (nodes passing layers on) are NOT built. "
-            f"The head sends one stream per target, so its link carries 4 copies ({mib(a4.link_bytes)} for 4 nodes "
-            f"against {mib(a1.link_bytes)} for one), and all hosts share this machine's 2 cores, which also run "
-            "the 4 targets' loads (decompress, unpack) at the same time: the time to one node is mostly CPU "
-            f"({a1.seconds:.1f} s for {mib(a1.link_bytes)}, which the {mbit} Mbit/s link carries in "
-            f"{a1.link_bytes * 8 / mbit / 1e6:.1f} s)."
+            f"- (a), head's bytes and time: the targets form a relay chain (nodekit/ship/relay.py): the head streams "
+            f"the image once, to the first node, and each node passes it on over SSH while it loads it, so the "
+            f"head's link carried {mib(a4.link_bytes)} for 4 nodes against {mib(a1.link_bytes)} for one.{direct} "
+            "The time is bound by CPU, not by the links: all 5 hosts share this machine's 2 cores, which run "
+            "every node's decompression and unpacking and every hop's SSH encryption at once "
+            f"({a1.seconds:.1f} s to one node for {mib(a1.link_bytes)}, which the {mbit} Mbit/s link carries in "
+            f"{a1.link_bytes * 8 / mbit / 1e6:.1f} s); on a cluster each node does its own share on its own CPU."
         )
     c1 = find(rows, "c", "layers", 1, mbit)
     if c1 is not None:

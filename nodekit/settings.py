@@ -150,6 +150,11 @@ class Settings(BaseSettings):
     main: str | None = Field(None, description="main's address as the other nodes reach it (default: host 0's)")
     restarts: int = Field(0, ge=0, description="nodekit run: restart the whole job on every node this many times")
     min_nodes: int | None = Field(None, ge=1, description="nodekit run: go on without lost hosts down to this many")
+    relay: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="nodekit run and push: ssh:// nodes pass the image on to each other (agent forwarding, host keys "
+        "pinned by the head) so the head sends it once; auto = when 64 MiB or more travels",
+    )
     mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
 
     # Set by load(): where the file was found. Not a user setting.

@@ -41,6 +41,18 @@ def _blob_store(config: Path | None) -> Path | None:
     return root if root.is_dir() else None
 
 
+def _configured_relay(config: Path | None) -> str:
+    """nodekit.toml's ``relay`` when there is a project here (a broken file is refused), else auto."""
+    import os
+
+    from nodekit.settings import config_path
+
+    if config is None and not config_path(None, os.environ).is_file():
+        return "auto"
+    relay: str = load_settings(config).relay
+    return relay
+
+
 @contextmanager
 def _progress_bars(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
     """Per-target transfer bars on a terminal; None elsewhere (the reporter then prints progress lines)."""
@@ -90,12 +102,20 @@ def push(
             help="stream compression: auto (none over a local socket, else gzip), gzip or none; zstd is refused"
         ),
     ] = "auto",
+    relay: Annotated[
+        str | None,
+        typer.Option(
+            help="ssh:// targets pass the stream on to each other, so this machine sends it once: auto (when 64 MiB "
+            "or more travels), always or never [default: nodekit.toml's relay, else auto]",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
 ) -> None:
-    """Put the image on other nodes' Docker engines without a registry: docker save, compressed, streamed into
-    docker load on every target in parallel. Targets that already have the image are skipped; the image id on
-    every target is checked against the source's afterwards."""
+    """Put the image on other nodes' Docker engines without a registry: only the layers a target lacks travel,
+    compressed, into docker load there; ssh:// targets relay the stream to each other. Targets that already have
+    the image are skipped; the image id on every target is checked against the source's afterwards."""
     from nodekit import ship
     from nodekit.cli.ui import RichReporter, err, out
     from nodekit.errors import UsageError
@@ -104,17 +124,20 @@ def push(
         raise UsageError("no target: name at least one with --to", fix="nodekit push --to ssh://user@node1")
     if compress not in COMPRESS:
         raise UsageError(f"--compress {compress!r} is not one of {', '.join(COMPRESS)}", fix="--compress auto")
+    relay = relay or _configured_relay(config)
+    if relay not in ship.RELAY_MODES:
+        raise UsageError(f"--relay {relay!r} is not one of {', '.join(ship.RELAY_MODES)}", fix="--relay auto")
     targets = [ship.parse_target(t) for t in to]
     src = ship.source_of(_image(image, config), source, store=_blob_store(config))
     how = cast("ship.Compress", compress)
     plan = ship.plan_push(src, ship.survey(src, targets), compress=how)
     if dry_run:
-        out.print(plan.to_text(), markup=False)
+        out.print("\n".join([plan.to_text(), *ship.relay_text(plan, relay)]), markup=False)
         return
     rep = RichReporter(verbose=True)
     try:
         with _progress_bars(err.is_terminal) as bars:
-            ship.push(plan, rep, on_progress=bars)
+            ship.push(plan, rep, on_progress=bars, relay=relay)
     except Exception:
         rep.fail()
         raise

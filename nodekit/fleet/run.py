@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodekit import docker
 from nodekit.blobs import BLOBS
@@ -30,6 +30,9 @@ from nodekit.render.compose import project_name
 from nodekit.secret import new_secret
 from nodekit.settings import Settings
 from nodekit.spec import mount_points
+
+if TYPE_CHECKING:
+    from nodekit.ship.relay import RelayMode
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
 RESTART_ENV = "NODEKIT_RESTART_COUNT"
@@ -101,9 +104,17 @@ def _parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
         return list(pool.map(fn, items))
 
 
-def ship_image(ref: str, hosts: Sequence[FleetHost], reporter: Reporter, *, store: Path | None = None) -> None:
-    """Put ``ref`` on every host that lacks it, through nodekit push's code (one save, fanned out; from the
-    project's blob ``store`` alone when the hosts lack only what it holds, e.g. after a code change)."""
+def ship_image(
+    ref: str,
+    hosts: Sequence[FleetHost],
+    reporter: Reporter,
+    *,
+    store: Path | None = None,
+    relay: RelayMode = "auto",
+) -> None:
+    """Put ``ref`` on every host that lacks it, through nodekit push's code (only the layers each lacks; from the
+    project's blob ``store`` alone when the hosts lack only what it holds, e.g. after a code change; relayed from
+    host to host when ``relay`` says so)."""
     from nodekit import ship
 
     src = ship.source_of(ref, None, store=store)
@@ -114,7 +125,7 @@ def ship_image(ref: str, hosts: Sequence[FleetHost], reporter: Reporter, *, stor
         reporter.done(f"{ref} is already on every host")
         return
     reporter.step(f"shipping {ref} to {', '.join(missing)}")
-    ship.push(plan, reporter)
+    ship.push(plan, reporter, relay=relay)
     reporter.done(f"{ref} is on every host (image id verified)")
 
 
@@ -262,7 +273,7 @@ def run(
             on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
         )
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
-        ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS)
+        ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
         job = job_settings(settings, hosts, restart=used)
         plans = plan_fleet(job, hosts, facts, ref, debug=debug, image_id=image_id, secret=secret)
         for p in plans:

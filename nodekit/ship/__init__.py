@@ -14,6 +14,8 @@ Split by responsibility; this package re-exports the public names, so ``from nod
   fanned out to one ``docker load`` per target in parallel, then the image id on every target is compared with the
   source's. A target whose stream breaks is cut off (its engine discards the partial load), so a failed push leaves
   that target's existing images as they were.
+- :mod:`~nodekit.ship.relay`: relay chains: ssh:// targets that take the same stream pass it on to each other
+  (a shell script run over SSH on each, agent forwarding, host keys pinned by the head), so the head sends it once.
 - :mod:`~nodekit.ship.stream`: compression of the stream (and whether zstd is here), and what a failed
   ``docker load`` means.
 - :mod:`~nodekit.ship.files`: :func:`save` and :func:`load`, the image as a file.
@@ -24,7 +26,7 @@ from __future__ import annotations
 from nodekit import docker as docker
 from nodekit.errors import EngineError
 from nodekit.ship.engines import layers_held, source_of, survey
-from nodekit.ship.fanout import ProgressFn, PushResult, push
+from nodekit.ship.fanout import ProgressFn, PushResult, push, relay_candidates, relay_text
 from nodekit.ship.files import LoadedFile, Saved, load, save
 from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.plan import (
@@ -51,11 +53,14 @@ from nodekit.ship.plan import (
     plan_push,
     sized_layers,
 )
+from nodekit.ship.relay import RELAY_MIN_BYTES, RELAY_MODES, RelayMode
 from nodekit.ship.stream import PROGRESS_EVERY_S, compressed, diagnose_load_failure, zstd_here
 
 __all__ = [
     "DISK_FACTOR",
     "PROGRESS_EVERY_S",
+    "RELAY_MIN_BYTES",
+    "RELAY_MODES",
     "SCHEMES",
     "Action",
     "Codec",
@@ -67,6 +72,7 @@ __all__ = [
     "ProgressFn",
     "PushPlan",
     "PushResult",
+    "RelayMode",
     "Saved",
     "Source",
     "Step",
@@ -87,6 +93,8 @@ __all__ = [
     "plan_layers",
     "plan_push",
     "push",
+    "relay_candidates",
+    "relay_text",
     "save",
     "sized_layers",
     "source_of",

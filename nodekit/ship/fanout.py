@@ -12,10 +12,12 @@ push leaves that target's existing images as they were.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -24,6 +26,8 @@ from nodekit.errors import NodekitError, ShipError
 from nodekit.progress import Reporter
 from nodekit.ship.layers import WithoutLayers, from_store
 from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
+from nodekit.ship.relay import RELAY_MIN_BYTES, Agent, Hop, RelayMode, RelaySink, hop_of, user_agent_has_keys
+from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
 
 # A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
@@ -43,12 +47,14 @@ class PushResult:
     """Bytes written into each target's ``docker load`` (after compression: what went on the wire)."""
     layers_skipped: dict[str, int] = field(default_factory=dict)
     """How many of the image's layer files each target was spared (it had them)."""
+    relayed: dict[str, str] = field(default_factory=dict)
+    """Targets that got the image from another target (a relay chain), not from the head: name to that target."""
 
 
 class _Sink(Protocol):
     def write(self, chunk: bytes) -> None: ...
 
-    def finish(self) -> docker.Loaded: ...
+    def finish(self) -> object: ...
 
     def abort(self) -> None: ...
 
@@ -85,9 +91,13 @@ def push(
     open_source: Callable[[str, str | None], Iterable[bytes]] | None = None,
     open_sink: Callable[[str], _Sink] | None = None,
     stall_s: float | None = None,
+    relay: RelayMode = "auto",
 ) -> PushResult:
     """Carry out ``plan``. Every target is attempted; afterwards, ShipError names the first failed target (and
-    how many others failed) when any did. ``open_source``/``open_sink`` replace docker save/load in tests."""
+    how many others failed) when any did. ``open_source``/``open_sink`` replace docker save/load in tests.
+    ``relay``: targets over ``ssh://`` that take the same stream pass it on to each other (a relay chain, see
+    :mod:`nodekit.ship.relay`), so the head sends it once: ``auto`` when at least ``RELAY_MIN_BYTES`` travel,
+    ``always``, or ``never``."""
     rep = _SafeReporter(reporter)
     src = plan.source
     result = PushResult(plan=plan)
@@ -105,33 +115,38 @@ def push(
                 continue
             result.seconds[s.target.name] = time.monotonic() - t0
             rep.done(f"{s.target.name}: tagged {src.ref} ({s.reason})")
-    loads = plan.loads()
-    # Targets that lack the same layers and take the same compression share one stream.
-    groups: dict[tuple[Codec, frozenset[str]], list[Step]] = {}
-    for s in loads:
-        skip = s.layers.skip_ids if s.layers is not None else frozenset()
-        groups.setdefault((s.codec, skip), []).append(s)
-    for (codec, skip), steps in groups.items():
-        names = ", ".join(s.target.name for s in steps)
-        layers = steps[0].layers
-        what = layers.to_text() if layers is not None else size_text(src.size)
-        # From the build's blob store when it holds every file that travels: no docker save of the whole image.
-        cached = None if open_source is not None else from_store(src, skip)
-        origin = ", from the build's blob store" if cached is not None else ""
-        rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
-        _fan_out(
-            plan,
-            steps,
-            codec,
-            skip,
-            rep,
-            result,
-            on_progress,
-            open_source,
-            open_sink,
-            STALL_S if stall_s is None else stall_s,
-            cached,
-        )
+    groups = _groups(plan.loads())
+    stall = STALL_S if stall_s is None else stall_s
+    agent: Agent | None = None
+    try:
+        for (codec, skip), steps in groups.items():
+            layers = steps[0].layers
+            what = layers.to_text() if layers is not None else size_text(src.size)
+            travels = layers.send_bytes if layers is not None and skip else src.size
+            chain: list[tuple[Step, Hop]] = []
+            if open_sink is None:
+                chain, agent = _relay_chain(steps, travels, relay, rep, agent)
+            direct = [s for s in steps if all(s is not c for c, _ in chain)]
+            names = ", ".join(s.target.name for s in direct)
+            if chain:
+                names = ", ".join(filter(None, [names, " -> ".join(c.target.name for c, _ in chain) + " (relayed)"]))
+            # From the build's blob store when it holds every file that travels: no docker save of the whole image.
+            cached = None if open_source is not None else from_store(src, skip)
+            origin = ", from the build's blob store" if cached is not None else ""
+            rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
+            socket = agent.socket if agent is not None else None
+            _fan_out(plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, cached,
+                     chain=chain, agent_socket=socket)  # fmt: skip
+            missed = [c for c, _ in chain if c.target.name in result.failures]
+            if missed:
+                # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
+                why = "; ".join(f"{c.target.name}: {result.failures.pop(c.target.name).message}" for c in missed)
+                rep.warn(f"the relay chain did not deliver to every node ({why}); sending to them from the head")
+                again = None if open_source is not None else from_store(src, skip)
+                _fan_out(plan, missed, codec, skip, rep, result, on_progress, open_source, open_sink, stall, again)
+    finally:
+        if agent is not None:
+            agent.close()
     if result.failures:
         (_, first), *rest = result.failures.items()
         if rest:
@@ -142,6 +157,63 @@ def push(
             )
         raise first
     return result
+
+
+def relay_candidates(steps: Sequence[Step], travels: int, mode: RelayMode) -> list[Step]:
+    """Pure: the loading targets of one stream that may relay it to each other (``ssh://``, at least two, and in
+    ``auto`` at least ``RELAY_MIN_BYTES`` travelling); empty when none relay. Whether each can take part is only
+    known from the head's ssh config and known_hosts (:func:`~nodekit.ship.relay.hop_of`)."""
+    ssh_steps = [s for s in steps if s.target.endpoint.startswith("ssh://")]
+    if mode == "never" or len(ssh_steps) < 2 or (mode == "auto" and travels < RELAY_MIN_BYTES):
+        return []
+    return ssh_steps
+
+
+def relay_text(plan: PushPlan, mode: RelayMode) -> list[str]:
+    """What ``push --dry-run`` says about relays: one line per stream that would be relayed."""
+    out = []
+    for steps in _groups(plan.loads()).values():
+        layers = steps[0].layers
+        travels = layers.send_bytes if layers is not None and layers.skip else plan.source.size
+        chain = relay_candidates(steps, travels, mode)
+        if chain:
+            out.append(f"  relayed: {' -> '.join(s.target.name for s in chain)} (each passes the stream on; the "
+                       "head sends it once; a node whose host key the head lacks is fed directly)")  # fmt: skip
+    return out
+
+
+def _groups(loads: Sequence[Step]) -> dict[tuple[Codec, frozenset[str]], list[Step]]:
+    """Loading targets that lack the same layers and take the same compression: they share one stream."""
+    groups: dict[tuple[Codec, frozenset[str]], list[Step]] = {}
+    for s in loads:
+        skip = s.layers.skip_ids if s.layers is not None else frozenset()
+        groups.setdefault((s.codec, skip), []).append(s)
+    return groups
+
+
+def _relay_chain(
+    steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter, agent: Agent | None
+) -> tuple[list[tuple[Step, Hop]], Agent | None]:
+    """The targets of one stream that relay it to each other (first to last), and the agent whose keys the
+    chain's hops log in with (started here on first use, when the user runs none)."""
+    ssh_steps = relay_candidates(steps, travels, mode)
+    if not ssh_steps:
+        return [], agent
+    with ThreadPoolExecutor(max_workers=min(8, len(ssh_steps))) as pool:
+        hops = list(pool.map(lambda s: hop_of(s.target.name, s.target.endpoint), ssh_steps))
+    chain = [(s, h) for s, h in zip(ssh_steps, hops, strict=True) if isinstance(h, Hop)]
+    for s, h in zip(ssh_steps, hops, strict=True):
+        if not isinstance(h, Hop):
+            rep.detail(f"{s.target.name}: not in the relay chain ({h}); sent from the head")
+    if len(chain) < 2:
+        return [], agent
+    if agent is None:
+        mine = os.environ.get("SSH_AUTH_SOCK") if user_agent_has_keys(os.environ) else None
+        agent = Agent([f for _, h in chain for f in h.identities], existing=mine)
+    if agent.socket is None:
+        rep.detail("no relay: no key to forward to the nodes (start ssh-agent and ssh-add your key, or --relay never)")
+        return [], agent
+    return chain, agent
 
 
 def _as_ship_error(e: NodekitError, target: Target) -> ShipError:
@@ -165,27 +237,76 @@ def _fan_out(
     open_sink: Callable[[str], _Sink] | None,
     stall_s: float = STALL_S,
     cached: Iterable[bytes] | None = None,
+    *,
+    chain: list[tuple[Step, Hop]] | None = None,
+    agent_socket: str | None = None,
 ) -> None:
     """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
     target slows the stream, a failed one is dropped from it. ``cached``: the archive already composed without
-    those files (from the build's blob store), used instead of the save."""
+    those files (from the build's blob store), used instead of the save. ``chain``: targets that take the stream
+    through one queue, relaying it from the first to the last (:class:`~nodekit.ship.relay.RelaySink`)."""
     src = plan.source
-    layers = steps[0].layers
+    chain = chain or []
+    relayed = [c for c, _ in chain]
+    heads = steps + relayed[:1]  # one queue, one sink per head: every direct target, and the chain's first node
+    layers = heads[0].layers
     total = max(layers.send_bytes if layers is not None and skip else src.size, 1)
-    queues = {s.target.name: queue.Queue[object](maxsize=16) for s in steps}
-    dead = {s.target.name: threading.Event() for s in steps}
+    queues = {s.target.name: queue.Queue[object](maxsize=16) for s in heads}
+    dead = {s.target.name: threading.Event() for s in heads}
     sinks: dict[str, _Sink] = {}
     started = time.monotonic()
+
+    def fail(step: Step, err: ShipError) -> None:
+        """``step`` failed; when it heads the chain, every node after it is left without the image too."""
+        result.failures.setdefault(step.target.name, err)
+        if relayed and step is relayed[0]:
+            for after in relayed[1:]:
+                result.failures.setdefault(
+                    after.target.name,
+                    ShipError(f"the relay through {step.target.name} was cut", node=after.target.name),
+                )
+
+    def open_one(step: Step) -> _Sink:
+        if relayed and step is relayed[0]:
+            return RelaySink([h for _, h in chain], agent_socket)
+        return (open_sink or docker.LoadSink)(step.target.endpoint)
+
+    def loaded(step: Step, upstream: str | None) -> None:
+        name = step.target.name
+        result.seconds[name] = time.monotonic() - started
+        result.layers_skipped[name] = skipped_n[0]
+        spared = f", {skipped_n[0]} layers already there" if skipped_n[0] else ""
+        how = f"relayed by {upstream}" if upstream else f"{size_text(result.sent.get(name, 0))} sent"
+        if upstream:
+            result.relayed[name] = upstream
+        rep.done(f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s: {how}{spared}")
+
+    def settle_chain(sink: _Sink) -> None:
+        """The chain ended: each node's own report, then its image id checked from here."""
+        assert isinstance(sink, RelaySink)
+        report = sink.finish()
+        why = relay_failures([h for _, h in chain], report, sink.rc)
+        for i, step in enumerate(relayed):
+            name = step.target.name
+            if name in why:
+                fail(step, ShipError(f"{name} did not load the relayed stream: {why[name]}", node=name))
+                continue
+            try:
+                _verify(src, step)
+            except NodekitError as e:
+                fail(step, _as_ship_error(e, step.target))
+                continue
+            loaded(step, relayed[i - 1].target.name if i else None)
 
     def consume(step: Step) -> None:
         name = step.target.name
         q = queues[name]
         last = 0.0
         try:
-            sink = (open_sink or docker.LoadSink)(step.target.endpoint)
+            sink = open_one(step)
             sinks[name] = sink
         except NodekitError as e:
-            result.failures[name] = _as_ship_error(e, step.target)
+            fail(step, _as_ship_error(e, step.target))
             dead[name].set()
             return
         try:
@@ -196,7 +317,7 @@ def _fan_out(
                 if isinstance(item, ShipError):
                     # The source broke: cut this load off so the engine discards the partial image.
                     sink.abort()
-                    result.failures[name] = ShipError(item.message, fix=item.fix, node=name)
+                    fail(step, ShipError(item.message, fix=item.fix, node=name))
                     dead[name].set()
                     return
                 assert isinstance(item, tuple)
@@ -213,30 +334,27 @@ def _fan_out(
                         f"{name}: {size_text(sent)} of {size_text(total)} ({100 * sent // total}%), "
                         f"{size_text(result.sent[name])} on the wire, {size_text(rate)}/s"
                     )
+            if relayed and step is relayed[0]:
+                settle_chain(sink)
+                return
             sink.finish()
             _verify(src, step)
         except NodekitError as e:
             sink.abort()
-            result.failures.setdefault(name, _diagnose(e, step, plan))
+            fail(step, _diagnose(e, step, plan))
             dead[name].set()
             return
         except BaseException as e:
             sink.abort()
-            result.failures.setdefault(
-                name,
+            fail(
+                step,
                 ShipError(
                     f"pushing to {name} failed: {e}", fix=f"nodekit push again (--to {step.target.endpoint})", node=name
                 ),
             )
             dead[name].set()
             return
-        result.seconds[name] = time.monotonic() - started
-        result.layers_skipped[name] = skipped_n[0]
-        spared = f", {skipped_n[0]} layers already there" if skipped_n[0] else ""
-        rep.done(
-            f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s: "
-            f"{size_text(result.sent.get(name, 0))} sent{spared}"
-        )
+        loaded(step, None)
 
     def put(name: str, item: object) -> None:
         waited_since = time.monotonic()
@@ -250,9 +368,9 @@ def _fan_out(
                 continue
 
     def stalled(name: str) -> None:
-        step = next(s for s in steps if s.target.name == name)
-        result.failures.setdefault(
-            name,
+        step = next(s for s in heads if s.target.name == name)
+        fail(
+            step,
             ShipError(
                 f"{name} stopped reading the image stream: nothing taken for {stall_s:g} s; cut off, the other "
                 "targets go on",
@@ -265,7 +383,7 @@ def _fan_out(
         if sink is not None:
             sink.abort()  # ends the load process, which unblocks the worker's write
 
-    workers = [threading.Thread(target=consume, args=(s,), name=f"push-{s.target.name}", daemon=True) for s in steps]
+    workers = [threading.Thread(target=consume, args=(s,), name=f"push-{s.target.name}", daemon=True) for s in heads]
     for w in workers:
         w.start()
     raw: Iterable[bytes] | None = None
@@ -275,7 +393,7 @@ def _fan_out(
         filtered = WithoutLayers(raw, skip) if skip and cached is None else None
         counted = Counted(filtered if filtered is not None else raw)
         for chunk in compressed(counted, codec):
-            live = [s.target.name for s in steps if not dead[s.target.name].is_set()]
+            live = [s.target.name for s in heads if not dead[s.target.name].is_set()]
             if not live:
                 break
             for name in live:
@@ -284,7 +402,7 @@ def _fan_out(
             skipped_n[0] = len(filtered.skipped)
         elif cached is not None:
             skipped_n[0] = len(skip)
-        for s in steps:
+        for s in heads:
             put(s.target.name, _END)
     except BaseException as e:
         err = e if isinstance(e, NodekitError) else ShipError(f"the image stream from the source broke: {e}")
@@ -293,7 +411,7 @@ def _fan_out(
             fix=f"check the image on the source ({src.endpoint or 'this engine'}: docker image inspect {src.ref}), "
             "then nodekit push again",
         )
-        for s in steps:
+        for s in heads:
             put(s.target.name, failure)
         if not isinstance(e, Exception):
             raise
@@ -327,6 +445,12 @@ def _diagnose(e: NodekitError, step: Step, plan: PushPlan) -> ShipError:
     if isinstance(e, ShipError) and e.node:
         return e
     kind = diagnose_load_failure(e.message)
+    if kind == "unreachable":
+        return ShipError(
+            f"cannot reach the Docker engine on {name} ({step.target.endpoint}): {e.message}",
+            fix=reach_fix(step.target.endpoint),
+            node=name,
+        )
     if kind == "missing layer":
         # A layer left out because the survey found it there was gone by the time docker load looked for it.
         return ShipError(

@@ -98,11 +98,16 @@ def _through(argv: list[str], chunks: Iterable[bytes], *, doing: str = "compress
         proc.stdout.close()
 
 
-def diagnose_load_failure(docker_says: str) -> Literal["disk", "missing layer", "corrupt", "other"]:
+def diagnose_load_failure(
+    docker_says: str,
+) -> Literal["disk", "missing layer", "corrupt", "unreachable", "other"]:
     """Classify the last line of a failed ``docker load``. "missing layer": the archive left out a layer file (an
     incremental save, or a push that skipped what the target had) and the engine, lacking that layer, looked for it.
+    "unreachable": the docker CLI never got through to the engine (its ssh or TCP connection failed).
     """
     low = docker_says.lower()
+    if "error during connect" in low or "cannot connect to the docker daemon" in low:
+        return "unreachable"
     if "no space left" in low or "disk quota" in low:
         return "disk"
     if "blobs/sha256/" in low and "no such file" in low:

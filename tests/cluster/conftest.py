@@ -173,7 +173,8 @@ class Fleet:
 
     @property
     def env(self) -> dict[str, str]:
-        return {"PATH": f"{self.bin}:{os.environ.get('PATH', '')}"}
+        # No user ssh-agent, as in CI: a relay chain then logs in through the private agent nodekit starts.
+        return {"PATH": f"{self.bin}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": ""}
 
     def project(self, demo: Demo, base: Path, *, hosts: list[str] | None = None, **settings: object) -> Path:
         """The demo project, checked out on the head (host 0), with ``hosts`` and ``settings`` in its nodekit.toml."""

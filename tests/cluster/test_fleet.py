@@ -102,6 +102,8 @@ def test_three_nodes_from_the_head_over_ssh(
     assert_equal_checksums(project)
     assert all(h.image_id(demo_on_main.ref) == demo_on_main.image_id for h in c.hosts)
     assert "shipping" in out and "3 host(s) ready" in out
+    # The 1.1 GB image went to node 1 only; node 1 passed it on to node 2 (a relay chain over SSH).
+    assert "node 1 -> node 2 (relayed)" in out and "node 2: loaded" in out and "relayed by node 1" in out, out[-5000:]
     for rank, h in enumerate(c.hosts):
         assert f"[node {rank}]" in out
         assert f"| iface {h.iface} |" in out, f"node {rank} did not resolve {h.iface}:\n{out[-3000:]}"

@@ -56,7 +56,9 @@ def _rows() -> list[Row]:
 def test_table_has_one_line_per_row_with_units() -> None:
     lines = table(_rows())
     assert len(lines) == 2 + 4
-    assert lines[2].startswith("| (a) whole demo image, empty nodes | nodekit push, only missing layers | 1 |")
+    assert lines[2].startswith(
+        "| (a) whole demo image, empty nodes | nodekit push, only missing layers (relayed when 64 MiB+ travel) | 1 |"
+    )
     assert "| 500.0 MiB | 480.0 MiB |" in lines[2]
     assert "| 200 KiB | 150 KiB | 16 layer files skipped |" in lines[4]
     assert "| 300 KiB | - | push 1 s + pulls 2 s |" in lines[5]  # a registry pull has no nodekit count
@@ -108,8 +110,8 @@ def test_the_section_states_targets_reasons_and_how_to_reproduce() -> None:
     assert text.startswith(ship_bench.TITLE + "\n")
     assert "Measured 2026-11-22 19:02 UTC" in text and "1122 MB, 5 layers" in text
     assert text.count("**NOT met**") == 2 and text.count("**met**") == 1
-    assert "fan-out relays of issue 10 (nodes passing layers on) are NOT built" in text
-    assert "carries 4 copies" in text
+    assert "the targets form a relay chain" in text and "the head streams the image once" in text
+    assert "for 4 nodes against" in text and "Without the relay" not in text  # no direct row: not invented
     assert "At 100 Mbit/s, case (b) to one node: whole 40.0 s (320.0 MiB)" in text
     assert "not timed in this run" in text  # no save_s in facts: said, not invented
     assert "benchmarks/ship_bench.py" in text.split("Reproduce", 1)[1]

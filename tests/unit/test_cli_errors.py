@@ -150,3 +150,14 @@ def test_bad_launch_settings_are_refused(project: Path, command: str, extra: str
     toml.write_text(toml.read_text() + extra + "\n")
     code, err = run(command, "--node-rank", "0", "--main", "10.0.0.5", "--image", "x:y")
     assert_refused(project, code, err, needle)
+
+
+def test_an_unknown_relay_mode_is_refused_before_any_engine_is_asked(project: Path) -> None:
+    code, err = run("push", "x:y", "--to", "ssh://me@10.0.0.6", "--relay", "sometimes")
+    assert_refused(project, code, err, "--relay 'sometimes' is not one of auto, always, never", "--relay auto")
+
+
+def test_a_bad_relay_setting_is_refused(project: Path) -> None:
+    (project / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\nnnodes = 2\nrelay = "sometimes"\n')
+    code, err = run("push", "x:y", "--to", "ssh://me@10.0.0.6")
+    assert_refused(project, code, err, "relay")

@@ -168,6 +168,10 @@ def test_parse_target_rejects_non_endpoints(spec: str) -> None:
         ("open /var/lib/docker/tmp/docker-import-2/manifest.json: no such file or directory", "corrupt"),
         ("permission denied while trying to connect", "other"),
         ("open /var/lib/docker/tmp/docker-import-3/blobs/sha256/ab12: no such file or directory", "missing layer"),
+        (
+            'error during connect: Post "http://docker.example.com/v1.50/images/load": write |1: file already closed',
+            "unreachable",
+        ),
     ],
 )
 def test_load_failures_are_classified(says: str, kind: str) -> None:

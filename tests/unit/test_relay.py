@@ -1,0 +1,142 @@
+"""The relay chain's parts that need no node: the command line it sends, what its nodes report, and what the
+head's own OpenSSH (``ssh -G``, ``ssh-keygen -F``: real commands, no network) says about dialing each node."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nodekit.ship.relay import (
+    RELAY_SCRIPT,
+    Hop,
+    chain_command,
+    hop_of,
+    host_key_name,
+    known_lines,
+    parse_report,
+    why_not_loaded,
+)
+
+needs_ssh = pytest.mark.skipif(
+    shutil.which("ssh") is None or shutil.which("ssh-keygen") is None, reason="no OpenSSH client here"
+)
+
+
+def hop(name: str, **kw: object) -> Hop:
+    fields: dict[str, object] = dict(name=name, endpoint=f"ssh://root@{name}", user="root", hostname=name, port=22,
+                                     alias=name, known_hosts=f"{name} ssh-ed25519 AAAA\n")  # fmt: skip
+    fields.update(kw)
+    return Hop(**fields)  # type: ignore[arg-type]
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def test_the_chain_command_carries_the_script_and_every_later_hop_without_quoting() -> None:
+    hops = [hop("a"), hop("b b", user="", port=2222, alias="[b b]:2222"), hop("c'; rm -rf /")]
+    cmd = chain_command(hops)
+    words = cmd.split(" ")
+    assert words[:4] == ["sh", "-c", '"$(printf', "%s"] and words[5:8] == ["|", "base64", '-d)"']
+    assert words[8] == "nodekit-relay" and words[4] == words[9]
+    script, me, rest = words[9], words[10], words[11:]
+    assert base64.b64decode(script).decode() == RELAY_SCRIPT
+    assert base64.b64decode(me).decode() == "a"
+    # Five words per later hop, each base64 or digits: a name with spaces or quotes cannot break the line.
+    assert len(rest) == 10 and rest[2] == "2222" and rest[7] == "22"
+    assert [base64.b64decode(rest[i]).decode() for i in (0, 1, 3)] == ["b b", "b b", "[b b]:2222"]
+    assert base64.b64decode(rest[5]).decode() == "c'; rm -rf /"
+    assert all(w.isdigit() or set(w) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+               for w in words[9:])  # fmt: skip
+
+
+def test_the_script_is_posix_sh() -> None:
+    sh = shutil.which("dash") or shutil.which("sh")
+    assert sh is not None
+    assert subprocess.run([sh, "-n", "-c", RELAY_SCRIPT], capture_output=True).returncode == 0
+
+
+def test_reports_are_read_per_node_and_failures_explained() -> None:
+    hops = [hop("a"), hop("b"), hop("c")]
+    stderr = "\n".join([
+        f"nodekit-relay pgid {b64('a')} 4242",
+        f"nodekit-relay load {b64('a')} 0 {b64('Loaded image ID: sha256:ab')}",
+        "Host key verification failed.",
+        f"nodekit-relay hop {b64('b')} 255",
+    ])  # fmt: skip
+    r = parse_report(stderr)
+    assert r.pgids == {"a": 4242} and r.loads == {"a": (0, "Loaded image ID: sha256:ab")} and r.hops == {"b": 255}
+    why = why_not_loaded(hops, r, head_rc=0)
+    assert set(why) == {"b", "c"}
+    assert why["b"] == "a could not ssh to it: Host key verification failed."
+    assert why["c"] == "the stream from b stopped before it reached it"
+    failed = parse_report(f"nodekit-relay load {b64('a')} 1 {b64('unexpected EOF')}")
+    assert why_not_loaded(hops[:1], failed, 0) == {"a": "docker load there failed (exit 1): unexpected EOF"}
+    assert why_not_loaded(hops[:1], parse_report("Connection refused"), 255) == {
+        "a": "its SSH session ended (exit 255): Connection refused"
+    }
+
+
+def test_host_key_names_follow_openssh() -> None:
+    assert host_key_name("10.0.0.5", 22, None) == "10.0.0.5"
+    assert host_key_name("10.0.0.5", 2222, None) == "[10.0.0.5]:2222"
+    assert host_key_name("10.0.0.5", 2222, "node5") == "node5"
+    assert known_lines("# Host x found: line 3\nx ssh-ed25519 AAAA\n\n") == "x ssh-ed25519 AAAA\n"
+
+
+@needs_ssh
+def test_a_hop_is_what_the_heads_ssh_config_and_known_hosts_say(tmp_path: Path) -> None:
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    pub = key.with_suffix(".pub").read_text().split()
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[10.9.9.9]:2222 {pub[0]} {pub[1]}\nother {pub[0]} {pub[1]}\n")
+    config = tmp_path / "config"
+    config.write_text(
+        f"Host node5\n  HostName 10.9.9.9\n  Port 2222\n  User alice\n  IdentityFile {key}\n"
+        f"  UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null\n"
+        f"Host jumped\n  ProxyJump node5\n  UserKnownHostsFile {known}\n"
+        f"Host unknown\n  UserKnownHostsFile {known}\n  GlobalKnownHostsFile /dev/null\n"
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\nexec {shutil.which("ssh")} -F {config} "$@"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+    got = hop_of("n5", "ssh://node5", env)
+    assert isinstance(got, Hop), got
+    assert (got.dest, got.port, got.alias) == ("alice@10.9.9.9", 2222, "[10.9.9.9]:2222")
+    assert got.known_hosts == f"[10.9.9.9]:2222 {pub[0]} {pub[1]}\n"  # only that host's line travels
+    assert got.identities == (str(key),)
+    assert hop_of("n6", "ssh://jumped", env) == "reached through proxyjump (its node may not reach it directly)"
+    missing = hop_of("n7", "ssh://unknown", env)
+    assert isinstance(missing, str) and missing.startswith("the head has no host key for unknown")
+    assert hop_of("n8", "tcp://10.0.0.1:2376", env) == "not an ssh:// endpoint"
+
+
+def test_only_ssh_targets_sharing_a_big_enough_stream_relay() -> None:
+    from nodekit import ship
+
+    big = ship.Source(ref="nodekit/demo:abc", image_id="sha256:" + "a" * 64, size=2 << 30, engine_id="src")
+    small = ship.Source(ref="nodekit/demo:abc", image_id="sha256:" + "a" * 64, size=1 << 20, engine_id="src")
+
+    def st(name: str, endpoint: str) -> ship.TargetState:
+        return ship.TargetState(target=ship.Target(name, endpoint), engine_id=f"e-{name}", free_bytes=1 << 40)
+
+    states = [st("n1", "ssh://me@n1"), st("t", "tcp://t:2376"), st("n2", "ssh://me@n2"), st("n3", "ssh://me@n3")]
+    plan = ship.plan_push(big, states)
+    assert ship.relay_text(plan, "auto") == [
+        "  relayed: n1 -> n2 -> n3 (each passes the stream on; the head sends it once; a node whose host key the "
+        "head lacks is fed directly)"
+    ]
+    assert ship.relay_text(plan, "never") == []
+    tiny = ship.plan_push(small, states)
+    assert ship.relay_text(tiny, "auto") == []  # a code change's few KiB: the hops' handshakes would cost more
+    assert len(ship.relay_text(tiny, "always")) == 1
+    one = ship.plan_push(big, states[:2])
+    assert ship.relay_candidates(one.loads(), big.size, "always") == []  # one ssh target: nothing to relay to
