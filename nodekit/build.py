@@ -429,7 +429,13 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
         reporter.done(f"would build {planned.tag}")
         return _result(planned, None, t0, skipped=False, dry_run=True, created=created)
     existing = docker.image_info(planned.tag)
-    if existing is not None and existing.labels.get(LABEL_FINGERPRINT) == planned.fingerprint and not no_cache:
+    up_to_date = existing is not None and existing.labels.get(LABEL_FINGERPRINT) == planned.fingerprint
+    if up_to_date and existing is not None and not no_cache and not _in_store(settings, existing.id):
+        # A fresh checkout on a machine that has the image, or a pruned store: built again (BuildKit's cache makes
+        # that quick, the result is the same image id), so that pushes of it need no docker save.
+        reporter.detail(f"{planned.tag} exists, but this project's blob store lacks its code layer: writing it")
+        up_to_date = False
+    if up_to_date and existing is not None and not no_cache:
         result = _result(planned, existing, t0, skipped=True, created=created)
         _record(settings, result)
         reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
@@ -445,6 +451,14 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
     _record(settings, result)
     reporter.done(f"built {staged.tag} ({human_size(info.size)}) in {result.seconds:.1f} s")
     return result
+
+
+def _in_store(settings: Settings, image_id: str) -> bool:
+    """Whether the project's blob store holds the config of ``image_id`` (``nodekit build`` wrote it beside the
+    code layer, under the image id it loaded)."""
+    from nodekit.blobs import BlobStore
+
+    return BlobStore.of_project(settings.project_dir).has(image_id)
 
 
 def env_tag(plan: BuildPlan) -> str:

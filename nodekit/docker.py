@@ -18,6 +18,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal
 from nodekit.errors import BuildError, DeadlineError, EngineError, ImageError, NodekitError, ShipError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from python_on_whales import DockerClient
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -497,6 +499,18 @@ class Loaded:
     ids: tuple[str, ...]
 
 
+def cut_off(proc: subprocess.Popen[bytes]) -> None:
+    """End a process this one feeds on stdin: killed if it still runs, reaped, its stdin closed."""
+    import contextlib
+
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    if proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+
+
 class LoadSink:
     """Feeds ``docker load`` on ``host``. ``finish`` ends the stream and returns what was loaded; ``abort`` cuts
     the request off so that the engine discards it. Failures raise ShipError carrying docker's own last line
@@ -544,14 +558,7 @@ class LoadSink:
         return Loaded(refs=tuple(refs), ids=tuple(ids))
 
     def abort(self) -> None:
-        import contextlib
-
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        if self._proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self._proc.stdin.close()
+        cut_off(self._proc)
 
     def _failure(self) -> ShipError:
         self.stderr = self._stderr.text()

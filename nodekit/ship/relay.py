@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from nodekit.docker import cut_off
 from nodekit.errors import ShipError
 
 RelayMode = Literal["auto", "always", "never"]
@@ -379,12 +380,7 @@ class RelaySink:
     def abort(self) -> None:
         """Cut the chain: end the head's session and, on every node that said where its relay runs, that relay's
         process group (a hop blocked on a hung node would otherwise linger)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        if self._proc.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                self._proc.stdin.close()
+        cut_off(self._proc)
         self.rc = self._proc.returncode
         pgids = self.report().pgids
         by_name = {h.name: h for h in self.hops}

@@ -106,6 +106,22 @@ def test_noop_rebuild_is_skipped_and_fast(built: Built) -> None:
     assert elapsed < 2.0, f"no-op rebuild took {elapsed:.2f} s"
 
 
+def test_a_checkout_without_the_blob_store_writes_it_again_as_the_same_image(built: Built) -> None:
+    """A fresh clone on a machine that already has the image: its push of a code change must not fall back to
+    `docker save` for want of the code layer in the store, so the build writes the store again, same image id."""
+    from nodekit.blobs import BLOBS
+
+    before = building.build(built.settings, RecordingReporter())
+    store = built.project / BLOBS
+    shutil.rmtree(store)
+    rep = RecordingReporter()
+    again = building.build(built.settings, rep)
+    assert again.image_id == before.image_id and again.tag == before.tag
+    assert any("blob store lacks its code layer" in d for d in rep.said("detail")), rep.said("detail")
+    assert (store / "sha256" / before.image_id.removeprefix("sha256:")).is_file()
+    assert building.build(built.settings, RecordingReporter()).skipped  # now whole: a no-op again
+
+
 def test_code_change_rebuilds_only_the_last_layer(built: Built) -> None:
     before = building.build(built.settings, RecordingReporter())
     (built.project / "train.py").write_text(TRAIN + "# changed\n")
