@@ -31,11 +31,12 @@ def main() -> int:
 
     t0 = time.monotonic()
     src = ship.source_of(opts.ref, opts.source, store=opts.store)
-    states = ship.survey(src, [ship.Target(t.rsplit("@", 1)[-1], t) for t in opts.targets])
-    if opts.whole:
-        states = [dataclasses.replace(st, chains=None) for st in states]
-    relay = "never" if opts.whole else opts.relay
-    result = ship.push(ship.plan_push(src, states), NullReporter(), relay=relay)
+    with ship.SharedSsh():  # as nodekit push does
+        states = ship.survey(src, [ship.Target(t.rsplit("@", 1)[-1], t) for t in opts.targets])
+        if opts.whole:
+            states = [dataclasses.replace(st, chains=None) for st in states]
+        relay = "never" if opts.whole else opts.relay
+        result = ship.push(ship.plan_push(src, states), NullReporter(), relay=relay)
     seconds = time.monotonic() - t0
     print(json.dumps({"seconds": seconds, "sent": result.sent, "skipped": result.layers_skipped,
                       "relayed": result.relayed}))  # fmt: skip

@@ -130,17 +130,18 @@ def push(
     targets = [ship.parse_target(t) for t in to]
     src = ship.source_of(_image(image, config), source, store=_blob_store(config))
     how = cast("ship.Compress", compress)
-    plan = ship.plan_push(src, ship.survey(src, targets), compress=how)
-    if dry_run:
-        out.print("\n".join([plan.to_text(), *ship.relay_text(plan, relay)]), markup=False)
-        return
-    rep = RichReporter(verbose=True)
-    try:
-        with _progress_bars(err.is_terminal) as bars:
-            ship.push(plan, rep, on_progress=bars, relay=relay)
-    except Exception:
-        rep.fail()
-        raise
+    with ship.SharedSsh():  # one SSH connection per node for the survey, the loads and the checks
+        plan = ship.plan_push(src, ship.survey(src, targets), compress=how)
+        if dry_run:
+            out.print("\n".join([plan.to_text(), *ship.relay_text(plan, relay)]), markup=False)
+            return
+        rep = RichReporter(verbose=True)
+        try:
+            with _progress_bars(err.is_terminal) as bars:
+                ship.push(plan, rep, on_progress=bars, relay=relay)
+        except Exception:
+            rep.fail()
+            raise
     loaded = [s.target.name for s in plan.steps if s.action != "skip"]
     if loaded:
         rep.done(f"{src.ref} is on {len(plan.steps)} node(s), image id verified on {', '.join(loaded)}")

@@ -119,13 +119,14 @@ def ship_image(
 
     src = ship.source_of(ref, None, store=store)
     targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
-    plan = ship.plan_push(src, ship.survey(src, targets))
-    missing = [s.target.name for s in plan.steps if s.action != "skip"]
-    if not missing:
-        reporter.done(f"{ref} is already on every host")
-        return
-    reporter.step(f"shipping {ref} to {', '.join(missing)}")
-    ship.push(plan, reporter, relay=relay)
+    with ship.SharedSsh():  # one SSH connection per host for the survey, the loads and the checks
+        plan = ship.plan_push(src, ship.survey(src, targets))
+        missing = [s.target.name for s in plan.steps if s.action != "skip"]
+        if not missing:
+            reporter.done(f"{ref} is already on every host")
+            return
+        reporter.step(f"shipping {ref} to {', '.join(missing)}")
+        ship.push(plan, reporter, relay=relay)
     reporter.done(f"{ref} is on every host (image id verified)")
 
 

@@ -16,6 +16,7 @@ Split by responsibility; this package re-exports the public names, so ``from nod
   that target's existing images as they were.
 - :mod:`~nodekit.ship.relay`: relay chains: ssh:// targets that take the same stream pass it on to each other
   (a shell script run over SSH on each, agent forwarding, host keys pinned by the head), so the head sends it once.
+- :mod:`~nodekit.ship.mux`: :class:`SharedSsh`, one SSH connection per node for the length of a push.
 - :mod:`~nodekit.ship.stream`: compression of the stream (and whether zstd is here), and what a failed
   ``docker load`` means.
 - :mod:`~nodekit.ship.files`: :func:`save` and :func:`load`, the image as a file.
@@ -29,6 +30,7 @@ from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push, relay_candidates, relay_text
 from nodekit.ship.files import LoadedFile, Saved, load, save
 from nodekit.ship.layers import WithoutLayers
+from nodekit.ship.mux import SharedSsh
 from nodekit.ship.plan import (
     DISK_FACTOR,
     SCHEMES,
@@ -74,6 +76,7 @@ __all__ = [
     "PushResult",
     "RelayMode",
     "Saved",
+    "SharedSsh",
     "Source",
     "Step",
     "Target",

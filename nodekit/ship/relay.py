@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 
 from nodekit.docker import cut_off
 from nodekit.errors import ShipError
+from nodekit.ship.mux import NO_MUX
 
 RelayMode = Literal["auto", "always", "never"]
 RELAY_MODES: tuple[RelayMode, ...] = ("auto", "always", "never")
@@ -342,6 +343,7 @@ class RelaySink:
     def __init__(self, hops: Sequence[Hop], agent_socket: str | None) -> None:
         self.hops = list(hops)
         env = dict(os.environ)
+        env[NO_MUX] = "1"  # its own connection: a shared one would forward the agent of whichever call opened it
         if agent_socket is not None:
             env["SSH_AUTH_SOCK"] = agent_socket
         self._env = env

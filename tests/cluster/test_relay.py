@@ -143,3 +143,25 @@ def test_a_node_whose_host_key_the_head_lacks_is_not_relayed_to(fleet: Fleet) ->
     assert h1.image_id(REF) == want and h2.image_id(REF) == want
     assert "h2: not in the relay chain (the head has no host key for" in done.stderr, done.stderr
     assert "relayed by" not in done.stderr
+
+
+def accepted(host: Host) -> int:
+    """SSH logins host's sshd has accepted so far (its log, LogLevel INFO)."""
+    log = host.sshd_dir / "sshd.log"
+    return log.read_text(errors="replace").count("Accepted publickey") if log.exists() else 0
+
+
+def test_a_push_opens_one_ssh_connection_per_node_and_closes_it(fleet: Fleet) -> None:
+    """Six docker calls per node (four survey questions, the load, the id check) share one SSH connection
+    (nodekit/ship/mux.py); when the push ends no master connection is left and its directory is gone."""
+    h0, h1, h2 = fleet.cluster.hosts
+    wipe(h0, h1, h2)
+    want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=4)
+    before = {h.name: accepted(h) for h in (h1, h2)}
+    done = h0.run(*push_argv(fleet, h1, h2, relay="never"), env=push_env(fleet), timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert h1.image_id(REF) == want and h2.image_id(REF) == want
+    assert {h.name: accepted(h) - before[h.name] for h in (h1, h2)} == {"h1": 1, "h2": 1}
+    masters = subprocess.run(["pgrep", "-f", "ControlPath=/tmp/nkssh."], capture_output=True, text=True).stdout
+    assert masters.strip() == "", f"SSH master connections left running: {masters}"
+    assert not list(Path("/tmp").glob("nkssh.*"))

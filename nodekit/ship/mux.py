@@ -1,0 +1,98 @@
+"""One SSH connection per node for a push: OpenSSH connection sharing (ControlMaster) under the docker CLI.
+
+Over ``ssh://`` every docker call is its own ``ssh`` (the docker CLI runs ``ssh host docker system dial-stdio``),
+so a push to a node paid for six key exchanges and logins: four survey questions, the load and the image id check.
+On a code change, whose bytes are a few KiB, those handshakes were most of the time. For the length of a push,
+:class:`SharedSsh` puts a wrapper named ``ssh`` first on this process's PATH (the docker CLI finds ``ssh`` there) that
+runs the user's own ``ssh`` with ``ControlMaster=auto`` and a ControlPath in a private directory: the first call to a
+node opens the connection, the others ride on it. When the push ends, every master it opened is told to exit
+(``ssh -O exit``), the directory is removed and PATH is put back. Docker itself recommends connection sharing for
+``ssh://`` endpoints; a user whose ~/.ssh/config already does it is not harmed (the options given here win for
+these calls only).
+
+The relay chain's own session (:mod:`nodekit.ship.relay`) does not share: it forwards the agent, which a shared
+connection would take from whichever call opened it. It sets ``NODEKIT_SSH_NO_MUX``, which the wrapper obeys.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+NO_MUX = "NODEKIT_SSH_NO_MUX"
+PERSIST_S = 30
+"""A master outlives its last call by this much at most (it is told to exit when the push ends anyway)."""
+
+_lock = threading.Lock()
+_depth = 0
+
+
+class SharedSsh:
+    """While entered, ``ssh`` run by this process (and the docker CLI it starts) shares one connection per node.
+    Nested or concurrent uses share the first one's directory; the outermost exit ends the masters."""
+
+    def __init__(self) -> None:
+        self.dir: Path | None = None
+        self._old_path: str | None = None
+
+    def __enter__(self) -> SharedSsh:
+        global _depth
+        with _lock:
+            _depth += 1
+            if _depth > 1:
+                return self
+            real = shutil.which("ssh")
+            if real is None:
+                return self
+            # Short: a unix socket path is at most 107 bytes, and %C is 40 of them.
+            self.dir = Path(tempfile.mkdtemp(prefix="nkssh.", dir="/tmp" if os.path.isdir("/tmp") else None))
+            wrapper = self.dir / "ssh"
+            wrapper.write_text(
+                "#!/bin/sh\n"
+                f'[ -n "${NO_MUX}" ] && exec {_q(real)} "$@"\n'
+                f"exec {_q(real)} -o ControlMaster=auto -o ControlPath={_q(str(self.dir))}/%C "
+                f'-o ControlPersist={PERSIST_S} "$@"\n'
+            )
+            wrapper.chmod(0o755)
+            self._old_path = os.environ.get("PATH")
+            os.environ["PATH"] = f"{self.dir}{os.pathsep}{self._old_path or ''}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _depth
+        with _lock:
+            _depth -= 1
+            if _depth > 0 or self.dir is None:
+                return
+            if self._old_path is None:
+                os.environ.pop("PATH", None)
+            else:
+                os.environ["PATH"] = self._old_path
+            close_masters(self.dir)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+def close_masters(d: Path) -> int:
+    """Tell every master whose control socket is in ``d`` to exit; returns how many were asked."""
+    real = shutil.which("ssh", path=os.environ.get("PATH", "").replace(f"{d}{os.pathsep}", "", 1))
+    socks = [p for p in d.iterdir() if p.is_socket()] if d.is_dir() else []
+    if real is None:
+        return 0
+    for sock in socks:
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            # The host argument is ignored with an explicit ControlPath; the master answers on its socket.
+            subprocess.run([real, "-o", f"ControlPath={sock}", "-O", "exit", "nodekit-mux"], capture_output=True,
+                           timeout=10, stdin=subprocess.DEVNULL)  # fmt: skip
+    return len(socks)
+
+
+def _q(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
