@@ -355,19 +355,19 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
             f"SSH included) in {b4.seconds:.1f} s ({b1.seconds:.1f} s to one node). The code layer and the image "
             "config travel from the blob store `nodekit build` keeps (it writes the image's last layer itself, "
             f"nodekit/append.py), so the head runs no `docker save` ({save}: the fixed cost before this "
-            "change). What remains is per target: six `docker -H ssh://` calls (four survey questions, asked at "
-            "once, then the load and the image id check), each a docker CLI process opening its own SSH "
-            "connection, with sshd and `docker system dial-stdio` on the target. On this machine all of them, for "
-            "every target, share the same 2 cores, which is why the time grows with the number of targets; on a "
-            "cluster each target's side runs on its own CPU, and OpenSSH connection sharing (ControlMaster, "
-            "docs/scale.md) removes the handshakes. "
+            "change). What remains is per target: six `docker -H ssh://` calls (the engine's facts, then three "
+            "survey questions at once, then the load and the image id check) over one SSH connection per node "
+            "(nodekit/ship/mux.py shares it with ControlMaster: one login per node instead of seven), each still a "
+            "docker CLI process on the head and a `docker system dial-stdio` on the target. On this machine all of "
+            "them, for every target, share the same 2 cores, which is why the time grows with the number of "
+            "targets; on a cluster each target's side runs on its own CPU. "
             + (f"A registry pull of the same change takes {rb4.seconds:.1f} s ({rb4.extra}) because the daemon "
                "fetches only missing blobs and the head's `docker push` only uploads new ones." if rb4 else "")
         )  # fmt: skip
     a1, a4 = find(rows, "a", "layers", 1, mbit), find(rows, "a", "layers", 4, mbit)
     d4 = find(rows, "a", "direct", 4, mbit)
     if a1 is not None and a4 is not None:
-        direct = (f" Without the relay (the head feeding each target itself, the row above it) the head's link "
+        direct = (f" Without the relay (`--relay never`, the head feeding each target itself) the head's link "
                   f"carried {mib(d4.link_bytes)} in {d4.seconds:.1f} s." if d4 is not None else "")  # fmt: skip
         out.append(
             f"- (a), head's bytes and time: the targets form a relay chain (nodekit/ship/relay.py): the head streams "
