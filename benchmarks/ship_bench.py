@@ -378,14 +378,17 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
             f"({a1.seconds:.1f} s to one node for {mib(a1.link_bytes)}, which the {mbit} Mbit/s link carries in "
             f"{a1.link_bytes * 8 / mbit / 1e6:.1f} s); on a cluster each node does its own share on its own CPU."
         )
-    c1 = find(rows, "c", "layers", 1, mbit)
+    c1, c4 = find(rows, "c", "layers", 1, mbit), find(rows, "c", "layers", 4, mbit)
     if c1 is not None:
         out.append(
             "- (c): adding a package rebuilds the packages layer (every pin but the framework's: 174 MB uncompressed "
             f"for the demo) and the small layers above it: nodekit sends those ({mib(c1.nodekit_bytes or 0)} to one "
             "node); the framework layer (torch, 776 MB) and the base stay on the nodes. The packages layer is "
             "BuildKit's, so this push still starts with a `docker save` of the whole image on the head."
-        )
+            + (f" To 4 nodes the head's link carried {mib(c4.link_bytes)}: what travels is under the relay's "
+               "64 MiB threshold (`--relay auto`), so the head feeds each node itself (`--relay always` would "
+               "chain them)." if c4 is not None and not c4.extra.count("relayed") else "")
+        )  # fmt: skip
     slow = [r for r in rows if r.mbit == slow_mbit and r.mbit != mbit]
     if slow:
         parts = ", ".join(f"{r.how} {r.seconds:.1f} s ({mib(r.link_bytes)})" for r in slow)

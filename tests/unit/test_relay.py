@@ -140,3 +140,29 @@ def test_only_ssh_targets_sharing_a_big_enough_stream_relay() -> None:
     assert len(ship.relay_text(tiny, "always")) == 1
     one = ship.plan_push(big, states[:2])
     assert ship.relay_candidates(one.loads(), big.size, "always") == []  # one ssh target: nothing to relay to
+
+
+def _key(path: Path, passphrase: str = "") -> Path:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True)
+    return path
+
+
+@pytest.mark.skipif(shutil.which("ssh-agent") is None or shutil.which("ssh-keygen") is None, reason="no ssh-agent")
+def test_the_private_agent_holds_the_keys_it_can_and_is_stopped(tmp_path: Path) -> None:
+    """The agent a relay forwards when the user runs none: a real ssh-agent, started and stopped by PID."""
+    from nodekit.ship.relay import Agent, user_agent_has_keys
+
+    plain, locked = _key(tmp_path / "plain"), _key(tmp_path / "locked", passphrase="secret words")
+    with Agent([str(plain), str(locked), str(plain)]) as agent:
+        assert agent.socket is not None and agent.added == 1  # the locked key cannot be added without a prompt
+        listed = subprocess.run(["ssh-add", "-l"], env={"SSH_AUTH_SOCK": agent.socket}, capture_output=True, text=True)
+        assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 1, listed
+        assert user_agent_has_keys({"SSH_AUTH_SOCK": agent.socket})
+        pid = agent._proc.pid if agent._proc is not None else None
+        sock = agent.socket
+    assert pid is not None and not Path(f"/proc/{pid}").exists(), "the agent outlived the push"
+    assert not Path(sock).exists()
+    with Agent([str(locked)]) as none:
+        assert none.socket is None  # nothing to forward: the relay is skipped, said so
+    assert not user_agent_has_keys({"SSH_AUTH_SOCK": str(tmp_path / "no-such-socket")})
+    assert not user_agent_has_keys({})
