@@ -26,13 +26,25 @@ from nodekit.errors import NodekitError, ShipError
 from nodekit.progress import Reporter
 from nodekit.ship.layers import WithoutLayers, from_store
 from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
-from nodekit.ship.relay import RELAY_MIN_BYTES, Agent, Hop, RelayMode, RelaySink, hop_of, user_agent_has_keys
+from nodekit.ship.relay import (
+    RELAY_MIN_BYTES,
+    Agent,
+    Hop,
+    RelayMode,
+    RelaySink,
+    hop_of,
+    split_chains,
+    user_agent_has_keys,
+)
 from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
 
 # A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
 # cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.
 STALL_S = 60.0
+
+Chain = list[tuple[Step, Hop]]
+"""Targets that relay one stream, first to last, with how each is dialled from the one before it."""
 
 ProgressFn = Callable[[str, int, int], None]
 """``(target name, bytes of the image sent, bytes in all)``; called from worker threads."""
@@ -123,21 +135,23 @@ def push(
             layers = steps[0].layers
             what = layers.to_text() if layers is not None else size_text(src.size)
             travels = layers.send_bytes if layers is not None and skip else src.size
-            chain: list[tuple[Step, Hop]] = []
+            chains: list[Chain] = []
             if open_sink is None:
-                chain, agent = _relay_chain(steps, travels, relay, rep, agent)
-            direct = [s for s in steps if all(s is not c for c, _ in chain)]
-            names = ", ".join(s.target.name for s in direct)
-            if chain:
-                names = ", ".join(filter(None, [names, " -> ".join(c.target.name for c, _ in chain) + " (relayed)"]))
+                chains, agent = _relay_chains(steps, travels, relay, rep, agent)
+            relayed = [c for chain in chains for c, _ in chain]
+            direct = [s for s in steps if all(s is not c for c in relayed)]
+            names = ", ".join(
+                [s.target.name for s in direct]
+                + [" -> ".join(c.target.name for c, _ in chain) + " (relayed)" for chain in chains]
+            )
             # From the build's blob store when it holds every file that travels: no docker save of the whole image.
             cached = None if open_source is not None else from_store(src, skip)
             origin = ", from the build's blob store" if cached is not None else ""
             rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
             socket = agent.socket if agent is not None else None
             _fan_out(plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, cached,
-                     chain=chain, agent_socket=socket)  # fmt: skip
-            missed = [c for c, _ in chain if c.target.name in result.failures]
+                     chains=chains, agent_socket=socket)  # fmt: skip
+            missed = [c for c in relayed if c.target.name in result.failures]
             if missed:
                 # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
                 why = "; ".join(f"{c.target.name}: {result.failures.pop(c.target.name).message}" for c in missed)
@@ -175,8 +189,9 @@ def relay_text(plan: PushPlan, mode: RelayMode) -> list[str]:
     for steps in _groups(plan.loads()).values():
         layers = steps[0].layers
         travels = layers.send_bytes if layers is not None and layers.skip else plan.source.size
-        chain = relay_candidates(steps, travels, mode)
-        if chain:
+        candidates = relay_candidates(steps, travels, mode)
+        for r in split_chains(len(candidates)):
+            chain = candidates[r.start : r.stop]
             out.append(f"  relayed: {' -> '.join(s.target.name for s in chain)} (each passes the stream on; the "
                        "head sends it once; a node whose host key the head lacks is fed directly)")  # fmt: skip
     return out
@@ -191,11 +206,12 @@ def _groups(loads: Sequence[Step]) -> dict[tuple[Codec, frozenset[str]], list[St
     return groups
 
 
-def _relay_chain(
+def _relay_chains(
     steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter, agent: Agent | None
-) -> tuple[list[tuple[Step, Hop]], Agent | None]:
-    """The targets of one stream that relay it to each other (first to last), and the agent whose keys the
-    chain's hops log in with (started here on first use, when the user runs none)."""
+) -> tuple[list[Chain], Agent | None]:
+    """The chains of targets of one stream that relay it to each other (first to last; at most ``CHAIN_MAX``
+    nodes each), and the agent whose keys the hops log in with (started here on first use, when the user runs
+    none)."""
     ssh_steps = relay_candidates(steps, travels, mode)
     if not ssh_steps:
         return [], agent
@@ -213,7 +229,7 @@ def _relay_chain(
     if agent.socket is None:
         rep.detail("no relay: no key to forward to the nodes (start ssh-agent and ssh-add your key, or --relay never)")
         return [], agent
-    return chain, agent
+    return [chain[r.start : r.stop] for r in split_chains(len(chain))], agent
 
 
 def _as_ship_error(e: NodekitError, target: Target) -> ShipError:
@@ -238,17 +254,17 @@ def _fan_out(
     stall_s: float = STALL_S,
     cached: Iterable[bytes] | None = None,
     *,
-    chain: list[tuple[Step, Hop]] | None = None,
+    chains: list[Chain] | None = None,
     agent_socket: str | None = None,
 ) -> None:
     """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
     target slows the stream, a failed one is dropped from it. ``cached``: the archive already composed without
-    those files (from the build's blob store), used instead of the save. ``chain``: targets that take the stream
-    through one queue, relaying it from the first to the last (:class:`~nodekit.ship.relay.RelaySink`)."""
+    those files (from the build's blob store), used instead of the save. ``chains``: each, targets that take the
+    stream through one queue, relaying it from the first to the last (:class:`~nodekit.ship.relay.RelaySink`)."""
     src = plan.source
-    chain = chain or []
-    relayed = [c for c, _ in chain]
-    heads = steps + relayed[:1]  # one queue, one sink per head: every direct target, and the chain's first node
+    by_head = {chain[0][0].target.name: chain for chain in chains or []}
+    # One queue, one sink per head: every direct target, and each chain's first node.
+    heads = steps + [chain[0][0] for chain in chains or []]
     layers = heads[0].layers
     total = max(layers.send_bytes if layers is not None and skip else src.size, 1)
     queues = {s.target.name: queue.Queue[object](maxsize=16) for s in heads}
@@ -257,17 +273,19 @@ def _fan_out(
     started = time.monotonic()
 
     def fail(step: Step, err: ShipError) -> None:
-        """``step`` failed; when it heads the chain, every node after it is left without the image too."""
+        """``step`` failed; when it heads a chain, every node after it is left without the image too."""
         result.failures.setdefault(step.target.name, err)
-        if relayed and step is relayed[0]:
-            for after in relayed[1:]:
+        chain = by_head.get(step.target.name)
+        if chain is not None and step is chain[0][0]:
+            for after, _ in chain[1:]:
                 result.failures.setdefault(
                     after.target.name,
                     ShipError(f"the relay through {step.target.name} was cut", node=after.target.name),
                 )
 
     def open_one(step: Step) -> _Sink:
-        if relayed and step is relayed[0]:
+        chain = by_head.get(step.target.name)
+        if chain is not None:
             return RelaySink([h for _, h in chain], agent_socket)
         return (open_sink or docker.LoadSink)(step.target.endpoint)
 
@@ -281,11 +299,12 @@ def _fan_out(
             result.relayed[name] = upstream
         rep.done(f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s: {how}{spared}")
 
-    def settle_chain(sink: _Sink) -> None:
+    def settle_chain(sink: _Sink, chain: Chain) -> None:
         """The chain ended: each node's own report, then its image id checked from here."""
         assert isinstance(sink, RelaySink)
         report = sink.finish()
         why = relay_failures([h for _, h in chain], report, sink.rc)
+        relayed = [c for c, _ in chain]
         for i, step in enumerate(relayed):
             name = step.target.name
             if name in why:
@@ -334,8 +353,8 @@ def _fan_out(
                         f"{name}: {size_text(sent)} of {size_text(total)} ({100 * sent // total}%), "
                         f"{size_text(result.sent[name])} on the wire, {size_text(rate)}/s"
                     )
-            if relayed and step is relayed[0]:
-                settle_chain(sink)
+            if name in by_head:
+                settle_chain(sink, by_head[name])
                 return
             sink.finish()
             _verify(src, step)

@@ -50,6 +50,27 @@ RELAY_MIN_BYTES = 64 << 20
 (a few tenths of a second), which a small transfer (a code change) does not win back; 64 MiB is about half a
 second of a 1 Gbit/s link per extra copy."""
 
+CHAIN_MAX = 8
+"""At most this many nodes in one chain: the head sends one stream per chain. A chain goes as fast as its slowest
+hop, and a node that dies cuts every node after it (they are then fed from the head), so many nodes make several
+shorter chains, not one long one."""
+
+
+def split_chains(n: int, most: int | None = None) -> list[range]:
+    """Pure: ``n`` nodes (in order) cut into the fewest chains of at most ``most`` (default :data:`CHAIN_MAX`), as
+    even as can be; a lone node is no chain (it is fed directly)."""
+    if n < 2:
+        return []
+    count = -(-n // max(CHAIN_MAX if most is None else most, 2))
+    size, extra = divmod(n, count)
+    out, start = [], 0
+    for i in range(count):
+        end = start + size + (i < extra)
+        out.append(range(start, end))
+        start = end
+    return out
+
+
 SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
             "-o", "ServerAliveCountMax=3")  # fmt: skip
 KEY_LIFETIME_S = 900

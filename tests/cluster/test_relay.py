@@ -9,21 +9,25 @@ key the head passed it. The head's link counters (``ip -s link`` in h0) say how 
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from benchmarks._shipnet import tbf_argv, tx_bytes
-from tests.cluster.conftest import Fleet, nodekit_argv
-from tests.cluster.harness import Host, pids_in_netns, sh
+from tests.cluster.conftest import Fleet, SshKeys, nodekit_argv
+from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
 from tests.cluster.test_ship import REF, ids, make_image, wipe
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
+
+ROOT = Path(__file__).resolve().parents[2]
 
 MIB = 24  # random bytes: gzip cannot shrink them, so the stream is about this size
 
@@ -165,3 +169,43 @@ def test_a_push_opens_one_ssh_connection_per_node_and_closes_it(fleet: Fleet) ->
     masters = subprocess.run(["pgrep", "-f", "ControlPath=/tmp/nkssh."], capture_output=True, text=True).stdout
     assert masters.strip() == "", f"SSH master connections left running: {masters}"
     assert not list(Path("/tmp").glob("nkssh.*"))
+
+
+CHAINS_SCRIPT = """
+import json, sys
+from nodekit import ship
+from nodekit.progress import NullReporter
+from nodekit.ship import relay
+relay.CHAIN_MAX = 2  # four nodes: two chains of two
+src = ship.source_of(sys.argv[1], None)
+targets = [ship.Target(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
+with ship.SharedSsh():
+    plan = ship.plan_push(src, ship.survey(src, targets))
+    result = ship.push(plan, NullReporter(), relay="always")
+print(json.dumps({"sent": result.sent, "relayed": result.relayed}))
+"""
+
+
+def test_four_nodes_with_chains_of_two_make_two_chains(ssh_keys: SshKeys, tmp_path: Path) -> None:
+    """Several chains for one stream (at most CHAIN_MAX nodes each, 2 here): the head sends one copy per chain,
+    each chain's second node gets it from its first, and every node ends with the image."""
+    c = Cluster(5, name="nkr", owner=os.getpid(), decoy=False)
+    c.up()
+    try:
+        h0, *targets = c.hosts
+        bin_dir = ssh_client(tmp_path / "ssh", c.hosts, ssh_keys.client_key, ssh_keys.public(ssh_keys.host_key))
+        for h in targets:
+            h.start_sshd(ssh_keys.public(ssh_keys.client_key), ssh_keys.host_key)
+        want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=4)
+        env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": ""}
+        urls = [f"ssh://root@{h.addr}" for h in targets]
+        done = h0.run(sys.executable, "-c", CHAINS_SCRIPT, REF, *urls, env=env, cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert got["relayed"] == {"h2": "h1", "h4": "h3"}, got
+        assert sorted(got["sent"]) == ["h1", "h3"], got  # the head fed the two chains' first nodes only
+        assert all(h.image_id(REF) == want for h in targets)
+    finally:
+        for h in c.hosts:
+            h.stop_sshd()
+        c.down(purge=True)

@@ -166,3 +166,26 @@ def test_the_private_agent_holds_the_keys_it_can_and_is_stopped(tmp_path: Path) 
         assert none.socket is None  # nothing to forward: the relay is skipped, said so
     assert not user_agent_has_keys({"SSH_AUTH_SOCK": str(tmp_path / "no-such-socket")})
     assert not user_agent_has_keys({})
+
+
+def test_many_nodes_make_several_even_chains_of_at_most_eight() -> None:
+    from nodekit.ship.relay import CHAIN_MAX, split_chains
+
+    assert CHAIN_MAX == 8
+    sizes = {n: [len(r) for r in split_chains(n)] for n in (0, 1, 2, 8, 9, 16, 17, 64)}
+    assert sizes == {0: [], 1: [], 2: [2], 8: [8], 9: [5, 4], 16: [8, 8], 17: [6, 6, 5], 64: [8] * 8}
+    assert [list(r) for r in split_chains(5, most=2)] == [[0, 1], [2, 3], [4]]  # the lone node is fed directly
+    for n in range(2, 40):
+        cut = split_chains(n)
+        assert [i for r in cut for i in r] == list(range(n)) and max(map(len, cut)) <= CHAIN_MAX
+
+
+def test_the_dry_run_shows_each_chain() -> None:
+    from nodekit import ship
+
+    big = ship.Source(ref="nodekit/demo:abc", image_id="sha256:" + "a" * 64, size=2 << 30, engine_id="src")
+    states = [ship.TargetState(target=ship.Target(f"n{i}", f"ssh://me@n{i}"), engine_id=f"e{i}", free_bytes=1 << 40)
+              for i in range(10)]  # fmt: skip
+    lines = ship.relay_text(ship.plan_push(big, states), "auto")
+    assert [ln.split(" (")[0] for ln in lines] == ["  relayed: n0 -> n1 -> n2 -> n3 -> n4",
+                                                   "  relayed: n5 -> n6 -> n7 -> n8 -> n9"]  # fmt: skip
