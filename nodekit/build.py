@@ -429,17 +429,15 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
         reporter.done(f"would build {planned.tag}")
         return _result(planned, None, t0, skipped=False, dry_run=True, created=created)
     existing = docker.image_info(planned.tag)
-    up_to_date = existing is not None and existing.labels.get(LABEL_FINGERPRINT) == planned.fingerprint
-    if up_to_date and existing is not None and not no_cache and not _in_store(settings, existing.id):
+    if existing is not None and existing.labels.get(LABEL_FINGERPRINT) == planned.fingerprint and not no_cache:
+        if _in_store(settings, existing.id):
+            result = _result(planned, existing, t0, skipped=True, created=created)
+            _record(settings, result)
+            reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
+            return result
         # A fresh checkout on a machine that has the image, or a pruned store: built again (BuildKit's cache makes
         # that quick, the result is the same image id), so that pushes of it need no docker save.
         reporter.detail(f"{planned.tag} exists, but this project's blob store lacks its code layer: writing it")
-        up_to_date = False
-    if up_to_date and existing is not None and not no_cache:
-        result = _result(planned, existing, t0, skipped=True, created=created)
-        _record(settings, result)
-        reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
-        return result
     with build_lock(settings.project_dir, reporter):
         staged = _stage(settings, lock, base.id, tgt, reporter, no_cache=no_cache)
         if staged.fingerprint != planned.fingerprint:

@@ -25,7 +25,17 @@ from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
 from nodekit.progress import Reporter
 from nodekit.ship.layers import WithoutLayers, from_store
-from nodekit.ship.plan import Codec, PushPlan, Source, Step, Target, reach_fix, short_id, size_text
+from nodekit.ship.plan import (
+    Codec,
+    PushPlan,
+    Source,
+    Step,
+    Target,
+    reach_fix,
+    short_id,
+    size_text,
+    travelling_bytes,
+)
 from nodekit.ship.relay import (
     RELAY_MIN_BYTES,
     Agent,
@@ -134,7 +144,7 @@ def push(
         for (codec, skip), steps in groups.items():
             layers = steps[0].layers
             what = layers.to_text() if layers is not None else size_text(src.size)
-            travels = layers.send_bytes if layers is not None and skip else src.size
+            travels = travelling_bytes(src.size, layers)
             chains: list[Chain] = []
             if open_sink is None:
                 chains, agent = _relay_chains(steps, travels, relay, rep, agent)
@@ -187,9 +197,7 @@ def relay_text(plan: PushPlan, mode: RelayMode) -> list[str]:
     """What ``push --dry-run`` says about relays: one line per stream that would be relayed."""
     out = []
     for steps in _groups(plan.loads()).values():
-        layers = steps[0].layers
-        travels = layers.send_bytes if layers is not None and layers.skip else plan.source.size
-        candidates = relay_candidates(steps, travels, mode)
+        candidates = relay_candidates(steps, travelling_bytes(plan.source.size, steps[0].layers), mode)
         for r in split_chains(len(candidates)):
             chain = candidates[r.start : r.stop]
             out.append(f"  relayed: {' -> '.join(s.target.name for s in chain)} (each passes the stream on; the "
@@ -265,8 +273,7 @@ def _fan_out(
     by_head = {chain[0][0].target.name: chain for chain in chains or []}
     # One queue, one sink per head: every direct target, and each chain's first node.
     heads = steps + [chain[0][0] for chain in chains or []]
-    layers = heads[0].layers
-    total = max(layers.send_bytes if layers is not None and skip else src.size, 1)
+    total = max(travelling_bytes(src.size, heads[0].layers), 1)
     queues = {s.target.name: queue.Queue[object](maxsize=16) for s in heads}
     dead = {s.target.name: threading.Event() for s in heads}
     sinks: dict[str, _Sink] = {}
@@ -275,13 +282,11 @@ def _fan_out(
     def fail(step: Step, err: ShipError) -> None:
         """``step`` failed; when it heads a chain, every node after it is left without the image too."""
         result.failures.setdefault(step.target.name, err)
-        chain = by_head.get(step.target.name)
-        if chain is not None and step is chain[0][0]:
-            for after, _ in chain[1:]:
-                result.failures.setdefault(
-                    after.target.name,
-                    ShipError(f"the relay through {step.target.name} was cut", node=after.target.name),
-                )
+        for after, _ in by_head.get(step.target.name, [])[1:]:
+            result.failures.setdefault(
+                after.target.name,
+                ShipError(f"the relay through {step.target.name} was cut", node=after.target.name),
+            )
 
     def open_one(step: Step) -> _Sink:
         chain = by_head.get(step.target.name)

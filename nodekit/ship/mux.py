@@ -38,6 +38,7 @@ class SharedSsh:
 
     def __init__(self) -> None:
         self.dir: Path | None = None
+        self._real = ""
         self._old_path: str | None = None
 
     def __enter__(self) -> SharedSsh:
@@ -59,6 +60,7 @@ class SharedSsh:
                 f'-o ControlPersist={PERSIST_S} "$@"\n'
             )
             wrapper.chmod(0o755)
+            self._real = real
             self._old_path = os.environ.get("PATH")
             os.environ["PATH"] = f"{self.dir}{os.pathsep}{self._old_path or ''}"
         return self
@@ -73,21 +75,19 @@ class SharedSsh:
                 os.environ.pop("PATH", None)
             else:
                 os.environ["PATH"] = self._old_path
-            close_masters(self.dir)
+            close_masters(self.dir, self._real)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
 
 
-def close_masters(d: Path) -> int:
-    """Tell every master whose control socket is in ``d`` to exit; returns how many were asked."""
-    real = shutil.which("ssh", path=os.environ.get("PATH", "").replace(f"{d}{os.pathsep}", "", 1))
+def close_masters(d: Path, ssh: str) -> int:
+    """Tell every master whose control socket is in ``d`` to exit (with ``ssh``, the client the wrapper ran);
+    returns how many were asked."""
     socks = [p for p in d.iterdir() if p.is_socket()] if d.is_dir() else []
-    if real is None:
-        return 0
     for sock in socks:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             # The host argument is ignored with an explicit ControlPath; the master answers on its socket.
-            subprocess.run([real, "-o", f"ControlPath={sock}", "-O", "exit", "nodekit-mux"], capture_output=True,
+            subprocess.run([ssh, "-o", f"ControlPath={sock}", "-O", "exit", "nodekit-mux"], capture_output=True,
                            timeout=10, stdin=subprocess.DEVNULL)  # fmt: skip
     return len(socks)
 

@@ -128,6 +128,11 @@ class LayerPlan:
         )
 
 
+def travelling_bytes(image_size: int, layers: LayerPlan | None) -> int:
+    """What travels to a target: the layers it lacks when some are left out, else the whole image."""
+    return layers.send_bytes if layers is not None and layers.skip else image_size
+
+
 def plan_layers(layers: Sequence[Layer], have: frozenset[str]) -> LayerPlan:
     """Pure: the layers a target whose layer store holds the chain ids ``have`` lacks. A layer file is sent when
     the chain at *any* position where its diff id occurs is missing there (the same diff id can sit on two
@@ -320,7 +325,7 @@ def plan_push(
             if source.layers and st.chains is not None:
                 layers = plan_layers(source.layers, st.chains)
             # The target keeps what it has; it needs room for what arrives (the archive, then the unpacked layers).
-            incoming = layers.send_bytes if layers is not None and layers.skip else source.size
+            incoming = travelling_bytes(source.size, layers)
             need = int(incoming * DISK_FACTOR)
             if st.free_bytes is not None and st.free_bytes < need:
                 raise ShipError(

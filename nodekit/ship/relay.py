@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,16 +299,11 @@ class Agent:
         sock = os.path.join(self._dir, "agent.sock")
         self._proc = subprocess.Popen([agent, "-D", "-a", sock], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)  # fmt: skip
-        ready = threading.Event()
-        for _ in range(100):
-            if os.path.exists(sock):
-                ready.set()
-                break
-            if self._proc.poll() is not None:
-                break
-            ready.wait(0.02)
-        if not ready.is_set():
-            return
+        deadline = time.monotonic() + 2
+        while not os.path.exists(sock):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
         env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "SSH_ASKPASS")}
         env |= {"SSH_AUTH_SOCK": sock, "SSH_ASKPASS_REQUIRE": "never"}
         for key in dict.fromkeys(identities):
