@@ -305,7 +305,9 @@ def _fan_out(
         rep.done(f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s: {how}{spared}")
 
     def settle_chain(sink: _Sink, chain: Chain) -> None:
-        """The chain ended: each node's own report, then its image id checked from here."""
+        """The chain ended: each node's own report, then its image id checked from here. Each node fails alone:
+        the stream went on past a node whose own load failed (tee -p), so the nodes after it are judged by theirs.
+        """
         assert isinstance(sink, RelaySink)
         report = sink.finish()
         why = relay_failures([h for _, h in chain], report, sink.rc)
@@ -313,12 +315,14 @@ def _fan_out(
         for i, step in enumerate(relayed):
             name = step.target.name
             if name in why:
-                fail(step, ShipError(f"{name} did not load the relayed stream: {why[name]}", node=name))
+                result.failures.setdefault(
+                    name, ShipError(f"{name} did not load the relayed stream: {why[name]}", node=name)
+                )
                 continue
             try:
                 _verify(src, step)
             except NodekitError as e:
-                fail(step, _as_ship_error(e, step.target))
+                result.failures.setdefault(name, _as_ship_error(e, step.target))
                 continue
             loaded(step, relayed[i - 1].target.name if i else None)
 
