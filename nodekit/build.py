@@ -579,19 +579,23 @@ def last_build(settings: Settings) -> dict[str, Any] | None:
 def project_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """The fingerprint an image of the project as it is now would have, without resolving or building anything:
     ``(fingerprint, "")``, or ``(None, why it cannot be known here)`` (no usable lock, no base image)."""
+    # On the path of every `nodekit up`: one engine call for the base, shared by the lock check and the probe
+    # (which is cached by the base's image id), instead of one pair of calls each.
+    base = docker.image_info(settings.base_image)
+    tgt = probe_target(settings, base=base)
     try:
-        lock = check_lock(settings)
+        lock = check_lock(settings, tgt)
     except ConfigError as e:
         return None, e.message
     if inputs_drifted(lock, settings):
         return None, "nodekit.lock was made from other packages than nodekit.toml lists"
-    base = docker.image_info(settings.base_image)
     if base is None:
         return None, f"base image {settings.base_image} is not here"
-    try:
-        tgt = probe_target(settings, require_probe=True)  # cached by the base's image id
-    except NodekitError as e:
-        return None, e.message
+    if tgt.stack is None:  # the probe failed and a default answered: ask again, for the reason
+        try:
+            tgt = probe_target(settings, require_probe=True, base=base)
+        except NodekitError as e:
+            return None, e.message
     return _plan(settings, lock, base.id, tgt, no_cache=False, stage=None).fingerprint, ""
 
 

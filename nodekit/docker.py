@@ -175,14 +175,15 @@ def runtimes(host: str | None = None) -> tuple[str, ...]:
 def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
     """The image ``ref`` on ``host``, or None when that engine does not have it."""
     from python_on_whales import DockerException
+    from python_on_whales.exceptions import NoSuchImage
 
-    d = client(host)
-    try:
-        if not d.image.exists(ref):
-            return None
-        img = d.image.inspect(ref)
+    try:  # one call: asking exists() first would inspect the image twice
+        img = client(host).image.inspect(ref)
+    except NoSuchImage:
+        return None
     except DockerException as e:
         _raise_if_hung(e, host, f"inspecting image {ref}", ENGINE_CALL_S)
+        _diagnose(host)
         raise EngineError(f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
     config = img.config
     env = dict(item.split("=", 1) for item in (config.env or []) if "=" in item) if config else {}
@@ -259,6 +260,7 @@ def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> 
         with contextlib.suppress(DockerException):
             d.compose.down(remove_orphans=True, quiet=True)
         _raise_if_hung(e, host, f"docker compose up of {compose_file}", CONTAINER_START_S)
+        _diagnose(host)
         raise EngineError(
             f"docker compose up failed for {compose_file}: {_last_line(e)}",
             fix=f"docker compose -f {compose_file} up  (to see Docker's full output)",
@@ -360,6 +362,13 @@ def compose_down(
 def _stop_deadline(timeout: int | None) -> float:
     """Stopping waits up to ``timeout`` (Docker's default 10 s) per container before killing it, then removes."""
     return (10 if timeout is None else timeout) + ENGINE_CALL_S
+
+
+def _diagnose(host: str | None) -> None:
+    """After a call failed: raise check_engine's precise EngineError when the engine or the Compose plugin is what
+    is missing (the docker CLI's own words for that vary: "unknown flag: --file" when Compose is absent). The
+    calls on every ``nodekit up`` no longer check first (0.7 s here); only a failure pays for the diagnosis."""
+    check_engine(host, buildx=False)
 
 
 def _last_line(e: Exception) -> str:

@@ -38,6 +38,7 @@ class NodePlan:
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
     job_secret: str = ""
+    image_id: str = ""  # the image's id on this host when planning looked it up ("" for compose and dry runs)
 
     @property
     def shown(self) -> str:
@@ -109,13 +110,14 @@ def plan_node(
         notes = (*notes, f"image {ref}: {why}")
     path = compose_path(settings, rank, out_dir)
     secret = job_secret() if job_secret else ""
+    found = image_id(ref) if image_id else ""
     doc = render_compose(
         node,
         ref,
         facts,
         output_dir=settings.resolve(settings.output_dir).absolute(),
         debug=debug,
-        image_id=image_id(ref) if image_id else "",
+        image_id=found,
         job_secret=secret,
     )
     hint = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
@@ -128,6 +130,7 @@ def plan_node(
         project=project_name(launch.name, rank),
         text=text,
         notes=notes,
+        image_id=found,
         warnings=unset_pass_env(launch.pass_env, os.environ if environ is None else environ),
         job_secret=secret,
     )
@@ -188,7 +191,8 @@ def image_id_here(rank: int) -> Callable[[str], str]:
     """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise)."""
 
     def lookup(ref: str) -> str:
-        docker.check_engine(buildx=False)
+        # No separate engine check first (docker version + docker compose version: 0.7 s here): a missing engine
+        # fails this inspect, a missing Compose plugin fails `compose up`, each with its own message and fix.
         return docker.require_image(ref, node=f"node {rank}").id
 
     return lookup
@@ -224,8 +228,8 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     """
     for warning in plan.warnings:
         reporter.warn(warning)
-    docker.check_engine(buildx=False)
-    docker.require_image(plan.image, node=f"node {plan.node.rank}")
+    if not plan.image_id:  # planning did not look the image up here
+        docker.require_image(plan.image, node=f"node {plan.node.rank}")
     check_master_port(plan)
     path = write_compose(plan)
     reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")

@@ -17,13 +17,17 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from types import EllipsisType
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from nodekit.errors import ConfigError, ImageError
 from nodekit.fsutil import write_atomic
 from nodekit.settings import Settings
+
+if TYPE_CHECKING:
+    from nodekit.docker import ImageInfo
 
 PROBE_DIR = Path(".nodekit") / "base-probe"
 # The launcher's own floor (zip(strict=...), PEP 604 unions at run time in dataclasses) and torch 2.13's.
@@ -207,15 +211,16 @@ def cache_path(project_dir: Path, image_id: str) -> Path:
     return project_dir / PROBE_DIR / f"{image_id.removeprefix('sha256:')}.json"
 
 
-def probe_base(settings: Settings, *, refresh: bool = False) -> BaseStack:
+def probe_base(settings: Settings, *, refresh: bool = False, base: ImageInfo | EllipsisType | None = ...) -> BaseStack:
     """The configured base image's stack: from the cache for its image id, else from one offline container.
 
-    Raises ImageError when the base is not in the engine or the probe cannot run; does not judge the answer
-    (see :func:`check_usable`).
+    ``base``: the base image as the caller already inspected it (None: not in the engine); by default it is
+    inspected here. Raises ImageError when the base is not in the engine or the probe cannot run; does not judge
+    the answer (see :func:`check_usable`).
     """
     from nodekit import docker
 
-    info = docker.image_info(settings.base_image)
+    info = docker.image_info(settings.base_image) if base is ... else base
     if info is None:
         raise ImageError(
             f"base image {settings.base_image} is not in the local Docker engine, and nodekit does not pull "
@@ -279,8 +284,9 @@ def derive_target(
     )
 
 
-def target(settings: Settings, *, require_probe: bool = False) -> Target:
-    """The resolution target for ``settings``. Probes the base when the engine has it (cached by image id).
+def target(settings: Settings, *, require_probe: bool = False, base: ImageInfo | EllipsisType | None = ...) -> Target:
+    """The resolution target for ``settings``. Probes the base when the engine has it (cached by image id);
+    ``base`` as for :func:`probe_base`.
 
     Without an engine or the base, nodekit's own bases and explicit settings still answer (so ``nodekit lock``
     works offline for them); ``require_probe`` makes those cases errors instead (the build needs the probe to
@@ -292,7 +298,7 @@ def target(settings: Settings, *, require_probe: bool = False) -> Target:
 
     stack: BaseStack | None = None
     try:
-        stack = probe_base(settings)
+        stack = probe_base(settings, base=base)
     except (EngineError, ImageError):
         if require_probe:
             raise

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("docker") and "docker_engine" not in getattr(item, "fixturenames", ()):
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]
+
+
+def logging_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose PATH finds a ``docker`` that logs its arguments, then runs the real client."""
+    real = shutil.which("docker")
+    assert real is not None
+    bin_dir, log = tmp_path / "bin", tmp_path / "docker.log"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "docker"
+    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\nexec {real} "$@"\n')
+    wrapper.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
+    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
+    return env, log

@@ -9,7 +9,6 @@ that no ``docker save`` ran. A damaged store costs a slower push through ``docke
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import uuid
@@ -19,22 +18,9 @@ import pytest
 
 from tests.cluster.conftest import Demo, nodekit_argv
 from tests.cluster.harness import Cluster
+from tests.conftest import logging_docker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
-
-
-def logging_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
-    """An environment whose PATH finds a ``docker`` that logs its arguments, then runs the real client."""
-    real = shutil.which("docker")
-    assert real is not None
-    bin_dir, log = tmp_path / "bin", tmp_path / "docker.log"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "docker"
-    wrapper.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >> {log}\nexec {real} "$@"\n')
-    wrapper.chmod(0o755)
-    env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
-    env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
-    return env, log
 
 
 def saves(log: Path) -> list[str]:
