@@ -20,7 +20,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
@@ -599,8 +599,20 @@ def project_fingerprint(settings: Settings) -> tuple[str | None, str]:
     return _plan(settings, lock, base.id, tgt, no_cache=False, stage=None).fingerprint, ""
 
 
+class Choice(NamedTuple):
+    ref: str
+    why: str
+    id: str  # the image's id, as the choice saw it
+
+
 def choose_image(settings: Settings) -> tuple[str, str]:
-    """The image ``nodekit up`` runs when none is named, and why: ``(ref, reason)``. Deterministic:
+    """:func:`choose`'s ``(ref, reason)``."""
+    choice = choose(settings)
+    return choice.ref, choice.why
+
+
+def choose(settings: Settings) -> Choice:
+    """The image ``nodekit up`` runs when none is named, why, and its id. Deterministic:
 
     1. the image whose fingerprint is the project's as it is now on this node (built here or pushed here);
     2. else, when a build record names an image that is here, that image is stale (the project changed since):
@@ -621,17 +633,20 @@ def choose_image(settings: Settings) -> tuple[str, str]:
     if fingerprint is not None:
         match = [i for i in labelled if i.labels.get(LABEL_FINGERPRINT) == fingerprint]
         if match:
-            return ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now"
+            return Choice(
+                ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now", match[0].id
+            )
     record = last_build(settings)
     recorded = record.get("tag") if record else None
-    if isinstance(recorded, str) and docker.image_info(recorded) is not None:
+    found = docker.image_info(recorded) if isinstance(recorded, str) else None
+    if isinstance(recorded, str) and found is not None:
         if fingerprint is not None:
             raise ImageError(
                 f"the image built here last, {recorded}, no longer matches the project (its fingerprint is now "
                 f"{fingerprint[:12]}: files or packages changed since)",
                 fix=f"nodekit build, or nodekit up --build; or --image {recorded} to run the old image anyway",
             )
-        return recorded, f"the last build here (the project's fingerprint is unknown: {unknown})"
+        return Choice(recorded, f"the last build here (the project's fingerprint is unknown: {unknown})", found.id)
     if fingerprint is not None:
         raise ImageError(
             f"no image of {name} here matches the project (fingerprint {fingerprint[:12]})",
@@ -639,7 +654,8 @@ def choose_image(settings: Settings) -> tuple[str, str]:
         )
     refs = sorted({ref(i) for i in labelled})
     if len(refs) == 1:
-        return refs[0], f"the only image of {name} here (the project's fingerprint is unknown: {unknown})"
+        why = f"the only image of {name} here (the project's fingerprint is unknown: {unknown})"
+        return Choice(refs[0], why, labelled[0].id)
     if not refs:
         raise ImageError(f"no image built yet for {name}", fix=BUILD_FIX)
     raise ImageError(

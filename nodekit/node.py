@@ -101,16 +101,17 @@ def plan_node(
             f'{{ "{absent.container}" = "/its/path" }} in nodekit.toml',
         )
     notes = _notes(node, facts)
+    known_id = ""  # the chosen image's id when choosing it already inspected it
     if image or resolve_image:
         ref = image or (resolve_image or _current_image)(settings)
     else:
-        from nodekit.build import choose_image
+        from nodekit.build import choose
 
-        ref, why = choose_image(settings)
+        ref, why, known_id = choose(settings)
         notes = (*notes, f"image {ref}: {why}")
     path = compose_path(settings, rank, out_dir)
     secret = job_secret() if job_secret else ""
-    found = image_id(ref) if image_id else ""
+    found = (known_id or image_id(ref)) if image_id else ""
     doc = render_compose(
         node,
         ref,
