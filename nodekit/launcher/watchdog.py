@@ -37,6 +37,9 @@ EXIT_OK = 0
 EXIT_PEER_LOST = 19
 BEAT_S = 1.0
 JUDGE_S = 0.25
+# Once this node's torchrun returned, its I/O thread reads the others this often instead of every BEAT_S: main
+# lingers until every node said bye, and a bye read one beat late was most of the job's teardown (0.5 s median).
+SETTLE_POLL_S = 0.05
 # torchrun gives its workers 30 s (its shutdown timeout) between SIGTERM and SIGKILL; a torchrun still not back
 # well after that is stuck where a signal cannot reach it (a C++ rendezvous wait), and the watchdog ends the process.
 STOP_GRACE_S = 60.0
@@ -374,7 +377,7 @@ class Watchdog:
                 reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye)
                 with self._lock:
                     self.watch.see(reading)
-                self._wake.wait(self.beat_s)
+                self._wake.wait(self.beat_s if own is None else min(self.beat_s, SETTLE_POLL_S))
         except Exception as e:  # torch's DistNetworkError; the client never reconnects, so this is final
             text = str(e).strip()
             self.broken = text.splitlines()[0] if text else type(e).__name__
