@@ -52,13 +52,15 @@ test-unit: venv
 test: lint engine sshd base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
-# make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 30 --write-docs"]: only the deciding benchmark (issue 13).
+# make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,
+# about 8 minutes) included. make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 150 --write-docs"]: only that one.
 bench: venv engine sshd base
 ifdef DECIDE
 	$(PY) benchmarks/decide.py $(DECIDE_ARGS)
 else
 	$(PY) benchmarks/manifest_bench.py
 	$(PY) benchmarks/run.py
+	$(PY) benchmarks/decide.py
 	$(PY) benchmarks/fleet_bench.py
 	$(PY) benchmarks/ship_bench.py
 	$(PY) benchmarks/base_bench.py
