@@ -579,23 +579,21 @@ def last_build(settings: Settings) -> dict[str, Any] | None:
 def project_fingerprint(settings: Settings) -> tuple[str | None, str]:
     """The fingerprint an image of the project as it is now would have, without resolving or building anything:
     ``(fingerprint, "")``, or ``(None, why it cannot be known here)`` (no usable lock, no base image)."""
-    # On the path of every `nodekit up`: one engine call for the base, shared by the lock check and the probe
-    # (which is cached by the base's image id), instead of one pair of calls each.
+    # On the path of every `nodekit up`: the base is inspected once, for the lock check's target and the probe
+    # (cached by the base's image id), instead of twice each.
     base = docker.image_info(settings.base_image)
-    tgt = probe_target(settings, base=base)
     try:
-        lock = check_lock(settings, tgt)
+        lock = check_lock(settings, base=base)
     except ConfigError as e:
         return None, e.message
     if inputs_drifted(lock, settings):
         return None, "nodekit.lock was made from other packages than nodekit.toml lists"
     if base is None:
         return None, f"base image {settings.base_image} is not here"
-    if tgt.stack is None:  # the probe failed and a default answered: ask again, for the reason
-        try:
-            tgt = probe_target(settings, require_probe=True, base=base)
-        except NodekitError as e:
-            return None, e.message
+    try:
+        tgt = probe_target(settings, require_probe=True, base=base)  # cached by the base's image id
+    except NodekitError as e:
+        return None, e.message
     return _plan(settings, lock, base.id, tgt, no_cache=False, stage=None).fingerprint, ""
 
 
@@ -603,12 +601,6 @@ class Choice(NamedTuple):
     ref: str
     why: str
     id: str  # the image's id, as the choice saw it
-
-
-def choose_image(settings: Settings) -> tuple[str, str]:
-    """:func:`choose`'s ``(ref, reason)``."""
-    choice = choose(settings)
-    return choice.ref, choice.why
 
 
 def choose(settings: Settings) -> Choice:
@@ -666,8 +658,8 @@ def choose(settings: Settings) -> Choice:
 
 
 def current_image(settings: Settings) -> str:
-    """The image to run when none is named (see :func:`choose_image`). Raises ImageError with the fix."""
-    return choose_image(settings)[0]
+    """The image to run when none is named (see :func:`choose`). Raises ImageError with the fix."""
+    return choose(settings).ref
 
 
 # --- inspect ------------------------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
 if TYPE_CHECKING:
+    from types import EllipsisType
+
+    from nodekit.docker import ImageInfo
     from nodekit.probe import Target
 
 LOCK_FILE = "nodekit.lock"
@@ -380,15 +383,18 @@ def read_lock(settings: Settings) -> Lock | None:
     return parse_lock(path.read_text(), source=str(path))
 
 
-def _target(settings: Settings, target: Target | None) -> Target:
+def _target(settings: Settings, target: Target | None, base: ImageInfo | EllipsisType | None = ...) -> Target:
     from nodekit.probe import target as probe_target
 
-    return target if target is not None else probe_target(settings)
+    return target if target is not None else probe_target(settings, base=base)
 
 
-def check_lock(settings: Settings, target: Target | None = None) -> Lock:
+def check_lock(
+    settings: Settings, target: Target | None = None, *, base: ImageInfo | EllipsisType | None = ...
+) -> Lock:
     """The lock, when it exists, was resolved for this image's Python and platform (``target``, by default
-    probed from the base), still matches what the base provides, and satisfies the config.
+    probed from the base: ``base`` as for :func:`nodekit.probe.probe_base`), still matches what the base provides,
+    and satisfies the config.
 
     Raises ConfigError (fix: ``nodekit lock``) otherwise. A lock whose recorded inputs differ from the config
     but that still satisfies it passes; see :func:`inputs_drifted`.
@@ -397,7 +403,7 @@ def check_lock(settings: Settings, target: Target | None = None) -> Lock:
     lock = read_lock(settings)
     if lock is None:
         raise ConfigError(f"no {LOCK_FILE} next to {settings.project_dir / 'nodekit.toml'}", fix=LOCK_FIX)
-    tgt = _target(settings, target)
+    tgt = _target(settings, target, base)
     if (lock.python_version, lock.platform) != (tgt.python_version, tgt.wheel_platform):
         raise ConfigError(
             f"{path} was resolved for Python {lock.python_version} on {lock.platform}, the image has Python "

@@ -1,10 +1,11 @@
 """Which image `nodekit up` runs when none is named: the project's fingerprint decides, a stale build is refused,
 and without a fingerprint several candidates are refused rather than picked by (identical) creation time.
 
-The engine's answers are stand-ins here (a dict of images); the decision is build.choose_image's."""
+The engine's answers are stand-ins here (a dict of images); the decision is build.choose's."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_a_stale_build_is_refused_with_the_fix(
     monkeypatch.setattr(build, "last_build", lambda s: {"tag": "nodekit/p:" + OLD[:12]})
     monkeypatch.setattr(build, "project_fingerprint", lambda s: (NEW, ""))
     with pytest.raises(ImageError) as info:
-        build.choose_image(settings(tmp_path))
+        build.choose(settings(tmp_path))
     assert "no longer matches the project" in info.value.message and NEW[:12] in info.value.message
     assert "nodekit up --build" in (info.value.fix or "")
 
@@ -57,7 +58,7 @@ def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(
     monkeypatch.setattr(build, "project_fingerprint", lambda s: (NEW, ""))
     for record in (None, {"tag": "nodekit/p:" + OLD[:12]}):
         monkeypatch.setattr(build, "last_build", lambda s, r=record: r)
-        ref, why = build.choose_image(settings(tmp_path))
+        ref, why, _ = build.choose(settings(tmp_path))
         assert ref == "nodekit/p:" + NEW[:12] and "fingerprint" in why
 
 
@@ -67,11 +68,11 @@ def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses
     monkeypatch.setattr(build, "last_build", lambda s: None)
     monkeypatch.setattr(build, "project_fingerprint", lambda s: (None, "base image nodekit/base:bookworm is not here"))
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
-    ref, why = build.choose_image(settings(tmp_path))
+    ref, why, _ = build.choose(settings(tmp_path))
     assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and "base image" in why
     engine["nodekit/p:" + NEW[:12]] = image(NEW)
     with pytest.raises(ImageError, match="2 images of p are here") as info:
-        build.choose_image(settings(tmp_path))
+        build.choose(settings(tmp_path))
     assert "--image" in (info.value.fix or "")
 
 
@@ -123,3 +124,18 @@ def test_what_nodekit_writes_into_a_project_never_changes_its_code_fingerprint(t
     assert build.hash_tree(tmp_path, build.code_rules(s)) == before
     (tmp_path / "model.py").write_text("x = 1\n")
     assert build.hash_tree(tmp_path, build.code_rules(s)) != before
+
+
+def test_a_node_without_its_unknown_base_falls_back_to_its_only_image(
+    tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that only received a pushed image, of a project on a base nodekit does not know and this engine does
+    not have: the project's fingerprint cannot be known (no probe, no default), which is a reason, not an error."""
+    shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "ddp" / "nodekit.lock", tmp_path / "nodekit.lock")
+    s = Settings(project_dir=tmp_path, name="p", script="train.py", base_image="example.org/custom:1")
+    monkeypatch.setattr(build, "last_build", lambda s: None)
+    fp, why = build.project_fingerprint(s)
+    assert fp is None and "cannot tell the Python and wheel platform of base image example.org/custom:1" in why
+    engine["nodekit/p:" + OLD[:12]] = image(OLD)
+    ref, why, image_id = build.choose(s)
+    assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and image_id == f"sha256:{OLD}"

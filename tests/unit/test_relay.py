@@ -174,7 +174,11 @@ def test_many_nodes_make_several_even_chains_of_at_most_eight() -> None:
     assert CHAIN_MAX == 8
     sizes = {n: [len(r) for r in split_chains(n)] for n in (0, 1, 2, 8, 9, 16, 17, 64)}
     assert sizes == {0: [], 1: [], 2: [2], 8: [8], 9: [5, 4], 16: [8, 8], 17: [6, 6, 5], 64: [8] * 8}
-    assert [list(r) for r in split_chains(5, most=2)] == [[0, 1], [2, 3], [4]]  # the lone node is fed directly
+    assert [list(r) for r in split_chains(5, most=2)] == [
+        [0, 1],
+        [2, 3],
+        [4],
+    ]  # a chain of one: only with at most 2 per chain
     for n in range(2, 40):
         cut = split_chains(n)
         assert [i for r in cut for i in r] == list(range(n)) and max(map(len, cut)) <= CHAIN_MAX
