@@ -219,6 +219,8 @@ def _notes(settings: Settings, job: render.K8sJob) -> tuple[str, ...]:
         notes.append("the image's fingerprint is unknown here: the manifests carry no nodekit/fingerprint label")
     if not any(v.kind == "pvc" for v in job.volumes if v.mount_path == OUTPUT_DIR_IN_CONTAINER):
         notes.append('/outputs is an emptyDir that goes with the pod: set [k8s] claims = { "/outputs" = "claim" }')
+    if settings.network == "bridge":
+        notes.append('network = "bridge" is for all-local compose runs: pods use the pod network ([k8s] host_network)')
     if any(o.iface or o.addr for o in settings.nodes.values()):
         notes.append("[nodes.R] iface and addr are ignored: the launcher finds the interface toward pod 0 in the pod")
     if job.pass_env:

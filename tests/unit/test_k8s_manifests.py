@@ -281,3 +281,21 @@ def test_a_trainjob_name_leaves_room_for_jobsets_pod_names() -> None:
     with pytest.raises(UsageError, match="at most 54 characters"):
         planned(cpu_settings(nnodes=4, k8s=K8sSettings(name=name)), "trainjob")
     assert render.K8sJob.model_fields["name"].is_required()
+
+
+def test_notes_say_what_does_not_carry_over() -> None:
+    from nodekit.settings import NodeOverride
+
+    s = cpu_settings(network="bridge", nodes={1: NodeOverride(iface="ens5")}, pass_env=("HF_TOKEN",))
+    p = k8s.plan(s, image="nodekit/demo:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))
+    text = "\n".join(p.notes)
+    for needle in (
+        "names no registry",
+        "no nodekit/fingerprint label",
+        "/outputs is an emptyDir",
+        "bridge",
+        "[nodes.R] iface and addr are ignored",
+        "Secret demo-env",
+    ):
+        assert needle in text
+    assert "nodekit/fingerprint" not in job_of(p)["metadata"]["labels"]
