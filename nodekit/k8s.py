@@ -131,9 +131,8 @@ def _gpus_and_nproc(settings: Settings, nnodes: int) -> tuple[int, int]:
 def _volumes(settings: Settings, nnodes: int) -> tuple[render.Volume, ...]:
     claims = settings.k8s.claims
     out = claims.get(OUTPUT_DIR_IN_CONTAINER)
-    vols = [render.Volume(name="outputs", mount_path=OUTPUT_DIR_IN_CONTAINER, kind="pvc" if out else "emptyDir")]
-    if out:
-        vols[0] = vols[0].model_copy(update={"source": out})
+    kind = "pvc" if out else "emptyDir"
+    vols = [render.Volume(name="outputs", mount_path=OUTPUT_DIR_IN_CONTAINER, kind=kind, source=out or "")]
     shared = mount_points(settings, 0)
     for i, m in enumerate(shared):
         claim = claims.get(m.container)
@@ -143,10 +142,13 @@ def _volumes(settings: Settings, nnodes: int) -> tuple[render.Volume, ...]:
                 "cannot express",
                 f'mount it from a PersistentVolumeClaim: [k8s] claims = {{ "{m.container}" = "my-claim" }}',
             )
-        kind: Literal["pvc", "hostPath"] = "pvc" if claim else "hostPath"
         vols.append(
             render.Volume(
-                name=f"mount-{i}", mount_path=m.container, kind=kind, source=claim or m.host, read_only=not m.writable
+                name=f"mount-{i}",
+                mount_path=m.container,
+                kind="pvc" if claim else "hostPath",
+                source=claim or m.host,
+                read_only=not m.writable,
             )
         )
     return tuple(vols)
