@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
 from nodekit import config_file, inputs
@@ -41,6 +41,11 @@ def reserved_env(key: str) -> bool:
 
 
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+# What the lock hands pip (--python-version X.Y, --platform TAG) and makes the ABI tag from (cp + digits).
+_TARGET = {
+    "python_version": (r"3\.[0-9]{1,2}", "3.11"),
+    "wheel_platform": (r"[a-z0-9_]{1,64}", "manylinux_2_36_x86_64"),
+}
 
 
 class Settings(BaseSettings):
@@ -130,6 +135,14 @@ class Settings(BaseSettings):
                 f"at most {inputs.MAX_NAME} characters)",
                 fix='name = "my-job"',
             )
+        return v
+
+    @field_validator("python_version", "wheel_platform")
+    @classmethod
+    def _target(cls, v: str | None, info: ValidationInfo) -> str | None:
+        pattern, example = _TARGET[info.field_name or ""]
+        if v is not None and not re.fullmatch(pattern, v):
+            raise Bad(f"{v[:40]!r} is not a {info.field_name} like {example}", fix=f'{info.field_name} = "{example}"')
         return v
 
     @field_validator("script")
@@ -302,7 +315,7 @@ class Settings(BaseSettings):
         if self.name:
             return self.name
         cleaned = re.sub(r"[^a-z0-9._-]+", "-", self.project_dir.resolve().name.lower()).strip("._-")
-        return cleaned or "app"
+        return cleaned[: inputs.MAX_NAME].rstrip("._-") or "app"
 
     def resolve(self, path: Path) -> Path:
         """A configured path, relative to the project root."""

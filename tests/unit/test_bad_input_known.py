@@ -187,6 +187,9 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "gpus": st.integers(1025, 10**6).flatmap(lambda g: _node("[nodes.1] gpus", nodes={"1": {"gpus": g}})),
     "name_too_long": _node("name", name="a" * 129),
     "empty_package": _node("packages", packages=["torch==2.13.0", ""]),
+    "build_target": st.sampled_from(
+        [("python_version", "3"), ("python_version", "abc"), ("wheel_platform", "x y")]
+    ).flatmap(lambda kv: _node(kv[0], **{kv[0]: kv[1]})),
 }
 
 

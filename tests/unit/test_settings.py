@@ -141,6 +141,8 @@ def test_starter_file_loads_and_matches_the_defaults(tmp_path: Path, monkeypatch
         ({"main": "two words"}, "main", 'main = "10.0.0.5"'),
         ({"args": ("ok", "a\x00b")}, "args.1", "without it"),
         ({"packages": ("torch==2.13.0", " ")}, "packages", "remove the empty string"),
+        ({"python_version": "3.11.7"}, "python_version", 'python_version = "3.11"'),
+        ({"wheel_platform": "manylinux 2"}, "wheel_platform", "manylinux_2_36_x86_64"),
     ],
 )
 def test_each_bad_value_is_one_line_naming_the_setting_and_the_fix(
@@ -165,6 +167,14 @@ def test_each_bad_value_is_one_line_naming_the_setting_and_the_fix(
 )  # fmt: skip
 def test_values_at_the_bounds_are_accepted(project: Path, flags: dict[str, object], field: str, value: object) -> None:
     assert getattr(load(**flags), field) == value
+
+
+def test_a_long_directory_name_still_makes_a_valid_image_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / ("x" * 200)
+    d.mkdir()
+    monkeypatch.chdir(d)
+    monkeypatch.delenv("NODEKIT_NAME", raising=False)
+    assert load().image_name == "x" * 128
 
 
 def test_a_value_from_the_shell_that_is_not_utf8_is_refused(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
