@@ -25,8 +25,9 @@ BY_HAND_FLAGS = f"--abort-on-container-exit --exit-code-from {SERVICE}"
 
 
 def project_name(name: str, rank: int) -> str:
-    """The compose project of one node; the same name by hand and through nodekit."""
-    return f"nodekit-{name}-node{rank}"
+    """The compose project of one node; the same name by hand and through nodekit. Compose refuses a "." in a
+    project name, which image names (and so a project directory like ``model.v2``) may hold: it becomes "_"."""
+    return f"nodekit-{name.replace('.', '_')}-node{rank}"
 
 
 def compose_filename(rank: int) -> str:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.docker
 
 IMAGE = "nodekit-test/literal:1"
 # Every value holds something Compose would rewrite or a shell would split: $, $$, ${X:-y}, quotes, spaces,
-# unicode, a trailing backslash.
+# unicode, a trailing backslash; and the name has a dot, which Compose refuses in a project name.
 ARGS = ["exp-$USER-${RUN:-default}", "cost=$HOME", "$$", "${X:-y}", "a'b\"c d", "ünï ✓", "tail\\"]
 ENV = {"EXPERIMENT": "exp-$USER-${RUN:-default}", "PRICE": "$5 and $$", "QUOTED": "'$HOME' \"$HOME\"\\"}
 MOUNT_HOST = "data $DATA ${X:-y} ü'\\"
@@ -41,7 +41,7 @@ def _toml(project: Path, port: int) -> str:
 
     env = "".join(f"{k} = {s(v)}\n" for k, v in {**ENV, "MOUNT_TARGET": MOUNT_TARGET}.items())
     return (
-        f'name = "literal"\nscript = "train.py"\nnproc_per_node = 1\nmaster_port = {port}\n'
+        f'name = "literal.v1"\nscript = "train.py"\nnproc_per_node = 1\nmaster_port = {port}\n'
         f'args = [{", ".join(s(a) for a in ARGS)}]\noutput_dir = {s(OUTPUT_DIR)}\npass_env = ["HF_TOKEN"]\n'
         f'[[mounts]]\nhost = {s(str(project / MOUNT_HOST))}\ncontainer = {s(MOUNT_TARGET)}\ncheck = "sizes"\n'
         f"[env]\n{env}"

@@ -6,6 +6,7 @@ Regenerate after an intended change with NODEKIT_UPDATE_GOLDEN=1 and review the 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,14 @@ def test_project_name_is_stable_per_rank() -> None:
     doc0 = yaml.safe_load(rendered(settings(), 0, CPU_NODE))
     doc1 = yaml.safe_load(rendered(settings(), 1, CPU_NODE))
     assert (doc0["name"], doc1["name"]) == ("nodekit-demo-node0", "nodekit-demo-node1")
+
+
+def test_a_dotted_image_name_makes_a_project_name_compose_accepts() -> None:
+    """Compose: 'must consist only of lowercase alphanumeric characters, hyphens, and underscores'. A project
+    directory named model.v2 (or name = "model.v2") made every `up` fail."""
+    doc = yaml.safe_load(rendered(settings(name="model.v2"), 0, CPU_NODE))
+    assert doc["name"] == "nodekit-model_v2-node0" and re.fullmatch(r"[a-z0-9][a-z0-9_-]*", doc["name"])
+    assert doc["services"]["train"]["labels"]["org.nodekit.name"] == "model.v2"
 
 
 def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
