@@ -19,7 +19,7 @@ from nodekit import config_file, inputs
 from nodekit.config_file import CONFIG_FILE, config_path
 from nodekit.errors import ConfigError
 from nodekit.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
-from nodekit.sections import Bad, Mount, NodeOverride, NProc
+from nodekit.sections import Bad, K8sSettings, Mount, NodeOverride, NProc
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -46,33 +46,6 @@ _TARGET = {
     "python_version": (r"3\.[0-9]{1,2}", "3.11"),
     "wheel_platform": (r"[a-z0-9_]{1,64}", "manylinux_2_36_x86_64"),
 }
-
-
-class K8sSettings(BaseModel):
-    """``[k8s]``: what ``nodekit k8s`` needs beyond the job itself (nodekit/render/k8s.py); names are checked there."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str | None = Field(None, description="Job, Service and TrainJob name (default: the project's name)")
-    namespace: str | None = Field(None, description="namespace of every manifest (default: none: kubectl's own)")
-    image: str | None = Field(
-        None,
-        description="the image as the cluster pulls it, e.g. registry.example.com/team/demo:<tag> "
-        "(default: the last image built here, which only nodes that have it preloaded can run)",
-    )
-    image_pull_secret: str | None = Field(None, description="Secret with the registry's credentials")
-    gpus: int | None = Field(
-        None, ge=0, le=64, description="nvidia.com/gpu per pod (default: [nodes.R] gpus when every node agrees, else 0)"
-    )
-    host_network: bool = Field(False, description="pods on the nodes' network (hostNetwork), e.g. for RDMA NICs")
-    shm_size: str | None = Field(None, description="size limit of the memory-backed /dev/shm, e.g. 16Gi")
-    claims: dict[str, str] = Field(
-        default_factory=dict,
-        description="container path -> PersistentVolumeClaim for [[mounts]] and /outputs; other mounts are hostPath",
-    )
-    backoff_limit: int = Field(0, ge=0, description="Job retries of a failed pod (exit codes 2, 17, 19 never retry)")
-    runtime: str = Field("torch-distributed", description="--trainjob: the Kubeflow Trainer runtime it references")
-    out_dir: Path = Field(Path("k8s"), description="where nodekit k8s writes its manifests")
 
 
 class Settings(BaseSettings):
