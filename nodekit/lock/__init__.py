@@ -28,6 +28,7 @@ from __future__ import annotations
 from nodekit.lock.format import (
     LOCK_FILE,
     LOCK_FIX,
+    BuiltWheel,
     Lock,
     LockDiff,
     LockedPackage,
@@ -45,10 +46,11 @@ from nodekit.lock.pip import (
     redact,
     resolve_argv,
     source_options,
+    sources,
     target_options,
 )
 from nodekit.lock.project import check_lock, ensure_lock, inputs_drifted, lock, lock_path, read_lock
-from nodekit.lock.resolution import base_conflicts, packages_from_report, resolve, sources, stub_wheel
+from nodekit.lock.resolution import base_conflicts, read_report, resolve, stub_wheel
 from nodekit.lock.wheelhouse import WHEELHOUSE, ensure_wheelhouse, wheelhouse_dir
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "LOCK_FIX",
     "PIP_RUNNER",
     "WHEELHOUSE",
+    "BuiltWheel",
     "Lock",
     "LockDiff",
     "LockResult",
@@ -71,9 +74,9 @@ __all__ = [
     "lock",
     "lock_path",
     "normalize_inputs",
-    "packages_from_report",
     "parse_lock",
     "read_lock",
+    "read_report",
     "redact",
     "resolve",
     "resolve_argv",

@@ -11,6 +11,7 @@ import hashlib
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -27,7 +28,11 @@ _HEADER = (
 _LINE = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)$"
 )
+_BUILT = re.compile(
+    r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+) from sha256:(?P<sha>[0-9a-f]{64})(?: with (?P<with>.+))?$"
+)
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+_Named = TypeVar("_Named", "LockedPackage", "BuiltWheel")
 
 
 class LockedPackage(BaseModel):
@@ -43,6 +48,25 @@ class LockedPackage(BaseModel):
         return f"{self.name}=={self.version} " + " ".join(f"--hash=sha256:{h}" for h in self.hashes)
 
 
+class BuiltWheel(BaseModel):
+    """How nodekit built a locked wheel that no index has (a pure-Python source distribution): the sdist's sha256
+    pins the source, ``backend`` the build environment (``name==version``), so a rebuild gives the bytes whose
+    hash the package's own line pins. Recorded as ``# built: name==version from sha256:... with setuptools==...``.
+    """
+
+    model_config = _FROZEN
+
+    name: str
+    version: str
+    sdist_sha256: str
+    backend: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return f"{self.name}=={self.version} from sha256:{self.sdist_sha256}" + (
+            f" with {' '.join(self.backend)}" if self.backend else ""
+        )
+
+
 class Lock(BaseModel):
     """A parsed ``nodekit.lock``."""
 
@@ -54,15 +78,22 @@ class Lock(BaseModel):
     packages: tuple[LockedPackage, ...]
     # name==version of what the base image already installs and the resolution relied on (kept, not installed)
     provided: tuple[str, ...] = ()
+    # the locked wheels nodekit built from source distributions, and how
+    built: tuple[BuiltWheel, ...] = ()
 
-    @field_validator("packages")
+    @field_validator("packages", "built")
     @classmethod
-    def _sorted(cls, v: tuple[LockedPackage, ...]) -> tuple[LockedPackage, ...]:
+    def _sorted(cls, v: tuple[_Named, ...]) -> tuple[_Named, ...]:
         return tuple(sorted(v, key=lambda p: p.name))
 
     def get(self, name: str) -> LockedPackage | None:
         key = canonicalize_name(name)
         return next((p for p in self.packages if p.name == key), None)
+
+    def built_from(self, name: str) -> BuiltWheel | None:
+        """How the wheel of ``name`` was built, when nodekit built it from source."""
+        key = canonicalize_name(name)
+        return next((b for b in self.built if b.name == key), None)
 
     def text(self) -> str:
         """The file's exact text (deterministic: same lock, same bytes)."""
@@ -72,6 +103,7 @@ class Lock(BaseModel):
             f"# platform: {self.platform}",
             *(f"# input: {r}" for r in self.inputs),
             *(f"# provided: {r}" for r in self.provided),
+            *(f"# built: {b.line()}" for b in self.built),
             "",
         ]
         return "\n".join([*head, *(p.line() for p in self.packages)]) + "\n"
@@ -137,6 +169,7 @@ def parse_lock(text: str, *, source: str = LOCK_FILE) -> Lock:
     meta: dict[str, str] = {}
     inputs: list[str] = []
     provided: list[str] = []
+    built: list[BuiltWheel] = []
     packages: list[LockedPackage] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
@@ -150,6 +183,8 @@ def parse_lock(text: str, *, source: str = LOCK_FILE) -> Lock:
                 inputs.append(value.strip())
             elif sep and key == "provided":
                 provided.append(value.strip())
+            elif sep and key == "built":
+                built.append(_parse_built(value.strip(), f"{source} line {number}"))
             continue
         m = _LINE.match(line)
         if m is None:
@@ -162,13 +197,28 @@ def parse_lock(text: str, *, source: str = LOCK_FILE) -> Lock:
         )
     if not packages and not provided:
         raise ConfigError(f"{source} pins no packages", fix=LOCK_FIX)
+    pinned = {(p.name, p.version) for p in packages}
+    stray = next((b for b in built if (b.name, b.version) not in pinned), None)
+    if stray is not None:
+        raise ConfigError(f"{source} says it built {stray.name} {stray.version}, which it does not pin", fix=LOCK_FIX)
     return Lock(
         python_version=meta["python"],
         platform=meta["platform"],
         inputs=tuple(inputs),
         packages=tuple(packages),
         provided=tuple(provided),
+        built=tuple(built),
     )
+
+
+def _parse_built(value: str, where: str) -> BuiltWheel:
+    m = _BUILT.match(value)
+    if m is None:
+        raise ConfigError(
+            f"{where} is not `# built: name==version from sha256:... [with name==version ...]`", fix=LOCK_FIX
+        )
+    backend = tuple(m["with"].split()) if m["with"] else ()
+    return BuiltWheel(name=canonicalize_name(m["name"]), version=m["version"], sdist_sha256=m["sha"], backend=backend)
 
 
 def target_environment(python_version: str, platform: str, full_version: str | None = None) -> dict[str, str]:

@@ -112,7 +112,9 @@ def lock(
     except ConfigError:
         reporter.warn(f"{path} is unreadable; resolving from scratch")
     normalize_inputs(settings.packages)  # a malformed requirement is named before the base is probed
-    new, kept = resolve(settings, reporter, _target(settings, target), previous=previous, upgrade=upgrade)
+    new, kept = resolve(
+        settings, reporter, _target(settings, target), previous=previous, upgrade=upgrade, keep_built=not dry_run
+    )
     diff = diff_locks(previous, new)
     unchanged = previous is not None and previous.text() == new.text() and path.read_text() == new.text()
     written = not dry_run and not unchanged

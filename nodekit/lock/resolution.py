@@ -21,16 +21,15 @@ from packaging.utils import canonicalize_name
 
 from nodekit.errors import ConfigError
 from nodekit.lock import pip as pipcmd
-from nodekit.lock.format import Lock, LockedPackage, normalize_inputs, target_environment
+from nodekit.lock.format import BuiltWheel, Lock, LockedPackage, normalize_inputs, target_environment
+from nodekit.lock.newest import checked, newest_versions, settle, versions
+from nodekit.lock.sdist import Builder, sha256_file
+from nodekit.lock.wheelhouse import find_wheel, wheelhouse_dir
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
 if TYPE_CHECKING:
     from nodekit.probe import Target
-
-
-class ResolveFailed(Exception):
-    """pip could not resolve; the message is pip's own line."""
 
 
 def stub_wheel(directory: Path, name: str, version: str) -> Path:
@@ -62,12 +61,13 @@ def base_conflicts(requirements: Sequence[str], provided: Mapping[str, str], env
     return out
 
 
-def packages_from_report(
+def read_report(
     report: Mapping[str, Any], provided: Mapping[str, str] | None = None
-) -> tuple[LockedPackage, ...]:
+) -> tuple[list[LockedPackage], list[LockedPackage]]:
     """Pins from pip's installation report (format version 1), leaving out what the base ``provided`` at the
-    resolved version (name -> version)."""
-    pins = []
+    resolved version (name -> version): the wheels', and the source distributions' (their hash is the sdist's)."""
+    wheels: list[LockedPackage] = []
+    sdists: list[LockedPackage] = []
     for item in report.get("install", []):
         name = canonicalize_name(item["metadata"]["name"])
         version = str(item["metadata"]["version"])
@@ -78,11 +78,12 @@ def packages_from_report(
         if "sha256" not in hashes:
             raise ConfigError(
                 f"{name} {version} resolved to {pipcmd.redact(str(info.get('url', 'a source')))} without a sha256 "
-                "(not an index's wheel?)",
-                fix="require a package available as a wheel from your index or find-links",
+                "(not an index's wheel or source distribution?)",
+                fix="require a package available from your index or find-links",
             )
-        pins.append(LockedPackage(name=name, version=version, hashes=(hashes["sha256"],)))
-    return tuple(sorted(pins, key=lambda p: p.name))
+        pin = LockedPackage(name=name, version=version, hashes=(hashes["sha256"],))
+        (wheels if str(info.get("url", "")).endswith(".whl") else sdists).append(pin)
+    return wheels, sdists
 
 
 def run_report(
@@ -126,13 +127,63 @@ def run_report(
         )
         proc = pipcmd.run(argv, what="pip resolving the lock", fix=pipcmd.FIX_ACCESS)
         if proc.returncode != 0:
-            raise ResolveFailed(pipcmd.pip_error(proc.stderr))
+            raise pipcmd.ResolveFailed(proc.stderr, proc.stdout)
         report: dict[str, Any] = json.loads((d / "report.json").read_text())
     return report
 
 
-def sources(settings: Settings) -> list[str]:
-    return pipcmd.source_options(settings.index_url, settings.extra_index_urls, settings.find_links)
+def build_sdists(
+    sdists: Sequence[LockedPackage],
+    builder: Builder,
+    reporter: Reporter,
+    *,
+    house: Path,
+    keep: bool,
+    previous: Lock | None,
+) -> tuple[list[LockedPackage], list[BuiltWheel]]:
+    """The locked wheels of the resolved source distributions: the previous lock's, when it built the same sdist
+    and the wheelhouse still has that wheel; else built now, into ``house`` when ``keep`` (not a dry run)."""
+    pins: list[LockedPackage] = []
+    built: list[BuiltWheel] = []
+    todo: list[tuple[LockedPackage, BuiltWheel | None]] = []
+    for s in sdists:
+        prev = previous.built_from(s.name) if previous is not None else None
+        same = prev if prev is not None and (prev.version, prev.sdist_sha256) == (s.version, s.hashes[0]) else None
+        pin = previous.get(s.name) if previous is not None and same is not None else None
+        if same is not None and pin is not None and find_wheel(house, pin) is not None:
+            pins.append(pin)
+            built.append(same)
+        else:
+            todo.append((s, same))
+    if todo:
+        names = ", ".join(f"{s.name} {s.version}" for s, _ in todo)
+        reporter.step(f"building {len(todo)} wheel(s) from source distributions, which no wheel replaces: {names}")
+    with tempfile.TemporaryDirectory(prefix="nodekit-built-") as tmp:
+        for s, same in todo:
+            wheel, record = builder.build(
+                s.name, s.version, s.hashes[0], house if keep else Path(tmp), same.backend if same else None
+            )
+            pins.append(LockedPackage(name=s.name, version=s.version, hashes=(sha256_file(wheel),)))
+            built.append(record)
+    return pins, built
+
+
+def _first_resolution(
+    inputs: Sequence[str], constraints: list[str], kw: Mapping[str, Any], reporter: Reporter
+) -> tuple[dict[str, Any], bool]:
+    try:
+        try:
+            return run_report(inputs, constraints, **kw), True
+        except pipcmd.ResolveFailed:
+            if not constraints:
+                raise
+            reporter.warn("the previous pins conflict with the new requirements; resolving without them")
+            return run_report(inputs, [], **kw), False
+    except pipcmd.ResolveFailed as e:
+        raise ConfigError(
+            f"cannot resolve packages for Python {kw['python_version']} on {kw['platform']}: {pipcmd.redact(str(e))}",
+            fix="change packages in nodekit.toml (each needs a wheel for the image's Python and platform)",
+        ) from None
 
 
 def resolve(
@@ -142,6 +193,7 @@ def resolve(
     *,
     previous: Lock | None = None,
     upgrade: bool = False,
+    keep_built: bool = True,
 ) -> tuple[Lock, bool]:
     """Resolve the config's packages for the image ``tgt``; returns the lock and whether previous pins were all
     kept.
@@ -150,13 +202,16 @@ def resolve(
     the lock leaves them out (``# provided:``). A requirement the base's version contradicts is a ConfigError
     naming both. With ``previous`` (and not ``upgrade``) the pins of packages whose input requirement did not
     change are passed as constraints, so unrelated packages stay where they were; when that cannot be satisfied
-    the resolution is retried without them.
+    the resolution is retried without them. A top-level requirement below its newest release is settled by
+    :func:`nodekit.lock.newest.settle`; source distributions in the result are built into wheels
+    (:mod:`nodekit.lock.sdist`), kept in the wheelhouse when ``keep_built``.
     """
     inputs = normalize_inputs(settings.packages)
     pv, platform = tgt.python_version, tgt.wheel_platform
     provided = tgt.stack.provided() if tgt.stack is not None else {}
     full = tgt.stack.version if tgt.stack is not None and tgt.stack.python_version == pv else None
-    clash = base_conflicts(inputs, provided, target_environment(pv, platform, full))
+    env = target_environment(pv, platform, full)
+    clash = base_conflicts(inputs, provided, env)
     if clash:
         more = f" (and {len(clash) - 1} more)" if len(clash) > 1 else ""
         raise ConfigError(
@@ -168,35 +223,34 @@ def resolve(
         changed = {canonicalize_name(Requirement(r).name) for r in set(inputs) - set(previous.inputs)}
         constraints = [f"{p.name}=={p.version}" for p in previous.packages if p.name not in changed]
     reporter.step(f"resolving {len(inputs)} requirement(s) for Python {pv} on {platform}")
-    kw: dict[str, Any] = {
-        "python_version": pv,
-        "platform": platform,
-        "sources": sources(settings),
-        "provided": provided,
-        "full_version": full,
-    }
-    kept = True
-    try:
-        try:
-            report = run_report(inputs, constraints, **kw)
-        except ResolveFailed:
-            if not constraints:
-                raise
-            kept = False
-            reporter.warn("the previous pins conflict with the new requirements; resolving without them")
-            report = run_report(inputs, [], **kw)
-    except ResolveFailed as e:
-        raise ConfigError(
-            f"cannot resolve packages for Python {pv} on {platform}: {pipcmd.redact(str(e))}",
-            fix="change packages in nodekit.toml (each needs a wheel for the image's Python and platform)",
-        ) from None
-    used = {canonicalize_name(i["metadata"]["name"]): str(i["metadata"]["version"]) for i in report.get("install", [])}
-    kept_from_base = tuple(sorted(f"{n}=={v}" for n, v in used.items() if provided.get(n) == v))
+    src = pipcmd.sources(settings)
+    kw: dict[str, Any] = {"python_version": pv, "platform": platform, "sources": src, "full_version": full}
+    report, kept = _first_resolution(inputs, constraints, {**kw, "provided": provided}, reporter)
+    where = f"Python {pv} on {platform}"
+    newest = newest_versions(checked(inputs, env, provided), **kw)
+    used = constraints if kept else []
+
+    def rerun(requirements: Sequence[str]) -> dict[str, Any]:
+        return run_report(requirements, used, **kw, provided=provided)
+
+    held = {c.split("==")[0] for c in used}
+    report = settle(report, inputs, newest, held=held, rerun=rerun, reporter=reporter, where=where)
+    wheels, sdists = read_report(report, provided)
+    from_source, built = build_sdists(
+        sdists,
+        Builder(src, where),
+        reporter,
+        house=wheelhouse_dir(settings),
+        keep=keep_built,
+        previous=None if upgrade else previous,
+    )
+    kept_from_base = tuple(sorted(f"{n}=={v}" for n, v in versions(report).items() if provided.get(n) == v))
     lock = Lock(
         python_version=pv,
         platform=platform,
         inputs=inputs,
-        packages=packages_from_report(report, provided),
+        packages=(*wheels, *from_source),
         provided=kept_from_base,
+        built=tuple(built),
     )
     return lock, kept

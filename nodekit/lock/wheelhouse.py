@@ -6,7 +6,6 @@ applies); the image installs from the staged copy with ``--no-index``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import tempfile
@@ -17,11 +16,11 @@ from typing import Any
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from nodekit.errors import BuildError
+from nodekit.errors import BuildError, ConfigError
 from nodekit.fsutil import write_atomic
 from nodekit.lock import pip as pipcmd
 from nodekit.lock.format import LOCK_FIX, Lock, LockedPackage
-from nodekit.lock.resolution import sources
+from nodekit.lock.sdist import Builder, sha256_file
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
@@ -31,14 +30,6 @@ _INDEX = ".index.json"
 
 def wheelhouse_dir(settings: Settings) -> Path:
     return settings.project_dir / WHEELHOUSE
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _scan(wheelhouse: Path, index: dict[str, list[Any]]) -> dict[tuple[str, str], list[tuple[Path, str]]]:
@@ -80,6 +71,36 @@ def _match(
     return wheels, missing
 
 
+def find_wheel(house: Path, pkg: LockedPackage) -> Path | None:
+    """The wheel in ``house`` that ``pkg`` pins (name, version and hash), if there is one."""
+    found = _scan(house, {}) if house.is_dir() else {}
+    return _match(Lock(python_version="", platform="", inputs=(), packages=(pkg,)), found)[0].get(pkg.name)
+
+
+def _rebuild(settings: Settings, lock: Lock, pkg: LockedPackage, house: Path) -> None:
+    """Build ``pkg``'s wheel again from the source distribution and backend the lock records; the bytes must
+    hash to the lock's pin, or the build is not reproducible here and the wheel is not kept."""
+    record = lock.built_from(pkg.name)
+    assert record is not None
+    where = f"Python {lock.python_version} on {lock.platform}"
+    with tempfile.TemporaryDirectory(prefix="nodekit-rebuild-", dir=house) as tmp:
+        try:
+            wheel, _ = Builder(pipcmd.sources(settings), where).build(
+                pkg.name, pkg.version, record.sdist_sha256, Path(tmp), record.backend
+            )
+        except ConfigError as e:
+            raise BuildError(e.message, fix=e.fix) from None
+        got = sha256_file(wheel)
+        if got not in pkg.hashes:
+            raise BuildError(
+                f"{pkg.name} {pkg.version} built again from its source distribution (with "
+                f"{' '.join(record.backend) or 'no build requirements'}) hashes to {got}, the lock pins "
+                f"{pkg.hashes[0]}: the build is not reproducible on this host",
+                fix="nodekit lock (builds it here and locks that hash), then commit nodekit.lock",
+            )
+        wheel.replace(house / wheel.name)
+
+
 def _download(settings: Settings, lock: Lock, missing: list[LockedPackage], house: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="nodekit-wheels-") as tmp:
         req = Path(tmp) / "missing.txt"
@@ -90,7 +111,7 @@ def _download(settings: Settings, lock: Lock, missing: list[LockedPackage], hous
             house,
             python_version=lock.python_version,
             platform=lock.platform,
-            sources=sources(settings),
+            sources=pipcmd.sources(settings),
         )
         proc = pipcmd.run(
             argv,
@@ -109,7 +130,8 @@ def ensure_wheelhouse(settings: Settings, lock: Lock, reporter: Reporter) -> dic
     """Every locked wheel, present and hash-verified in the wheelhouse: package name -> wheel file.
 
     Missing wheels are downloaded with ``pip download --no-deps --require-hashes`` (the host's pip configuration
-    applies). Raises BuildError when pip cannot provide one.
+    applies); those the lock built from source are built again and must give the locked bytes. Raises BuildError
+    when pip cannot provide one.
     """
     house = wheelhouse_dir(settings)
     house.mkdir(parents=True, exist_ok=True)
@@ -120,8 +142,14 @@ def ensure_wheelhouse(settings: Settings, lock: Lock, reporter: Reporter) -> dic
         index = {}
     wheels, missing = _match(lock, _scan(house, index))
     if missing:
-        reporter.step(f"fetching {len(missing)} wheel(s) into {house}")
-        _download(settings, lock, missing, house)
+        built = [p for p in missing if lock.built_from(p.name) is not None]
+        fetch = [p for p in missing if p not in built]
+        if fetch:
+            reporter.step(f"fetching {len(fetch)} wheel(s) into {house}")
+            _download(settings, lock, fetch, house)
+        for pkg in built:
+            reporter.step(f"building {pkg.name} {pkg.version} again from its source distribution")
+            _rebuild(settings, lock, pkg, house)
         wheels, missing = _match(lock, _scan(house, index))
         if missing:
             raise BuildError(
