@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import sys
 import tempfile
 import zipfile
@@ -159,12 +160,16 @@ def build_sdists(
         names = ", ".join(f"{s.name} {s.version}" for s, _ in todo)
         reporter.step(f"building {len(todo)} wheel(s) from source distributions, which no wheel replaces: {names}")
     with tempfile.TemporaryDirectory(prefix="nodekit-built-") as tmp:
+        made = []
         for s, same in todo:
-            wheel, record = builder.build(
-                s.name, s.version, s.hashes[0], house if keep else Path(tmp), same.backend if same else None
-            )
+            wheel, record = builder.build(s.name, s.version, s.hashes[0], Path(tmp), same.backend if same else None)
             pins.append(LockedPackage(name=s.name, version=s.version, hashes=(sha256_file(wheel),)))
             built.append(record)
+            made.append(wheel)
+        if keep:  # only once every build has succeeded: a refused lock leaves nothing behind
+            house.mkdir(parents=True, exist_ok=True)
+            for wheel in made:
+                shutil.move(wheel, house / wheel.name)
     return pins, built
 
 
@@ -182,7 +187,8 @@ def _first_resolution(
     except pipcmd.ResolveFailed as e:
         raise ConfigError(
             f"cannot resolve packages for Python {kw['python_version']} on {kw['platform']}: {pipcmd.redact(str(e))}",
-            fix="change packages in nodekit.toml (each needs a wheel for the image's Python and platform)",
+            fix="change packages in nodekit.toml (each needs a wheel for the image's Python and platform, or a "
+            "pure-Python source distribution)",
         ) from None
 
 
