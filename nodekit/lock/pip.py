@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 from nodekit import deadline
 from nodekit.lock.format import target_environment
@@ -192,6 +192,17 @@ def wheel_argv(
     return [*argv, "wheel", "--no-deps", "--no-cache-dir", *_QUIET, *sources, "--wheel-dir", str(out), str(sdist)]
 
 
+class Finished(Protocol):
+    """What a finished pip command gives back (``subprocess.CompletedProcess`` and ``nodekit.proc.Result`` both)."""
+
+    @property
+    def returncode(self) -> int: ...
+    @property
+    def stdout(self) -> str: ...
+    @property
+    def stderr(self) -> str: ...
+
+
 class ResolveFailed(Exception):
     """pip could not resolve; the message is pip's error line, ``output`` all it said (stderr, then stdout)."""
 
@@ -200,8 +211,9 @@ class ResolveFailed(Exception):
         self.output = stderr + "\n" + stdout
 
 
-def run(argv: Sequence[str], *, what: str, fix: str) -> subprocess.CompletedProcess[str]:
-    """Run one pip command with pip's deadline: DeadlineError naming ``what`` when it hangs."""
+def run(argv: Sequence[str], *, what: str, fix: str) -> Finished:
+    """Run one pip command with pip's deadline: DeadlineError naming ``what`` when it hangs. The only place the
+    lock starts a process."""
     return deadline.run(argv, timeout=deadline.PIP_TIMEOUT_S, what=what, fix=fix)
 
 
