@@ -120,6 +120,8 @@ class Table:
         try:
             if op == b"S":
                 (n,) = U16.unpack_from(body)
+                if 2 + n > len(body):
+                    raise ValueError("truncated key")
                 self.set(body[2 : 2 + n], body[2 + n :])
                 return b"O"
             if op == b"G":

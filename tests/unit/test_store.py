@@ -39,17 +39,19 @@ def join(hosted: Hosted, secret: str = S1, connect_s: float = 5.0) -> Client:
     return Client.connect("127.0.0.1", hosted.port, secret, timeout_s=5, connect_s=connect_s, limits=FAST)
 
 
-def closed_by_peer(sock: socket.socket, within: float = 5.0) -> bool:
-    """True when the peer closes (EOF or reset) within ``within`` seconds; whatever it sends first is skipped."""
+def closed_by_peer(sock: socket.socket, within: float = 5.0) -> int | None:
+    """How many bytes the peer sent before it closed (EOF or reset), or None when it did not close within
+    ``within`` seconds."""
     sock.settimeout(within)
+    got = 0
     try:
-        while sock.recv(1 << 16):
-            pass
-        return True
+        while chunk := sock.recv(1 << 16):
+            got += len(chunk)
+        return got
     except ConnectionResetError:
-        return True
+        return got
     except TimeoutError:
-        return False
+        return None
 
 
 def raw_session(port: int, secret: str = S1) -> tuple[socket.socket, bytes]:
@@ -116,7 +118,7 @@ def test_a_client_without_the_secret_is_refused_and_changes_nothing(main: Hosted
     sock.sendall(auth.client_hello(os.urandom(auth.NONCE_LEN)))
     recv_exact(sock, SERVER_HELLO_LEN)
     sock.sendall(os.urandom(auth.PROOF_LEN) + auth.seal(b"guess", TO_SERVER, 0, b"S\x00\x0fnodekit/verdictforged"))
-    assert closed_by_peer(sock)
+    assert closed_by_peer(sock) == 0  # cut off at the proof: not even admitted
     assert main.get("nodekit/verdict") == b"main's" and len(main.table) == 1
     assert wait_for(lambda: main.stats().refused == 1)
 
@@ -132,7 +134,7 @@ def test_a_recorded_handshake_and_its_frames_are_refused_when_replayed(main: Hos
     for _ in range(3):
         replay = socket.create_connection(("127.0.0.1", main.port), timeout=5)
         replay.sendall(bytes(spy.sent))
-        assert closed_by_peer(replay)
+        assert closed_by_peer(replay) == SERVER_HELLO_LEN  # main's fresh hello, then cut off at the proof
     assert main.get("nodekit/verdict") == b"ok" and main.add("nodekit/claim/1", 0) == 1
     assert wait_for(lambda: main.stats().refused == 3)
 
@@ -143,10 +145,10 @@ def test_a_frame_replayed_within_or_across_connections_is_refused(main: Hosted) 
     first.sendall(frame)
     recv_exact(first, auth.HEADER_LEN + 1 + I64.size + auth.TAG_LEN)
     first.sendall(frame)  # the same bytes again: its sequence number is spent
-    assert closed_by_peer(first)
+    assert closed_by_peer(first) == 0
     second, _ = raw_session(main.port)
     second.sendall(frame)  # another connection's session key
-    assert closed_by_peer(second)
+    assert closed_by_peer(second) == 0
     assert main.add("nodekit/hb/1", 0) == 1
 
 
@@ -154,7 +156,7 @@ def test_an_authenticated_client_cannot_make_main_read_an_oversized_frame(main: 
     for length in (FAST.max_frame + 1, 0xFFFFFFFF, 0):
         sock, _ = raw_session(main.port)
         sock.sendall(length.to_bytes(4, "big"))  # the header alone: main must refuse before any body arrives
-        assert closed_by_peer(sock, within=2.0)
+        assert closed_by_peer(sock, within=2.0) == 0
     worker = join(main)
     with pytest.raises(StoreError, match="store refused a key of 3 or a value of"):
         worker.set("big", b"x" * (FAST.max_value + 1))
