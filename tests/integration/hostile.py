@@ -4,7 +4,7 @@ network by tests/integration/test_preflight_port.py. Runs until SIGTERM (``docke
     hammer PORT    overwrite and flood main's preflight store as a TCPStore client (what the old store accepted)
                    and with raw connections: garbage, 4 GiB length prefixes, made-up proofs, unfinished handshakes
     capture PORT   record what clients send to PORT on the loopback interface (AF_PACKET; needs CAP_NET_RAW)
-    replay PORT F  send the longest stream of capture file F to PORT again and again, as a new connection each time
+    replay PORT F  send the first stream of capture file F to PORT again and again, as a new connection each time
 
 Standard library, plus torch for the TCPStore client (absent torch, that part counts as refused).
 """
@@ -31,22 +31,34 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def tcpstore_attack(port: int) -> None:
-    """What broke every honest node before: the challenge overwritten, the verdict forged, main's memory filled."""
+    """What broke every honest node before: once in, the challenge overwritten again and again, the verdict
+    forged, main's memory filled. Prints "tcpstore in" when a TCPStore connection was accepted."""
+    from datetime import timedelta
+
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        return
     while not stopping.is_set():
         try:
-            from datetime import timedelta
-
-            from torch.distributed import TCPStore
-
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        except OSError:
+            stopping.wait(0.02)  # main's port not up yet
+            continue
+        try:
             store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=3), wait_for_workers=False)
-            store.set("nodekit/auth", json.dumps({"nonce": "0", "mac": "forged"}))
             store.set("nodekit/verdict", json.dumps({"status": "mismatch"}))
             for i in range(4):
                 store.set(f"junk/{i}", "x" * (8 << 20))
-            counts["tcpstore_writes"] += 6
+            counts["tcpstore_writes"] += 5
+            print("tcpstore in", flush=True)
+            while not stopping.is_set():
+                store.set("nodekit/auth", json.dumps({"nonce": "0", "mac": "forged"}))
+                counts["tcpstore_writes"] += 1
+                stopping.wait(0.02)
         except Exception:
             counts["tcpstore_refused"] += 1
-        stopping.wait(0.2)
+            stopping.wait(0.2)
 
 
 def raw_attack(port: int) -> None:
@@ -144,7 +156,7 @@ def main() -> None:
     for w in workers:
         w.start()
     while not stopping.wait(0.5):
-        pass
+        print(f"progress {json.dumps(counts)}", flush=True)
     print(json.dumps(counts), flush=True)
 
 
