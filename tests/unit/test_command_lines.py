@@ -21,3 +21,49 @@ def test_nvidia_smi_lists_the_gpus_within_20_s_and_a_hang_is_one_line_exit_2(fak
         facts.nvidia_smi_models()
     assert e.value.exit_code == 2 and fake_runner.calls[-1].signals == [9]
     assert e.value.one_line().startswith("nvidia-smi did not finish within 20 s and was stopped (it hung). Fix: ")
+
+
+def test_a_fleet_host_check_is_one_batch_mode_ssh_within_28_s(fake_runner: FakeRunner) -> None:
+    from nodekit.fleet import remote
+    from nodekit.fleet.hosts import parse_host
+
+    host = parse_host("ssh://alice@10.0.0.6:2222", 1)
+    fake_runner.on("ssh", stdout="gpus=2\nmemlock_kb=unlimited\nstack_kb=8192\nhost=n6\nlisten=0100007F:1F90\n")
+    got = remote.gather(host, paths=["/data/x"])
+    assert isinstance(got, remote.Gathered) and got.hostname == "n6" and got.facts.gpu_count == 2
+    call = fake_runner.only("ssh")
+    assert call.cmd[:-1] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=8", "-p", "2222", "-l", "alice",
+                             "--", "10.0.0.6"]  # fmt: skip
+    assert call.cmd[-1] == remote.facts_script(["/data/x"]) and call.deadline == 28
+    fake_runner.on("ssh", hang=True)
+    problem = remote.gather(host)
+    assert isinstance(problem, remote.Problem) and problem.what == "SSH did not answer within 30 s"
+    fake_runner.on("ssh", stderr="alice@10.0.0.6: Permission denied (publickey).\n", returncode=255)
+    problem = remote.gather(host)
+    assert isinstance(problem, remote.Problem) and problem.fix.startswith("ssh-copy-id alice@10.0.0.6")
+
+
+def test_the_relays_ssh_hop_forwards_the_agent_keeps_alive_and_never_shares_a_connection(
+    fake_runner: FakeRunner,
+) -> None:
+    from nodekit.ship import relay
+    from nodekit.ship.mux import NO_MUX
+
+    hops = [relay.Hop(name=n, endpoint=f"ssh://root@{n}:2201", user="root", hostname=n, port=2201, alias=n,
+                      known_hosts=f"{n} ssh-ed25519 AAAA\n") for n in ("n1", "n2")]  # fmt: skip
+    sink = relay.RelaySink(hops, agent_socket="/tmp/agent.sock")
+    sink.write(b"image bytes")
+    sink.finish()
+    call = fake_runner.only("ssh")
+    assert call.cmd == ["ssh", "-A", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
+                        "-o", "ServerAliveCountMax=3", "-p", "2201", "-l", "root", "--", "n1",
+                        relay.chain_command(hops)]  # fmt: skip
+    assert call.env is not None and call.env[NO_MUX] == "1" and call.env["SSH_AUTH_SOCK"] == "/tmp/agent.sock"
+    assert isinstance(call.deadline, relay.proc.Unbounded) and bytes(call.written) == b"image bytes"
+    # The hop a node makes to the next one: the same options, and only the host key the head vouches for.
+    hop_line = next(ln.strip() for ln in relay.RELAY_SCRIPT.splitlines() if ln.strip().startswith("ssh "))
+    assert hop_line == (
+        'ssh -A -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$d/known_hosts" '
+        '-o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 '
+        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" \\'
+    )
