@@ -7,19 +7,17 @@ DockerException never leaves this module: it becomes an EngineError, ImageError 
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Literal
 
+from nodekit import proc
 from nodekit.errors import BuildError, DeadlineError, EngineError, ImageError, NodekitError, ShipError
 
 if TYPE_CHECKING:
-    import subprocess
-
     from python_on_whales import DockerClient
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -31,45 +29,16 @@ ENGINE_FIX = "make engine (provisions Docker Engine with Compose v2 and Buildx),
 ENGINE_CALL_S = 120.0
 CONTAINER_START_S = 600.0  # compose up / a throw-away container: create and start, the image already local
 LOAD_S = 1800.0  # docker load of a whole image archive from a file
-_HUNG = (124, 137)  # timeout(1)'s code when the deadline passed; 128+9 when it had to kill
-
-
-def _timeout_call(deadline: float | None) -> list[str]:
-    """The command python-on-whales runs: ``docker``, behind GNU timeout(1) when there is a deadline.
-
-    ``--foreground`` keeps docker in our process group, so Ctrl-C reaches it as before; ``--kill-after`` ends a
-    docker that ignores the TERM. Without GNU timeout on PATH (not Linux), calls run without a deadline.
-    """
-    if deadline is None or not _gnu_timeout():
-        return ["docker"]
-    return ["timeout", "--foreground", "--kill-after=5", f"{deadline:g}", "docker"]
-
-
-@functools.cache
-def _gnu_timeout() -> bool:
-    import subprocess
-
-    if shutil.which("timeout") is None:
-        return False
-    try:
-        out = subprocess.run(["timeout", "--version"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return "GNU coreutils" in out
+LASTS_AS_LONG_AS_THE_JOB = proc.Unbounded("it lasts as long as the job (log follow, wait) or its own steps (build)")
 
 
 def _hung(host: str | None, what: str, deadline: float) -> DeadlineError:
     """The error for an engine call that its deadline stopped."""
-    return DeadlineError(
-        f"{what} on {_where(host)} did not finish within {deadline:g} s and was stopped (the engine hung)",
-        fix=f"check that engine: docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer",
-    )
+    return proc.hung(f"{what} on {_where(host)}", deadline, _hung_fix(host), cause="the engine hung")
 
 
-def _raise_if_hung(e: Exception, host: str | None, what: str, deadline: float) -> None:
-    """DeadlineError when ``e`` is a python-on-whales call that its deadline (timeout(1)) stopped."""
-    if getattr(e, "return_code", None) in _HUNG and _gnu_timeout():
-        raise _hung(host, what, deadline) from None
+def _hung_fix(host: str | None) -> str:
+    return f"check that engine: docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer"
 
 
 @dataclass(frozen=True)
@@ -100,29 +69,76 @@ class ContainerState:
     finished_at: str = ""
 
 
+Deadline = float | proc.Unbounded | Literal["query"] | None
+
+
 def client(
     host: str | None = None,
     *,
     compose_file: Path | None = None,
     project: str | None = None,
-    deadline: float | Literal["query"] | None = "query",
+    deadline: Deadline = "query",
 ) -> DockerClient:
     """A client for ``host`` (None: the default engine; else unix://, tcp:// or ssh:// endpoints) whose every call
-    is stopped after ``deadline`` seconds (None: no deadline; "query": :data:`ENGINE_CALL_S`); see
-    :func:`_raise_if_hung`."""
+    is stopped after ``deadline`` seconds ("query": :data:`ENGINE_CALL_S`; proc.Unbounded or None: none) and gets
+    the runner's environment: both through :func:`nodekit.proc.command_prefix`."""
     from python_on_whales import DockerClient
 
-    if deadline == "query":
-        deadline = ENGINE_CALL_S
-
-    if shutil.which("docker") is None:
-        raise EngineError("the docker command-line client is not installed", fix=ENGINE_FIX)
+    _require_cli()
     return DockerClient(
         host=host,
         compose_files=[compose_file] if compose_file else [],
         compose_project_name=project,
-        client_call=_timeout_call(deadline),
+        client_call=[*proc.command_prefix(ENGINE_CALL_S if deadline == "query" else deadline), "docker"],
     )
+
+
+def _require_cli() -> None:
+    if shutil.which("docker") is None:
+        raise EngineError("the docker command-line client is not installed", fix=ENGINE_FIX)
+
+
+class Engine:
+    """A python-on-whales client (``docker``) with its deadline, and the one way its calls fail: :meth:`calling`."""
+
+    def __init__(
+        self,
+        host: str | None = None,
+        *,
+        deadline: Deadline = "query",
+        compose_file: Path | None = None,
+        project: str | None = None,
+    ) -> None:
+        self.host = host
+        self.docker = client(host, compose_file=compose_file, project=project, deadline=deadline)
+        seconds = ENGINE_CALL_S if deadline == "query" else deadline
+        self.deadline = float(seconds) if isinstance(seconds, int | float) else None
+
+    @contextlib.contextmanager
+    def calling(
+        self,
+        what: str,
+        error: Callable[[str], NodekitError],
+        *,
+        diagnose: bool = False,
+        undo: Callable[[], object] | None = None,
+    ) -> Iterator[None]:
+        """Around python-on-whales calls: DockerException never leaves. ``undo`` runs first (its own failure
+        ignored); then DeadlineError when the call's deadline stopped it, check_engine's precise EngineError when
+        ``diagnose`` and the engine or Compose is what is missing, else ``error(Docker's last line)``."""
+        from python_on_whales import DockerException
+
+        try:
+            yield
+        except DockerException as e:
+            if undo is not None:
+                with contextlib.suppress(DockerException):
+                    undo()
+            if self.deadline is not None and proc.stopped(getattr(e, "return_code", None)):
+                raise _hung(self.host, what, self.deadline) from None
+            if diagnose:
+                _diagnose(self.host)
+            raise error(_last_line(e)) from None
 
 
 def _where(host: str | None) -> str:
@@ -133,58 +149,54 @@ def check_engine(host: str | None = None, *, buildx: bool = True) -> EngineInfo:
     """Versions of the engine and of the Compose v2 and Buildx plugins; EngineError when any is missing. Running a
     job needs no Buildx: ``buildx=False`` skips that plugin (``buildx_version`` is then empty), the slowest of the
     three calls (0.15 s of about 0.3 s here), twice on the way from ``nodekit up`` to the container's start."""
-    from python_on_whales import DockerException
-
-    d = client(host)
-    try:
-        server = d.version().server
-    except DockerException as e:
-        _raise_if_hung(e, host, "docker version", ENGINE_CALL_S)
-        raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
+    e = Engine(host)
+    with e.calling("docker version", _no_engine(host)):
+        server = e.docker.version().server
     if server is None:
         raise EngineError(f"no Docker engine answers at {_where(host)}", fix=ENGINE_FIX)
-    try:
-        compose = d.compose.version()
-    except DockerException as e:
-        _raise_if_hung(e, host, "docker compose version", ENGINE_CALL_S)
-        raise EngineError("Docker Compose v2 (the `docker compose` plugin) is missing", fix=ENGINE_FIX) from None
+    with e.calling("docker compose version", _missing("Compose v2", "compose")):
+        compose = e.docker.compose.version()
     buildx_version = ""
     if buildx:
-        try:
-            buildx_version = d.buildx.version()
-        except DockerException as e:
-            _raise_if_hung(e, host, "docker buildx version", ENGINE_CALL_S)
-            raise EngineError("Docker Buildx (the `docker buildx` plugin) is missing", fix=ENGINE_FIX) from None
+        with e.calling("docker buildx version", _missing("Buildx", "buildx")):
+            buildx_version = e.docker.buildx.version()
     return EngineInfo(
         host=_where(host), server_version=str(server.version), compose_version=compose, buildx_version=buildx_version
     )
 
 
+def fails(kind: type[NodekitError], says: str, fix: str) -> Callable[[str], NodekitError]:
+    """The error of a failed call: ``kind("<says>: <Docker's last line>", fix=fix)``."""
+    return lambda why: kind(f"{says}: {why}", fix=fix)
+
+
+def _missing(plugin: str, command: str) -> Callable[[str], NodekitError]:
+    return lambda _: EngineError(f"Docker {plugin} (the `docker {command}` plugin) is missing", fix=ENGINE_FIX)
+
+
+def _no_engine(host: str | None) -> Callable[[str], NodekitError]:
+    return lambda why: EngineError(f"no Docker engine answers at {_where(host)} ({why})", fix=ENGINE_FIX)
+
+
 def runtimes(host: str | None = None) -> tuple[str, ...]:
     """The container runtimes the engine at ``host`` offers (``nvidia`` where the NVIDIA toolkit is set up)."""
-    from python_on_whales import DockerException
-
-    try:
-        info = client(host).system.info()
-    except DockerException as e:
-        _raise_if_hung(e, host, "docker info", ENGINE_CALL_S)
-        raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
+    e = Engine(host)
+    with e.calling("docker info", _no_engine(host)):
+        info = e.docker.system.info()
     return tuple(sorted((info.runtimes or {}).keys()))
 
 
 def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
     """The image ``ref`` on ``host``, or None when that engine does not have it."""
-    from python_on_whales import DockerException
     from python_on_whales.exceptions import NoSuchImage
 
-    try:  # one call: asking exists() first would inspect the image twice
-        img = client(host).image.inspect(ref)
-    except NoSuchImage:
-        return None
-    except DockerException as e:
-        _raise_if_hung(e, host, f"inspecting image {ref}", ENGINE_CALL_S)
-        _diagnose(host)
-        raise EngineError(f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
+    e = Engine(host)
+    cannot = f"cannot inspect image {ref} on {_where(host)}"
+    with e.calling(f"inspecting image {ref}", fails(EngineError, cannot, ENGINE_FIX), diagnose=True):
+        try:  # one call: asking exists() first would inspect the image twice
+            img = e.docker.image.inspect(ref)
+        except NoSuchImage:
+            return None
     config = img.config
     env = dict(item.split("=", 1) for item in (config.env or []) if "=" in item) if config else {}
     return ImageInfo(
@@ -237,62 +249,42 @@ def _image_info_of(inspected: Mapping[str, object]) -> ImageInfo:
 
 def compose_config(compose_file: Path) -> dict[str, object]:
     """`docker compose config` of a file, as JSON: proves Compose accepts it."""
-    from python_on_whales import DockerException
-
-    try:
-        out = client(compose_file=compose_file).compose.config(return_json=True)
-    except DockerException as e:
-        _raise_if_hung(e, None, f"docker compose config of {compose_file}", ENGINE_CALL_S)
-        raise ImageError(f"docker compose rejects {compose_file}: {_last_line(e)}", fix="nodekit compose") from None
+    e = Engine(compose_file=compose_file)
+    rejects = f"docker compose rejects {compose_file}"
+    with e.calling(f"docker compose config of {compose_file}", fails(ImageError, rejects, "nodekit compose")):
+        out = e.docker.compose.config(return_json=True)
     assert isinstance(out, dict)
     return out
 
 
 def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:
     """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine."""
-    from python_on_whales import DockerException
-
-    d = client(host, compose_file=compose_file, project=project, deadline=CONTAINER_START_S)
-    try:
-        d.compose.up(detach=True, force_recreate=True, quiet=True)
-    except DockerException as e:
-        # Nothing half-running: a container that was created but failed to start is removed again.
-        with contextlib.suppress(DockerException):
-            d.compose.down(remove_orphans=True, quiet=True)
-        _raise_if_hung(e, host, f"docker compose up of {compose_file}", CONTAINER_START_S)
-        _diagnose(host)
-        raise EngineError(
-            f"docker compose up failed for {compose_file}: {_last_line(e)}",
-            fix=f"docker compose -f {compose_file} up  (to see Docker's full output)",
-        ) from None
+    e = Engine(host, compose_file=compose_file, project=project, deadline=CONTAINER_START_S)
+    failed = f"docker compose up failed for {compose_file}"
+    fix = f"docker compose -f {compose_file} up  (to see Docker's full output)"
+    # Nothing half-running: a container that was created but failed to start is removed again.
+    with e.calling(f"docker compose up of {compose_file}", fails(EngineError, failed, fix),
+                   diagnose=True, undo=lambda: e.docker.compose.down(remove_orphans=True, quiet=True)):  # fmt: skip
+        e.docker.compose.up(detach=True, force_recreate=True, quiet=True)
 
 
 def compose_logs(
     compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None, host: str | None = None
 ) -> Iterator[str]:
     """The job's output line by line; with ``follow`` it ends when the container stops."""
-    from python_on_whales import DockerException
-
-    d = client(host, compose_file=compose_file, project=project, deadline=None)
-    try:
-        for _source, content in d.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
+    e = Engine(host, compose_file=compose_file, project=project, deadline=LASTS_AS_LONG_AS_THE_JOB)
+    fix = f"docker compose -p {project} ps  (is it running?)"
+    with e.calling("docker compose logs", fails(EngineError, f"lost the log stream of {project}", fix)):
+        for _source, content in e.docker.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
             # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
             yield _ANSI.sub("", content.decode(errors="replace")).rstrip("\n")
-    except DockerException as e:
-        raise EngineError(
-            f"lost the log stream of {project}: {_last_line(e)}",
-            fix=f"docker compose -p {project} ps  (is it running?)",
-        ) from None
 
 
 def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:
-    from python_on_whales import DockerException
-
-    try:
-        containers = client(host, compose_file=compose_file, project=project).compose.ps(all=True)
-    except DockerException as e:
-        _raise_if_hung(e, host, f"docker compose ps of {project}", ENGINE_CALL_S)
-        raise EngineError(f"cannot list the containers of {project}: {_last_line(e)}", fix=ENGINE_FIX) from None
+    e = Engine(host, compose_file=compose_file, project=project)
+    cannot = f"cannot list the containers of {project}"
+    with e.calling(f"docker compose ps of {project}", fails(EngineError, cannot, ENGINE_FIX)):
+        containers = e.docker.compose.ps(all=True)
     states = []
     for c in containers:
         st = c.state
@@ -312,13 +304,10 @@ def compose_ps(compose_file: Path | None, project: str, *, host: str | None = No
 
 def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:
     """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked."""
-    from python_on_whales import DockerException
-
-    d = client(host, compose_file=compose_file, project=project, deadline=None)
-    try:
-        return _wait(d, project)
-    except DockerException as e:
-        raise EngineError(f"lost {_where(host)} while waiting for {project}: {_last_line(e)}", fix=ENGINE_FIX) from None
+    e = Engine(host, compose_file=compose_file, project=project, deadline=LASTS_AS_LONG_AS_THE_JOB)
+    lost = f"lost {_where(host)} while waiting for {project}"
+    with e.calling("docker wait", fails(EngineError, lost, ENGINE_FIX)):
+        return _wait(e.docker, project)
 
 
 def _wait(d: DockerClient, project: str) -> int:
@@ -330,33 +319,19 @@ def _wait(d: DockerClient, project: str) -> int:
 
 
 def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
-    from python_on_whales import DockerException
-
-    try:
-        client(compose_file=compose_file, project=project, deadline=_stop_deadline(timeout)).compose.stop(
-            timeout=timeout
-        )
-    except DockerException as e:
-        _raise_if_hung(e, None, f"docker compose stop of {project}", _stop_deadline(timeout))
-        raise EngineError(
-            f"docker compose stop failed: {_last_line(e)}", fix=f"docker compose -p {project} stop"
-        ) from None
+    e = Engine(compose_file=compose_file, project=project, deadline=_stop_deadline(timeout))
+    fix = f"docker compose -p {project} stop"
+    with e.calling(f"docker compose stop of {project}", fails(EngineError, "docker compose stop failed", fix)):
+        e.docker.compose.stop(timeout=timeout)
 
 
 def compose_down(
     compose_file: Path | None, project: str, *, timeout: int | None = None, host: str | None = None
 ) -> None:
-    from python_on_whales import DockerException
-
-    try:
-        client(host, compose_file=compose_file, project=project, deadline=_stop_deadline(timeout)).compose.down(
-            timeout=timeout, remove_orphans=True, quiet=True
-        )
-    except DockerException as e:
-        _raise_if_hung(e, host, f"docker compose down of {project}", _stop_deadline(timeout))
-        raise EngineError(
-            f"docker compose down failed: {_last_line(e)}", fix=f"docker compose -p {project} down"
-        ) from None
+    e = Engine(host, compose_file=compose_file, project=project, deadline=_stop_deadline(timeout))
+    fix = f"docker compose -p {project} down"
+    with e.calling(f"docker compose down of {project}", fails(EngineError, "docker compose down failed", fix)):
+        e.docker.compose.down(timeout=timeout, remove_orphans=True, quiet=True)
 
 
 def _stop_deadline(timeout: int | None) -> float:
@@ -407,13 +382,9 @@ def engine_facts(host: str | None) -> EngineFacts:
     """Identity, version and free disk of the engine at ``host``; EngineError when it does not answer."""
     import os
 
-    from python_on_whales import DockerException
-
-    try:
-        info = client(host).system.info()
-    except DockerException as e:
-        _raise_if_hung(e, host, "docker info", ENGINE_CALL_S)
-        raise EngineError(f"no Docker engine answers at {_where(host)} ({_last_line(e)})", fix=ENGINE_FIX) from None
+    e = Engine(host)
+    with e.calling("docker info", _no_engine(host)):
+        info = e.docker.system.info()
     root = str(info.docker_root_dir or "")
     free = None
     # Only a unix socket proves the engine is on this machine, so that its data root is our path too (a context
@@ -436,17 +407,19 @@ def engine_facts(host: str | None) -> EngineFacts:
 
 
 def tag_image(image: str, ref: str, host: str | None = None) -> None:
-    from python_on_whales import DockerException
-
-    try:
-        client(host).image.tag(image, ref)
-    except DockerException as e:
-        _raise_if_hung(e, host, f"tagging {image}", ENGINE_CALL_S)
-        raise ImageError(f"cannot tag {image} as {ref} on {_where(host)}: {_last_line(e)}", fix=ENGINE_FIX) from None
+    e = Engine(host)
+    cannot = f"cannot tag {image} as {ref} on {_where(host)}"
+    with e.calling(f"tagging {image}", fails(ImageError, cannot, ENGINE_FIX)):
+        e.docker.image.tag(image, ref)
 
 
 def _docker_argv(host: str | None, *args: str) -> list[str]:
-    return [str(a) for a in client(host, deadline=None).client_config.docker_cmd] + list(args)
+    """A docker command line for the runner (which applies its own deadline and environment), built by
+    python-on-whales as for every other call (host, context, TLS and config flags)."""
+    from python_on_whales import DockerClient
+
+    _require_cli()
+    return [str(a) for a in DockerClient(host=host).client_config.docker_cmd] + list(args)
 
 
 class _Drain:
@@ -473,13 +446,10 @@ class SaveStream:
     docker save fails (its last stderr line says why); ``close`` stops it early."""
 
     def __init__(self, ref: str, host: str | None = None) -> None:
-        import subprocess
-
         self.ref = ref
         self.host = host
-        self._proc = subprocess.Popen(
-            _docker_argv(host, "image", "save", ref), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
+        self._proc = proc.start(_docker_argv(host, "image", "save", ref), stdout="pipe", stderr="pipe",
+                                deadline=_STREAM, what=f"docker save {ref}")  # fmt: skip
         assert self._proc.stderr is not None
         self._stderr = _Drain(self._proc.stderr)
 
@@ -500,6 +470,9 @@ class SaveStream:
             self._proc.stdout.close()
 
 
+_STREAM = proc.Unbounded("a stream: whoever reads or feeds it closes or cuts it off")
+
+
 @dataclass(frozen=True)
 class Loaded:
     """What one ``docker load`` reported: the references (``name:tag``) and the untagged image ids it loaded."""
@@ -508,34 +481,16 @@ class Loaded:
     ids: tuple[str, ...]
 
 
-def cut_off(proc: subprocess.Popen[bytes]) -> None:
-    """End a process this one feeds on stdin: killed if it still runs, reaped, its stdin closed."""
-    import contextlib
-
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    if proc.stdin is not None:
-        with contextlib.suppress(BrokenPipeError):
-            proc.stdin.close()
-
-
 class LoadSink:
     """Feeds ``docker load`` on ``host``. ``finish`` ends the stream and returns what was loaded; ``abort`` cuts
     the request off so that the engine discards it. Failures raise ShipError carrying docker's own last line
     (``LoadSink.stderr`` keeps all of it)."""
 
     def __init__(self, host: str | None = None) -> None:
-        import subprocess
-
         self.host = host
         self.stderr = ""
-        self._proc = subprocess.Popen(
-            _docker_argv(host, "image", "load", "--quiet"),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        self._proc = proc.start(_docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
+                                stderr="pipe", deadline=_STREAM, what="docker load")  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._stdout = _Drain(self._proc.stdout)
         self._stderr = _Drain(self._proc.stderr)
@@ -550,8 +505,6 @@ class LoadSink:
             raise self._failure() from None
 
     def finish(self) -> Loaded:
-        import contextlib
-
         stdin = self._proc.stdin
         assert stdin is not None
         with contextlib.suppress(BrokenPipeError):
@@ -567,7 +520,7 @@ class LoadSink:
         return Loaded(refs=tuple(refs), ids=tuple(ids))
 
     def abort(self) -> None:
-        cut_off(self._proc)
+        self._proc.cut_off()
 
     def _failure(self) -> ShipError:
         self.stderr = self._stderr.text()
@@ -600,9 +553,8 @@ def buildx_build(
     RUN steps get no network at all (``--network=none``): a build that tries to download fails instead of
     silently depending on an index. Raises BuildError, with BuildKit's error line, when the build fails.
     """
-    from python_on_whales import DockerException
-
-    logs = client(deadline=None).buildx.build(
+    e = Engine(deadline=LASTS_AS_LONG_AS_THE_JOB)
+    logs = e.docker.buildx.build(
         context,
         file=dockerfile,
         tags=[tag],
@@ -619,31 +571,27 @@ def buildx_build(
     )
     assert isinstance(logs, Iterator)
     tail: list[str] = []
-    try:
+
+    def failed(last: str) -> BuildError:
+        errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
+        return BuildError(
+            f"image build failed: {errors[-1].strip() if errors else last}",
+            fix=f"see the build output above; rerun with docker buildx build -f {dockerfile} ... {context}",
+        )
+
+    with e.calling("docker buildx build", failed):
         for chunk in logs:
             for line in chunk.splitlines():
                 tail = [*tail[-39:], line]
                 yield line
-    except DockerException as e:
-        errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
-        why = errors[-1].strip() if errors else _last_line(e)
-        raise BuildError(
-            f"image build failed: {why}",
-            fix=f"see the build output above; rerun with docker buildx build -f {dockerfile} ... {context}",
-        ) from None
 
 
 def image_layers(ref: str, host: str | None = None) -> tuple[str, ...]:
     """The image's layer digests (its rootfs diff ids), base first."""
-    from python_on_whales import DockerException
-
-    try:
-        img = client(host).image.inspect(ref)
-    except DockerException as e:
-        _raise_if_hung(e, host, f"inspecting image {ref}", ENGINE_CALL_S)
-        raise ImageError(
-            f"cannot inspect image {ref} on {_where(host)}: {_last_line(e)}", fix="nodekit build"
-        ) from None
+    e = Engine(host)
+    cannot = f"cannot inspect image {ref} on {_where(host)}"
+    with e.calling(f"inspecting image {ref}", fails(ImageError, cannot, "nodekit build")):
+        img = e.docker.image.inspect(ref)
     return tuple(str(layer) for layer in (img.root_fs.layers or []))
 
 
@@ -651,21 +599,13 @@ def run_in_image(ref: str, command: list[str], *, entrypoint: str | None = None,
     """Run ``command`` in a throw-away container of ``ref`` with no network; its standard output."""
     import uuid
 
-    from python_on_whales import DockerException
-
     name = f"nodekit-probe-{uuid.uuid4().hex[:12]}"
-    try:
-        out = client(host, deadline=CONTAINER_START_S).container.run(
-            ref, command, entrypoint=entrypoint, remove=True, networks=["none"], name=name
-        )
-    except DockerException as e:
-        # A container its deadline stopped the client of is still running: removed, not left behind.
-        with contextlib.suppress(DockerException):
-            client(host).container.remove(name, force=True)
-        _raise_if_hung(e, host, f"running {command[0]} in {ref}", CONTAINER_START_S)
-        raise ImageError(
-            f"running {command[0]} in {ref} failed: {_last_line(e)}", fix=f"docker run --rm {ref}"
-        ) from None
+    e = Engine(host, deadline=CONTAINER_START_S)
+    failed, fix = f"running {command[0]} in {ref} failed", f"docker run --rm {ref}"
+    # A container its deadline stopped the client of is still running: removed, not left behind.
+    with e.calling(f"running {command[0]} in {ref}", fails(ImageError, failed, fix),
+                   undo=lambda: client(host).container.remove(name, force=True)):  # fmt: skip
+        out = e.docker.container.run(ref, command, entrypoint=entrypoint, remove=True, networks=["none"], name=name)
     return str(out)
 
 
@@ -673,8 +613,6 @@ def probe_image(ref: str, script: str, *, env: Mapping[str, str], timeout: float
     """``sh -c script`` in a throw-away container of ``ref``: no network, the image's own user and PATH, ``env``
     added; its standard output. ImageError with Docker's reason when it cannot start (an image without ``sh``),
     fails, or outlives ``timeout`` seconds (the container is then removed)."""
-    import os
-    import subprocess
     import uuid
 
     name = f"nodekit-probe-{uuid.uuid4().hex[:12]}"
@@ -684,20 +622,23 @@ def probe_image(ref: str, script: str, *, env: Mapping[str, str], timeout: float
     )  # fmt: skip
     fix = f"docker run --rm --network none --entrypoint sh {ref} -c 'python3 -V'"
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(subprocess.TimeoutExpired):  # the engine hung: the error below says so
-            subprocess.run(
-                _docker_argv(host, "rm", "-f", name), capture_output=True, check=False, timeout=ENGINE_CALL_S
-            )
+        done = proc.run(argv, deadline=timeout, what=f"probing {ref}", fix=fix, env=proc.environ(env))
+    except DeadlineError:
+        with contextlib.suppress(DeadlineError):  # the engine hung: the error below says so
+            proc.run(_docker_argv(host, "rm", "-f", name), deadline=ENGINE_CALL_S, what="docker rm", fix="")
         raise ImageError(f"probing {ref} did not finish within {timeout:.0f} s", fix=fix) from None
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        why = next((ln for ln in lines if ln.startswith("docker:") or "Error" in ln), _tail(proc.stderr))
+    if done.returncode != 0:
+        why = _docker_run_error(done.stderr)
         if "executable file not found" in why or "no such file or directory" in why:
             raise ImageError(f"image {ref} has no /bin/sh (so no Python nodekit can use)", fix=fix)
         raise ImageError(f"probing {ref} failed: {why.removeprefix('docker: ')}", fix=fix)
-    return proc.stdout
+    return done.stdout
+
+
+def _docker_run_error(stderr: str) -> str:
+    """docker run ends its stderr with "Run 'docker run --help' ..."; the reason is the "docker: Error ..." line."""
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return next((ln for ln in lines if ln.startswith("docker:") or "Error" in ln), _tail(stderr))
 
 
 def run_as_job(
@@ -706,7 +647,7 @@ def run_as_job(
     *,
     ulimits: list[str] | None = None,
     gpus: bool = False,
-    timeout: float | None = None,
+    timeout: float,
     host: str | None = None,
 ) -> str:
     """``sh -c script`` in a throw-away container of ``ref`` set up as a node's job is (host network and IPC,
@@ -718,7 +659,6 @@ def run_as_job(
     so that stderr is captured (its ``run`` lets it through to the terminal) and the wait is bounded.
     """
     import secrets
-    import subprocess
 
     name = f"nodekit-probe-{secrets.token_hex(4)}"
     argv = _docker_argv(
@@ -730,43 +670,35 @@ def run_as_job(
     )  # fmt: skip
     fix = f"docker run --rm --network host --ipc host{' --gpus all' if gpus else ''} --entrypoint true {ref}"
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
+        done = proc.run(argv, deadline=timeout, what=f"a test container of {ref}", fix=fix)
+    except DeadlineError:
         # Killing the client leaves the container running: remove it, or it would hold the ports and GPUs.
-        with contextlib.suppress(subprocess.SubprocessError, OSError):
-            subprocess.run(_docker_argv(host, "rm", "-f", name), capture_output=True, timeout=30)
+        with contextlib.suppress(OSError, DeadlineError):
+            proc.run(_docker_argv(host, "rm", "-f", name), deadline=30, what="docker rm", fix="")
         raise EngineError(
             f"a test container of {ref} did not finish within {timeout} s (it hung); it was removed", fix=fix
         ) from None
-    if proc.returncode != 0:
-        # docker run ends its stderr with "Run 'docker run --help' ..."; the reason is the "docker: Error ..." line.
-        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
-        why = next((ln for ln in lines if ln.startswith("docker:") or "Error" in ln), _tail(proc.stderr))
+    if done.returncode != 0:
+        why = _docker_run_error(done.stderr)
         raise EngineError(f"a test container of {ref} failed: {why.removeprefix('docker: ')}", fix=fix)
-    return proc.stdout
+    return done.stdout
 
 
 def remove_image(ref: str, host: str | None = None) -> None:
     """Remove the tag ``ref`` (layers other images share stay); a missing image is not an error."""
-    from python_on_whales import DockerException
-
-    try:
-        if client(host).image.exists(ref):
-            client(host).image.remove(ref, prune=False)
-    except DockerException as e:
-        _raise_if_hung(e, host, f"removing {ref}", ENGINE_CALL_S)
-        raise ImageError(f"cannot remove {ref} on {_where(host)}: {_last_line(e)}", fix=f"docker rmi {ref}") from None
+    e = Engine(host)
+    cannot = f"cannot remove {ref} on {_where(host)}"
+    with e.calling(f"removing {ref}", fails(ImageError, cannot, f"docker rmi {ref}")):
+        if e.docker.image.exists(ref):
+            e.docker.image.remove(ref, prune=False)
 
 
 def load_archive(archive: Path) -> None:
     """``docker load`` an image archive from a file (the base image nodekit writes itself)."""
-    from python_on_whales import DockerException
-
-    try:
-        client(deadline=LOAD_S).image.load(archive, quiet=True)
-    except DockerException as e:
-        _raise_if_hung(e, None, f"docker load of {archive}", LOAD_S)
-        raise ImageError(f"docker load of {archive} failed: {_last_line(e)}", fix="nodekit base") from None
+    e = Engine(deadline=LOAD_S)
+    failed = f"docker load of {archive} failed"
+    with e.calling(f"docker load of {archive}", fails(ImageError, failed, "nodekit base")):
+        e.docker.image.load(archive, quiet=True)
 
 
 def layer_lists(host: str | None = None) -> list[tuple[str, ...]]:
@@ -815,15 +747,12 @@ def _query(
 ) -> str:
     """One docker query run as our own process (the command line built by python-on-whales), under the query
     deadline; its standard output. ``error`` when it fails ("cannot ``what``"), DeadlineError when it hangs."""
-    import subprocess
-
-    try:
-        proc = subprocess.run(_docker_argv(host, *args), capture_output=True, text=True, timeout=ENGINE_CALL_S)
-    except subprocess.TimeoutExpired:
-        raise _hung(host, " ".join(("docker", *args[:2])), ENGINE_CALL_S) from None  # e.g. docker image ls
-    if proc.returncode != 0:
-        raise error(f"cannot {what} on {_where(host)}: {_tail(proc.stderr)}", fix=fix)
-    return proc.stdout
+    call = " ".join(("docker", *args[:2]))  # e.g. docker image ls
+    done = proc.run(_docker_argv(host, *args), deadline=ENGINE_CALL_S, what=f"{call} on {_where(host)}",
+                    fix=_hung_fix(host), cause="the engine hung")  # fmt: skip
+    if done.returncode != 0:
+        raise error(f"cannot {what} on {_where(host)}: {_tail(done.stderr)}", fix=fix)
+    return done.stdout
 
 
 def _inspect_listed(host: str | None, ls: tuple[str, ...], inspect: tuple[str, ...], *, what: str) -> str:

@@ -67,3 +67,27 @@ def test_the_relays_ssh_hop_forwards_the_agent_keeps_alive_and_never_shares_a_co
         '-o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 '
         '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" \\'
     )
+
+
+def test_a_push_shares_ssh_connections_through_the_childrens_environment_not_os_environ(
+    fake_runner: FakeRunner,
+) -> None:
+    """Before, nodekit/ship/mux.py rewrote this process's PATH for the length of a push."""
+    import os
+
+    from nodekit import docker, ship
+
+    before = dict(os.environ)
+    with ship.SharedSsh() as shared:
+        assert os.environ == before
+        assert shared.dir is not None and (shared.dir / "ssh").is_file()
+        path = f"{shared.dir}:{os.environ['PATH']}"
+        docker.tag_image("sha256:abc", "nodekit/demo:1", "ssh://root@n1")  # python-on-whales starts it
+        docker.LoadSink("ssh://root@n1").finish()  # the runner starts it
+    pow_call, load = fake_runner.calls
+    assert pow_call.by == "python-on-whales"
+    assert pow_call.cmd == ["env", f"PATH={path}", "timeout", "--foreground", "--kill-after=5", "120", "docker",
+                            "--host", "ssh://root@n1", "image", "tag", "sha256:abc", "nodekit/demo:1"]  # fmt: skip
+    assert load.cmd == ["docker", "--host", "ssh://root@n1", "image", "load", "--quiet"]
+    assert load.env is not None and load.env["PATH"] == path
+    assert os.environ == before and not shared.dir
