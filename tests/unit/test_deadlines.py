@@ -47,7 +47,7 @@ def hung_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     fake.write_text("#!/bin/sh\nexec sleep 60\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr(docker, "ENGINE_CALL_S", 0.5)
+    monkeypatch.setattr(docker.calls, "ENGINE_CALL_S", 0.5)
     return fake
 
 
