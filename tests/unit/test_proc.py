@@ -102,3 +102,29 @@ def test_a_program_that_does_not_exist_is_an_oserror_and_nothing_is_listed() -> 
     with pytest.raises(OSError):
         proc.run(["/nonexistent/nodekit-no-such-program"], deadline=5, what="x", fix="")
     assert proc.live() == []
+
+
+def test_only_the_runner_and_the_launcher_start_processes() -> None:
+    """ruff's banned-api table says the same for most of nodekit/; this also covers nodekit/cli/, which that table
+    exempts (for rich), and the os/pty/asyncio ways to start a process."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "nodekit"
+    spawners = {"system", "popen", "posix_spawn", "posix_spawnp", "spawnv", "spawnl", "execv", "execvp", "execvpe",
+                "execl", "execlp", "create_subprocess_exec", "create_subprocess_shell"}  # fmt: skip
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel == "nodekit/proc.py" or rel.startswith("nodekit/launcher/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                found += [f"{rel}:{node.lineno} {m}" for m in modules if m.split(".")[0] in ("subprocess", "pty")]
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr in spawners
+                and ast.unparse(node.value) in ("os", "asyncio")
+            ):
+                found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
+    assert found == [], "start processes through nodekit.proc: " + ", ".join(found)
