@@ -25,7 +25,6 @@ from nodekit.docker.calls import (
     runtimes,
 )
 from nodekit.docker.compose import (
-    compose_config,
     compose_down,
     compose_logs,
     compose_ps,
@@ -66,7 +65,6 @@ __all__ = [
     "buildx_build",
     "check_engine",
     "client",
-    "compose_config",
     "compose_down",
     "compose_logs",
     "compose_ps",

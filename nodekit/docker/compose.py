@@ -17,22 +17,12 @@ from nodekit.docker.calls import (
     where,
 )
 from nodekit.docker.models import ContainerState
-from nodekit.errors import EngineError, ImageError
+from nodekit.errors import EngineError
 
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-
-
-def compose_config(compose_file: Path) -> dict[str, object]:
-    """`docker compose config` of a file, as JSON: proves Compose accepts it."""
-    e = Engine(compose_file=compose_file)
-    rejects = f"docker compose rejects {compose_file}"
-    with e.calling(f"docker compose config of {compose_file}", fails(ImageError, rejects, "nodekit compose")):
-        out = e.docker.compose.config(return_json=True)
-    assert isinstance(out, dict)
-    return out
 
 
 def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:

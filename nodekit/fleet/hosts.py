@@ -6,7 +6,6 @@ Bad input is a UsageError (exit 2) before anything is contacted: a URL that is n
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,14 +122,6 @@ def main_address(host0: FleetHost, main: str | None) -> str:
     if host0.scheme == "unix":
         return "127.0.0.1"
     return host0.hostname
-
-
-def is_ip(addr: str) -> bool:
-    try:
-        ipaddress.ip_address(addr)
-    except ValueError:
-        return False
-    return True
 
 
 def read_hostfile(path: Path, *, user: str | None = None) -> list[tuple[str, int | None]]:

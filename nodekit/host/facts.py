@@ -125,11 +125,6 @@ def parse_proc_limit(text: str, label: str) -> int | bool | None:
     return False
 
 
-def soft_limit(which: int) -> int | None:
-    soft = resource.getrlimit(which)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
 def shm_bytes(root: Path = Path("/")) -> int | None:
     """Size of /dev/shm; with ``ipc: host`` the job's containers share this very mount."""
     try:
