@@ -3,10 +3,141 @@ and its deadline, recorded by the fake runner (tests/fake_runner.py) with nothin
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from nodekit.errors import HostToolHung
+from nodekit.errors import HostToolHung, ImageError
 from tests.fake_runner import FakeRunner
+
+TIMEOUT = ["timeout", "--foreground", "--kill-after=5"]  # GNU timeout(1): the deadline of what python-on-whales runs
+
+
+def node_plan(tmp_path: Path) -> object:
+    from nodekit import node
+    from nodekit.settings import Settings
+    from tests.unit.test_compose_render import CPU_NODE
+
+    (tmp_path / "train.py").write_text("print(1)\n")
+    s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)
+    return node.plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE,
+                          image_id=lambda ref: "sha256:" + "e" * 64)  # fmt: skip
+
+
+def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_end(
+    fake_runner: FakeRunner, tmp_path: Path
+) -> None:
+    from nodekit import node
+    from nodekit.progress import RecordingReporter
+
+    plan = node_plan(tmp_path)
+    assert isinstance(plan, node.NodePlan)
+    fake_runner.on("logs", stdout="step 1\nstep 2\n")
+    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
+    fake_runner.on("container", "wait", stdout="0\n")
+    shown: list[str] = []
+    assert node.up(plan, RecordingReporter(), detach=False, on_line=shown.append) == 0
+    assert shown == ["step 1", "step 2"]
+    project = ["docker", "compose", "--file", str(tmp_path / "compose" / "node-1.yaml"), "--project-name",
+               "nodekit-demo-node1"]  # fmt: skip
+    assert [c.cmd for c in fake_runner.calls] == [
+        [*TIMEOUT, "600", *project, "up", "--detach", "--force-recreate"],
+        [*project, "logs", "--no-color", "--follow", "--no-log-prefix"],  # as long as the job: no deadline
+        [*project, "ps", "--quiet", "--all"],
+        ["docker", "container", "wait", "c0ffee"],
+    ]
+    assert {c.by for c in fake_runner.calls} == {"python-on-whales"}
+
+
+def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_deadline(
+    fake_runner: FakeRunner, tmp_path: Path
+) -> None:
+    from nodekit import docker
+
+    path = tmp_path / "compose" / "node-1.yaml"
+    docker.compose_down(path, "nodekit-demo-node1", timeout=30, host="ssh://root@n1")
+    assert fake_runner.only("down").cmd == [
+        *TIMEOUT, "150", "docker", "--host", "ssh://root@n1", "compose", "--file", str(path), "--project-name",
+        "nodekit-demo-node1", "down", "--remove-orphans", "--timeout", "30",
+    ]  # fmt: skip
+
+
+def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_path: Path) -> None:
+    from nodekit import docker
+
+    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
+    fake_runner.on("container", "wait", stdout="3\n")
+    assert docker.compose_wait(None, "nodekit-demo-node1", host="ssh://root@n1") == 3
+    assert [c.cmd for c in fake_runner.calls] == [
+        ["docker", "--host", "ssh://root@n1", "compose", "--project-name", "nodekit-demo-node1", "ps", "--quiet",
+         "--all"],
+        ["docker", "--host", "ssh://root@n1", "container", "wait", "c0ffee"],
+    ]  # fmt: skip
+
+
+def test_the_build_is_buildx_with_no_network_for_run_steps_and_the_engines_own_store(
+    fake_runner: FakeRunner, tmp_path: Path
+) -> None:
+    from nodekit import docker
+
+    fake_runner.on("buildx", "build", stdout="#1 [internal] load build definition\n#1 DONE 0.0s\n")
+    lines = list(docker.buildx_build(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", tag="nodekit/demo:abc",
+                                     build_contexts={"wheels": tmp_path / "w"}, build_args={"NODEKIT_X": "1"},
+                                     metadata_file=tmp_path / "m.json"))  # fmt: skip
+    assert lines == ["#1 [internal] load build definition", "#1 DONE 0.0s"]
+    assert fake_runner.only("buildx").cmd == [
+        "docker", "buildx", "build", "--progress", "plain", "--build-arg", "NODEKIT_X=1", "--build-context",
+        f"wheels={tmp_path / 'w'}", "--provenance=false", "--load", "--metadata-file", str(tmp_path / "m.json"),
+        "--file", str(tmp_path / "Dockerfile"), "--network", "none", "--tag", "nodekit/demo:abc", str(tmp_path / "ctx"),
+    ]  # fmt: skip
+    fake_runner.on("buildx", "build", stdout="#5 ERROR: process did not complete successfully\n", returncode=1)
+    with pytest.raises(docker.BuildError, match="image build failed: #5 ERROR: process did not complete"):
+        list(docker.buildx_build(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", tag="t", build_contexts={},
+                                 build_args={}, metadata_file=tmp_path / "m.json"))  # fmt: skip
+
+
+def test_the_base_probe_is_one_offline_docker_run_of_sh_with_the_script_in_its_environment(
+    fake_runner: FakeRunner, tmp_path: Path
+) -> None:
+    from nodekit import docker, probe
+    from nodekit.settings import Settings
+
+    base = docker.ImageInfo(id="sha256:" + "b" * 64, tags=("nodekit/base:bookworm",), labels={}, size=1)
+    settings = Settings(project_dir=tmp_path, name="p", script="train.py")
+    fake_runner.on("run", stdout="nodekit-probe: no python\n")
+    assert probe.probe_base(settings, base=base, refresh=True).kind == "none"
+    run = fake_runner.only("run")
+    name = run.cmd[4]
+    assert run.cmd == ["docker", "run", "--rm", "--name", name, "--network", "none", "--pull", "never", "--env",
+                       "NODEKIT_PROBE", "--entrypoint", "sh", base.id, "-c", probe.PROBE_SHELL]  # fmt: skip
+    assert name.startswith("nodekit-probe-") and run.deadline == probe.PROBE_TIMEOUT == 60
+    assert run.env is not None and run.env["NODEKIT_PROBE"] == probe.PROBE_SCRIPT
+    # A probe its deadline stops: its container is removed (under the engine's query deadline), one line says so.
+    fake_runner.on("run", hang=True)
+    with pytest.raises(ImageError, match=r"^probing sha256:b+ did not finish within 60 s"):
+        probe.probe_base(settings, base=base, refresh=True)
+    rm = fake_runner.calls[-1]
+    assert rm.cmd[:4] == ["docker", "rm", "-f", fake_runner.calls[-2].cmd[4]] and rm.deadline == 120
+
+
+def test_a_push_sends_docker_save_into_docker_load_over_ssh(
+    fake_runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodekit import ship
+    from nodekit.progress import RecordingReporter
+    from nodekit.ship import fanout
+    from tests.unit.test_ship_plan import SRC, state
+
+    monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
+    archive = b"an image archive " * 1000
+    fake_runner.on("image", "save", stdout=archive)
+    plan = ship.plan_push(SRC, [state("n1", "ssh://root@n1")], compress="none")
+    ship.push(plan, RecordingReporter(), relay="never")
+    save, load = fake_runner.only("save"), fake_runner.only("load")
+    assert save.cmd == ["docker", "image", "save", SRC.ref]
+    assert load.cmd == ["docker", "--host", "ssh://root@n1", "image", "load", "--quiet"]
+    assert bytes(load.written) == archive
+    assert all(isinstance(c.deadline, ship.relay.proc.Unbounded) for c in (save, load))  # ended by the push
 
 
 def test_nvidia_smi_lists_the_gpus_within_20_s_and_a_hang_is_one_line_exit_2(fake_runner: FakeRunner) -> None:
