@@ -1,5 +1,5 @@
-"""A fake process runner for the command-line unit tier: it stands in for :func:`nodekit.proc._popen` (the one place
-nodekit starts a process) and for python-on-whales' own two process starts (``python_on_whales.utils``: its
+"""A fake process runner for the command-line unit tier: it stands in for :func:`nodekit.proc.spawn._popen` (the one
+place nodekit starts a process) and for python-on-whales' own two process starts (``python_on_whales.utils``: its
 ``subprocess.run`` and its ``Popen``), records every command line with its environment and deadline, and answers
 with what a test scripted. Nothing is executed. Used through the ``fake_runner`` fixture (tests/unit/conftest.py).
 """
@@ -122,7 +122,7 @@ class FakeRunner:
         return FakePopen(call, self.reply_for(call.cmd), FAKE_PID + len(self.calls), stdin=stdin, stdout=stdout,
                          stderr=stderr)  # fmt: skip
 
-    # nodekit.proc._popen's signature
+    # nodekit.proc.spawn._popen's signature
     def popen(self, argv: list[str], *, env: dict[str, str], deadline: object, stdin: str, stdout: str, stderr: str,
               group: bool) -> FakePopen:  # fmt: skip
         call = Call(list(argv), dict(env), deadline, group=group)
