@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import deadline, docker, proc
+from nodekit import docker, proc
 from nodekit.errors import DeadlineError
 from nodekit.lock import pip as lock_pip
 from nodekit.lock import resolution as lock_resolution
@@ -18,7 +18,7 @@ from nodekit.lock import resolution as lock_resolution
 def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, `nodekit lock`/`build` waited on a stalled pip (an index that stopped answering) forever."""
     monkeypatch.setattr(lock_pip, "resolve_argv", lambda *a, **k: ["sleep", "30"])
-    monkeypatch.setattr(deadline, "PIP_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(lock_pip, "PIP_TIMEOUT_S", 0.5)
     started = time.monotonic()
     with pytest.raises(DeadlineError) as e:
         lock_resolution.run_report(["torch==2.13.0"], [], python_version="3.11", platform="manylinux_2_36_x86_64")
