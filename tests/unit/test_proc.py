@@ -28,20 +28,22 @@ def gone(pid: int, within: float = 5.0) -> bool:
 
 
 def test_run_captures_and_passes_the_environment_it_is_given() -> None:
+    before = proc.live()  # the suite's earlier tiers run in this process too
     done = proc.run(["sh", "-c", 'echo "out $X"; echo err >&2; exit 3'], deadline=10, what="sh", fix="",
                     env={"X": "given", "PATH": os.environ["PATH"]})  # fmt: skip
     assert (done.returncode, done.stdout, done.stderr) == (3, "out given\n", "err\n")
     assert done.argv[0] == "sh"
-    assert proc.live() == [], "a finished run is no longer listed"
+    assert proc.live() == before, "a finished run is no longer listed"
 
 
 def test_run_stops_at_its_deadline_with_one_line() -> None:
+    before = proc.live()
     started = time.monotonic()
     with pytest.raises(DeadlineError) as e:
         proc.run(["sleep", "30"], deadline=0.3, what="the sleeper", fix="wake it")
     assert time.monotonic() - started < 5
     assert e.value.one_line() == "the sleeper did not finish within 0.3 s and was stopped (it hung). Fix: wake it"
-    assert e.value.exit_code == 1 and proc.live() == []
+    assert e.value.exit_code == 1 and proc.live() == before
 
 
 def test_extra_env_reaches_children_and_leaves_os_environ_alone() -> None:
