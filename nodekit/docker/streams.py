@@ -20,9 +20,13 @@ from nodekit.errors import ShipError
 
 CHUNK = 1 << 20
 _STREAM = proc.Unbounded("a stream: whoever reads or feeds it closes or cuts it off")
+SAVE_STALL_S = 60.0
+"""``docker save`` that gives no byte for this long (a wedged engine, a dead link to ``--from``) is stopped: a stall
+deadline, not a total one, so a large image on a slow disk is never cut off while it moves. Read from this module
+at every save (a test changes it here)."""
 
 
-class _Drain:
+class Drain:
     """Collects a pipe in a thread, so a chatty process never blocks on a full pipe while we feed it."""
 
     def __init__(self, pipe: IO[bytes]) -> None:
@@ -48,17 +52,25 @@ class SaveStream:
     def __init__(self, ref: str, host: str | None = None) -> None:
         self.ref = ref
         self.host = host
-        self._proc = proc.start(docker_argv(host, "image", "save", ref), stdout="pipe", stderr="pipe",
-                                deadline=_STREAM, what=f"docker save {ref}")  # fmt: skip
+        fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
+        self._proc = proc.start(docker_argv(host, "image", "save", ref), stdin="devnull", stdout="pipe",
+                                stderr="pipe", deadline=proc.Stall(SAVE_STALL_S), group=True,
+                                what=f"docker save {ref} on {where(host)}", fix=fix)  # fmt: skip
         assert self._proc.stderr is not None
-        self._stderr = _Drain(self._proc.stderr)
+        self._stderr = Drain(self._proc.stderr)
 
     def __iter__(self) -> Iterator[bytes]:
+        """DeadlineError when the save stood still for :data:`SAVE_STALL_S`."""
         out = self._proc.stdout
         assert out is not None
-        while chunk := out.read(CHUNK):
+        while True:
+            with self._proc.waiting():
+                chunk = out.read(CHUNK)
+            if not chunk:
+                break
             yield chunk
         code = self._proc.wait()
+        self._proc.check()
         if code != 0:
             raise ShipError(f"docker save {self.ref} on {where(self.host)} failed: {stderr_tail(self._stderr.text())}")
 
@@ -79,10 +91,10 @@ class LoadSink:
         self.host = host
         self.stderr = ""
         self._proc = proc.start(docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
-                                stderr="pipe", deadline=_STREAM, what="docker load")  # fmt: skip
+                                stderr="pipe", deadline=_STREAM, what="docker load", group=True)  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._stdout = _Drain(self._proc.stdout)
-        self._stderr = _Drain(self._proc.stderr)
+        self._stdout = Drain(self._proc.stdout)
+        self._stderr = Drain(self._proc.stderr)
 
     def write(self, chunk: bytes) -> None:
         stdin = self._proc.stdin
@@ -94,6 +106,8 @@ class LoadSink:
             raise self._failure() from None
 
     def finish(self) -> Loaded:
+        """The end of the stream, and the engine's answer. This waits for that answer: the caller bounds it (a
+        target that took every byte and never answers, nodekit.ship.verdict.answered_within) by :meth:`abort`."""
         stdin = self._proc.stdin
         assert stdin is not None
         with contextlib.suppress(BrokenPipeError):

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO
 
 from nodekit.errors import DeadlineError
-from nodekit.proc.deadlines import Deadline, Unbounded, hung
+from nodekit.proc.deadlines import Deadline, Stall, Unbounded, hung, stalled
 
 _live_lock = threading.RLock()  # re-entrant: a signal handler may run while this thread holds it
 _live: dict[int, Child] = {}
@@ -40,9 +40,14 @@ class Child:
         self._cause, self._error = cause, error
         self.timed_out = False
         self._timer: threading.Timer | None = None
+        self._blocked_since: float | None = None
+        self._done = threading.Event()
         with _live_lock:
             _live[id(self)] = self
-        if timer and not isinstance(deadline, Unbounded):
+        if timer and isinstance(deadline, Stall):
+            watch = threading.Thread(target=self._watch_progress, args=(deadline.seconds,), daemon=True)
+            watch.start()
+        elif timer and isinstance(deadline, int | float):
             self._timer = threading.Timer(deadline, self._expire)
             self._timer.daemon = True
             self._timer.start()
@@ -126,18 +131,42 @@ class Child:
         assert self.stdout is not None
         yield from io.TextIOWrapper(self.stdout, errors="replace")
 
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        """Around one blocking read from it or write into it: with a :class:`Stall` deadline it is stopped (and
+        :meth:`check` raises) once one of these blocks that long. Time spent elsewhere (the reader busy feeding
+        slow consumers) never counts against it."""
+        self._blocked_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self._blocked_since = None
+
     def check(self) -> None:
         """The deadline's error when the deadline killed it."""
-        if self.timed_out:
-            assert not isinstance(self.deadline, Unbounded)
-            raise hung(self.what, self.deadline, self.fix, cause=self._cause, error=self._error)
+        if not self.timed_out:
+            return
+        if isinstance(self.deadline, Stall):
+            raise stalled(self.what, self.deadline.seconds, self.fix, cause=self._cause, error=self._error)
+        assert not isinstance(self.deadline, Unbounded)
+        raise hung(self.what, self.deadline, self.fix, cause=self._cause, error=self._error)
 
     def _expire(self) -> None:
         if self._popen.poll() is None:
             self.timed_out = True
             self.kill()
 
+    def _watch_progress(self, seconds: float) -> None:
+        while not self._done.is_set():
+            since = self._blocked_since
+            blocked = 0.0 if since is None else time.monotonic() - since
+            if blocked >= seconds:
+                self._expire()
+                return
+            self._done.wait(min(seconds - blocked, 1.0))
+
     def _reaped(self) -> None:
+        self._done.set()
         if self._timer is not None:
             self._timer.cancel()
         with _live_lock:
