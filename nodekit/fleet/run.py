@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -155,7 +156,12 @@ def left_running(hosts: Sequence[FleetHost]) -> str:
 
 
 def _start(live: Sequence[_Live], reporter: Reporter) -> None:
+    """``compose up`` on every host in parallel; the first error (every node then removed). However this ends (a
+    signal included), every ``compose up`` has ended before it returns, so no ``down`` can run before an ``up``."""
+
     def one(n: _Live) -> NodekitError | None:
+        if proc.interrupted():  # a signal arrived: start nothing more
+            return None
         try:
             docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
         except NodekitError as e:
@@ -163,7 +169,13 @@ def _start(live: Sequence[_Live], reporter: Reporter) -> None:
             return e
         return None
 
-    errors = [e for e in _parallel(one, live) if e is not None]
+    pool = ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL, max(1, len(live))))
+    futures = [pool.submit(one, n) for n in live]
+    try:
+        errors = [e for f in futures if (e := f.result()) is not None]
+    finally:
+        wait(futures)  # after a signal too: its handler ended their processes, and a second one does not raise
+        pool.shutdown(wait=False)
     if errors:
         _down(live)
         raise errors[0]

@@ -23,7 +23,7 @@ from __future__ import annotations
 from nodekit.proc.children import Child, live, terminate_all
 from nodekit.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Stall, Unbounded, hung, stalled
 from nodekit.proc.env import environ, extra_env, overlay
-from nodekit.proc.signals import STOP_SIGNALS, Interrupted, stopping
+from nodekit.proc.signals import STOP_SIGNALS, Interrupted, interrupted, stopping
 from nodekit.proc.spawn import Result, Stdio, command_prefix, gnu_timeout, run, start, stopped
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "extra_env",
     "gnu_timeout",
     "hung",
+    "interrupted",
     "live",
     "overlay",
     "run",

@@ -39,6 +39,13 @@ class Interrupted(KeyboardInterrupt):
 
 
 _state = threading.local()
+_received: list[int] = []
+
+
+def interrupted() -> bool:
+    """Whether a stop signal arrived during the command that runs now: a worker thread about to start something
+    new (a node's ``compose up``) checks this and starts nothing."""
+    return bool(_received)
 
 
 @contextlib.contextmanager
@@ -47,14 +54,16 @@ def stopping(*, grace: float = GRACE_S) -> Iterator[list[int]]:
     child and raise :class:`Interrupted`; see the module docstring. Yields the list of the signals received. On
     exit after a signal or an exception, every child still live is ended; the previous handlers are put back.
     Nested uses are one."""
-    received: list[int] = []
     if threading.current_thread() is not threading.main_thread() or getattr(_state, "active", False):
-        yield received
+        yield []
         return
+    received: list[int] = []
+    _received.clear()
     cleaning = [False]
 
     def handler(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
+        _received.append(signum)
         if len(received) > 1 or cleaning[0]:
             return  # the cleanup the first one started goes on, under its own deadlines
         terminate_all(grace)
@@ -75,3 +84,4 @@ def stopping(*, grace: float = GRACE_S) -> Iterator[list[int]]:
             for s, h in previous.items():
                 signal.signal(s, h)
             _state.active = False
+            _received.clear()
