@@ -100,6 +100,13 @@ class Child:
     def kill(self) -> None:
         self.send(signal.SIGKILL)
 
+    def sweep(self) -> None:
+        """SIGKILL to what is left of its process group once it has ended (a grandchild that outlived its parent's
+        SIGTERM). The group's id cannot be taken by a new process while any member of the group lives."""
+        if self.group:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signal.SIGKILL)
+
     def terminate(self) -> None:
         self.send(signal.SIGTERM)
 
@@ -181,8 +188,8 @@ def live() -> list[Child]:
 
 def terminate_all(grace: float = 5.0) -> int:
     """End every live child: SIGTERM to each (to its process group when it has one), up to ``grace`` seconds for
-    all of them to exit, then SIGKILL to what remains. Returns how many there were. Bounded (safe in a signal
-    handler): a child another thread is waiting on may be left for that thread to reap."""
+    all of them to exit, then SIGKILL to what remains, each group included. Returns how many there were. Bounded
+    (safe in a signal handler): a child another thread is waiting on may be left for that thread to reap."""
     children = live()
     for c in children:
         c.terminate()
@@ -192,4 +199,6 @@ def terminate_all(grace: float = 5.0) -> int:
         c.kill()
     for c in left:
         c.wait(grace)
+    for c in children:
+        c.sweep()
     return len(children)
