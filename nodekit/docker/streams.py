@@ -20,6 +20,10 @@ from nodekit.errors import ShipError
 
 CHUNK = 1 << 20
 _STREAM = proc.Unbounded("a stream: whoever reads or feeds it closes or cuts it off")
+LOAD_STALL_S = 60.0
+"""``docker load`` that takes no byte for this long (a wedged engine, a frozen link) is stopped: a write into it
+blocked that long. A push also cuts such a target off from its side (nodekit.ship.fanout.STALL_S), so the other
+targets go on."""
 SAVE_STALL_S = 60.0
 """``docker save`` that gives no byte for this long (a wedged engine, a dead link to ``--from``) is stopped: a stall
 deadline, not a total one, so a large image on a slow disk is never cut off while it moves. Read from this module
@@ -90,8 +94,10 @@ class LoadSink:
     def __init__(self, host: str | None = None) -> None:
         self.host = host
         self.stderr = ""
+        fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
         self._proc = proc.start(docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
-                                stderr="pipe", deadline=_STREAM, what="docker load", group=True)  # fmt: skip
+                                stderr="pipe", deadline=proc.Stall(LOAD_STALL_S), what=f"docker load on {where(host)}",
+                                fix=fix, group=True)  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._stdout = Drain(self._proc.stdout)
         self._stderr = Drain(self._proc.stderr)
@@ -100,14 +106,16 @@ class LoadSink:
         stdin = self._proc.stdin
         assert stdin is not None
         try:
-            stdin.write(chunk)
+            with self._proc.waiting():
+                stdin.write(chunk)
         except (BrokenPipeError, ValueError):
             self._proc.wait()
+            self._proc.check()  # it took nothing for LOAD_STALL_S: that, not the broken pipe, is the news
             raise self._failure() from None
 
     def finish(self) -> Loaded:
         """The end of the stream, and the engine's answer. This waits for that answer: the caller bounds it (a
-        target that took every byte and never answers, nodekit.ship.verdict.answered_within) by :meth:`abort`."""
+        target that took every byte and never answers: nodekit.ship.outcome.answered_within) by :meth:`abort`."""
         stdin = self._proc.stdin
         assert stdin is not None
         with contextlib.suppress(BrokenPipeError):
