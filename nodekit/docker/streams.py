@@ -4,12 +4,14 @@ python-on-whales builds the command line here (host, context, TLS and config fla
 the byte streams run through nodekit.proc's processes: its load-from-iterator lets docker's stderr go to the
 terminal (a failed load could not say why) and cannot be cut off halfway, and cutting a load off is how a broken
 stream is kept from ever completing on a target. A ``docker load`` whose request body ends early registers
-nothing, so a target's existing images stay as they were.
+nothing, so a target's existing images stay as they were. A signal to nodekit kills both at once (SIGKILL, not
+SIGTERM: a ``docker save`` blocked writing into a pipe nobody reads any more would sit out the grace).
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator
 from typing import IO
 
@@ -58,7 +60,7 @@ class SaveStream:
         self.host = host
         fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
         self._proc = proc.start(docker_argv(host, "image", "save", ref), stdin="devnull", stdout="pipe",
-                                stderr="pipe", deadline=proc.Stall(SAVE_STALL_S), group=True,
+                                stderr="pipe", deadline=proc.Stall(SAVE_STALL_S), group=True, stop_with=signal.SIGKILL,
                                 what=f"docker save {ref} on {where(host)}", fix=fix)  # fmt: skip
         assert self._proc.stderr is not None
         self._stderr = Drain(self._proc.stderr)
@@ -97,7 +99,7 @@ class LoadSink:
         fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
         self._proc = proc.start(docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
                                 stderr="pipe", deadline=proc.Stall(LOAD_STALL_S), what=f"docker load on {where(host)}",
-                                fix=fix, group=True)  # fmt: skip
+                                fix=fix, group=True, stop_with=signal.SIGKILL)  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
         self._stdout = Drain(self._proc.stdout)
         self._stderr = Drain(self._proc.stderr)

@@ -35,8 +35,10 @@ class Child:
         cause: str = "it hung",
         error: type[DeadlineError] = DeadlineError,
         timer: bool = True,
+        stop_with: int = signal.SIGTERM,
     ) -> None:
         self._popen, self.what, self.fix, self.deadline, self.group = popen, what, fix, deadline, group
+        self.stop_with = stop_with
         self._cause, self._error = cause, error
         self.timed_out = False
         self._timer: threading.Timer | None = None
@@ -187,12 +189,14 @@ def live() -> list[Child]:
 
 
 def terminate_all(grace: float = 5.0) -> int:
-    """End every live child: SIGTERM to each (to its process group when it has one), up to ``grace`` seconds for
+    """End every live child: its ``stop_with`` signal (SIGTERM; SIGKILL for a byte stream, which may sit blocked
+    writing into a pipe nobody reads any more and holds nothing to clean up) to each (to its process group when it
+    has one), up to ``grace`` seconds for
     all of them to exit, then SIGKILL to what remains, each group included. Returns how many there were. Bounded
     (safe in a signal handler): a child another thread is waiting on may be left for that thread to reap."""
     children = live()
     for c in children:
-        c.terminate()
+        c.send(c.stop_with)
     end = time.monotonic() + grace
     left = [c for c in children if c.wait(max(0.0, end - time.monotonic())) is None]
     for c in left:

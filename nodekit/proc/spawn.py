@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,13 +69,14 @@ def start(
     stdout: Stdio = "inherit",
     stderr: Stdio = "inherit",
     group: bool = False,
+    stop_with: int = signal.SIGTERM,
 ) -> Child:
     """Start ``argv`` (``env``: its whole environment; None: :func:`environ`). With ``group`` it leads a process
-    group of its own, which :meth:`Child.send` and :func:`terminate_all` signal as a whole. OSError when it cannot
-    start (no such program)."""
+    group of its own, which :meth:`Child.send` and :func:`terminate_all` signal as a whole; ``stop_with`` is the
+    signal :func:`terminate_all` ends it with (SIGKILL for byte streams). OSError when it cannot start."""
     popen = _popen(list(argv), env=dict(env) if env is not None else environ(), deadline=deadline, stdin=stdin,
                    stdout=stdout, stderr=stderr, group=group)  # fmt: skip
-    return Child(popen, what=what, fix=fix, deadline=deadline, group=group)
+    return Child(popen, what=what, fix=fix, deadline=deadline, group=group, stop_with=stop_with)
 
 
 def run(

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks._shipnet import tbf_argv
-from tests.cluster.conftest import Demo, Fleet
+from tests.cluster.conftest import Demo, Fleet, push_image
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh
 from tests.cluster.test_fleet import finish, nothing_left, wait_for
 from tests.cluster.test_relay import MIB, loading, push_argv, push_env, relay_dirs
-from tests.cluster.test_ship import REF, make_image, wipe
+from tests.cluster.test_ship import REF, make_image
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -76,6 +76,21 @@ def scratch() -> set[Path]:
             *Path("/tmp").glob(pattern))}  # fmt: skip
 
 
+def forget(*hosts: Host) -> None:
+    """The test image gone from these hosts (only it: the demo image other tests rely on stays)."""
+    for h in hosts:
+        image_id = h.image_id(REF)
+        if image_id:
+            h.docker("rmi", "-f", image_id, check=False)
+
+
+@pytest.fixture
+def demo_here(demo_on_main: Demo, fleet: Fleet) -> Demo:
+    """The demo image on the head (host 0), checked for this test: an earlier test may have removed it."""
+    push_image(demo_here.ref, None, [fleet.cluster.main])
+    return demo_on_main
+
+
 def patched(*changes: str) -> list[str]:
     """The real CLI with production deadlines shortened (tests/cluster/patched.py)."""
     return [sys.executable, "-m", "tests.cluster.patched", *changes, "--"]
@@ -97,14 +112,14 @@ def line_at(log: Path, text: str, proc: subprocess.Popen[str], timeout: float) -
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGHUP, 129), (signal.SIGTERM, 143)])
 def test_a_signal_to_nodekit_run_stops_every_node_and_leaves_nothing(
-    demo_on_main: Demo, fleet: Fleet, tmp_path: Path, signum: int, code: int, record_property: pytest.RecordProperty
+    demo_here: Demo, fleet: Fleet, tmp_path: Path, signum: int, code: int, record_property: pytest.RecordProperty
 ) -> None:
     """Before, SIGHUP (the SSH session to the head closed) ended nodekit run at once and every node kept training,
     unsupervised."""
     before = scratch()
-    project = fleet.project(demo_on_main, tmp_path, args=["--epochs", "100000", "--epoch-delay", "0.2"])
+    project = fleet.project(demo_here, tmp_path, args=["--epochs", "100000", "--epoch-delay", "0.2"])
     log = tmp_path / "run.log"
-    proc = fleet.run(project, "--image", demo_on_main.ref, log=log)
+    proc = fleet.run(project, "--image", demo_here.ref, log=log)
     wait_for(log, "ddp-demo: epoch 1 done", proc, 300)
     t0 = time.monotonic()
     proc.send_signal(signum)
@@ -127,7 +142,7 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
     ssh-agent, its shared-connection directory, the relays' processes and directories on the nodes, every load.
     Before, SIGTERM and SIGHUP killed nodekit where it stood and left all of them behind."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    forget(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     before, relays = scratch(), relay_dirs()
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
@@ -157,16 +172,16 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
 
 
 def test_a_host_cut_off_mid_run_is_named_lost_about_peer_timeout_later(
-    demo_on_main: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
+    demo_here: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     """Every packet to and from host 2 dropped (TCP hangs, nothing resets) while the job trains. Before, the head
     blamed a survivor's exit 19 and then waited for host 2's `docker wait` for about two hours."""
     c = fleet.cluster
     h2 = c.hosts[2]
-    project = fleet.project(demo_on_main, tmp_path, peer_timeout=10,
+    project = fleet.project(demo_here, tmp_path, peer_timeout=10,
                             args=["--epochs", "100000", "--epoch-delay", "0.2"])  # fmt: skip
     log = tmp_path / "run.log"
-    proc = fleet.run(project, "--image", demo_on_main.ref, log=log)
+    proc = fleet.run(project, "--image", demo_here.ref, log=log)
     wait_for(log, "ddp-demo: epoch 1 done", proc, 300)
     h2.isolate()
     try:
@@ -197,7 +212,7 @@ def test_a_stalled_docker_save_on_the_head_is_named_within_its_stall_deadline(
     """`docker save` gives 1 MiB, then nothing (a wedged engine): a stall deadline of 5 s here (60 s in
     production). Before, the push read from it forever."""
     h0, h1, _ = fleet.cluster.hosts
-    wipe(h0, h1)
+    forget(h0, h1)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     stub = tmp_path / "bin"
     stub.mkdir()
@@ -231,7 +246,7 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
     first on its sshd sessions' PATH). The answer deadline (5 s here, 120 s in production) cuts it off and names
     it; h2, after it in the chain, loaded; h1 then gets the image straight from the head. Before: forever."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    forget(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     stub = tmp_path / "h1-bin"
     stub.mkdir()
