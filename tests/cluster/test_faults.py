@@ -87,7 +87,7 @@ def forget(*hosts: Host) -> None:
 @pytest.fixture
 def demo_here(demo_on_main: Demo, fleet: Fleet) -> Demo:
     """The demo image on the head (host 0), checked for this test: an earlier test may have removed it."""
-    push_image(demo_here.ref, None, [fleet.cluster.main])
+    push_image(demo_on_main.ref, None, [fleet.cluster.main])
     return demo_on_main
 
 
