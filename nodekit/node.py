@@ -6,15 +6,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodekit import docker
+from nodekit import docker, proc
 from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.fsutil import write_atomic
 from nodekit.host import facts as host_facts
@@ -22,7 +19,7 @@ from nodekit.host import net
 from nodekit.progress import Reporter
 from nodekit.render.compose import compose_filename, project_name, render_compose, to_yaml
 from nodekit.settings import Settings
-from nodekit.spec import HostFacts, NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.spec import HostFacts, LaunchSpec, NodeSpec, check_rank, launch_spec, node_facts, node_spec
 
 
 @dataclass(frozen=True)
@@ -72,13 +69,8 @@ def plan_node(
     ``image_id`` looks up the chosen image's id on this host (``nodekit up`` passes one; ``compose`` and dry runs
     do not, so they never need an engine): it is rendered as NODEKIT_IMAGE_ID for preflight to compare.
     ``job_secret`` is asked for last, once everything else validated (it may create the project's secret file)."""
-    launch = launch_spec(settings)
+    launch = check_command(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
-    if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
-        raise UsageError(
-            f"training script {launch.command.script} not found in {settings.project_dir}",
-            fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
-        )
     main_ip = net.resolve(main)
     if facts is None:
         facts = host_facts.gather(main_ip)
@@ -135,6 +127,19 @@ def plan_node(
         warnings=unset_pass_env(launch.pass_env, os.environ if environ is None else environ),
         job_secret=secret,
     )
+
+
+def check_command(settings: Settings) -> LaunchSpec:
+    """The job's launch spec, once its training command is known to run: exactly one of script and module, and the
+    script present in the project (it travels in the image). ``nodekit run`` asks this before anything is checked,
+    shipped or started on any host; UsageError otherwise."""
+    launch = launch_spec(settings)
+    if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
+        raise UsageError(
+            f"training script {launch.command.script} not found in {settings.project_dir}",
+            fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
+        )
+    return launch
 
 
 def unset_pass_env(names: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -224,8 +229,10 @@ def check_master_port(plan: NodePlan) -> None:
 def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool = False) -> int:
     """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
 
-    Returns the job's exit code (0 when detached). Interrupting (Ctrl-C) stops and removes the container, or
-    with ``debug`` stops it and keeps it for inspection.
+    Returns the job's exit code (0 when detached). Ctrl-C, or SIGTERM/SIGHUP under :func:`nodekit.proc.stopping`
+    (the CLI's), stops and removes the container (with ``debug``: stops it and keeps it for inspection), then the
+    interrupt goes on (the CLI exits 128 + the signal). ``compose up`` runs in a process group of its own, which
+    the signal ended before this ``down``: nothing can create the container after it.
     """
     for warning in plan.warnings:
         reporter.warn(warning)
@@ -235,19 +242,17 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     path = write_compose(plan)
     reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
     try:
-        with _stop_signals():
-            docker.compose_up(path, plan.project)
-            if detach:
-                reporter.done(
-                    f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
-                )
-                return 0
-            for line in follow(path, plan.project):
-                on_line(line)
-            code = docker.compose_wait(path, plan.project)
-    except (KeyboardInterrupt, Stopped) as e:
-        exit_code = 128 + e.signum if isinstance(e, Stopped) else 130
-        what = f"{e.name} received" if isinstance(e, Stopped) else "interrupted"
+        docker.compose_up(path, plan.project)
+        if detach:
+            reporter.done(
+                f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
+            )
+            return 0
+        for line in follow(path, plan.project):
+            on_line(line)
+        code = docker.compose_wait(path, plan.project)
+    except KeyboardInterrupt as e:
+        what = f"{e.name} received" if isinstance(e, proc.Interrupted) else "interrupted"
         if debug:
             # --debug keeps the container for inspection; stop it so it holds no ports or GPUs.
             reporter.warn(f"{what}: stopping node {plan.node.rank}, container kept (--debug)")
@@ -255,7 +260,7 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
         else:
             reporter.warn(f"{what}: stopping and removing node {plan.node.rank}")
             docker.compose_down(path, plan.project, timeout=30)
-        return exit_code
+        raise
     if code != 0:
         raise JobFailed(
             f"the job exited with code {code}",
@@ -264,34 +269,6 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
             fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",
         )
     return 0
-
-
-class Stopped(Exception):
-    """SIGTERM or SIGHUP while ``up`` ran: handled like Ctrl-C (what was started is removed)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-        self.name = signal.Signals(signum).name
-
-
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[None]:
-    """SIGTERM (kill, systemd, CI cancel) and SIGHUP (a closed terminal or SSH session) raise :class:`Stopped`,
-    so ``up`` removes its container instead of leaving it running without anyone following it."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def stop(signum: int, frame: object) -> None:
-        raise Stopped(signum)
-
-    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def follow(path: Path, project: str) -> Iterator[str]:

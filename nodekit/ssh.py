@@ -13,8 +13,19 @@ import shlex
 from dataclasses import dataclass
 
 BATCH = ("-o", "BatchMode=yes")
-KEEPALIVE = ("-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3")
-"""A connection whose peer stops answering ends after about 30 s instead of hanging."""
+ALIVE_INTERVAL_S = 10
+ALIVE_COUNT = 3
+
+
+def keepalive(interval: int = ALIVE_INTERVAL_S, count: int = ALIVE_COUNT) -> tuple[str, ...]:
+    """OpenSSH's own liveness check: a connection whose peer has not answered ``count`` probes sent ``interval``
+    seconds apart ends (exit 255, "Timeout, server ... not responding") instead of hanging until TCP gives up,
+    which is hours for a host that vanished without a reset (a cut cable, a dropped route, a frozen machine)."""
+    return ("-o", f"ServerAliveInterval={interval}", "-o", f"ServerAliveCountMax={count}")
+
+
+KEEPALIVE = keepalive()
+"""Every ssh nodekit starts carries it: a connection whose peer stops answering ends after about 30 to 40 s."""
 
 
 @dataclass(frozen=True)
@@ -27,7 +38,7 @@ class Pinned:
 
 
 def options(
-    *, connect_timeout: int, forward_agent: bool = False, keepalive: bool = False, pinned: Pinned | None = None
+    *, connect_timeout: int, forward_agent: bool = False, keepalive: bool = True, pinned: Pinned | None = None
 ) -> list[str]:
     """The options of an ssh command line, in the order nodekit has always written them."""
     argv = ["-A"] if forward_agent else []
@@ -50,7 +61,7 @@ def command(
     port: int | None = None,
     user: str | None = None,
     forward_agent: bool = False,
-    keepalive: bool = False,
+    keepalive: bool = True,
 ) -> list[str]:
     """``ssh [options] [-p port] [-l user] -- host remote``: ``remote`` run there by the user's login shell."""
     argv = ["ssh", *options(connect_timeout=connect_timeout, forward_agent=forward_agent, keepalive=keepalive)]
@@ -70,8 +81,18 @@ def hop_words(*, connect_timeout: int, pinned: Pinned) -> str:
 
 def shared(control_dir: str, persist_s: int) -> list[str]:
     """Options that share one connection per host (OpenSSH's ControlMaster): the first call opens it, the others
-    ride on it, and it outlives its last call by ``persist_s`` seconds at most."""
-    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/%C", "-o", f"ControlPersist={persist_s}"]
+    ride on it, and it outlives its last call by ``persist_s`` seconds at most. The shared connection keeps alive
+    (:data:`KEEPALIVE`): a node that vanishes ends every call riding on it."""
+    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={control_dir}/%C", "-o", f"ControlPersist={persist_s}",
+            *KEEPALIVE]  # fmt: skip
+
+
+def alive_wrapper(real_ssh: str, *, interval: int, count: int, connect_timeout: int) -> str:
+    """A POSIX sh script standing in for ``ssh`` under the docker CLI (its ``ssh://`` transport runs ``ssh``
+    from PATH): the real one with :func:`keepalive` and a connect timeout. Options given first win in OpenSSH, so
+    these hold over the docker CLI's own ``ConnectTimeout=30`` and over the user's config for these calls only."""
+    opts = [*keepalive(interval, count), "-o", f"ConnectTimeout={connect_timeout}"]
+    return f'#!/bin/sh\nexec {shlex.join([real_ssh, *opts])} "$@"\n'
 
 
 def shared_wrapper(real_ssh: str, control_dir: str, persist_s: int, *, opt_out: str) -> str:

@@ -51,19 +51,29 @@ ScriptOpt = Annotated[str | None, typer.Option("--script", help="training script
 
 
 def handled(fn: F) -> F:
-    """Map NodekitError to its one-line message and exit code; an OSError (a path nodekit could not read or
-    write) to one line too; Ctrl-C to 130."""
+    """Every command runs under :func:`nodekit.proc.stopping` (SIGHUP, SIGINT and SIGTERM end what it started and
+    exit 128 + the signal); NodekitError becomes its one-line message and exit code, an OSError (a path nodekit
+    could not read or write) one line too."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from nodekit import proc
         from nodekit.errors import NodekitError
 
         try:
-            return fn(*args, **kwargs)
+            with proc.stopping():
+                return fn(*args, **kwargs)
         except NodekitError as e:
             from nodekit.cli import ui
 
             ui.error(e.one_line())
+            raise typer.Exit(e.exit_code) from None
+        except proc.Interrupted as e:
+            from nodekit.cli import ui
+
+            ui.stopped(f"{e.name} received: stopped, and everything it had started was ended")
+            if e.name == "SIGHUP":
+                ui.detach_from_terminal()
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None

@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
-from types import FrameType
 from typing import Annotated, Any
 
 import typer
@@ -43,10 +41,6 @@ def line_printer(node: int | None) -> Any:
     return emit
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 @app.command()
 @handled
 def run(
@@ -60,7 +54,8 @@ def run(
 ) -> None:
     """Run the job on every host from this (head) node: check every host, ship the image where missing, write
     compose/node-<rank>.yaml per rank, start every node, stream one log. The first node to fail is named and every
-    other node stopped; Ctrl-C stops every node; the exit code is the failing node's."""
+    other node stopped; Ctrl-C, SIGTERM and SIGHUP stop every node (exit 128 + the signal); the exit code is the
+    failing node's."""
     from nodekit.cli.ui import RichReporter
     from nodekit.fleet import run as fleet
 
@@ -73,8 +68,7 @@ def run(
             out.print(f"#   node {h.rank}: {h.url}", markup=False)
         return
     rep = RichReporter(verbose=True)
-    # A SIGTERM to the head (a closed SSH session, a batch system's stop) stops every node, as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupt)
+    # SIGHUP (a closed SSH session to the head), SIGTERM and Ctrl-C stop every node: handled(), proc.stopping.
     code = fleet.run(settings, hosts, rep, line_printer(node), image=image, debug=debug)
     raise typer.Exit(code)
 
@@ -89,10 +83,10 @@ def status(
 ) -> None:
     """Every node of the fleet: node, host, state, image fingerprint, since, exit code."""
     from nodekit.cli.ui import out
-    from nodekit.fleet import run as fleet
+    from nodekit.fleet import manage
 
     settings, hosts = fleet_of(config, hostfile)
-    rows = fleet.status(settings, hosts, node)
+    rows = manage.status(settings, hosts, node)
     if as_json:
         out.print(json.dumps([r.as_dict() for r in rows]), markup=False)
         return

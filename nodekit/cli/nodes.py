@@ -164,6 +164,17 @@ def _fleet(config: Path | None, hostfile: Path | None) -> tuple[Any, Any] | None
     return settings, hosts_of(settings, hostfile)
 
 
+def _failed_hosts(failed: Any, command: str) -> None:
+    """One error line per host the fleet command could not act on, then exit 1 (none: nothing)."""
+    if not failed:
+        return
+    from nodekit.cli import ui
+
+    for f in failed:
+        ui.error(f"{command}: {f.line()}")
+    raise typer.Exit(1)
+
+
 def _need_rank(node_rank: int | None) -> int:
     if node_rank is None:
         from nodekit.errors import UsageError
@@ -188,10 +199,12 @@ def down(
 
     fleet = _fleet(config, hostfile)
     if fleet is not None:
-        from nodekit.fleet import run as fleet_run
+        from nodekit.fleet import manage
 
-        for line in fleet_run.down(*fleet, node_rank, timeout):
-            typer.echo(line)
+        done, failed = manage.down(*fleet, node_rank, timeout)
+        for h in done:
+            typer.echo(f"{h.name}: down")
+        _failed_hosts(failed, "down")
         return
     node_rank = _need_rank(node_rank)
     path, project = _project(config, node_rank, out_dir)
@@ -216,9 +229,9 @@ def logs(
     fleet = _fleet(config, hostfile)
     if fleet is not None:
         from nodekit.cli.fleet import line_printer
-        from nodekit.fleet import run as fleet_run
+        from nodekit.fleet import manage
 
-        fleet_run.logs(*fleet, line_printer(None), node=node_rank, follow=follow, tail=tail)
+        _failed_hosts(manage.logs(*fleet, line_printer(None), node=node_rank, follow=follow, tail=tail), "logs")
         return
     node_rank = _need_rank(node_rank)
     path, project = _project(config, node_rank, out_dir)

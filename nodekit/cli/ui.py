@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections import deque
 from typing import Any
@@ -12,6 +13,13 @@ from rich.status import Status
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def _say(console: Console, text: str) -> None:
+    """Print, unless the terminal is gone (SIGHUP: the SSH session closed): a line nobody can read must not stop
+    the cleanup that follows it."""
+    with contextlib.suppress(OSError):
+        console.print(text, soft_wrap=True)
 
 
 class RichReporter:
@@ -27,7 +35,7 @@ class RichReporter:
     def step(self, message: str) -> None:
         self._stop()
         self._step = message
-        self.console.print(f"[bold cyan]>[/] {escape(message)}")
+        _say(self.console, f"[bold cyan]>[/] {escape(message)}")
         if not self.verbose:
             self._status = self.console.status(escape(message))
             self._status.start()
@@ -35,40 +43,62 @@ class RichReporter:
     def detail(self, line: str) -> None:
         self.recent.append(line)
         if self.verbose:
-            self.console.print(f"  [dim]{escape(line)}[/]")
+            _say(self.console, f"  [dim]{escape(line)}[/]")
         elif self._status is not None:
             self._status.update(f"{escape(self._step)}  [dim]{escape(line[-100:])}[/]")
 
     def done(self, message: str) -> None:
         self._stop()
-        self.console.print(f"[bold green]ok[/] {escape(message)}")
+        _say(self.console, f"[bold green]ok[/] {escape(message)}")
 
     def warn(self, message: str) -> None:
         self._stop()
-        self.console.print(f"[bold yellow]warning[/] {escape(message)}")
+        _say(self.console, f"[bold yellow]warning[/] {escape(message)}")
 
     def fail(self) -> None:
         """On error, show the last tool output that led to it (hidden behind the spinner until now)."""
         self._stop()
         if not self.verbose and self.recent:
             for line in self.recent:
-                self.console.print(f"  [dim]{escape(line)}[/]")
+                _say(self.console, f"  [dim]{escape(line)}[/]")
 
     def _stop(self) -> None:
         if self._status is not None:
-            self._status.stop()
+            with contextlib.suppress(OSError):
+                self._status.stop()
             self._status = None
 
 
 def error(message: str) -> None:
-    err.print(f"[bold red]nodekit: error:[/] {escape(message)}", soft_wrap=True)
+    _say(err, f"[bold red]nodekit: error:[/] {escape(message)}")
+
+
+def stopped(message: str) -> None:
+    """A command ended by a signal: not an error of its own, but the user should know it did not finish."""
+    _say(err, f"[bold yellow]nodekit: {escape(message)}[/]")
+
+
+def detach_from_terminal() -> None:
+    """After SIGHUP the terminal is gone: standard output and error go to /dev/null, so that flushing them at exit
+    cannot turn the exit code into 120."""
+    import os
+
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        os.close(null)
 
 
 def prefixed(prefix: str) -> Any:
     """A line printer that tags each job line with its node, like torchrun's --tee prefixes."""
 
     def emit(line: str) -> None:
-        sys.stdout.write(f"{prefix} {line}\n")
-        sys.stdout.flush()
+        with contextlib.suppress(OSError):
+            sys.stdout.write(f"{prefix} {line}\n")
+            sys.stdout.flush()
 
     return emit

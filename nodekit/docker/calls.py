@@ -110,10 +110,10 @@ def fails(kind: type[NodekitError], says: str, fix: str) -> Callable[[str], Node
 
 def _hung(host: str | None, what: str, deadline: float) -> DeadlineError:
     """The error for an engine call that its deadline stopped."""
-    return proc.hung(f"{what} on {where(host)}", deadline, _hung_fix(host), cause="the engine hung")
+    return proc.hung(f"{what} on {where(host)}", deadline, hung_fix(host), cause="the engine hung")
 
 
-def _hung_fix(host: str | None) -> str:
+def hung_fix(host: str | None) -> str:
     return f"check that engine: docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer"
 
 
@@ -148,6 +148,16 @@ def docker_argv(host: str | None, *args: str) -> list[str]:
     return [str(a) for a in DockerClient(host=host).client_config.docker_cmd] + list(args)
 
 
+def compose_argv(host: str | None, compose_file: Path | None, project: str, *args: str) -> list[str]:
+    """A ``docker compose`` command line for the runner, built by python-on-whales (host and config flags,
+    ``--file``, ``--project-name``), as :func:`docker_argv` is."""
+    from python_on_whales import DockerClient
+
+    _require_cli()
+    d = DockerClient(host=host, compose_files=[compose_file] if compose_file else [], compose_project_name=project)
+    return [str(a) for a in d.client_config.docker_compose_cmd] + list(args)
+
+
 def query(
     host: str | None, *args: str, what: str, error: type[NodekitError] = EngineError, fix: str = ENGINE_FIX
 ) -> str:
@@ -155,7 +165,7 @@ def query(
     deadline; its standard output. ``error`` when it fails ("cannot ``what``"), DeadlineError when it hangs."""
     call = " ".join(("docker", *args[:2]))  # e.g. docker image ls
     done = proc.run(docker_argv(host, *args), deadline=ENGINE_CALL_S, what=f"{call} on {where(host)}",
-                    fix=_hung_fix(host), cause="the engine hung")  # fmt: skip
+                    fix=hung_fix(host), cause="the engine hung")  # fmt: skip
     if done.returncode != 0:
         raise error(f"cannot {what} on {where(host)}: {stderr_tail(done.stderr)}", fix=fix)
     return done.stdout

@@ -1,51 +1,97 @@
-"""A node's compose project on an engine: up, logs, ps, wait, stop, down."""
+"""A node's compose project on an engine: up, logs, ps, wait, stop, down.
+
+Everything but ``ps`` runs as nodekit's own process (the command line built by python-on-whales, as for every call)
+in a process group of its own, listed in nodekit.proc's registry: a signal to nodekit ends ``docker compose up``
+and everything it started (the docker CLI, its ssh) before ``down`` runs, so nothing is created after the node was
+removed. Before, only a ``timeout`` wrapper was killed and the orphaned ``compose up`` created the container later.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from nodekit import proc
 from nodekit.docker import calls
 from nodekit.docker.calls import (
-    CONTAINER_START_S,
     ENGINE_FIX,
     LASTS_AS_LONG_AS_THE_JOB,
     Engine,
+    compose_argv,
+    docker_argv,
     fails,
+    stderr_tail,
     where,
 )
 from nodekit.docker.models import ContainerState
-from nodekit.errors import EngineError
-
-if TYPE_CHECKING:
-    from python_on_whales import DockerClient
+from nodekit.docker.streams import Drain
+from nodekit.errors import DeadlineError, EngineError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+def _run(argv: list[str], what: str, host: str | None, deadline: float | proc.Unbounded) -> proc.Result:
+    """A compose or container call in its own process group, under ``deadline``: its result (the caller judges
+    the exit code), DeadlineError once the deadline stopped it."""
+    return proc.run(argv, deadline=deadline, what=f"{what} on {where(host)}", fix=calls.hung_fix(host),
+                    cause="the engine hung", stdin="devnull", group=True)  # fmt: skip
+
+
 def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:
     """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine."""
-    e = Engine(host, compose_file=compose_file, project=project, deadline=CONTAINER_START_S)
-    failed = f"docker compose up failed for {compose_file}"
+    argv = compose_argv(host, compose_file, project, "up", "--detach", "--force-recreate")
     fix = f"docker compose -f {compose_file} up  (to see Docker's full output)"
-    # Nothing half-running: a container that was created but failed to start is removed again.
-    with e.calling(f"docker compose up of {compose_file}", fails(EngineError, failed, fix),
-                   diagnose=True, undo=lambda: e.docker.compose.down(remove_orphans=True, quiet=True)):  # fmt: skip
-        e.docker.compose.up(detach=True, force_recreate=True, quiet=True)
+    try:
+        done = _run(argv, f"docker compose up of {compose_file}", host, calls.CONTAINER_START_S)
+    except DeadlineError:
+        _undo_up(compose_file, project, host)
+        raise
+    if done.returncode != 0:
+        # Nothing half-running: a container that was created but failed to start is removed again.
+        _undo_up(compose_file, project, host)
+        calls.check_engine(host, buildx=False)  # the engine or the Compose plugin missing: that precise line
+        raise EngineError(f"docker compose up failed for {compose_file}: {stderr_tail(done.stderr)}", fix=fix)
+
+
+def _undo_up(compose_file: Path, project: str, host: str | None) -> None:
+    """After a failed or hung ``up`` (not after Ctrl-C or a signal: the caller's ``down`` comes then)."""
+    with contextlib.suppress(Exception):
+        _run(compose_argv(host, compose_file, project, "down", "--remove-orphans"), "docker compose down", host,
+             calls.ENGINE_CALL_S)  # fmt: skip
 
 
 def compose_logs(
     compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None, host: str | None = None
 ) -> Iterator[str]:
-    """The job's output line by line; with ``follow`` it ends when the container stops."""
-    e = Engine(host, compose_file=compose_file, project=project, deadline=LASTS_AS_LONG_AS_THE_JOB)
-    fix = f"docker compose -p {project} ps  (is it running?)"
-    with e.calling("docker compose logs", fails(EngineError, f"lost the log stream of {project}", fix)):
-        for _source, content in e.docker.compose.logs(follow=follow, stream=True, no_log_prefix=True, tail=tail):
+    """The job's output line by line; with ``follow`` it ends when the container stops. EngineError when the
+    stream is lost (over ssh://, a host that stops answering ends it within the connection's keepalive)."""
+    args = [
+        "logs",
+        "--no-color",
+        *(["--follow"] if follow else []),
+        "--no-log-prefix",
+        *(["--tail", tail] if tail else []),
+    ]
+    child = proc.start(compose_argv(host, compose_file, project, *args), deadline=LASTS_AS_LONG_AS_THE_JOB,
+                       what=f"docker compose logs of {project}", stdin="devnull", stdout="pipe", stderr="pipe",
+                       group=True)  # fmt: skip
+    assert child.stderr is not None
+    stderr = Drain(child.stderr)
+    try:
+        for line in child.lines():
             # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
-            yield _ANSI.sub("", content.decode(errors="replace")).rstrip("\n")
+            yield _ANSI.sub("", line).rstrip("\n")
+        code = child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if code != 0:
+        why = stderr_tail(stderr.text())
+        raise EngineError(f"lost the log stream of {project} on {where(host)}: {why}",
+                          fix=f"docker compose -p {project} ps  (is it running?)")  # fmt: skip
 
 
 def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:
@@ -71,35 +117,43 @@ def compose_ps(compose_file: Path | None, project: str, *, host: str | None = No
 
 
 def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:
-    """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked."""
-    e = Engine(host, compose_file=compose_file, project=project, deadline=LASTS_AS_LONG_AS_THE_JOB)
+    """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked (over
+    ssh://, a host that stops answering is noticed within the connection's keepalive)."""
     lost = f"lost {where(host)} while waiting for {project}"
-    with e.calling("docker wait", fails(EngineError, lost, ENGINE_FIX)):
-        return _wait(e.docker, project)
-
-
-def _wait(d: DockerClient, project: str) -> int:
-    containers = d.compose.ps(all=True)
-    if not containers:
+    ps = compose_argv(host, compose_file, project, "ps", "--quiet", "--all")
+    listed = _run(ps, f"docker compose ps of {project}", host, calls.ENGINE_CALL_S)
+    if listed.returncode != 0:
+        raise EngineError(f"{lost}: {stderr_tail(listed.stderr)}", fix=ENGINE_FIX)
+    ids = listed.stdout.split()
+    if not ids:
         raise EngineError(f"compose project {project} has no container", fix="nodekit up")
-    code = d.container.wait(containers[0])
-    return int(code) if not isinstance(code, list) else int(code[0])
+    done = _run(docker_argv(host, "container", "wait", ids[0]), "docker wait", host, LASTS_AS_LONG_AS_THE_JOB)
+    if done.returncode != 0 or not done.stdout.split():
+        raise EngineError(f"{lost}: {stderr_tail(done.stderr)}", fix=ENGINE_FIX)
+    return int(done.stdout.split()[0])
 
 
 def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
-    e = Engine(compose_file=compose_file, project=project, deadline=_stop_deadline(timeout))
-    fix = f"docker compose -p {project} stop"
-    with e.calling(f"docker compose stop of {project}", fails(EngineError, "docker compose stop failed", fix)):
-        e.docker.compose.stop(timeout=timeout)
+    _stopping("stop", compose_file, project, timeout, None)
 
 
 def compose_down(
     compose_file: Path | None, project: str, *, timeout: int | None = None, host: str | None = None
 ) -> None:
-    e = Engine(host, compose_file=compose_file, project=project, deadline=_stop_deadline(timeout))
-    fix = f"docker compose -p {project} down"
-    with e.calling(f"docker compose down of {project}", fails(EngineError, "docker compose down failed", fix)):
-        e.docker.compose.down(timeout=timeout, remove_orphans=True, quiet=True)
+    _stopping("down", compose_file, project, timeout, host)
+
+
+def _stopping(verb: str, compose_file: Path | None, project: str, timeout: int | None, host: str | None) -> None:
+    args = [
+        verb,
+        *(["--remove-orphans"] if verb == "down" else []),
+        *(["--timeout", str(timeout)] if timeout is not None else []),
+    ]
+    done = _run(compose_argv(host, compose_file, project, *args), f"docker compose {verb} of {project}", host,
+                _stop_deadline(timeout))  # fmt: skip
+    if done.returncode != 0:
+        raise EngineError(f"docker compose {verb} of {project} on {where(host)} failed: {stderr_tail(done.stderr)}",
+                          fix=f"docker compose -p {project} {verb}")  # fmt: skip
 
 
 def _stop_deadline(timeout: int | None) -> float:

@@ -4,12 +4,14 @@ python-on-whales builds the command line here (host, context, TLS and config fla
 the byte streams run through nodekit.proc's processes: its load-from-iterator lets docker's stderr go to the
 terminal (a failed load could not say why) and cannot be cut off halfway, and cutting a load off is how a broken
 stream is kept from ever completing on a target. A ``docker load`` whose request body ends early registers
-nothing, so a target's existing images stay as they were.
+nothing, so a target's existing images stay as they were. A signal to nodekit kills both at once (SIGKILL, not
+SIGTERM: a ``docker save`` blocked writing into a pipe nobody reads any more would sit out the grace).
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 from collections.abc import Iterator
 from typing import IO
 
@@ -20,9 +22,17 @@ from nodekit.errors import ShipError
 
 CHUNK = 1 << 20
 _STREAM = proc.Unbounded("a stream: whoever reads or feeds it closes or cuts it off")
+LOAD_STALL_S = 60.0
+"""``docker load`` that takes no byte for this long (a wedged engine, a frozen link) is stopped: a write into it
+blocked that long. A push also cuts such a target off from its side (nodekit.ship.fanout.STALL_S), so the other
+targets go on."""
+SAVE_STALL_S = 60.0
+"""``docker save`` that gives no byte for this long (a wedged engine, a dead link to ``--from``) is stopped: a stall
+deadline, not a total one, so a large image on a slow disk is never cut off while it moves. Read from this module
+at every save (a test changes it here)."""
 
 
-class _Drain:
+class Drain:
     """Collects a pipe in a thread, so a chatty process never blocks on a full pipe while we feed it."""
 
     def __init__(self, pipe: IO[bytes]) -> None:
@@ -48,17 +58,25 @@ class SaveStream:
     def __init__(self, ref: str, host: str | None = None) -> None:
         self.ref = ref
         self.host = host
-        self._proc = proc.start(docker_argv(host, "image", "save", ref), stdout="pipe", stderr="pipe",
-                                deadline=_STREAM, what=f"docker save {ref}")  # fmt: skip
+        fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
+        self._proc = proc.start(docker_argv(host, "image", "save", ref), stdin="devnull", stdout="pipe",
+                                stderr="pipe", deadline=proc.Stall(SAVE_STALL_S), group=True, stop_with=signal.SIGKILL,
+                                what=f"docker save {ref} on {where(host)}", fix=fix)  # fmt: skip
         assert self._proc.stderr is not None
-        self._stderr = _Drain(self._proc.stderr)
+        self._stderr = Drain(self._proc.stderr)
 
     def __iter__(self) -> Iterator[bytes]:
+        """DeadlineError when the save stood still for :data:`SAVE_STALL_S`."""
         out = self._proc.stdout
         assert out is not None
-        while chunk := out.read(CHUNK):
+        while True:
+            with self._proc.waiting():
+                chunk = out.read(CHUNK)
+            if not chunk:
+                break
             yield chunk
         code = self._proc.wait()
+        self._proc.check()
         if code != 0:
             raise ShipError(f"docker save {self.ref} on {where(self.host)} failed: {stderr_tail(self._stderr.text())}")
 
@@ -78,22 +96,28 @@ class LoadSink:
     def __init__(self, host: str | None = None) -> None:
         self.host = host
         self.stderr = ""
+        fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
         self._proc = proc.start(docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
-                                stderr="pipe", deadline=_STREAM, what="docker load")  # fmt: skip
+                                stderr="pipe", deadline=proc.Stall(LOAD_STALL_S), what=f"docker load on {where(host)}",
+                                fix=fix, group=True, stop_with=signal.SIGKILL)  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._stdout = _Drain(self._proc.stdout)
-        self._stderr = _Drain(self._proc.stderr)
+        self._stdout = Drain(self._proc.stdout)
+        self._stderr = Drain(self._proc.stderr)
 
     def write(self, chunk: bytes) -> None:
         stdin = self._proc.stdin
         assert stdin is not None
         try:
-            stdin.write(chunk)
+            with self._proc.waiting():
+                stdin.write(chunk)
         except (BrokenPipeError, ValueError):
             self._proc.wait()
+            self._proc.check()  # it took nothing for LOAD_STALL_S: that, not the broken pipe, is the news
             raise self._failure() from None
 
     def finish(self) -> Loaded:
+        """The end of the stream, and the engine's answer. This waits for that answer: the caller bounds it (a
+        target that took every byte and never answers: nodekit.ship.outcome.answered_within) by :meth:`abort`."""
         stdin = self._proc.stdin
         assert stdin is not None
         with contextlib.suppress(BrokenPipeError):

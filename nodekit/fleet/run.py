@@ -1,32 +1,35 @@
-"""``nodekit run`` and the fleet's ``status``/``logs``/``down``: the plan per rank, carried out on every host.
+"""``nodekit run``: the plan per rank, carried out on every host (``status``/``logs``/``down``: fleet/manage.py).
 
-Order, each phase in parallel over hosts: check (and gather facts) -> ship the image where it is missing -> write
-``compose/node-R.yaml`` for every rank -> start every node -> one merged log while the supervisor's decision table
-(:mod:`nodekit.fleet.supervise`) watches the exits -> gang stop, restart or finish. Whatever happens (failure,
-Ctrl-C, an error of ours), every node's container is removed before this returns: nothing is left on any host.
+Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts)
+-> ship the image where it is missing -> write ``compose/node-R.yaml`` for every rank -> start every node -> one
+merged log while the supervisor's decision table (:mod:`nodekit.fleet.supervise`) watches the exits -> gang stop,
+restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through nodekit.proc.stopping, an error of
+ours), every node's container is removed before this returns; a host that cannot be reached for that is named.
+Every connection to a node keeps alive (:mod:`nodekit.fleet.alive`): a host that vanishes is reported lost about
+``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before blaming a survivor.
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodekit import docker
+from nodekit import docker, proc
 from nodekit.blobs import BLOBS
 from nodekit.errors import JobFailed, NodekitError
 from nodekit.fleet import remote
+from nodekit.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
+from nodekit.fleet.manage import parallel as _parallel
 from nodekit.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
-from nodekit.node import NodePlan, plan_node, write_compose
+from nodekit.node import NodePlan, check_command, plan_node, write_compose
 from nodekit.progress import Reporter
-from nodekit.render.compose import project_name
 from nodekit.secret import new_secret
 from nodekit.settings import Settings
 from nodekit.spec import mount_points
@@ -97,13 +100,6 @@ def plan_fleet(
     ]
 
 
-def _parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL, len(items))) as pool:
-        return list(pool.map(fn, items))
-
-
 def ship_image(
     ref: str,
     hosts: Sequence[FleetHost],
@@ -136,17 +132,36 @@ class _Live:
     host: FleetHost
 
 
-def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> None:
-    def one(n: _Live) -> None:
-        # A lost host: nothing of ours can be running there that we could reach.
-        with contextlib.suppress(NodekitError):
-            docker.compose_down(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> list[FleetHost]:
+    """Every node's container stopped and removed, in parallel; the hosts where that failed (a lost host: its
+    container may still run there, unreachable from here)."""
 
-    _parallel(one, live)
+    def one(n: _Live) -> FleetHost | None:
+        try:
+            docker.compose_down(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+        except NodekitError:
+            return n.host
+        return None
+
+    return [h for h in _parallel(one, live) if h is not None]
+
+
+def left_running(hosts: Sequence[FleetHost]) -> str:
+    """What to tell the user about hosts whose ``down`` failed ("" when there are none)."""
+    if not hosts:
+        return ""
+    names = ", ".join(h.name for h in hosts)
+    cmds = "; ".join(f"nodekit down --node {h.rank}" for h in hosts)
+    return f"; could not reach {names} to remove its container (it may still run there): {cmds} once it answers"
 
 
 def _start(live: Sequence[_Live], reporter: Reporter) -> None:
+    """``compose up`` on every host in parallel; the first error (every node then removed). However this ends (a
+    signal included), every ``compose up`` has ended before it returns, so no ``down`` can run before an ``up``."""
+
     def one(n: _Live) -> NodekitError | None:
+        if proc.interrupted():  # a signal arrived: start nothing more
+            return None
         try:
             docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
         except NodekitError as e:
@@ -154,7 +169,13 @@ def _start(live: Sequence[_Live], reporter: Reporter) -> None:
             return e
         return None
 
-    errors = [e for e in _parallel(one, live) if e is not None]
+    pool = ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL, max(1, len(live))))
+    futures = [pool.submit(one, n) for n in live]
+    try:
+        errors = [e for f in futures if (e := f.result()) is not None]
+    finally:
+        wait(futures)  # after a signal too: its handler ended their processes, and a second one does not raise
+        pool.shutdown(wait=False)
     if errors:
         _down(live)
         raise errors[0]
@@ -189,9 +210,15 @@ def _watch(live: Sequence[_Live], events: queue.Queue[tuple[str, int, Any]]) -> 
 
 
 def _attempt(
-    live: Sequence[_Live], budget: Budget, reporter: Reporter, on_line: LineFn, clock: Callable[[], float]
+    live: Sequence[_Live],
+    budget: Budget,
+    reporter: Reporter,
+    on_line: LineFn,
+    clock: Callable[[], float],
+    cause_s: float = 0.0,
 ) -> Decision:
-    """Run one attempt to its end: the decision that ended it (done, restart or fail)."""
+    """Run one attempt to its end: the decision that ended it (done, restart or fail). ``cause_s``: how long the
+    supervisor waits for a node the others report lost (:func:`nodekit.fleet.supervise.culprit`)."""
     events: queue.Queue[tuple[str, int, Any]] = queue.Queue()
     _watch(live, events)
     reports = {n.plan.node.rank: Report(n.plan.node.rank) for n in live}
@@ -213,7 +240,7 @@ def _attempt(
             reports[rank] = replace(reports[rank], lost=True, at=clock())
             if not reports[rank].stopped:
                 reporter.warn(f"lost {live[rank].host.name}: {value}")
-        decision = decide(list(reports.values()), clock(), budget)
+        decision = decide(list(reports.values()), clock(), budget, cause_s=cause_s)
         if decision.action == "stop":
             who = live[decision.culprit or 0].host.name
             code = "lost" if decision.code == LOST else f"exit code {decision.code}"
@@ -251,28 +278,36 @@ def run(
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Check, ship, write, start, supervise; restart up to ``settings.restarts`` times. Returns 0, or raises
-    JobFailed with the failing node's exit code; KeyboardInterrupt stops every node and returns 130."""
+    JobFailed with the failing node's exit code. Ctrl-C (or nodekit.proc.Interrupted: SIGTERM, SIGHUP) stops
+    every node, then goes on (the CLI exits 128 + the signal)."""
     from nodekit.build import current_image
 
+    check_command(settings)  # a missing script is refused before any host is checked or shipped to
+    interval = alive_interval(settings.peer_timeout)
+    with kept_alive(interval):
+        ref = image or current_image(settings)
+        image_id = docker.require_image(ref).id
+        return _attempts(settings, list(hosts), reporter, on_line, ref, image_id, debug, clock, loss_window(interval))
+
+
+def _attempts(
+    settings: Settings,
+    hosts: list[FleetHost],
+    reporter: Reporter,
+    on_line: LineFn,
+    ref: str,
+    image_id: str,
+    debug: bool,
+    clock: Callable[[], float],
+    cause_s: float,
+) -> int:
     t0 = clock()
-    hosts = list(hosts)
-    ref = image or current_image(settings)
     secret = new_secret()  # one per run, the same on every node (nodekit/secret.py)
-    image_id = docker.require_image(ref).id
     failures: dict[int, int] = {}
     used = 0
     while True:
         n = len(hosts)
-        reporter.step(f"checking {n} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
-        facts = remote.check_all(
-            hosts,
-            expect=lambda h: remote.Expect(
-                ports=(settings.master_port, settings.master_port + 1) if h.rank == 0 else (),
-                paths=tuple(m.host for m in mount_points(settings, h.rank)),
-            ),
-            gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
-            on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
-        )
+        facts = _check(settings, hosts, reporter)
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
         job = job_settings(settings, hosts, restart=used)
@@ -286,15 +321,17 @@ def run(
             _start(live, reporter)
             reporter.done(f"{n} node(s) started ({clock() - t0:.1f} s since the command)")
             budget = Budget(restarts=settings.restarts, used=used, min_nodes=settings.min_nodes, failures=failures)
-            decision = _attempt(live, budget, reporter, on_line, clock)
-        except KeyboardInterrupt:
-            reporter.warn(f"interrupted: stopping every node ({n})")
-            _down(live)
-            return 130
+            decision = _attempt(live, budget, reporter, on_line, clock, cause_s)
+        except KeyboardInterrupt as e:
+            why = f"; {e.name} received" if isinstance(e, proc.Interrupted) else ""
+            reporter.warn(f"interrupted: stopping every node ({n}){why}")
+            if unreached := _down(live):
+                reporter.warn(left_running(unreached).removeprefix("; "))
+            raise
         except BaseException:
             _down(live)
             raise
-        _down(live)
+        unreached = _down(live)
         if decision.action == "done":
             reporter.done(f"the job finished on {n} node(s) in {clock() - t0:.1f} s")
             return 0
@@ -308,104 +345,32 @@ def run(
                 hosts = [replace(h, rank=i) for i, h in enumerate(h for h in hosts if h.rank not in decision.drop)]
             reporter.warn(f"{decision.reason}: restarting the whole job ({used} of {settings.restarts})")
             continue
-        also = ""
-        if decision.also:
-            others = ", ".join(hosts[r].name for r in decision.also)
-            also = f" (and within {SETTLE_S:g} s, on their own: {others}; the first to report is not always the cause)"
-        raise JobFailed(
-            f"{culprit.name} {decision.reason.split(' ', 2)[2]}{also}; every node was stopped",
-            exit_code=decision.code,
-            node=None,
-            fix=f"the merged log above has node {culprit.rank}'s output (nodekit run --node {culprit.rank}: only it)",
-        )
+        raise _verdict(hosts, decision, culprit, unreached)
 
 
-# --- the fleet from the head: status, logs, down ---------------------------------------------------------------
+def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> list[remote.Gathered]:
+    reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
+    return remote.check_all(
+        hosts,
+        expect=lambda h: remote.Expect(
+            ports=(settings.master_port, settings.master_port + 1) if h.rank == 0 else (),
+            paths=tuple(m.host for m in mount_points(settings, h.rank)),
+        ),
+        gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
+        on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
+    )
 
 
-@dataclass(frozen=True)
-class Row:
-    rank: int
-    host: str
-    state: str
-    image: str = ""
-    since: str = ""
-    exit_code: int | None = None
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "node": self.rank, "host": self.host, "state": self.state, "image": self.image, "since": self.since,
-            "exit_code": self.exit_code,
-        }  # fmt: skip
-
-
-def _pick(hosts: Sequence[FleetHost], node: int | None) -> list[FleetHost]:
-    if node is None:
-        return list(hosts)
-    from nodekit.errors import UsageError
-
-    chosen = [h for h in hosts if h.rank == node]
-    if not chosen:
-        raise UsageError(f"--node {node} is not one of 0..{len(hosts) - 1}", fix=f"--node 0..{len(hosts) - 1}")
-    return chosen
-
-
-def status(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None) -> list[Row]:
-    """One row per node (per container), asked of every host in parallel; an unreachable host is a row too."""
-
-    def one(h: FleetHost) -> list[Row]:
-        project = project_name(settings.image_name, h.rank)
-        try:
-            states = docker.compose_ps(None, project, host=h.url)
-        except Exception as e:
-            return [
-                Row(h.rank, h.where, f"unreachable ({str(e).splitlines()[-1][:60] if str(e) else type(e).__name__})")
-            ]
-        if not states:
-            return [Row(h.rank, h.where, "absent")]
-        return [
-            Row(h.rank, h.where, c.status, c.image.rsplit(":", 1)[-1][:12], c.started_at[:19], c.exit_code)
-            for c in states
-        ]
-
-    return [r for rows in _parallel(one, _pick(hosts, node)) for r in rows]
-
-
-def logs(
-    settings: Settings, hosts: Sequence[FleetHost], on_line: LineFn, *, node: int | None, follow: bool, tail: str | None
-) -> None:
-    """Every node's output, merged (lines as they come), or one node's."""
-    chosen = _pick(hosts, node)
-    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
-
-    def one(h: FleetHost) -> None:
-        try:
-            project = project_name(settings.image_name, h.rank)
-            for line in docker.compose_logs(None, project, follow=follow, tail=tail, host=h.url):
-                lines.put((h.rank, line))
-        finally:
-            lines.put((h.rank, None))
-
-    for h in chosen:
-        threading.Thread(target=one, args=(h,), daemon=True).start()
-    ended = 0
-    while ended < len(chosen):
-        rank, line = lines.get()
-        if line is None:
-            ended += 1
-        else:
-            on_line(rank, line)
-
-
-def down(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None, timeout: int = 30) -> list[str]:
-    """Stop and remove the job's container on every host (or one); what was done, per node."""
-
-    def one(h: FleetHost) -> str:
-        project = project_name(settings.image_name, h.rank)
-        try:
-            docker.compose_down(None, project, timeout=timeout, host=h.url)
-        except NodekitError as e:
-            return f"{h.name}: {e.message}"
-        return f"{h.name}: down"
-
-    return list(_parallel(one, _pick(hosts, node)))
+def _verdict(
+    hosts: Sequence[FleetHost], decision: Decision, culprit: FleetHost, unreached: Sequence[FleetHost]
+) -> JobFailed:
+    also = ""
+    if decision.also:
+        others = ", ".join(hosts[r].name for r in decision.also)
+        also = f" (and within {SETTLE_S:g} s, on their own: {others}; the first to report is not always the cause)"
+    return JobFailed(
+        f"{culprit.name} {decision.reason.split(' ', 2)[2]}{also}; every node was stopped{left_running(unreached)}",
+        exit_code=decision.code,
+        node=None,
+        fix=f"the merged log above has node {culprit.rank}'s output (nodekit run --node {culprit.rank}: only it)",
+    )

@@ -65,8 +65,10 @@ class Budget:
     """Failures per rank in earlier attempts, to name a host that keeps failing."""
 
 
-def culprit(reports: Sequence[Report], now: float, settle_s: float = SETTLE_S) -> Report | None:
-    """The node to blame, or None when none failed yet (or only watchdog 19s, younger than ``settle_s``)."""
+def culprit(reports: Sequence[Report], now: float, settle_s: float = SETTLE_S, cause_s: float = 0.0) -> Report | None:
+    """The node to blame, or None when none failed yet (or only watchdog 19s, younger than ``settle_s`` or, while
+    a node still runs, than ``cause_s``: the 19s say some node was lost, and a host that vanished is reported lost
+    by the head only once its connection's keepalive gives up; blaming a 19 before then names the wrong node)."""
     failed = sorted((r for r in reports if r.failed), key=lambda r: (r.at if r.at is not None else now, r.rank))
     if not failed:
         return None
@@ -75,14 +77,16 @@ def culprit(reports: Sequence[Report], now: float, settle_s: float = SETTLE_S) -
         return causes[0]
     first = failed[0]
     running = any(not r.ended for r in reports)
-    if running and first.at is not None and now - first.at < settle_s:
+    if running and first.at is not None and now - first.at < max(settle_s, cause_s):
         return None
     return first
 
 
-def decide(reports: Sequence[Report], now: float, budget: Budget, settle_s: float = SETTLE_S) -> Decision:
-    """What to do now; see the module docstring."""
-    blamed = culprit(reports, now, settle_s)
+def decide(
+    reports: Sequence[Report], now: float, budget: Budget, settle_s: float = SETTLE_S, cause_s: float = 0.0
+) -> Decision:
+    """What to do now; see the module docstring (``cause_s``: :func:`culprit`)."""
+    blamed = culprit(reports, now, settle_s, cause_s)
     running = tuple(r.rank for r in reports if not r.ended and not r.stopped)
     if blamed is None:
         if any(r.failed for r in reports):

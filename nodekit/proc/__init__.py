@@ -10,24 +10,31 @@ the image, keeps its own).
 - :func:`environ`, :func:`extra_env`: the environment every child gets. ``os.environ`` is never changed.
 - :func:`terminate_all`: for a signal handler: every live child started here is ended (its process group when it
   has one: SIGTERM, then SIGKILL after a grace).
+- :func:`stopping`: the signal handling of every command (installed by the CLI): SIGHUP, SIGINT and SIGTERM end
+  every child and raise :class:`Interrupted`, so the command's own cleanup runs and the CLI exits 128 + signal.
 
-Every call names its deadline: seconds, or :class:`Unbounded` saying what bounds the call instead. Every process
+Every call names its deadline: seconds, a :class:`Stall` (no progress for that long: streams), or :class:`Unbounded`
+saying what bounds the call instead. Every process
 starts in :func:`nodekit.proc.spawn._popen`: tests replace that one function (tests/unit/conftest.py, fake_runner).
 """
 
 from __future__ import annotations
 
 from nodekit.proc.children import Child, live, terminate_all
-from nodekit.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Unbounded, hung
+from nodekit.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Stall, Unbounded, hung, stalled
 from nodekit.proc.env import environ, extra_env, overlay
+from nodekit.proc.signals import STOP_SIGNALS, Interrupted, interrupted, stopping
 from nodekit.proc.spawn import Result, Stdio, command_prefix, gnu_timeout, run, start, stopped
 
 __all__ = [
     "KILL_AFTER_S",
+    "STOP_SIGNALS",
     "TIMEOUT_CODES",
     "Child",
     "Deadline",
+    "Interrupted",
     "Result",
+    "Stall",
     "Stdio",
     "Unbounded",
     "command_prefix",
@@ -35,10 +42,13 @@ __all__ = [
     "extra_env",
     "gnu_timeout",
     "hung",
+    "interrupted",
     "live",
     "overlay",
     "run",
+    "stalled",
     "start",
     "stopped",
+    "stopping",
     "terminate_all",
 ]

@@ -20,7 +20,16 @@ class Unbounded:
     why: str
 
 
-Deadline = float | Unbounded
+@dataclass(frozen=True)
+class Stall:
+    """A deadline on progress, not on the whole: the process is stopped once a read from it or a write into it
+    blocks for ``seconds`` (:meth:`nodekit.proc.Child.waiting` marks them). For streams: a 10 GB image on a slow
+    link moves for an hour, but a stream that stands still for a minute has hung."""
+
+    seconds: float
+
+
+Deadline = float | Unbounded | Stall
 
 
 def hung(
@@ -28,3 +37,10 @@ def hung(
 ) -> DeadlineError:
     """The error for a call its deadline stopped: one line naming what hung and for how long."""
     return error(f"{what} did not finish within {seconds:g} s and was stopped ({cause})", fix=fix)
+
+
+def stalled(
+    what: str, seconds: float, fix: str, *, cause: str = "it hung", error: type[DeadlineError] = DeadlineError
+) -> DeadlineError:
+    """The error for a stream its :class:`Stall` deadline stopped: one line naming what stood still, how long."""
+    return error(f"{what} made no progress for {seconds:g} s and was stopped ({cause})", fix=fix)

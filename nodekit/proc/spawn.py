@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Literal
 
 from nodekit.errors import DeadlineError
 from nodekit.proc.children import Child
-from nodekit.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, hung
+from nodekit.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Unbounded, hung
 from nodekit.proc.env import environ, overlay
 
 Stdio = Literal["inherit", "pipe", "devnull", "stdout"]
@@ -68,19 +69,20 @@ def start(
     stdout: Stdio = "inherit",
     stderr: Stdio = "inherit",
     group: bool = False,
+    stop_with: int = signal.SIGTERM,
 ) -> Child:
     """Start ``argv`` (``env``: its whole environment; None: :func:`environ`). With ``group`` it leads a process
-    group of its own, which :meth:`Child.send` and :func:`terminate_all` signal as a whole. OSError when it cannot
-    start (no such program)."""
+    group of its own, which :meth:`Child.send` and :func:`terminate_all` signal as a whole; ``stop_with`` is the
+    signal :func:`terminate_all` ends it with (SIGKILL for byte streams). OSError when it cannot start."""
     popen = _popen(list(argv), env=dict(env) if env is not None else environ(), deadline=deadline, stdin=stdin,
                    stdout=stdout, stderr=stderr, group=group)  # fmt: skip
-    return Child(popen, what=what, fix=fix, deadline=deadline, group=group)
+    return Child(popen, what=what, fix=fix, deadline=deadline, group=group, stop_with=stop_with)
 
 
 def run(
     argv: Sequence[str],
     *,
-    deadline: float,
+    deadline: float | Unbounded,
     what: str,
     fix: str,
     env: Mapping[str, str] | None = None,
@@ -90,16 +92,20 @@ def run(
     error: type[DeadlineError] = DeadlineError,
 ) -> Result:
     """Run ``argv`` to its end with its output captured (as text); when ``deadline`` seconds pass first it is
-    killed and :func:`hung`'s ``error`` raised. A non-zero exit is the caller's to judge (``returncode``)."""
+    killed and :func:`hung`'s ``error`` raised. A non-zero exit is the caller's to judge (``returncode``). Whatever
+    interrupts the wait (Ctrl-C, a signal turned into :class:`~nodekit.proc.Interrupted`) kills it first, its
+    whole process group with ``group``."""
     popen = _popen(list(argv), env=dict(env) if env is not None else environ(), deadline=deadline, stdin=stdin,
                    stdout="pipe", stderr="pipe", group=group)  # fmt: skip
     child = Child(popen, what=what, fix=fix, deadline=deadline, group=group, timer=False)
+    seconds = None if isinstance(deadline, Unbounded) else deadline
     try:
-        out, err = popen.communicate(timeout=deadline)
+        out, err = popen.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
+        assert seconds is not None
         child.kill()
         child.wait()
-        raise hung(what, deadline, fix, cause=cause, error=error) from None
+        raise hung(what, seconds, fix, cause=cause, error=error) from None
     except BaseException:
         child.kill()
         child.wait()

@@ -14,6 +14,9 @@ Split by responsibility; this package re-exports the public names, so ``from nod
   fanned out to one ``docker load`` per target in parallel, then the image id on every target is compared with the
   source's. A target whose stream breaks is cut off (its engine discards the partial load), so a failed push leaves
   that target's existing images as they were.
+- :mod:`~nodekit.ship.grouping`: which targets share a stream and which may relay it (pure);
+  :mod:`~nodekit.ship.outcome`: each target's image id checked, a failed load named by its cause, and the deadline
+  on a target's answer once the stream's last byte reached it (:data:`~nodekit.ship.outcome.ANSWER_S`).
 - :mod:`~nodekit.ship.relay`: relay chains: ssh:// targets that take the same stream pass it on to each other
   (a shell script run over SSH on each, agent forwarding, host keys pinned by the head), so the head sends it once.
 - :mod:`~nodekit.ship.mux`: :class:`SharedSsh`, one SSH connection per node for the length of a push.
@@ -27,8 +30,9 @@ from __future__ import annotations
 from nodekit import docker as docker
 from nodekit.errors import EngineError
 from nodekit.ship.engines import layers_held, source_of, survey
-from nodekit.ship.fanout import ProgressFn, PushResult, push, relay_candidates, relay_text
+from nodekit.ship.fanout import ProgressFn, PushResult, push
 from nodekit.ship.files import LoadedFile, Saved, load, save
+from nodekit.ship.grouping import relay_candidates, relay_text
 from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.mux import SharedSsh
 from nodekit.ship.plan import (

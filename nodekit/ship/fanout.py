@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -24,20 +24,16 @@ from typing import Protocol
 from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
 from nodekit.progress import Reporter
+from nodekit.ship import outcome
+from nodekit.ship.grouping import groups as _groups
+from nodekit.ship.grouping import relay_candidates
 from nodekit.ship.layers import WithoutLayers, from_store
-from nodekit.ship.plan import (
-    Codec,
-    PushPlan,
-    Source,
-    Step,
-    Target,
-    reach_fix,
-    short_id,
-    size_text,
-    travelling_bytes,
-)
+from nodekit.ship.outcome import SafeReporter as _SafeReporter
+from nodekit.ship.outcome import as_ship_error as _as_ship_error
+from nodekit.ship.outcome import diagnose as _diagnose
+from nodekit.ship.outcome import verify as _verify
+from nodekit.ship.plan import Codec, PushPlan, Step, short_id, size_text, travelling_bytes
 from nodekit.ship.relay import (
-    RELAY_MIN_BYTES,
     Agent,
     Hop,
     RelayMode,
@@ -47,7 +43,7 @@ from nodekit.ship.relay import (
     user_agent_has_keys,
 )
 from nodekit.ship.relay import why_not_loaded as relay_failures
-from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, diagnose_load_failure
+from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed
 
 # A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
 # cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.
@@ -79,30 +75,6 @@ class _Sink(Protocol):
     def finish(self) -> object: ...
 
     def abort(self) -> None: ...
-
-
-class _SafeReporter:
-    """Reporters are not thread-safe (rich's live line is not); workers report through this lock."""
-
-    def __init__(self, reporter: Reporter) -> None:
-        self._r = reporter
-        self._lock = threading.Lock()
-
-    def step(self, message: str) -> None:
-        with self._lock:
-            self._r.step(message)
-
-    def detail(self, line: str) -> None:
-        with self._lock:
-            self._r.detail(line)
-
-    def done(self, message: str) -> None:
-        with self._lock:
-            self._r.done(message)
-
-    def warn(self, message: str) -> None:
-        with self._lock:
-            self._r.warn(message)
 
 
 def push(
@@ -183,37 +155,6 @@ def push(
     return result
 
 
-def relay_candidates(steps: Sequence[Step], travels: int, mode: RelayMode) -> list[Step]:
-    """Pure: the loading targets of one stream that may relay it to each other (``ssh://``, at least two, and in
-    ``auto`` at least ``RELAY_MIN_BYTES`` travelling); empty when none relay. Whether each can take part is only
-    known from the head's ssh config and known_hosts (:func:`~nodekit.ship.relay.hop_of`)."""
-    ssh_steps = [s for s in steps if s.target.endpoint.startswith("ssh://")]
-    if mode == "never" or len(ssh_steps) < 2 or (mode == "auto" and travels < RELAY_MIN_BYTES):
-        return []
-    return ssh_steps
-
-
-def relay_text(plan: PushPlan, mode: RelayMode) -> list[str]:
-    """What ``push --dry-run`` says about relays: one line per stream that would be relayed."""
-    out = []
-    for steps in _groups(plan.loads()).values():
-        candidates = relay_candidates(steps, travelling_bytes(plan.source.size, steps[0].layers), mode)
-        for r in split_chains(len(candidates)):
-            chain = candidates[r.start : r.stop]
-            out.append(f"  relayed: {' -> '.join(s.target.name for s in chain)} (each passes the stream on; the "
-                       "head sends it once; a node whose host key the head lacks is fed directly)")  # fmt: skip
-    return out
-
-
-def _groups(loads: Sequence[Step]) -> dict[tuple[Codec, frozenset[str]], list[Step]]:
-    """Loading targets that lack the same layers and take the same compression: they share one stream."""
-    groups: dict[tuple[Codec, frozenset[str]], list[Step]] = {}
-    for s in loads:
-        skip = s.layers.skip_ids if s.layers is not None else frozenset()
-        groups.setdefault((s.codec, skip), []).append(s)
-    return groups
-
-
 def _relay_chains(
     steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter, agent: Agent | None
 ) -> tuple[list[Chain], Agent | None]:
@@ -238,12 +179,6 @@ def _relay_chains(
         rep.detail("no relay: no key to forward to the nodes (start ssh-agent and ssh-add your key, or --relay never)")
         return [], agent
     return [chain[r.start : r.stop] for r in split_chains(len(chain))], agent
-
-
-def _as_ship_error(e: NodekitError, target: Target) -> ShipError:
-    if isinstance(e, ShipError) and e.node:
-        return e
-    return ShipError(e.message, fix=e.fix or reach_fix(target.endpoint), node=target.name)
 
 
 _END = object()
@@ -274,6 +209,7 @@ def _fan_out(
     # One queue, one sink per head: every direct target, and each chain's first node.
     heads = steps + [chain[0][0] for chain in chains or []]
     total = max(travelling_bytes(src.size, heads[0].layers), 1)
+    answer = outcome.answer_deadline(total)  # after the stream's end: each target's engine must have answered
     queues = {s.target.name: queue.Queue[object](maxsize=16) for s in heads}
     dead = {s.target.name: threading.Event() for s in heads}
     sinks: dict[str, _Sink] = {}
@@ -309,14 +245,19 @@ def _fan_out(
         the stream went on past a node whose own load failed (tee -p), so the nodes after it are judged by theirs.
         """
         assert isinstance(sink, RelaySink)
-        report = sink.finish()
+        with outcome.answered_within(sink, answer) as late:
+            report = sink.finish()
         why = relay_failures([h for _, h in chain], report, sink.rc)
         relayed = [c for c, _ in chain]
         for i, step in enumerate(relayed):
             name = step.target.name
             if name in why:
+                silent = late.is_set() and name not in report.loads  # its load never said how it ended
                 result.failures.setdefault(
-                    name, ShipError(f"{name} did not load the relayed stream: {why[name]}", node=name)
+                    name,
+                    outcome.no_answer(name, step.target.endpoint, answer)
+                    if silent
+                    else ShipError(f"{name} did not load the relayed stream: {why[name]}", node=name),
                 )
                 continue
             try:
@@ -365,7 +306,14 @@ def _fan_out(
             if name in by_head:
                 settle_chain(sink, by_head[name])
                 return
-            sink.finish()
+            with outcome.answered_within(sink, answer) as late:
+                try:
+                    sink.finish()
+                except NodekitError:
+                    if not late.is_set():
+                        raise
+            if late.is_set():
+                raise outcome.no_answer(name, step.target.endpoint, answer)
             _verify(src, step)
         except NodekitError as e:
             sink.abort()
@@ -450,53 +398,3 @@ def _fan_out(
         close = getattr(raw, "close", None)
         if callable(close):
             close()
-
-
-def _verify(src: Source, step: Step) -> None:
-    """The image id ``ref`` names on the target must be the source's; else the old name is put back."""
-    got = docker.image_info(src.ref, step.target.endpoint)
-    if got is not None and got.id == src.image_id:
-        return
-    if step.previous_id is not None:
-        docker.tag_image(step.previous_id, src.ref, step.target.endpoint)
-    found = short_id(got.id) if got else "nothing"
-    raise ShipError(
-        f"after loading, {src.ref} on {step.target.name} is {found}, not {short_id(src.image_id)} as on the source",
-        fix=f"nodekit push again; if it repeats, compare `docker image inspect {src.ref}` on both engines "
-        "(both must use the same image store: the containerd store names images by manifest, not by config)",
-        node=step.target.name,
-    )
-
-
-def _diagnose(e: NodekitError, step: Step, plan: PushPlan) -> ShipError:
-    name, src = step.target.name, plan.source
-    if isinstance(e, ShipError) and e.node:
-        return e
-    kind = diagnose_load_failure(e.message)
-    if kind == "unreachable":
-        return ShipError(
-            f"cannot reach the Docker engine on {name} ({step.target.endpoint}): {e.message}",
-            fix=reach_fix(step.target.endpoint),
-            node=name,
-        )
-    if kind == "missing layer":
-        # A layer left out because the survey found it there was gone by the time docker load looked for it.
-        return ShipError(
-            f"{name} no longer has a layer it had when asked (an image removed during the push?); nothing was "
-            f"loaded: {e.message}",
-            fix=f"nodekit push again (--to {step.target.endpoint}): it asks again what {name} has",
-            node=name,
-        )
-    if kind == "disk":
-        return ShipError(
-            f"{name} ran out of disk space loading {src.ref} ({size_text(src.size)}): {e.message}",
-            fix=f"free space on {name} (docker system prune there); its existing images are untouched",
-            node=name,
-        )
-    if kind == "corrupt":
-        return ShipError(
-            f"the image stream reached {name} corrupted or cut short; {name} discarded it: {e.message}",
-            fix=f"nodekit push again (--to {step.target.endpoint}); if it repeats, check the network to {name}",
-            node=name,
-        )
-    return ShipError(e.message, fix=e.fix or f"nodekit push again (--to {step.target.endpoint})", node=name)

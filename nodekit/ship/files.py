@@ -24,6 +24,7 @@ from nodekit.errors import NodekitError, ShipError, UsageError
 from nodekit.progress import Reporter
 from nodekit.ship.engines import source_of
 from nodekit.ship.layers import WithoutLayers, from_store
+from nodekit.ship.outcome import answer_deadline, answered_within, no_answer
 from nodekit.ship.plan import LayerPlan, codec_for_file, plan_layers, short_id, size_text
 from nodekit.ship.stream import (
     PROGRESS_EVERY_S,
@@ -156,7 +157,15 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
             # zstd is decompressed here, never by the engine (ZSTD_LOAD_CRASH); gzip and plain tar go as they are.
             for chunk in decompressed_zstd(chunks(f)) if zstd else chunks(f):
                 sink.write(chunk)
-        loaded = sink.finish()
+        answer = answer_deadline(size * 4 if zstd or path.suffix in (".gz", ".tgz") else size)
+        with answered_within(sink, answer) as late:
+            try:
+                loaded = sink.finish()
+            except NodekitError:
+                if not late.is_set():
+                    raise
+        if late.is_set():
+            raise no_answer(where, endpoint or "unix:///var/run/docker.sock", answer)
     except NodekitError as e:
         sink.abort()
         kind = diagnose_load_failure(e.message)

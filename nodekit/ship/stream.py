@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import signal
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
@@ -64,7 +65,8 @@ def decompressed_zstd(chunks: Iterable[bytes]) -> Iterator[bytes]:
 def _through(argv: list[str], chunks: Iterable[bytes], *, doing: str = "compressing") -> Iterator[bytes]:
     """Pipe ``chunks`` through a filter command, feeding it from a thread so neither side blocks."""
     child = proc.start(argv, deadline=proc.Unbounded("a filter of the image stream: ends with its input"),
-                       what=argv[0], stdin="pipe", stdout="pipe", stderr="devnull")  # fmt: skip
+                       what=argv[0], stdin="pipe", stdout="pipe", stderr="devnull",
+                       stop_with=signal.SIGKILL)  # fmt: skip
     stdin, stdout = child.stdin, child.stdout
     assert stdin is not None and stdout is not None
     failed: list[BaseException] = []

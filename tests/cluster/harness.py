@@ -400,17 +400,33 @@ class Host:
     def unblock(self) -> None:
         self.run("iptables", "-w", "-F", "OUTPUT", check=True)
 
+    def isolate(self) -> None:
+        """The host vanishes from the network without a word (a frozen machine, a dead switch port behind a
+        router): every packet in or out of its interface toward the others is dropped in its namespace, so TCP
+        connections to it hang instead of being reset. Its processes go on running. ``rejoin`` undoes it."""
+        if shutil.which("iptables") is None:
+            raise HarnessError("Host.isolate needs iptables")
+        for chain, flag in (("INPUT", "-i"), ("OUTPUT", "-o")):
+            self.run("iptables", "-w", "-I", chain, flag, self.iface, "-j", "DROP", check=True)
+
+    def rejoin(self) -> None:
+        for chain in ("INPUT", "OUTPUT"):
+            self.run("iptables", "-w", "-F", chain, check=True)
+
     # -- an OpenSSH server, so that a head node reaches this host the way it reaches a real one --
 
     @property
     def sshd_dir(self) -> Path:
         return self.run_dir / "sshd"
 
-    def start_sshd(self, authorized_keys: str, host_key: Path, *, sshd: Path = SSHD) -> int:
+    def start_sshd(
+        self, authorized_keys: str, host_key: Path, *, sshd: Path = SSHD, path_first: Path | None = None
+    ) -> int:
         """Start Debian's sshd in this host's namespace on port 22 of its address: only key logins (those in
         ``authorized_keys``), host key ``host_key``, and ``DOCKER_HOST`` set for every session so that a remote
         ``docker`` (the docker CLI's ``ssh://`` transport runs ``docker system dial-stdio`` there) reaches this host's
-        engine. Returns sshd's PID (``stop_sshd`` ends it; the host's ``stop`` kills it with everything else)."""
+        engine. ``path_first``: a directory put first on the sessions' PATH (this host's own ``docker``, say; the
+        hosts share one file system). Returns sshd's PID (``stop_sshd`` ends it; ``stop`` kills it with the rest)."""
         d = self.sshd_dir
         d.mkdir(parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
@@ -431,7 +447,8 @@ class Host:
                     "StrictModes no",
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
-                    f"SetEnv DOCKER_HOST={self.docker_host}",
+                    f"SetEnv DOCKER_HOST={self.docker_host}"
+                    + (f" PATH={path_first}:/usr/local/bin:/usr/bin:/bin" if path_first else ""),
                     "",
                 ]
             )
@@ -455,11 +472,15 @@ class Host:
         probe = f"import socket; socket.create_connection(({self.addr!r}, {port}), timeout=1).close()"
         return self.run("python3", "-c", probe, timeout=10).returncode == 0
 
-    def stop_sshd(self) -> None:
+    def stop_sshd(self, *, wait: float = 0) -> None:
+        """SIGTERM to sshd; with ``wait``, up to that many seconds for it to be gone (its port free again)."""
         pid, self.sshd_pid = self.sshd_pid, None
         if pid is not None and _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + wait
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
 
     def describe(self) -> dict[str, object]:
         return {

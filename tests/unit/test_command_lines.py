@@ -27,7 +27,7 @@ def node_plan(tmp_path: Path) -> object:
 def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_end(
     fake_runner: FakeRunner, tmp_path: Path
 ) -> None:
-    from nodekit import node
+    from nodekit import node, proc
     from nodekit.progress import RecordingReporter
 
     plan = node_plan(tmp_path)
@@ -41,12 +41,17 @@ def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_e
     project = ["docker", "compose", "--file", str(tmp_path / "compose" / "node-1.yaml"), "--project-name",
                "nodekit-demo-node1"]  # fmt: skip
     assert [c.cmd for c in fake_runner.calls] == [
-        [*TIMEOUT, "600", *project, "up", "--detach", "--force-recreate"],
-        [*project, "logs", "--no-color", "--follow", "--no-log-prefix"],  # as long as the job: no deadline
+        [*project, "up", "--detach", "--force-recreate"],
+        [*project, "logs", "--no-color", "--follow", "--no-log-prefix"],
         [*project, "ps", "--quiet", "--all"],
         ["docker", "container", "wait", "c0ffee"],
     ]
-    assert {c.by for c in fake_runner.calls} == {"python-on-whales"}
+    # The runner starts each in a process group of its own (a signal ends compose and what it started, before
+    # down), with its deadline; following and waiting last as long as the job.
+    deadlines = [c.deadline for c in fake_runner.calls]
+    assert deadlines[0] == 600 and deadlines[2] == 120
+    assert all(isinstance(d, proc.Unbounded) for d in (deadlines[1], deadlines[3]))
+    assert all(c.by == "nodekit" and c.group for c in fake_runner.calls)
 
 
 def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_deadline(
@@ -56,10 +61,12 @@ def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_d
 
     path = tmp_path / "compose" / "node-1.yaml"
     docker.compose_down(path, "nodekit-demo-node1", timeout=30, host="ssh://root@n1")
-    assert fake_runner.only("down").cmd == [
-        *TIMEOUT, "150", "docker", "--host", "ssh://root@n1", "compose", "--file", str(path), "--project-name",
+    down = fake_runner.only("down")
+    assert down.cmd == [
+        "docker", "--host", "ssh://root@n1", "compose", "--file", str(path), "--project-name",
         "nodekit-demo-node1", "down", "--remove-orphans", "--timeout", "30",
     ]  # fmt: skip
+    assert down.deadline == 150 and down.group
 
 
 def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_path: Path) -> None:
@@ -123,7 +130,7 @@ def test_the_base_probe_is_one_offline_docker_run_of_sh_with_the_script_in_its_e
 def test_a_push_sends_docker_save_into_docker_load_over_ssh(
     fake_runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodekit import ship
+    from nodekit import docker, ship
     from nodekit.progress import RecordingReporter
     from nodekit.ship import fanout
     from tests.unit.test_ship_plan import SRC, state
@@ -137,7 +144,12 @@ def test_a_push_sends_docker_save_into_docker_load_over_ssh(
     assert save.cmd == ["docker", "image", "save", SRC.ref]
     assert load.cmd == ["docker", "--host", "ssh://root@n1", "image", "load", "--quiet"]
     assert bytes(load.written) == archive
-    assert all(isinstance(c.deadline, ship.relay.proc.Unbounded) for c in (save, load))  # ended by the push
+    # Each stops once it stands still for 60 s (a stall deadline: a large image on a slow disk is never cut off
+    # while it moves); the load's answer after the last byte has its own (ship/outcome.py).
+    stall = ship.relay.proc.Stall(60.0)
+    assert save.deadline == ship.relay.proc.Stall(docker.streams.SAVE_STALL_S) == stall
+    assert load.deadline == ship.relay.proc.Stall(docker.streams.LOAD_STALL_S) == stall
+    assert save.group and load.group  # a signal ends each with what it started (the docker CLI's ssh)
 
 
 def test_nvidia_smi_lists_the_gpus_within_20_s_and_a_hang_is_one_line_exit_2(fake_runner: FakeRunner) -> None:
@@ -163,8 +175,8 @@ def test_a_fleet_host_check_is_one_batch_mode_ssh_within_28_s(fake_runner: FakeR
     got = remote.gather(host, paths=["/data/x"])
     assert isinstance(got, remote.Gathered) and got.hostname == "n6" and got.facts.gpu_count == 2
     call = fake_runner.only("ssh")
-    assert call.cmd[:-1] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=8", "-p", "2222", "-l", "alice",
-                             "--", "10.0.0.6"]  # fmt: skip
+    assert call.cmd[:-1] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=8", "-o", "ServerAliveInterval=10",
+                             "-o", "ServerAliveCountMax=3", "-p", "2222", "-l", "alice", "--", "10.0.0.6"]  # fmt: skip
     assert call.cmd[-1] == remote.facts_script(["/data/x"]) and call.deadline == 28
     fake_runner.on("ssh", hang=True)
     problem = remote.gather(host)

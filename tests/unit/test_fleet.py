@@ -198,6 +198,36 @@ def test_a_lost_host_restarts_without_it_only_when_min_nodes_allows() -> None:
     assert decide(reports, 6.0, Budget(restarts=2, min_nodes=3)).action == "fail"
 
 
+def test_a_host_that_vanished_is_blamed_not_the_survivors_that_noticed_it_first() -> None:
+    """The survivors' watchdogs exit 19 after peer_timeout; the head's own connection to the vanished host ends a
+    few seconds later (its keepalive). Before, the head blamed the first 19 after the 3 s settle and marked the
+    vanished node "stopped", so it could never be named."""
+    from nodekit.fleet.alive import alive_interval, loss_window
+
+    cause_s = loss_window(alive_interval(15))
+    assert cause_s == 20.0
+    survivors = [Report(0, 19, 16.0), Report(1, 19, 16.2), Report(2)]
+    assert decide(survivors, 19.5, NONE, cause_s=cause_s).action == "wait"  # the old table blamed node 0 here
+    vanished = [Report(0, 19, 16.0), Report(1, 19, 16.2), Report(2, lost=True, at=20.5)]
+    d = decide(vanished, 20.6, NONE, cause_s=cause_s)
+    assert (d.action, d.culprit, d.reason) == ("fail", 2, "node 2 was lost")
+    # A node that never reports at all: the earliest 19 is blamed once the head's own window has passed.
+    d = decide(survivors, 16.0 + cause_s + 0.1, NONE, cause_s=cause_s)
+    assert (d.action, d.culprit, d.code, d.stop) == ("stop", 0, 19, (2,))
+
+
+def test_the_heads_keepalive_follows_peer_timeout() -> None:
+    from nodekit import ssh
+    from nodekit.fleet.alive import alive_interval, loss_window
+
+    assert [alive_interval(p) for p in (0, 3, 15, 30, 600)] == [10, 1, 5, 10, 10]
+    assert loss_window(5) == 20.0
+    text = ssh.alive_wrapper("/usr/bin/ssh", interval=5, count=3, connect_timeout=10)
+    assert text == (
+        '#!/bin/sh\nexec /usr/bin/ssh -o ServerAliveInterval=5 -o ServerAliveCountMax=3 -o ConnectTimeout=10 "$@"\n'
+    )
+
+
 # --- remote facts and ssh failures, parsed ------------------------------------------------------------------------
 
 FACTS = """gpus=2
@@ -278,3 +308,73 @@ def test_nodekit_run_refuses_bad_hosts_in_one_line(
         lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
         assert result.exit_code == 2 and len(lines) == 1 and needle in lines[0], result.stderr
     assert not (tmp_path / "compose").exists()
+
+
+def _fleet_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, script: bool = True) -> None:
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text('name = "t"\nscript = "train.py"\nhosts = ["ssh://a", "ssh://b"]\n')
+    if script:
+        (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+
+
+def test_nodekit_run_refuses_a_missing_script_before_any_host_is_checked_or_shipped_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, the script was checked when the compose files were planned: after every host was checked and the
+    image shipped to every one of them."""
+    from typer.testing import CliRunner
+
+    from nodekit import build, docker
+    from nodekit.cli.app import app
+    from nodekit.fleet import run
+
+    _fleet_project(tmp_path, monkeypatch, script=False)
+    touched: list[str] = []
+    monkeypatch.setattr(build, "current_image", lambda s: touched.append("image") or "nodekit/t:1")
+    monkeypatch.setattr(docker, "require_image", lambda *a, **k: touched.append("engine"))
+    monkeypatch.setattr(remote, "check_all", lambda *a, **k: touched.append("checked") or [])
+    monkeypatch.setattr(run, "ship_image", lambda *a, **k: touched.append("shipped"))
+    result = CliRunner().invoke(app, ["run"])
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "training script train.py not found" in lines[0], lines
+    assert touched == [] and not (tmp_path / "compose").exists()
+
+
+def test_fleet_down_and_logs_name_each_host_they_could_not_reach_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `down` printed the failure among the "down" lines and exited 0 (a container may still run there),
+    and `logs` printed a thread's traceback and exited 0."""
+    from typer.testing import CliRunner
+
+    from nodekit import docker
+    from nodekit.cli.app import app
+    from nodekit.errors import EngineError
+
+    _fleet_project(tmp_path, monkeypatch)
+
+    def down(file: object, project: str, *, timeout: int, host: str) -> None:
+        if host == "ssh://b":
+            raise EngineError("docker compose down of nodekit-t-node1 on ssh://b failed: connection refused")
+
+    def logs(file: object, project: str, *, follow: bool, tail: str | None, host: str) -> object:
+        if host == "ssh://b":
+            raise EngineError(f"lost the log stream of {project} on ssh://b: connection refused")
+        return iter(["step 1"])
+
+    monkeypatch.setattr(docker, "compose_down", down)
+    monkeypatch.setattr(docker, "compose_logs", logs)
+    result = CliRunner().invoke(app, ["down"])
+    assert result.exit_code == 1, result.output
+    assert result.stdout.splitlines() == ["node 0 (a): down"]
+    errors = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and errors[0].startswith("nodekit: error: down: node 1 (b): docker compose down"), errors
+    assert "Fix: nodekit down --node 1 once ssh b true answers; its container may still run there" in errors[0]
+    result = CliRunner().invoke(app, ["logs"])
+    assert result.exit_code == 1 and "Traceback" not in result.output, result.output
+    assert result.stdout.splitlines() == ["[node 0] step 1"]
+    errors = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and errors[0].startswith("nodekit: error: logs: node 1 (b): lost the log stream"), errors
+    assert "Fix: check that b is up (ssh b true), then nodekit logs --node 1" in errors[0]

@@ -130,3 +130,54 @@ def test_only_the_runner_and_the_launcher_start_processes() -> None:
             ):
                 found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
     assert found == [], "start processes through nodekit.proc: " + ", ".join(found)
+
+
+def test_a_stop_signal_ends_every_child_group_and_raises_interrupted_with_128_plus_the_signal() -> None:
+    """What the CLI installs around every command (SIGHUP, SIGINT, SIGTERM alike): the children's groups end first,
+    then Interrupted unwinds the command (its own cleanup), and the previous handlers come back."""
+    import signal
+
+    child = proc.start(["sh", "-c", "sleep 60 & echo $!; wait"], deadline=proc.Unbounded("ended by the signal"),
+                       what="grouped", stdout="pipe", group=True)  # fmt: skip
+    assert child.stdout is not None
+    grandchild = int(child.stdout.readline())
+    before = signal.getsignal(signal.SIGHUP)
+    with pytest.raises(proc.Interrupted) as e, proc.stopping(grace=1) as received:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)  # the handler raises here
+    assert (e.value.exit_code, e.value.name, received) == (129, "SIGHUP", [signal.SIGHUP])
+    assert isinstance(e.value, KeyboardInterrupt), "every Ctrl-C cleanup path handles it"
+    assert child.returncode == -15 and gone(grandchild) and proc.live() == []
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_a_command_that_fails_leaves_no_child_of_its_own_running() -> None:
+    with pytest.raises(RuntimeError), proc.stopping(grace=1):
+        proc.start(["sleep", "60"], deadline=60, what="left behind by a thread", group=True)
+        raise RuntimeError("the command failed")
+    assert proc.live() == []
+
+
+def test_a_stall_deadline_stops_a_stream_that_stands_still_but_not_a_slow_reader() -> None:
+    """A stall deadline counts only the time a read blocks: a reader busy elsewhere (feeding slow targets) for longer
+    than the deadline is not a stall; a source that gives nothing for that long is, and it is named."""
+    child = proc.start(["sh", "-c", "echo one; sleep 0.6; echo two; exec sleep 30"], deadline=proc.Stall(0.4),
+                       what="docker save nodekit/x:1", fix="check the engine", stdout="pipe", group=True)  # fmt: skip
+    assert child.stdout is not None
+    got = []
+    started = time.monotonic()
+    while True:
+        with child.waiting():
+            line = child.stdout.readline()
+        if not line:
+            break
+        got.append(line)
+        time.sleep(0.5)  # busy elsewhere, longer than the deadline: does not count
+    child.wait()
+    assert got == [b"one\n", b"two\n"] and time.monotonic() - started < 10
+    with pytest.raises(DeadlineError) as e:
+        child.check()
+    assert e.value.one_line() == (
+        "docker save nodekit/x:1 made no progress for 0.4 s and was stopped (it hung). Fix: check the engine"
+    )
+    assert proc.live() == []

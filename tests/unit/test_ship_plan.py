@@ -296,6 +296,47 @@ def test_a_target_that_stops_reading_is_cut_off_and_the_others_finish(monkeypatc
         assert b"".join(sinks[ep].chunks) == b"".join(chunks) and sinks[ep].finished
 
 
+class SilentSink(FakeSink):
+    """A target that takes every byte and never answers: finish blocks until the sink is aborted (as killing
+    `docker load` does), then fails as a killed load does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = threading.Event()
+
+    def finish(self) -> docker.Loaded:
+        self.released.wait(30)
+        raise ShipError("docker load on s failed: signal: killed")
+
+    def abort(self) -> None:
+        self.aborted = True
+        self.released.set()
+
+
+def test_a_target_that_takes_every_byte_and_never_answers_is_cut_off_and_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before, the push waited for that target's answer forever."""
+    from nodekit.ship import outcome
+
+    sinks = {"ssh://a": FakeSink(), "ssh://s": SilentSink()}
+    monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
+    monkeypatch.setattr(outcome, "ANSWER_S", 0.5)
+    small = dataclasses.replace(SRC, size=60_000)
+    plan = ship.plan_push(small, [state("a", "ssh://a"), state("s", "ssh://s")], compress="none")
+    chunks = [bytes([i]) * 1000 for i in range(60)]
+    started = time.monotonic()
+    with pytest.raises(ShipError) as e:
+        ship.push(plan, RecordingReporter(), open_source=lambda r, ep: iter(chunks), open_sink=lambda ep: sinks[ep])
+    assert time.monotonic() - started < 10
+    assert e.value.node == "s" and e.value.message.startswith(
+        "s took the whole image stream but did not answer within 1 s of its end; cut off"
+    ), e.value.message
+    assert sinks["ssh://s"].aborted and b"".join(sinks["ssh://s"].chunks) == b"".join(chunks)
+    assert sinks["ssh://a"].finished and not sinks["ssh://a"].aborted
+    assert outcome.answer_deadline(10 << 30) == 0.5 + 204.8  # a 10 GiB image may take minutes to register
+
+
 # --- only the layers a target lacks travel ------------------------------------------------------------------
 
 
