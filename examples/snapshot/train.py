@@ -22,7 +22,7 @@ import argparse
 import hashlib
 import json
 import os
-import socket
+import tempfile
 import time
 from pathlib import Path
 
@@ -100,9 +100,11 @@ class Trainer:
     def _save_snapshot(self, epochs_run: int) -> None:
         snapshot = {"MODEL_STATE": self.model.module.state_dict(), "EPOCHS_RUN": epochs_run}
         # Atomic: a kill mid-write leaves the previous snapshot, and nodes sharing a directory never mix their bytes.
-        tmp = self.snapshot_path.with_name(f"{self.snapshot_path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        # The temporary name is unique (mkstemp): two containers on one machine share the host name and, often, PIDs.
         self.snapshot_path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(snapshot, tmp)
+        fd, tmp = tempfile.mkstemp(dir=self.snapshot_path.parent, prefix=f"{self.snapshot_path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(snapshot, f)
         os.replace(tmp, self.snapshot_path)
         print(f"Epoch {epochs_run - 1} | Training snapshot saved at {self.snapshot_path}", flush=True)
 
