@@ -3,6 +3,7 @@ the peer watchdog (or exec). See the package docstring."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -151,7 +152,7 @@ def _distinct_node(node_rank: int) -> None:
         )
 
         generator = DynamicRendezvousHandler._node_desc_generator
-        with generator._lock:
+        with getattr(generator, "_lock", contextlib.nullcontext()):
             generator._local_id = max(int(generator._local_id), node_rank)
     except (ImportError, AttributeError, TypeError, ValueError):
         pass

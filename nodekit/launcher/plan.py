@@ -106,6 +106,7 @@ def local_rank_flag(source: str | None) -> str:
 # the restarted job fails or hangs (pytorch/pytorch#135712). This makes global rank 0's worker host a new store,
 # on a free port, in every round.
 FRESH_STORE = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
+C10D_READ_TIMEOUT_S = 60  # torch's own default
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,10 @@ def rendezvous_argv(cfg: LaunchConfig, rdzv: Rendezvous | None) -> list[str]:
     then torchrun's choice (ordered by address), not nodekit's node rank.
 
     The wait for every node keeps its bound, NODEKIT_RDZV_TIMEOUT: ``timeout`` for static (torch's default is 600 s),
-    ``join_timeout`` for c10d, and ``read_timeout``, which bounds a node's first connection to node 0's store.
+    ``join_timeout`` for c10d. c10d's ``read_timeout`` bounds every call to node 0's store, the first connection
+    included: torch's 60 s after a preflight (main is known to be up; a longer bound would only delay the watchdog's
+    stop while main's host has vanished without closing its connections, since torchrun asks the store every 0.1 s),
+    NODEKIT_RDZV_TIMEOUT without one (a node may then start long before main).
     """
     timeout = max(1, round(cfg.rdzv_timeout))
     if cfg.max_restarts == 0:
@@ -149,11 +153,12 @@ def rendezvous_argv(cfg: LaunchConfig, rdzv: Rendezvous | None) -> list[str]:
             "--rdzv-conf", f"timeout={timeout}",
         ]  # fmt: skip
     rdzv = rdzv or Rendezvous(run_id=fallback_run_id(cfg))
+    read = min(timeout, C10D_READ_TIMEOUT_S) if cfg.preflight else timeout
     host = f"[{cfg.master_addr}]" if ":" in cfg.master_addr else cfg.master_addr
     argv = [
         "--max-restarts", str(cfg.max_restarts), "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{host}:{cfg.master_port}", "--rdzv-id", rdzv.run_id,
-        "--rdzv-conf", f"join_timeout={timeout},read_timeout={timeout},is_host={1 if cfg.is_main else 0}",
+        "--rdzv-conf", f"join_timeout={timeout},read_timeout={read},is_host={1 if cfg.is_main else 0}",
     ]  # fmt: skip
     if rdzv.local_addr:
         argv += ["--local-addr", rdzv.local_addr]

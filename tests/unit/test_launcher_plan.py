@@ -57,7 +57,7 @@ def test_restarts_use_the_c10d_rendezvous_hosted_by_node_0_with_main_s_run_id() 
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "10.0.0.5:29500",
             "--rdzv-id", "5f0c2a9e41d3b7c8",
-            "--rdzv-conf", f"join_timeout=180,read_timeout=180,is_host={host}",
+            "--rdzv-conf", f"join_timeout=180,read_timeout=60,is_host={host}",
             "--local-addr", "10.0.0.6",
             "train.py", "8", "1",
         ]  # fmt: skip
@@ -75,6 +75,10 @@ def test_c10d_without_preflight_ipv6_and_the_other_torchrun_modes() -> None:
     assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::5]:29500"
     assert argv[argv.index("--rdzv-id") + 1] == fallback_run_id(cfg) == "nodekit-job-29500"
     assert "--local-addr" not in argv
+    # Without preflight a node may start long before main: its first connection waits the rendezvous timeout.
+    no_preflight = parse_env({**BASE, "NODEKIT_MAX_RESTARTS": "1", "NODEKIT_PREFLIGHT": "0"})
+    alone = exec_plan(no_preflight, parse_command(["t.py"]))
+    assert "join_timeout=180,read_timeout=180,is_host=0" in alone.argv
     for mode in ("fabric", "torch.distributed.launch"):
         other = exec_plan(parse_env({**BASE, "NODEKIT_LAUNCHER": mode, "NODEKIT_MAX_RESTARTS": "2"}),
                           parse_command(["train.py"]), rendezvous=Rendezvous("r1", "10.0.0.6"))  # fmt: skip
