@@ -14,8 +14,11 @@ torchrun and the peer watchdog). It turns the node's environment into the launch
    every second and watches the others'. A node whose counter stands still for NODEKIT_PEER_TIMEOUT, or a main
    whose store stops answering that long, is *lost*: every other node prints one line naming it (rank, address,
    host), stops its torchrun (SIGTERM to itself, which torchrun turns into stopping its workers) and exits 19. A
-   node whose torchrun failed marks itself done with its code, and the others stop with "node k failed with exit
-   code N" instead. A node that ended normally marks itself done too, so no one is reported for leaving;
+   node whose torchrun failed marks itself done with its code and the worker torchrun gave up on, and the others
+   stop with "node k failed: worker rank R (local rank L) was killed by SIGKILL; ..." instead. A node that ended
+   normally marks itself done too, so no one is reported for leaving. With NODEKIT_MAX_RESTARTS > 0 torchrun uses
+   the c10d rendezvous (node 0 hosting it on MASTER_PORT, main's run id from the verdict), so that a worker that
+   dies on any node restarts the workers of every node; the launcher keeps beating meanwhile (``plan.py``);
 5. otherwise exec ``torchrun`` (mode ``torchrun`` without preflight) or ``python <command>`` (mode ``env``, which
    has no watchdog) in place of itself, so the job's exit code is the container's.
 
@@ -38,7 +41,7 @@ NODEKIT_NPROC_DECLARED             unset     ``0:2,1:auto``: per-node processes 
 NODEKIT_GPUS_DECLARED              unset     ``0:4,1:2``: per-node GPUs nodekit.toml declares (preflight)
 NODEKIT_DATA_CHECK                 unset     ``/data:sizes,/ref:hashes``: mounts compared across nodes (samedata.py)
 NODEKIT_EXIT_GUARD                 1         the job's processes load exitguard.py; 0 switches it off
-NODEKIT_MAX_RESTARTS               0         torchrun --max-restarts
+NODEKIT_MAX_RESTARTS               0         torchrun --max-restarts; > 0: c10d rendezvous (nothing in mode env)
 NODEKIT_RDZV_TIMEOUT               180       seconds to wait for every node (preflight, and torchrun's rendezvous)
 NODEKIT_PEER_TIMEOUT               15        seconds without a node's heartbeat before it is lost; 0: no watchdog,
                                              else at least 3 (nodes beat once a second)
@@ -62,6 +65,7 @@ missing); 17 stack or launch mismatch between nodes, or a node rank claimed twic
 never arrived within NODEKIT_RDZV_TIMEOUT, main unreachable, main lost, or the preflight port taken; 19 another
 node was lost (no heartbeat for NODEKIT_PEER_TIMEOUT, or main's store unreachable that long) or failed, and this
 node stopped its own part of the job: the line before the exit names the node (also when this node's own job had
-already failed through gloo/NCCL, where the lost node is the cause); 143 terminated during preflight, or while
-waiting for the other nodes after torchrun; anything else is the job's own code (torchrun's, in torchrun mode).
+already failed through gloo/NCCL, where the lost node, or the node whose worker failed first, is the cause); 143
+terminated during preflight, or while waiting for the other nodes after torchrun; anything else is the job's own
+code (torchrun's, in torchrun mode).
 """

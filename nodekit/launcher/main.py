@@ -3,6 +3,7 @@ the peer watchdog (or exec). See the package docstring."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -18,10 +19,13 @@ from typing import Any
 from nodekit.launcher import netfacts
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
+from nodekit.launcher.failure import worker_failure
 from nodekit.launcher.plan import (
     Command,
     CommandError,
+    Rendezvous,
     exec_plan,
+    fallback_run_id,
     local_rank_flag,
     missing_target,
     parse_command,
@@ -124,12 +128,44 @@ def _sigterm_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _torchrun_watched(argv: Sequence[str], dog: Watchdog) -> int:
+def _rendezvous(cfg: LaunchConfig, passed: Passed | None) -> Rendezvous | None:
+    """torchrun's c10d rendezvous for a job whose workers may restart (None: static rendezvous, or no torchrun).
+
+    The id is main's, from the verdict (new for every run); this node's address is the one it reached main from."""
+    if cfg.mode not in TORCHRUN_MODES or cfg.max_restarts == 0:
+        return None
+    mine = next((f for f in passed.verdict.facts if f.rank == cfg.node_rank), None) if passed else None
+    address = cfg.master_addr if cfg.is_main else (mine.address if mine else None)
+    run_id = passed.verdict.run_id if passed and passed.verdict.run_id else fallback_run_id(cfg)
+    return Rendezvous(run_id=run_id, local_addr=address or netfacts.source_addr(cfg.master_addr))
+
+
+def _distinct_node(node_rank: int) -> None:
+    """c10d tells the nodes of a rendezvous apart by (address, PID, a per-process counter). Two containers on one
+    machine (``nodekit up`` twice with main 127.0.0.1) have the same address and, under docker-init, the same PID:
+    they would count as one node and the rendezvous would never fill. Starting this node's counter at its node rank
+    keeps them apart, and orders their group ranks as their node ranks. torch's own state; nothing to do where a
+    torch lacks it."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (  # type: ignore[import-not-found, unused-ignore]
+            DynamicRendezvousHandler,
+        )
+
+        generator = DynamicRendezvousHandler._node_desc_generator
+        with getattr(generator, "_lock", contextlib.nullcontext()):
+            generator._local_id = max(int(generator._local_id), node_rank)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        pass
+
+
+def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0) -> int:
     """:func:`_torchrun_in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
-    stopped it, or found after torchrun failed that a node was lost (then 19).
+    stopped it, or found after torchrun failed that a node was lost (then 19) or failed first (19 too).
 
     The watchdog stops torchrun with SIGTERM to this process: torchrun's handler raises its SignalException in the
-    main thread, and its agent stops the workers (SIGTERM, SIGKILL 30 s later) before re-raising it.
+    main thread, and its agent stops the workers (SIGTERM, SIGKILL 30 s later) before re-raising it. While torchrun
+    restarts workers (max_restarts) this process lives on and keeps beating, so a restart is never a lost node; a
+    torchrun that gives up publishes the worker it gave up on, which every node names.
     """
 
     def _after(signum: int, frame: FrameType | None) -> None:
@@ -156,8 +192,9 @@ def _torchrun_watched(argv: Sequence[str], dog: Watchdog) -> int:
         # Shown now, as an uncaught exception would be, not after the wait for the other nodes below.
         traceback.print_exception(error)
         sys.stderr.flush()
+    failure = worker_failure(error, max_restarts) if error is not None and dog.alarm is None else None
     try:
-        return dog.finish(code).code
+        return dog.finish(code, failure).code
     except _Terminated:
         _err("terminated (SIGTERM) while waiting for the other nodes to end")
         return EXIT_TERMINATED
@@ -297,18 +334,28 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
         print(f"nodekit: world {world} ({counts} processes)", flush=True)
         env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
+    if cfg.mode == "env" and cfg.max_restarts > 0:
+        print(
+            f"nodekit: note: max_restarts = {cfg.max_restarts} does nothing with launcher = env (no torchrun restarts "
+            f"the framework's workers); `nodekit run` with restarts = N restarts the whole job",
+            flush=True,
+        )
+    rdzv = _rendezvous(cfg, passed)
     plan = exec_plan(
-        cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command)
-    )
-    if cfg.mode in TORCHRUN_MODES and "torch" in sys.modules:
+        cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command),
+        rendezvous=rdzv,
+    )  # fmt: skip
+    if cfg.mode in TORCHRUN_MODES and ("torch" in sys.modules or rdzv is not None):
         # torchrun's workers inherit this process's environment.
         os.environ.update(plan.set_env)
         for key, value in plan.default_env:
             os.environ.setdefault(key, value)
+        if rdzv is not None:
+            _distinct_node(cfg.node_rank)
         if passed is not None and cfg.peer_timeout > 0:
             names = node_names(passed.verdict.facts)
             dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
-            return _torchrun_watched(plan.argv, dog)
+            return _torchrun_watched(plan.argv, dog, cfg.max_restarts)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_in_process(plan.argv)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.

@@ -100,6 +100,71 @@ def local_rank_flag(source: str | None) -> str:
     return "--local-rank"
 
 
+# With c10d, torch (>= 2.4) lets the workers of every round share one store that the agent of group rank 0 opened in
+# the first round. Keys the workers of a failed round left there (a dead worker's address, barrier counts) are read
+# by the next round's: gloo then connects to the dead worker ("connectFullMesh failed ... Connection refused") and
+# the restarted job fails or hangs (pytorch/pytorch#135712). This makes global rank 0's worker host a new store,
+# on a free port, in every round.
+FRESH_STORE = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
+C10D_READ_TIMEOUT_S = 60  # torch's own default
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """What torchrun's c10d rendezvous needs beyond the config: used when ``max_restarts > 0``.
+
+    ``run_id`` is the same on every node and new for every run (main chooses it in preflight and its verdict
+    carries it to every node); ``local_addr`` is this node's address toward main, where the workers of every node
+    reach this node's store when its agent gets group rank 0 (torchrun would otherwise use the host name, which
+    another machine may not resolve, or resolves to 127.0.1.1)."""
+
+    run_id: str
+    local_addr: str | None = None
+
+
+def fallback_run_id(cfg: LaunchConfig) -> str:
+    """The rendezvous id without preflight, when no node can learn a fresh one from main: the job's name and port.
+    Still one rendezvous per run, since node 0's torchrun hosts a new store every time it starts."""
+    return f"nodekit-{cfg.name or 'job'}-{cfg.master_port}"
+
+
+def rendezvous_argv(cfg: LaunchConfig, rdzv: Rendezvous | None) -> list[str]:
+    """torchrun's rendezvous options (after ``--nproc-per-node``; static also takes ``--node-rank`` before it).
+
+    ``max_restarts = 0``: static rendezvous on MASTER_ADDR:MASTER_PORT, node 0 hosting it, group rank = node rank.
+    ``max_restarts > 0``: c10d on the same endpoint, node 0 hosting its store (``is_host``, never guessed from the
+    address: on one machine every node's address matches), and a fresh store for the workers of every round
+    (:data:`FRESH_STORE`). Only c10d restarts every node's workers when one node's agent restarts its own: the others
+    see a node waiting for the next round (``num_nodes_waiting``) and join it. With static rendezvous each agent
+    restarts alone (its ``num_nodes_waiting`` is always 0), so the others restart only if their own workers happen
+    to fail, and the restarted workers meet in the agent's store among the keys of the round before. Group ranks are
+    then torchrun's choice (ordered by address), not nodekit's node rank.
+
+    The wait for every node keeps its bound, NODEKIT_RDZV_TIMEOUT: ``timeout`` for static (torch's default is 600 s),
+    ``join_timeout`` for c10d. c10d's ``read_timeout`` bounds every call to node 0's store, the first connection
+    included: torch's 60 s after a preflight (main is known to be up; a longer bound would only delay the watchdog's
+    stop while main's host has vanished without closing its connections, since torchrun asks the store every 0.1 s),
+    NODEKIT_RDZV_TIMEOUT without one (a node may then start long before main).
+    """
+    timeout = max(1, round(cfg.rdzv_timeout))
+    if cfg.max_restarts == 0:
+        return [
+            "--master-addr", cfg.master_addr, "--master-port", str(cfg.master_port), "--max-restarts", "0",
+            "--rdzv-conf", f"timeout={timeout}",
+        ]  # fmt: skip
+    rdzv = rdzv or Rendezvous(run_id=fallback_run_id(cfg))
+    read = min(timeout, C10D_READ_TIMEOUT_S) if cfg.preflight else timeout
+    host = f"[{cfg.master_addr}]" if ":" in cfg.master_addr else cfg.master_addr
+    argv = [
+        "--max-restarts", str(cfg.max_restarts), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{host}:{cfg.master_port}", "--rdzv-id", rdzv.run_id,
+        "--rdzv-conf", f"join_timeout={timeout},read_timeout={read},is_host={1 if cfg.is_main else 0}",
+    ]  # fmt: skip
+    if rdzv.local_addr:
+        argv += ["--local-addr", rdzv.local_addr]
+    return argv
+
+
 def exec_plan(
     cfg: LaunchConfig,
     command: Command,
@@ -108,16 +173,16 @@ def exec_plan(
     torchrun: str = "torchrun",
     cpus: int = 1,
     local_rank: str = "--local-rank",
+    rendezvous: Rendezvous | None = None,
 ) -> ExecPlan:
     """The process this node's launcher becomes.
 
-    ``torchrun`` mode: static rendezvous on MASTER_ADDR:MASTER_PORT, node 0 hosting it. ``--rdzv-conf timeout``
-    bounds torchrun's own wait for the other nodes (torch's default is 600 s) so that with preflight off, or on a
-    restart round, a missing node still ends the job instead of hanging it. ``env`` mode: ``python`` runs the
-    command itself with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and WORLD_SIZE when known)
-    already in the environment, and without the per-process variables listed in :data:`ENV_MODE_UNSET`.
-    Both set NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment said 0), which makes every
-    Python process of the job load :mod:`nodekit.launcher.exitguard`.
+    ``torchrun`` mode: torchrun with :func:`rendezvous_argv` (static, or c10d when workers may restart). ``env``
+    mode: ``python`` runs the command itself with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and
+    WORLD_SIZE when known) already in the environment, and without the per-process variables listed in
+    :data:`ENV_MODE_UNSET`; nothing restarts it (max_restarts is torchrun's; ``nodekit run``'s ``restarts``
+    restart the whole job). Both set NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment
+    said 0), which makes every Python process of the job load :mod:`nodekit.launcher.exitguard`.
 
     ``fabric`` mode is torchrun plus :func:`fabric_env`, and OMP_NUM_THREADS defaulting to ``cpus`` as ``fabric
     run`` does. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}`` appended to the
@@ -131,22 +196,17 @@ def exec_plan(
         if local_rank not in _LOCAL_RANK_FLAGS:
             raise ValueError(f"local_rank must be one of {_LOCAL_RANK_FLAGS}")
         target.append(f"{local_rank}=${{local_rank}}")
+    static = ["--node-rank", str(cfg.node_rank)] if cfg.max_restarts == 0 else []
     argv = [
-        torchrun,
-        "--nnodes", str(cfg.nnodes),
-        "--node-rank", str(cfg.node_rank),
-        "--nproc-per-node", str(cfg.nproc_per_node),
-        "--master-addr", cfg.master_addr,
-        "--master-port", str(cfg.master_port),
-        "--max-restarts", str(cfg.max_restarts),
-        "--rdzv-conf", f"timeout={max(1, round(cfg.rdzv_timeout))}",
-        *target,
+        torchrun, "--nnodes", str(cfg.nnodes), *static, "--nproc-per-node", str(cfg.nproc_per_node),
+        *rendezvous_argv(cfg, rendezvous), *target,
     ]  # fmt: skip
+    env = guard + (FRESH_STORE if cfg.max_restarts > 0 else ())
     if cfg.mode == "fabric":
         return ExecPlan(
-            argv=tuple(argv), set_env=guard + fabric_env(cfg), default_env=(("OMP_NUM_THREADS", str(max(1, cpus))),)
+            argv=tuple(argv), set_env=env + fabric_env(cfg), default_env=(("OMP_NUM_THREADS", str(max(1, cpus))),)
         )
-    return ExecPlan(argv=tuple(argv), set_env=guard)
+    return ExecPlan(argv=tuple(argv), set_env=env)
 
 
 def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | None = None) -> str | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import json
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -232,6 +233,7 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
         main=f"{cfg.master_addr}:{cfg.preflight_port}",
         duplicates=duplicates,
         stopped_early=early,
+        run_id=secrets.token_hex(8),
         **_policy(cfg),
     )
     store.set(_key("verdict"), verdict.to_json())

@@ -79,6 +79,7 @@ class Verdict:
     duplicates: tuple[NodeFacts, ...]
     differences: tuple[Difference, ...]
     stopped_early: bool = False  # main stopped waiting at a mismatch, before the timeout
+    run_id: str = ""  # chosen by main, new for every run: torchrun's c10d rendezvous id (launcher/plan.py)
 
     @property
     def arrived(self) -> tuple[int, ...]:
@@ -106,6 +107,7 @@ class Verdict:
                 for d in self.differences
             ],
             "stopped_early": self.stopped_early,
+            "run_id": self.run_id,
         }
         return json.dumps(data, sort_keys=True)
 
@@ -130,6 +132,7 @@ class Verdict:
                 for d in data["differences"]
             ),
             stopped_early=bool(data.get("stopped_early", False)),
+            run_id=str(data.get("run_id", "")),
         )
 
 
@@ -205,6 +208,7 @@ def decide(
     allow_heterogeneous_gpus: bool = False,
     declared: Declared | None = None,
     stopped_early: bool = False,
+    run_id: str = "",
 ) -> Verdict:
     """Main's verdict over the nodes that arrived. A stack/launch error or a rank claimed twice is ``mismatch``
     (it would fail even with every node present, so it wins); otherwise a node that never arrived is ``missing``."""
@@ -229,6 +233,7 @@ def decide(
         duplicates=tuple(duplicates),
         differences=differences,
         stopped_early=stopped_early,
+        run_id=run_id,
     )
 
 

@@ -6,6 +6,7 @@ runs files rendered on host 0 with plain ``docker compose`` on each host.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -176,10 +177,12 @@ def test_an_unreachable_host_and_a_wrong_key_are_named_before_anything_starts(
     nothing_left(fleet.cluster)
 
 
-def _worker_pid(host: Host) -> int | None:
+def _worker_pid(host: Host, spare: int | None = None) -> int | None:
     """The training worker torchrun started on ``host`` (not the launcher, which runs torchrun in process)."""
     inode = netns_inode(host.netns_path)
     for pid in pids_in_netns(inode) if inode else []:
+        if pid == spare:
+            continue
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -207,3 +210,58 @@ def test_a_killed_worker_restarts_the_job_from_its_checkpoint(demo_on_main: Demo
     r = result(project)
     assert r["epochs"] == 12
     nothing_left(fleet.cluster)
+
+
+def _kill_next_worker(host: Host, spare: int | None, timeout: float = 60) -> int:
+    """SIGKILL the first training worker on ``host`` other than ``spare`` as soon as torchrun starts it (a crash at
+    start-up, before it joins the others); its PID."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = _worker_pid(host, spare)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.005)
+    raise AssertionError(f"no new training worker on {host.name} within {timeout:.0f} s")
+
+
+def test_torchrun_restarts_inside_the_job_and_nodekit_run_restarts_it_without_a_lost_host(
+    demo_on_main: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
+) -> None:
+    """Both levels of restart, on three hosts with their own addresses. A worker killed on host 2, then host 0's
+    killed again as torchrun restarts it: torchrun (max_restarts = 2) restarts the workers of every node inside the
+    job, which resumes from its checkpoint; no whole-job restart. Then host 2 dies: the others stop (peer watchdog),
+    and `nodekit run` (restarts = 1, min_nodes = 2) restarts the whole job on hosts 0 and 1, which resumes from
+    $NODEKIT_OUTPUT_DIR and ends 0."""
+    args = ["--epochs", "24", "--epoch-delay", "0.5", "--resume"]
+    project = fleet.project(demo_on_main, tmp_path, restarts=1, min_nodes=2, max_restarts=2, args=args)
+    log = tmp_path / "run.log"
+    proc = fleet.run(project, "--image", demo_on_main.ref, log=log)
+    wait_for(log, "ddp-demo: epoch 2 done", proc, 300)
+    h0, _, h2 = fleet.cluster.hosts
+    spare, pid = _worker_pid(h0), _worker_pid(h2)
+    assert pid is not None and spare is not None, "no training worker on host 0 or 2"
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    _kill_next_worker(h0, spare)
+    wait_for(log, "ddp-demo: resumed from", proc, 120)
+    record_property("worker_kill_to_resumed_s", round(time.monotonic() - killed, 1))
+    so_far = log.read_text(errors="replace")
+    assert "restarting the whole job" not in so_far
+    # Every round's workers met in a store of their own: none read a dead worker's address from the round before.
+    assert "connectFullMesh failed" not in so_far, so_far[-4000:]
+    h2.stop()
+    lost = time.monotonic()
+    code, out = finish(proc, log, 420)
+    ended = time.monotonic() - lost
+    record_property("host_lost_to_end_s", round(ended, 1))
+    print(f"kill to resumed in the job: {lost - killed:.1f} s; host lost to the job's end: {ended:.1f} s")
+    assert code == 0, out[-6000:]
+    assert f"going on without node 2 (root@{h2.addr})" in out, out[-4000:]
+    assert "restarting the whole job (1 of 1)" in out, out[-4000:]
+    resumed = [ln for ln in out.splitlines() if "ddp-demo: resumed from" in ln]
+    assert len(resumed) == 2 and all("after epoch 0 " not in ln for ln in resumed), resumed
+    assert_equal_checksums(project, world=2)
+    assert result(project)["epochs"] == 24
+    for h in fleet.cluster.hosts[:2]:
+        assert h.docker("ps", "-aq").stdout.split() == [], f"{h.name} still has containers"

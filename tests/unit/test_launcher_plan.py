@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from nodekit.launcher.config import parse_env
-from nodekit.launcher.plan import ENV_MODE_UNSET, CommandError, exec_plan, missing_target, parse_command, start_line
+from nodekit.launcher.plan import (
+    ENV_MODE_UNSET,
+    CommandError,
+    Rendezvous,
+    exec_plan,
+    fallback_run_id,
+    missing_target,
+    parse_command,
+    start_line,
+)
 from tests.unit.test_launcher_config import BASE
 
 
@@ -26,10 +35,65 @@ def test_torchrun_argv_for_a_script() -> None:
 
 
 def test_torchrun_argv_for_a_module() -> None:
-    plan = exec_plan(parse_env({**BASE, "NODEKIT_MAX_RESTARTS": "2"}), parse_command(["-m", "pkg.train", "--x"]))
+    plan = exec_plan(parse_env(BASE), parse_command(["-m", "pkg.train", "--x"]))
     assert plan.argv[0] == "torchrun"
     tail = list(plan.argv[plan.argv.index("--max-restarts") :])
-    assert tail == ["--max-restarts", "2", "--rdzv-conf", "timeout=180", "-m", "pkg.train", "--x"]
+    assert tail == ["--max-restarts", "0", "--rdzv-conf", "timeout=180", "-m", "pkg.train", "--x"]
+
+
+def test_restarts_use_the_c10d_rendezvous_hosted_by_node_0_with_main_s_run_id() -> None:
+    """Only c10d restarts every node's workers when one node's agent restarts (static cannot): same endpoint as
+    static, node 0 hosting it (never guessed: on one machine every node's address matches), the run id from main's
+    verdict, this node's address for the workers' store, and the rendezvous timeout as the join and connect bound."""
+    rdzv = Rendezvous(run_id="5f0c2a9e41d3b7c8", local_addr="10.0.0.6")
+    for rank, host in (("1", "0"), ("0", "1")):
+        cfg = parse_env({**BASE, "NODE_RANK": rank, "NODEKIT_MAX_RESTARTS": "3"})
+        plan = exec_plan(cfg, parse_command(["train.py", "8", "1"]), torchrun="torchrun", rendezvous=rdzv)
+        assert list(plan.argv) == [
+            "torchrun",
+            "--nnodes", "2",
+            "--nproc-per-node", "4",
+            "--max-restarts", "3",
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", "10.0.0.5:29500",
+            "--rdzv-id", "5f0c2a9e41d3b7c8",
+            "--rdzv-conf", f"join_timeout=180,read_timeout=60,is_host={host}",
+            "--local-addr", "10.0.0.6",
+            "train.py", "8", "1",
+        ]  # fmt: skip
+        assert "--node-rank" not in plan.argv and "--master-addr" not in plan.argv
+        # A new store for the workers of every round: torch's shared one keeps the keys of the round before.
+        assert plan.environ({})["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    static = exec_plan(parse_env(BASE), parse_command(["train.py"]))
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in static.environ({})
+
+
+def test_c10d_without_preflight_ipv6_and_the_other_torchrun_modes() -> None:
+    cfg = parse_env({**BASE, "MASTER_ADDR": "fd00::5", "NODEKIT_MAX_RESTARTS": "1", "NODEKIT_NAME": "job"})
+    plan = exec_plan(cfg, parse_command(["train.py"]))
+    argv = list(plan.argv)
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd00::5]:29500"
+    assert argv[argv.index("--rdzv-id") + 1] == fallback_run_id(cfg) == "nodekit-job-29500"
+    assert "--local-addr" not in argv
+    # Without preflight a node may start long before main: its first connection waits the rendezvous timeout.
+    no_preflight = parse_env({**BASE, "NODEKIT_MAX_RESTARTS": "1", "NODEKIT_PREFLIGHT": "0"})
+    alone = exec_plan(no_preflight, parse_command(["t.py"]))
+    assert "join_timeout=180,read_timeout=180,is_host=0" in alone.argv
+    for mode in ("fabric", "torch.distributed.launch"):
+        other = exec_plan(parse_env({**BASE, "NODEKIT_LAUNCHER": mode, "NODEKIT_MAX_RESTARTS": "2"}),
+                          parse_command(["train.py"]), rendezvous=Rendezvous("r1", "10.0.0.6"))  # fmt: skip
+        assert other.argv[other.argv.index("--rdzv-backend") + 1] == "c10d"
+        assert other.argv[other.argv.index("--rdzv-id") + 1] == "r1"
+    assert (
+        "--local-rank=${local_rank}"
+        in exec_plan(
+            parse_env({**BASE, "NODEKIT_LAUNCHER": "torch.distributed.launch", "NODEKIT_MAX_RESTARTS": "2"}),
+            parse_command(["train.py"]),
+        ).argv
+    )
+    env = exec_plan(parse_env({**BASE, "NODEKIT_LAUNCHER": "env", "NODEKIT_MAX_RESTARTS": "2"}),
+                    parse_command(["train.py"]), python="python")  # fmt: skip
+    assert env.argv == ("python", "train.py")  # no torchrun: nothing restarts the framework's workers
 
 
 def test_env_mode_runs_python_directly_without_per_process_variables() -> None:

@@ -233,8 +233,9 @@ def test_the_lines() -> None:
     assert alarm_line(Alarm(failed=((1, Done(1)),)), NAMES) == (
         "nodekit: node 1 (10.0.0.6, host gpu-b) failed with exit code 1; stopping this node"
     )
-    assert alarm_line(Alarm(failed=((1, Done(1)), (2, Done(3)))), NAMES).startswith(
-        "nodekit: nodes 1 (10.0.0.6, host gpu-b) and 2 (172.31.250.12, host h2) failed with exit codes 1, 3;"
+    assert alarm_line(Alarm(failed=((1, Done(1)), (2, Done(3)))), NAMES) == (
+        "nodekit: node 1 (10.0.0.6, host gpu-b) failed with exit code 1; then node 2 (172.31.250.12, host h2) "
+        "failed with exit code 3; stopping this node"
     )
     assert lost_line((Lost(5, 20.0),), NAMES, "x") == "nodekit: node 5 (?) lost: no heartbeat for 20 s; x"
     assert node_names((facts(0), facts(2))) == {0: "10.0.0.5, host host-0", 2: "10.0.0.7, host host-2"}
