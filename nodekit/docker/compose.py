@@ -17,7 +17,7 @@ from nodekit.docker.calls import (
     where,
 )
 from nodekit.docker.models import ContainerState
-from nodekit.errors import EngineError
+from nodekit.errors import EngineError, ImageError
 
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
@@ -25,13 +25,27 @@ if TYPE_CHECKING:
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
+_NO_IMAGE = re.compile(r"No such image: (\S+)")
+
+
 def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:
-    """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine."""
+    """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine.
+    ImageError naming the image and the push that fixes it when the engine lacks it (rendered files say
+    ``pull_policy: never``: a start never pulls)."""
     e = Engine(host, compose_file=compose_file, project=project, deadline=CONTAINER_START_S)
     failed = f"docker compose up failed for {compose_file}"
     fix = f"docker compose -f {compose_file} up  (to see Docker's full output)"
+
+    def error(why: str) -> EngineError | ImageError:
+        missing = _NO_IMAGE.search(why)
+        if missing is None:
+            return EngineError(f"{failed}: {why}", fix=fix)
+        ref = missing.group(1)
+        push = f"nodekit push {ref} --to {host}" if host else f"nodekit build, or nodekit push {ref} from its engine"
+        return ImageError(f"image {ref} is not on {where(host)}, and a start never pulls it", fix=push)
+
     # Nothing half-running: a container that was created but failed to start is removed again.
-    with e.calling(f"docker compose up of {compose_file}", fails(EngineError, failed, fix),
+    with e.calling(f"docker compose up of {compose_file}", error,
                    diagnose=True, undo=lambda: e.docker.compose.down(remove_orphans=True, quiet=True)):  # fmt: skip
         e.docker.compose.up(detach=True, force_recreate=True, quiet=True)
 

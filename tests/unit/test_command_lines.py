@@ -62,6 +62,27 @@ def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_d
     ]  # fmt: skip
 
 
+def test_a_start_on_a_host_without_the_image_names_it_and_the_push_that_fixes_it(
+    fake_runner: FakeRunner, tmp_path: Path
+) -> None:
+    """Rendered files say ``pull_policy: never``, so Compose asks the engine and stops at "No such image" instead of
+    trying Docker Hub; nodekit makes that one line naming the image, the engine and the push. Before: "docker compose
+    up failed for ...: pull access denied for nodekit/ddp-demo, repository does not exist"."""
+    from nodekit import docker
+
+    path = tmp_path / "compose" / "node-1.yaml"
+    fake_runner.on("compose", "--file", stderr="Error response from daemon: No such image: nodekit/demo:abc\n",
+                   returncode=1)  # fmt: skip
+    fake_runner.on("version", stdout='{"Client": {"Version": "26.1.5"}, "Server": {"Version": "26.1.5"}}')
+    with pytest.raises(ImageError) as e:
+        docker.compose_up(path, "nodekit-demo-node1", host="ssh://root@n1")
+    e.value.node = "node 1"  # as the fleet's start names it
+    assert e.value.one_line() == (
+        "[node 1] image nodekit/demo:abc is not on ssh://root@n1, and a start never pulls it. "
+        "Fix: nodekit push nodekit/demo:abc --to ssh://root@n1"
+    )
+
+
 def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_path: Path) -> None:
     from nodekit import docker
 
