@@ -294,6 +294,34 @@ def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Pat
     assert not list(Path("/tmp").glob("nodekit-agent.*")), "nodekit started an agent of its own"
 
 
+def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet: Fleet) -> None:
+    """Two pushes of two images to h1 and h2 at the same moment: each sets up its own hop key and directories and,
+    ending, removes only its own line (found by its key, under flock; tests/unit/test_hopkeys.py checks the
+    interleaving itself): both chains deliver, and neither push's line is left."""
+    h0, h1, h2 = fleet.cluster.hosts
+    wipe(h0, h1, h2)
+    other = "nodekit/shiptest:other"
+    want = {REF: make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB),
+            other: make_image(h0, other, seed=random.randrange(1 << 30), mib=MIB)}  # fmt: skip
+    dirs = relay_dirs()
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 80))  # both streams still flowing when the other one ends
+    try:
+        pushes = {}
+        for ref in want:
+            argv = nodekit_argv("push", ref, "--to", f"h1={fleet.url(h1)}", "--to", f"h2={fleet.url(h2)}", "--relay",
+                                "always")  # fmt: skip
+            pushes[ref] = subprocess.Popen(h0.argv(*argv), env=h0.env(push_env(fleet)), stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+        done = {ref: p.communicate(timeout=300) for ref, p in pushes.items()}
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+    for ref, (out, err) in done.items():
+        assert pushes[ref].returncode == 0 and "relayed by h1" in err, out + err
+        assert h1.image_id(ref) == want[ref] and h2.image_id(ref) == want[ref]
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+    assert relay_dirs() == dirs
+
+
 ACCESS_SCRIPT = """
 import json, sys
 from nodekit.ship import hopkeys, relay
