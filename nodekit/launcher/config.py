@@ -19,6 +19,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_PEER_TIMEOUT = 15.0
 MIN_PEER_TIMEOUT = 3.0
+# Timeouts the launcher's arithmetic and Python's waits can hold (timedelta, threading.TIMEOUT_MAX), with room to
+# spare; nodekit.toml is held to the same bound (nodekit/inputs.py), this guards a hand-edited compose file.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 class EnvError(ValueError):
@@ -121,8 +124,9 @@ def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     """Parse the environment nodekit's compose file gives every node; raise :class:`EnvError` on the first problem.
 
-    Required: MASTER_ADDR (an IP address), MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host
-    resolved ``auto``). Everything else has a default, listed in the package docstring.
+    Required: MASTER_ADDR (an IP address; in a pod, netfacts.resolve has already turned the name into one),
+    MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host resolved ``auto``). Everything else has a
+    default, listed in the package docstring.
     """
     addr = env.get("MASTER_ADDR", "").strip()
     if not addr:
@@ -130,6 +134,11 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     try:
         ipaddress.ip_address(addr)
     except ValueError:
+        if env.get("NODEKIT_RESOLVE_MAIN", "").strip() == "1":  # a pod: netfacts.resolve tried until the deadline
+            raise EnvError(
+                f"MASTER_ADDR={addr!r} did not resolve to a non-loopback address within NODEKIT_RDZV_TIMEOUT "
+                "(is pod 0 scheduled, and its headless Service there? `kubectl get pods,svc`)"
+            ) from None
         # The host resolves names once so every node agrees on main; a name resolved inside each container can
         # differ per node (the 127.0.1.1 /etc/hosts trap) and then the rendezvous hangs.
         raise EnvError(f"MASTER_ADDR={addr!r} is not an IP address (nodekit passes main's IP, not a name)") from None
@@ -151,13 +160,15 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         rdzv_timeout = float(timeout_raw)
     except ValueError:
         raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
-    if not rdzv_timeout > 0:
-        raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 seconds")
+    if not 0 < rdzv_timeout <= MAX_TIMEOUT_S:
+        raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 and at most {MAX_TIMEOUT_S} seconds")
     peer_raw = env.get("NODEKIT_PEER_TIMEOUT", "").strip() or str(DEFAULT_PEER_TIMEOUT)
     try:
         peer_timeout = float(peer_raw)
     except ValueError:
         raise EnvError(f"NODEKIT_PEER_TIMEOUT={peer_raw!r} is not a number of seconds") from None
+    if peer_timeout > MAX_TIMEOUT_S:
+        raise EnvError(f"NODEKIT_PEER_TIMEOUT={peer_raw} is more than {MAX_TIMEOUT_S} seconds")
     if peer_timeout != 0 and not peer_timeout >= MIN_PEER_TIMEOUT:
         # Nodes beat once a second: a shorter window would call a node lost for one slow beat.
         raise EnvError(
