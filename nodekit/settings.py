@@ -118,8 +118,8 @@ class Settings(BaseSettings):
     min_nodes: int | None = Field(None, ge=1, description="nodekit run: go on without lost hosts down to this many")
     relay: Literal["auto", "always", "never"] = Field(
         "auto",
-        description="nodekit run and push: ssh:// nodes pass the image on to each other (agent forwarding, host keys "
-        "pinned by the head) so the head sends it once; auto = when 64 MiB or more travels",
+        description="nodekit run and push: ssh:// nodes pass the image on to each other (a key per push and hop, no "
+        "agent forwarded, host keys pinned by the head) so the head sends it once; auto = when 64 MiB or more travels",
     )
     mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
     k8s: K8sSettings = Field(default_factory=K8sSettings, description="nodekit k8s: the Kubernetes manifests ([k8s])")

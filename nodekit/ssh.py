@@ -4,7 +4,10 @@ head session and each hop's own ssh inside the relay script (nodekit.ship.relay)
 every connection should carry is added here, once. Pure: the commands run through nodekit.proc.
 
 Always batch mode: a missing key fails instead of prompting (nodekit runs unattended, many hosts at once). The
-user's own ``~/.ssh/config``, keys, agent and known_hosts apply, except where a hop pins the host key it accepts.
+user's own ``~/.ssh/config``, keys, agent and known_hosts apply on the head, except where a hop pins the host key it
+accepts. Nothing nodekit runs forwards the user's agent: a relay's sessions say ``ForwardAgent=no`` even where the
+user's config says yes, and a relay node logs in to the next one with a key made for that push
+(:mod:`nodekit.ship.hopkeys`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ def keepalive(interval: int = ALIVE_INTERVAL_S, count: int = ALIVE_COUNT) -> tup
 
 KEEPALIVE = keepalive()
 """Every ssh nodekit starts carries it: a connection whose peer stops answering ends after about 30 to 40 s."""
+LEND_NOTHING = ("-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes")
+"""No agent and no port forwarded, whatever the user's ~/.ssh/config says for that host (the command line wins)."""
 
 
 @dataclass(frozen=True)
@@ -38,11 +43,10 @@ class Pinned:
 
 
 def options(
-    *, connect_timeout: int, forward_agent: bool = False, keepalive: bool = True, pinned: Pinned | None = None
+    *, connect_timeout: int, lend_nothing: bool = False, keepalive: bool = True, pinned: Pinned | None = None
 ) -> list[str]:
     """The options of an ssh command line, in the order nodekit has always written them."""
-    argv = ["-A"] if forward_agent else []
-    argv += BATCH
+    argv = [*BATCH, *(LEND_NOTHING if lend_nothing else ())]
     if pinned is not None:
         argv += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={pinned.known_hosts}",
                  "-o", "GlobalKnownHostsFile=/dev/null", "-o", f"HostKeyAlias={pinned.alias}",
@@ -60,11 +64,12 @@ def command(
     connect_timeout: int,
     port: int | None = None,
     user: str | None = None,
-    forward_agent: bool = False,
+    lend_nothing: bool = False,
     keepalive: bool = True,
 ) -> list[str]:
-    """``ssh [options] [-p port] [-l user] -- host remote``: ``remote`` run there by the user's login shell."""
-    argv = ["ssh", *options(connect_timeout=connect_timeout, forward_agent=forward_agent, keepalive=keepalive)]
+    """``ssh [options] [-p port] [-l user] -- host remote``: ``remote`` run there by the user's login shell.
+    ``lend_nothing``: no agent or port forwarding even where the user's config asks for it."""
+    argv = ["ssh", *options(connect_timeout=connect_timeout, lend_nothing=lend_nothing, keepalive=keepalive)]
     if port:
         argv += ["-p", str(port)]
     if user:
@@ -72,11 +77,14 @@ def command(
     return [*argv, "--", host, remote]
 
 
-def hop_words(*, connect_timeout: int, pinned: Pinned) -> str:
-    """The relay script's own ``ssh`` to the next node (its options as shell words; ``pinned``'s values are the
-    script's variables, so they are not quoted here): agent forwarded, only the head's host key line accepted."""
-    return " ".join(["ssh", *options(connect_timeout=connect_timeout, forward_agent=True, keepalive=True,
-                                     pinned=pinned)])  # fmt: skip
+def hop_words(*, connect_timeout: int, pinned: Pinned, identity: str) -> str:
+    """The relay script's own ``ssh`` to the next node (its options as shell words; ``pinned``'s values and
+    ``identity`` are the script's variables, so they are not quoted here): none of the node's own ssh configuration
+    (``-F /dev/null``: the head decided where and how), only the key file ``identity`` (no agent, not the node's
+    own keys), nothing forwarded, only the head's host key line accepted."""
+    own = ["-F", "/dev/null", "-i", identity, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none"]
+    return " ".join(["ssh", *own, *options(connect_timeout=connect_timeout, lend_nothing=True, keepalive=True,
+                                           pinned=pinned)])  # fmt: skip
 
 
 def shared(control_dir: str, persist_s: int) -> list[str]:
@@ -95,14 +103,9 @@ def alive_wrapper(real_ssh: str, *, interval: int, count: int, connect_timeout: 
     return f'#!/bin/sh\nexec {shlex.join([real_ssh, *opts])} "$@"\n'
 
 
-def shared_wrapper(real_ssh: str, control_dir: str, persist_s: int, *, opt_out: str) -> str:
-    """A POSIX sh script standing in for ``ssh``: the real one with :func:`shared`'s options, unless the variable
-    ``opt_out`` is set (a session that forwards an agent must not share)."""
-    return (
-        "#!/bin/sh\n"
-        f'[ -n "${opt_out}" ] && exec {shlex.quote(real_ssh)} "$@"\n'
-        f'exec {shlex.join([real_ssh, *shared(control_dir, persist_s)])} "$@"\n'
-    )
+def shared_wrapper(real_ssh: str, control_dir: str, persist_s: int) -> str:
+    """A POSIX sh script standing in for ``ssh``: the real one with :func:`shared`'s options."""
+    return f'#!/bin/sh\nexec {shlex.join([real_ssh, *shared(control_dir, persist_s)])} "$@"\n'
 
 
 def exit_master(real_ssh: str, control_socket: str) -> list[str]:

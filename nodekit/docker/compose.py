@@ -27,7 +27,7 @@ from nodekit.docker.calls import (
 )
 from nodekit.docker.models import ContainerState
 from nodekit.docker.streams import Drain
-from nodekit.errors import DeadlineError, EngineError
+from nodekit.errors import DeadlineError, EngineError, ImageError
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
@@ -39,8 +39,13 @@ def _run(argv: list[str], what: str, host: str | None, deadline: float | proc.Un
                     cause="the engine hung", stdin="devnull", group=True)  # fmt: skip
 
 
+_NO_IMAGE = re.compile(r"No such image: (\S+)")
+
+
 def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:
-    """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine."""
+    """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine.
+    ImageError naming the image and the push that fixes it when the engine lacks it (rendered files say
+    ``pull_policy: never``: a start never pulls)."""
     argv = compose_argv(host, compose_file, project, "up", "--detach", "--force-recreate")
     fix = f"docker compose -f {compose_file} up  (to see Docker's full output)"
     try:
@@ -52,6 +57,13 @@ def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> 
         # Nothing half-running: a container that was created but failed to start is removed again.
         _undo_up(compose_file, project, host)
         calls.check_engine(host, buildx=False)  # the engine or the Compose plugin missing: that precise line
+        missing = _NO_IMAGE.search(done.stderr)
+        if missing is not None:
+            ref = missing.group(1)
+            push = (
+                f"nodekit push {ref} --to {host}" if host else f"nodekit build, or nodekit push {ref} from its engine"
+            )
+            raise ImageError(f"image {ref} is not on {where(host)}, and a start never pulls it", fix=push)
         raise EngineError(f"docker compose up failed for {compose_file}: {stderr_tail(done.stderr)}", fix=fix)
 
 

@@ -57,6 +57,9 @@ def render_compose(
     launch = node.launch
     doc = {"name": project_name(launch.name, node.rank), **doc}
     svc["image"] = image
+    # Never pull: the image is nodekit's own build, shipped and verified by id on every node before the start; a
+    # registry holds nothing of it, and a pull would only turn "not on this node" into a confusing Docker Hub error.
+    svc["pull_policy"] = "never"
     svc["command"] = launch.command.argv()
     env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
     if image_id:

@@ -18,7 +18,8 @@ Split by responsibility; this package re-exports the public names, so ``from nod
   :mod:`~nodekit.ship.outcome`: each target's image id checked, a failed load named by its cause, and the deadline
   on a target's answer once the stream's last byte reached it (:data:`~nodekit.ship.outcome.ANSWER_S`).
 - :mod:`~nodekit.ship.relay`: relay chains: ssh:// targets that take the same stream pass it on to each other
-  (a shell script run over SSH on each, agent forwarding, host keys pinned by the head), so the head sends it once.
+  (a shell script run over SSH on each, host keys pinned by the head), so the head sends it once; a node dials the
+  next with a key made for that push and hop (:mod:`~nodekit.ship.hopkeys`), never with the user's.
 - :mod:`~nodekit.ship.mux`: :class:`SharedSsh`, one SSH connection per node for the length of a push.
 - :mod:`~nodekit.ship.stream`: compression of the stream (and whether zstd is here), and what a failed
   ``docker load`` means.

@@ -71,8 +71,8 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             has_image = by_id is not None and by_id.id == source.image_id
             chains = None
             # Leaving layers out relies on the classic layer store's load (chain ids); the containerd store loads
-            # differently, so it gets the whole image.
-            if not has_image and facts.engine_id != source.engine_id and not facts.containerd_store:
+            # differently, so it gets the whole image. (No engine-ID test here: two engines can share one.)
+            if not has_image and not facts.containerd_store:
                 chains = chains_of(f_layers.result())
         except NodekitError as e:
             return TargetState(target=t, error=e.message)

@@ -12,7 +12,6 @@ push leaves that target's existing images as they were.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -34,13 +33,11 @@ from nodekit.ship.outcome import diagnose as _diagnose
 from nodekit.ship.outcome import verify as _verify
 from nodekit.ship.plan import Codec, PushPlan, Step, short_id, size_text, travelling_bytes
 from nodekit.ship.relay import (
-    Agent,
     Hop,
     RelayMode,
     RelaySink,
     hop_of,
     split_chains,
-    user_agent_has_keys,
 )
 from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed
@@ -111,38 +108,30 @@ def push(
             rep.done(f"{s.target.name}: tagged {src.ref} ({s.reason})")
     groups = _groups(plan.loads())
     stall = STALL_S if stall_s is None else stall_s
-    agent: Agent | None = None
-    try:
-        for (codec, skip), steps in groups.items():
-            layers = steps[0].layers
-            what = layers.to_text() if layers is not None else size_text(src.size)
-            travels = travelling_bytes(src.size, layers)
-            chains: list[Chain] = []
-            if open_sink is None:
-                chains, agent = _relay_chains(steps, travels, relay, rep, agent)
-            relayed = [c for chain in chains for c, _ in chain]
-            direct = [s for s in steps if all(s is not c for c in relayed)]
-            names = ", ".join(
-                [s.target.name for s in direct]
-                + [" -> ".join(c.target.name for c, _ in chain) + " (relayed)" for chain in chains]
-            )
-            # From the build's blob store when it holds every file that travels: no docker save of the whole image.
-            cached = None if open_source is not None else from_store(src, skip)
-            origin = ", from the build's blob store" if cached is not None else ""
-            rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
-            socket = agent.socket if agent is not None else None
-            _fan_out(plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, cached,
-                     chains=chains, agent_socket=socket)  # fmt: skip
-            missed = [c for c in relayed if c.target.name in result.failures]
-            if missed:
-                # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
-                why = "; ".join(f"{c.target.name}: {result.failures.pop(c.target.name).message}" for c in missed)
-                rep.warn(f"the relay chain did not deliver to every node ({why}); sending to them from the head")
-                again = None if open_source is not None else from_store(src, skip)
-                _fan_out(plan, missed, codec, skip, rep, result, on_progress, open_source, open_sink, stall, again)
-    finally:
-        if agent is not None:
-            agent.close()
+    for (codec, skip), steps in groups.items():
+        layers = steps[0].layers
+        what = layers.to_text() if layers is not None else size_text(src.size)
+        travels = travelling_bytes(src.size, layers)
+        chains = _relay_chains(steps, travels, relay, rep) if open_sink is None else []
+        relayed = [c for chain in chains for c, _ in chain]
+        direct = [s for s in steps if all(s is not c for c in relayed)]
+        names = ", ".join(
+            [s.target.name for s in direct]
+            + [" -> ".join(c.target.name for c, _ in chain) + " (relayed)" for chain in chains]
+        )
+        # From the build's blob store when it holds every file that travels: no docker save of the whole image.
+        cached = None if open_source is not None else from_store(src, skip)
+        origin = ", from the build's blob store" if cached is not None else ""
+        rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
+        _fan_out(plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, cached,
+                 chains=chains)  # fmt: skip
+        missed = [c for c in relayed if c.target.name in result.failures]
+        if missed:
+            # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
+            why = "; ".join(f"{c.target.name}: {result.failures.pop(c.target.name).message}" for c in missed)
+            rep.warn(f"the relay chain did not deliver to every node ({why}); sending to them from the head")
+            again = None if open_source is not None else from_store(src, skip)
+            _fan_out(plan, missed, codec, skip, rep, result, on_progress, open_source, open_sink, stall, again)
     if result.failures:
         (_, first), *rest = result.failures.items()
         if rest:
@@ -155,15 +144,12 @@ def push(
     return result
 
 
-def _relay_chains(
-    steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter, agent: Agent | None
-) -> tuple[list[Chain], Agent | None]:
+def _relay_chains(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Chain]:
     """The chains of targets of one stream that relay it to each other (first to last; at most ``CHAIN_MAX``
-    nodes each), and the agent whose keys the hops log in with (started here on first use, when the user runs
-    none)."""
+    nodes each). Their hops log in with keys made for the push (nodekit.ship.hopkeys), never the user's."""
     ssh_steps = relay_candidates(steps, travels, mode)
     if not ssh_steps:
-        return [], agent
+        return []
     with ThreadPoolExecutor(max_workers=min(8, len(ssh_steps))) as pool:
         hops = list(pool.map(lambda s: hop_of(s.target.name, s.target.endpoint), ssh_steps))
     chain = [(s, h) for s, h in zip(ssh_steps, hops, strict=True) if isinstance(h, Hop)]
@@ -171,14 +157,8 @@ def _relay_chains(
         if not isinstance(h, Hop):
             rep.detail(f"{s.target.name}: not in the relay chain ({h}); sent from the head")
     if len(chain) < 2:
-        return [], agent
-    if agent is None:
-        mine = os.environ.get("SSH_AUTH_SOCK") if user_agent_has_keys(os.environ) else None
-        agent = Agent([f for _, h in chain for f in h.identities], existing=mine)
-    if agent.socket is None:
-        rep.detail("no relay: no key to forward to the nodes (start ssh-agent and ssh-add your key, or --relay never)")
-        return [], agent
-    return [chain[r.start : r.stop] for r in split_chains(len(chain))], agent
+        return []
+    return [chain[r.start : r.stop] for r in split_chains(len(chain))]
 
 
 _END = object()
@@ -198,7 +178,6 @@ def _fan_out(
     cached: Iterable[bytes] | None = None,
     *,
     chains: list[Chain] | None = None,
-    agent_socket: str | None = None,
 ) -> None:
     """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
     target slows the stream, a failed one is dropped from it. ``cached``: the archive already composed without
@@ -227,7 +206,7 @@ def _fan_out(
     def open_one(step: Step) -> _Sink:
         chain = by_head.get(step.target.name)
         if chain is not None:
-            return RelaySink([h for _, h in chain], agent_socket)
+            return RelaySink([h for _, h in chain])
         return (open_sink or docker.LoadSink)(step.target.endpoint)
 
     def loaded(step: Step, upstream: str | None) -> None:

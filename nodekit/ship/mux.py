@@ -11,8 +11,9 @@ to a node opens the connection, the others ride on it. When the push ends, every
 ``ssh://`` endpoints; a user whose ~/.ssh/config already does it is not harmed (the options given here win for
 these calls only).
 
-The relay chain's own session (:mod:`nodekit.ship.relay`) does not share: it forwards the agent, which a shared
-connection would take from whichever call opened it. It sets ``NODEKIT_SSH_NO_MUX``, which the wrapper obeys.
+The relay chain's sessions (:mod:`nodekit.ship.relay`) ride the same connections: they forward no agent (each
+says ``ForwardAgent=no``, which a shared connection honours per session), so nothing ties them to a connection of
+their own.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from pathlib import Path
 from nodekit import proc, ssh
 from nodekit.errors import DeadlineError
 
-NO_MUX = "NODEKIT_SSH_NO_MUX"
 PERSIST_S = 30
 """A master outlives its last call by this much at most (it is told to exit when the push ends anyway)."""
 
@@ -56,7 +56,7 @@ class SharedSsh:
             # Short: a unix socket path is at most 107 bytes, and %C is 40 of them.
             self.dir = Path(tempfile.mkdtemp(prefix="nkssh.", dir="/tmp" if os.path.isdir("/tmp") else None))
             wrapper = self.dir / "ssh"
-            wrapper.write_text(ssh.shared_wrapper(real, str(self.dir), PERSIST_S, opt_out=NO_MUX))
+            wrapper.write_text(ssh.shared_wrapper(real, str(self.dir), PERSIST_S))
             wrapper.chmod(0o755)
             self._real = real
             path = f"{self.dir}{os.pathsep}{proc.environ().get('PATH', '')}"

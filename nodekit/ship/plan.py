@@ -304,9 +304,7 @@ def plan_push(
             node=first.target.name,
         )
     for st in states:
-        if st.containerd_store != source.containerd_store and not (
-            source.engine_id and st.engine_id == source.engine_id
-        ):
+        if st.containerd_store != source.containerd_store and not same_engine(source, st):
             raise ShipError(mixed_stores(st.target.name, target_containerd=st.containerd_store), fix=STORE_FIX,
                             node=st.target.name)  # fmt: skip
     if compress == "zstd":
@@ -314,7 +312,7 @@ def plan_push(
     steps = []
     for st in states:
         t = st.target
-        if source.engine_id and st.engine_id == source.engine_id:
+        if same_engine(source, st):
             steps.append(Step(t, "skip", "is the source engine itself"))
         elif st.ref_id == source.image_id:
             steps.append(Step(t, "skip", f"already has {short_id(source.image_id)}"))
@@ -336,8 +334,21 @@ def plan_push(
                 )
             codec = choose_codec(compress, t.endpoint)
             reason = "has an older image under this name" if st.ref_id else "does not have the image"
+            if source.engine_id and st.engine_id == source.engine_id:
+                reason += f" (its engine ID is the source's, {source.engine_id}: {SHARED_ID})"
             steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id, layers=layers))
     return PushPlan(source=source, steps=tuple(steps))
+
+
+SHARED_ID = "a cloned data root, or /etc/docker/key.json, which Docker >= 23 copies into every new data root"
+
+
+def same_engine(source: Source, st: TargetState) -> bool:
+    """Whether the target is the source engine itself (reached by another name). Never from the engine ID alone:
+    two engines share one when a data root was cloned (VM images) or when /etc/docker/key.json existed as each
+    was created (Docker >= 23 takes the ID from it). The source engine holds the image under the pushed name, so a
+    target with the source's ID that does not is another engine, and is sent the image."""
+    return bool(source.engine_id) and st.engine_id == source.engine_id and st.ref_id == source.image_id
 
 
 STORE_FIX = (

@@ -1,13 +1,13 @@
 """Relays: a node that receives the image stream passes it on to the next, so the head's link carries it once.
 
 A push to N nodes over ``ssh://`` would otherwise send N copies out of the head. With a relay chain the head opens
-one SSH session, to the chain's first node, and runs :data:`RELAY_SCRIPT` there (POSIX sh, sent on the command
-line in base64; nothing is installed on any node). The script tees its stdin into ``docker load`` on that node and
-into ``ssh`` to the next node, which runs the same script, and so on: the stream flows through the chain while
-every node loads it, so N nodes take about the time of one. Each node reports on stderr, which flows back along
-the chain to the head: its process group (so an aborted push can end what it started), and its load's exit code
-and last lines. The head then checks the image id on every node itself, over its own connection to each, as for
-a direct push; a node the chain did not deliver to is sent the image directly from the head.
+one SSH session, to the chain's first node, and runs :data:`RELAY_SCRIPT` there (POSIX sh; nothing is installed
+on any node). The script tees its stdin into ``docker load`` on that node and into ``ssh`` to the next node, which
+runs the same script, and so on: the stream flows through the chain while every node loads it, so N nodes take
+about the time of one. Each node reports its load's exit code and last lines on stderr, which flows back along the
+chain to the head; the head then checks the image id on every node itself, over its own connection to each, as
+for a direct push, so a node that lies about another's load changes only a message. A node the chain did not
+deliver to is sent the image directly from the head.
 
 What a hop needs, and where it comes from:
 
@@ -16,22 +16,23 @@ What a hop needs, and where it comes from:
 - The next node's host key: pinned by the head. The hop's ``ssh`` trusts only the lines the head's known_hosts
   files hold for that node (``ssh-keygen -F``, under ``HostKeyAlias``), with ``StrictHostKeyChecking=yes``; a node
   the head has no host key line for is not relayed to.
-- A key to log in with: the head's, by agent forwarding (``ssh -A``) along the chain. The user's ssh-agent when it
-  holds keys; otherwise a private ssh-agent that nodekit starts for the push (:class:`Agent`) with the key files
-  ``ssh -G`` names, each held for at most 15 minutes, stopped by PID when the push ends.
-- On every node: sh, base64, mktemp, mkfifo, GNU tee (``-p``: a hop that dies does not stop the node before it)
-  and ssh. A node without them fails its load, and gets the image directly.
+- A key to log in with: never the user's. Each node dials the next with a key pair made on it for this push, which
+  the next node accepts only from it, only to run its own relay step, only for minutes, and only until the push
+  ends (:mod:`nodekit.ship.hopkeys`, which the head sets up over its own connection to each node; no agent is
+  forwarded anywhere).
+- Ending a chain early: the head ends, on each node, only the process group that node's own relay step recorded in
+  its directory there; nothing a node says on stderr is ever taken as a process to kill.
+- On every node: sh, base64, mktemp, mkfifo, GNU tee (``-p``: a hop that dies does not stop the node before it),
+  GNU date (``-d``), ssh and ssh-keygen, and sshd reading ``~/.ssh/authorized_keys`` (its default). A node where
+  setting up fails, or whose hop is refused, gets the image directly.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import shutil
-import tempfile
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +41,7 @@ from urllib.parse import urlsplit
 
 from nodekit import proc, ssh
 from nodekit.errors import DeadlineError, ShipError
-from nodekit.ship.mux import NO_MUX
+from nodekit.ship.hopkeys import ChainAccess, node_argv
 
 RelayMode = Literal["auto", "always", "never"]
 RELAY_MODES: tuple[RelayMode, ...] = ("auto", "always", "never")
@@ -72,30 +73,23 @@ def split_chains(n: int, most: int | None = None) -> list[range]:
 
 
 CONNECT_S = 10
-KEY_LIFETIME_S = 900
 _TAG = "nodekit-relay"
 
-# $1: this script in base64; $2: this node's name (base64); then per node after this one: name (base64),
-# user@host (base64), port, HostKeyAlias (base64), known_hosts lines (base64). Every argument is base64 or digits,
-# so the next hop's command line needs no quoting, and its length grows linearly with the chain.
+# Run as `sh DIR/relay` (DIR: the node's own directory, made and filled by hopkeys' setup over the head's own
+# connection): everything it needs is in DIR, nothing is read from its arguments or from SSH_ORIGINAL_COMMAND.
 _SCRIPT = r"""
-s=$1 me=$2
-shift 2
-d=$(mktemp -d "${TMPDIR:-/tmp}/nodekit-relay.XXXXXX") || { echo "nodekit-relay load $me 125" >&2; exit 0; }
+d=${0%/*}
+me=$(cat "$d/name")
 trap 'rm -rf "$d"' EXIT
 trap 'exit 143' TERM HUP INT
 trap '' PIPE
-echo "nodekit-relay pgid $me $(cut -d' ' -f5 /proc/$$/stat 2>/dev/null || echo $$)" >&2
-next=
-if [ $# -ge 5 ]; then
-  nm=$1 port=$3
-  dest=$(printf %s "$2" | base64 -d)
-  alias=$(printf %s "$4" | base64 -d)
-  printf %s "$5" | base64 -d > "$d/known_hosts"
-  shift 5
+unset SSH_AUTH_SOCK
+cut -d' ' -f5 /proc/$$/stat > "$d/pgid" 2>/dev/null || echo $$ > "$d/pgid"
+next= nm=
+if [ -f "$d/dest" ]; then
+  nm=$(cat "$d/next-name") port=$(cat "$d/port") dest=$(cat "$d/dest") alias=$(cat "$d/alias")
   mkfifo "$d/next"
-  @SSH@ -p "$port" -- "$dest" \
-    "sh -c \"\$(printf %s $s | base64 -d)\" nodekit-relay $s $nm $*" < "$d/next" &
+  @SSH@ -p "$port" -- "$dest" nodekit-relay < "$d/next" &
   next=$!
   tee -p "$d/next" | { docker load -q > "$d/out" 2>&1; echo $? > "$d/rc"; }
 else
@@ -110,7 +104,8 @@ fi
 exit 0
 """
 RELAY_SCRIPT = _SCRIPT.replace(
-    "@SSH@", ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned('"$d/known_hosts"', '"$alias"'))
+    "@SSH@",
+    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned('"$d/known_hosts"', '"$alias"'), identity='"$d/key"'),
 )
 
 
@@ -138,8 +133,6 @@ class Hop:
     """The name the head's known_hosts knows the node by (``HostKeyAlias`` on the hop before it)."""
     known_hosts: str
     """The head's known_hosts lines for the node: the only host keys the hop before it accepts."""
-    identities: tuple[str, ...] = ()
-    """The key files the head's ssh offers the node (added to a private agent when the user runs none)."""
 
     @property
     def dest(self) -> str:
@@ -210,19 +203,8 @@ def hop_of(name: str, endpoint: str, env: Mapping[str, str] | None = None) -> Ho
             lines += known_lines(found.stdout)
     if not lines:
         return f"the head has no host key for {lookup} in {' '.join(files) or 'its known_hosts'}"
-    identities = tuple(p for p in (_expand(f, home) for f in cfg.get("identityfile", [])) if Path(p).is_file())
     return Hop(name=name, endpoint=endpoint, user=one("user"), hostname=hostname, port=port, alias=lookup,
-               known_hosts=lines, identities=identities)  # fmt: skip
-
-
-def chain_command(hops: Sequence[Hop]) -> str:
-    """The command the head runs on the chain's first node: :data:`RELAY_SCRIPT`, with every node after the first
-    as arguments (how to dial it, the host key to accept)."""
-    script = _b64(RELAY_SCRIPT)
-    args = [script, _b64(hops[0].name)]
-    for h in hops[1:]:
-        args += [_b64(h.name), _b64(h.dest), str(h.port), _b64(h.alias), _b64(h.known_hosts)]
-    return f'sh -c "$(printf %s {script} | base64 -d)" {_TAG} ' + " ".join(args)
+               known_hosts=lines)  # fmt: skip
 
 
 @dataclass
@@ -233,23 +215,22 @@ class Report:
     """Each node's ``docker load`` exit code and last lines."""
     hops: dict[str, int] = field(default_factory=dict)
     """For each node after the first: the exit code of the ``ssh`` that reached it (255: could not connect)."""
-    pgids: dict[str, int] = field(default_factory=dict)
     other: list[str] = field(default_factory=list)
     """Every other line (ssh's own complaints: a refused host key, a refused login)."""
 
 
 def parse_report(stderr: str) -> Report:
+    """What the chain said, for messages only: the head judges every node by the image id it finds there itself,
+    and takes nothing here as an instruction (no process to end, no node to trust)."""
     r = Report()
     for line in stderr.splitlines():
         words = line.split()
-        if len(words) >= 4 and words[0] == _TAG and words[1] in ("load", "hop", "pgid") and words[3].isdigit():
+        if len(words) >= 4 and words[0] == _TAG and words[1] in ("load", "hop") and words[3].isdigit():
             who, n = _unb64(words[2]), int(words[3])
             if words[1] == "load":
                 r.loads[who] = (n, _unb64(words[4]).strip() if len(words) > 4 else "")
-            elif words[1] == "hop":
-                r.hops[who] = n
             else:
-                r.pgids[who] = n
+                r.hops[who] = n
         elif line.strip():
             r.other.append(line.strip())
     return r
@@ -277,82 +258,24 @@ def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> 
     return out
 
 
-class Agent:
-    """The ssh-agent the chain's hops log in through (agent forwarding): the user's own (``existing``, its
-    socket), else a private one started here holding ``identities``. ``socket`` is None when no key could be added
-    (one that needs a passphrase, with no agent to hold it unlocked). ``close`` stops a private agent by PID."""
-
-    def __init__(self, identities: Sequence[str], *, existing: str | None = None) -> None:
-        self.socket: str | None = existing
-        self.added = 0
-        self._proc: proc.Child | None = None
-        self._dir = ""
-        agent, add = shutil.which("ssh-agent"), shutil.which("ssh-add")
-        if existing is not None or agent is None or add is None or not identities:
-            return
-        self._dir = tempfile.mkdtemp(prefix="nodekit-agent.")
-        sock = os.path.join(self._dir, "agent.sock")
-        self._proc = proc.start([agent, "-D", "-a", sock], deadline=proc.Unbounded("lives for the push: close()"),
-                                what="ssh-agent", stdin="devnull", stdout="devnull", stderr="devnull")  # fmt: skip
-        deadline = time.monotonic() + 2
-        while not os.path.exists(sock):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                return
-            time.sleep(0.02)
-        env = {k: v for k, v in proc.environ().items() if k not in ("DISPLAY", "SSH_ASKPASS")}
-        env |= {"SSH_AUTH_SOCK": sock, "SSH_ASKPASS_REQUIRE": "never"}
-        for key in dict.fromkeys(identities):
-            with contextlib.suppress(OSError, DeadlineError):
-                done = proc.run([add, "-q", "-t", str(KEY_LIFETIME_S), key], deadline=10, what="ssh-add", fix="",
-                                env=env, stdin="devnull")  # fmt: skip
-                self.added += done.returncode == 0
-        if self.added:
-            self.socket = sock
-
-    def close(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.end(grace=5)
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
-
-    def __enter__(self) -> Agent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def user_agent_has_keys(env: Mapping[str, str]) -> bool:
-    """Whether the user's own ssh-agent (SSH_AUTH_SOCK) answers and holds at least one key."""
-    sock, add = env.get("SSH_AUTH_SOCK"), shutil.which("ssh-add")
-    if not sock or add is None or not os.path.exists(sock):
-        return False
-    with contextlib.suppress(OSError, DeadlineError):
-        return proc.run([add, "-l"], deadline=5, what="ssh-add -l", fix="", env=env).returncode == 0
-    return False
-
-
-def head_argv(hop: Hop, command: str) -> list[str]:
-    """The head's ``ssh -A`` to ``hop`` (as its endpoint names it: the head's ~/.ssh/config applies)."""
-    parts = urlsplit(hop.endpoint)
-    return ssh.command(parts.hostname or hop.hostname, command, port=parts.port, user=parts.username,
-                       connect_timeout=CONNECT_S, forward_agent=True, keepalive=True)  # fmt: skip
-
-
 class RelaySink:
-    """Feeds the chain ``hops``: the head's ``ssh -A`` to the first node runs :data:`RELAY_SCRIPT` there. Has
-    the shape of :class:`nodekit.docker.LoadSink` (write, finish, abort); ``finish`` returns the chain's
+    """Feeds the chain ``hops``: sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.
+    ChainAccess`; ShipError when a node cannot be), then the head's ssh to the first node runs its relay step.
+    Has the shape of :class:`nodekit.docker.LoadSink` (write, finish, abort); ``finish`` returns the chain's
     :class:`Report` and never raises for a node's failure (the head verifies every node itself)."""
 
-    def __init__(self, hops: Sequence[Hop], agent_socket: str | None) -> None:
+    def __init__(self, hops: Sequence[Hop]) -> None:
         self.hops = list(hops)
-        # Its own connection (NO_MUX): a shared one would forward the agent of whichever call opened it.
-        env = proc.environ({NO_MUX: "1", **({"SSH_AUTH_SOCK": agent_socket} if agent_socket is not None else {})})
-        self._env = env
+        self.access = ChainAccess(self.hops, RELAY_SCRIPT)
+        entry = self.access.open()
         self._stderr = b""
-        self._proc = proc.start(head_argv(self.hops[0], chain_command(self.hops)), env=env, stdin="pipe",
-                                stdout="devnull", stderr="pipe", what=f"the relay chain from {self.hops[0].name}",
-                                deadline=proc.Unbounded("the stream: finish() or abort() ends it"))  # fmt: skip
+        try:
+            self._proc = proc.start(node_argv(self.hops[0], entry, keepalive=True), stdin="pipe", stdout="devnull",
+                                    stderr="pipe", what=f"the relay chain from {self.hops[0].name}",
+                                    deadline=proc.Unbounded("the stream: finish() or abort() ends it"))  # fmt: skip
+        except BaseException:
+            self.access.close()
+            raise
         self._drain = threading.Thread(target=self._read, daemon=True)
         self._drain.start()
         self.rc: int | None = None
@@ -380,19 +303,12 @@ class RelaySink:
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.close()
         self.rc = self._proc.wait()
+        self.access.close()
         return self.report()
 
     def abort(self) -> None:
-        """Cut the chain: end the head's session and, on every node that said where its relay runs, that relay's
-        process group (a hop blocked on a hung node would otherwise linger)."""
+        """Cut the chain: end the head's session and, on every node, the relay step that node itself recorded
+        there (a hop blocked on a hung node would otherwise linger); then remove the push's keys and directories."""
         self._proc.cut_off()
         self.rc = self._proc.returncode
-        pgids = self.report().pgids
-        by_name = {h.name: h for h in self.hops}
-        kills = [
-            proc.start(head_argv(by_name[n], f"kill -TERM -- -{pg} 2>/dev/null; true"), env=self._env, deadline=15,
-                       what=f"ending the relay on {n}", stdin="devnull", stdout="devnull", stderr="devnull")
-            for n, pg in pgids.items() if n in by_name and pg > 1
-        ]  # fmt: skip
-        for k in kills:
-            k.wait()
+        self.access.close(kill=True)

@@ -419,16 +419,25 @@ class Host:
     def sshd_dir(self) -> Path:
         return self.run_dir / "sshd"
 
+    @property
+    def home(self) -> Path:
+        """The login user's home directory as this host's sshd sessions see it (bound over /root for them only)."""
+        return self.sshd_dir / "home"
+
     def start_sshd(
         self, authorized_keys: str, host_key: Path, *, sshd: Path = SSHD, path_first: Path | None = None
     ) -> int:
         """Start Debian's sshd in this host's namespace on port 22 of its address: only key logins (those in
-        ``authorized_keys``), host key ``host_key``, and ``DOCKER_HOST`` set for every session so that a remote
-        ``docker`` (the docker CLI's ``ssh://`` transport runs ``docker system dial-stdio`` there) reaches this host's
-        engine. ``path_first``: a directory put first on the sessions' PATH (this host's own ``docker``, say; the
-        hosts share one file system). Returns sshd's PID (``stop_sshd`` ends it; ``stop`` kills it with the rest)."""
+        ``authorized_keys``, and the user's own ``~/.ssh/authorized_keys``, sshd's default), host key ``host_key``,
+        and ``DOCKER_HOST`` set for every session so that a remote ``docker`` (the docker CLI's ``ssh://`` transport
+        runs ``docker system dial-stdio`` there) reaches this host's engine. Its sessions run in a mount namespace of
+        their own in which :attr:`home` is /root: each host has its own home, as separate machines do, and nothing
+        written to ~/.ssh there reaches this machine's /root. ``path_first``: a directory put first on the sessions'
+        PATH (this host's own ``docker``, say; the hosts share one file system). Returns sshd's PID (``stop_sshd``
+        ends it; the host's ``stop`` kills it with everything else)."""
         d = self.sshd_dir
         d.mkdir(parents=True, exist_ok=True)
+        (self.home / ".ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         (d / "authorized_keys").write_text(authorized_keys)
         config = d / "sshd_config"
@@ -439,7 +448,7 @@ class Host:
                     f"ListenAddress {self.addr}",
                     f"HostKey {host_key}",
                     f"PidFile {d / 'sshd.pid'}",
-                    f"AuthorizedKeysFile {d / 'authorized_keys'}",
+                    f"AuthorizedKeysFile {d / 'authorized_keys'} .ssh/authorized_keys",
                     "PermitRootLogin prohibit-password",
                     "PasswordAuthentication no",
                     "KbdInteractiveAuthentication no",
@@ -454,8 +463,11 @@ class Host:
             )
         )
         log = d / "sshd.log"
+        # unshare and sh exec: the PID is sshd's. Private propagation: the bind stays in sshd's namespace.
+        bind = ["sh", "-c", 'mount --bind "$0" /root && exec "$@"', str(self.home)]
+        own_home = ["unshare", "--mount", "--propagation", "private", "--", *bind]
         proc = subprocess.Popen(
-            self.argv(str(sshd), "-D", "-f", str(config), "-E", str(log)),
+            self.argv(*own_home, str(sshd), "-D", "-f", str(config), "-E", str(log)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             start_new_session=True,

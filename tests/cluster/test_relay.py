@@ -1,18 +1,23 @@
 """Relay chains over real SSH: the head sends the image stream once, to the first node, and each node passes it on
 to the next (nodekit/ship/relay.py) while loading it.
 
-Every host runs Debian's sshd; the head (h0) reaches them through an ssh set up as a user's ~/.ssh/config would be
-(key file, known_hosts, StrictHostKeyChecking). The nodes' own ssh knows nothing: a hop logs in with the head's key
-through agent forwarding (nodekit starts a private ssh-agent, as no user agent runs here) and trusts only the host
-key the head passed it. The head's link counters (``ip -s link`` in h0) say how many copies left the head.
+Every host runs Debian's sshd, its sessions with a home directory of their own (Host.home); the head (h0) reaches
+them through an ssh set up as a user's ~/.ssh/config would be (key file, known_hosts, StrictHostKeyChecking). The
+nodes' own ssh knows nothing: a hop logs in with a key made on its node for the push, which the next node accepts
+only for the push's relay step (nodekit/ship/hopkeys.py), and trusts only the host key the head passed it. No
+agent is forwarded. The head's link counters (``ip -s link`` in h0) say how many copies left the head.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import random
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,7 +42,7 @@ def head_tx(h0: Host) -> int:
 
 
 def push_env(fleet: Fleet) -> dict[str, str]:
-    return {**fleet.env, "DOCKER_HOST": fleet.cluster.main.docker_host}  # no user agent: nodekit starts its own
+    return {**fleet.env, "DOCKER_HOST": fleet.cluster.main.docker_host}  # no user agent, as in CI
 
 
 def push_argv(fleet: Fleet, *targets: Host, relay: str = "always") -> list[str]:
@@ -210,3 +215,291 @@ def test_four_nodes_with_chains_of_two_make_two_chains(ssh_keys: SshKeys, tmp_pa
         for h in c.hosts:
             h.stop_sshd()
         c.down(purge=True)
+
+
+# --- what a relay lends the nodes: nothing of the user's (issue 19 item 4) -----------------------------------------
+
+
+def relay_steps(host: Host) -> dict[int, dict[str, str]]:
+    """The relay's processes running in ``host`` (its script, and the ssh it dials the next node with), each with
+    its environment: what root on that node sees of them."""
+    found = {}
+    for pid in pids_in_netns(os.stat(host.netns_path).st_ino):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a == b"nodekit-relay" or b"/nodekit-relay." in a for a in argv):
+            pairs = (e.decode(errors="replace").partition("=") for e in environ if b"=" in e)
+            found[pid] = {k: v for k, _, v in pairs}
+    return found
+
+
+def nodekit_lines(host: Host) -> list[str]:
+    """The lines nodekit wrote into the login user's ~/.ssh/authorized_keys on ``host``."""
+    keys = host.home / ".ssh" / "authorized_keys"
+    text = keys.read_text() if keys.exists() else ""
+    return [ln for ln in text.splitlines() if ln.endswith(" nodekit-relay")]
+
+
+def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Path) -> None:
+    """The user runs an ssh-agent holding the key every node accepts. Before, the chain forwarded it (``ssh -A``)
+    hop to hop: inside the relay step on a node, SSH_AUTH_SOCK named it, and root there could log in anywhere with
+    it while the push ran. Now no relay process on any node has an agent, and the push's own hop keys are gone from
+    every node when it ends."""
+    h0, h1, h2 = fleet.cluster.hosts
+    wipe(h0, h1, h2)
+    want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    seen: dict[str, list[dict[str, str]]] = {"h1": [], "h2": []}
+    tried: dict[str, subprocess.CompletedProcess[str]] = {}
+    try:
+        deadline = time.monotonic() + 10
+        while not sock.exists():
+            assert time.monotonic() < deadline, "ssh-agent did not start"
+            time.sleep(0.05)
+        added = subprocess.run(["ssh-add", str(fleet.keys.client_key)], env={"SSH_AUTH_SOCK": str(sock)},
+                               capture_output=True, text=True)  # fmt: skip
+        assert added.returncode == 0, added.stderr
+        sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))  # about 5 s of stream: time to look at the relay steps
+        proc = subprocess.Popen(h0.argv(*push_argv(fleet, h1, h2)), env=h0.env({**push_env(fleet),
+                                "SSH_AUTH_SOCK": str(sock)}), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)  # fmt: skip
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline:
+            for h in (h1, h2):
+                steps = relay_steps(h)
+                seen[h.name] += steps.values()
+                if steps and h.name not in tried:
+                    # As root on the node would: an agent through the relay step's own environment.
+                    env = next(iter(steps.values()))
+                    tried[h.name] = h.run("ssh-add", "-l", env={"SSH_AUTH_SOCK": env.get("SSH_AUTH_SOCK", "")})
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+        agent.terminate()
+        agent.wait(timeout=10)
+    assert proc.returncode == 0, out + err
+    assert h1.image_id(REF) == want and h2.image_id(REF) == want
+    assert "relayed by h1" in err, err
+    assert seen["h1"] and seen["h2"] and set(tried) == {"h1", "h2"}, "the relay steps were never seen running"
+    for name, envs in seen.items():
+        socks = {e["SSH_AUTH_SOCK"] for e in envs if e.get("SSH_AUTH_SOCK")}
+        assert not socks, f"the relay on {name} had the user's agent: {socks}"
+    for name, got in tried.items():
+        assert got.returncode != 0 and "ED25519" not in got.stdout, f"{name}: {got.stdout}{got.stderr}"
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+    assert not list(Path("/tmp").glob("nodekit-agent.*")), "nodekit started an agent of its own"
+
+
+def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet: Fleet) -> None:
+    """Two pushes of two images to h1 and h2 at the same moment: each sets up its own hop key and directories and,
+    ending, removes only its own line (found by its key, under flock; tests/unit/test_hopkeys.py checks the
+    interleaving itself): both chains deliver, and neither push's line is left."""
+    h0, h1, h2 = fleet.cluster.hosts
+    wipe(h0, h1, h2)
+    other = "nodekit/shiptest:other"
+    want = {REF: make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB),
+            other: make_image(h0, other, seed=random.randrange(1 << 30), mib=MIB)}  # fmt: skip
+    dirs = relay_dirs()
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 80))  # both streams still flowing when the other one ends
+    try:
+        pushes = {}
+        for ref in want:
+            argv = nodekit_argv("push", ref, "--to", f"h1={fleet.url(h1)}", "--to", f"h2={fleet.url(h2)}", "--relay",
+                                "always")  # fmt: skip
+            pushes[ref] = subprocess.Popen(h0.argv(*argv), env=h0.env(push_env(fleet)), stdout=subprocess.PIPE,
+                                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+        done = {ref: p.communicate(timeout=300) for ref, p in pushes.items()}
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+    for ref, (out, err) in done.items():
+        assert pushes[ref].returncode == 0 and "relayed by h1" in err, out + err
+        assert h1.image_id(ref) == want[ref] and h2.image_id(ref) == want[ref]
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+    assert relay_dirs() == dirs
+
+
+ACCESS_SCRIPT = """
+import json, sys
+from nodekit.ship import hopkeys, relay
+hops = [relay.hop_of(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
+access = hopkeys.ChainAccess(hops, relay.RELAY_SCRIPT, lifetime_s=int(sys.argv[1]))
+access.open()
+print(json.dumps({h.name: [access.prepared[h.name].dir, access.prepared[h.name].key] for h in hops}), flush=True)
+sys.stdin.read()
+access.close()
+print("closed", flush=True)
+"""
+
+
+def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expires(fleet: Fleet) -> None:
+    """nodekit's own setup (hopkeys.ChainAccess) against real sshd: the key h1 made for the hop to h2 is accepted
+    by h2 from h1's address only, runs h2's relay step whatever command is asked for, and is refused once its
+    expiry-time has passed, even while its line is still there (a push whose head died)."""
+    h0, h1, h2 = fleet.cluster.hosts
+    life = 12
+    setup = subprocess.Popen(h0.argv(sys.executable, "-c", ACCESS_SCRIPT, str(life), fleet.url(h1), fleet.url(h2)),
+                             env=h0.env(push_env(fleet)), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert setup.stdout is not None and setup.stdin is not None
+        first = setup.stdout.readline()
+        assert first, setup.communicate(timeout=30)
+        opened = time.time()
+        dirs = {name: d for name, (d, _) in json.loads(first).items()}
+        key = Path(dirs["h1"]) / "key"  # made on h1 (the hosts share this machine's /tmp)
+        [line] = nodekit_lines(h2)
+        assert nodekit_lines(h1) == []
+        assert f'restrict,from="{h1.addr}",command="exec sh {dirs["h2"]}/relay" ssh-ed25519 ' in line, line
+        stamp = re.match(r'expiry-time="(\d{14})",', line)
+        assert stamp is not None, line
+        expires = time.mktime(time.strptime(stamp.group(1), "%Y%m%d%H%M%S"))
+        assert opened - 5 <= expires - life <= opened + 1, (line, opened)
+
+        def login(frm: Host) -> subprocess.CompletedProcess[str]:
+            return frm.run("ssh", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o",
+                           "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
+                           "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", f"root@{h2.addr}",
+                           "echo ASKED; id", timeout=60)  # fmt: skip
+
+        refused = login(h0)  # another address than h1's
+        assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
+        ran = login(h1)  # h1's address: the relay step runs (here with nothing to load), not the command asked
+        assert "ASKED" not in ran.stdout and "uid=" not in ran.stdout, ran.stdout
+        name = base64.b64encode(b"h2").decode()
+        assert f"nodekit-relay load {name} " in ran.stderr, ran.stderr
+        time.sleep(max(0.0, expires + 2 - time.time()))
+        assert nodekit_lines(h2) == [line]  # still there, as after a head that died
+        late = login(h1)
+        assert late.returncode == 255 and "Permission denied" in late.stderr, late.stderr
+        out, err = setup.communicate("", timeout=60)
+        assert "closed" in out, out + err
+    finally:
+        if setup.poll() is None:
+            setup.kill()
+            setup.wait()
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+    assert not any(Path(d).exists() for d in dirs.values())
+
+
+KILLED_SCRIPT = """
+import sys
+from nodekit import ship
+from nodekit.progress import NullReporter
+from nodekit.ship import hopkeys
+hopkeys.KEY_LIFETIME_S = int(sys.argv[1])
+src = ship.source_of(sys.argv[2], None)
+targets = [ship.Target(f"h{i}", url) for i, url in enumerate(sys.argv[3:], 1)]
+with ship.SharedSsh():
+    ship.push(ship.plan_push(src, ship.survey(src, targets)), NullReporter(), relay="always")
+"""
+
+
+def test_a_killed_push_leaves_only_a_line_that_expires_and_the_next_push_removes_it(fleet: Fleet) -> None:
+    """SIGKILL to the head mid-stream: nothing removes the hop key's line on h2, but it carries the push's expiry
+    (its refusal after that is tested above), the relay steps end with the stream, and the next push removes it."""
+    h0, h1, h2 = fleet.cluster.hosts
+    wipe(h0, h1, h2)
+    make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
+    life = 10
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
+    try:
+        head = subprocess.Popen(h0.argv(sys.executable, "-c", KILLED_SCRIPT, str(life), REF, fleet.url(h1),
+                                        fleet.url(h2)), env=h0.env(push_env(fleet)), cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        started = time.time()
+        deadline = time.monotonic() + 60
+        while not (loading(h1) and loading(h2)):
+            assert head.poll() is None and time.monotonic() < deadline, "the relay never reached h2"
+            time.sleep(0.1)
+        head.kill()  # nsenter execs python: this is the head itself
+        head.wait(timeout=10)
+        deadline = time.monotonic() + 60
+        while loading(h1) or loading(h2) or relay_steps(h1) or relay_steps(h2):
+            assert time.monotonic() < deadline, "the relay outlived its head"
+            time.sleep(0.2)
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+    [line] = nodekit_lines(h2)
+    stamp = re.match(r'expiry-time="(\d{14})",', line)
+    assert stamp is not None and nodekit_lines(h1) == [], line
+    assert time.mktime(time.strptime(stamp.group(1), "%Y%m%d%H%M%S")) <= started + life + 1, line
+    time.sleep(max(0.0, started + life + 2 - time.time()))
+    wipe(h1, h2)
+    done = h0.run(*push_argv(fleet, h1, h2), env=push_env(fleet), timeout=300)
+    assert done.returncode == 0 and "relayed by h1" in done.stderr, done.stdout + done.stderr
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+
+
+STALL_SCRIPT = """
+import sys
+from nodekit import ship
+from nodekit.errors import NodekitError
+from nodekit.progress import NullReporter
+src = ship.source_of(sys.argv[1], None)
+targets = [ship.Target(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
+with ship.SharedSsh():
+    try:
+        ship.push(ship.plan_push(src, ship.survey(src, targets)), NullReporter(), relay="always", stall_s=3)
+    except NodekitError as e:
+        print(e.one_line())
+"""
+
+
+def test_a_node_lying_about_process_groups_cannot_make_the_head_kill_on_another(fleet: Fleet) -> None:
+    """Root on h1 writes, on its relay's stderr, that h2's relay runs as the process group of a bystander on h2.
+    Before, when the push was cut (here: h1 stops reading, the stall deadline passes), the head killed every
+    process group the chain's stderr named, on the node named: the bystander. Now it ends on each node only what
+    that node's own relay step recorded there."""
+    h0, h1, h2 = fleet.cluster.hosts
+    wipe(h0, h1, h2)
+    make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
+    bystander = subprocess.Popen(h2.argv("sleep", "600"), start_new_session=True)  # its own process group
+    h2_name = base64.b64encode(b"h2").decode()
+    rc = h1.home / ".ssh" / "rc"  # run by h1's sshd for every session of the user's (sshd(8), SSHRC)
+    rc.write_text(f'( sleep 2; echo "nodekit-relay pgid {h2_name} {bystander.pid}" >&2 ) &\n')
+    stopped: list[int] = []
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
+    try:
+        head = subprocess.Popen(h0.argv(sys.executable, "-c", STALL_SCRIPT, REF, fleet.url(h1), fleet.url(h2)),
+                                env=h0.env(push_env(fleet)), cwd=ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not (loading(h1) and loading(h2)):
+            assert head.poll() is None and time.monotonic() < deadline, "the relay never reached h2"
+            time.sleep(0.1)
+        stopped = docker_loads(h1)
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)  # h1 stops taking the stream: the head cuts the chain after 3 s
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+        out, err = head.communicate(timeout=300)
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        rc.unlink()
+        alive = bystander.poll() is None
+        bystander.kill()
+        bystander.wait()
+    assert alive, f"the head killed a process group on h2 that h1 named: {out}{err}"
+    deadline = time.monotonic() + 30
+    while loading(h1) or loading(h2) or relay_steps(h1) or relay_steps(h2):
+        assert time.monotonic() < deadline, "a relay step outlived the cut chain"
+        time.sleep(0.2)
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+
+
+def docker_loads(host: Host) -> list[int]:
+    """The ``docker load`` processes running in ``host``."""
+    found = []
+    for pid in pids_in_netns(os.stat(host.netns_path).st_ino):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"load" in argv and any(a.endswith(b"docker") for a in argv):
+                found.append(pid)
+    return found

@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import tarfile
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from nodekit import ship
 from nodekit.errors import ShipError
 from nodekit.progress import RecordingReporter
 from tests.cluster.conftest import nodekit_argv
-from tests.cluster.harness import Cluster, Host
+from tests.cluster.harness import Cluster, Host, clean
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -114,6 +115,35 @@ def test_a_target_with_the_image_under_another_name_is_only_tagged(fresh: Cluste
     assert done.returncode == 0, done.stderr
     assert "h1: tagged nodekit/shiptest:current" in done.stderr
     assert h1.image_id(REF) == h0.image_id(REF)
+
+
+def test_two_engines_that_share_an_engine_id_are_still_two_engines(cluster_ready: None) -> None:
+    """Docker >= 23 keeps an engine's ID in its data root's ``engine-id`` file (copied from /etc/docker/key.json
+    when that exists as the data root is made); cloned VMs share the file too. Before, a target reporting the
+    source's ID was skipped as "the source engine itself" without the image, and `nodekit run` then said the image
+    was on every host and the start failed on the node without it (issue 19, "a false already there")."""
+    c = Cluster(2, name="nkid", owner=os.getpid(), decoy=False)
+    clean(c.name, purge=True)  # data roots of an earlier run would keep their own IDs
+    shared = str(uuid.uuid4())
+    for h in c.hosts:
+        h.data_root.mkdir(parents=True)
+        (h.data_root / "engine-id").write_text(shared)  # as a cloned disk or key.json would leave it
+    c.up()
+    try:
+        h0, h1 = c.hosts
+        assert [h.docker("info", "--format", "{{.ID}}").stdout.strip() for h in c.hosts] == [shared, shared]
+        want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=2)
+        argv = nodekit_argv("push", REF, "--to", f"h1={h1.docker_host}", "--to", f"self=unix://{h0.sock}")
+        dry = h0.run(*argv, "--dry-run", timeout=300)
+        assert dry.returncode == 0, dry.stdout + dry.stderr
+        assert f"load (none stream): does not have the image (its engine ID is the source's, {shared}" in dry.stdout
+        done = h0.run(*argv, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert h1.image_id(REF) == want, done.stderr
+        # The source engine itself, named another way, is still known as such: it holds the image under REF.
+        assert "self: skipped, is the source engine itself" in done.stderr, done.stderr
+    finally:
+        c.down(purge=True)
 
 
 def _truncated(chunks: Iterable[bytes], keep: int) -> Iterator[bytes]:

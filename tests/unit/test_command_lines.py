@@ -69,6 +69,27 @@ def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_d
     assert down.deadline == 150 and down.group
 
 
+def test_a_start_on_a_host_without_the_image_names_it_and_the_push_that_fixes_it(
+    fake_runner: FakeRunner, tmp_path: Path
+) -> None:
+    """Rendered files say ``pull_policy: never``, so Compose asks the engine and stops at "No such image" instead of
+    trying Docker Hub; nodekit makes that one line naming the image, the engine and the push. Before: "docker compose
+    up failed for ...: pull access denied for nodekit/ddp-demo, repository does not exist"."""
+    from nodekit import docker
+
+    path = tmp_path / "compose" / "node-1.yaml"
+    fake_runner.on("compose", "--file", stderr="Error response from daemon: No such image: nodekit/demo:abc\n",
+                   returncode=1)  # fmt: skip
+    fake_runner.on("version", stdout='{"Client": {"Version": "26.1.5"}, "Server": {"Version": "26.1.5"}}')
+    with pytest.raises(ImageError) as e:
+        docker.compose_up(path, "nodekit-demo-node1", host="ssh://root@n1")
+    e.value.node = "node 1"  # as the fleet's start names it
+    assert e.value.one_line() == (
+        "[node 1] image nodekit/demo:abc is not on ssh://root@n1, and a start never pulls it. "
+        "Fix: nodekit push nodekit/demo:abc --to ssh://root@n1"
+    )
+
+
 def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_path: Path) -> None:
     from nodekit import docker
 
@@ -186,29 +207,50 @@ def test_a_fleet_host_check_is_one_batch_mode_ssh_within_28_s(fake_runner: FakeR
     assert isinstance(problem, remote.Problem) and problem.fix.startswith("ssh-copy-id alice@10.0.0.6")
 
 
-def test_the_relays_ssh_hop_forwards_the_agent_keeps_alive_and_never_shares_a_connection(
+def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_the_push_key(
     fake_runner: FakeRunner,
 ) -> None:
-    from nodekit.ship import relay
-    from nodekit.ship.mux import NO_MUX
+    """Before, the head's session ran ``ssh -A`` (the user's agent forwarded along the chain) on a connection of its
+    own. Now every ssh of a relay says ForwardAgent=no, and before the stream each node is set up (its directory
+    and hop key) and the second node authorises the first node's key; when the stream ends, both are cleaned."""
+    from nodekit.ship import hopkeys, relay
 
+    key = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
+    fake_runner.on("ssh", stdout=f"nodekit-relay-setup /tmp/nodekit-relay.Ab12Cd ssh-ed25519 {key} 10.0.0.7\n")
     hops = [relay.Hop(name=n, endpoint=f"ssh://root@{n}:2201", user="root", hostname=n, port=2201, alias=n,
                       known_hosts=f"{n} ssh-ed25519 AAAA\n") for n in ("n1", "n2")]  # fmt: skip
-    sink = relay.RelaySink(hops, agent_socket="/tmp/agent.sock")
+    sink = relay.RelaySink(hops)
     sink.write(b"image bytes")
     sink.finish()
-    call = fake_runner.only("ssh")
-    assert call.cmd == ["ssh", "-A", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
-                        "-o", "ServerAliveCountMax=3", "-p", "2201", "-l", "root", "--", "n1",
-                        relay.chain_command(hops)]  # fmt: skip
-    assert call.env is not None and call.env[NO_MUX] == "1" and call.env["SSH_AUTH_SOCK"] == "/tmp/agent.sock"
-    assert isinstance(call.deadline, relay.proc.Unbounded) and bytes(call.written) == b"image bytes"
-    # The hop a node makes to the next one: the same options, and only the host key the head vouches for.
+    calls = fake_runner.calls
+    assert all(c.cmd[0] == "ssh" for c in calls) and len(calls) == 6
+    lend_nothing = ["-o", "BatchMode=yes", "-o", "ForwardAgent=no", "-o", "ClearAllForwardings=yes",
+                    "-o", "ConnectTimeout=10"]  # fmt: skip
+    where = ["-p", "2201", "-l", "root", "--"]
+    setups, authorize, stream, ends = calls[:2], calls[2], calls[3], calls[4:]
+    assert sorted(c.cmd[-2] for c in setups) == ["n1", "n2"] and authorize.cmd[-2] == "n2"
+    for c in [*setups, authorize, *ends]:
+        assert c.cmd[1:-2] == [*lend_nothing, *where] and c.deadline == hopkeys.CALL_S
+    n1 = next(c for c in setups if c.cmd[-2] == "n1")
+    assert n1.cmd[-1] == hopkeys.setup_command(hops[0], hops[1], relay.RELAY_SCRIPT)
+    line = f'restrict,from="10.0.0.7",command="exec sh /tmp/nodekit-relay.Ab12Cd/relay" ssh-ed25519 {key} nodekit-relay'
+    assert authorize.cmd[-1] == hopkeys.authorize_command(line, hopkeys.KEY_LIFETIME_S)
+    assert stream.cmd == ["ssh", *lend_nothing, "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
+                          *where, "n1", "exec sh /tmp/nodekit-relay.Ab12Cd/relay"]  # fmt: skip
+    assert isinstance(stream.deadline, relay.proc.Unbounded) and bytes(stream.written) == b"image bytes"
+    assert sorted((c.cmd[-2], c.cmd[-1]) for c in ends) == [
+        ("n1", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", "", kill=False)),
+        ("n2", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", key, kill=False)),
+    ]
+    # The hop a node makes to the next one: none of the node's ssh config, only the key made for the push, no agent,
+    # nothing forwarded, only the host key the head vouches for.
     hop_line = next(ln.strip() for ln in relay.RELAY_SCRIPT.splitlines() if ln.strip().startswith("ssh "))
     assert hop_line == (
-        'ssh -A -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$d/known_hosts" '
+        'ssh -F /dev/null -i "$d/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes '
+        "-o ForwardAgent=no -o ClearAllForwardings=yes "
+        '-o StrictHostKeyChecking=yes -o UserKnownHostsFile="$d/known_hosts" '
         '-o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 '
-        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" \\'
+        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" nodekit-relay < "$d/next" &'
     )
 
 

@@ -157,6 +157,13 @@ def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -
     assert "NODEKIT_IMAGE_ID" not in plain["environment"]  # type: ignore[operator]
 
 
+def test_a_start_never_pulls() -> None:
+    """The image is nodekit's own build, shipped and checked by id before any start: a pull could only fail, later
+    and from Docker Hub, where the missing image should have been named (issue 19, "a false already there")."""
+    for rank, facts in ((0, CPU_NODE), (1, GPU_NODE)):
+        assert svc(rendered(settings(), rank, facts))["pull_policy"] == "never"
+
+
 def _strings(value: object) -> list[str]:
     if isinstance(value, str):
         return [value]

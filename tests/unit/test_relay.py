@@ -1,5 +1,6 @@
-"""The relay chain's parts that need no node: the command line it sends, what its nodes report, and what the
-head's own OpenSSH (``ssh -G``, ``ssh-keygen -F``: real commands, no network) says about dialing each node."""
+"""The relay chain's parts that need no node: its script, what its nodes report, and what the head's own OpenSSH
+(``ssh -G``, ``ssh-keygen -F``: real commands, no network) says about dialing each node. The per-push keys:
+tests/unit/test_hopkeys.py."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.ship import hopkeys
 from nodekit.ship.relay import (
     RELAY_SCRIPT,
     Hop,
-    chain_command,
     hop_of,
     host_key_name,
     known_lines,
@@ -37,39 +38,38 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def test_the_chain_command_carries_the_script_and_every_later_hop_without_quoting() -> None:
+def test_setup_carries_the_script_and_the_next_hop_without_quoting() -> None:
     hops = [hop("a"), hop("b b", user="", port=2222, alias="[b b]:2222"), hop("c'; rm -rf /")]
-    cmd = chain_command(hops)
+    cmd = hopkeys.setup_command(hops[1], hops[2], RELAY_SCRIPT)
     words = cmd.split(" ")
     assert words[:4] == ["sh", "-c", '"$(printf', "%s"] and words[5:8] == ["|", "base64", '-d)"']
-    assert words[8] == "nodekit-relay" and words[4] == words[9]
-    script, me, rest = words[9], words[10], words[11:]
-    assert base64.b64decode(script).decode() == RELAY_SCRIPT
-    assert base64.b64decode(me).decode() == "a"
-    # Five words per later hop, each base64 or digits: a name with spaces or quotes cannot break the line.
-    assert len(rest) == 10 and rest[2] == "2222" and rest[7] == "22"
-    assert [base64.b64decode(rest[i]).decode() for i in (0, 1, 3)] == ["b b", "b b", "[b b]:2222"]
-    assert base64.b64decode(rest[5]).decode() == "c'; rm -rf /"
+    assert base64.b64decode(words[4]).decode() == hopkeys.SETUP_SCRIPT and words[8] == "nodekit-relay-setup"
+    args = words[9:]
+    assert base64.b64decode(args[0]).decode() == "b b" and base64.b64decode(args[1]).decode() == RELAY_SCRIPT
+    # Six words for the next hop, each base64 or digits: a name with spaces or quotes cannot break the line.
+    assert len(args) == 8 and args[4] == "22"
+    assert base64.b64decode(args[2]).decode() == "c'; rm -rf /"
     assert all(w.isdigit() or set(w) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-               for w in words[9:])  # fmt: skip
+               for w in args)  # fmt: skip
+    assert len(hopkeys.setup_command(hops[2], None, RELAY_SCRIPT).split(" ")[9:]) == 2  # the last node: no next
 
 
 def test_the_script_is_posix_sh() -> None:
     sh = shutil.which("dash") or shutil.which("sh")
     assert sh is not None
-    assert subprocess.run([sh, "-n", "-c", RELAY_SCRIPT], capture_output=True).returncode == 0
+    for script in (RELAY_SCRIPT, hopkeys.SETUP_SCRIPT, hopkeys.AUTHORIZE_SCRIPT, hopkeys.END_SCRIPT):
+        assert subprocess.run([sh, "-n", "-c", script], capture_output=True).returncode == 0, script
 
 
 def test_reports_are_read_per_node_and_failures_explained() -> None:
     hops = [hop("a"), hop("b"), hop("c")]
     stderr = "\n".join([
-        f"nodekit-relay pgid {b64('a')} 4242",
         f"nodekit-relay load {b64('a')} 0 {b64('Loaded image ID: sha256:ab')}",
         "Host key verification failed.",
         f"nodekit-relay hop {b64('b')} 255",
     ])  # fmt: skip
     r = parse_report(stderr)
-    assert r.pgids == {"a": 4242} and r.loads == {"a": (0, "Loaded image ID: sha256:ab")} and r.hops == {"b": 255}
+    assert r.loads == {"a": (0, "Loaded image ID: sha256:ab")} and r.hops == {"b": 255}
     why = why_not_loaded(hops, r, head_rc=0)
     assert set(why) == {"b", "c"}
     assert why["b"] == "a could not ssh to it: Host key verification failed."
@@ -112,7 +112,6 @@ def test_a_hop_is_what_the_heads_ssh_config_and_known_hosts_say(tmp_path: Path) 
     assert isinstance(got, Hop), got
     assert (got.dest, got.port, got.alias) == ("alice@10.9.9.9", 2222, "[10.9.9.9]:2222")
     assert got.known_hosts == f"[10.9.9.9]:2222 {pub[0]} {pub[1]}\n"  # only that host's line travels
-    assert got.identities == (str(key),)
     assert hop_of("n6", "ssh://jumped", env) == "reached through proxyjump (its node may not reach it directly)"
     missing = hop_of("n7", "ssh://unknown", env)
     assert isinstance(missing, str) and missing.startswith("the head has no host key for unknown")
@@ -142,30 +141,12 @@ def test_only_ssh_targets_sharing_a_big_enough_stream_relay() -> None:
     assert ship.relay_candidates(one.loads(), big.size, "always") == []  # one ssh target: nothing to relay to
 
 
-def _key(path: Path, passphrase: str = "") -> Path:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(path)], check=True)
-    return path
-
-
-@pytest.mark.skipif(shutil.which("ssh-agent") is None or shutil.which("ssh-keygen") is None, reason="no ssh-agent")
-def test_the_private_agent_holds_the_keys_it_can_and_is_stopped(tmp_path: Path) -> None:
-    """The agent a relay forwards when the user runs none: a real ssh-agent, started and stopped by PID."""
-    from nodekit.ship.relay import Agent, user_agent_has_keys
-
-    plain, locked = _key(tmp_path / "plain"), _key(tmp_path / "locked", passphrase="secret words")
-    with Agent([str(plain), str(locked), str(plain)]) as agent:
-        assert agent.socket is not None and agent.added == 1  # the locked key cannot be added without a prompt
-        listed = subprocess.run(["ssh-add", "-l"], env={"SSH_AUTH_SOCK": agent.socket}, capture_output=True, text=True)
-        assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 1, listed
-        assert user_agent_has_keys({"SSH_AUTH_SOCK": agent.socket})
-        pid = agent._proc.pid if agent._proc is not None else None
-        sock = agent.socket
-    assert pid is not None and not Path(f"/proc/{pid}").exists(), "the agent outlived the push"
-    assert not Path(sock).exists()
-    with Agent([str(locked)]) as none:
-        assert none.socket is None  # nothing to forward: the relay is skipped, said so
-    assert not user_agent_has_keys({"SSH_AUTH_SOCK": str(tmp_path / "no-such-socket")})
-    assert not user_agent_has_keys({})
+def test_a_process_group_a_node_names_on_stderr_is_only_text() -> None:
+    """Before, a line ``nodekit-relay pgid NODE N`` on the chain's stderr (which any node can write, for any node)
+    told the head to kill process group N on NODE when the push was cut. Now the report has no such field."""
+    r = parse_report(f"nodekit-relay pgid {b64('b')} 4242\nnodekit-relay load {b64('a')} 0 {b64('ok')}")
+    assert r.loads == {"a": (0, "ok")} and not hasattr(r, "pgids")
+    assert r.other == [f"nodekit-relay pgid {b64('b')} 4242"]
 
 
 def test_many_nodes_make_several_even_chains_of_at_most_eight() -> None:

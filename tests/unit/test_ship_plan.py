@@ -49,9 +49,24 @@ def test_targets_with_the_same_image_id_are_skipped_others_load() -> None:
 
 
 def test_the_source_engine_itself_is_skipped() -> None:
-    plan = ship.plan_push(SRC, [state("self", engine_id="engine-src")])
+    plan = ship.plan_push(SRC, [state("self", engine_id="engine-src", ref_id=NEW, has_image=True)])
     assert actions(plan) == {"self": "skip"}
     assert "source engine" in plan.steps[0].reason
+
+
+def test_an_engine_id_shared_with_the_source_is_not_the_source_engine() -> None:
+    """Before, a target whose engine reported the source's ID was skipped as "the source engine itself", image or
+    not: two engines share an ID when a data root was cloned or /etc/docker/key.json existed as both were made."""
+    plan = ship.plan_push(SRC, [state("clone", engine_id="engine-src"),
+                                state("clone-old", engine_id="engine-src", ref_id=OLD, has_image=False)])  # fmt: skip
+    assert actions(plan) == {"clone": "load", "clone-old": "load"}
+    assert plan.steps[0].reason == (
+        "does not have the image (its engine ID is the source's, engine-src: a cloned data root, or "
+        "/etc/docker/key.json, which Docker >= 23 copies into every new data root)"
+    )
+    # A shared ID does not excuse a different image store either: only the engine itself is exempt.
+    with pytest.raises(ShipError):
+        ship.plan_push(SRC, [state("clone", engine_id="engine-src", containerd_store=True)])
 
 
 def test_unreachable_target_refuses_before_anything_moves() -> None:

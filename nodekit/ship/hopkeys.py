@@ -1,0 +1,312 @@
+"""How a relay node logs in to the next one without the user's keys: a key pair per hop and per push, whose public
+half the next node accepts only for that push's relay step.
+
+The head reaches every node of a chain over its own, already authenticated connection (the user's keys, agent and
+``~/.ssh/config``, on the head only), and there, for each chain (:class:`ChainAccess`):
+
+1. **setup**, on every node: a private directory (``mktemp -d``, mode 0700) holding the relay script, the node's
+   name and, on every node but the last, what the head says about the next node (address, port, the one host key
+   to accept) and a key pair made on that node by ``ssh-keygen`` (its private half never travels). The node says
+   the addresses it will dial the next node from (``ip route get``, and the one the head reached it at).
+2. **authorize**, on every node but the first: one line in ``~/.ssh/authorized_keys`` for the node before it::
+
+       expiry-time="<its own clock + KEY_LIFETIME_S>",restrict,from="<the node before's addresses>",
+       command="exec sh <this node's directory>/relay" ssh-ed25519 <the node before's key> nodekit-relay
+
+   ``restrict``: no pty, no agent, port or X11 forwarding, no ``~/.ssh/rc``. ``command=``: whatever the client
+   asks for, this node's own relay step runs (SSH_ORIGINAL_COMMAND is never read); what it relays to next is in
+   the directory the head wrote. ``from=``: only from the node before. ``expiry-time`` (OpenSSH >= 7.7): the hops
+   log in at the chain's start, seconds after this; it only bounds a line whose removal never came (the head died).
+3. **end**, on every node, when the chain ends: after an abort, first the process group that *this node's own*
+   relay step recorded in its directory, and only while that group still runs that step (never a number another
+   node reported); then the directory; then the line, found by its key, so that concurrent pushes keep theirs (and
+   any nodekit line whose expiry has passed goes too). authorized_keys is rewritten under ``flock`` into a
+   temporary file that replaces it, so a reader never sees half of it and two pushes never lose each other's lines.
+
+Root on a relay node can therefore use the hop key only to run the relay step on the next node, from its own
+address, for minutes; no key of the user's reaches any node. Why not the alternatives: ``ssh-add -h`` destination
+constraints (OpenSSH >= 8.9 on head and nodes) would still forward a key of the user's, with which root on a node
+gets a full login on every constrained host while the push runs; carrying every stream through the head's own
+connections (ProxyJump-style) lends nothing but gives up the relay's point, the head sending the image once.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+from urllib.parse import urlsplit
+
+from nodekit import proc, ssh
+from nodekit.errors import DeadlineError, ShipError
+
+if TYPE_CHECKING:
+    from nodekit.ship.relay import Hop
+
+CONNECT_S = 10
+CALL_S = 30
+"""Each setup, authorize or end step on a node: a few file operations and one ssh-keygen."""
+KEY_LIFETIME_S = 300
+"""How long a hop key's line is accepted, from its node's own clock (timezone included): the hops log in when the
+chain starts, seconds after the line is written; a line the head could not remove (it died) expires by then."""
+COMMENT = "nodekit-relay"
+
+# $1 the node's name (base64), $2 the relay script (base64); for every node but the last, the next node's name
+# (base64), user@host (base64), port, HostKeyAlias (base64), known_hosts lines (base64) and host (base64). Prints
+# "nodekit-relay-setup DIR [ssh-ed25519 KEY ADDRESS...]".
+SETUP_SCRIPT = r"""
+umask 077
+d=$(mktemp -d "${TMPDIR:-/tmp}/nodekit-relay.XXXXXX") || exit 1
+printf %s "$1" > "$d/name"
+printf %s "$2" | base64 -d > "$d/relay" || { rm -rf "$d"; exit 1; }
+if [ $# -lt 8 ]; then
+  echo "nodekit-relay-setup $d"
+  exit 0
+fi
+printf %s "$3" > "$d/next-name"
+printf %s "$4" | base64 -d > "$d/dest"
+printf %s "$5" > "$d/port"
+printf %s "$6" | base64 -d > "$d/alias"
+printf %s "$7" | base64 -d > "$d/known_hosts"
+host=$(printf %s "$8" | base64 -d)
+if ! ssh-keygen -q -t ed25519 -N '' -C nodekit-relay -f "$d/key" < /dev/null > /dev/null; then
+  rm -rf "$d"
+  exit 1
+fi
+addr=$(getent ahosts "$host" 2> /dev/null | awk 'NR == 1 { print $1 }')
+src=$(ip route get "${addr:-$host}" 2> /dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p' | head -n 1)
+set -- $SSH_CONNECTION
+echo "nodekit-relay-setup $d $(cut -d ' ' -f 1,2 "$d/key.pub") $src ${3:-}"
+"""
+
+# Rewrites ~/.ssh/authorized_keys under a lock: drops nodekit's lines that have expired and the one holding the key
+# $drop, appends $line (either may be empty). Never writes a file it could not read whole, nor one made read-only.
+_EDIT = r"""
+mkdir -p "$HOME/.ssh" || exit 1
+f=$HOME/.ssh/authorized_keys
+[ -L "$f" ] && f=$(readlink -f "$f")
+[ -e "$f" ] || [ -n "$line" ] || exit 0
+[ ! -e "$f" ] || { [ -w "$f" ] && [ -n "$(find "$f" -prune -perm -u=w)" ]; } || exit 1
+(
+  if command -v flock > /dev/null; then flock -w 20 9 || exit 1; fi
+  t="$f.nodekit.$$"
+  if [ -e "$f" ]; then
+    awk -v now="$now" -v drop="$drop" '
+      {
+        ours = $0 ~ /^expiry-time="[0-9]+",restrict,/ && $NF == "nodekit-relay"
+        if (ours && (substr($0, 14, 14) < now || (drop != "" && index($0, " " drop " ")))) next
+        print
+      }' "$f" > "$t" || { rm -f "$t"; exit 1; }
+  else
+    : > "$t"
+  fi
+  if [ -n "$line" ]; then printf '%s\n' "$line" >> "$t" || { rm -f "$t"; exit 1; }; fi
+  mv -f "$t" "$f"
+) 9>> "$HOME/.ssh/.nodekit-relay.lock"
+"""
+
+# $1 the line without its expiry (base64), $2 its lifetime in seconds.
+_AUTHORIZE = r"""
+umask 077
+unset TZ
+exp=$(date -d "+$2 seconds" +%Y%m%d%H%M%S) && now=$(date +%Y%m%d%H%M%S) || exit 1
+line="expiry-time=\"$exp\",$(printf %s "$1" | base64 -d)" drop=
+"""
+AUTHORIZE_SCRIPT = _AUTHORIZE + _EDIT
+
+# $1 the key whose line goes ("-": none), $2 this node's relay directory, $3 1 to end its relay step first.
+_END = r"""
+umask 077
+unset TZ
+drop=$1 d=$2 line=
+[ "$drop" = - ] && drop=
+now=$(date +%Y%m%d%H%M%S) || exit 1
+case $d in */nodekit-relay.*) ;; *) exit 2 ;; esac
+if [ "$3" = 1 ] && [ -f "$d/pgid" ]; then
+  pg=$(cat "$d/pgid")
+  case $pg in '' | *[!0-9]*) pg=0 ;; esac
+  if [ "$pg" -gt 1 ] && tr '\0' ' ' < "/proc/$pg/cmdline" 2> /dev/null | grep -qF "$d/relay"; then
+    kill -TERM "-$pg" 2> /dev/null
+  fi
+fi
+rm -rf "$d"
+[ -n "$drop" ] || exit 0
+"""
+END_SCRIPT = _END + _EDIT
+
+_DIR = re.compile(r"/[A-Za-z0-9._/-]*/nodekit-relay\.[A-Za-z0-9]+")
+_ED25519 = re.compile(r"AAAAC3NzaC1lZDI1NTE5AAAAI[A-Za-z0-9+/]{43}")
+"""The base64 of an ed25519 public key blob: its type name, then 32 bytes; nothing else can pass as one."""
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def _sh(script: str, name: str, *args: str) -> str:
+    """``script`` as one remote command line for the user's login shell: sent in base64, its arguments base64,
+    digits or validated paths, so nothing needs quoting."""
+    return f'sh -c "$(printf %s {_b64(script)} | base64 -d)" {name} ' + " ".join(args)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What setup made on one node: its relay directory and, on every node but the last, the public half of the
+    key it dials the next node with and the addresses it dials from."""
+
+    dir: str
+    key: str = ""
+    """The ed25519 public key blob (base64), empty on the chain's last node."""
+    addrs: tuple[str, ...] = ()
+
+
+def setup_command(hop: Hop, after: Hop | None, relay_script: str) -> str:
+    args = [_b64(hop.name), _b64(relay_script)]
+    if after is not None:
+        args += [_b64(after.name), _b64(after.dest), str(after.port), _b64(after.alias), _b64(after.known_hosts),
+                 _b64(after.hostname)]  # fmt: skip
+    return _sh(SETUP_SCRIPT, "nodekit-relay-setup", *args)
+
+
+def parse_setup(stdout: str, *, last: bool) -> Prepared | str:
+    """Pure: setup's answer, checked as the untrusted text it is (a node may say anything): a directory of the
+    shape mktemp makes, an ed25519 key and IP addresses; or why not."""
+    for line in stdout.splitlines():
+        words = line.split()
+        if not words or words[0] != "nodekit-relay-setup":
+            continue
+        if len(words) < 2 or not _DIR.fullmatch(words[1]):
+            return "its relay directory is not one mktemp makes"
+        if last:
+            return Prepared(dir=words[1])
+        if len(words) < 4 or words[2] != "ssh-ed25519" or not _ED25519.fullmatch(words[3]):
+            return "it made no ed25519 key (is ssh-keygen installed there?)"
+        addrs = tuple(dict.fromkeys(a for a in words[4:] if _is_ip(a)))
+        if not addrs:
+            return "it could not say which address it dials the next node from"
+        return Prepared(dir=words[1], key=words[3], addrs=addrs)
+    return "it printed no setup line"
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def authorized_line(before: Prepared, here: Prepared) -> str:
+    """The authorized_keys line (without its expiry, which the node adds by its own clock) that lets the node
+    ``before`` run the relay step in ``here``'s directory, and nothing else. Its parts were checked by
+    :func:`parse_setup`; checked again here, as a line with a quote or a newline in it would be a different line."""
+    if not (_ED25519.fullmatch(before.key) and _DIR.fullmatch(here.dir) and before.addrs):
+        raise ValueError("not a checked setup")
+    if not all(_is_ip(a) for a in before.addrs):
+        raise ValueError("not an address")
+    return (f'restrict,from="{",".join(before.addrs)}",command="{entry_command(here.dir)}" '
+            f"ssh-ed25519 {before.key} {COMMENT}")  # fmt: skip
+
+
+def entry_command(relay_dir: str) -> str:
+    """What runs a node's relay step: the script setup wrote into its directory."""
+    return f"exec sh {relay_dir}/relay"
+
+
+def authorize_command(line: str, lifetime_s: int) -> str:
+    return _sh(AUTHORIZE_SCRIPT, "nodekit-relay-authorize", _b64(line), str(int(lifetime_s)))
+
+
+def end_command(relay_dir: str, key: str, *, kill: bool) -> str:
+    if not _DIR.fullmatch(relay_dir) or (key and not _ED25519.fullmatch(key)):
+        raise ValueError("not a checked setup")
+    return _sh(END_SCRIPT, "nodekit-relay-end", key or "-", relay_dir, "1" if kill else "0")
+
+
+def node_argv(hop: Hop, command: str, *, keepalive: bool = False) -> list[str]:
+    """The head's own ssh to ``hop`` (as its endpoint names it: the head's ~/.ssh/config applies), lending it
+    nothing: no agent, no forwarding."""
+    parts = urlsplit(hop.endpoint)
+    return ssh.command(parts.hostname or hop.hostname, command, port=parts.port, user=parts.username,
+                       connect_timeout=CONNECT_S, lend_nothing=True, keepalive=keepalive)  # fmt: skip
+
+
+T = TypeVar("T")
+
+
+def _each(fn: Callable[[int], T], n: int) -> list[T]:
+    if n == 0:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, n)) as pool:
+        return list(pool.map(fn, range(n)))
+
+
+def _on(hop: Hop, command: str, what: str) -> tuple[bool, str]:
+    """Run ``command`` on ``hop`` over the head's own connection: (ok, stdout or why not)."""
+    try:
+        got = proc.run(node_argv(hop, command), deadline=CALL_S, what=f"{what} on {hop.name}", fix="",
+                       stdin="devnull")  # fmt: skip
+    except (OSError, DeadlineError) as e:
+        return False, str(e)
+    if got.returncode != 0:
+        said = [ln.strip() for ln in got.stderr.splitlines() if ln.strip()]
+        return False, f"exit {got.returncode}" + (f": {said[-1][:200]}" if said else "")
+    return True, got.stdout
+
+
+class ChainAccess:
+    """A chain's per-push access on its nodes: :meth:`open` sets up every node and authorises each hop, returning
+    the command that starts the first node's relay step; :meth:`close` ends it all (idempotent, never raises)."""
+
+    def __init__(self, hops: Sequence[Hop], relay_script: str, *, lifetime_s: int | None = None) -> None:
+        self.hops = list(hops)
+        self._script = relay_script
+        self._lifetime = KEY_LIFETIME_S if lifetime_s is None else lifetime_s
+        self.prepared: dict[str, Prepared] = {}
+        self.authorized: dict[str, str] = {}
+        """Per node: the key whose line was written there."""
+
+    def open(self) -> str:
+        """Set up every node and authorise every hop; ShipError naming the first node that could not be (what
+        was done is undone first)."""
+        hops = self.hops
+
+        def setup(i: int) -> Prepared | str:
+            after = hops[i + 1] if i + 1 < len(hops) else None
+            ok, out = _on(hops[i], setup_command(hops[i], after, self._script), "preparing the relay")
+            return parse_setup(out, last=after is None) if ok else out
+
+        done = _each(setup, len(hops))
+        self.prepared = {h.name: got for h, got in zip(hops, done, strict=True) if isinstance(got, Prepared)}
+        for h, got in zip(hops, done, strict=True):
+            if isinstance(got, str):
+                self._fail(h, f"preparing the relay there failed ({got})")
+
+        def authorize(i: int) -> tuple[bool, str]:
+            before, here = self.prepared[hops[i - 1].name], self.prepared[hops[i].name]
+            line = authorized_line(before, here)
+            ok, out = _on(hops[i], authorize_command(line, self._lifetime), "authorising the relay's hop key")
+            if ok:
+                self.authorized[hops[i].name] = before.key
+            return ok, out
+
+        for h, (ok, why) in zip(hops[1:], _each(lambda i: authorize(i + 1), len(hops) - 1), strict=True):
+            if not ok:
+                self._fail(h, f"its authorized_keys could not take the hop key ({why})")
+        return entry_command(self.prepared[hops[0].name].dir)
+
+    def _fail(self, hop: Hop, why: str) -> None:
+        self.close()
+        raise ShipError(f"cannot relay through {hop.name}: {why}", node=hop.name)
+
+    def close(self, *, kill: bool = False) -> None:
+        """On every node set up: end its relay step if ``kill`` (only what it recorded itself), remove its
+        directory and the hop key line written there. Best effort (a dead node is left to the line's expiry)."""
+        todo = [(h, self.prepared.pop(h.name)) for h in self.hops if h.name in self.prepared]
+        keys = {h.name: self.authorized.pop(h.name, "") for h, _ in todo}
+        _each(lambda i: _on(todo[i][0], end_command(todo[i][1].dir, keys[todo[i][0].name], kill=kill),
+                            "ending the relay"), len(todo))  # fmt: skip

@@ -1,0 +1,195 @@
+"""The per-push hop keys (nodekit/ship/hopkeys.py): what the head accepts from a node, and the real setup, authorize
+and end scripts run here by sh on a home directory of the test's own (no ssh, no node). sshd's side (from=,
+expiry-time, the forced command) is tested against real sshd in tests/cluster/test_relay.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from nodekit.ship import hopkeys
+from nodekit.ship.hopkeys import Prepared, authorized_line, parse_setup
+from nodekit.ship.relay import RELAY_SCRIPT, Hop
+
+KEY = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
+DIR = "/tmp/nodekit-relay.Ab12Cd"
+
+needs_tools = pytest.mark.skipif(
+    any(shutil.which(t) is None for t in ("ssh-keygen", "flock", "awk", "base64")), reason="no ssh-keygen/flock here"
+)
+
+
+def hop(name: str, host: str = "127.0.0.1") -> Hop:
+    return Hop(name=name, endpoint=f"ssh://root@{host}", user="root", hostname=host, port=22, alias=host,
+               known_hosts=f"{host} ssh-ed25519 AAAA\n")  # fmt: skip
+
+
+def test_a_setup_answer_is_checked_as_untrusted_text() -> None:
+    good = parse_setup(f"motd noise\nnodekit-relay-setup {DIR} ssh-ed25519 {KEY} 10.0.0.7 fe80::1 10.0.0.7\n",
+                       last=False)  # fmt: skip
+    assert good == Prepared(dir=DIR, key=KEY, addrs=("10.0.0.7", "fe80::1"))
+    assert parse_setup(f"nodekit-relay-setup {DIR}\n", last=True) == Prepared(dir=DIR)
+    hostile = {
+        f'nodekit-relay-setup /tmp/x" ssh-ed25519 {KEY} 10.0.0.7': "its relay directory is not one mktemp makes",
+        f"nodekit-relay-setup /tmp/nodekit-relay.a;b ssh-ed25519 {KEY} 10.0.0.7": "its relay directory",
+        f"nodekit-relay-setup {DIR} ssh-rsa {KEY} 10.0.0.7": "it made no ed25519 key",
+        f'nodekit-relay-setup {DIR} ssh-ed25519 {KEY}",command="sh 10.0.0.7': "it made no ed25519 key",
+        f"nodekit-relay-setup {DIR} ssh-ed25519 {KEY} *": "it could not say which address",
+        f"nodekit-relay-setup {DIR} ssh-ed25519 {KEY} 10.0.0.*,1.2.3.4": "it could not say which address",
+        f"nodekit-relay-setup {DIR} ssh-ed25519 {KEY}": "it could not say which address",
+        "": "it printed no setup line",
+    }
+    for answer, why in hostile.items():
+        got = parse_setup(answer, last=False)
+        assert isinstance(got, str) and got.startswith(why), (answer, got)
+
+
+def test_the_line_restricts_the_key_to_the_next_nodes_relay_step_from_the_node_before() -> None:
+    line = authorized_line(Prepared(dir="/tmp/nodekit-relay.Zz9", key=KEY, addrs=("10.0.0.7", "fd00::7")),
+                           Prepared(dir=DIR))  # fmt: skip
+    assert line == (f'restrict,from="10.0.0.7,fd00::7",command="exec sh {DIR}/relay" ssh-ed25519 {KEY} nodekit-relay')
+    for before in (Prepared(dir=DIR, key=KEY + "\nssh-ed25519", addrs=("10.0.0.7",)),
+                   Prepared(dir=DIR, key=KEY, addrs=("*",)), Prepared(dir=DIR, key=KEY)):  # fmt: skip
+        with pytest.raises(ValueError):
+            authorized_line(before, Prepared(dir=DIR))
+    with pytest.raises(ValueError):
+        authorized_line(Prepared(dir=DIR, key=KEY, addrs=("10.0.0.7",)), Prepared(dir='/tmp/nodekit-relay.x" y'))
+
+
+class Node:
+    """A node's side of the scripts: sh with HOME set to a directory of the test's own."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.keys = home / ".ssh" / "authorized_keys"
+
+    def run(self, command: str) -> subprocess.CompletedProcess[str]:
+        env = {"HOME": str(self.home), "PATH": os.environ["PATH"], "SSH_CONNECTION": "10.9.0.1 40000 10.9.0.2 22"}
+        return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30)
+
+    def setup(self, after: Hop | None) -> Prepared:
+        done = self.run(hopkeys.setup_command(hop("me"), after, RELAY_SCRIPT))
+        got = parse_setup(done.stdout, last=after is None)
+        assert isinstance(got, Prepared), (done.stdout, done.stderr)
+        return got
+
+    def authorize(self, line: str, lifetime: int = hopkeys.KEY_LIFETIME_S) -> None:
+        done = self.run(hopkeys.authorize_command(line, lifetime))
+        assert done.returncode == 0, done.stderr
+
+    def end(self, relay_dir: str, key: str, *, kill: bool = False) -> None:
+        done = self.run(hopkeys.end_command(relay_dir, key, kill=kill))
+        assert done.returncode == 0, done.stderr
+
+
+USER_LINES = 'ssh-ed25519 AAAAuser me@laptop\nfrom="10.*" ssh-rsa AAAAold old key nodekit-relay\n'
+
+
+@needs_tools
+def test_setup_makes_a_private_directory_and_a_key_that_never_leaves_the_node(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    got = node.setup(hop("next", "127.0.0.1"))
+    d = Path(got.dir)
+    try:
+        assert (d.stat().st_mode & 0o777) == 0o700 and ((d / "key").stat().st_mode & 0o777) == 0o600
+        assert (d / "key.pub").read_text().split()[1] == got.key and (d / "relay").read_text() == RELAY_SCRIPT
+        assert (d / "dest").read_text() == "root@127.0.0.1" and (d / "port").read_text() == "22"
+        assert "10.9.0.2" in got.addrs  # where the head reached it (SSH_CONNECTION)
+    finally:
+        node.end(got.dir, "")
+    assert not d.exists()
+
+
+@needs_tools
+def test_concurrent_pushes_keep_each_others_lines_and_the_users_lines_stay_as_they_were(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.keys.parent.mkdir(mode=0o700)
+    node.keys.write_text(USER_LINES)
+    before = [Node(tmp_path).setup(hop("n")) for _ in range(2)]
+    heres = [node.setup(None) for _ in range(2)]
+    lines = [authorized_line(b, h) for b, h in zip(before, heres, strict=True)]
+    # Two pushes authorise at the same moment (flock keeps the read-and-replace of one from losing the other's line).
+    procs = [subprocess.Popen(["sh", "-c", hopkeys.authorize_command(line, 300)], env={
+        "HOME": str(tmp_path), "PATH": os.environ["PATH"]}) for line in lines]  # fmt: skip
+    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    text = node.keys.read_text()
+    assert text.startswith(USER_LINES) and len(text.splitlines()) == 4
+    for line in lines:
+        written = next(ln for ln in text.splitlines() if ln.endswith(line))
+        got = re.fullmatch(r'expiry-time="(\d{14})",', written[: -len(line)])
+        assert got is not None, written
+        expires = time.mktime(time.strptime(got.group(1), "%Y%m%d%H%M%S"))  # the node's clock and zone: this one's
+        assert abs(expires - (time.time() + 300)) < 60, written
+    assert (node.keys.stat().st_mode & 0o777) == 0o600
+    node.end(heres[0].dir, before[0].key)
+    assert node.keys.read_text() == USER_LINES + next(ln for ln in text.splitlines()[2:] if lines[1] in ln) + "\n"
+    node.end(heres[1].dir, before[1].key)
+    assert node.keys.read_text() == USER_LINES
+    for b in before:
+        node.end(b.dir, "")
+
+
+@needs_tools
+def test_expired_lines_of_earlier_pushes_go_with_the_next_push(tmp_path: Path) -> None:
+    """A push whose head died leaves its line; sshd refuses it after its expiry, and the next push removes it."""
+    node = Node(tmp_path)
+    node.keys.parent.mkdir(mode=0o700)
+    node.keys.write_text(USER_LINES)
+    old = authorized_line(Prepared(dir=DIR, key=KEY, addrs=("10.0.0.7",)), Prepared(dir=DIR))
+    with node.keys.open("a") as f:
+        f.write(f'expiry-time="20200101000000",{old}\n')
+    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    node.authorize(authorized_line(before, here))
+    assert "20200101000000" not in node.keys.read_text() and node.keys.read_text().startswith(USER_LINES)
+    node.end(here.dir, before.key)
+    node.end(before.dir, "")
+    assert node.keys.read_text() == USER_LINES
+
+
+@needs_tools
+def test_authorized_keys_is_written_through_a_link_and_a_read_only_one_is_left_alone(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.keys.parent.mkdir(mode=0o700)
+    real = tmp_path / "managed_keys"
+    real.write_text(USER_LINES)
+    node.keys.symlink_to(real)
+    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    node.authorize(authorized_line(before, here))
+    assert node.keys.is_symlink() and real.read_text().startswith(USER_LINES) and KEY[:10] in real.read_text()
+    node.end(here.dir, before.key)
+    assert real.read_text() == USER_LINES
+    real.chmod(0o444)  # read-only by its owner's choice (root could write it: the script checks the mode)
+    done = node.run(hopkeys.authorize_command(authorized_line(before, Prepared(dir=DIR)), 300))
+    assert done.returncode != 0 and real.read_text() == USER_LINES
+    node.end(before.dir, "")
+
+
+@needs_tools
+def test_ending_kills_only_the_relay_step_this_node_recorded(tmp_path: Path) -> None:
+    """The head ends, on a node, the process group recorded in that node's own relay directory, and only while
+    that group still runs the relay step there: a stale or forged number names nobody it will kill."""
+    node = Node(tmp_path)
+    step, other = node.setup(None), node.setup(None)
+    # A stand-in for the relay step: its command line holds the directory's relay script, as `sh DIR/relay` does.
+    relay = subprocess.Popen(["sh", "-c", "sleep 60", f"{step.dir}/relay"], start_new_session=True)
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        (Path(other.dir) / "pgid").write_text(f"{bystander.pid}\n")  # a number that is not this node's relay step
+        node.end(other.dir, "", kill=True)
+        (Path(step.dir) / "pgid").write_text(f"{relay.pid}\n")
+        node.end(step.dir, "", kill=True)
+        assert relay.wait(timeout=10) == -signal.SIGTERM
+        assert bystander.poll() is None, "a process group that was not the relay step was killed"
+        assert not Path(step.dir).exists() and not Path(other.dir).exists()
+    finally:
+        for p in (relay, bystander):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
