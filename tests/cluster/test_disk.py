@@ -29,11 +29,16 @@ def test_a_node_without_room_is_refused_before_anything_moves(fleet: Fleet) -> N
     dockerd = find_dockerd()
     assert dockerd is not None
     wipe(h0, h2)
+
+    def restart_h1() -> None:  # stop() ends every process of the host, its sshd among them
+        h1.start(dockerd)
+        h1.wait_ready()
+        h1.start_sshd(fleet.keys.public(fleet.keys.client_key), fleet.keys.host_key)
+
     h1.stop()  # its engine restarts on a small file system of its own
     sh("mount", "-t", "tmpfs", "-o", f"size={SMALL_MIB}m", "nodekit-small-disk", str(h1.data_root))
     try:
-        h1.start(dockerd)
-        h1.wait_ready()
+        restart_h1()
         free = os.statvfs(h1.data_root)
         assert free.f_bavail * free.f_frsize < 2 * IMAGE_MIB << 20
         want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=IMAGE_MIB)
@@ -54,5 +59,4 @@ def test_a_node_without_room_is_refused_before_anything_moves(fleet: Fleet) -> N
         assert h2.image_id(REF) == want
     finally:
         h1.stop()  # also unmounts the small file system (the harness unmounts everything under the data root)
-        h1.start(dockerd)
-        h1.wait_ready()
+        restart_h1()

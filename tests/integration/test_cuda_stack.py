@@ -171,8 +171,9 @@ def test_a_package_change_keeps_the_lower_layers_and_ships_only_the_packages_lay
         after = docker.image_layers(last_tag(project))
         # base, CUDA libraries, framework: the same layers, and BuildKit reused them instead of reinstalling
         assert after[:3] == before[:3] and after[3] != before[3]
+        # (The packages layer with six may be in BuildKit's cache from an earlier run; the lower two must be.)
         cached = cached_steps(built.stdout + built.stderr)
-        assert cached == {"cudalibs": True, "framework": True, "wheels": False}, cached
+        assert cached["cudalibs"] and cached["framework"], cached
         # What a push to a node holding the previous image sends: the packages layer and the two above it.
         plan = plan_layers([Layer(d, 1) for d in after], frozenset(chain_ids(before)))
         assert [layer.diff_id for layer in plan.send] == list(after[3:])
