@@ -228,7 +228,8 @@ def test_a_trixie_base_runs_a_two_node_job_with_the_cp313_cuda_torch(tmp_path: P
         proj,
         'name = "nodekit-itest-trixie"\nbase_image = "nodekit/base:trixie"\nscript = "train.py"\n'
         'args = ["--epochs", "2"]\nnnodes = 2\nnproc_per_node = 1\n'
-        'packages = ["torch==2.14.1", "six==1.17.0", "exceptiongroup==1.3.1; python_version < \'3.12\'"]\n',
+        # numpy: torch 2.14's broadcast_object_list (train.py's resume) needs it
+        'packages = ["torch==2.14.1", "numpy", "six==1.17.0", "exceptiongroup==1.3.1; python_version < \'3.12\'"]\n',
     )
     shutil.copy(ROOT / "examples" / "ddp" / "train.py", proj / "train.py")
     (proj / "t.py").write_text("import sys, six\nprint('python', sys.version.split()[0], 'six', six.__version__)\n")
