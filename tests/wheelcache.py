@@ -26,17 +26,23 @@ from nodekit.lock import WHEELHOUSE, parse_lock
 CACHE = Path(os.environ.get("NODEKIT_WHEEL_CACHE", "/var/cache/nodekit-wheels"))
 
 
-def _pins(project: Path) -> set[tuple[str, str]]:
+def _pins(project: Path) -> set[tuple[str, str, str]]:
+    """(name, version, python) of every locked package: the cache holds wheels of several Pythons (cp311 and
+    cp313 torch share name and version), and only the lock's own are linked."""
     lock = parse_lock((project / "nodekit.lock").read_text())
-    return {(p.name, str(Version(p.version))) for p in lock.packages}
+    python = "cp" + lock.python_version.replace(".", "")
+    return {(p.name, str(Version(p.version)), python) for p in lock.packages}
 
 
-def _key(path: Path) -> tuple[str, str] | None:
+def _key(path: Path, python: str) -> tuple[str, str, str] | None:
+    """The wheel's (name, version, python) when it installs on CPython ``python`` (``cp311``), else None."""
     try:
-        name, version, _, _ = parse_wheel_filename(path.name)
+        name, version, _, tags = parse_wheel_filename(path.name)
     except (InvalidWheelFilename, InvalidVersion):
         return None
-    return canonicalize_name(name), str(version)
+    if not any(t.interpreter == python or t.interpreter.startswith("py") for t in tags):
+        return None
+    return canonicalize_name(name), str(version), python
 
 
 def _link(src: Path, dest: Path) -> None:
@@ -55,11 +61,12 @@ def prefill(project: Path, cache: Path = CACHE) -> int:
     if not cache.is_dir():
         return 0
     pins = _pins(project)
+    python = next(iter(pins))[2] if pins else ""
     house = project / WHEELHOUSE
     house.mkdir(parents=True, exist_ok=True)
     n = 0
     for wheel in sorted(cache.glob("*.whl")):
-        if _key(wheel) in pins and not (house / wheel.name).exists():
+        if _key(wheel, python) in pins and not (house / wheel.name).exists():
             _link(wheel, house / wheel.name)
             n += 1
     return n
@@ -76,9 +83,10 @@ def keep(project: Path, cache: Path = CACHE) -> int:
     if not os.access(cache, os.W_OK) or not house.is_dir():
         return 0
     pins = _pins(project)
+    python = next(iter(pins))[2] if pins else ""
     n = 0
     for wheel in sorted(house.glob("*.whl")):
-        if _key(wheel) in pins and not (cache / wheel.name).exists():
+        if _key(wheel, python) in pins and not (cache / wheel.name).exists():
             _link(wheel, cache / wheel.name)
             n += 1
     return n
