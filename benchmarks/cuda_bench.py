@@ -38,7 +38,7 @@ from benchmarks._project import default_engine_env  # noqa: E402
 WORK = Path(os.environ.get("NODEKIT_CUDA_BENCH_DIR", "/var/tmp/nodekit-cuda-bench"))
 STATE = WORK / "state.json"
 EXAMPLE = ROOT / "examples" / "cuda"
-BUMP_BASE = "nodekit-bench/base-bump:1"
+RUN_BASE = "nodekit-bench/base"
 OLD_TORCH = ("torch==2.14.0", "torchvision==0.29.0")
 NEW_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
 EXTRA_PACKAGE = "six==1.17.0"
@@ -79,15 +79,21 @@ def image_size(ref: str) -> int:
 
 
 def layers(ref: str) -> list[dict[str, object]]:
-    """The image's layers, base first: diff id, size (docker history), and which step made it."""
+    """The image's layers, base first: diff id, size and which step made it (docker history, matched to the diff
+    ids as nodekit's push plan does: nodekit.ship.sized_layers)."""
+    from nodekit.append import EMPTY_LAYER
+    from nodekit.ship import sized_layers
+
     out = run(["docker", "history", "--no-trunc", "--human=false", "--format", "{{.CreatedBy}}\t{{.Size}}", ref])[1]
     steps = [ln.rsplit("\t", 1) for ln in reversed(out.strip().splitlines())]
-    made = [(by, int(size)) for by, size in steps if int(size) > 0]
-    inspect = json.loads(run(["docker", "image", "inspect", ref])[1])[0]
-    diff_ids = inspect["RootFS"]["Layers"]
-    if len(made) != len(diff_ids):
-        made = [("?", 0)] * len(diff_ids)
-    return [{"diff_id": d, "size": size, "step": step_name(by)} for d, (by, size) in zip(diff_ids, made, strict=True)]
+    diff_ids = json.loads(run(["docker", "image", "inspect", ref])[1])[0]["RootFS"]["Layers"]
+    sized = sized_layers(diff_ids, [int(size) for _, size in steps])
+    made = iter(by for by, size in steps if int(size) > 0)
+    return [
+        {"diff_id": layer.diff_id, "size": layer.size,
+         "step": "workdir" if layer.diff_id == EMPTY_LAYER else step_name(next(made, "?"))}
+        for layer in sized
+    ]  # fmt: skip
 
 
 def step_name(created_by: str) -> str:
@@ -97,6 +103,8 @@ def step_name(created_by: str) -> str:
             return name
     if "from=wheels," in created_by:
         return "packages"
+    if "/etc/nodekit-bench" in created_by:
+        return "bench base"
     if "COPY nodekit" in created_by:
         return "launcher"
     if "written by nodekit build" in created_by or "COPY . /workspace" in created_by:
@@ -111,7 +119,28 @@ def step_seconds(log: str) -> dict[str, float]:
     return {step_name(f"from={ctx},"): float(done[n]) for n, ctx in heads.items() if n in done}
 
 
-def fresh_project(name: str, packages: tuple[str, ...], base: str | None = None) -> Path:
+def run_base(state: dict[str, object]) -> str:
+    """This run's base: nodekit/base:bookworm plus a layer of its own (the run's id in one file), so every layer
+    built on it has its own chain: BuildKit's cache of other builds (the tests' images of the same lock, an earlier
+    run) cannot answer for this run's steps, and what is measured is built. Kept in the state for the later phases;
+    a label alone would not do (BuildKit keys the steps by the base's layers)."""
+    tag = state.get("base")
+    if isinstance(tag, str) and subprocess.run(["docker", "image", "inspect", tag], capture_output=True,
+                                               env=default_engine_env()).returncode == 0:  # fmt: skip
+        return tag
+    run_id = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    tag = f"{RUN_BASE}:{run_id}"
+    dockerfile = f"FROM nodekit/base:bookworm\nRUN echo {run_id} > /etc/nodekit-bench\n"
+    proc = subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, "-"], input=dockerfile, text=True,
+                          capture_output=True, env=default_engine_env(), timeout=300)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"cannot make the bench's base: {proc.stderr[-2000:]}")
+    state["base"] = tag
+    return tag
+
+
+def fresh_project(name: str, packages: tuple[str, ...], base: str) -> Path:
+    """examples/cuda copied to <work>/<name> on ``base``, with ``packages`` (and numpy), locked, wheels linked."""
     from tests import wheelcache
 
     project = WORK / name
@@ -122,10 +151,8 @@ def fresh_project(name: str, packages: tuple[str, ...], base: str | None = None)
     text = toml.read_text()
     text = re.sub(r"^name = .*$", f'name = "{name}-bench"', text, flags=re.M)
     text = re.sub(r"^packages = .*$", "packages = " + json.dumps([*packages, "numpy"]), text, flags=re.M)
-    if base:
-        text += f'base_image = "{base}"\n'
-    toml.write_text(text)
-    if packages != NEW_TORCH or base:
+    toml.write_text(text + f'base_image = "{base}"\n')
+    if packages != NEW_TORCH:  # the example's lock holds for any bookworm base (same Python, same platform)
         (project / "nodekit.lock").unlink()
         nk(project, "lock")
     wheelcache.prefill(project)
@@ -143,18 +170,27 @@ def build(project: Path, *flags: str) -> dict[str, object]:
 
 
 def remove_images(name: str) -> None:
+    """Every image of project ``name`` (its fingerprint tags and its ``env`` tag)."""
     fmt = "{{.Repository}}:{{.Tag}}"
-    for ref in run(["docker", "images", "--filter", f"label=org.nodekit.name={name}", "--format", fmt])[1].split():
+    refs = run(["docker", "images", "--filter", f"label=org.nodekit.name={name}", "--format", fmt])[1].split()
+    refs += run(["docker", "images", "--format", fmt, f"nodekit/{name}"])[1].split()
+    for ref in sorted(set(refs)):
         run(["docker", "rmi", ref])
+
+
+def phase_clean(state: dict[str, object]) -> None:
+    """The run's images (6 GB each, but for what they share), its base and the registry's blobs: gone."""
+    for name in ("cuda-bench", "bump-bench"):
+        remove_images(name)
+    if isinstance(state.get("base"), str):
+        subprocess.run(["docker", "rmi", str(state["base"])], capture_output=True, env=default_engine_env())
+        state.pop("base")
+    shutil.rmtree(WORK / "registry", ignore_errors=True)
 
 
 def phase_bump(state: dict[str, object]) -> None:
     """torch 2.14.0 -> 2.14.1 with the layer split: what the upgrade rebuilds and what a push of it sends."""
-    proc = subprocess.run(["docker", "build", "-q", "-t", BUMP_BASE, "-"], input="FROM nodekit/base:bookworm\n"
-                          "LABEL org.nodekit.bench=torch-upgrade\n", text=True, capture_output=True,
-                          env=default_engine_env(), timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    project = fresh_project("bump", OLD_TORCH, base=BUMP_BASE)
+    project = fresh_project("bump", OLD_TORCH, run_base(state))
     old_lock = (project / "nodekit.lock").read_text()
     try:
         before = build(project)
@@ -168,7 +204,6 @@ def phase_bump(state: dict[str, object]) -> None:
         new_lock = (project / "nodekit.lock").read_text()
     finally:
         remove_images("bump-bench")
-        run(["docker", "rmi", BUMP_BASE])
     from nodekit.lock import diff_locks, parse_lock
 
     diff = diff_locks(parse_lock(old_lock), parse_lock(new_lock))
@@ -179,7 +214,7 @@ def phase_bump(state: dict[str, object]) -> None:
 
 def phase_build(state: dict[str, object]) -> None:
     """Cold build, size, docker save, no-op, code-only and package-change rebuilds of examples/cuda."""
-    project = fresh_project("cuda", NEW_TORCH)
+    project = fresh_project("cuda", NEW_TORCH, run_base(state))
     v1 = build(project, "--no-cache")
     t0 = time.monotonic()
     subprocess.run(f"docker save {v1['tag']} > /dev/null", shell=True, check=True, env=default_engine_env())
@@ -199,7 +234,7 @@ def phase_build(state: dict[str, object]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--phase", choices=["all", "bump", "build", "ship", "render"], default="all")
+    parser.add_argument("--phase", choices=["all", "bump", "build", "ship", "clean", "render"], default="all")
     parser.add_argument("--counts", default="1,2,4", help="ship phase: target counts (default 1,2,4)")
     parser.add_argument("--mbit", type=int, default=1000)
     parser.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/")
@@ -208,7 +243,9 @@ def main() -> int:
 
     state = load_state()
     state["work"] = str(WORK)
-    phases = ["bump", "build", "ship"] if opts.phase == "all" else [opts.phase]
+    if opts.phase == "all":
+        state.pop("base", None)  # a fresh base: this run builds everything it measures
+    phases = ["bump", "build", "ship", "clean"] if opts.phase == "all" else [opts.phase]
     for phase in phases:
         print(f"cuda bench: phase {phase}", flush=True)
         if phase == "bump":
@@ -218,8 +255,8 @@ def main() -> int:
         elif phase == "ship":
             for n in (int(c) for c in opts.counts.split(",")):
                 _cuda_ship.phase_ship(state, n, opts.mbit, save_state)
-            if opts.phase == "all":
-                shutil.rmtree(WORK / "registry", ignore_errors=True)  # gigabytes of blobs, pushed once per run
+        elif phase == "clean":
+            phase_clean(state)
         save_state(state)
     section = _cuda_render.render(state)
     print(section)
