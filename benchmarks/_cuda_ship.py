@@ -176,7 +176,8 @@ class ShipRun:
         config.write_text("version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
                           f"    rootdirectory: {regdir / 'data'}\nhttp:\n  addr: 127.0.0.1:{REG_PORT}\n")  # fmt: skip
         self._serve([], config, regdir / "log")
-        _wait(lambda: subprocess.run([sys.executable, "-c", PROBE]).returncode == 0, self.started[-1], "the registry")
+        here = [sys.executable, "-c", PROBE]
+        _wait(lambda: subprocess.run(here, capture_output=True).returncode == 0, self.started[-1], "the registry")
         pushes: dict[str, float] = dict(self.facts.get("registry_push_s", {}))
         env = default_engine_env()
         for case, tag in self.tags.items():
