@@ -13,7 +13,7 @@ help:
 	@echo "make demo    build the example image and run a 2-node DDP job on this machine"
 	@echo "make test    lint, then unit + real-Docker + multi-host tests"
 	@echo "make engine  make a Docker engine with Compose v2 and Buildx reachable (installs one on Debian as root)"
-	@echo "make bench   nodekit vs bare torchrun, build times, image size (writes docs/benchmarks.md)"
+	@echo "make bench   nodekit vs bare torchrun, build times, image size, shipping (small and CUDA images; writes docs/benchmarks.md)"
 	@echo "make lint    ruff + mypy --strict"
 
 $(VENV)/.installed: pyproject.toml
@@ -64,6 +64,7 @@ else
 	$(PY) benchmarks/fleet_bench.py
 	$(PY) benchmarks/ship_bench.py
 	$(PY) benchmarks/base_bench.py
+	$(PY) benchmarks/cuda_bench.py --phase all
 endif
 
 clean:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -69,8 +69,8 @@ def mib(n: float) -> str:
     return f"{n / 1024 / 1024:.1f} MiB"
 
 
-def table(rows: Sequence[Row]) -> list[str]:
-    """The markdown table of ``rows``, in the order given."""
+def table(rows: Sequence[Row], cases: Mapping[str, str] = CASES) -> list[str]:
+    """The markdown table of ``rows``, in the order given; ``cases`` names the cases (the demo image's by default)."""
     lines = [
         "| case | how | targets | link | time | head's link sent | nodekit counted | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -78,7 +78,7 @@ def table(rows: Sequence[Row]) -> list[str]:
     for r in rows:
         counted = mib(r.nodekit_bytes) if r.nodekit_bytes is not None else "-"
         lines.append(
-            f"| {CASES[r.case]} | {HOWS[r.how]} | {r.targets} | {r.mbit} Mbit/s | {r.seconds:.1f} s | "
+            f"| {cases[r.case]} | {HOWS[r.how]} | {r.targets} | {r.mbit} Mbit/s | {r.seconds:.1f} s | "
             f"{mib(r.link_bytes)} | {counted} | {r.extra} |"
         )
     return lines

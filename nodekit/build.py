@@ -33,6 +33,8 @@ from nodekit.probe import DISTS_AND_TORCH, Target
 from nodekit.probe import target as probe_target
 from nodekit.progress import Reporter
 from nodekit.render.image import (
+    CUDA_LIBS_LOCK,
+    CUDA_LIBS_PACKAGE,
     FRAMEWORK_LOCK,
     FRAMEWORK_PACKAGE,
     LABEL_BASE,
@@ -46,6 +48,7 @@ from nodekit.render.image import (
     PACKAGES_LOCK,
     SOURCE_DATE_EPOCH,
     STAGE_CODE,
+    STAGE_CUDA_LIBS,
     STAGE_DOCKERFILE,
     STAGE_FRAMEWORK,
     STAGE_LAUNCHER,
@@ -358,13 +361,16 @@ def _sync_wheels(wheel_dir: Path, wheels: Mapping[str, Path], files: Mapping[str
 
 
 def _stage_wheels(root: Path, wheels: Mapping[str, Path], lock: Lock) -> None:
-    """The two wheel contexts: the framework's wheels (torch, triton, nvidia-*: their own layer, whose cache key
-    then depends on them alone) and the other packages' wheels with the whole lock."""
-    framework_text, packages_text = split_lock(lock.text())
+    """The three wheel contexts, one per layer (see :func:`nodekit.render.image.split_lock`): the CUDA libraries'
+    wheels (nvidia-*, cuda-*), the framework's (torch and its companions), each with its own lock file, so that a
+    layer's cache key depends on its wheels alone; and the other packages' wheels with the whole lock."""
+    layers = split_lock(lock.text())
+    cuda = {n: w for n, w in wheels.items() if CUDA_LIBS_PACKAGE.match(f"{n}==")}
     framework = {n: w for n, w in wheels.items() if FRAMEWORK_PACKAGE.match(f"{n}==")}
-    others = {n: w for n, w in wheels.items() if n not in framework}
-    _sync_wheels(root / STAGE_FRAMEWORK, framework, {FRAMEWORK_LOCK: framework_text})
-    _sync_wheels(root / STAGE_WHEELS, others, {"nodekit.lock": lock.text(), PACKAGES_LOCK: packages_text})
+    others = {n: w for n, w in wheels.items() if n not in framework and n not in cuda}
+    _sync_wheels(root / STAGE_CUDA_LIBS, cuda, {CUDA_LIBS_LOCK: layers.cuda_libs})
+    _sync_wheels(root / STAGE_FRAMEWORK, framework, {FRAMEWORK_LOCK: layers.framework})
+    _sync_wheels(root / STAGE_WHEELS, others, {"nodekit.lock": lock.text(), PACKAGES_LOCK: layers.packages})
 
 
 def _stage(

@@ -14,14 +14,14 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
 from nodekit.errors import ConfigError
 
 # Bump when the encoding below changes: old and new fingerprints must never collide.
-FINGERPRINT_SCHEME = "nodekit-stack-v1"
+FINGERPRINT_SCHEME = "nodekit-stack-v2"
 TAG_LENGTH = 12
 
 LABEL_NAME = "org.nodekit.name"
@@ -42,18 +42,26 @@ STAGE_LAUNCHER = "launcher"  # the main build context: nodekit/__init__.py + nod
 STAGE_CODE = "code"  # --build-context code=...: the project after .dockerignore
 STAGE_WHEELS = "wheels"  # --build-context wheels=...: the locked wheels + nodekit.lock, bind-mounted
 STAGE_FRAMEWORK = "framework"  # --build-context framework=...: the framework's wheels + framework.lock
+STAGE_CUDA_LIBS = "cudalibs"  # --build-context cudalibs=...: the CUDA libraries' wheels + cudalibs.lock
 FRAMEWORK_LOCK = "framework.lock"  # in STAGE_FRAMEWORK: the lock's framework lines (its own layer)
+CUDA_LIBS_LOCK = "cudalibs.lock"  # in STAGE_CUDA_LIBS: the lock's CUDA library lines (the layer below it)
 PACKAGES_LOCK = "packages.lock"  # in STAGE_WHEELS: the other lines (the packages layer above it)
 STAGE_DOCKERFILE = "Dockerfile"
 
-# The packages of the framework layer: torch and what ships with it, most of the image's bytes (6-10 GB with
-# CUDA) and the packages that change least. Everything else the lock pins goes to the packages layer above it, so
-# adding or upgrading a package rebuilds and ships that layer alone. setuptools goes with the framework because
-# ensurepip puts its own copy into the environment in that step: replacing it there keeps the old copy out of the
-# image (a later layer would only hide it under a whiteout).
-FRAMEWORK_PACKAGE = re.compile(
-    r"^(torch|torchvision|torchaudio|triton|pytorch-triton(-[a-z0-9]+)*|nvidia-[a-z0-9-]+|setuptools)=="
-)
+# The lock's pins go to three layers, by what changes least, lowest first (each installed from its own build
+# context, so BuildKit's cache key for a layer depends on its wheels alone):
+#
+# - the CUDA libraries layer: the nvidia-* and cuda-* wheels PyPI's CUDA torch depends on (cuBLAS, cuDNN, NCCL,
+#   ...: about 2.2 GB of its 2.9 GB of wheels, 4 GB installed), and setuptools. They move with the CUDA version,
+#   not with every torch release: torch 2.14.0 -> 2.14.1 pins the same 16 nvidia-*/cuda-* wheels, byte for byte
+#   (docs/benchmarks.md, "The CUDA image"), so a torch upgrade rebuilds and ships the layer above only. setuptools
+#   is here because ensurepip puts its own copy into the environment in this step: replacing it in the same step
+#   keeps the old copy out of the image (a later layer would only hide it under a whiteout).
+# - the framework layer: torch and its companions, released together with it (torchvision, torchaudio, triton).
+# - the packages layer: everything else the lock pins; adding or upgrading a package rebuilds and ships that layer
+#   (and the small ones above it) alone.
+CUDA_LIBS_PACKAGE = re.compile(r"^(nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+|setuptools)==")
+FRAMEWORK_PACKAGE = re.compile(r"^(torch|torchvision|torchaudio|triton|pytorch-triton(-[a-z0-9]+)*)==")
 
 # Every timestamp the image carries (config, history, file mtimes) is this instant, 2025-01-01T00:00:00Z, so two
 # builds of the same inputs give the same image id. `docker images` therefore shows the same "created" for all.
@@ -274,9 +282,10 @@ def fingerprint(inputs: StackInputs) -> str:
         "scheme": FINGERPRINT_SCHEME,
         "base_id": inputs.base_id,
         "lock": _sha256(inputs.lock_text),
-        # Which pins the framework layer holds (split_lock's rule is code, not an input file): a change of the rule
+        # Which pins the lower layers hold (split_lock's rule is code, not an input file): a change of the rule
         # changes the layers, so it changes the fingerprint.
-        "framework": _sha256(split_lock(inputs.lock_text)[0]),
+        "framework": _sha256(split_lock(inputs.lock_text).framework),
+        "cuda_libs": _sha256(split_lock(inputs.lock_text).cuda_libs),
         "dockerfile": _sha256(inputs.dockerfile_text),
         "build_args": sorted([k, v] for k, v in inputs.build_args),
         "launcher": _tree(inputs.launcher),
@@ -341,16 +350,38 @@ class BuildPlan(BaseModel):
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
 
 
-def split_lock(lock_text: str) -> tuple[str, str]:
-    """Pure: ``(framework, packages)``, the lock's requirement lines split between the framework layer and the
-    packages layer (see FRAMEWORK_PACKAGE); each keeps the lock's comment header, so either is a valid
-    ``--require-hashes`` requirement file on its own."""
+class LockLayers(NamedTuple):
+    """The lock's requirement lines split between the image's three package layers (see CUDA_LIBS_PACKAGE), each a
+    valid ``--require-hashes`` requirement file on its own."""
+
+    cuda_libs: str
+    framework: str
+    packages: str
+
+
+def split_lock(lock_text: str) -> LockLayers:
+    """Pure: the lock split between the CUDA libraries, framework and packages layers.
+
+    The two lower files carry only the ``# python:`` and ``# platform:`` lines of the lock's header: the header's
+    ``# input:`` lines (the project's requirements) change whenever a package is added, and a lower layer's file
+    must not, or BuildKit would rebuild that layer (minutes, for CUDA) when only the packages layer changed. The
+    packages file keeps the whole header.
+    """
     header = [ln for ln in lock_text.splitlines() if not ln or ln.startswith("#")]
     lines = [ln for ln in lock_text.splitlines() if ln and not ln.startswith("#")]
+    target = [ln for ln in header if ln.startswith(("# python:", "# platform:"))]
+    cuda = [ln for ln in lines if CUDA_LIBS_PACKAGE.match(ln)]
     framework = [ln for ln in lines if FRAMEWORK_PACKAGE.match(ln)]
-    packages = [ln for ln in lines if not FRAMEWORK_PACKAGE.match(ln)]
-    head = "\n".join(header).rstrip("\n") + "\n"
-    return head + "".join(f"{ln}\n" for ln in framework), head + "".join(f"{ln}\n" for ln in packages)
+    packages = [ln for ln in lines if not CUDA_LIBS_PACKAGE.match(ln) and not FRAMEWORK_PACKAGE.match(ln)]
+
+    def text(head: list[str], body: list[str]) -> str:
+        return "\n".join(head).rstrip("\n") + "\n" + "".join(f"{ln}\n" for ln in body)
+
+    return LockLayers(
+        cuda_libs=text(["# nodekit: the CUDA libraries layer's pins, from nodekit.lock", *target], cuda),
+        framework=text(["# nodekit: the framework layer's pins, from nodekit.lock", *target], framework),
+        packages=text(header, packages),
+    )
 
 
 def input_build_args(base_image: str, base_python: str = "python3", base_site: Sequence[str] = ()) -> dict[str, str]:
@@ -452,6 +483,7 @@ def plan_build(
             (STAGE_CODE, stage_dir / fp[:TAG_LENGTH] / STAGE_CODE),
             (STAGE_WHEELS, stage_dir / STAGE_WHEELS),
             (STAGE_FRAMEWORK, stage_dir / STAGE_FRAMEWORK),
+            (STAGE_CUDA_LIBS, stage_dir / STAGE_CUDA_LIBS),
         ),
         build_args=tuple(sorted({**args, **_metadata_args(labels)}.items())),
         labels=tuple(sorted(labels.items())),

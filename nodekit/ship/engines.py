@@ -15,6 +15,7 @@ from pathlib import Path
 from nodekit import docker
 from nodekit.blobs import BlobStore
 from nodekit.errors import NodekitError
+from nodekit.ship.disk import remote_free
 from nodekit.ship.plan import Source, Target, TargetState, chains_of, sized_layers
 
 
@@ -51,8 +52,9 @@ def layers_held(endpoint: str | None = None) -> frozenset[str]:
 
 
 def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
-    """Ask every target, in parallel, what it has: the image, its free disk and the layer chains its engine holds
-    (only asked when the image must travel). Never raises: failures land in ``TargetState.error``."""
+    """Ask every target, in parallel, what it has: the image, its free disk (statvfs for an engine on this machine,
+    ``df`` over SSH for an ``ssh://`` one, unknown for ``tcp://``) and the layer chains its engine holds (only asked
+    when the image must travel). Never raises: failures land in ``TargetState.error``."""
 
     def one(t: Target) -> TargetState:
         # The engine's facts first: under SharedSsh (nodekit/ship/mux.py) that call opens the node's one SSH
@@ -62,10 +64,12 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             facts = docker.engine_facts(t.endpoint)
         except NodekitError as e:
             return TargetState(target=t, error=e.message)
-        with ThreadPoolExecutor(max_workers=3) as asks:
+        with ThreadPoolExecutor(max_workers=4) as asks:
             f_ref = asks.submit(docker.image_info, source.ref, t.endpoint)
             f_id = asks.submit(docker.image_info, source.image_id, t.endpoint)
             f_layers = asks.submit(docker.layer_lists, t.endpoint)
+            # An engine elsewhere: its free disk over SSH (df under its data root), for the plan's room check.
+            f_free = asks.submit(remote_free, t.endpoint, facts.root_dir) if facts.free_bytes is None else None
         try:
             at_ref, by_id = f_ref.result(), f_id.result()
             has_image = by_id is not None and by_id.id == source.image_id
@@ -82,7 +86,7 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             server_version=facts.server_version,
             ref_id=at_ref.id if at_ref else None,
             has_image=has_image,
-            free_bytes=facts.free_bytes,
+            free_bytes=facts.free_bytes if f_free is None else f_free.result(),
             chains=chains,
             containerd_store=facts.containerd_store,
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
+from nodekit.append import EMPTY_LAYER
 from nodekit.errors import ShipError, UsageError
 
 Codec = Literal["none", "gzip", "zstd"]
@@ -69,13 +70,16 @@ class Layer:
 def sized_layers(diff_ids: Sequence[str], history_sizes: Sequence[int]) -> tuple[Layer, ...]:
     """The layers with their sizes from ``docker history`` (oldest first). History also lists steps that made no
     layer (ENV, CMD: size 0); the entries with a size are the layers in order when there are as many of them as
-    diff ids. Otherwise (a layer of size 0, which cannot be told from such a step) the sizes are unknown: 0."""
+    diff ids. A layer with no content at all is Docker's empty layer (``WORKDIR`` of a directory that exists: every
+    nodekit image has one), whose diff id is fixed: it is given size 0 and the sized entries fill the other layers.
+    Otherwise (another layer of size 0, which cannot be told from such a step) the sizes are unknown: 0."""
     sized = [n for n in history_sizes if n > 0]
     if len(history_sizes) == len(diff_ids):
-        sized = list(history_sizes)
-    elif len(sized) != len(diff_ids):
-        sized = [0] * len(diff_ids)
-    return tuple(Layer(d, n) for d, n in zip(diff_ids, sized, strict=True))
+        return tuple(Layer(d, n) for d, n in zip(diff_ids, history_sizes, strict=True))
+    if len(sized) != sum(1 for d in diff_ids if d != EMPTY_LAYER):
+        return tuple(Layer(d, 0) for d in diff_ids)
+    rest = iter(sized)
+    return tuple(Layer(d, 0 if d == EMPTY_LAYER else next(rest)) for d in diff_ids)
 
 
 def chain_ids(diff_ids: Sequence[str]) -> tuple[str, ...]:

@@ -6,7 +6,8 @@
 - A base with torch preinstalled the way conda images have it (a Python environment at /opt/conda, first on PATH):
   a project adding only ``lightning`` gets an image without a second torch (size checked against the base) and
   a two-node Lightning job runs with the base's torch.
-- A trixie base (Python 3.13): probed as such, and a project locks and builds for it.
+- A trixie base (Python 3.13): probed as such, a project locks and builds for it with PyPI's cp313 CUDA torch, and a
+  two-node job runs on it.
 
 The bases made here are kept between sessions (tagged ``nodekit-itest/...``) since they are pure functions of
 their inputs; a fresh machine makes them (about a minute each).
@@ -15,6 +16,7 @@ their inputs; a fresh machine makes them (about a minute each).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,7 +24,8 @@ from pathlib import Path
 import pytest
 
 from nodekit import docker
-from tests.integration.conftest import nodekit
+from tests import wheelcache
+from tests.integration.conftest import ROOT, nodekit
 
 pytestmark = pytest.mark.docker
 
@@ -206,32 +209,69 @@ def test_a_base_with_torch_keeps_it_and_a_two_node_lightning_job_runs(tmp_path: 
     assert result["lightning"].startswith("/opt/venv/"), result  # what the project added
 
 
-# --- a second real Python: trixie ---------------------------------------------------------------------------
+# --- a second real Python: trixie, with the cp313 CUDA torch from PyPI -------------------------------------------
+
+# PyPI's torch-2.14.1-cp313-cp313-manylinux_2_28_x86_64.whl: the CUDA build, the only torch 2.14.1 for CPython 3.13
+TORCH_CP313_SHA256 = "c8f71aabc67bcbfc9373dc131537a5968d04edce73e88add21354a7cd0a76985"
 
 
-def test_a_trixie_base_is_probed_as_python_313_and_a_project_builds_for_it(tmp_path: Path) -> None:
+def test_a_trixie_base_runs_a_two_node_job_with_the_cp313_cuda_torch(tmp_path: Path) -> None:
+    """CPython 3.13 (Debian trixie's), probed as such; the lock resolves for 3.13 with markers evaluated for it, and
+    the CUDA build of torch (the cp313 wheels come from PyPI: about 0.8 GB beyond the cp311 stack's nvidia-* wheels,
+    which are the same files, kept in the wheel cache outside the clone) trains a 2-node DDP job on the CPU.
+
+    The image is kept in the engine between runs, as the base is (a pure function of this test's files)."""
     made = nodekit("base", "--suite", "trixie", "--if-missing", config=_project(tmp_path / "b", ""), timeout=600)
     assert made.returncode == 0, made.stdout + made.stderr
     proj = tmp_path / "trixie"
     config = _project(
         proj,
-        'name = "nodekit-itest-trixie"\nbase_image = "nodekit/base:trixie"\nscript = "t.py"\n'
-        'packages = ["six==1.17.0", "exceptiongroup==1.3.1; python_version < \'3.12\'"]\n',
+        'name = "nodekit-itest-trixie"\nbase_image = "nodekit/base:trixie"\nscript = "train.py"\n'
+        'args = ["--epochs", "2"]\nnnodes = 2\nnproc_per_node = 1\n'
+        # numpy: torch 2.14's broadcast_object_list (train.py's resume) needs it
+        'packages = ["torch==2.14.1", "numpy", "six==1.17.0", "exceptiongroup==1.3.1; python_version < \'3.12\'"]\n',
     )
+    shutil.copy(ROOT / "examples" / "ddp" / "train.py", proj / "train.py")
     (proj / "t.py").write_text("import sys, six\nprint('python', sys.version.split()[0], 'six', six.__version__)\n")
-    built = nodekit("build", config=config, timeout=600)
-    assert built.returncode == 0, built.stdout + built.stderr
+    locked = nodekit("lock", config=config, timeout=900)
+    assert locked.returncode == 0, locked.stdout + locked.stderr
     lock = (proj / "nodekit.lock").read_text()
     assert "# python: 3.13\n" in lock and "# platform: manylinux_2_41_x86_64\n" in lock
     # the marker holds for the host's 3.11, not for the image's 3.13
     assert "\nsix==1.17.0 " in lock and "\nexceptiongroup==" not in lock
+    assert f"\ntorch==2.14.1 --hash=sha256:{TORCH_CP313_SHA256}" in lock and "\nnvidia-nccl-cu13==" in lock
+    wheelcache.prefill(proj)
+    built = nodekit("build", config=config, timeout=1800)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    wheelcache.keep(proj)
     tag = json.loads((proj / ".nodekit" / "last-build.json").read_text())["tag"]
-    ran = _docker("run", "--rm", "--network", "none", "--entrypoint", "python", tag, "/workspace/t.py")
-    assert ran.returncode == 0 and ran.stdout.startswith("python 3.13.") and "six 1.17.0" in ran.stdout, ran
-    probe_files = list((proj / ".nodekit" / "base-probe").glob("*.json"))
-    assert len(probe_files) == 1
-    assert json.loads(probe_files[0].read_text())["stack"]["version"].startswith("3.13.")
-    for info in docker.images_labelled("org.nodekit.name", "nodekit-itest-trixie"):
-        for t in info.tags:
-            docker.remove_image(t)
-    shutil.rmtree(proj, ignore_errors=True)
+    try:
+        ran = _docker("run", "--rm", "--network", "none", "--entrypoint", "python", tag, "/workspace/t.py")
+        assert ran.returncode == 0 and ran.stdout.startswith("python 3.13.") and "six 1.17.0" in ran.stdout, ran
+        probe_files = list((proj / ".nodekit" / "base-probe").glob("*.json"))
+        assert len(probe_files) == 1
+        assert json.loads(probe_files[0].read_text())["stack"]["version"].startswith("3.13.")
+        report = json.loads(nodekit("inspect", "--json", config=config).stdout)
+        assert report["python"].startswith("3.13.") and report["torch"] == "2.14.1+cu130" and report["cuda"] == "13.0"
+
+        flags = ["--main", "127.0.0.1", "--master-port", "29680"]
+        try:
+            bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config)
+            assert bg.returncode == 0, bg.stderr
+            fg = nodekit("up", "--node-rank", "0", *flags, config=config, timeout=600)
+            if fg.returncode != 0:
+                other = nodekit("logs", "--node-rank", "1", config=config).stdout
+                pytest.fail(f"node 0: {fg.stdout[-3000:]}{fg.stderr[-2000:]}\nnode 1: {other[-3000:]}")
+        finally:
+            for rank in (0, 1):
+                nodekit("down", "--node-rank", str(rank), config=config)
+        assert re.search(r"identical stacks \(image \w+, torch 2\.14\.1\+cu130, cuda 13\.0, python 3\.13\.", fg.stdout)
+        result = json.loads((proj / "outputs" / "result.json").read_text())
+        assert result["world_size"] == 2 and result["backend"] == "gloo" and result["checksums_equal"] is True
+    finally:
+        # Only this image is kept (6 GB): earlier fingerprints of the test's project are removed.
+        for info in docker.images_labelled("org.nodekit.name", "nodekit-itest-trixie"):
+            for t in info.tags:
+                if t != tag:
+                    docker.remove_image(t)
+        shutil.rmtree(proj, ignore_errors=True)

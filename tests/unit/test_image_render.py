@@ -300,6 +300,7 @@ def test_plan_build_tag_labels_and_args(tmp_path: Path) -> None:
         "code": tmp_path / "stage" / fp12 / "code",
         "wheels": tmp_path / "stage" / "wheels",
         "framework": tmp_path / "stage" / "framework",
+        "cudalibs": tmp_path / "stage" / "cudalibs",
     }
     assert args["SOURCE_DATE_EPOCH"] == str(SOURCE_DATE_EPOCH)
     assert (plan.code_files, plan.code_bytes) == (1, 10)
@@ -326,27 +327,33 @@ def test_dockerfile_layer_order_and_offline_install() -> None:
     launcher = next(i for i, s in enumerate(ins) if s.startswith("COPY nodekit "))
     code = next(i for i, s in enumerate(ins) if s.startswith("COPY --from=code"))
     assert keywords.index("FROM") < first_run < launcher < code
-    assert keywords.count("RUN") == 2 and keywords.count("COPY") == 2
+    assert keywords.count("RUN") == 3 and keywords.count("COPY") == 2
     # nothing after the code copy touches the file system
     assert all(k in ("ENTRYPOINT", "ARG", "LABEL", "ENV") for k in keywords[code + 1 :])
-    run = ins[first_run]
+    runs = [i for i, k in enumerate(keywords) if k == "RUN"]
+    assert runs[-1] < launcher
+    # Lowest first: the CUDA libraries layer makes the environment, then the framework, then the packages; each
+    # from its own context only, so each has its own cache key and its own layer.
+    cuda, framework, packages = (ins[i] for i in runs)
     for needle in (
-        "--mount=type=bind,from=framework",
-        "/wheels/framework.lock",
+        "--mount=type=bind,from=cudalibs",
+        "/wheels/cudalibs.lock",
         "--no-index",
         "--require-hashes",
         "--no-cache-dir",
         '"${BASE_PYTHON}" -m venv',
         "nodekit-base.pth",
+        "ensurepip",
     ):
-        assert needle in run, needle
-    # The packages layer comes next, from the other wheels only: its own cache key, its own layer.
-    second_run = keywords.index("RUN", first_run + 1)
-    assert first_run < second_run < launcher
-    packages = ins[second_run]
+        assert needle in cuda, needle
+    for needle in ("--mount=type=bind,from=framework", "/wheels/framework.lock", "--require-hashes", "--no-index"):
+        assert needle in framework, needle
     for needle in ("--mount=type=bind,from=wheels", "/wheels/packages.lock", "--require-hashes", "nodekit.lock"):
         assert needle in packages, needle
-    assert "from=wheels" not in run and "framework" not in packages
+    contexts = {"cudalibs": cuda, "framework": framework, "wheels": packages}
+    for name, run in contexts.items():
+        assert all(f"from={other}," not in run for other in contexts if other != name), name
+    assert "-m venv" not in framework and "-m venv" not in packages
     assert 'ENTRYPOINT ["/opt/venv/bin/python", "-m", "nodekit.launcher"]' in ins
     env = " ".join(s for s in ins if s.startswith("ENV"))
     for needle in ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "/opt/venv/bin"):
@@ -423,11 +430,12 @@ def test_stack_from_probe_of_a_cpu_image_and_of_a_foreign_image() -> None:
     assert stack_from_probe({"python": "3.12.0", "dists": {}, "torch": {}, "lock": "not a lock"})["packages"] == {}
 
 
-def test_the_lock_splits_into_the_framework_and_the_packages_layers() -> None:
+def test_the_lock_splits_into_the_cuda_libraries_framework_and_packages_layers() -> None:
     from nodekit.render.image import split_lock
 
     lock = (
-        "# nodekit.lock: header\n# python: 3.11\n\n"
+        "# nodekit.lock: header\n# python: 3.11\n# platform: manylinux_2_36_x86_64\n# input: torch==2.14.1\n\n"
+        "cuda-bindings==13.5.0 --hash=sha256:c1\n"
         "filelock==4.2.11 --hash=sha256:aa\n"
         "numpy==2.4.6 --hash=sha256:bb\n"
         "nvidia-nccl-cu12==2.21.5 --hash=sha256:cc\n"
@@ -437,11 +445,42 @@ def test_the_lock_splits_into_the_framework_and_the_packages_layers() -> None:
         "triton==3.5.0 --hash=sha256:ff\n"
         "torchmetrics==1.5.0 --hash=sha256:gg\n"
     )
-    framework, packages = split_lock(lock)
-    body = [ln.split("==")[0] for ln in framework.splitlines() if ln and not ln.startswith("#")]
-    rest = [ln.split("==")[0] for ln in packages.splitlines() if ln and not ln.startswith("#")]
-    assert body == ["nvidia-nccl-cu12", "setuptools", "torch", "torchvision", "triton"]
+    layers = split_lock(lock)
+
+    def names(text: str) -> list[str]:
+        return [ln.split("==")[0] for ln in text.splitlines() if ln and not ln.startswith("#")]
+
+    assert names(layers.cuda_libs) == ["cuda-bindings", "nvidia-nccl-cu12", "setuptools"]
+    assert names(layers.framework) == ["torch", "torchvision", "triton"]
     # torchmetrics is a package like any other: it changes with the project, not with torch.
-    assert rest == ["filelock", "numpy", "torchmetrics"]
-    assert framework.startswith("# nodekit.lock: header\n# python: 3.11\n") and packages.endswith("sha256:gg\n")
-    assert split_lock("# only comments\n") == ("# only comments\n", "# only comments\n")
+    assert names(layers.packages) == ["filelock", "numpy", "torchmetrics"]
+    assert layers.packages.startswith("# nodekit.lock: header\n# python: 3.11\n") and layers.packages.endswith(
+        "sha256:gg\n"
+    )
+    for lower in (layers.cuda_libs, layers.framework):
+        assert "# python: 3.11\n# platform: manylinux_2_36_x86_64\n" in lower and "# input:" not in lower
+    empty = split_lock("# only comments\n")
+    assert names(empty.cuda_libs) == names(empty.framework) == names(empty.packages) == []
+
+
+def test_adding_a_package_leaves_the_lower_layers_files_byte_identical() -> None:
+    """The CUDA libraries' and framework's lock files are the build contexts of their layers: when a package is
+    added (the lock's header and packages change), they must not change, or BuildKit reinstalls gigabytes."""
+    from nodekit.render.image import split_lock
+
+    head = "# nodekit.lock: header\n# python: 3.11\n# platform: manylinux_2_36_x86_64\n"
+    pins = "nvidia-nccl-cu13==2.30.7 --hash=sha256:cc\ntorch==2.14.1 --hash=sha256:dd\n"
+    before = split_lock(head + "# input: torch==2.14.1\n\n" + pins)
+    after = split_lock(head + "# input: torch==2.14.1\n# input: six\n\n" + pins + "six==1.17.0 --hash=sha256:ee\n")
+    assert (after.cuda_libs, after.framework) == (before.cuda_libs, before.framework)
+    assert after.packages != before.packages
+
+
+def test_a_torch_upgrade_that_keeps_its_cuda_libraries_changes_the_framework_layer_only() -> None:
+    from nodekit.render.image import split_lock
+
+    head = "# python: 3.11\n# platform: manylinux_2_36_x86_64\n\n"
+    libs = "nvidia-cudnn-cu13==9.24.0.43 --hash=sha256:c1\nnvidia-nccl-cu13==2.30.7 --hash=sha256:c2\n"
+    old = split_lock(head + libs + "numpy==2.4.6 --hash=sha256:n1\ntorch==2.14.0 --hash=sha256:t0\n")
+    new = split_lock(head + libs + "numpy==2.4.6 --hash=sha256:n1\ntorch==2.14.1 --hash=sha256:t1\n")
+    assert new.cuda_libs == old.cuda_libs and new.framework != old.framework

@@ -421,6 +421,21 @@ def test_layer_sizes_from_history(history: tuple[int, ...], sizes: tuple[int, ..
     assert ship.sized_layers(ids, history) == tuple(ship.Layer(i, n) for i, n in zip(ids, sizes, strict=True))
 
 
+def test_layer_sizes_of_a_nodekit_image_with_its_empty_workdir_layer() -> None:
+    """The CUDA image's history (docker history --human=false, oldest first): base, ARG/ENV steps, the three package
+    layers, the launcher, WORKDIR (Docker's empty layer, size 0), ENTRYPOINT, the code. Every nodekit image has that
+    empty layer; without telling it apart, every layer's size was unknown, and a partial push planned 0 bytes (no
+    disk check, no relay) for a 2 GB torch upgrade."""
+    from nodekit.append import EMPTY_LAYER
+
+    history = (172309936, 0, 0, 0, 0, 3415349364, 2165235000, 195477405, 116394, 0, 0, 12105)
+    ids = [d("b"), d("c"), d("f"), d("p"), d("l"), EMPTY_LAYER, d("x")]
+    sizes = [layer.size for layer in ship.sized_layers(ids, history)]
+    assert sizes == [172309936, 3415349364, 2165235000, 195477405, 116394, 0, 12105]
+    # an empty layer that is not Docker's fixed one still leaves the sizes unknown, as before
+    assert {layer.size for layer in ship.sized_layers([*ids[:5], d("e"), ids[6]], history)} == {0}
+
+
 SRC_L = ship.Source(ref=SRC.ref, image_id=NEW, size=int(1.2 * GiB), engine_id="engine-src", layers=V2)
 
 

@@ -1,0 +1,269 @@
+"""`make bench` (part): the CUDA image (examples/cuda: PyPI's CUDA torch 2.14.1 and torchvision, about 6 GB)
+built, changed and shipped, beside the demo image's figures (benchmarks/ship_bench.py). Issue 21, items 2 and 3.
+
+Phases, each short enough for one hold of the machine's heavy lock; results accumulate in <work>/state.json and the
+docs section is written from it (``--phase render``, also after every phase):
+
+- ``bump``: the layer split. A project at torch 2.14.0 / torchvision 0.29.0, then upgraded to 2.14.1 / 0.29.1: time
+  of each build, which layers changed and their sizes, and whether the CUDA libraries' pins moved. It builds on a
+  base of its own (nodekit/base:bookworm plus a label: the same files, another image id), so BuildKit's cache of
+  other builds cannot answer for it.
+- ``build``: cold build (``--no-cache``, wheelhouse filled), image size and layers, ``docker save`` time, no-op
+  rebuild, a code-only change (one line of train.py) and a package change (``six`` added): their rebuild times.
+- ``ship --counts N``: the virtual cluster's head sends the three versions (a: whole image to empty nodes, b: the
+  code change, c: the package change) to N targets over real SSH, relayed, links limited to 1 Gbit/s; and the
+  registry anchor (docker push once per version, pulls on every target through SSH tunnels). The head's source
+  engine is this machine's (no 6 GB copy into the head's engine); the targets' data roots are purged afterwards.
+
+    nk-heavy .venv/bin/python benchmarks/cuda_bench.py --phase all        # or one phase at a time
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks._project import default_engine_env  # noqa: E402
+
+WORK = Path(os.environ.get("NODEKIT_CUDA_BENCH_DIR", "/var/tmp/nodekit-cuda-bench"))
+STATE = WORK / "state.json"
+EXAMPLE = ROOT / "examples" / "cuda"
+RUN_BASE = "nodekit-bench/base"
+OLD_TORCH = ("torch==2.14.0", "torchvision==0.29.0")
+NEW_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
+EXTRA_PACKAGE = "six==1.17.0"
+
+
+def load_state() -> dict[str, object]:
+    return json.loads(STATE.read_text()) if STATE.is_file() else {}
+
+
+def save_state(state: dict[str, object]) -> None:
+    WORK.mkdir(parents=True, exist_ok=True)
+    tmp = STATE.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, STATE)
+
+
+def run(argv: list[str], *, timeout: float = 3600, quiet: bool = True) -> tuple[float, str]:
+    """Run ``argv`` on the default engine; (seconds, stdout + stderr). SystemExit naming it when it fails."""
+    t0 = time.monotonic()
+    proc = subprocess.run(argv, capture_output=quiet, text=True, timeout=timeout, env=default_engine_env())
+    seconds = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{(proc.stdout or '')[-2000:]}"
+                         f"\n{(proc.stderr or '')[-3000:]}")  # fmt: skip
+    return round(seconds, 1), (proc.stdout or "") + (proc.stderr or "")
+
+
+def nk(project: Path, *args: str) -> tuple[float, str]:
+    return run([sys.executable, "-m", "nodekit", *args, "--config", str(project / "nodekit.toml")])
+
+
+def tag_of(project: Path) -> str:
+    return str(json.loads((project / ".nodekit" / "last-build.json").read_text())["tag"])
+
+
+def image_size(ref: str) -> int:
+    return int(run(["docker", "image", "inspect", "--format", "{{.Size}}", ref])[1].strip())
+
+
+def layers(ref: str) -> list[dict[str, object]]:
+    """The image's layers, base first: diff id, size and which step made it (docker history, matched to the diff
+    ids as nodekit's push plan does: nodekit.ship.sized_layers)."""
+    from nodekit.append import EMPTY_LAYER
+    from nodekit.ship import sized_layers
+
+    out = run(["docker", "history", "--no-trunc", "--human=false", "--format", "{{.CreatedBy}}\t{{.Size}}", ref])[1]
+    steps = [ln.rsplit("\t", 1) for ln in reversed(out.strip().splitlines())]
+    diff_ids = json.loads(run(["docker", "image", "inspect", ref])[1])[0]["RootFS"]["Layers"]
+    sized = sized_layers(diff_ids, [int(size) for _, size in steps])
+    made = iter(by for by, size in steps if int(size) > 0)
+    return [
+        {"diff_id": layer.diff_id, "size": layer.size,
+         "step": "workdir" if layer.diff_id == EMPTY_LAYER else step_name(next(made, "?"))}
+        for layer in sized
+    ]  # fmt: skip
+
+
+def step_name(created_by: str) -> str:
+    """Which layer a history entry (or a BuildKit log line) is: the package steps name their lock files."""
+    for key, name in (("cudalibs", "CUDA libraries"), ("framework", "framework"), ("packages", "packages")):
+        if f"/wheels/{key}.lock" in created_by or f"from={key}," in created_by:
+            return name
+    if "from=wheels," in created_by:
+        return "packages"
+    if "/etc/nodekit-bench" in created_by:
+        return "bench base"
+    if "COPY nodekit" in created_by:
+        return "launcher"
+    if "written by nodekit build" in created_by or "COPY . /workspace" in created_by:
+        return "code"
+    return "base"
+
+
+def step_seconds(log: str) -> dict[str, float]:
+    """BuildKit's own time per package layer (``#N DONE 123.4s`` after the step's ``RUN --mount=...from=X``)."""
+    heads = dict(re.findall(r"#(\d+) \[[^\]]*\] RUN --mount=type=bind,from=(\w+)", log))
+    done = dict(re.findall(r"#(\d+) DONE ([\d.]+)s", log))
+    return {step_name(f"from={ctx},"): float(done[n]) for n, ctx in heads.items() if n in done}
+
+
+def run_base(state: dict[str, object]) -> str:
+    """This run's base: nodekit/base:bookworm plus a layer of its own (the run's id in one file), so every layer
+    built on it has its own chain: BuildKit's cache of other builds (the tests' images of the same lock, an earlier
+    run) cannot answer for this run's steps, and what is measured is built. Kept in the state for the later phases;
+    a label alone would not do (BuildKit keys the steps by the base's layers)."""
+    tag = state.get("base")
+    if isinstance(tag, str) and subprocess.run(["docker", "image", "inspect", tag], capture_output=True,
+                                               env=default_engine_env()).returncode == 0:  # fmt: skip
+        return tag
+    run_id = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+    tag = f"{RUN_BASE}:{run_id}"
+    dockerfile = f"FROM nodekit/base:bookworm\nRUN echo {run_id} > /etc/nodekit-bench\n"
+    proc = subprocess.run(["docker", "build", "-q", "--network", "none", "-t", tag, "-"], input=dockerfile, text=True,
+                          capture_output=True, env=default_engine_env(), timeout=300)  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(f"cannot make the bench's base: {proc.stderr[-2000:]}")
+    state["base"] = tag
+    return tag
+
+
+def fresh_project(name: str, packages: tuple[str, ...], base: str) -> Path:
+    """examples/cuda copied to <work>/<name> on ``base``, with ``packages`` (and numpy), locked, wheels linked."""
+    from tests import wheelcache
+
+    project = WORK / name
+    if project.exists():
+        shutil.rmtree(project)
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
+    toml = project / "nodekit.toml"
+    text = toml.read_text()
+    text = re.sub(r"^name = .*$", f'name = "{name}-bench"', text, flags=re.M)
+    text = re.sub(r"^packages = .*$", "packages = " + json.dumps([*packages, "numpy"]), text, flags=re.M)
+    toml.write_text(text + f'base_image = "{base}"\n')
+    if packages != NEW_TORCH:  # the example's lock holds for any bookworm base (same Python, same platform)
+        (project / "nodekit.lock").unlink()
+        nk(project, "lock")
+    wheelcache.prefill(project)
+    return project
+
+
+def build(project: Path, *flags: str) -> dict[str, object]:
+    from tests import wheelcache
+
+    seconds, log = nk(project, "build", "--create-base", *flags)
+    wheelcache.keep(project)
+    tag = tag_of(project)
+    return {"tag": tag, "seconds": seconds, "size": image_size(tag), "layers": layers(tag),
+            "steps": step_seconds(log)}  # fmt: skip
+
+
+def remove_images(name: str) -> None:
+    """Every image of project ``name`` (its fingerprint tags and its ``env`` tag)."""
+    fmt = "{{.Repository}}:{{.Tag}}"
+    refs = run(["docker", "images", "--filter", f"label=org.nodekit.name={name}", "--format", fmt])[1].split()
+    refs += run(["docker", "images", "--format", fmt, f"nodekit/{name}"])[1].split()
+    for ref in sorted(set(refs)):
+        run(["docker", "rmi", ref])
+
+
+def phase_clean(state: dict[str, object]) -> None:
+    """The run's images (6 GB each, but for what they share), its base and the registry's blobs: gone."""
+    for name in ("cuda-bench", "bump-bench"):
+        remove_images(name)
+    if isinstance(state.get("base"), str):
+        subprocess.run(["docker", "rmi", str(state["base"])], capture_output=True, env=default_engine_env())
+        state.pop("base")
+    shutil.rmtree(WORK / "registry", ignore_errors=True)
+
+
+def phase_bump(state: dict[str, object]) -> None:
+    """torch 2.14.0 -> 2.14.1 with the layer split: what the upgrade rebuilds and what a push of it sends."""
+    project = fresh_project("bump", OLD_TORCH, run_base(state))
+    old_lock = (project / "nodekit.lock").read_text()
+    try:
+        before = build(project)
+        toml = project / "nodekit.toml"
+        toml.write_text(toml.read_text().replace(json.dumps([*OLD_TORCH, "numpy"]), json.dumps([*NEW_TORCH, "numpy"])))
+        lock_s, _ = nk(project, "lock")
+        from tests import wheelcache
+
+        wheelcache.prefill(project)
+        after = build(project)
+        new_lock = (project / "nodekit.lock").read_text()
+    finally:
+        remove_images("bump-bench")
+    from nodekit.lock import diff_locks, parse_lock
+
+    diff = diff_locks(parse_lock(old_lock), parse_lock(new_lock))
+    state["bump"] = {"before": before, "after": after, "lock_s": lock_s, "changed": list(diff.changed),
+                     "added": list(diff.added), "removed": list(diff.removed),
+                     "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+
+
+def phase_build(state: dict[str, object]) -> None:
+    """Cold build, size, docker save, no-op, code-only and package-change rebuilds of examples/cuda."""
+    project = fresh_project("cuda", NEW_TORCH, run_base(state))
+    v1 = build(project, "--no-cache")
+    t0 = time.monotonic()
+    subprocess.run(f"docker save {v1['tag']} > /dev/null", shell=True, check=True, env=default_engine_env())
+    save_s = round(time.monotonic() - t0, 1)
+    noop_s, _ = nk(project, "build")
+    train = project / "train.py"
+    train.write_text(train.read_text() + "\n# one changed line: a code-only rebuild\n")
+    v2 = build(project)
+    toml = project / "nodekit.toml"
+    toml.write_text(toml.read_text().replace('"numpy"]', f'"numpy", "{EXTRA_PACKAGE}"]'))
+    lock_s, _ = nk(project, "lock")
+    v3 = build(project)
+    state["build"] = {"v1": v1, "v2": v2, "v3": v3, "save_s": save_s, "noop_s": noop_s, "lock_s": lock_s,
+                      "project": str(project),
+                      "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--phase", choices=["all", "bump", "build", "ship", "clean", "render"], default="all")
+    parser.add_argument("--counts", default="1,2,4", help="ship phase: target counts (default 1,2,4)")
+    parser.add_argument("--mbit", type=int, default=1000)
+    parser.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/")
+    opts = parser.parse_args()
+    from benchmarks import _cuda_render, _cuda_ship
+
+    state = load_state()
+    state["work"] = str(WORK)
+    if opts.phase == "all":
+        state.pop("base", None)  # a fresh base: this run builds everything it measures
+    phases = ["bump", "build", "ship", "clean"] if opts.phase == "all" else [opts.phase]
+    for phase in phases:
+        print(f"cuda bench: phase {phase}", flush=True)
+        if phase == "bump":
+            phase_bump(state)
+        elif phase == "build":
+            phase_build(state)
+        elif phase == "ship":
+            for n in (int(c) for c in opts.counts.split(",")):
+                _cuda_ship.phase_ship(state, n, opts.mbit, save_state)
+        elif phase == "clean":
+            phase_clean(state)
+        save_state(state)
+    section = _cuda_render.render(state)
+    print(section)
+    if not opts.no_docs:
+        _cuda_render.write_section(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Free disk under a target engine's data root, for the push plan's room check (:func:`nodekit.ship.plan.plan_push`).
+
+``docker info`` names the engine's data root but not the space left there. An engine on this machine (a unix
+socket) is asked with ``statvfs`` (:func:`nodekit.docker.engine_facts`); an ``ssh://`` engine is asked here, over
+the same SSH the docker CLI uses for it (under :class:`nodekit.ship.mux.SharedSsh` it rides the node's one
+connection): ``df -Pk`` on its data root, POSIX output that GNU coreutils and busybox both print. A ``tcp://`` engine
+offers no way to ask: its free disk stays unknown, and the push goes on without the check (the load then fails
+there, with the engine's own "no space left on device", and registers nothing).
+
+:func:`df_argv` and :func:`parse_df` are pure; :func:`remote_free` runs the command, with a deadline, and answers
+None rather than failing: a node that cannot say is not refused for it.
+"""
+
+from __future__ import annotations
+
+import shlex
+from urllib.parse import urlsplit
+
+from nodekit import deadline
+from nodekit.errors import DeadlineError
+
+DF_TIMEOUT_S = 30.0
+"""An ssh login and one ``df``; a node that takes longer is not asked again (its free disk stays unknown)."""
+
+
+def df_argv(endpoint: str, root: str, ssh: str = "ssh") -> list[str] | None:
+    """The command that prints the free space under ``root`` on the node of ``endpoint``: only for ``ssh://``
+    endpoints (None otherwise). Batch mode, as every ssh nodekit runs: a missing key fails instead of prompting; no
+    stdin (``-n``)."""
+    parts = urlsplit(endpoint)
+    if parts.scheme != "ssh" or not parts.hostname or not root:
+        return None
+    dest = f"{parts.username}@{parts.hostname}" if parts.username else parts.hostname
+    port = ["-p", str(parts.port)] if parts.port else []
+    opts = ["-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *port]
+    return [ssh, *opts, "--", dest, f"df -Pk -- {shlex.quote(root)}"]
+
+
+def parse_df(out: str) -> int | None:
+    """Bytes available from ``df -Pk`` output (a header, then one line: filesystem, 1024-blocks, used, available,
+    capacity, mount point), or None when it is not that. The available column is the one before the capacity
+    (``15%``), so a mount point with spaces in it does not shift it."""
+    lines = [ln.split() for ln in out.splitlines() if ln.strip()]
+    if len(lines) < 2:
+        return None
+    row = lines[-1]
+    cap = next((i for i, tok in enumerate(row) if i >= 4 and tok.endswith("%") and tok[:-1].isdigit()), None)
+    if cap is None or not row[cap - 1].isdigit():
+        return None
+    return int(row[cap - 1]) * 1024
+
+
+def remote_free(endpoint: str, root: str) -> int | None:
+    """Free bytes under ``root`` on the ``ssh://`` node of ``endpoint``; None when it cannot be known (not ssh, the
+    command failed or took longer than :data:`DF_TIMEOUT_S`)."""
+    argv = df_argv(endpoint, root)
+    if argv is None:
+        return None
+    try:
+        done = deadline.run(argv, timeout=DF_TIMEOUT_S, what=f"df on {endpoint}", fix="")
+    except (OSError, DeadlineError):
+        return None
+    return parse_df(done.stdout) if done.returncode == 0 else None
