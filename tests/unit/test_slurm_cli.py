@@ -1,0 +1,130 @@
+"""nodekit slurm's bad input: one line naming the problem and the fix, exit 2, no script written, nothing submitted.
+
+The Slurm client here is a fake on PATH that logs every call (a refused request never reaches a real ``sbatch``
+without ``--test-only``); the image is given as data (no engine needed). The real refusals (a partition or a GPU
+request the cluster's Slurm does not have) are in tests/cluster/test_slurm.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nodekit.cli.app import app
+from nodekit.slurm import job as slurm_job
+from nodekit.slurm import submit
+
+runner = CliRunner()
+IMAGE = slurm_job.ImageFacts(ref="nodekit/clitest:0123", id="sha256:" + "c" * 64, entrypoint=("python",))
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_SLURM", "NODEKIT_JOB_SECRET"):
+        monkeypatch.delenv(var, raising=False)
+    d = tmp_path / "project"
+    d.mkdir()
+    (d / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\nnnodes = 2\n')
+    (d / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(d)
+    monkeypatch.setattr(submit, "gather_image", lambda settings, image: IMAGE)
+    return d
+
+
+def fake_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, refuse: str = "") -> Path:
+    """sbatch, scontrol, scancel, srun on PATH (and nothing else of Slurm's); they log their arguments. sbatch
+    --test-only fails with ``refuse`` when given."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    for tool in ("sbatch", "scontrol", "scancel", "srun"):
+        body = f'echo "{tool} $*" >> {log}\n'
+        if tool == "sbatch" and refuse:
+            body += f'echo "sbatch: error: {refuse}" >&2\nexit 1\n'
+        (bin_dir / tool).write_text("#!/bin/sh\n" + body)
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    return log
+
+
+def assert_refused(project: Path, code: int, err: str, *needles: str) -> None:
+    assert code == 2, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("nodekit: error:") and "Fix:" in lines[0], err
+    for needle in needles:
+        assert needle in lines[0], err
+    assert not (project / "compose").exists(), "a refused command must not write the script"
+    assert not (project / ".nodekit" / "slurm").exists(), "a refused command must not make an image"
+
+
+def test_unknown_container_mode(project: Path) -> None:
+    result = runner.invoke(app, ["slurm", "--container", "singularity"])
+    assert_refused(project, result.exit_code, result.stderr, "unknown Slurm container mode 'singularity'", "docker")
+
+
+def test_unknown_container_mode_in_the_file(project: Path) -> None:
+    (project / "nodekit.toml").write_text((project / "nodekit.toml").read_text() + '[slurm]\ncontainer = "lxc"\n')
+    result = runner.invoke(app, ["slurm"])
+    assert_refused(project, result.exit_code, result.stderr, "slurm.container")
+
+
+def test_no_slurm_client_on_path(project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    result = runner.invoke(app, ["slurm", "--submit"])
+    assert_refused(project, result.exit_code, result.stderr, "sbatch is not on PATH", "login node")
+
+
+def test_a_request_sbatch_refuses_is_not_submitted(
+    project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    log = fake_slurm(tmp_path, monkeypatch, refuse="invalid partition specified: nope")
+    result = runner.invoke(app, ["slurm", "--submit"])
+    assert_refused(project, result.exit_code, result.stderr, "invalid partition specified: nope", "partition")
+    assert log.read_text().splitlines() == ["sbatch --test-only"]  # validated, never submitted
+
+
+def test_pyxis_missing_is_refused_before_submitting(
+    project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    log = fake_slurm(tmp_path, monkeypatch)  # srun --help lists no --container-image: no pyxis here
+    result = runner.invoke(app, ["slurm", "--submit", "--container", "pyxis"])
+    assert_refused(project, result.exit_code, result.stderr, "no pyxis", "--container-image")
+    assert "sbatch --parsable" not in log.read_text()
+
+
+def test_charliecloud_without_its_tools_here(project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    fake_slurm(tmp_path, monkeypatch)  # PATH: the fakes, /usr/bin, /bin; hide ch-convert if this machine has it
+    monkeypatch.setattr(submit.shutil, "which", lambda tool: None if tool.startswith(("ch-", "mksq")) else tool)
+    result = runner.invoke(app, ["slurm", "--submit", "--container", "charliecloud"])
+    assert_refused(project, result.exit_code, result.stderr, "ch-convert", "apt-get install charliecloud")
+
+
+def test_per_node_mounts_with_pyxis(project: Path) -> None:
+    (project / "nodekit.toml").write_text(
+        'name = "clitest"\nscript = "train.py"\nnnodes = 2\n[[mounts]]\nhost = "/data"\ncontainer = "/data"\n'
+        '[nodes.1]\nmounts = { "/data" = "/scratch/data" }\n'
+    )
+    result = runner.invoke(app, ["slurm", "--container", "pyxis"])
+    assert_refused(project, result.exit_code, result.stderr, "pyxis", "[nodes.R] mounts")
+
+
+def test_dry_run_prints_the_script_with_the_secret_masked(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODEKIT_JOB_SECRET", "a-secret-of-twenty-chars")
+    result = runner.invoke(app, ["slurm", "--dry-run"])
+    assert result.exit_code == 0, result.stderr
+    assert "#SBATCH --nodes=2" in result.stdout and "NODEKIT_JOB_SECRET=********" in result.stdout
+    assert "a-secret-of-twenty-chars" not in result.stdout
+    assert not (project / "compose").exists()
+
+
+def test_the_script_is_written_private(project: Path) -> None:
+    result = runner.invoke(app, ["slurm"])
+    assert result.exit_code == 0, result.stderr
+    path = project / "compose" / "slurm.sbatch"
+    assert result.stdout.strip() == str(path)
+    assert path.stat().st_mode & 0o777 == 0o600  # it carries the job secret
