@@ -51,7 +51,8 @@ def _charliecloud(ref: str, out: Path, mount_points: tuple[str, ...]) -> None:
     # The unpacked tree next to the output (same file system, which is sized for images), removed afterwards.
     tree = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)) / "img"
     try:
-        _check(cmd.run(["ch-convert", "--quiet", "-i", "docker", "-o", "dir", ref, str(tree)], timeout=CONVERT_S), ref)
+        argv = ["ch-convert", "--tmp", str(tree.parent), "-i", "docker", "-o", "dir", ref, str(tree)]
+        _check(cmd.run(argv, timeout=CONVERT_S), ref)
         add_mount_points(tree, mount_points)
         _check(cmd.run(["mksquashfs", str(tree), str(out), *MKSQUASHFS], timeout=CONVERT_S), ref)
     finally:

@@ -27,6 +27,11 @@ EXIT_PEER_LOST = 19  # nodekit/launcher/__init__.py
 # docker stop's grace in the task's trap: below Slurm's default KillWait (30 s), after which Slurm SIGKILLs the task
 # (and the trap with it).
 STOP_GRACE_S = 15
+# srun --wait: how long the other tasks may run on after the first one ended. The launchers end together (a failed
+# node's peers stop within seconds, torchrun giving its workers 30 s); a task still running after that is on a node
+# that died, which srun would otherwise wait for until Slurm declares the node down (SlurmdTimeout, 300 s by
+# default). srun then terminates the step and waits KillWait (30 s) for it.
+WAIT_S = 60
 TASK_END = "NODEKIT_TASK"
 VERDICT_END = "NODEKIT_VERDICT"
 
@@ -63,7 +68,9 @@ def sbatch_lines(job: SlurmJob) -> list[str]:
     if s.gpus_per_node:
         opts.append(f"--gpus-per-node={s.gpus_per_node}")
     opts += [f"--{k}={v}" for k, v in (("partition", s.partition), ("account", s.account), ("time", s.time)) if v]
-    opts += [f"--output={s.output}", "--no-requeue", *s.extra]
+    # --no-kill: a node that dies must not make Slurm kill (or requeue) the whole job before the survivors' watchdog
+    # has named it and the script has exited with their verdict.
+    opts += [f"--output={s.output}", "--no-requeue", "--no-kill", *s.extra]
     # sbatch reads #SBATCH lines without a shell: no quoting there, so a value with spaces stays one option.
     return [f"#SBATCH {o}" for o in opts]
 
@@ -97,6 +104,7 @@ def render(job: SlurmJob) -> str:
         VERDICT_END,
         "",
         "nk_code=0",
+        *_check_step(job),
         f"{srun_line(job)} 2>&1 \\",
         f'    | awk -v NNODES={job.sbatch.nodes} -v LOST={EXIT_PEER_LOST} "$nk_verdict" || nk_code=$?',
         'exit "$nk_code"',
@@ -104,12 +112,31 @@ def render(job: SlurmJob) -> str:
     return "\n".join(header) + "\n"
 
 
-def srun_line(job: SlurmJob) -> str:
+def srun_line(job: SlurmJob, *, check: bool = False) -> str:
     opts = [f"--nodes={job.sbatch.nodes}", "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0"]
+    if not check:
+        opts.append(f"--wait={WAIT_S}")
     if job.mode == "pyxis":
         opts += pyxis_options(job)
     cpus = '${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"}'
-    return f'srun {" ".join(opts)} {cpus} bash -c "$nk_task" nodekit-task "$nk_main_addr"'
+    task = 'bash -c "$nk_task" nodekit-task "$nk_main_addr"' + (" check" if check else "")
+    return f"srun {' '.join(opts)} {cpus} {task}"
+
+
+def _check_step(job: SlurmJob) -> list[str]:
+    """A first step that only checks every node (its tool, the image there): a node that lacks either ends the
+    job before any container starts anywhere, instead of the others waiting for it until the rendezvous timeout.
+    (pyxis: the task runs inside the container, and pyxis itself names a node that cannot start it.)"""
+    if job.mode == "pyxis":
+        return []
+    return [
+        "# Every node first checks that it can run its part; nothing starts unless all can.",
+        f"{srun_line(job, check=True)} || nk_code=$?",
+        'if [ "$nk_code" != 0 ]; then',
+        '    echo "nodekit-slurm: the nodes\' check failed (exit code $nk_code): nothing was started"',
+        '    exit "$nk_code"',
+        "fi",
+    ]
 
 
 def task_body(job: SlurmJob) -> str:
@@ -125,6 +152,7 @@ def task_body(job: SlurmJob) -> str:
         "# The child's exit code, waiting again when a trapped signal interrupted `wait`.",
         'nk_wait() { local c; while :; do c=0; wait "$1" || c=$?; kill -0 "$1" 2>/dev/null || return "$c"; done; }',
         *_prelude(job),
+        '[ "${2:-}" != check ] || exit 0',
         'case "$nk_rank" in',
     ]
     groups: dict[str, list[int]] = {}

@@ -166,7 +166,9 @@ def push(ref: str, endpoints: tuple[str, ...], reporter: Reporter) -> None:
 
 
 def write(prepared: Prepared) -> Path:
-    # 0600: the script carries the job secret, which lets a process join the job's preflight store.
+    """The script (0600: it carries the job secret, which lets a process join the job's preflight store), and the
+    outputs directory, where Slurm opens the job's log before the script's first line runs."""
+    Path(prepared.job.output_dir).mkdir(parents=True, exist_ok=True)
     write_atomic(prepared.path, prepared.script, mode=0o600)
     return prepared.path
 

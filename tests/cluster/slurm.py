@@ -159,16 +159,27 @@ class Slurm:
         self.pids["munged"] = _spawn(argv, d / "munged.out")
         _wait_for(lambda: (d / "munge.socket").exists(), 10, "munged", d / "munged.log", self.pids["munged"])
 
-    def _start(self, what: str, host: Host, hostname: str, cmd: list[str], *, docker: bool) -> None:
+    def _start(
+        self, what: str, host: Host, hostname: str, cmd: list[str], *, docker: bool, hide: Sequence[str] = ()
+    ) -> None:
         """``cmd`` in ``host``'s network namespace, with its own hostname and /etc/hosts (and, for a node, the
-        host's engine at the default Docker socket): ``unshare`` execs the shell, which execs the daemon."""
+        host's engine at the default Docker socket): ``unshare`` execs the shell, which execs the daemon.
+        ``hide``: programs this node does not have (/dev/null mounted over them, so they are not executable)."""
         d = self.dir
         binds = [f"mount --bind {d / 'hosts'} /etc/hosts"]
         if docker:
             binds.append(f"mount --bind {host.sock} /run/docker.sock")
+        binds += [f"mount --bind /dev/null {path}" for path in hide]
         script = f"hostname {hostname} && {' && '.join(binds)} && exec {' '.join(cmd)}"
         argv = host.argv("unshare", "--uts", "--mount", "sh", "-c", script)
         self.pids[what] = _spawn(argv, d / f"{what}.out")
+
+    def restart_node(self, host: Host, *, hide: Sequence[str] = ()) -> None:
+        """Start ``host``'s slurmd again (stopped by PID first), e.g. as a node that lacks the programs ``hide``."""
+        what = f"slurmd-{host.name}"
+        _stop([self.pids.pop(what)], timeout=15)
+        self._start(what, host, host.name, ["slurmd", "-D", "-f", str(self.conf)], docker=True, hide=hide)
+        self.wait_idle([host.name])
 
     def wait_idle(self, nodes: Sequence[str], *, timeout: float = 60) -> None:
         """Until every node in ``nodes`` is idle (registered, no job on it)."""
@@ -212,17 +223,21 @@ class Slurm:
 
     def down(self, *, timeout: float = 15) -> None:
         """Stop every daemon by PID (SIGTERM, then SIGKILL at the deadline). The files go with the cluster."""
-        for pid in self.pids.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for pid in self.pids.values():
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        _stop(list(self.pids.values()), timeout=timeout)
         self.pids.clear()
+
+
+def _stop(pids: list[int], *, timeout: float) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _spawn(argv: list[str], out: Path) -> int:

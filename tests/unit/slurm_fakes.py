@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 SRUN = r"""#!/bin/bash
-# srun --label ... bash -c TASK NAME ARG: the task on every node, in parallel.
+# srun --label ... bash -c TASK NAME ARG...: the task on every node, in parallel; the highest exit code.
+set -o pipefail
 while [ "$1" != bash ]; do shift; done
 n=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | wc -l)
 pids=()

@@ -134,6 +134,7 @@ def test_a_node_without_docker_ends_the_job_with_exit_2_naming_it(tmp_path: Path
     done = fake.run_script(render(job(project(tmp_path / "p"))), env, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "nodekit: [node 1 on n2] docker is not on PATH. Fix: install Docker on every node" in done.stdout
+    assert "nodekit-slurm: the nodes' check failed (exit code 2): nothing was started" in done.stdout
     assert not (tmp_path / "argv-0").exists()
 
 
