@@ -59,7 +59,7 @@ def slurm(slurm_ready: None, demo_on_main: Demo) -> Iterator[Slurm]:
 
 
 @pytest.fixture
-def demo(slurm: Slurm, demo_on_main: Demo) -> Demo:
+def demo_both(slurm: Slurm, demo_on_main: Demo) -> Demo:
     """The demo image on both hosts (pushed from host 0 where missing)."""
     push_image(demo_on_main.ref, slurm.ctl.docker_host, slurm.cluster.hosts[1:])
     return demo_on_main
@@ -129,10 +129,10 @@ def checksums_equal(proj: Path, out: str) -> dict[str, object]:
 
 
 def test_docker_mode_runs_the_demo_on_two_slurm_nodes(
-    slurm: Slurm, demo: Demo, tmp_path: Path, record_property: pytest.RecordProperty
+    slurm: Slurm, demo_both: Demo, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     h0, h1 = slurm.cluster.hosts
-    proj = project(demo, slurm, tmp_path, container="docker", push_to=[h.docker_host for h in (h0, h1)])
+    proj = project(demo_both, slurm, tmp_path, container="docker", push_to=[h.docker_host for h in (h0, h1)])
     t0 = time.monotonic()
     code, out = finish(*start(slurm, proj))
     record_property("docker_job_seconds", round(time.monotonic() - t0, 1))
@@ -161,17 +161,17 @@ def test_charliecloud_mode_runs_the_demo_on_two_slurm_nodes(
     nothing_left(slurm)
 
 
-def test_a_different_image_on_one_node_is_refused_naming_it(slurm: Slurm, demo: Demo, tmp_path: Path) -> None:
+def test_a_different_image_on_one_node_is_refused_naming_it(slurm: Slurm, demo_both: Demo, tmp_path: Path) -> None:
     """The stack proof compares every node: node 1's engine holds another image under the same tag."""
     from tests.cluster.test_e2e import tampered_image
 
     h1 = slurm.cluster.hosts[1]
-    other = tampered_image(h1, demo.ref)
-    h1.docker("tag", other, demo.ref)
+    other = tampered_image(h1, demo_both.ref)
+    h1.docker("tag", other, demo_both.ref)
     try:
-        code, out = finish(*start(slurm, project(demo, slurm, tmp_path, container="docker")))
+        code, out = finish(*start(slurm, project(demo_both, slurm, tmp_path, container="docker")))
     finally:
-        h1.docker("tag", demo.image_id, demo.ref)
+        h1.docker("tag", demo_both.image_id, demo_both.ref)
         h1.docker("rmi", other, check=False)
     assert code == EXIT_STACK_MISMATCH, out
     assert "stack mismatch" in out and "f" * 12 in out, out  # the differing fingerprint, in the table
@@ -182,12 +182,12 @@ def test_a_different_image_on_one_node_is_refused_naming_it(slurm: Slurm, demo: 
 
 
 def test_a_node_lost_mid_job_is_named(
-    slurm: Slurm, demo: Demo, tmp_path: Path, record_property: pytest.RecordProperty
+    slurm: Slurm, demo_both: Demo, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     """Host 1 dies with its slurmd, its job step and its containers: node 0's watchdog names it within
     NODEKIT_PEER_TIMEOUT and the job ends with 19, the code nodekit slurm exits with."""
     h0, h1 = slurm.cluster.hosts
-    proc, log = start(slurm, project(demo, slurm, tmp_path, container="docker"), env={"NODEKIT_ARGS": LONG})
+    proc, log = start(slurm, project(demo_both, slurm, tmp_path, container="docker"), env={"NODEKIT_ARGS": LONG})
     wait_for(log, r"0: ddp-demo: first step done", proc)
     killed = time.monotonic()
     h1.stop()
@@ -222,14 +222,14 @@ time.sleep(3600)
 
 
 def test_ctrl_c_cancels_and_a_container_that_ignores_sigterm_is_removed(
-    slurm: Slurm, demo: Demo, tmp_path: Path, record_property: pytest.RecordProperty
+    slurm: Slurm, demo_both: Demo, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     """scancel kills the step's docker CLI; the container would keep running (it ignores SIGTERM). The task's trap
     stops and removes it: nothing is left on any host."""
     ref = ""
     for h in slurm.cluster.hosts:
-        ref = stubborn_image(h, demo.ref, STUBBORN)
-    proj = project(demo, slurm, tmp_path, container="docker")
+        ref = stubborn_image(h, demo_both.ref, STUBBORN)
+    proj = project(demo_both, slurm, tmp_path, container="docker")
     (proj / "stubborn.py").write_text(STUBBORN)
     env = {"NODEKIT_SCRIPT": "stubborn.py", "NODEKIT_ARGS": "[]", "NODEKIT_LAUNCHER": "env"}
     try:
@@ -250,7 +250,7 @@ def test_ctrl_c_cancels_and_a_container_that_ignores_sigterm_is_removed(
 
 def test_sigterm_cancels_a_charliecloud_job_leaving_nothing(slurm: Slurm, demo_on_main: Demo, tmp_path: Path) -> None:
     proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=str(IMAGE_CACHE))
-    before = {h.name: _temp_files() for h in slurm.cluster.hosts}
+    before = _temp_files()
     proc, log = start(slurm, proj, env={"NODEKIT_ARGS": LONG})
     wait_for(log, r"0: ddp-demo: first step done", proc, timeout=JOB_S + 900)
     assert all(_processes(h, "ch-run") for h in slurm.cluster.hosts)
@@ -258,14 +258,21 @@ def test_sigterm_cancels_a_charliecloud_job_leaving_nothing(slurm: Slurm, demo_o
     code, out = finish(proc, log, timeout=120)
     assert code == 143, out
     nothing_left(slurm)
-    assert _temp_files() - before["h0"] == set(), "ch-run left files behind"
+    assert _temp_files() - before == set(), "ch-run left files behind"
 
 
 def _temp_files() -> set[str]:
-    """Entries ch-run or a job could leave in the machine's temporary directories."""
-    return {
-        str(p) for d in (Path("/tmp"), Path("/var/tmp")) for p in d.glob("*") if "ch" in p.name or "nodekit" in p.name
-    }
+    """What ch-run, ch-convert or a job could leave in the machine's temporary directories (other engineers' tests
+    share /tmp, so only these names count). ch-run's default SquashFS mount point, /var/tmp/<user>.ch/mnt, is made
+    once and reused by every ch-run of that user: it counts only when it is not an empty directory."""
+    found = set()
+    for d in (Path("/tmp"), Path("/var/tmp")):
+        for p in d.iterdir():
+            if p.name.endswith(".ch") and [c.name for c in p.iterdir()] == ["mnt"] and not any((p / "mnt").iterdir()):
+                continue
+            if p.name.endswith(".ch") or p.name.startswith(("ch-convert.", "nodekit-slurm")) or ".sqsh" in p.name:
+                found.add(str(p))
+    return found
 
 
 @pytest.mark.parametrize(
@@ -273,9 +280,9 @@ def _temp_files() -> set[str]:
     [({"partition": "nope"}, "invalid partition"), ({"gpus_per_node": 1}, "gres")],
 )
 def test_a_request_slurm_refuses_is_named_and_not_submitted(
-    slurm: Slurm, demo: Demo, tmp_path: Path, settings: dict[str, object], needle: str
+    slurm: Slurm, demo_both: Demo, tmp_path: Path, settings: dict[str, object], needle: str
 ) -> None:
-    proj = project(demo, slurm, tmp_path, container="docker", **settings)
+    proj = project(demo_both, slurm, tmp_path, container="docker", **settings)
     code, out = finish(*start(slurm, proj), timeout=120)
     lines = [ln for ln in out.splitlines() if ln.strip()]
     assert code == 2 and len(lines) == 1, out
@@ -284,12 +291,14 @@ def test_a_request_slurm_refuses_is_named_and_not_submitted(
     assert not (proj / "compose" / "slurm.sbatch").exists()
 
 
-def test_a_node_without_docker_ends_the_job_with_exit_2_naming_it(slurm: Slurm, demo: Demo, tmp_path: Path) -> None:
+def test_a_node_without_docker_ends_the_job_with_exit_2_naming_it(
+    slurm: Slurm, demo_both: Demo, tmp_path: Path
+) -> None:
     """Host 1's slurmd sees no docker program (as on a node where Docker is not installed): the task refuses
     before any container starts on any node, naming the node and the fix."""
     h1 = slurm.cluster.hosts[1]
     slurm.restart_node(h1, hide=["/usr/local/bin/docker"])
-    code, out = finish(*start(slurm, project(demo, slurm, tmp_path, container="docker")), timeout=JOB_S)
+    code, out = finish(*start(slurm, project(demo_both, slurm, tmp_path, container="docker")), timeout=JOB_S)
     assert code == 2, out
     assert "nodekit: [node 1 on h1] docker is not on PATH. Fix: install Docker on every node" in out, out
     assert "nothing was started" in out and "ddp-demo: node 0/2" not in out, out

@@ -130,7 +130,7 @@ def test_the_job_exits_with_the_failing_nodes_code(
 
 def test_a_node_without_docker_ends_the_job_with_exit_2_naming_it(tmp_path: Path) -> None:
     stage = fake.stage(tmp_path)  # no docker anywhere on PATH
-    env = {**stage, "PATH": stage["PATH"].split(":", 1)[0] + ":" + _path_without("docker")}
+    env = {**stage, "PATH": stage["PATH"].split(":", 1)[0] + ":" + _path_without("docker", tmp_path / "sys")}
     done = fake.run_script(render(job(project(tmp_path / "p"))), env, tmp_path)
     assert done.returncode == 2, done.stdout + done.stderr
     assert "nodekit: [node 1 on n2] docker is not on PATH. Fix: install Docker on every node" in done.stdout
@@ -138,10 +138,9 @@ def test_a_node_without_docker_ends_the_job_with_exit_2_naming_it(tmp_path: Path
     assert not (tmp_path / "argv-0").exists()
 
 
-def _path_without(tool: str) -> str:
-    """A PATH of symlinks to /usr/bin and /bin's programs except ``tool``."""
-    d = Path(os.environ.get("TMPDIR", "/tmp")) / f"nodekit-no-{tool}-{os.getpid()}"
-    d.mkdir(exist_ok=True)
+def _path_without(tool: str, d: Path) -> str:
+    """A directory of symlinks to /usr/bin and /bin's programs except ``tool``."""
+    d.mkdir()
     for src in (Path("/bin"), Path("/usr/bin")):
         for f in src.iterdir():
             if f.name != tool and not (d / f.name).exists():
@@ -180,3 +179,25 @@ def test_per_node_differences_get_their_own_case(tmp_path: Path) -> None:
     assert "\n0)\n" in text and "\n1)\n" in text and "--env=NPROC_PER_NODE=2" in text
     same = render(job(project(tmp_path / "q", nproc_per_node=1)))
     assert "\n0|1)\n" in same
+
+
+def test_every_compose_key_of_a_gpu_infiniband_node_has_a_docker_run_flag(tmp_path: Path) -> None:
+    """The compose file nodekit up writes for a node with GPUs and InfiniBand, translated key by key."""
+    from nodekit.render.compose import render_compose
+    from nodekit.slurm.job import node_run
+    from nodekit.slurm.modes import docker_args
+    from nodekit.spec import HostFacts, launch_spec, node_spec
+
+    s = project(tmp_path / "p", nodes={1: NodeOverride(gpus=4)})
+    facts = HostFacts(gpu_count=4, infiniband=("/dev/infiniband/uverbs0",))
+    node = node_spec(s, launch_spec(s), 1, "10.0.0.5", facts)
+    doc = render_compose(node, IMAGE.ref, facts, output_dir=tmp_path / "out")
+    run = node_run(doc, 1)
+    args = ["".join(p for p in a if isinstance(p, str)) for a in docker_args(job(s), run)]
+    assert run.gpus == 4 and "--gpus=" in args
+    assert "--device=/dev/infiniband/uverbs0:/dev/infiniband/uverbs0" in args and "--cap-add=IPC_LOCK" in args
+    assert {"--stop-timeout=30", "--ulimit=stack=67108864:67108864"} <= set(args)
+
+    doc["services"]["train"]["shm_size"] = "1g"
+    with pytest.raises(ValueError, match="shm_size"):
+        node_run(doc, 1)
