@@ -111,6 +111,33 @@ class SlurmSettings(BaseModel):
     docker_host: str | None = Field(None, description="docker: the nodes' engine (default: each node's own default)")
 
 
+class K8sSettings(BaseModel):
+    """``[k8s]``: what ``nodekit k8s`` needs beyond the job itself (nodekit/render/k8s.py); names are checked there."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = Field(None, description="Job, Service and TrainJob name (default: the project's name)")
+    namespace: str | None = Field(None, description="namespace of every manifest (default: none: kubectl's own)")
+    image: str | None = Field(
+        None,
+        description="the image as the cluster pulls it, e.g. registry.example.com/team/demo:<tag> "
+        "(default: the last image built here, which only nodes that have it preloaded can run)",
+    )
+    image_pull_secret: str | None = Field(None, description="Secret with the registry's credentials")
+    gpus: int | None = Field(
+        None, ge=0, le=64, description="nvidia.com/gpu per pod (default: [nodes.R] gpus when every node agrees, else 0)"
+    )
+    host_network: bool = Field(False, description="pods on the nodes' network (hostNetwork), e.g. for RDMA NICs")
+    shm_size: str | None = Field(None, description="size limit of the memory-backed /dev/shm, e.g. 16Gi")
+    claims: dict[str, str] = Field(
+        default_factory=dict,
+        description="container path -> PersistentVolumeClaim for [[mounts]] and /outputs; other mounts are hostPath",
+    )
+    backoff_limit: int = Field(0, ge=0, description="Job retries of a failed pod (exit codes 2, 17, 19 never retry)")
+    runtime: str = Field("torch-distributed", description="--trainjob: the Kubeflow Trainer runtime it references")
+    out_dir: Path = Field(Path("k8s"), description="where nodekit k8s writes its manifests")
+
+
 class Settings(BaseSettings):
     """Everything a user configures. Field docs double as the reference in ``nodekit init``'s starter file."""
 
@@ -184,6 +211,7 @@ class Settings(BaseSettings):
     )
     mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
     slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="nodekit slurm ([slurm])")
+    k8s: K8sSettings = Field(default_factory=K8sSettings, description="nodekit k8s: the Kubernetes manifests ([k8s])")
 
     # Set by load(): where the file was found. Not a user setting.
     project_dir: Path = Field(default_factory=Path.cwd, exclude=True)

@@ -21,7 +21,9 @@ torchrun and the peer watchdog). It turns the node's environment into the launch
 Environment (set by nodekit's compose file, see ``nodekit/render/env.py``):
 
 =================================  ========  ====================================================================
-MASTER_ADDR                        required  main's IP address (not a name)
+MASTER_ADDR                        required  main's IP address (not a name, unless NODEKIT_RESOLVE_MAIN=1)
+NODEKIT_RESOLVE_MAIN               0         1: MASTER_ADDR is a DNS name (pod 0's, in Kubernetes), resolved on the
+                                             node, retried until NODEKIT_RDZV_TIMEOUT (netfacts.py)
 MASTER_PORT                        required  torchrun's rendezvous port on main, 1..65535
 NODE_RANK                          required  0..NNODES-1
 NNODES                             required  >= 1

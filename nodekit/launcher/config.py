@@ -121,8 +121,9 @@ def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     """Parse the environment nodekit's compose file gives every node; raise :class:`EnvError` on the first problem.
 
-    Required: MASTER_ADDR (an IP address), MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host
-    resolved ``auto``). Everything else has a default, listed in the package docstring.
+    Required: MASTER_ADDR (an IP address; in a pod, netfacts.resolve has already turned the name into one),
+    MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host resolved ``auto``). Everything else has a
+    default, listed in the package docstring.
     """
     addr = env.get("MASTER_ADDR", "").strip()
     if not addr:
@@ -130,6 +131,11 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     try:
         ipaddress.ip_address(addr)
     except ValueError:
+        if env.get("NODEKIT_RESOLVE_MAIN", "").strip() == "1":  # a pod: netfacts.resolve tried until the deadline
+            raise EnvError(
+                f"MASTER_ADDR={addr!r} did not resolve to a non-loopback address within NODEKIT_RDZV_TIMEOUT "
+                "(is pod 0 scheduled, and its headless Service there? `kubectl get pods,svc`)"
+            ) from None
         # The host resolves names once so every node agrees on main; a name resolved inside each container can
         # differ per node (the 127.0.1.1 /etc/hosts trap) and then the rendezvous hangs.
         raise EnvError(f"MASTER_ADDR={addr!r} is not an IP address (nodekit passes main's IP, not a name)") from None

@@ -48,6 +48,7 @@ IFACE = "net0"
 IFACES = ("net0", "eth1", "ens5")
 DECOY = "decoy0"
 ENGINE_PREFIXES = (Path("/opt/nodekit-engine"),)
+LEGACY_TRUST_KEY = Path("/etc/docker/key.json")
 SSHD = Path("/usr/sbin/sshd")  # Debian's openssh-server (scripts/sshd.sh installs it)
 
 
@@ -64,6 +65,9 @@ def problem() -> str | None:
             return f"the {tool} command is missing"
     if find_dockerd() is None:
         return "no dockerd found (PATH, NODEKIT_DOCKERD, or make engine)"
+    if LEGACY_TRUST_KEY.exists():
+        # Docker >= 23 takes a new data root's engine ID from this file: every virtual host would get one ID.
+        return f"{LEGACY_TRUST_KEY} exists (left by an old dockerd), so every new engine would share one ID; remove it"
     return None
 
 
@@ -71,14 +75,14 @@ def find_dockerd() -> Path | None:
     given = os.environ.get("NODEKIT_DOCKERD")
     if given:
         return Path(given) if Path(given).is_file() else None
-    found = shutil.which("dockerd")
-    if found:
-        return Path(found)
+    # The engine `make engine` provisioned comes first: another dockerd on PATH (e.g. bookworm's docker.io 20.10,
+    # which charliecloud-builders drags in) would give every virtual host an engine this project never tested.
     for prefix in ENGINE_PREFIXES:
         for sub in ("usr/sbin", "usr/bin", "sbin", "bin"):
             if (prefix / sub / "dockerd").is_file():
                 return prefix / sub / "dockerd"
-    return None
+    found = shutil.which("dockerd")
+    return Path(found) if found else None
 
 
 def _daemon_path(dockerd: Path) -> str:
