@@ -1,4 +1,4 @@
-"""The one door from nodekit slurm to other programs (sbatch, squeue, scontrol, scancel, ch-convert, mksquashfs).
+"""The one door from nodekit slurm to other programs (sbatch, squeue, scontrol, scancel, docker, mksquashfs).
 
 Every process this package starts goes through :func:`run`, with a deadline, so that moving to the project's
 process runner is one edit here.

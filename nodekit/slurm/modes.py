@@ -26,7 +26,7 @@ from nodekit.slurm.job import (
     NodeRun,
     SlurmJob,
 )
-from nodekit.slurm.shell import Part, Var, array, word
+from nodekit.slurm.shell import Part, Raw, Var, array, word
 
 RANK = Var("nk_rank")
 MAIN = Var("nk_main_addr")
@@ -38,6 +38,7 @@ JOB_LABEL = "org.nodekit.slurm-job"
 # Slurm's GPU selection for the task; charliecloud and pyxis pass it into the container's otherwise clean
 # environment (docker mode turns it into --gpus device=...).
 GPU_VARS = ("CUDA_VISIBLE_DEVICES",)
+ULIMIT_FLAGS = {"memlock": "-l", "stack": "-s"}  # bash's ulimit flags (both in KiB)
 
 
 def env_value(key: str, value: str, mode: Mode) -> tuple[Part, ...]:
@@ -68,7 +69,11 @@ def docker_args(job: SlurmJob, run: NodeRun) -> list[tuple[Part, ...]]:
         args.append((f"--stop-timeout={run.stop_grace_s}",))
     if run.workdir:
         args.append((f"--workdir={run.workdir}",))
-    args += [(f"--ulimit={name}={soft}:{hard}",) for name, soft, hard in run.ulimits]
+    for name, soft, hard in run.ulimits:
+        flag = ULIMIT_FLAGS.get(name)
+        # This node's own hard limit decides (nodekit up's host facts do the same): asking for more than the engine
+        # may raise to makes runc refuse to start the container. The word is empty when the limit stays as it is.
+        args.append((Raw(f"$(nk_ulimit {name} {flag} {hard})"),) if flag else (f"--ulimit={name}={soft}:{hard}",))
     for key, value in run.labels:
         args.append((f"--label={key}=", RANK) if key == RANK_LABEL else (f"--label={key}={value}",))
     for key, env in run.env:

@@ -179,11 +179,19 @@ def _prelude(job: SlurmJob) -> list[str]:
             f"nk_docker=(env -u DOCKER_CONTEXT {engine} docker)",
             f"nk_image={quote(job.image.ref)}",
             f"nk_name={word(container_name(job))}",
-            'command -v docker >/dev/null || nk_fail "docker is not on PATH" "install Docker on every node, or '
-            'choose another [slurm] container"',
+            "# (-x: bash's command -v falls back to a file it cannot execute.)",
+            'nk_bin=$(command -v docker) && [ -x "$nk_bin" ] || nk_fail "docker is not on PATH" "install Docker on '
+            'every node, or choose another [slurm] container"',
+            '"${nk_docker[@]}" version --format "{{.Server.Version}}" >/dev/null 2>&1 || nk_fail "this node\'s '
+            'Docker engine does not answer (docker version)" "start Docker on every node, or set [slurm] docker_host"',
             'nk_image_id=$("${nk_docker[@]}" image inspect --format "{{.Id}}" "$nk_image" 2>/dev/null) || nk_fail '
             '"image $nk_image is not in this node\'s Docker engine" "nodekit push it to every node (or set [slurm] '
             'push_to)"',
+            "# --ulimit NAME=WANT (bytes, -1: unlimited) within this node's hard limit (what Slurm gave the task); "
+            "nothing when unlimited is wanted but not allowed here.",
+            'nk_ulimit() { local hard b; hard=$(ulimit -H "$2"); if [ "$hard" = unlimited ]; then b=$3; '
+            'elif [ "$3" = -1 ]; then return; else b=$((hard * 1024)); [ "$b" -lt "$3" ] || b=$3; fi; '
+            'echo "--ulimit=$1=$b:$b"; }',
             "# The GPUs Slurm gave this task (their host indices), for docker run --gpus.",
             "nk_slurm_gpus=${SLURM_STEP_GPUS:-${SLURM_JOB_GPUS:-}}",
             'nk_slurm_gpus=${nk_slurm_gpus:+\\"device=$nk_slurm_gpus\\"}',
@@ -196,8 +204,9 @@ def _prelude(job: SlurmJob) -> list[str]:
     if job.mode == "charliecloud":
         return [
             f"nk_image={quote(job.image_path)}",
-            'nk_chrun=$(command -v ch-run) || nk_fail "ch-run is not on PATH" "install Charliecloud on every node '
-            '(Debian: apt-get install charliecloud squashfuse), or choose another [slurm] container"',
+            'nk_chrun=$(command -v ch-run) && [ -x "$nk_chrun" ] || nk_fail "ch-run is not on PATH" "install '
+            "Charliecloud on every node (Debian: apt-get install charliecloud-runtime squashfuse), or choose another "
+            '[slurm] container"',
             '[ -r "$nk_image" ] || nk_fail "image $nk_image cannot be read on this node" "set [slurm] image_dir to a '
             'path every node mounts"',
         ]

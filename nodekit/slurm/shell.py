@@ -28,7 +28,14 @@ class Var:
             raise ValueError(f"{self.name!r} is not a shell variable name")
 
 
-Part = str | Var
+@dataclass(frozen=True)
+class Raw:
+    """Shell text written as is (a command substitution of the script's own functions); never user data."""
+
+    text: str
+
+
+Part = str | Var | Raw
 Word = tuple[Part, ...]
 
 
@@ -53,11 +60,13 @@ def _ansi_c(c: str) -> str:
 def word(parts: Part | Sequence[Part]) -> str:
     """One bash word from literal parts and variables: ``('--env=NODE_RANK=', Var('nk_rank'))`` ->
     ``--env=NODE_RANK="${nk_rank}"``."""
-    if isinstance(parts, str | Var):
+    if isinstance(parts, str | Var | Raw):
         parts = (parts,)
     out = []
     for p in parts:
-        if isinstance(p, Var):
+        if isinstance(p, Raw):
+            out.append(p.text)
+        elif isinstance(p, Var):
             out.append(f'"${{{p.name}}}"')
         elif p:
             out.append(quote(p))

@@ -3,7 +3,7 @@
 - gather: the image (the one ``nodekit up`` would run, or ``--image``) and what it says of itself, the job secret;
 - check, before anything is written or submitted (bad input: one line, exit 2): the Slurm client on PATH, what
   ``sbatch --test-only`` says of the request (partition, GPUs, time, account, the extra options), the tools the
-  container mode needs here (``ch-convert``; pyxis: ``enroot`` and srun's ``--container-image``);
+  container mode needs here (``mksquashfs``; pyxis: ``enroot`` and srun's ``--container-image``);
 - prepare: charliecloud and pyxis convert the image into a SquashFS on the shared ``image_dir``, once per image id
   (a cache: the file's name carries the id); docker pushes the image to the ``push_to`` engines through nodekit's
   own shipping (only what each lacks). The tools on the nodes themselves are checked by the job's first lines:
@@ -110,14 +110,11 @@ def check_submit(prepared: Prepared) -> None:
 def check_tools(mode: Mode, image_file: Path | None) -> None:
     """The tools the mode needs on this machine (only to make the image when it is not converted yet)."""
     need_convert = image_file is not None and not image_file.is_file()
-    if mode == "charliecloud" and need_convert:
-        for tool in ("ch-convert", "mksquashfs"):
-            if shutil.which(tool) is None:
-                raise UsageError(
-                    f'container = "charliecloud" needs {tool} here to make the image',
-                    fix="install Charliecloud and squashfs-tools (Debian: apt-get install charliecloud squashfs-tools "
-                    "squashfuse), or choose another [slurm] container",
-                )
+    if mode == "charliecloud" and need_convert and shutil.which("mksquashfs") is None:
+        raise UsageError(
+            'container = "charliecloud" needs mksquashfs here to make the image',
+            fix="install squashfs-tools (Debian: apt-get install squashfs-tools), or choose another [slurm] container",
+        )
     if mode == "pyxis":
         if "--container-image" not in cmd.run(["srun", "--help"]).out:
             raise UsageError(
@@ -146,7 +143,7 @@ def prepare_image(job: SlurmJob, settings: Settings, reporter: Reporter) -> None
     from nodekit.slurm.convert import convert
 
     reporter.step(f"converting {job.image.ref} into {dest}")
-    seconds = convert(job.image.ref, dest, job.mode, mount_targets(settings))
+    seconds = convert(job.image.ref, dest, job.mode, mount_targets(settings), job.image.env)
     reporter.done(f"{dest} made in {seconds:.0f} s")
 
 

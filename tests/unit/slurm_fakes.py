@@ -36,6 +36,7 @@ RECORDER = r"""#!/bin/bash
 FAKE_DIR=@DIR@
 FAKE_RANK=${FAKE_RANK:-$NODE_RANK}
 if [ "$(basename "$0")" = docker ] && [ "$1" = image ]; then echo "sha256:node$FAKE_RANK"; exit 0; fi
+if [ "$(basename "$0")" = docker ] && [ "$1" = version ]; then echo "29.0.0"; exit 0; fi
 if [ "$(basename "$0")" = docker ] && [ "$1" != run ]; then echo "$*" >> "$FAKE_DIR/docker-other-$FAKE_RANK"; exit 0; fi
 printf '%s\0' "$@" > "$FAKE_DIR/argv-$FAKE_RANK"
 env -0 > "$FAKE_DIR/env-$FAKE_RANK"

@@ -98,10 +98,10 @@ def test_pyxis_missing_is_refused_before_submitting(
 
 
 def test_charliecloud_without_its_tools_here(project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    fake_slurm(tmp_path, monkeypatch)  # PATH: the fakes, /usr/bin, /bin; hide ch-convert if this machine has it
-    monkeypatch.setattr(submit.shutil, "which", lambda tool: None if tool.startswith(("ch-", "mksq")) else tool)
+    fake_slurm(tmp_path, monkeypatch)
+    monkeypatch.setattr(submit.shutil, "which", lambda tool: None if tool == "mksquashfs" else tool)
     result = runner.invoke(app, ["slurm", "--submit", "--container", "charliecloud"])
-    assert_refused(project, result.exit_code, result.stderr, "ch-convert", "apt-get install charliecloud")
+    assert_refused(project, result.exit_code, result.stderr, "mksquashfs", "apt-get install squashfs-tools")
 
 
 def test_per_node_mounts_with_pyxis(project: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from nodekit.settings import Mount, NodeOverride, Settings, SlurmSettings
 from nodekit.slurm.job import ImageFacts, SlurmJob, plan_job
 from nodekit.slurm.render import render
-from nodekit.slurm.shell import quote
+from nodekit.slurm.shell import quote, word
 from tests.unit import slurm_fakes as fake
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -71,6 +71,9 @@ def test_docker_gets_every_value_byte_for_byte(tmp_path: Path) -> None:
         assert f"--name=nodekit-demo-slurm42-node{rank}" in argv
         assert "--label=org.nodekit.slurm-job=42" in argv and f"--label=org.nodekit.rank={rank}" in argv
         assert {"--network=host", "--ipc=host", "--init", "--workdir=/workspace"} <= set(argv)
+        assert "--ulimit=stack=67108864:67108864" in argv  # within this node's hard limit (unlimited here)
+        memlock = subprocess.run(["bash", "-c", "ulimit -H -l"], capture_output=True, text=True).stdout.strip()
+        assert ("--ulimit=memlock=-1:-1" in argv) == (memlock == "unlimited")
         out = str(tmp_path / "p" / "outputs")
         assert f"--mount=type=bind,source={out},target=/outputs" in argv
         # The node's own engine, not the submitting shell's.
@@ -193,10 +196,11 @@ def test_every_compose_key_of_a_gpu_infiniband_node_has_a_docker_run_flag(tmp_pa
     node = node_spec(s, launch_spec(s), 1, "10.0.0.5", facts)
     doc = render_compose(node, IMAGE.ref, facts, output_dir=tmp_path / "out")
     run = node_run(doc, 1)
-    args = ["".join(p for p in a if isinstance(p, str)) for a in docker_args(job(s), run)]
-    assert run.gpus == 4 and "--gpus=" in args
+    args = [word(a) for a in docker_args(job(s), run)]
+    assert run.gpus == 4 and '--gpus="${nk_gpus}"' in args
     assert "--device=/dev/infiniband/uverbs0:/dev/infiniband/uverbs0" in args and "--cap-add=IPC_LOCK" in args
-    assert {"--stop-timeout=30", "--ulimit=stack=67108864:67108864"} <= set(args)
+    # The limits are this node's to decide at run time (nk_ulimit), up to what nodekit up asks for.
+    assert {"--stop-timeout=30", "$(nk_ulimit stack -s 67108864)", "$(nk_ulimit memlock -l -1)"} <= set(args)
 
     doc["services"]["train"]["shm_size"] = "1g"
     with pytest.raises(ValueError, match="shm_size"):
