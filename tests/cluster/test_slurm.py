@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -148,14 +149,29 @@ def test_docker_mode_runs_the_demo_on_two_slurm_nodes(
     nothing_left(slurm)
 
 
+def image_cache(demo: Demo) -> str:
+    """The SquashFS cache, holding only the current demo image's files (older image ids' are removed)."""
+    IMAGE_CACHE.mkdir(parents=True, exist_ok=True)
+    short = demo.image_id.removeprefix("sha256:")[:16]
+    for old in IMAGE_CACHE.iterdir():
+        if short not in old.name:
+            old.unlink() if old.is_file() else shutil.rmtree(old, ignore_errors=True)
+    return str(IMAGE_CACHE)
+
+
 def test_charliecloud_mode_runs_the_demo_on_two_slurm_nodes(
     slurm: Slurm, demo_on_main: Demo, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=str(IMAGE_CACHE))
+    proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=image_cache(demo_on_main))
     t0 = time.monotonic()
     code, out = finish(*start(slurm, proj), timeout=JOB_S + 900)
     record_property("charliecloud_job_seconds", round(time.monotonic() - t0, 1))
+    made = re.search(r"\.sqsh made in (\d+) s", out)
+    if made:
+        record_property("squashfs_seconds", int(made.group(1)))
+        print(f"SquashFS of {demo_on_main.ref} made in {made.group(1)} s")
     assert code == 0, out
+    assert [p.name for p in IMAGE_CACHE.iterdir() if p.name.startswith(".")] == [], "conversion leftovers"
     checksums_equal(proj, out)
     assert "0: nodekit ddp-demo: node 0/2" in out and "1: nodekit ddp-demo: node 1/2" in out, out
     nothing_left(slurm)
@@ -226,9 +242,9 @@ def test_ctrl_c_cancels_and_a_container_that_ignores_sigterm_is_removed(
 ) -> None:
     """scancel kills the step's docker CLI; the container would keep running (it ignores SIGTERM). The task's trap
     stops and removes it: nothing is left on any host."""
-    ref = ""
-    for h in slurm.cluster.hosts:
-        ref = stubborn_image(h, demo_both.ref, STUBBORN)
+    h0, h1 = slurm.cluster.hosts
+    ref = stubborn_image(h0, demo_both.ref, STUBBORN)
+    push_image(ref, h0.docker_host, [h1])  # the same image id on both: the stack proof compares it
     proj = project(demo_both, slurm, tmp_path, container="docker")
     (proj / "stubborn.py").write_text(STUBBORN)
     env = {"NODEKIT_SCRIPT": "stubborn.py", "NODEKIT_ARGS": "[]", "NODEKIT_LAUNCHER": "env"}
@@ -249,7 +265,7 @@ def test_ctrl_c_cancels_and_a_container_that_ignores_sigterm_is_removed(
 
 
 def test_sigterm_cancels_a_charliecloud_job_leaving_nothing(slurm: Slurm, demo_on_main: Demo, tmp_path: Path) -> None:
-    proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=str(IMAGE_CACHE))
+    proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=image_cache(demo_on_main))
     before = _temp_files()
     proc, log = start(slurm, proj, env={"NODEKIT_ARGS": LONG})
     wait_for(log, r"0: ddp-demo: first step done", proc, timeout=JOB_S + 900)
