@@ -93,12 +93,28 @@ def finish(proc: subprocess.Popen[str], log: Path, timeout: float = JOB_S) -> tu
     return code, log.read_text(errors="replace")
 
 
-def wait_for(log: Path, pattern: str, proc: subprocess.Popen[str], timeout: float = JOB_S) -> None:
+def wait_for(log: Path, pattern: str, proc: subprocess.Popen[str], slurm: Slurm, timeout: float = JOB_S) -> None:
     deadline = time.monotonic() + timeout
     while not re.search(pattern, log.read_text(errors="replace")):
         assert proc.poll() is None, f"ended before {pattern!r}:\n{log.read_text()[-4000:]}"
-        assert time.monotonic() < deadline, f"no {pattern!r} after {timeout:.0f} s:\n{log.read_text()[-4000:]}"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {pattern!r} after {timeout:.0f} s:\n{log.read_text()[-4000:]}\n{diagnose(slurm)}")
         time.sleep(0.3)
+
+
+def diagnose(slurm: Slurm) -> str:
+    """What runs where: the job's steps, each host's containers and processes (for a failure message)."""
+    parts = [slurm.run("squeue", "-s").stdout]
+    for h in slurm.cluster.hosts:
+        parts.append(f"--- {h.name}: " + h.docker("ps", "-a", check=False).stdout)
+        inode = netns_inode(h.netns_path)
+        for pid in pids_in_netns(inode) if inode else []:
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+            except OSError:
+                continue
+            parts.append(f"{pid} {cmdline}")
+    return "\n".join(parts)
 
 
 def nothing_left(slurm: Slurm, hosts: list[Host] | None = None) -> None:
@@ -204,7 +220,7 @@ def test_a_node_lost_mid_job_is_named(
     NODEKIT_PEER_TIMEOUT and the job ends with 19, the code nodekit slurm exits with."""
     h0, h1 = slurm.cluster.hosts
     proc, log = start(slurm, project(demo_both, slurm, tmp_path, container="docker"), env={"NODEKIT_ARGS": LONG})
-    wait_for(log, r"0: ddp-demo: first step done", proc)
+    wait_for(log, r"0: ddp-demo: first step done", proc, slurm)
     killed = time.monotonic()
     h1.stop()
     code, out = finish(proc, log, timeout=PEER_TIMEOUT + 120)
@@ -250,8 +266,8 @@ def test_ctrl_c_cancels_and_a_container_that_ignores_sigterm_is_removed(
     env = {"NODEKIT_SCRIPT": "stubborn.py", "NODEKIT_ARGS": "[]", "NODEKIT_LAUNCHER": "env"}
     try:
         proc, log = start(slurm, proj, "--image", ref, env=env)
-        wait_for(log, r"0: stubborn: ignoring SIGTERM", proc)
-        wait_for(log, r"1: stubborn: ignoring SIGTERM", proc)
+        wait_for(log, r"0: stubborn: ignoring SIGTERM", proc, slurm, timeout=150)
+        wait_for(log, r"1: stubborn: ignoring SIGTERM", proc, slurm)
         stopped = time.monotonic()
         proc.send_signal(signal.SIGINT)
         code, out = finish(proc, log, timeout=120)
@@ -268,7 +284,7 @@ def test_sigterm_cancels_a_charliecloud_job_leaving_nothing(slurm: Slurm, demo_o
     proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=image_cache(demo_on_main))
     before = _temp_files()
     proc, log = start(slurm, proj, env={"NODEKIT_ARGS": LONG})
-    wait_for(log, r"0: ddp-demo: first step done", proc, timeout=JOB_S + 900)
+    wait_for(log, r"0: ddp-demo: first step done", proc, slurm, timeout=JOB_S + 900)
     assert all(_processes(h, "ch-run") for h in slurm.cluster.hosts)
     proc.send_signal(signal.SIGTERM)
     code, out = finish(proc, log, timeout=120)
