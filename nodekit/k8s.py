@@ -27,7 +27,6 @@ Kind = Literal["job", "trainjob"]
 # release where podFailurePolicy is GA, and the newest kubernetes-validate knows.
 K8S_VERSIONS = ("1.31.0", "1.37.0")
 TRAINER_CHECK = "Validated with the kubeflow-trainer-api 2.3.0 models (Trainer v2.3)"
-MAX_INDEXED_COMPLETIONS = 100_000  # the API server's limit for completionMode: Indexed
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")  # Service names: a letter first
 DNS_1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
@@ -157,9 +156,7 @@ def _volumes(settings: Settings, nnodes: int) -> tuple[render.Volume, ...]:
 def k8s_job(settings: Settings, *, image: str, fingerprint: str, kind: Kind = "job") -> render.K8sJob:
     """The job as the manifests describe it; UsageError (exit 2, with the fix) on anything Kubernetes refuses."""
     launch = launch_spec(settings)
-    nnodes = launch.nnodes
-    if nnodes > MAX_INDEXED_COMPLETIONS:
-        raise _bad(f"nnodes {nnodes} is more than an Indexed Job takes ({MAX_INDEXED_COMPLETIONS})", "lower nnodes")
+    nnodes = launch.nnodes  # settings cap it at inputs.MAX_NODES, below an Indexed Job's 100,000 completions
     name = settings.k8s.name or settings.image_name
     check_name(name, kind=kind, nnodes=nnodes, source="[k8s] name" if settings.k8s.name else "the project's name")
     _check_names(settings)

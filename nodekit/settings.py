@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
-from collections.abc import Mapping
-from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
+from nodekit import config_file, inputs
+from nodekit.config_file import CONFIG_FILE, config_path
 from nodekit.errors import ConfigError
+from nodekit.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
+from nodekit.sections import Bad, K8sSettings, Mount, NodeOverride, NProc, SlurmSettings
 
-CONFIG_FILE = "nodekit.toml"
+__all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
+
 DEFAULT_TORCH = "torch==2.13.0"
 FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Variables the launcher and torchrun own: a user value would silently break the rendezvous or the stack check.
 _RESERVED_ENV = frozenset(
     {"WORLD_SIZE", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"}
@@ -40,102 +41,11 @@ def reserved_env(key: str) -> bool:
 
 
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
-
-
-class Mount(BaseModel):
-    """One ``[[mounts]]`` entry: a host directory (or file) in the job, read-only unless ``writable``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    host: str = Field(description="absolute path on the host (per node: [nodes.R] mounts)")
-    container: str = Field(description="absolute path in the container")
-    writable: bool = Field(False, description="mount read-write (default read-only)")
-    check: Literal["none", "sizes", "hashes"] = Field(
-        "none", description="same data on every node: compare relative paths and sizes, or also content hashes"
-    )
-
-    @field_validator("host", "container")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"mount path {v!r} is not absolute")
-        return v.rstrip("/") or "/"
-
-
-class NodeOverride(BaseModel):
-    """Per-node settings under ``[nodes.<rank>]``; anything unset is detected on that node."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
-    addr: str | None = Field(None, description="this node's own address toward main")
-    nproc_per_node: int | Literal["auto"] | None = Field(
-        None, description="this node's processes (heterogeneous nodes)"
-    )
-    gpus: int | None = Field(None, ge=0, description="this node's GPU count, where nodes differ")
-    mounts: dict[str, str] = Field(default_factory=dict, description="container path -> this node's host path")
-
-    @field_validator("mounts")
-    @classmethod
-    def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
-        bad = [p for kv in v.items() for p in kv if not p.startswith("/")]
-        if bad:
-            raise ValueError(f"mount path {bad[0]!r} is not absolute")
-        return {k.rstrip("/") or "/": p for k, p in v.items()}
-
-
-class SlurmSettings(BaseModel):
-    """``[slurm]``: how ``nodekit slurm`` hands the job to Slurm (sbatch options, container mode, shared paths)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    container: Literal["docker", "charliecloud", "pyxis"] = Field(
-        "docker",
-        description="docker: each node's Docker engine; charliecloud: ch-run of a SquashFS made here; pyxis: "
-        "srun --container-image (enroot)",
-    )
-    partition: str | None = Field(None, description="sbatch --partition (default: the cluster's default)")
-    account: str | None = Field(None, description="sbatch --account")
-    time: str | None = Field(None, description='sbatch --time, e.g. "2:00:00"')
-    gpus_per_node: int = Field(0, ge=0, description="sbatch --gpus-per-node, and the GPUs each node's container gets")
-    sbatch_args: tuple[str, ...] = Field(
-        (), description='more sbatch options, e.g. ["--qos=high", "--exclusive", "--cpus-per-task=16"]'
-    )
-    image_dir: Path = Field(
-        Path(".nodekit/slurm"),
-        description="charliecloud and pyxis: where the image's SquashFS goes; must be a path every node reads",
-    )
-    push_to: tuple[str, ...] = Field(
-        (), description='docker: engines to push the image to before submitting, e.g. ["ssh://me@n1", "ssh://me@n2"]'
-    )
-    docker_host: str | None = Field(None, description="docker: the nodes' engine (default: each node's own default)")
-
-
-class K8sSettings(BaseModel):
-    """``[k8s]``: what ``nodekit k8s`` needs beyond the job itself (nodekit/render/k8s.py); names are checked there."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    name: str | None = Field(None, description="Job, Service and TrainJob name (default: the project's name)")
-    namespace: str | None = Field(None, description="namespace of every manifest (default: none: kubectl's own)")
-    image: str | None = Field(
-        None,
-        description="the image as the cluster pulls it, e.g. registry.example.com/team/demo:<tag> "
-        "(default: the last image built here, which only nodes that have it preloaded can run)",
-    )
-    image_pull_secret: str | None = Field(None, description="Secret with the registry's credentials")
-    gpus: int | None = Field(
-        None, ge=0, le=64, description="nvidia.com/gpu per pod (default: [nodes.R] gpus when every node agrees, else 0)"
-    )
-    host_network: bool = Field(False, description="pods on the nodes' network (hostNetwork), e.g. for RDMA NICs")
-    shm_size: str | None = Field(None, description="size limit of the memory-backed /dev/shm, e.g. 16Gi")
-    claims: dict[str, str] = Field(
-        default_factory=dict,
-        description="container path -> PersistentVolumeClaim for [[mounts]] and /outputs; other mounts are hostPath",
-    )
-    backoff_limit: int = Field(0, ge=0, description="Job retries of a failed pod (exit codes 2, 17, 19 never retry)")
-    runtime: str = Field("torch-distributed", description="--trainjob: the Kubeflow Trainer runtime it references")
-    out_dir: Path = Field(Path("k8s"), description="where nodekit k8s writes its manifests")
+# What the lock hands pip (--python-version X.Y, --platform TAG) and makes the ABI tag from (cp + digits).
+_TARGET = {
+    "python_version": (r"3\.[0-9]{1,2}", "3.11"),
+    "wheel_platform": (r"[a-z0-9_]{1,64}", "manylinux_2_36_x86_64"),
+}
 
 
 class Settings(BaseSettings):
@@ -173,14 +83,16 @@ class Settings(BaseSettings):
     strategy: str | None = Field(None, description="launcher fabric: --strategy (default ddp)")
     precision: str | None = Field(None, description="launcher fabric: --precision (default: Fabric's own)")
     nnodes: int = Field(1, ge=1, description="number of nodes (machines)")
-    nproc_per_node: int | Literal["auto"] = Field("auto", description="processes per node; auto = GPUs, or 1")
+    nproc_per_node: NProc = Field("auto", description="processes per node; auto = GPUs, or 1")
     master_port: int = Field(
         29500, ge=1, le=65534, description="TCP port of the rendezvous on main (preflight uses the next one)"
     )
     max_restarts: int = Field(0, ge=0, description="torchrun --max-restarts")
     rdzv_timeout: int = Field(180, ge=1, description="seconds to wait for every node before giving up")
     peer_timeout: int = Field(
-        15, ge=0, description="seconds without a node's heartbeat before the others stop, naming it; 0: never"
+        15,
+        ge=0,
+        description="seconds without a node's heartbeat before the others stop, naming it; 0: never",
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
     pass_env: tuple[str, ...] = Field(
@@ -219,64 +131,163 @@ class Settings(BaseSettings):
     @field_validator("name")
     @classmethod
     def _docker_name(cls, v: str | None) -> str | None:
-        if v is not None and not _IMAGE_NAME.match(v):
-            raise ValueError(f"{v!r} is not a valid image name (lowercase letters, digits, '.', '_', '-')")
+        if v is not None and not (_IMAGE_NAME.match(v) and len(v) <= inputs.MAX_NAME):
+            raise Bad(
+                f"{v[:40]!r} is not a valid image name (lowercase letters, digits, '.', '_', '-'; "
+                f"at most {inputs.MAX_NAME} characters)",
+                fix='name = "my-job"',
+            )
+        return v
+
+    @field_validator("python_version", "wheel_platform")
+    @classmethod
+    def _target(cls, v: str | None, info: ValidationInfo) -> str | None:
+        pattern, example = _TARGET[info.field_name or ""]
+        if v is not None and not re.fullmatch(pattern, v):
+            raise Bad(f"{v[:40]!r} is not a {info.field_name} like {example}", fix=f'{info.field_name} = "{example}"')
+        return v
+
+    @field_validator("script")
+    @classmethod
+    def _script(cls, v: str | None) -> str | None:
+        problem = None if v is None else inputs.script_problem(v) or inputs.text_problem(v)
+        if problem is not None:
+            raise Bad(f"{problem}", fix='script = "train.py", a path inside the project directory')
+        return v
+
+    @field_validator("module")
+    @classmethod
+    def _module(cls, v: str | None) -> str | None:
+        problem = None if v is None else inputs.module_problem(v)
+        if problem is not None:
+            raise Bad(problem, fix='module = "pkg.train"')
+        return v
+
+    @field_validator("main")
+    @classmethod
+    def _main(cls, v: str | None) -> str | None:
+        problem = None if v is None else inputs.hostname_problem(v)
+        if problem is not None:
+            raise Bad(problem, fix='main = "10.0.0.5", main\'s address as the other nodes reach it')
         return v
 
     @model_validator(mode="after")
     def _node_ranks(self) -> Settings:
         outside = sorted(r for r in self.nodes if not 0 <= r < self.nnodes)
         if outside:
-            raise ValueError(
-                f"[nodes.{outside[0]}] is outside node ranks 0..{self.nnodes - 1} (nnodes = {self.nnodes})"
+            raise Bad(
+                f"[nodes.{outside[0]}] is outside node ranks 0..{self.nnodes - 1} (nnodes = {self.nnodes})",
+                fix=f"remove [nodes.{outside[0]}], or raise nnodes",
+                key="nodes",
+            )
+        if self.min_nodes is not None and self.min_nodes > self.nnodes and "nnodes" in self.model_fields_set:
+            raise Bad(
+                f"min_nodes = {self.min_nodes} is more than nnodes = {self.nnodes}",
+                fix=f"min_nodes <= {self.nnodes}",
+                key="min_nodes",
             )
         return self
 
     @model_validator(mode="after")
     def _mount_targets(self) -> Settings:
         targets = [m.container for m in self.mounts]
-        reserved = {"/outputs", "/workspace", "/opt/venv", "/opt/nodekit"}
-        clash = next((t for t in targets if targets.count(t) > 1 or t in reserved or t == "/"), None)
-        if clash is not None:
-            raise ValueError(
-                f"mount target {clash!r} is used twice or is one of nodekit's own ({', '.join(sorted(reserved))})"
+        twice = next((t for t in targets if targets.count(t) > 1), None)
+        if twice is not None:
+            raise Bad(
+                f"mount target {twice!r} is used twice",
+                fix="give each [[mounts]] entry its own container path",
+                key="mounts",
             )
         for r, o in self.nodes.items():
             unknown = next((t for t in o.mounts if t not in targets), None)
             if unknown is not None:
-                raise ValueError(f"[nodes.{r}] mounts {unknown!r}, which no [[mounts]] entry mounts")
+                raise Bad(
+                    f"[nodes.{r}] mounts {unknown!r}, which no [[mounts]] entry mounts",
+                    fix=f'add a [[mounts]] entry with container = "{unknown}", or remove it from [nodes.{r}] mounts',
+                    key=f"nodes.{r}.mounts",
+                )
         return self
 
     @model_validator(mode="after")
     def _fabric_only(self) -> Settings:
         given = [k for k in FABRIC_SETTINGS if getattr(self, k) is not None]
         if given and self.launcher != "fabric":
-            raise ValueError(f'{", ".join(given)} only apply to launcher = "fabric" (launcher is {self.launcher!r})')
+            raise Bad(
+                f'{", ".join(given)} only apply to launcher = "fabric" (launcher is {self.launcher!r})',
+                fix=f'remove {", ".join(given)}, or set launcher = "fabric"',
+                key=given[0],
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _plain_text(self) -> Settings:
+        """No value may hold what cannot reach a file, an argv or an environment intact. ``args`` and ``env``
+        values may span lines (a prompt, a JSON blob); names, paths, URLs and packages may not."""
+        for name in type(self).model_fields:
+            if name == "project_dir":
+                continue
+            for where, text in inputs.strings(getattr(self, name), name):
+                lines = name == "args" or (name == "env" and where != "env")
+                problem = inputs.text_problem(text, lines=lines)
+                if problem is None and lines and inputs.too_long(text):
+                    problem = (
+                        f"is longer than the {inputs.MAX_ARG_BYTES + 1} bytes Linux allows one argument or variable"
+                    )
+                if problem is not None:
+                    raise Bad(f"{text[:40]!r} {problem}", fix=f"write {name} without it", key=where)
+        return self
+
+    @model_validator(mode="after")
+    def _env_tables(self) -> Settings:
+        for key in (*self.env, *self.pass_env):
+            problem = inputs.env_name_problem(key)
+            where = "env" if key in self.env else "pass_env"
+            if problem is not None:
+                raise Bad(problem, fix=f"rename it in {where}, e.g. MY_SETTING", key=where)
+            if reserved_env(key):
+                raise Bad(
+                    f"{key} is set by nodekit itself (NODEKIT_*, MASTER_*, ranks and sizes)",
+                    fix=f"remove {key} from {where}; use the matching setting or flag instead",
+                    key=where,
+                )
+        both = next((k for k in self.pass_env if k in self.env), None)
+        if both is not None:
+            raise Bad(
+                f"{both} is in both env (a value written to the file) and pass_env (taken from the shell)",
+                fix=f"keep {both} in one of them",
+                key="pass_env",
+            )
         return self
 
     @field_validator("pass_env")
     @classmethod
-    def _env_names(cls, v: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [n for n in v if not ENV_NAME.match(n)]
-        if bad:
-            raise ValueError(f"{bad[0]!r} is not a valid environment variable name (letters, digits, _)")
+    def _once(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(dict.fromkeys(v))
+
+    @field_validator("nnodes")
+    @classmethod
+    def _nodes(cls, v: int) -> int:
+        if v > MAX_NODES:  # why this bound: nodekit/inputs.py
+            raise Bad(
+                f"{v} is more than the {MAX_NODES} nodes one job's rendezvous and environment can hold",
+                fix=f"nnodes between 1 and {MAX_NODES}",
+            )
+        return v
+
+    @field_validator("rdzv_timeout", "peer_timeout")
+    @classmethod
+    def _week(cls, v: int) -> int:
+        if v > MAX_TIMEOUT_S:  # why this bound: nodekit/inputs.py
+            raise Bad(f"{v} s is more than {MAX_TIMEOUT_S} s (7 days)", fix="a timeout in seconds, such as 180")
+        return v
 
     @field_validator("peer_timeout")
     @classmethod
     def _beats(cls, v: int) -> int:
-        if 0 < v < 3:  # nodes beat once a second; the launcher refuses less than 3 (nodekit/launcher/config.py)
-            raise ValueError("must be 0 (no peer watchdog) or at least 3 seconds")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _not_ours(cls, v: dict[str, str]) -> dict[str, str]:
-        taken = sorted(k for k in v if reserved_env(k))
-        if taken:
-            raise ValueError(
-                f"{', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by nodekit itself "
-                "(NODEKIT_*, MASTER_*, ranks and sizes); use the matching setting or flag instead"
+        if 0 < v < MIN_PEER_TIMEOUT:  # nodes beat once a second; the launcher refuses less (launcher/config.py)
+            raise Bad(
+                f"must be 0 (no peer watchdog) or at least {MIN_PEER_TIMEOUT:g} seconds, not {v}",
+                fix="peer_timeout = 15",
             )
         return v
 
@@ -284,7 +295,9 @@ class Settings(BaseSettings):
     @classmethod
     def _need_packages(cls, v: tuple[str, ...]) -> tuple[str, ...]:
         if not v:
-            raise ValueError("at least one package is needed (torch)")
+            raise Bad("at least one package is needed (torch)", fix=f'packages = ["{DEFAULT_TORCH}"]')
+        if any(not p.strip() for p in v):
+            raise Bad("has an empty entry", fix="remove the empty string from packages")
         return v
 
     @classmethod
@@ -296,7 +309,7 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _TomlSource(settings_cls, _config_file.get()))
+        return (init_settings, env_settings, config_file.TomlSource(settings_cls, config_file.current.get()))
 
     @property
     def image_name(self) -> str:
@@ -304,60 +317,33 @@ class Settings(BaseSettings):
         if self.name:
             return self.name
         cleaned = re.sub(r"[^a-z0-9._-]+", "-", self.project_dir.resolve().name.lower()).strip("._-")
-        return cleaned or "app"
+        return cleaned[: inputs.MAX_NAME].rstrip("._-") or "app"
 
     def resolve(self, path: Path) -> Path:
         """A configured path, relative to the project root."""
         return path if path.is_absolute() else self.project_dir / path
 
 
-_config_file: ContextVar[Path | None] = ContextVar("nodekit_config_file", default=None)
-
-
-class _TomlSource(PydanticBaseSettingsSource):
-    """nodekit.toml, read once; an absent file contributes nothing."""
-
-    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
-        super().__init__(settings_cls)
-        self._data: dict[str, Any] = {}
-        if path is not None and path.is_file():
-            try:
-                self._data = tomllib.loads(path.read_text())
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"{path} is not valid TOML: {e}", fix=f"edit {path}") from e
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._data)
-
-
-def config_path(explicit: Path | None, environ: Mapping[str, str]) -> Path:
-    """Where the configuration file is: the flag, else NODEKIT_CONFIG, else ./nodekit.toml."""
-    if explicit is not None:
-        return explicit
-    if environ.get("NODEKIT_CONFIG"):
-        return Path(environ["NODEKIT_CONFIG"])
-    return Path(CONFIG_FILE)
-
-
 def load(config: Path | None = None, **flags: Any) -> Settings:
     """Settings from flags (keyword arguments; None means "not given"), environment, file, defaults.
 
-    Raises ConfigError with the offending field and source when validation fails.
+    Raises ConfigError naming the offending setting and its fix when validation fails, or when a path nodekit
+    writes to (``compose_dir``, ``.nodekit``) cannot be one; nothing is written before that.
     """
     path = config_path(config, os.environ).absolute()
-    if config is not None and not path.is_file():
-        raise ConfigError(f"config file {path} does not exist", fix="nodekit init, or pass the right --config")
-    if config is None and os.environ.get("NODEKIT_CONFIG") and not path.is_file():
+    from_env = config is None and bool(os.environ.get("NODEKIT_CONFIG"))
+    if (config is not None or from_env) and not path.is_file():
+        what = "is not a file" if path.exists() else "does not exist"
         raise ConfigError(
-            f"NODEKIT_CONFIG names {path}, which does not exist", fix="unset NODEKIT_CONFIG or point it at the file"
+            f"NODEKIT_CONFIG names {path}, which {what}" if from_env else f"config file {path} {what}",
+            fix="unset NODEKIT_CONFIG or point it at the file"
+            if from_env
+            else "nodekit init, or pass the right --config",
         )
     given = {k: v for k, v in flags.items() if v is not None}
-    token = _config_file.set(path)
+    token = config_file.current.set(path)
     try:
-        return Settings(project_dir=path.parent, **given)
+        settings = Settings(project_dir=path.parent, **given)
     except SettingsError as e:  # a NODEKIT_* value for a list or table field that is not JSON
         found = re.search(r'field "(\w+)"', str(e))
         where = found.group(1) if found else "config"
@@ -366,11 +352,10 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
             fix=f'write NODEKIT_{where.upper()} as JSON (e.g. \'["a", "b"]\' or \'{{"KEY": "value"}}\'), or unset it',
         ) from None
     except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "config"
-        raise ConfigError(
-            f"invalid setting {where}: {err['msg']}",
-            fix=f"fix {where} in {path.name}, NODEKIT_{where.upper()} or the flag",
-        ) from None
+        raise config_file.refusal(e, path) from None
     finally:
-        _config_file.reset(token)
+        config_file.current.reset(token)
+    config_file.check_paths(
+        settings.project_dir, settings.resolve(settings.compose_dir), settings.resolve(settings.output_dir)
+    )
+    return settings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -50,7 +51,8 @@ ScriptOpt = Annotated[str | None, typer.Option("--script", help="training script
 
 
 def handled(fn: F) -> F:
-    """Map NodekitError to its one-line message and exit code; Ctrl-C to 130."""
+    """Map NodekitError to its one-line message and exit code; an OSError (a path nodekit could not read or
+    write) to one line too; Ctrl-C to 130."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -65,8 +67,41 @@ def handled(fn: F) -> F:
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             raise typer.Exit(130) from None
+        except BrokenPipeError:
+            raise  # the reader went away (`nodekit logs | head`): nothing to tell it
+        except OSError as e:
+            from nodekit.cli import ui
+
+            line, code = os_error(e)
+            ui.error(line)
+            raise typer.Exit(code) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# A path that is wrong or not the user's to write: bad input, like a bad setting. Anything else (a full disk, an
+# I/O error) is the machine's trouble: exit 1.
+_PATH_ERRNOS = {
+    errno.EACCES: "check its permissions, or point the setting that names it elsewhere",
+    errno.EPERM: "check its permissions, or point the setting that names it elsewhere",
+    errno.EROFS: "it is on a read-only file system: point the setting that names it elsewhere",
+    errno.ENOENT: "create its directory, or point the setting that names it elsewhere",
+    errno.ENOTDIR: "a file stands where a directory must be: move it away",
+    errno.EISDIR: "a directory stands where a file must be: move it away",
+    errno.EEXIST: "something else already has that name: move it away",
+    errno.ELOOP: "its symbolic links loop: fix or remove them",
+    errno.ENAMETOOLONG: "shorten the path",
+}
+
+
+def os_error(e: OSError) -> tuple[str, int]:
+    """One line (what, where, the fix) and the exit code for an OSError that reached the command's edge."""
+    where = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None) or "a file"
+    what = e.strerror or type(e).__name__
+    fix = _PATH_ERRNOS.get(e.errno or 0)
+    if fix is None:
+        return f"{what} ({where}). Fix: check the disk and the path, then run the command again", 1
+    return f"{what}: {where}. Fix: {fix}", 2
 
 
 def load_settings(config: Path | None, **flags: Any) -> Any:

@@ -19,6 +19,9 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_PEER_TIMEOUT = 15.0
 MIN_PEER_TIMEOUT = 3.0
+# Timeouts the launcher's arithmetic and Python's waits can hold (timedelta, threading.TIMEOUT_MAX), with room to
+# spare; nodekit.toml is held to the same bound (nodekit/inputs.py), this guards a hand-edited compose file.
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 class EnvError(ValueError):
@@ -157,13 +160,15 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         rdzv_timeout = float(timeout_raw)
     except ValueError:
         raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
-    if not rdzv_timeout > 0:
-        raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 seconds")
+    if not 0 < rdzv_timeout <= MAX_TIMEOUT_S:
+        raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 and at most {MAX_TIMEOUT_S} seconds")
     peer_raw = env.get("NODEKIT_PEER_TIMEOUT", "").strip() or str(DEFAULT_PEER_TIMEOUT)
     try:
         peer_timeout = float(peer_raw)
     except ValueError:
         raise EnvError(f"NODEKIT_PEER_TIMEOUT={peer_raw!r} is not a number of seconds") from None
+    if peer_timeout > MAX_TIMEOUT_S:
+        raise EnvError(f"NODEKIT_PEER_TIMEOUT={peer_raw} is more than {MAX_TIMEOUT_S} seconds")
     if peer_timeout != 0 and not peer_timeout >= MIN_PEER_TIMEOUT:
         # Nodes beat once a second: a shorter window would call a node lost for one slow beat.
         raise EnvError(

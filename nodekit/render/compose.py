@@ -25,8 +25,9 @@ BY_HAND_FLAGS = f"--abort-on-container-exit --exit-code-from {SERVICE}"
 
 
 def project_name(name: str, rank: int) -> str:
-    """The compose project of one node; the same name by hand and through nodekit."""
-    return f"nodekit-{name}-node{rank}"
+    """The compose project of one node; the same name by hand and through nodekit. Compose refuses a "." in a
+    project name, which image names (and so a project directory like ``model.v2``) may hold: it becomes "_"."""
+    return f"nodekit-{name.replace('.', '_')}-node{rank}"
 
 
 def compose_filename(rank: int) -> str:
@@ -49,7 +50,7 @@ def render_compose(
     ``output_dir`` is the absolute host directory mounted at /outputs. ``image_id``, when known (the image is on
     this host), goes to NODEKIT_IMAGE_ID so that preflight compares the image itself, not only its fingerprint.
     ``job_secret`` goes to NODEKIT_JOB_SECRET: the launcher's store refuses nodes without it (nodekit/secret.py).
-    Nothing is read from the environment.
+    Nothing is read from the environment, and nothing in the file is substituted from one: see :func:`literal`.
     """
     doc = copy.deepcopy(template if template is not None else compose_template())
     svc: dict[str, Any] = doc["services"][SERVICE]
@@ -109,7 +110,25 @@ def render_compose(
         if node.is_main:
             ports = (launch.master_port, launch.preflight_port)
             svc["ports"] = [f"{node.main_addr}:{p}:{p}/tcp" for p in ports]
-    return doc
+    escaped: dict[str, Any] = literal(doc)
+    return escaped
+
+
+def literal(value: Any) -> Any:
+    """``value`` with every ``$`` in its strings written ``$$``, which Compose reads back as one ``$``.
+
+    Compose substitutes ``$VAR`` and ``${VAR:-default}`` from the shell of whoever runs it, in every value of the
+    file: unescaped, ``exp-$USER`` in args would reach the job as the runner's user name, and under ``nodekit run``
+    the head's shell would fill every node's values (a secret included). Values in nodekit's files are literal;
+    a variable is taken from the shell only by name, on purpose: ``pass_env`` (a key without a value, untouched).
+    """
+    if isinstance(value, str):
+        return value.replace("$", "$$")
+    if isinstance(value, dict):
+        return {k: literal(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [literal(v) for v in value]
+    return value
 
 
 def _gpus(node: NodeSpec) -> int | str:

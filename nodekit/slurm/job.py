@@ -197,7 +197,7 @@ _KNOWN = {
 def node_run(doc: Mapping[str, Any], rank: int) -> NodeRun:
     """The typed container of one rank from its compose document. A key nodekit's compose rendering gained and
     this does not know is an error, not a silently different container."""
-    svc: dict[str, Any] = doc["services"][SERVICE]
+    svc: dict[str, Any] = _read_back(doc["services"][SERVICE])
     unknown = sorted(set(svc) - _KNOWN)
     if unknown:
         raise ValueError(f"compose keys {unknown} have no translation for Slurm (nodekit/slurm/job.py)")
@@ -220,6 +220,18 @@ def node_run(doc: Mapping[str, Any], rank: int) -> NodeRun:
         workdir=str(svc.get("working_dir", "")),
         stop_grace_s=_seconds(svc["stop_grace_period"]) if "stop_grace_period" in svc else None,
     )
+
+
+def _read_back(value: Any) -> Any:
+    """A compose value as Compose reads it: the rendering writes every ``$`` of a value as ``$$`` (literal values,
+    no interpolation from the runner's shell); the script says each value exactly once more, shell-quoted."""
+    if isinstance(value, str):
+        return value.replace("$$", "$")
+    if isinstance(value, dict):
+        return {k: _read_back(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_read_back(v) for v in value]
+    return value
 
 
 def _mount(v: Mapping[str, Any]) -> Mount:

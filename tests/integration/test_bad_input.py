@@ -10,9 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_bad_input_property import BOUNDED, FIELDS, NODEKIT_ENV, TOML, _check, _count
+from tests.unit.test_bad_input_property import BOUNDED, FIELDS, NODEKIT_ENV, TOML, _check, _count, _remove_projects
 
 pytestmark = pytest.mark.docker
+__all__ = ["_remove_projects"]  # the fixture that removes the projects the examples make
 
 
 def test_build_dry_run_and_doctor_never_traceback(record_property: Callable[[str, object], None]) -> None:

@@ -161,3 +161,28 @@ def test_a_bad_relay_setting_is_refused(project: Path) -> None:
     (project / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\nnnodes = 2\nrelay = "sometimes"\n')
     code, err = run("push", "x:y", "--to", "ssh://me@10.0.0.6")
     assert_refused(project, code, err, "relay")
+
+
+def test_a_path_nodekit_cannot_write_is_one_line_exit_2(project: Path) -> None:
+    """An OSError reaching the command's edge is one line naming the path (issue 19: it was a traceback). /proc
+    refuses a new directory even to root, as a read-only or foreign directory refuses a user."""
+    (project / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\ncompose_dir = "/proc/nodekit-x"\n')
+    code, err = run("compose", "--node-rank", "0", "--main", "127.0.0.1", "--image", "x:y")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and len(lines) == 1 and "/proc/nodekit-x" in lines[0] and "Fix:" in lines[0], err
+    assert not Path("/proc/nodekit-x").exists()
+
+
+def test_an_os_error_that_is_not_the_users_path_exits_1() -> None:
+    import errno
+
+    from nodekit.cli.common import os_error
+
+    line, code = os_error(OSError(errno.ENOSPC, "No space left on device", "/p/compose/node-0.yaml"))
+    assert code == 1 and line.startswith("No space left on device (/p/compose/node-0.yaml)")
+    line, code = os_error(PermissionError(errno.EACCES, "Permission denied", "/p/compose"))
+    assert (
+        code == 2
+        and line
+        == "Permission denied: /p/compose. Fix: check its permissions, or point the setting that names it elsewhere"
+    )

@@ -6,6 +6,7 @@ Regenerate after an intended change with NODEKIT_UPDATE_GOLDEN=1 and review the 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,21 @@ def rendered(s: Settings, rank: int, facts: HostFacts, *, debug: bool = False) -
     return to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=f"compose/node-{rank}.yaml")
 
 
+# Values Compose would substitute from the shell of whoever runs it, were they not written $$ (issue 19).
+DOLLARS = {
+    "args": ("--name", "exp-$USER-${RUN:-default}", "cost=$HOME", "$$", "a'b\"c d", "ünï", "tail\\"),
+    "env": {"EXPERIMENT": "exp-$USER-${RUN:-default}", "PRICE": "$5 and $$"},
+    "pass_env": ("HF_TOKEN",),
+    "mounts": ({"host": "/srv/$DATA/${X:-y}", "container": "/data/$1 ü\\", "check": "sizes"},),
+}
+
+
 @pytest.mark.parametrize(
     ("golden", "rank", "facts", "kw"),
     [
         ("node-0-cpu.yaml", 0, CPU_NODE, {"nproc_per_node": 1}),
         ("node-1-gpu.yaml", 1, GPU_NODE, {}),
+        ("node-0-literal.yaml", 0, CPU_NODE, {"nproc_per_node": 1, **DOLLARS}),
     ],
 )
 def test_golden(golden: str, rank: int, facts: HostFacts, kw: dict[str, object]) -> None:
@@ -116,6 +127,14 @@ def test_project_name_is_stable_per_rank() -> None:
     assert (doc0["name"], doc1["name"]) == ("nodekit-demo-node0", "nodekit-demo-node1")
 
 
+def test_a_dotted_image_name_makes_a_project_name_compose_accepts() -> None:
+    """Compose: 'must consist only of lowercase alphanumeric characters, hyphens, and underscores'. A project
+    directory named model.v2 (or name = "model.v2") made every `up` fail."""
+    doc = yaml.safe_load(rendered(settings(name="model.v2"), 0, CPU_NODE))
+    assert doc["name"] == "nodekit-model_v2-node0" and re.fullmatch(r"[a-z0-9][a-z0-9_-]*", doc["name"])
+    assert doc["services"]["train"]["labels"]["org.nodekit.name"] == "model.v2"
+
+
 def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
     """Preflight compares NODEKIT_IMAGE_ID; before, nothing ever set it, so the compared id was always empty."""
     from nodekit.launcher.config import parse_env
@@ -136,3 +155,32 @@ def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -
     assert parse_env({k: str(v) for k, v in env.items()}).image_id == "sha256:" + "ab" * 32  # type: ignore[union-attr]
     plain = svc(plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE).text)
     assert "NODEKIT_IMAGE_ID" not in plain["environment"]  # type: ignore[operator]
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def test_every_dollar_is_written_for_compose_to_read_back_literally() -> None:
+    """Each ``$`` in the file is doubled, so Compose substitutes nothing: args, env values, mount paths, labels,
+    the template's own text. A pass_env name stays a key without a value (compose fills it, by design)."""
+    text = rendered(settings(nproc_per_node=1, **DOLLARS), 0, CPU_NODE)
+    s = svc(text)
+    assert s["command"] == ["train.py", "--name", "exp-$$USER-$${RUN:-default}", "cost=$$HOME", "$$$$",
+                            "a'b\"c d", "ünï", "tail\\"]  # fmt: skip
+    env = s["environment"]
+    assert isinstance(env, dict)
+    assert env["EXPERIMENT"] == "exp-$$USER-$${RUN:-default}" and env["PRICE"] == "$$5 and $$$$"
+    assert env["HF_TOKEN"] is None
+    assert env["NODEKIT_DATA_CHECK"] == "/data/$$1 ü\\:sizes"
+    mount = s["volumes"][1]  # type: ignore[index]
+    assert (mount["source"], mount["target"]) == ("/srv/$$DATA/$${X:-y}", "/data/$$1 ü\\")
+    for value in _strings(yaml.safe_load(text)):
+        # Compose's reading of the file: "$$" is one literal "$"; a single "$" would start a substitution.
+        assert "$" not in value.replace("$$", ""), value

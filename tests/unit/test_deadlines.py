@@ -9,17 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import deadline, docker, lock
+from nodekit import deadline, docker
 from nodekit.errors import DeadlineError
+from nodekit.lock import pip as lock_pip
+from nodekit.lock import resolution as lock_resolution
 
 
 def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, `nodekit lock`/`build` waited on a stalled pip (an index that stopped answering) forever."""
-    monkeypatch.setattr(lock, "resolve_argv", lambda *a, **k: ["sleep", "30"])
+    monkeypatch.setattr(lock_pip, "resolve_argv", lambda *a, **k: ["sleep", "30"])
     monkeypatch.setattr(deadline, "PIP_TIMEOUT_S", 0.5)
     started = time.monotonic()
     with pytest.raises(DeadlineError) as e:
-        lock._run_pip_report(["torch==2.13.0"], [], python_version="3.11", platform="manylinux_2_36_x86_64")
+        lock_resolution.run_report(["torch==2.13.0"], [], python_version="3.11", platform="manylinux_2_36_x86_64")
     assert time.monotonic() - started < 5
     assert e.value.one_line().startswith("pip resolving the lock did not finish within 0.5 s and was stopped")
     assert "\n" not in e.value.one_line()

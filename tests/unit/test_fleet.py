@@ -48,6 +48,68 @@ def test_the_same_host_on_distinct_ports_is_two_nodes() -> None:
     assert len(fleet_hosts(["ssh://a:22", "ssh://a:2222"], 2)) == 2
 
 
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("ssh://u@10.0.0.1", "ssh://u@10.0.0.1:22"),  # ssh's default port, written or not
+        ("ssh://u@node1", "ssh://v@NODE1."),  # case and the final dot of a fully qualified name
+        ("ssh://u@10.0.0.1", "ssh://u@10.1"),  # IPv4 shorthand the resolver (inet_aton) accepts
+        ("ssh://u@10.0.0.1", "ssh://u@167772161"),  # ... as one number
+        ("ssh://u@10.0.0.1", "ssh://u@0x0a000001"),  # ... in hex
+        ("ssh://u@10.0.0.1", "ssh://u@[::ffff:10.0.0.1]"),  # IPv4-mapped IPv6
+        ("ssh://u@[::1]", "ssh://u@[0:0:0::1]:22"),  # IPv6 written two ways
+        ("tcp://h", "tcp://h:2375"),  # Docker's plain-TCP default port
+    ],
+)
+def test_one_machine_under_two_spellings_is_refused(first: str, second: str) -> None:
+    with pytest.raises(UsageError, match="same machine and port") as e:
+        fleet_hosts([first, second], 2)
+    assert first in e.value.message and second in e.value.message
+
+
+def test_what_the_same_machine_check_cannot_see_is_left_alone() -> None:
+    """Offline, two DNS names for one machine are two names; ssh and tcp endpoints are two engines' ports."""
+    assert len(fleet_hosts(["ssh://a.example", "ssh://b.example"], 2)) == 2
+    assert len(fleet_hosts(["ssh://h", "tcp://h"], 2)) == 2
+    assert len(fleet_hosts(["ssh://gpu_node_1", "ssh://gpu_node_2"], 2)) == 2  # ~/.ssh/config aliases
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("ssh://a b@host", "spaces or control characters"),
+        ("ssh://me@ho st", "spaces or control characters"),
+        ("ssh://me@ho\tst", "spaces or control characters"),
+        ("ssh://me:hunter2@host", "has a password, a path or a query"),
+        ("ssh://me@host/path", "has a password, a path or a query"),
+        ("ssh://me@host?x=1", "has a password, a path or a query"),
+        ("tcp://me@host:2376", "has a password, a path or a query"),
+        ("ssh://me@host:0", "bad port"),
+        ("ssh://me@host:99999", "bad port"),
+        ("ssh://me@ho!st", "neither an IP address nor a host name"),
+        ("ssh://me@-host", "neither an IP address nor a host name"),
+        ("unix://host/var/run/docker.sock", "not a socket path"),
+    ],
+)
+def test_a_host_that_is_not_a_plain_endpoint_is_one_line(url: str, says: str) -> None:
+    with pytest.raises(UsageError, match="host 0") as e:
+        fleet_hosts([url, "ssh://other"], 2)
+    assert says in e.value.message and e.value.exit_code == 2 and "\n" not in e.value.one_line()
+
+
+@pytest.mark.parametrize("opt", ["slots=0", "slots=-1", "slots=x", "slots=", "slots=1025", "max_slots=x", "gpus=4"])
+def test_a_hostfile_count_that_is_not_1_to_1024_is_refused(opt: str) -> None:
+    """slots=0 used to be replaced silently by the node's own count."""
+    with pytest.raises(UsageError, match="hostfile line 2"):
+        parse_hostfile(f"a slots=2\nb {opt}\n")
+    assert parse_hostfile("a slots=1024 max_slots=2048\n") == [("ssh://a", 1024)]
+
+
+def test_more_hosts_than_one_job_can_hold_is_refused_before_parsing_them() -> None:
+    with pytest.raises(UsageError, match="more than the 10000 nodes"):
+        fleet_hosts([f"ssh://h{i}" for i in range(10_001)], 10_001)
+
+
 def test_hostfile_deepspeed_style(tmp_path: Path) -> None:
     text = "# comment\nworker-1 slots=4\nworker-2 slots=8  # trailing\n\nssh://me@worker-3\n"
     assert parse_hostfile(text, user="me") == [

@@ -4,10 +4,13 @@ printed; the launcher's store refuses a node or a process without it."""
 from __future__ import annotations
 
 import json
+import multiprocessing
+import re
 import stat
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -124,3 +127,76 @@ def test_verify_refuses_a_forged_challenge() -> None:
     store.set("nodekit/auth", json.dumps({"nonce": "x", "mac": "y"}))
     with pytest.raises(SecretMismatch):
         verify(store, S1, time.monotonic() + 1, quiet(), "main")
+
+
+def _creator(barrier: Any, jobs: Any, results: Any) -> None:
+    """A separate process: for each directory it is handed, wait for every other creator, then ask for the secret."""
+    while (project := jobs.get()) is not None:
+        barrier.wait()
+        try:
+            results.put(secret.load_or_create(Path(project)))
+        except Exception as e:  # reported to the test, which fails naming it
+            results.put(f"{type(e).__name__}: {e}")
+
+
+def _race(projects: list[Path], creators: int = 4) -> list[list[str]]:
+    """Every project's secret asked for by ``creators`` processes released at the same instant."""
+    ctx = multiprocessing.get_context("fork")
+    barrier, jobs, results = ctx.Barrier(creators), ctx.Queue(), ctx.Queue()
+    procs = [ctx.Process(target=_creator, args=(barrier, jobs, results)) for _ in range(creators)]
+    for p in procs:
+        p.start()
+    seen = []
+    try:
+        for project in projects:
+            for _ in range(creators):
+                jobs.put(str(project))
+            seen.append([results.get(timeout=30) for _ in range(creators)])
+    finally:
+        for _ in procs:
+            jobs.put(None)
+        for p in procs:
+            p.join(timeout=30)
+    return seen
+
+
+def test_concurrent_creators_agree_and_never_read_an_empty_file(tmp_path: Path) -> None:
+    """Issue 19: two `nodekit up` at once read an empty secret file 14 times in 300. 300 races of 4 processes."""
+    projects = [tmp_path / f"p{i}" for i in range(300)]
+    for i, values in enumerate(_race(projects)):
+        assert len(set(values)) == 1, f"race {i}: creators disagree or failed: {values}"
+        assert re.fullmatch(r"[0-9a-f]{32}", values[0]), f"race {i}: {values[0]!r}"
+        assert (projects[i] / ".nodekit" / "job-secret").read_text() == values[0] + "\n"
+        assert sorted(p.name for p in (projects[i] / ".nodekit").iterdir()) == ["job-secret"]
+
+
+@pytest.mark.parametrize("remnant", ["", "\n", "  \n"])
+def test_an_empty_file_left_by_a_crash_is_replaced_and_concurrent_repairs_agree(tmp_path: Path, remnant: str) -> None:
+    projects = [tmp_path / f"p{i}" for i in range(50)]
+    for project in projects:
+        (project / ".nodekit").mkdir(parents=True)
+        (project / ".nodekit" / "job-secret").write_text(remnant)
+    for i, values in enumerate(_race(projects)):
+        assert len(set(values)) == 1 and re.fullmatch(r"[0-9a-f]{32}", values[0]), f"repair {i}: {values}"
+        assert (projects[i] / ".nodekit" / "job-secret").read_text().strip() == values[0]
+        assert stat.S_IMODE((projects[i] / ".nodekit" / "job-secret").stat().st_mode) == 0o600
+
+
+def test_an_unusable_secret_someone_wrote_is_kept_and_named_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / ".nodekit" / "job-secret"
+    path.parent.mkdir()
+    path.write_text("too short\n")
+    with pytest.raises(ConfigError, match="not a usable job secret") as e:
+        secret.load_or_create(tmp_path)
+    assert f"remove {path}" in e.value.one_line() and path.read_text() == "too short\n"
+    path.write_bytes(b"\xff\xfe")
+    with pytest.raises(ConfigError, match="cannot read the job secret"):
+        secret.load_or_create(tmp_path)
+
+
+def test_a_dry_run_repairs_nothing(tmp_path: Path) -> None:
+    path = tmp_path / ".nodekit" / "job-secret"
+    path.parent.mkdir()
+    path.write_text("")
+    assert len(secret.for_node({}, tmp_path, create=False)) == 32
+    assert path.read_text() == ""

@@ -112,7 +112,7 @@ def test_a_trainjob_replaces_the_job_written_before(project: Path) -> None:
         ("", ["--gpus", "65"], ["65 GPUs", "0..64"]),
         ("", ["--gpus", "-1"], ["-1 GPUs", "0..64"]),
         ("", ["--nnodes", "0"], ["nnodes"]),
-        ("", ["--nnodes", "100001"], ["100001", "Indexed Job"]),
+        ("", ["--nnodes", "100001"], ["100001", "nnodes between 1 and 10000"]),
         ('[k8s]\nclaims = { "/data" = "x" }\n', [], ["/data", "[[mounts]]"]),
         ('[k8s]\nshm_size = "lots"\n', [], ["shm_size", "16Gi"]),
         ("[k8s]\nhost_network = true\n", ["--trainjob"], ["host_network", "TrainJob"]),

@@ -9,7 +9,9 @@ import yaml
 
 from nodekit.errors import ConfigError
 from nodekit.node import unset_pass_env
+from nodekit.render.compose import render_compose
 from nodekit.settings import load
+from nodekit.spec import launch_spec, node_spec
 from tests.unit.test_compose_render import CPU_NODE, rendered, settings
 
 SECRET = "s3cr3t-value-0123456789"
@@ -24,8 +26,15 @@ def test_names_are_rendered_without_values(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_a_pass_env_name_never_replaces_nodekits_own_variables() -> None:
-    text = rendered(settings(pass_env=("MASTER_ADDR",), nproc_per_node=1), 0, CPU_NODE)
-    assert yaml.safe_load(text)["services"]["train"]["environment"]["MASTER_ADDR"] == "10.0.0.5"
+    """Refused in the settings, as in env (it used to be accepted and silently ignored, or, for a name nodekit
+    does not always write such as WORLD_SIZE, taken from the shell); and render keeps nodekit's value anyway."""
+    for name in ("MASTER_ADDR", "WORLD_SIZE", "NODEKIT_JOB_SECRET", "NODEKIT_PREFLIGHT"):
+        with pytest.raises(ValueError, match=f"{name} is set by nodekit itself"):
+            settings(pass_env=(name,))
+    s = settings(nproc_per_node=1)
+    launch = launch_spec(s).model_copy(update={"pass_env": ("MASTER_ADDR",)})
+    doc = render_compose(node_spec(s, launch, 0, "10.0.0.5", CPU_NODE), "x:y", CPU_NODE, output_dir=Path("/o"))
+    assert doc["services"]["train"]["environment"]["MASTER_ADDR"] == "10.0.0.5"
 
 
 def test_unset_variables_are_named_in_a_warning() -> None:
