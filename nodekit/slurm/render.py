@@ -103,10 +103,13 @@ def render(job: SlurmJob) -> str:
         VERDICT,
         VERDICT_END,
         "",
+        "# mawk (Debian's awk) reads a pipe a block at a time unless told otherwise: the log would lag the job.",
+        "nk_awk=(awk)",
+        'case "$(awk -W version 2>&1)" in *mawk*) nk_awk=(awk -W interactive) ;; esac',
         "nk_code=0",
         *_check_step(job),
         f"{srun_line(job)} 2>&1 \\",
-        f'    | awk -v NNODES={job.sbatch.nodes} -v LOST={EXIT_PEER_LOST} "$nk_verdict" || nk_code=$?',
+        f'    | "${{nk_awk[@]}}" -v NNODES={job.sbatch.nodes} -v LOST={EXIT_PEER_LOST} "$nk_verdict" || nk_code=$?',
         'exit "$nk_code"',
     ]
     return "\n".join(header) + "\n"

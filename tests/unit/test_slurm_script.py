@@ -131,6 +131,31 @@ def test_the_job_exits_with_the_failing_nodes_code(
         assert named in done.stdout.splitlines()[-1]
 
 
+def test_the_log_streams_while_the_job_runs(tmp_path: Path) -> None:
+    """Every line reaches the log when the task prints it, not when the job ends (Debian's mawk, which decides the
+    exit code, would otherwise hold a pipe's lines back until a block is full). The fake job waits at a gate until
+    the test has seen its first line: a log that lags would never show it."""
+    import selectors
+
+    stage = fake.stage(tmp_path, "docker")
+    path = tmp_path / "job.sbatch"
+    path.write_text(render(job(project(tmp_path / "p"))))
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        ["bash", str(path)], env={**stage, "FAKE_GATE": str(gate)}, stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(timeout=20)
+    first = proc.stdout.readline() if ready else ""
+    gate.touch()
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=30) == 0, first + rest
+    assert "training on node" in first, f"no line reached the log while the job ran; at its end:\n{rest}"
+    assert "still training" in rest
+
+
 def test_a_node_without_docker_ends_the_job_with_exit_2_naming_it(tmp_path: Path) -> None:
     stage = fake.stage(tmp_path)  # no docker anywhere on PATH
     env = {**stage, "PATH": stage["PATH"].split(":", 1)[0] + ":" + _path_without("docker", tmp_path / "sys")}
