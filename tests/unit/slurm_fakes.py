@@ -42,7 +42,10 @@ printf '%s\0' "$@" > "$FAKE_DIR/argv-$FAKE_RANK"
 env -0 > "$FAKE_DIR/env-$FAKE_RANK"
 echo "training on node $FAKE_RANK"
 # With FAKE_GATE, the job goes on only once that file exists (the test has seen the first line by then).
-[ -z "${FAKE_GATE:-}" ] || { while [ ! -e "$FAKE_GATE" ]; do sleep 0.05; done; echo "still training on node $FAKE_RANK"; }
+if [ -n "${FAKE_GATE:-}" ]; then
+    while [ ! -e "$FAKE_GATE" ]; do sleep 0.05; done
+    echo "still training on node $FAKE_RANK"
+fi
 code_var=FAKE_EXIT_$FAKE_RANK
 exit "${!code_var:-0}"
 """
