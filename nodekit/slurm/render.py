@@ -8,15 +8,15 @@ The script is self-contained (``sbatch`` it by hand and it does what ``nodekit s
    address (the launcher takes an IP address);
 3. a first ``srun`` step only checks every node (its tool, the image there; docker and charliecloud): a node that
    lacks either ends the job with exit 2, named, before any container starts anywhere;
-4. ``srun --wait`` starts one task per node; the task's body travels as an argument (a quoted here-document, so nothing
-   in it is expanded by the batch shell) and reads its rank from ``SLURM_NODEID`` (in the batch shell that is
-   always 0). It runs the node's container in the background and waits, so that a signal (``scancel``) reaches its
-   trap at once: in docker mode the trap stops and removes the container, which the killed docker CLI would leave
-   running; then it prints ``nodekit-slurm: node R (HOST) exited with code C``;
-5. every line of the tasks passes through a small awk program (line by line: mawk is told so) that prints it and, at the end, decides the job's
-   exit code from those lines: the first node that failed with its own code (not 0, not 19: a node the watchdog
-   stopped because another was lost or failed), else 19, else 0. The script exits with it, so Slurm's ExitCode
-   and ``nodekit slurm --submit`` give the failing node's code.
+4. ``srun --wait`` starts one task per node; the task's body travels as an argument (a quoted here-document, so
+   nothing in it is expanded by the batch shell) and reads its rank from ``SLURM_NODEID`` (in the batch shell that
+   is always 0). It runs the node's container in the background and waits, so that a signal (``scancel``) reaches
+   its trap at once: in docker mode the trap stops and removes the container, which the killed docker CLI would
+   leave running; then it prints ``nodekit-slurm: node R (HOST) exited with code C``;
+5. every line of the tasks passes through a small awk program (line by line: mawk is told so) that prints it and,
+   at the end, decides the job's exit code from those lines: the first node that failed with its own code (not 0,
+   not 19: a node the watchdog stopped because another was lost or failed), else 19, else 0. The script exits with
+   it, so Slurm's ExitCode and ``nodekit slurm --submit`` give the failing node's code.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nodekit.errors import JobFailed, NodekitError, UsageError
+from nodekit.errors import JobFailed, UsageError
 from nodekit.fsutil import write_atomic
 from nodekit.progress import Reporter
 from nodekit.secret import masked
@@ -207,6 +207,3 @@ def run_job(
         )
     reporter.done(f"job {job_id} {info.state} (exit code 0)")
     return 0
-
-
-__all__ = ["NodekitError", "Prepared", "check_submit", "prepare", "prepare_image", "run_job", "write"]
