@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from nodekit import deadline, docker
+from nodekit import docker, proc
 from nodekit.errors import ImageError
 from nodekit.progress import Reporter
 from nodekit.render.image import SOURCE_DATE_EPOCH
@@ -38,6 +37,9 @@ OWN_REPOSITORY = "nodekit/base"
 # Debian suites nodekit knows how to bootstrap, with the Python each ships (trixie: 3.13, so the probe and the
 # resolver are exercised against a second real Python).
 SUITES = ("bookworm", "trixie")
+APT_TIMEOUT_S = 900.0
+# mmdebstrap downloads and unpacks a whole Debian root; minutes normally, an hour means a stalled mirror.
+MMDEBSTRAP_TIMEOUT_S = 3600.0
 PACKAGES = ("python3", "python3-venv")
 # dpkg never unpacks these, in the base and in anything later installed on top of it (the options stay in
 # /etc/dpkg/dpkg.cfg.d). Copyright files stay: they are the licence notices.
@@ -218,36 +220,28 @@ def _ensure_mmdebstrap(reporter: Reporter) -> None:
             fix="sudo apt-get install -y mmdebstrap, then nodekit base",
         )
     reporter.step("installing mmdebstrap with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    proc = deadline.run(
+    done = proc.run(
         ["apt-get", "install", "-y", "--no-install-recommends", "mmdebstrap"],
-        timeout=deadline.APT_TIMEOUT_S,
+        deadline=APT_TIMEOUT_S,
         what="apt-get install mmdebstrap",
         fix="check that the host reaches its Debian mirror (apt-get update), then nodekit base",
-        env=env,
+        env=proc.environ({"DEBIAN_FRONTEND": "noninteractive"}),
     )
-    if proc.returncode != 0 or not shutil.which("mmdebstrap"):
-        last = (proc.stderr.strip().splitlines() or ["apt-get failed"])[-1]
+    if done.returncode != 0 or not shutil.which("mmdebstrap"):
+        last = (done.stderr.strip().splitlines() or ["apt-get failed"])[-1]
         raise ImageError(f"cannot install mmdebstrap: {last}", fix="apt-get update && apt-get install -y mmdebstrap")
 
 
 def _run(argv: tuple[str, ...], env: Mapping[str, str], reporter: Reporter) -> None:
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, **env},
-    )
-    assert proc.stdout is not None
-    tail: list[str] = []
     fix = "check that the host reaches its Debian mirror (apt-get update), then nodekit base"
-    with deadline.Killer(proc, deadline.MMDEBSTRAP_TIMEOUT_S, "mmdebstrap", fix) as killer:
-        for line in proc.stdout:
-            tail = [*tail[-19:], line.rstrip()]
-            reporter.detail(line.rstrip())
-        code = proc.wait()
-    killer.check()
+    child = proc.start(argv, deadline=MMDEBSTRAP_TIMEOUT_S, what="mmdebstrap", fix=fix, env=proc.environ(env),
+                       stdout="pipe", stderr="stdout")  # fmt: skip
+    tail: list[str] = []
+    for line in child.lines():
+        tail = [*tail[-19:], line.rstrip()]
+        reporter.detail(line.rstrip())
+    code = child.wait()
+    child.check()
     if code != 0:
         errors = [ln for ln in tail if "E:" in ln or "error" in ln.lower()]
         raise ImageError(

@@ -76,3 +76,10 @@ class DeadlineError(NodekitError):
     names what hung and for how long."""
 
     exit_code = 1
+
+
+class HostToolHung(DeadlineError):
+    """A tool of this host's own (nvidia-smi) did not answer within its deadline: the host is not ready and nothing
+    was started, so the exit code is that of the other not-ready errors."""
+
+    exit_code = 2

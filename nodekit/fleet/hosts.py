@@ -8,7 +8,6 @@ are not caught, that needs the network), ``min_nodes > nnodes``.
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -151,14 +150,6 @@ def main_address(host0: FleetHost, main: str | None) -> str:
     if host0.scheme == "unix":
         return "127.0.0.1"
     return host0.hostname
-
-
-def is_ip(addr: str) -> bool:
-    try:
-        ipaddress.ip_address(addr)
-    except ValueError:
-        return False
-    return True
 
 
 def read_hostfile(path: Path, *, user: str | None = None) -> list[tuple[str, int | None]]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-import subprocess
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from nodekit import docker
-from nodekit.errors import NodekitError
+from nodekit import docker, proc, ssh
+from nodekit.errors import DeadlineError, NodekitError
 from nodekit.fleet.hosts import FleetHost
 from nodekit.spec import HostFacts
 
@@ -69,12 +68,7 @@ class Gathered:
 
 def ssh_argv(host: FleetHost, command: str) -> list[str]:
     """The ``ssh`` command line for ``command`` on ``host``: batch mode (a missing key fails instead of prompting)."""
-    argv = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
-    if host.port:
-        argv += ["-p", str(host.port)]
-    if host.user:
-        argv += ["-l", host.user]
-    return [*argv, "--", host.hostname, command]
+    return ssh.command(host.hostname, command, port=host.port, user=host.user, connect_timeout=SSH_TIMEOUT_S)
 
 
 def ssh_problem(host: FleetHost, stderr: str) -> Problem:
@@ -160,19 +154,16 @@ def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) 
         return Problem(
             host, "no ssh client on this machine", "install OpenSSH's client (apt-get install openssh-client)"
         )
+    fix = f"check that {host.hostname} is up (ssh {host.hostname})"
     try:
-        proc = subprocess.run(
-            ssh_argv(host, facts_script(paths)), capture_output=True, text=True, timeout=SSH_TIMEOUT_S + 20
-        )
-    except subprocess.TimeoutExpired:
-        return Problem(
-            host, "SSH did not answer within 30 s", f"check that {host.hostname} is up (ssh {host.hostname})"
-        )
-    if proc.returncode == 255:
-        return ssh_problem(host, proc.stderr)
-    if proc.returncode != 0:
-        return Problem(host, f"the facts script failed there ({proc.stderr.strip()[-200:]})", "check its login shell")
-    return parse_facts(proc.stdout, gpus)
+        done = proc.run(ssh_argv(host, facts_script(paths)), deadline=SSH_TIMEOUT_S + 20, what="SSH", fix=fix)
+    except DeadlineError:
+        return Problem(host, "SSH did not answer within 30 s", fix)
+    if done.returncode == 255:
+        return ssh_problem(host, done.stderr)
+    if done.returncode != 0:
+        return Problem(host, f"the facts script failed there ({done.stderr.strip()[-200:]})", "check its login shell")
+    return parse_facts(done.stdout, gpus)
 
 
 @dataclass(frozen=True)

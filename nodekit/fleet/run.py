@@ -12,7 +12,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -409,7 +409,3 @@ def down(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None
         return f"{h.name}: down"
 
     return list(_parallel(one, _pick(hosts, node)))
-
-
-def iter_ranks(hosts: Sequence[FleetHost]) -> Iterator[int]:
-    return (h.rank for h in hosts)

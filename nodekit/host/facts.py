@@ -11,14 +11,19 @@ import os
 import resource
 import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodekit import proc
+from nodekit.errors import DeadlineError, HostToolHung
 from nodekit.host import net
 from nodekit.spec import HostFacts
 
 DOCKER_PIDFILES = (Path("/var/run/docker.pid"), Path("/run/docker.pid"), Path("/var/run/nodekit-dockerd.pid"))
+NVIDIA_SMI_S = 20.0
+"""nvidia-smi answers in well under a second; a driver that does not in this long has hung."""
+TOOL_S = 3.0
+"""ufw and iptables: each call is bounded to this."""
 
 
 def gather(main_ip: str | None = None, *, root: Path = Path("/")) -> HostFacts:
@@ -72,11 +77,22 @@ def gpu_models(root: Path = Path("/")) -> list[str]:
         if models:
             return models
     if root == Path("/") and shutil.which("nvidia-smi"):
-        proc = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
-        )
-        if proc.returncode == 0:
-            return [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+        return nvidia_smi_models()
+    return []
+
+
+def nvidia_smi_models() -> list[str]:
+    """The GPUs ``nvidia-smi`` lists (none when it fails); HostToolHung (one line, exit 2) when it hangs."""
+    done = proc.run(
+        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+        deadline=NVIDIA_SMI_S,
+        what="nvidia-smi",
+        fix="check the NVIDIA driver: nvidia-smi must answer at once (a hung one needs the driver reloaded or the "
+        "host rebooted)",
+        error=HostToolHung,
+    )
+    if done.returncode == 0:
+        return [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
     return []
 
 
@@ -107,11 +123,6 @@ def parse_proc_limit(text: str, label: str) -> int | bool | None:
             hard = line[len(label) :].split()[1]
             return None if hard == "unlimited" else int(hard)
     return False
-
-
-def soft_limit(which: int) -> int | None:
-    soft = resource.getrlimit(which)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def shm_bytes(root: Path = Path("/")) -> int | None:
@@ -187,7 +198,7 @@ def nvidia_container_toolkit() -> bool:
 
 def _run(argv: list[str]) -> str | None:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=3)
-    except (OSError, subprocess.TimeoutExpired):
+        done = proc.run(argv, deadline=TOOL_S, what=argv[0], fix="")
+    except (OSError, DeadlineError):
         return None
-    return proc.stdout if proc.returncode == 0 else None
+    return done.stdout if done.returncode == 0 else None

@@ -14,15 +14,17 @@ import os
 import selectors
 import shutil
 import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
-from nodekit.errors import UsageError
+from nodekit import proc
+from nodekit.errors import DeadlineError, UsageError
 
+TOOL_S = 5.0
+"""ip and ss answer at once; a wedged netlink can hang them: then the kernel is asked another way."""
 # Route types `ip route get` reports for destinations the kernel will not send to.
 _NO_ROUTE_TYPES = frozenset({"unreachable", "blackhole", "prohibit", "throw"})
 
@@ -159,12 +161,12 @@ def route_to(ip: str, links: Sequence[Link] | None = None) -> Route | None:
     links = links_here() if links is None else links
     if shutil.which("ip"):
         try:
-            proc = subprocess.run(["ip", "-j", "route", "get", ip], capture_output=True, text=True, timeout=5)
-        except subprocess.TimeoutExpired:  # a hung `ip` (seen with a wedged netlink): ask the kernel by socket
+            done = proc.run(["ip", "-j", "route", "get", ip], deadline=TOOL_S, what="ip route get", fix="")
+        except DeadlineError:  # a hung `ip` (seen with a wedged netlink): ask the kernel by socket
             return interface_toward(ip, _route_by_socket(ip, links), links)
-        if proc.returncode == 0:
-            return interface_toward(ip, parse_ip_route_get(proc.stdout), links)
-        lowered = proc.stderr.lower()
+        if done.returncode == 0:
+            return interface_toward(ip, parse_ip_route_get(done.stdout), links)
+        lowered = done.stderr.lower()
         if "unreachable" in lowered or "no route" in lowered or "prohibited" in lowered:
             return None
     return interface_toward(ip, _route_by_socket(ip, links), links)
@@ -189,11 +191,11 @@ def links_here() -> list[Link]:
     """This host's interfaces: from ``ip -j addr show``, else from /sys/class/net and ioctl (IPv4 only)."""
     if shutil.which("ip"):
         try:
-            proc = subprocess.run(["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5)
-        except subprocess.TimeoutExpired:
-            proc = subprocess.CompletedProcess([], 1)
-        if proc.returncode == 0:
-            return parse_ip_addr(proc.stdout)
+            done = proc.run(["ip", "-j", "addr", "show"], deadline=TOOL_S, what="ip addr show", fix="")
+        except DeadlineError:
+            done = proc.Result((), 1, "", "")
+        if done.returncode == 0:
+            return parse_ip_addr(done.stdout)
     links = []
     for _, name in socket.if_nameindex():
         addr = _ipv4_by_ioctl(name)
@@ -337,10 +339,10 @@ def port_holder(port: int) -> str | None:
     """Which process listens on ``port`` ("python3 (pid 1234)"), from ``ss``, else from /proc; None if unknown."""
     if shutil.which("ss"):
         try:
-            proc = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True, timeout=5)
-        except subprocess.TimeoutExpired:
+            done = proc.run(["ss", "-Htlnp", f"sport = :{port}"], deadline=TOOL_S, what="ss", fix="")
+        except DeadlineError:
             return _holder_from_proc(port)
-        listeners = [x for x in parse_ss_listeners(proc.stdout) if x.port == port]
+        listeners = [x for x in parse_ss_listeners(done.stdout) if x.port == port]
         named = [x for x in listeners if x.process is not None]
         if named or listeners:
             return (named or listeners)[0].describe()

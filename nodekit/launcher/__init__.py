@@ -5,8 +5,9 @@ torchrun and the peer watchdog). It turns the node's environment into the launch
 
 1. parse the environment (below) into a frozen ``LaunchConfig``; print one start line;
 2. check that the training script is in the working directory (/workspace);
-3. preflight (unless NODEKIT_PREFLIGHT=0 or NNODES=1): every node publishes its stack facts to node 0 over a
-   TCPStore on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT; node 0 compares them and every node prints the same report;
+3. preflight (unless NODEKIT_PREFLIGHT=0 or NNODES=1): every node publishes its stack facts to node 0 over
+   nodekit's store on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT (``store.py``; it admits only holders of the job secret,
+   and workers check main holds it too); node 0 compares them and every node prints the same report;
    nodes that never arrive within NODEKIT_RDZV_TIMEOUT are named instead of everyone hanging;
 4. mode ``torchrun`` after a preflight: run torchrun in this process (torch is already imported) with the peer
    watchdog (``watchdog.py``): node 0 keeps hosting the preflight store, every node bumps a heartbeat counter there

@@ -1,89 +1,131 @@
-"""The job's store is the job's: every key the protocol uses lives under a namespace derived from the job secret.
+"""Who may talk to main's preflight store: the handshake and the frame seals, as pure functions (no I/O).
 
-Anyone who can reach main's preflight/heartbeat port can talk to its TCPStore (it has no authentication of its
-own). Preflight and the peer watchdog therefore use :class:`ScopedStore`, whose keys are prefixed with
-``HMAC-SHA256(secret, "nodekit-store")``: a process without the secret cannot name them (TCPStore cannot list
-keys), so it can neither join the preflight (main never reads its facts) nor write a watchdog "done" that
-would stop training. The secret itself never crosses the network.
+Main's preflight port is reachable by anyone on the network, so the store (``store.py``, ``storeserver.py``) admits
+only a process that holds the job secret, and main proves the same to every worker. Per connection:
 
-So that a node whose secret differs (a copied compose file from another job, a stale ``.nodekit/job-secret``)
-learns it at once instead of waiting out the timeout, main publishes a challenge in the clear: a random nonce
-and ``HMAC(secret, nonce)``. A worker checks it with its own secret before publishing anything.
+1. client -> main  ``MAGIC | nc``                                  (36 bytes: a fresh 32-byte client nonce)
+2. main -> client  ``MAGIC | ns | run | HMAC(secret, server|nc|ns|run)``   (84 bytes: fresh nonce, this run's id)
+3. client -> main  ``HMAC(secret, client|nc|ns|run)``              (32 bytes)
+4. every later message, both ways, is a frame ``len(4) | payload | HMAC(k, direction|seq|len|payload)`` with the
+   session key ``k = HMAC(secret, session|nc|ns|run)``; main's first frame says the client is admitted.
 
-Limits: TCPStore traffic is plain TCP, so a host on the path between nodes can read the namespace and then
-write keys; this keeps out other processes and other jobs, not an on-path attacker (use a private network).
-Standard library only.
+Every message of the handshake has a fixed size, so main reads nothing it has not bounded, and nothing from a
+client is parsed before its MAC is checked (constant-time). Both nonces are fresh per connection, so bytes recorded
+from a good client (the handshake or any frame) verify on no other connection: a replay is refused. The run id
+is chosen by main each time it starts hosting and is bound into every MAC and key: the store's namespace is that
+one run's, and nothing from another run of the same job means anything in it. A worker checks main's MAC before
+it sends anything that depends on the secret: a main without the job's secret (another job, or an impostor on the
+port) is refused by the worker, which then says so (exit 17).
+
+What this does not give: secrecy. The facts and manifests cross the network readable (they hold no secret); an
+on-path attacker can read them or cut the connection, not change or inject anything. Standard library only.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import secrets
+from dataclasses import dataclass
 
-from nodekit.launcher.preflight import POLL_S, Clock, PreflightError, Store
-
-AUTH_KEY = "nodekit/auth"
-
-
-def _mac(secret: str, message: str) -> str:
-    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()
-
-
-def namespace(secret: str) -> str:
-    """The key prefix for one job: unguessable without the secret; the same on every node that has it."""
-    return f"job-{_mac(secret, 'nodekit-store')[:32]}/"
+MAGIC = b"NKS1"  # nodekit store, protocol 1
+NONCE_LEN = 32
+RUN_ID_LEN = 16
+TAG_LEN = 32
+CLIENT_HELLO_LEN = len(MAGIC) + NONCE_LEN
+SERVER_HELLO_LEN = len(MAGIC) + NONCE_LEN + RUN_ID_LEN + TAG_LEN
+PROOF_LEN = TAG_LEN
+HEADER_LEN = 4  # a frame's payload length, big-endian
+TO_SERVER, TO_CLIENT = b"C", b"S"
+_CONTEXT = b"nodekit-preflight-store/1|"
 
 
-class ScopedStore:
-    """A store whose keys all live under the job's namespace (set/get/add/check, as the protocol uses)."""
-
-    def __init__(self, store: Store, secret: str) -> None:
-        self.inner = store
-        self.prefix = namespace(secret)
-
-    def set(self, key: str, value: str) -> None:
-        self.inner.set(self.prefix + key, value)
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(self.prefix + key)
-
-    def add(self, key: str, amount: int) -> int:
-        return int(self.inner.add(self.prefix + key, amount))
-
-    def check(self, keys: list[str]) -> bool:
-        return bool(self.inner.check([self.prefix + k for k in keys]))
+class NotNodekit(Exception):
+    """The peer does not speak this protocol (another service on the port, or another nodekit version)."""
 
 
-class SecretMismatch(PreflightError):
-    """This node's job secret is not main's: it belongs to another job (or to a stale copy of this one)."""
+class WrongSecret(Exception):
+    """Main's proof does not verify with this node's secret: main holds another job secret."""
 
 
-def announce(store: Store, secret: str) -> None:
-    """Main, right after hosting the store: publish the challenge workers check their secret against."""
-    nonce = secrets.token_hex(16)
-    store.set(AUTH_KEY, json.dumps({"nonce": nonce, "mac": _mac(secret, nonce)}))
+def _mac(key: bytes, *parts: bytes) -> bytes:
+    return hmac.new(key, b"".join(parts), hashlib.sha256).digest()
 
 
-def verify(store: Store, secret: str, deadline: float, clock: Clock, target: str) -> None:
-    """A worker, before publishing: wait for main's challenge and check it with our secret.
+@dataclass(frozen=True)
+class Handshake:
+    """The public values of one connection's handshake; with the secret they give both proofs and the session key."""
 
-    Raises :class:`SecretMismatch` (one line) when main holds another secret, PreflightError when no challenge
-    comes before ``deadline`` (main is not a nodekit launcher of this version).
-    """
-    while not store.check([AUTH_KEY]):
-        if clock.now() >= deadline:
-            raise PreflightError(f"main {target} never published its job challenge (is it nodekit's launcher?)")
-        clock.sleep(POLL_S)
-    try:
-        data = json.loads(store.get(AUTH_KEY))
-        ok = hmac.compare_digest(_mac(secret, str(data["nonce"])), str(data["mac"]))
-    except (ValueError, KeyError, TypeError):
-        ok = False
-    if not ok:
-        raise SecretMismatch(
-            f"main {target} runs a job with another NODEKIT_JOB_SECRET than this node's; this node does not join. "
-            "Every node needs the same secret: the same exported NODEKIT_JOB_SECRET, or the same "
-            ".nodekit/job-secret copied with the project"
-        )
+    client_nonce: bytes
+    server_nonce: bytes
+    run_id: bytes
+
+    def _tag(self, secret: str, role: bytes) -> bytes:
+        return _mac(secret.encode(), _CONTEXT, role, b"|", self.client_nonce, self.server_nonce, self.run_id)
+
+    def server_tag(self, secret: str) -> bytes:
+        return self._tag(secret, b"server")
+
+    def client_tag(self, secret: str) -> bytes:
+        return self._tag(secret, b"client")
+
+    def session_key(self, secret: str) -> bytes:
+        return self._tag(secret, b"session")
+
+
+def client_hello(client_nonce: bytes) -> bytes:
+    return MAGIC + client_nonce
+
+
+def read_client_hello(data: bytes) -> bytes:
+    """The client's nonce from its hello (exactly CLIENT_HELLO_LEN bytes); NotNodekit when it is not one."""
+    if len(data) != CLIENT_HELLO_LEN or not data.startswith(MAGIC):
+        raise NotNodekit("not a nodekit store hello")
+    return data[len(MAGIC) :]
+
+
+def server_hello(secret: str, hs: Handshake) -> bytes:
+    return MAGIC + hs.server_nonce + hs.run_id + hs.server_tag(secret)
+
+
+def read_server_hello(data: bytes, secret: str, client_nonce: bytes) -> Handshake:
+    """Check main's hello against our nonce and secret: the handshake, or NotNodekit / WrongSecret."""
+    if len(data) != SERVER_HELLO_LEN or not data.startswith(MAGIC):
+        raise NotNodekit("main's answer is not a nodekit store hello")
+    at = len(MAGIC)
+    ns, run = data[at : at + NONCE_LEN], data[at + NONCE_LEN : at + NONCE_LEN + RUN_ID_LEN]
+    hs = Handshake(client_nonce, ns, run)
+    if not hmac.compare_digest(hs.server_tag(secret), data[-TAG_LEN:]):
+        raise WrongSecret("main's proof does not verify with this node's job secret")
+    return hs
+
+
+def proof_ok(secret: str, hs: Handshake, proof: bytes) -> bool:
+    """Main: is ``proof`` (exactly PROOF_LEN bytes) the client's MAC for this handshake? Constant time."""
+    return len(proof) == PROOF_LEN and hmac.compare_digest(hs.client_tag(secret), proof)
+
+
+def _frame_tag(key: bytes, direction: bytes, seq: int, header: bytes, payload: bytes) -> bytes:
+    return _mac(key, direction, seq.to_bytes(8, "big"), header, payload)
+
+
+def seal(key: bytes, direction: bytes, seq: int, payload: bytes) -> bytes:
+    """One frame: header, payload, tag. ``seq`` counts the frames sent in this direction on this connection."""
+    header = len(payload).to_bytes(HEADER_LEN, "big")
+    return header + payload + _frame_tag(key, direction, seq, header, payload)
+
+
+def frame_length(header: bytes) -> int:
+    return int.from_bytes(header, "big")
+
+
+def unseal(key: bytes, direction: bytes, seq: int, header: bytes, body: bytes) -> bytes | None:
+    """The payload of a frame whose ``body`` is payload and tag, or None when the tag does not verify (a forged,
+    replayed, reordered or reflected frame)."""
+    if len(body) < TAG_LEN:
+        return None
+    payload, tag = body[:-TAG_LEN], body[-TAG_LEN:]
+    if len(payload) != frame_length(header):
+        return None
+    if not hmac.compare_digest(_frame_tag(key, direction, seq, header, payload), tag):
+        return None
+    return payload

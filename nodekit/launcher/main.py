@@ -16,7 +16,6 @@ from types import FrameType
 from typing import Any
 
 from nodekit.launcher import netfacts
-from nodekit.launcher.auth import ScopedStore, SecretMismatch, announce, verify
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.facts import gather
 from nodekit.launcher.plan import (
@@ -33,6 +32,7 @@ from nodekit.launcher.preflight import (
     Clock,
     Outcome,
     PreflightError,
+    SecretMismatch,
     linger,
     open_store,
     run_main,
@@ -185,18 +185,14 @@ def preflight(cfg: LaunchConfig, clock: Clock | None = None) -> tuple[int, Passe
     outcome: Outcome
     try:
         if cfg.is_main:
-            raw = open_store(cfg, store_timeout)
-            announce(raw, cfg.job_secret)
-            store = ScopedStore(raw, cfg.job_secret)
+            store = open_store(cfg, store_timeout)
             outcome = run_main(store, cfg, gather(cfg, cfg.master_addr), clock)
         else:
-            # Facts first: importing torch takes seconds, and main is importing it at the same time before it
-            # can host the store, so the two overlap instead of adding up.
+            # Facts first: importing torch takes seconds, and main hosts its store before its own import (the
+            # store needs no torch), so main is usually there by the time this node looks.
             facts = gather(cfg, "")
             local = wait_reachable(cfg, deadline, clock)
-            raw = open_store(cfg, store_timeout, connect_s=CONNECT_TIMEOUT_S)
-            verify(raw, cfg.job_secret, deadline, clock, f"{cfg.master_addr}:{cfg.preflight_port}")
-            store = ScopedStore(raw, cfg.job_secret)
+            store = open_store(cfg, store_timeout, connect_s=CONNECT_TIMEOUT_S)
             facts = replace(facts, address=local)
             outcome = run_worker(store, cfg, facts, clock)
     except SecretMismatch as e:

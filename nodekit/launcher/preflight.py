@@ -1,8 +1,9 @@
 """Preflight: every node publishes its facts to main, main compares, every node prints main's verdict.
 
-The channel is a ``torch.distributed.TCPStore`` on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by node 0 (a port of
-its own, so no late torchrun client ever talks to it). The protocol runs against the small :class:`Store`
-protocol, so it is testable with an in-memory store; only :func:`open_store` imports torch.
+The channel is nodekit's own store (``store.py``) on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by node 0 (a port
+of its own, so no late torchrun client ever talks to it), fresh for every run and open only to holders of the job
+secret (``auth.py``: a mutual challenge per connection, then authenticated frames). The protocol runs against the
+small :class:`Store` protocol, so it is testable with an in-memory store.
 
 Keys (all under ``nodekit/``)::
 
@@ -13,7 +14,7 @@ Keys (all under ``nodekit/``)::
                  a refusal until every node has (see :func:`linger`), so a late node learns the verdict too
 
 Every wait polls in short steps instead of one long blocking call so that SIGTERM (``docker compose down``)
-interrupts it: Python runs signal handlers only between bytecodes, not inside a C++ ``wait``.
+interrupts it between calls.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ import json
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from nodekit.launcher.auth import NotNodekit, WrongSecret
 from nodekit.launcher.config import LaunchConfig
 from nodekit.launcher.facts import NodeFacts
+from nodekit.launcher.store import LIMITS, NoHandshake, StoreError
+from nodekit.launcher.storeclient import Client
+from nodekit.launcher.storeserver import host
 from nodekit.launcher.verdict import Declared, Verdict, compare, decide
 
 PREFIX = "nodekit/"
@@ -56,7 +60,7 @@ FIRST_REPORT_S = 3.0
 
 
 class Store(Protocol):
-    """The part of ``torch.distributed.Store`` the protocol uses."""
+    """The four calls the protocol uses (those of ``torch.distributed.Store``; ``get`` waits for the key)."""
 
     def set(self, key: str, value: str) -> None: ...
     def get(self, key: str) -> bytes: ...
@@ -66,6 +70,10 @@ class Store(Protocol):
 
 class PreflightError(Exception):
     """Preflight could not finish: main unreachable, a node lost, the port taken. ``str()`` is one line."""
+
+
+class SecretMismatch(PreflightError):
+    """This node's job secret is not main's: it belongs to another job (or to a stale copy of this one)."""
 
 
 @dataclass
@@ -141,7 +149,7 @@ def wait_reachable(cfg: LaunchConfig, deadline: float, clock: Clock) -> str:
                 f"nodekit preflight: waiting for main {target} ({reason}), {now - start:.0f}/{cfg.rdzv_timeout:g} s"
             )
             last_report = now
-        # Nodes started together find main's port closed until main has imported torch; retry quickly then (a
+        # Nodes started together find main's port closed until main's launcher has started; retry quickly then (a
         # refused connection costs a round trip), and every 0.5 s once main is plainly later than that.
         step = REACH_FAST_S if now - start < REACH_FAST_FOR_S else 0.5
         clock.sleep(min(step, max(0.0, deadline - now)))
@@ -286,47 +294,53 @@ def run_worker(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) 
             clock.sleep(POLL_S)
         verdict = Verdict.from_json(store.get(_key("verdict")))
         store.add(_key("seen", cfg.node_rank), 1)
-    except RuntimeError as e:  # torch's DistNetworkError / DistStoreError: main went away mid-protocol
+    except RuntimeError as e:  # StoreError: main went away mid-protocol
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PreflightError(f"lost main {target} during preflight: {first}") from e
     late = cfg.node_rank in verdict.missing
     return Outcome(verdict=verdict, duplicate=claims > 1, late=late)
 
 
-# ---- torch -----------------------------------------------------------------------------------------------------
+# ---- the store ------------------------------------------------------------------------------------------------
 
 
 def open_store(cfg: LaunchConfig, timeout_s: float, connect_s: float | None = None) -> Any:
-    """Main hosts the store (not waiting for workers: the protocol counts them itself); others connect.
+    """Main hosts a fresh store for this run (not waiting for workers: the protocol counts them itself); others
+    connect, proving the job secret to main and checking main's proof of it.
 
     ``timeout_s`` bounds every store call; a client's connect retries are bounded by ``connect_s`` when given (a
     worker that has just seen main's port answer), so a main that ended the job in between is reported in seconds.
+    Raises :class:`SecretMismatch` when main holds another secret, PreflightError for everything else.
     """
-    from torch.distributed import TCPStore  # type: ignore[import-not-found, unused-ignore]  # lazy: preflight only
-
-    first_timeout = timeout_s if cfg.is_main or connect_s is None else min(connect_s, timeout_s)
-    try:
-        store = TCPStore(
-            cfg.master_addr,
-            cfg.preflight_port,
-            None,
-            cfg.is_main,
-            timedelta(seconds=first_timeout),
-            wait_for_workers=False,
-        )
-        if first_timeout != timeout_s:
-            store.set_timeout(timedelta(seconds=timeout_s))
-        return store
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if cfg.is_main:
+    target = f"{cfg.master_addr}:{cfg.preflight_port}"
+    if cfg.is_main:
+        limits = replace(LIMITS, max_sessions=max(LIMITS.max_sessions, 2 * cfg.nnodes))
+        try:
+            return host(cfg.job_secret, cfg.preflight_port, timeout_s=timeout_s, limits=limits)
+        except OSError as e:
             raise PreflightError(
-                f"cannot host the preflight store on port {cfg.preflight_port}: {first} (another job on this node? "
-                f"`nodekit ps`; or change master_port)"
+                f"cannot host the preflight store on port {cfg.preflight_port}: {e.strerror or e} (another job on "
+                f"this node? `nodekit ps`; or change master_port)"
             ) from e
+    try:
+        return Client.connect(
+            cfg.master_addr, cfg.preflight_port, cfg.job_secret, timeout_s=timeout_s, connect_s=connect_s or timeout_s
+        )
+    except WrongSecret as e:
+        raise SecretMismatch(
+            f"main {target} runs a job with another NODEKIT_JOB_SECRET than this node's; this node does not join. "
+            "Every node needs the same secret: the same exported NODEKIT_JOB_SECRET, or the same "
+            ".nodekit/job-secret copied with the project"
+        ) from e
+    except (NotNodekit, NoHandshake) as e:
+        raise PreflightError(
+            f"main {target} took the connection but completed no nodekit store handshake ({e}): an older nodekit "
+            "on main (run the same image on every node: `nodekit push`), or its port is flooded"
+        ) from e
+    except StoreError as e:
         if connect_s is not None:
             raise PreflightError(
-                f"main {cfg.master_addr}:{cfg.preflight_port} ended the job before this node joined ({first}); "
-                f"see node 0's log for why, then restart every node"
+                f"main {target} ended the job before this node joined ({e}); see node 0's log for why, then restart "
+                "every node"
             ) from e
-        raise PreflightError(f"cannot reach main {cfg.master_addr}:{cfg.preflight_port}: {first}") from e
+        raise PreflightError(f"cannot reach main {target}: {e}") from e

@@ -12,9 +12,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
-from nodekit import deadline
+from nodekit import proc
 from nodekit.lock.format import target_environment
 from nodekit.settings import Settings
+
+# Resolving or downloading wheels: generous (a large index on a slow link), but not forever.
+PIP_TIMEOUT_S = 1800.0
 
 FIX_ACCESS = "check access to your package index (pip config, proxy), then nodekit lock again"
 
@@ -214,7 +217,7 @@ class ResolveFailed(Exception):
 def run(argv: Sequence[str], *, what: str, fix: str) -> Finished:
     """Run one pip command with pip's deadline: DeadlineError naming ``what`` when it hangs. The only place the
     lock starts a process."""
-    return deadline.run(argv, timeout=deadline.PIP_TIMEOUT_S, what=what, fix=fix)
+    return proc.run(argv, deadline=PIP_TIMEOUT_S, what=what, fix=fix)
 
 
 def sources(settings: Settings) -> list[str]:

@@ -290,10 +290,6 @@ def image_tag(name: str, fp: str) -> str:
     return f"nodekit/{name}:{fp[:TAG_LENGTH]}"
 
 
-def image_repository(name: str) -> str:
-    return f"nodekit/{name}"
-
-
 # --- the build plan -----------------------------------------------------------------------------------------
 
 

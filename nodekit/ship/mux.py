@@ -3,10 +3,11 @@
 Over ``ssh://`` every docker call is its own ``ssh`` (the docker CLI runs ``ssh host docker system dial-stdio``),
 so a push to a node paid for six key exchanges and logins: four survey questions, the load and the image id check.
 On a code change, whose bytes are a few KiB, those handshakes were most of the time. For the length of a push,
-:class:`SharedSsh` puts a wrapper named ``ssh`` first on this process's PATH (the docker CLI finds ``ssh`` there) that
-runs the user's own ``ssh`` with ``ControlMaster=auto`` and a ControlPath in a private directory: the first call to a
-node opens the connection, the others ride on it. When the push ends, every master it opened is told to exit
-(``ssh -O exit``), the directory is removed and PATH is put back. Docker itself recommends connection sharing for
+:class:`SharedSsh` puts a wrapper named ``ssh`` first on the PATH of every process nodekit starts
+(:func:`nodekit.proc.extra_env`: the docker CLI finds ``ssh`` there; this process's own environment is not changed)
+that runs the user's own ``ssh`` with ``ControlMaster=auto`` and a ControlPath in a private directory: the first call
+to a node opens the connection, the others ride on it. When the push ends, every master it opened is told to exit
+(``ssh -O exit``) and the directory is removed. Docker itself recommends connection sharing for
 ``ssh://`` endpoints; a user whose ~/.ssh/config already does it is not harmed (the options given here win for
 these calls only).
 
@@ -19,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 from pathlib import Path
+
+from nodekit import proc, ssh
+from nodekit.errors import DeadlineError
 
 NO_MUX = "NODEKIT_SSH_NO_MUX"
 PERSIST_S = 30
@@ -39,7 +42,7 @@ class SharedSsh:
     def __init__(self) -> None:
         self.dir: Path | None = None
         self._real = ""
-        self._old_path: str | None = None
+        self._env = contextlib.ExitStack()
 
     def __enter__(self) -> SharedSsh:
         global _depth
@@ -53,16 +56,11 @@ class SharedSsh:
             # Short: a unix socket path is at most 107 bytes, and %C is 40 of them.
             self.dir = Path(tempfile.mkdtemp(prefix="nkssh.", dir="/tmp" if os.path.isdir("/tmp") else None))
             wrapper = self.dir / "ssh"
-            wrapper.write_text(
-                "#!/bin/sh\n"
-                f'[ -n "${NO_MUX}" ] && exec {_q(real)} "$@"\n'
-                f"exec {_q(real)} -o ControlMaster=auto -o ControlPath={_q(str(self.dir))}/%C "
-                f'-o ControlPersist={PERSIST_S} "$@"\n'
-            )
+            wrapper.write_text(ssh.shared_wrapper(real, str(self.dir), PERSIST_S, opt_out=NO_MUX))
             wrapper.chmod(0o755)
             self._real = real
-            self._old_path = os.environ.get("PATH")
-            os.environ["PATH"] = f"{self.dir}{os.pathsep}{self._old_path or ''}"
+            path = f"{self.dir}{os.pathsep}{proc.environ().get('PATH', '')}"
+            self._env.enter_context(proc.extra_env({"PATH": path}))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -71,28 +69,17 @@ class SharedSsh:
             _depth -= 1
             if _depth > 0 or self.dir is None:
                 return
-            if self._old_path is None:
-                os.environ.pop("PATH", None)
-            else:
-                os.environ["PATH"] = self._old_path
+            self._env.close()
             close_masters(self.dir, self._real)
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
 
 
-def close_masters(d: Path, ssh: str) -> int:
-    """Tell every master whose control socket is in ``d`` to exit (with ``ssh``, the client the wrapper ran);
+def close_masters(d: Path, real_ssh: str) -> int:
+    """Tell every master whose control socket is in ``d`` to exit (with ``real_ssh``, the client the wrapper ran);
     returns how many were asked."""
     socks = [p for p in d.iterdir() if p.is_socket()] if d.is_dir() else []
     for sock in socks:
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            # The host argument is ignored with an explicit ControlPath; the master answers on its socket.
-            subprocess.run([ssh, "-o", f"ControlPath={sock}", "-O", "exit", "nodekit-mux"], capture_output=True,
-                           timeout=10, stdin=subprocess.DEVNULL)  # fmt: skip
+        with contextlib.suppress(OSError, DeadlineError):
+            proc.run(ssh.exit_master(real_ssh, str(sock)), deadline=10, what="ssh -O exit", fix="", stdin="devnull")
     return len(socks)
-
-
-def _q(s: str) -> str:
-    import shlex
-
-    return shlex.quote(s)

@@ -29,7 +29,6 @@ import base64
 import contextlib
 import os
 import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -39,8 +38,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from nodekit.docker import cut_off
-from nodekit.errors import ShipError
+from nodekit import proc, ssh
+from nodekit.errors import DeadlineError, ShipError
 from nodekit.ship.mux import NO_MUX
 
 RelayMode = Literal["auto", "always", "never"]
@@ -72,15 +71,14 @@ def split_chains(n: int, most: int | None = None) -> list[range]:
     return out
 
 
-SSH_OPTS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=10",
-            "-o", "ServerAliveCountMax=3")  # fmt: skip
+CONNECT_S = 10
 KEY_LIFETIME_S = 900
 _TAG = "nodekit-relay"
 
 # $1: this script in base64; $2: this node's name (base64); then per node after this one: name (base64),
 # user@host (base64), port, HostKeyAlias (base64), known_hosts lines (base64). Every argument is base64 or digits,
 # so the next hop's command line needs no quoting, and its length grows linearly with the chain.
-RELAY_SCRIPT = r"""
+_SCRIPT = r"""
 s=$1 me=$2
 shift 2
 d=$(mktemp -d "${TMPDIR:-/tmp}/nodekit-relay.XXXXXX") || { echo "nodekit-relay load $me 125" >&2; exit 0; }
@@ -96,9 +94,7 @@ if [ $# -ge 5 ]; then
   printf %s "$5" | base64 -d > "$d/known_hosts"
   shift 5
   mkfifo "$d/next"
-  ssh -A -o BatchMode=yes -o StrictHostKeyChecking=yes -o UserKnownHostsFile="$d/known_hosts" \
-    -o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 \
-    -o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" \
+  @SSH@ -p "$port" -- "$dest" \
     "sh -c \"\$(printf %s $s | base64 -d)\" nodekit-relay $s $nm $*" < "$d/next" &
   next=$!
   tee -p "$d/next" | { docker load -q > "$d/out" 2>&1; echo $? > "$d/rc"; }
@@ -113,6 +109,9 @@ if [ -n "$next" ]; then
 fi
 exit 0
 """
+RELAY_SCRIPT = _SCRIPT.replace(
+    "@SSH@", ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned('"$d/known_hosts"', '"$alias"'))
+)
 
 
 def _b64(text: str) -> str:
@@ -179,18 +178,13 @@ def hop_of(name: str, endpoint: str, env: Mapping[str, str] | None = None) -> Ho
     parts = urlsplit(endpoint)
     if parts.scheme != "ssh" or not parts.hostname:
         return "not an ssh:// endpoint"
-    ssh, keygen = shutil.which("ssh", path=(env or os.environ).get("PATH")), shutil.which("ssh-keygen")
-    if ssh is None or keygen is None:
+    real, keygen = shutil.which("ssh", path=(env or proc.environ()).get("PATH")), shutil.which("ssh-keygen")
+    if real is None or keygen is None:
         return "no ssh or ssh-keygen on this machine"
-    argv = [ssh, "-G"]
-    if parts.username:
-        argv += ["-l", parts.username]
-    if parts.port:
-        argv += ["-p", str(parts.port)]
+    argv = ssh.config_of(real, parts.hostname, user=parts.username, port=parts.port)
     try:
-        got = subprocess.run([*argv, "--", parts.hostname], capture_output=True, text=True, timeout=10,
-                             env=dict(env) if env is not None else None)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as e:
+        got = proc.run(argv, deadline=10, what="ssh -G", fix="", env=env)
+    except (OSError, DeadlineError) as e:
         return f"ssh -G failed: {e}"
     if got.returncode != 0:
         return f"ssh -G failed: {got.stderr.strip()[-200:]}"
@@ -211,7 +205,8 @@ def hop_of(name: str, endpoint: str, env: Mapping[str, str] | None = None) -> Ho
     lines = ""
     for f in files:
         if Path(f).is_file():
-            found = subprocess.run([keygen, "-F", lookup, "-f", f], capture_output=True, text=True, timeout=10)
+            found = proc.run(ssh.known_hosts_lookup(keygen, lookup, f), deadline=10, what="ssh-keygen -F",
+                             fix="check that file (ssh-keygen -F HOST -f FILE)")  # fmt: skip
             lines += known_lines(found.stdout)
     if not lines:
         return f"the head has no host key for {lookup} in {' '.join(files) or 'its known_hosts'}"
@@ -290,38 +285,33 @@ class Agent:
     def __init__(self, identities: Sequence[str], *, existing: str | None = None) -> None:
         self.socket: str | None = existing
         self.added = 0
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: proc.Child | None = None
         self._dir = ""
         agent, add = shutil.which("ssh-agent"), shutil.which("ssh-add")
         if existing is not None or agent is None or add is None or not identities:
             return
         self._dir = tempfile.mkdtemp(prefix="nodekit-agent.")
         sock = os.path.join(self._dir, "agent.sock")
-        self._proc = subprocess.Popen([agent, "-D", "-a", sock], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)  # fmt: skip
+        self._proc = proc.start([agent, "-D", "-a", sock], deadline=proc.Unbounded("lives for the push: close()"),
+                                what="ssh-agent", stdin="devnull", stdout="devnull", stderr="devnull")  # fmt: skip
         deadline = time.monotonic() + 2
         while not os.path.exists(sock):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 return
             time.sleep(0.02)
-        env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "SSH_ASKPASS")}
+        env = {k: v for k, v in proc.environ().items() if k not in ("DISPLAY", "SSH_ASKPASS")}
         env |= {"SSH_AUTH_SOCK": sock, "SSH_ASKPASS_REQUIRE": "never"}
         for key in dict.fromkeys(identities):
-            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-                done = subprocess.run([add, "-q", "-t", str(KEY_LIFETIME_S), key], env=env, stdin=subprocess.DEVNULL,
-                                      capture_output=True, timeout=10)  # fmt: skip
+            with contextlib.suppress(OSError, DeadlineError):
+                done = proc.run([add, "-q", "-t", str(KEY_LIFETIME_S), key], deadline=10, what="ssh-add", fix="",
+                                env=env, stdin="devnull")  # fmt: skip
                 self.added += done.returncode == 0
         if self.added:
             self.socket = sock
 
     def close(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            self._proc.end(grace=5)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -337,19 +327,16 @@ def user_agent_has_keys(env: Mapping[str, str]) -> bool:
     sock, add = env.get("SSH_AUTH_SOCK"), shutil.which("ssh-add")
     if not sock or add is None or not os.path.exists(sock):
         return False
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        return subprocess.run([add, "-l"], env=dict(env), capture_output=True, timeout=5).returncode == 0
+    with contextlib.suppress(OSError, DeadlineError):
+        return proc.run([add, "-l"], deadline=5, what="ssh-add -l", fix="", env=env).returncode == 0
     return False
 
 
-def _head_argv(hop: Hop, command: str) -> list[str]:
+def head_argv(hop: Hop, command: str) -> list[str]:
+    """The head's ``ssh -A`` to ``hop`` (as its endpoint names it: the head's ~/.ssh/config applies)."""
     parts = urlsplit(hop.endpoint)
-    argv = ["ssh", "-A", *SSH_OPTS]
-    if parts.port:
-        argv += ["-p", str(parts.port)]
-    if parts.username:
-        argv += ["-l", parts.username]
-    return [*argv, "--", parts.hostname or hop.hostname, command]
+    return ssh.command(parts.hostname or hop.hostname, command, port=parts.port, user=parts.username,
+                       connect_timeout=CONNECT_S, forward_agent=True, keepalive=True)  # fmt: skip
 
 
 class RelaySink:
@@ -359,14 +346,13 @@ class RelaySink:
 
     def __init__(self, hops: Sequence[Hop], agent_socket: str | None) -> None:
         self.hops = list(hops)
-        env = dict(os.environ)
-        env[NO_MUX] = "1"  # its own connection: a shared one would forward the agent of whichever call opened it
-        if agent_socket is not None:
-            env["SSH_AUTH_SOCK"] = agent_socket
+        # Its own connection (NO_MUX): a shared one would forward the agent of whichever call opened it.
+        env = proc.environ({NO_MUX: "1", **({"SSH_AUTH_SOCK": agent_socket} if agent_socket is not None else {})})
         self._env = env
         self._stderr = b""
-        self._proc = subprocess.Popen(_head_argv(self.hops[0], chain_command(self.hops)), stdin=subprocess.PIPE,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)  # fmt: skip
+        self._proc = proc.start(head_argv(self.hops[0], chain_command(self.hops)), env=env, stdin="pipe",
+                                stdout="devnull", stderr="pipe", what=f"the relay chain from {self.hops[0].name}",
+                                deadline=proc.Unbounded("the stream: finish() or abort() ends it"))  # fmt: skip
         self._drain = threading.Thread(target=self._read, daemon=True)
         self._drain.start()
         self.rc: int | None = None
@@ -399,18 +385,14 @@ class RelaySink:
     def abort(self) -> None:
         """Cut the chain: end the head's session and, on every node that said where its relay runs, that relay's
         process group (a hop blocked on a hung node would otherwise linger)."""
-        cut_off(self._proc)
+        self._proc.cut_off()
         self.rc = self._proc.returncode
         pgids = self.report().pgids
         by_name = {h.name: h for h in self.hops}
         kills = [
-            subprocess.Popen(_head_argv(by_name[n], f"kill -TERM -- -{pg} 2>/dev/null; true"), env=self._env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc.start(head_argv(by_name[n], f"kill -TERM -- -{pg} 2>/dev/null; true"), env=self._env, deadline=15,
+                       what=f"ending the relay on {n}", stdin="devnull", stdout="devnull", stderr="devnull")
             for n, pg in pgids.items() if n in by_name and pg > 1
         ]  # fmt: skip
         for k in kills:
-            try:
-                k.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                k.kill()
-                k.wait()
+            k.wait()

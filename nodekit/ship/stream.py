@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import threading
 import zlib
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
-from nodekit import docker
+from nodekit import docker, proc
 from nodekit.errors import ShipError
 from nodekit.ship.plan import Codec
 
@@ -64,38 +63,39 @@ def decompressed_zstd(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def _through(argv: list[str], chunks: Iterable[bytes], *, doing: str = "compressing") -> Iterator[bytes]:
     """Pipe ``chunks`` through a filter command, feeding it from a thread so neither side blocks."""
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    assert proc.stdin is not None and proc.stdout is not None
+    child = proc.start(argv, deadline=proc.Unbounded("a filter of the image stream: ends with its input"),
+                       what=argv[0], stdin="pipe", stdout="pipe", stderr="devnull")  # fmt: skip
+    stdin, stdout = child.stdin, child.stdout
+    assert stdin is not None and stdout is not None
     failed: list[BaseException] = []
 
     def feed() -> None:
-        assert proc.stdin is not None
         try:
             for c in chunks:
-                proc.stdin.write(c)
+                stdin.write(c)
         except BaseException as e:
             failed.append(e)
-            proc.kill()
+            child.kill()
         finally:
             with contextlib.suppress(OSError):
-                proc.stdin.close()
+                stdin.close()
 
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     try:
-        while out := proc.stdout.read(docker.CHUNK):
+        while out := stdout.read(docker.CHUNK):
             yield out
         feeder.join()
-        code = proc.wait()
+        code = child.wait()
         if failed:
             raise failed[0]
         if code != 0:
             raise ShipError(f"{argv[0]} exited with code {code} while {doing} the image stream")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        proc.stdout.close()
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        stdout.close()
 
 
 def diagnose_load_failure(

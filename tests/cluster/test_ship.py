@@ -406,7 +406,7 @@ def test_a_hung_engine_is_named_within_its_deadline(fresh: Cluster, monkeypatch:
 
     h2 = fresh.hosts[2]
     assert h2.pid is not None
-    monkeypatch.setattr(docker, "ENGINE_CALL_S", 3.0)
+    monkeypatch.setattr(docker.calls, "ENGINE_CALL_S", 3.0)
     os.kill(h2.pid, signal.SIGSTOP)
     try:
         started = time.monotonic()

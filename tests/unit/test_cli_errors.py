@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,22 @@ def test_an_os_error_that_is_not_the_users_path_exits_1() -> None:
         and line
         == "Permission denied: /p/compose. Fix: check its permissions, or point the setting that names it elsewhere"
     )
+
+
+def test_a_hung_nvidia_smi_is_one_line_and_exit_2(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU driver whose nvidia-smi never answers: before, `nodekit compose` ended in a TimeoutExpired traceback
+    after 20 s. A real hung nvidia-smi (first on PATH) is stopped at its deadline and named in one line."""
+    from nodekit.host import facts
+
+    if any(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        pytest.skip("this host lists its GPUs in /proc: nvidia-smi is never asked")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\nexec sleep 60\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(facts, "NVIDIA_SMI_S", 0.5)
+    code, err = run("compose", "--node-rank", "0", "--main", "127.0.0.1", "--image", "x:y")
+    assert_refused(project, code, err, "nvidia-smi did not finish within 0.5 s and was stopped", "NVIDIA driver")

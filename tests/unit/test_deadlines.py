@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import deadline, docker
+from nodekit import docker, proc
 from nodekit.errors import DeadlineError
 from nodekit.lock import pip as lock_pip
 from nodekit.lock import resolution as lock_resolution
@@ -18,7 +18,7 @@ from nodekit.lock import resolution as lock_resolution
 def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, `nodekit lock`/`build` waited on a stalled pip (an index that stopped answering) forever."""
     monkeypatch.setattr(lock_pip, "resolve_argv", lambda *a, **k: ["sleep", "30"])
-    monkeypatch.setattr(deadline, "PIP_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(lock_pip, "PIP_TIMEOUT_S", 0.5)
     started = time.monotonic()
     with pytest.raises(DeadlineError) as e:
         lock_resolution.run_report(["torch==2.13.0"], [], python_version="3.11", platform="manylinux_2_36_x86_64")
@@ -29,16 +29,13 @@ def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_a_streamed_process_that_hangs_is_killed_and_named() -> None:
     """mmdebstrap's output is streamed line by line; a stalled mirror used to keep `nodekit base` waiting."""
-    import subprocess
-
     started = time.monotonic()
-    proc = subprocess.Popen(["sh", "-c", "echo fetching; exec sleep 30"], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    with deadline.Killer(proc, 0.5, "mmdebstrap", "check the mirror") as killer:
-        lines = list(proc.stdout)
-        proc.wait()
+    child = proc.start(["sh", "-c", "echo fetching; exec sleep 30"], deadline=0.5, what="mmdebstrap",
+                       fix="check the mirror", stdout="pipe")  # fmt: skip
+    lines = list(child.lines())
+    child.wait()
     with pytest.raises(DeadlineError, match=r"^mmdebstrap did not finish within 0.5 s"):
-        killer.check()
+        child.check()
     assert lines == ["fetching\n"] and time.monotonic() - started < 5
 
 
@@ -52,7 +49,7 @@ def hung_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     fake.write_text("#!/bin/sh\nexec sleep 60\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setattr(docker, "ENGINE_CALL_S", 0.5)
+    monkeypatch.setattr(docker.calls, "ENGINE_CALL_S", 0.5)
     return fake
 
 

@@ -1,11 +1,12 @@
 """The job secret: made once per project (or taken from the shell), rendered into every node's environment, never
-printed; the launcher's store refuses a node or a process without it."""
+printed; main's preflight store (nodekit's own, on a real loopback port here) refuses a node or a process without
+it, and a node without it refuses main."""
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import re
+import socket
 import stat
 import threading
 import time
@@ -20,9 +21,11 @@ import nodekit.launcher.main as launcher_main
 from nodekit import secret
 from nodekit.cli.app import app
 from nodekit.errors import ConfigError
-from nodekit.launcher.auth import ScopedStore, SecretMismatch, announce, verify
-from nodekit.launcher.watchdog import Done
-from tests.unit.test_launcher_preflight import MemStore, cfg, facts, quiet
+from nodekit.launcher.config import LaunchConfig
+from nodekit.launcher.preflight import SecretMismatch, open_store
+from tests.unit.test_launcher_preflight import cfg, facts, quiet
+from tests.unit.test_store import wait_for
+from tests.unit.test_store_flood import BEHAVIOURS, hostile
 
 S1 = "a" * 32
 S2 = "b" * 32
@@ -71,62 +74,111 @@ def test_every_node_file_carries_the_same_secret_and_no_output_shows_it(project:
         assert value not in shown.stdout and "NODEKIT_JOB_SECRET: ********" in shown.stdout
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def run_preflight(
-    monkeypatch: pytest.MonkeyPatch, store: MemStore, secrets_by_rank: dict[int, str], timeout: float = 3.0
-) -> dict[int, int]:
-    monkeypatch.setattr(launcher_main, "open_store", lambda c, *a, **k: store)
+    monkeypatch: pytest.MonkeyPatch,
+    secrets_by_rank: dict[int, str],
+    timeout: float = 3.0,
+    hostile_behaviours: tuple[str, ...] = (),
+) -> tuple[dict[int, int], dict[int, Any]]:
+    """Every node's ``preflight()`` in a thread, through the real store on a free loopback port; while
+    ``hostile_behaviours`` is set, clients without the secret hammer main's port with them. Returns the exit codes
+    and each node's store (main's is the hosted one)."""
+    port = free_port()
+    stores: dict[int, Any] = {}
+
+    def opened(c: LaunchConfig, *args: Any, **kwargs: Any) -> Any:
+        stores[c.node_rank] = open_store(c, *args, **kwargs)
+        return stores[c.node_rank]
+
+    monkeypatch.setattr(launcher_main, "open_store", opened)
     monkeypatch.setattr(launcher_main, "gather", lambda c, addr: facts(c.node_rank))
-    monkeypatch.setattr(launcher_main, "wait_reachable", lambda c, deadline, clock: f"10.0.0.{5 + c.node_rank}")
     codes: dict[int, int] = {}
+    env = {"MASTER_ADDR": "127.0.0.1", "NODEKIT_PREFLIGHT_PORT": str(port)}
 
     def node(rank: int) -> None:
-        c = cfg(rank, len(secrets_by_rank), timeout, NODEKIT_JOB_SECRET=secrets_by_rank[rank])
+        c = cfg(rank, len(secrets_by_rank), timeout, NODEKIT_JOB_SECRET=secrets_by_rank[rank], **env)
         codes[rank], _ = launcher_main.preflight(c, quiet())
 
-    threads = [threading.Thread(target=node, args=(r,)) for r in secrets_by_rank]
-    for t in threads:
-        t.start()
-        time.sleep(0.05)  # main first, as in most starts (a worker waits for the challenge anyway)
-    for t in threads:
-        t.join(timeout=30)
-    return codes
+    stop = threading.Event()
+
+    def attack() -> None:
+        held: list[socket.socket] = []
+        i = 0
+        while not stop.is_set():
+            hostile(port, hostile_behaviours[i % len(hostile_behaviours)], held)
+            i += 1
+        for sock in held:
+            sock.close()
+
+    threads = {r: threading.Thread(target=node, args=(r,)) for r in secrets_by_rank}
+    threads[0].start()
+    assert wait_for(lambda: 0 in stores)  # main hosts first, as in most starts
+    attacker = threading.Thread(target=attack)
+    if hostile_behaviours:
+        attacker.start()  # the attack is under way before any worker arrives, and lasts until every node is done
+        assert wait_for(lambda: stores[0].stats().refused + stores[0].stats().evicted >= 100, within=20)
+    for r in secrets_by_rank:
+        if r:
+            threads[r].start()
+    for t in threads.values():
+        t.join(timeout=60)
+    stop.set()
+    if hostile_behaviours:
+        attacker.join(timeout=10)
+    return codes, stores
 
 
 def test_nodes_sharing_the_secret_pass(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert run_preflight(monkeypatch, MemStore(), {0: S1, 1: S1}) == {0: 0, 1: 0}
+    codes, _ = run_preflight(monkeypatch, {0: S1, 1: S1})
+    assert codes == {0: 0, 1: 0}
 
 
 def test_a_node_with_another_secret_is_refused_at_once_and_never_joins(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    store = MemStore()
     started = time.monotonic()
-    codes = run_preflight(monkeypatch, store, {0: S1, 1: S2}, timeout=2.0)
+    codes, stores = run_preflight(monkeypatch, {0: S1, 1: S2}, timeout=2.0)
     assert codes == {0: 18, 1: 17}  # main names node 1 as never arrived; node 1 knows why
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err
     assert "another NODEKIT_JOB_SECRET than this node's" in err and "node(s) 1 never arrived" in err
-    assert not any("facts/1" in k for k in store.data), "a node without the secret published its facts"
+    assert 1 not in stores, "a node without the secret got a store connection"
+    assert not stores[0].check(["nodekit/facts/1"]) and not stores[0].check(["nodekit/claim/1"])
+
+
+@pytest.mark.parametrize("behaviours", [BEHAVIOURS, ("guess",), ("partial", "silent")])
+def test_a_client_without_the_secret_changes_no_nodes_verdict_or_exit_code(
+    monkeypatch: pytest.MonkeyPatch, behaviours: tuple[str, ...]
+) -> None:
+    """Hammering main's port during preflight: garbage, oversized lengths, made-up proofs, handshakes that never
+    finish, thousands of connections. Both nodes still pass with main's verdict."""
+    codes, stores = run_preflight(monkeypatch, {0: S1, 1: S1}, timeout=20.0, hostile_behaviours=behaviours)
+    assert codes == {0: 0, 1: 0}
+    main = stores[0]
+    assert main.stats().refused + main.stats().evicted > 0, "the attack never reached main"
+    assert sorted(k.decode() for k in main.table._data) == sorted(
+        f"nodekit/{k}" for k in ("claim/0", "claim/1", "facts/0", "facts/1", "seen/1", "verdict")
+    )
 
 
 def test_a_process_without_the_secret_cannot_write_the_watchdogs_keys() -> None:
-    store = MemStore()
-    job = ScopedStore(store, S1)
-    for intruder in (store, ScopedStore(store, ""), ScopedStore(store, S2)):
-        intruder.set("nodekit/done/1", Done(0).to_json())
-        intruder.add("nodekit/hb/1", 5)
-    assert not job.check(["nodekit/done/1"]) and job.add("nodekit/hb/1", 0) == 0
-
-
-def test_verify_refuses_a_forged_challenge() -> None:
-    store = MemStore()
-    announce(store, S1)
-    verify(store, S1, time.monotonic() + 1, quiet(), "main")
-    with pytest.raises(SecretMismatch):
-        verify(store, S2, time.monotonic() + 1, quiet(), "main")
-    store.set("nodekit/auth", json.dumps({"nonce": "x", "mac": "y"}))
-    with pytest.raises(SecretMismatch):
-        verify(store, S1, time.monotonic() + 1, quiet(), "main")
+    main = open_store(cfg(0, 2, 5.0, NODEKIT_PREFLIGHT_PORT=str(free_port()), NODEKIT_JOB_SECRET=S1), 5)
+    intruder = cfg(1, 2, 5.0, MASTER_ADDR="127.0.0.1", NODEKIT_PREFLIGHT_PORT=str(main.port), NODEKIT_JOB_SECRET=S2)
+    try:
+        with pytest.raises(SecretMismatch):
+            open_store(intruder, 5, connect_s=2)
+        held: list[socket.socket] = []
+        for behaviour in BEHAVIOURS * 10:
+            hostile(main.port, behaviour, held)
+        assert not main.check(["nodekit/done/1"]) and main.add("nodekit/hb/1", 0) == 0
+    finally:
+        main.close()
 
 
 def _creator(barrier: Any, jobs: Any, results: Any) -> None:

@@ -1,6 +1,6 @@
 """The preflight protocol against an in-memory store (threads stand in for nodes), reachability against real
-loopback sockets, and the launcher's early exits. No torch: the TCPStore itself is exercised in the manual runs
-recorded in the launcher's commit messages and by the real-Docker tests."""
+loopback sockets, and the launcher's early exits. The store itself (nodekit's, on a real port) is tested in
+test_store.py and test_job_secret.py; here it is an in-memory one."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from tests.unit.test_launcher_verdict import NODE0
 
 
 class MemStore:
-    """A thread-safe stand-in for torch's TCPStore (set/get/add/check)."""
+    """A thread-safe stand-in for the preflight store (set/get/add/check)."""
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -251,9 +251,7 @@ def test_a_node_arriving_after_an_early_mismatch_gets_the_verdict_not_an_absent_
     main_thread = threading.Thread(target=node, args=(0,))
     main_thread.start()
     node(2)
-    from nodekit.launcher.auth import ScopedStore
-
-    while not ScopedStore(store, "").check(["nodekit/verdict"]):
+    while not store.check(["nodekit/verdict"]):
         time.sleep(0.01)
     reported = time.monotonic() - started
     time.sleep(0.5)  # node 1 is late: main has reported and, before the fix, left
