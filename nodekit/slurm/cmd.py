@@ -1,18 +1,17 @@
-"""The one door from nodekit slurm to other programs (sbatch, squeue, scontrol, scancel, docker, mksquashfs).
-
-Every process this package starts goes through :func:`run`, with a deadline, so that moving to the project's
-process runner is one edit here.
-"""
+"""nodekit slurm's calls of other programs (sbatch, squeue, scontrol, scancel, docker, mksquashfs, enroot), all
+through nodekit's one process runner (:mod:`nodekit.proc`) with a deadline."""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from nodekit.errors import DeadlineError, UsageError
+from nodekit import proc
+from nodekit.errors import UsageError
 
 QUERY_S = 30.0  # sbatch, squeue, scontrol, scancel: the controller answers in well under a second
+CONTROLLER_FIX = "check that the Slurm controller answers (scontrol ping)"
 
 
 @dataclass(frozen=True)
@@ -34,24 +33,33 @@ def run(
     timeout: float = QUERY_S,
     stdin: str | None = None,
     env: Mapping[str, str] | None = None,
+    fix: str = CONTROLLER_FIX,
 ) -> Result:
-    """Run ``argv`` to its end and capture its output. A missing program is a UsageError naming it; a program
-    that outlives ``timeout`` is killed and a DeadlineError."""
+    """Run ``argv`` to its end and capture its output (``stdin``: text fed to it). A missing program is a
+    UsageError naming it; a program that outlives ``timeout`` is killed and a DeadlineError naming it."""
+    what = " ".join(argv[:3])
     try:
-        proc = subprocess.run(
-            list(argv),
-            input=stdin,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=None if env is None else dict(env),
-            stdin=None if stdin is not None else subprocess.DEVNULL,
-        )
+        if stdin is None:
+            done = proc.run(argv, deadline=timeout, what=what, fix=fix, env=env, stdin="devnull")
+            return Result(done.returncode, done.stdout, done.stderr)
+        return _fed(argv, stdin, timeout=timeout, what=what, fix=fix, env=env)
     except FileNotFoundError:
         raise UsageError(f"{argv[0]} is not on PATH", fix=f"install {argv[0]}, or run nodekit where it is") from None
-    except subprocess.TimeoutExpired:
-        raise DeadlineError(
-            f"{' '.join(argv[:3])} did not finish within {timeout:g} s and was stopped",
-            fix="check that the Slurm controller answers (scontrol ping)",
-        ) from None
-    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def _fed(
+    argv: Sequence[str], text: str, *, timeout: float, what: str, fix: str, env: Mapping[str, str] | None
+) -> Result:
+    """``argv`` with ``text`` on its standard input (a script for ``sbatch --test-only``: small, so writing it all
+    before reading cannot fill a pipe)."""
+    child = proc.start(argv, deadline=timeout, what=what, fix=fix, env=env, stdin="pipe", stdout="pipe", stderr="pipe")
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    try:
+        with contextlib.suppress(BrokenPipeError):  # it exited without reading: its exit code and stderr say why
+            child.stdin.write(text.encode())
+            child.stdin.close()
+        out, err = child.stdout.read(), child.stderr.read()
+    finally:
+        code = child.wait_or_kill(timeout)
+    child.check()
+    return Result(code if code is not None else 1, out.decode(errors="replace"), err.decode(errors="replace"))

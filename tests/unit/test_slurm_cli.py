@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from nodekit.cli.app import app
 from nodekit.slurm import job as slurm_job
 from nodekit.slurm import submit
+from tests.fake_runner import FakeRunner
 
 runner = CliRunner()
 IMAGE = slurm_job.ImageFacts(ref="nodekit/clitest:0123", id="sha256:" + "c" * 64, entrypoint=("python",))
@@ -128,3 +129,58 @@ def test_the_script_is_written_private(project: Path) -> None:
     path = project / "compose" / "slurm.sbatch"
     assert result.stdout.strip() == str(path)
     assert path.stat().st_mode & 0o777 == 0o600  # it carries the job secret
+
+
+# --- the command lines, through nodekit's one process runner (faked: nothing runs) -------------------------------
+
+
+@pytest.fixture
+def slurm_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sbatch, scontrol, scancel found on PATH (stubs that never run: the fake runner answers instead)."""
+    bin_dir = tmp_path / "slurm-bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "scontrol", "scancel"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 97\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+
+
+def test_submit_validates_then_submits_and_exits_with_the_jobs_code(
+    project: Path, slurm_client: None, fake_runner: FakeRunner
+) -> None:
+    log = project / "outputs" / "slurm-42.out"
+    fake_runner.on("sbatch", "--parsable", stdout="42\n")
+    fake_runner.on(
+        "scontrol", "show", "job",
+        stdout=f"JobId=42 JobState=FAILED Reason=NonZeroExitCode ExitCode=17:0 NodeList=n[1-2] StdOut={log}",
+    )  # fmt: skip
+    result = runner.invoke(app, ["slurm", "--submit"])
+    assert result.exit_code == 17, result.stderr
+    script = project / "compose" / "slurm.sbatch"
+    test_only = fake_runner.only("sbatch", "--test-only")
+    assert test_only.cmd == ["sbatch", "--test-only"] and bytes(test_only.written) == script.read_bytes()
+    assert fake_runner.only("sbatch", "--parsable").cmd == ["sbatch", "--parsable", str(script)]
+    assert fake_runner.only("scontrol").cmd == ["scontrol", "show", "job", "-o", "42"]
+    assert all(c.deadline == 30.0 for c in fake_runner.calls)
+    assert "Slurm job 42 ended FAILED with exit code 17" in result.stderr
+
+
+def test_a_signal_while_following_cancels_the_job(
+    project: Path, slurm_client: None, fake_runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nodekit.slurm import follow
+
+    fake_runner.on("sbatch", "--parsable", stdout="42\n")
+    calls: list[float | None] = []
+
+    def following(job_id: str, on_state: object, on_line: object, **kw: object) -> follow.JobInfo:
+        calls.append(kw.get("deadline_s"))  # type: ignore[arg-type]
+        if len(calls) == 1:
+            raise follow.Stopped(15)
+        return follow.JobInfo(job_id, "CANCELLED", 0, 15)
+
+    monkeypatch.setattr(follow, "follow", following)
+    result = runner.invoke(app, ["slurm", "--submit"])
+    assert result.exit_code == 143, result.stderr
+    assert fake_runner.only("scancel").cmd == ["scancel", "42"]
+    assert calls == [None, follow.CANCEL_WAIT_S]  # it follows the cancelled job to its end, within a deadline
