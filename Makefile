@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NODEKIT := $(VENV)/bin/nodekit
 DEMO := examples/ddp
 
-.PHONY: help venv engine sshd base demo test test-unit test-docker lint format bench clean
+.PHONY: help venv engine sshd slurm base demo test test-unit test-docker lint format bench clean
 
 help:
 	@echo "make demo    build the example image and run a 2-node DDP job on this machine"
@@ -30,6 +30,11 @@ engine:
 sshd:
 	bash scripts/sshd.sh
 
+# The Slurm tests start munged, slurmctld and a slurmd per virtual host; this only installs the binaries (slurm-wlm,
+# munge, charliecloud-runtime, squashfs-tools, squashfuse), never a service.
+slurm:
+	bash scripts/slurm.sh
+
 base: venv engine
 	$(NODEKIT) base --if-missing --config $(DEMO)/nodekit.toml
 
@@ -49,7 +54,7 @@ test-unit: venv
 	$(VENV)/bin/pytest tests/unit -q
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
-test: lint engine sshd base
+test: lint engine sshd slurm base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
 
 # make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,

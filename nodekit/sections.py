@@ -108,6 +108,33 @@ class NodeOverride(BaseModel):
         return {plain_path(k): plain_path(p) for k, p in v.items()}
 
 
+class SlurmSettings(BaseModel):
+    """``[slurm]``: how ``nodekit slurm`` hands the job to Slurm (sbatch options, container mode, shared paths)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    container: Literal["docker", "charliecloud", "pyxis"] = Field(
+        "docker",
+        description="docker: each node's Docker engine; charliecloud: ch-run of a SquashFS made here; pyxis: "
+        "srun --container-image (enroot)",
+    )
+    partition: str | None = Field(None, description="sbatch --partition (default: the cluster's default)")
+    account: str | None = Field(None, description="sbatch --account")
+    time: str | None = Field(None, description='sbatch --time, e.g. "2:00:00"')
+    gpus_per_node: int = Field(0, ge=0, description="sbatch --gpus-per-node, and the GPUs each node's container gets")
+    sbatch_args: tuple[str, ...] = Field(
+        (), description='more sbatch options, e.g. ["--qos=high", "--exclusive", "--cpus-per-task=16"]'
+    )
+    image_dir: Path = Field(
+        Path(".nodekit/slurm"),
+        description="charliecloud and pyxis: where the image's SquashFS goes; must be a path every node reads",
+    )
+    push_to: tuple[str, ...] = Field(
+        (), description='docker: engines to push the image to before submitting, e.g. ["ssh://me@n1", "ssh://me@n2"]'
+    )
+    docker_host: str | None = Field(None, description="docker: the nodes' engine (default: each node's own default)")
+
+
 class K8sSettings(BaseModel):
     """``[k8s]``: what ``nodekit k8s`` needs beyond the job itself (nodekit/render/k8s.py); names are checked there."""
 

@@ -19,7 +19,7 @@ from nodekit import config_file, inputs
 from nodekit.config_file import CONFIG_FILE, config_path
 from nodekit.errors import ConfigError
 from nodekit.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
-from nodekit.sections import Bad, K8sSettings, Mount, NodeOverride, NProc
+from nodekit.sections import Bad, K8sSettings, Mount, NodeOverride, NProc, SlurmSettings
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -122,6 +122,7 @@ class Settings(BaseSettings):
         "agent forwarded, host keys pinned by the head) so the head sends it once; auto = when 64 MiB or more travels",
     )
     mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
+    slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="nodekit slurm ([slurm])")
     k8s: K8sSettings = Field(default_factory=K8sSettings, description="nodekit k8s: the Kubernetes manifests ([k8s])")
 
     # Set by load(): where the file was found. Not a user setting.

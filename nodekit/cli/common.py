@@ -16,7 +16,7 @@ from nodekit import __version__
 # The order a user meets the commands in: set up, build, ship, check, run.
 COMMAND_ORDER = (
     "init", "lock", "base", "build", "inspect", "push", "save", "load", "doctor", "compose", "up", "run", "status",
-    "logs", "ps", "down",
+    "logs", "ps", "down", "slurm",
 )  # fmt: skip
 
 

@@ -1,0 +1,66 @@
+"""``nodekit slurm``: the project's job as an sbatch script; with --submit, submitted and followed to its end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nodekit.cli.common import ConfigOpt, DryRunOpt, ImageOpt, NnodesOpt, app, handled, load_settings, reporter
+
+ContainerOpt = Annotated[
+    str | None,
+    typer.Option("--container", help="docker, charliecloud or pyxis (default: slurm.container in nodekit.toml)"),
+]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="where the script goes (default: compose/slurm.sbatch)")]
+
+
+@app.command()
+@handled
+def slurm(
+    submit: Annotated[bool, typer.Option("--submit", help="submit it and follow the job to its end")] = False,
+    container: ContainerOpt = None,
+    image: ImageOpt = None,
+    nnodes: NnodesOpt = None,
+    out: OutOpt = None,
+    debug: Annotated[bool, typer.Option("--debug", help="NCCL/gloo/torch distributed debug output")] = False,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Write an sbatch script that runs the job on N Slurm nodes (one task per node, the same launcher, preflight
+    and watchdog as nodekit up), making the image reachable first (a SquashFS on the shared path, or a push to the
+    nodes' engines). --submit submits it, streams the job's log and exits with the failing node's code; Ctrl-C
+    cancels the job."""
+    import os
+
+    from nodekit import secret
+    from nodekit.slurm import submit as slurm_submit
+
+    settings = load_settings(config, nnodes=nnodes)
+
+    def job_secret() -> str:
+        return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
+
+    prepared = slurm_submit.prepare(
+        settings, mode=container, image=image, out=out, job_secret=job_secret, environ=os.environ, debug=debug
+    )
+    if dry_run:
+        from nodekit.cli.ui import out as console
+
+        console.print(f"# would write {prepared.path}:", markup=False)
+        console.print(prepared.shown, markup=False, end="")
+        for note in prepared.job.notes:
+            console.print(f"# warning: {note}", markup=False)
+        return
+    if submit:
+        slurm_submit.check_submit(prepared)
+    rep = reporter()
+    for note in prepared.job.notes:
+        rep.warn(note)
+    slurm_submit.prepare_image(prepared.job, settings, rep)
+    path = slurm_submit.write(prepared)
+    if not submit:
+        typer.echo(path)
+        return
+    raise typer.Exit(slurm_submit.run_job(path, rep, typer.echo))
