@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from urllib.parse import urlsplit
 
-from nodekit import deadline
+from nodekit import proc
 from nodekit.errors import DeadlineError
 
 DF_TIMEOUT_S = 30.0
@@ -57,7 +57,7 @@ def remote_free(endpoint: str, root: str) -> int | None:
     if argv is None:
         return None
     try:
-        done = deadline.run(argv, timeout=DF_TIMEOUT_S, what=f"df on {endpoint}", fix="")
+        done = proc.run(argv, deadline=DF_TIMEOUT_S, what=f"df on {endpoint}", fix="", stdin="devnull")
     except (OSError, DeadlineError):
         return None
     return parse_df(done.stdout) if done.returncode == 0 else None
