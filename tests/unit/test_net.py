@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.doctor import handshake
+from nodekit.doctor.handshake import Reach
 from nodekit.errors import UsageError
 from nodekit.host import facts as host_facts
 from nodekit.host import net
-from nodekit.host.net import Reach, Route
+from nodekit.host.net import Route
 from nodekit.render.compose import render_compose, to_yaml
 from nodekit.settings import NodeOverride, Settings
 from nodekit.spec import HostFacts, launch_spec, node_spec
@@ -223,7 +225,7 @@ def test_a_bound_but_not_listening_socket_counts() -> None:
     ],
 )
 def test_classify_connect_errors(exc: OSError, reach: Reach) -> None:
-    assert net.classify_connect_error(exc) is reach
+    assert handshake.classify_connect_error(exc) is reach
 
 
 # --- what spec and render make of the facts ------------------------------------------------------------------------
