@@ -63,7 +63,7 @@ def gpu_settings(**k8s_kw: Any) -> Settings:
 
 
 def planned(s: Settings, kind: k8s.Kind = "job") -> k8s.K8sPlan:
-    return k8s.plan(s, image=IMAGE, fingerprint=FP, secret=SECRET, kind=kind, out_dir=Path("k8s"))
+    return k8s.plan_k8s(s, image=IMAGE, fingerprint=FP, secret=SECRET, kind=kind, out_dir=Path("k8s"))
 
 
 def docs(text: str) -> list[dict[str, Any]]:
@@ -287,7 +287,7 @@ def test_notes_say_what_does_not_carry_over() -> None:
     from nodekit.settings import NodeOverride
 
     s = cpu_settings(network="bridge", nodes={1: NodeOverride(iface="ens5")}, pass_env=("HF_TOKEN",))
-    p = k8s.plan(s, image="nodekit/demo:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))
+    p = k8s.plan_k8s(s, image="nodekit/demo:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))
     text = "\n".join(p.notes)
     for needle in (
         "names no registry",
