@@ -22,8 +22,7 @@ from nodekit.host.net import Route
 from nodekit.render.compose import render_compose, to_yaml
 from nodekit.settings import NodeOverride, Settings
 from nodekit.spec import HostFacts, launch_spec, node_spec
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.golden import GOLDEN, update_golden
 
 # --- `ip -j route get` samples (as iproute2 prints them) -----------------------------------------------------
 
@@ -322,8 +321,7 @@ def test_bridge_golden() -> None:
     doc = render_compose(node, "nodekit/demo:0123456789ab", CPU, output_dir=Path("/srv/project/outputs"))
     text = to_yaml(doc, rank=0, nnodes=2, path_hint="compose/node-0.yaml")
     path = GOLDEN / "node-0-bridge.yaml"
-    if os.environ.get("NODEKIT_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
     assert yaml.safe_load(text)["services"]["train"]["ipc"] == "host"
 
