@@ -10,12 +10,15 @@ included. The rules:
 - nothing imports nodekit.cli but the CLI itself and ``nodekit/__main__.py`` (``python -m nodekit``);
 - no import cycles between nodekit's modules (imports under ``if TYPE_CHECKING:`` never run and are left out).
 
+docs/architecture.md states these rules; the last test here also holds it to naming only modules that exist.
+
 Where processes may start (nodekit/proc/ and the launcher) is tests/unit/test_proc.py's rule.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -222,3 +225,12 @@ def test_the_checker_finds_a_cycle_even_through_a_lazy_import_but_not_through_ty
         },
     )
     assert cycles(all_imports(typing), modules(typing)) == []
+
+
+def test_the_architecture_page_names_only_modules_that_exist() -> None:
+    """docs/architecture.md stays true as modules move: every ``something.py`` it names is a file of the repo."""
+    repo = ROOT.parent
+    files = {str(p.relative_to(repo)) for top in ("nodekit", "tests") for p in (repo / top).rglob("*.py")}
+    named = set(re.findall(r"[\w./]+\.py\b", (repo / "docs" / "architecture.md").read_text()))
+    missing = {n for n in named if not any(f == n or f.endswith("/" + n) for f in files)}
+    assert len(named) > 20 and missing == set()
