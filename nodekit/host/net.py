@@ -20,6 +20,7 @@ from pathlib import Path
 
 from nodekit import proc
 from nodekit.errors import DeadlineError, UsageError
+from nodekit.launcher.netfacts import iface_addr
 
 TOOL_S = 5.0
 """ip and ss answer at once; a wedged netlink can hang them: then the kernel is asked another way."""
@@ -196,22 +197,9 @@ def links_here() -> list[Link]:
             return parse_ip_addr(done.stdout)
     links = []
     for _, name in socket.if_nameindex():
-        addr = _ipv4_by_ioctl(name)
+        addr = iface_addr(name)
         links.append(Link(name=name, mtu=mtu(name), addrs=(addr,) if addr else ()))
     return links
-
-
-def _ipv4_by_ioctl(name: str) -> str | None:
-    import fcntl
-    import struct
-
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
 
 
 def mtu(iface: str, root: Path = Path("/")) -> int | None:
