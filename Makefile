@@ -10,11 +10,19 @@ DEMO := examples/ddp
 .PHONY: help venv engine sshd slurm base demo test test-unit test-docker lint format bench clean
 
 help:
-	@echo "make demo    build the example image and run a 2-node DDP job on this machine"
-	@echo "make test    lint, then unit + real-Docker + multi-host tests"
-	@echo "make engine  make a Docker engine with Compose v2 and Buildx reachable (installs one on Debian as root)"
-	@echo "make bench   nodekit vs bare torchrun, build times, image size, shipping (small and CUDA images; writes docs/benchmarks.md)"
-	@echo "make lint    ruff + mypy --strict"
+	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
+	@echo "make test         lint, then unit + real-Docker + multi-host tests (what CI runs)"
+	@echo "make test-unit    the unit tier only (no Docker)"
+	@echo "make test-docker  the real-Docker tier only (tests/integration; fails, never skips, without an engine)"
+	@echo "make lint         ruff + mypy --strict"
+	@echo "make format       ruff format, then ruff's fixes"
+	@echo "make bench        nodekit vs bare torchrun, build times, image size, shipping (small and CUDA images; writes docs/benchmarks.md)"
+	@echo "make venv         .venv with nodekit and its dev tools"
+	@echo "make engine       make a Docker engine with Compose v2 and Buildx reachable (installs one on Debian as root)"
+	@echo "make sshd         install Debian's sshd binary for the multi-host tests (never a service)"
+	@echo "make slurm        install Slurm, munge and charliecloud's runtime for the Slurm tests (never a service)"
+	@echo "make base         build nodekit/base:bookworm when it is missing"
+	@echo "make clean        remove .venv, .nodekit and the demo's generated files"
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +60,11 @@ format: venv
 
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit -q
+
+# The real-engine tier alone (builds, 2-node jobs, preflight refusals, packaging): fails instead of skipping when the
+# engine is missing, as in `make test`.
+test-docker: venv engine base
+	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration -q --durations=15
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
 test: lint engine sshd slurm base

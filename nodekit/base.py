@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nodekit import docker, proc
 from nodekit.errors import ImageError
+from nodekit.launcher.filehash import file_sha256
 from nodekit.progress import Reporter
 from nodekit.render.image import SOURCE_DATE_EPOCH
 from nodekit.settings import Settings
@@ -146,11 +147,7 @@ def image_config(plan: BasePlan, layer_sha256: str) -> bytes:
 
 def write_load_archive(plan: BasePlan, rootfs: Path, out: Path) -> str:
     """Write a ``docker load`` archive of ``rootfs`` as ``plan.tag`` to ``out``; returns the image id it will have."""
-    h = hashlib.sha256()
-    with rootfs.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    config = image_config(plan, h.hexdigest())
+    config = image_config(plan, file_sha256(rootfs))
     config_name = hashlib.sha256(config).hexdigest() + ".json"
     manifest = json.dumps([{"Config": config_name, "RepoTags": [plan.tag], "Layers": ["layer.tar"]}]).encode()
     with tarfile.open(out, "w") as t:

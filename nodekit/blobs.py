@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
+from nodekit.launcher.filehash import file_sha256
+
 BLOBS = Path(".nodekit") / "blobs"
 KEEP_DAYS = 14.0
 """Blobs not used for this long are removed by :meth:`BlobStore.prune` (code layers are small, but every build of
@@ -98,14 +100,11 @@ class BlobStore:
     def verified_path(self, digest: str) -> Path | None:
         """The blob's path when it is here and hashes to ``digest`` (read through once); a damaged one is removed."""
         path = self.path(digest)
-        h = hashlib.sha256()
         try:
-            with path.open("rb") as f:
-                while chunk := f.read(1 << 20):
-                    h.update(chunk)
+            actual = file_sha256(path)
         except OSError:
             return None
-        if "sha256:" + h.hexdigest() != digest:
+        if "sha256:" + actual != digest:
             path.unlink(missing_ok=True)
             return None
         self.touch(digest)

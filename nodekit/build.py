@@ -29,7 +29,7 @@ from nodekit.assets import images_dir, launcher_dir
 from nodekit.errors import ConfigError, ImageError, NodekitError
 from nodekit.fsutil import write_atomic
 from nodekit.lock import Lock, check_lock, ensure_lock, ensure_wheelhouse, inputs_drifted, parse_lock
-from nodekit.probe import DISTS_AND_TORCH, Target
+from nodekit.probe import DISTS_AND_TORCH, WheelTarget
 from nodekit.probe import target as probe_target
 from nodekit.progress import Reporter
 from nodekit.render.image import (
@@ -297,7 +297,7 @@ def _link_or_copy(src: Path, dest: Path) -> None:
 
 
 def _plan(
-    settings: Settings, lock: Lock, base_id: str, tgt: Target, *, no_cache: bool, stage: Path | None
+    settings: Settings, lock: Lock, base_id: str, tgt: WheelTarget, *, no_cache: bool, stage: Path | None
 ) -> BuildPlan:
     stage_dir = settings.project_dir / STAGE_DIR
     text = dockerfile_text()
@@ -374,7 +374,7 @@ def _stage_wheels(root: Path, wheels: Mapping[str, Path], lock: Lock) -> None:
 
 
 def _stage(
-    settings: Settings, lock: Lock, base_id: str, tgt: Target, reporter: Reporter, *, no_cache: bool
+    settings: Settings, lock: Lock, base_id: str, tgt: WheelTarget, reporter: Reporter, *, no_cache: bool
 ) -> BuildPlan:
     """Stage the contexts (code and launcher copied and hashed at once) and return the plan for exactly them."""
     wheels = ensure_wheelhouse(settings, lock, reporter)

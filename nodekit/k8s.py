@@ -1,6 +1,6 @@
 """``nodekit k8s``: plan the project's job as Kubernetes manifests (pure decisions on values handed in), then write.
 
-:func:`plan` validates everything (names are DNS labels, counts in range, one pod template fits every node) and
+:func:`plan_k8s` validates everything (names are DNS labels, counts in range, one pod template fits every node) and
 returns the files' text; nothing is written until :func:`write`. A plan that fails leaves nothing behind.
 The environment is the one ``nodekit/render/env.py`` gives a compose node; :mod:`nodekit.render.k8s` draws it.
 """
@@ -238,7 +238,7 @@ def header(job: render.K8sJob, what: str, apply: str, checked: str) -> str:
     )
 
 
-def plan(settings: Settings, *, image: str, fingerprint: str, secret: str, kind: Kind, out_dir: Path) -> K8sPlan:
+def plan_k8s(settings: Settings, *, image: str, fingerprint: str, secret: str, kind: Kind, out_dir: Path) -> K8sPlan:
     """The files ``nodekit k8s`` writes into ``out_dir``; raises UsageError, writes nothing."""
     job = k8s_job(settings, image=image, fingerprint=fingerprint, kind=kind)
     apply = f"kubectl apply -f {out_dir}/"

@@ -241,7 +241,7 @@ def probe_base(settings: Settings, *, refresh: bool = False, base: ImageInfo | E
     return stack
 
 
-class Target(BaseModel):
+class WheelTarget(BaseModel):
     """What the image's packages are resolved for: settings win, then the probe, then nodekit's known bases."""
 
     model_config = _FROZEN
@@ -258,13 +258,13 @@ def derive_target(
     wheel_platform: str | None,
     stack: BaseStack | None,
     machine: str = "x86_64",
-) -> Target:
+) -> WheelTarget:
     """Pure: the resolution target from the settings' overrides, the probe (when there is one), or the known
     defaults of nodekit's own bases. ConfigError when none of them says."""
     if python_version and wheel_platform:
-        return Target(python_version=python_version, wheel_platform=wheel_platform, stack=stack, source="settings")
+        return WheelTarget(python_version=python_version, wheel_platform=wheel_platform, stack=stack, source="settings")
     if stack is not None and stack.kind != "none":
-        return Target(
+        return WheelTarget(
             python_version=python_version or stack.python_version,
             wheel_platform=wheel_platform or stack.wheel_platform,
             stack=stack,
@@ -272,7 +272,7 @@ def derive_target(
         )
     known = KNOWN_BASES.get(base_image)
     if known is not None:
-        return Target(
+        return WheelTarget(
             python_version=python_version or known[0],
             wheel_platform=wheel_platform or f"{known[1]}_{machine}",
             stack=stack,
@@ -284,7 +284,9 @@ def derive_target(
     )
 
 
-def target(settings: Settings, *, require_probe: bool = False, base: ImageInfo | EllipsisType | None = ...) -> Target:
+def target(
+    settings: Settings, *, require_probe: bool = False, base: ImageInfo | EllipsisType | None = ...
+) -> WheelTarget:
     """The resolution target for ``settings``. Probes the base when the engine has it (cached by image id);
     ``base`` as for :func:`probe_base`.
 

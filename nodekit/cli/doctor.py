@@ -12,8 +12,8 @@ import typer
 from nodekit.cli.common import ConfigOpt, NnodesOpt, PortOpt, app, handled, load_settings
 
 if TYPE_CHECKING:
-    from nodekit.doctor import Row
-    from nodekit.host.net import Arrival
+    from nodekit.doctor import CheckRow
+    from nodekit.doctor.handshake import Arrival
 
 _STYLE = {"PASS": "bold green", "WARN": "bold yellow", "FAIL": "bold red", "SKIP": "dim"}
 
@@ -79,7 +79,7 @@ def doctor(
     raise typer.Exit(doc.exit_code(rows))
 
 
-def _print_rows(rows: list[Row]) -> None:
+def _print_rows(rows: list[CheckRow]) -> None:
     from rich.markup import escape
 
     from nodekit.cli.ui import out
@@ -92,7 +92,7 @@ def _print_rows(rows: list[Row]) -> None:
             out.print(f"{'':6}{'':{width}}[bold]fix:[/] {escape(r.fix)}", soft_wrap=True)
 
 
-def _summary(rows: list[Row], elapsed: float) -> None:
+def _summary(rows: list[CheckRow], elapsed: float) -> None:
     from nodekit.cli.ui import out
 
     counts = {s: sum(1 for r in rows if r.status.value == s) for s in _STYLE}

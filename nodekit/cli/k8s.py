@@ -72,7 +72,7 @@ def k8s(
     # Checked before the secret is asked for: a refused plan must not leave a new secret file behind.
     planner.k8s_job(settings, image=ref, fingerprint=fingerprint, kind=kind)
     value = secret.for_node(os.environ, settings.project_dir, create=not dry_run)
-    plan = planner.plan(settings, image=ref, fingerprint=fingerprint, secret=value, kind=kind, out_dir=target)
+    plan = planner.plan_k8s(settings, image=ref, fingerprint=fingerprint, secret=value, kind=kind, out_dir=target)
     if dry_run:
         for f in plan.files:
             out.print(f"# would write {f.path}:", markup=False)

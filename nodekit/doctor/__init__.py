@@ -3,11 +3,13 @@
 Split by responsibility; this package re-exports the public names, so ``from nodekit.doctor import ...`` and
 ``nodekit.doctor.gather`` / ``.rows`` / ``.serve`` keep working:
 
-- :mod:`~nodekit.doctor.model`: the data, :class:`DoctorFacts` in and :class:`Row` out.
+- :mod:`~nodekit.doctor.model`: the data, :class:`DoctorFacts` in and :class:`CheckRow` out.
 - :mod:`~nodekit.doctor.checks` and :mod:`~nodekit.doctor.network`: pure. :func:`rows` turns facts into PASS / WARN /
   FAIL / SKIP rows, each WARN and FAIL with the exact command that fixes it; tests feed it facts.
 - :mod:`~nodekit.doctor.gathering`: :func:`gather`, the only part that runs commands, opens sockets or talks to
   Docker, and keeps the whole run under ten seconds by doing the slow parts side by side with bounded waits.
+- :mod:`~nodekit.doctor.handshake`: the doctor-to-doctor TCP round trip: its protocol, the worker's client
+  (:func:`~nodekit.doctor.handshake.probe`) and main's listener.
 - :mod:`~nodekit.doctor.listen`: :func:`serve`, main's listening half of the TCP round trip, run only on request
   (``--listen``).
 """
@@ -27,11 +29,11 @@ from nodekit.doctor.checks import (
 from nodekit.doctor.gathering import CONTAINER_SCRIPT, CONTAINER_WAIT_S, gather, parse_container_probe
 from nodekit.doctor.listen import serve
 from nodekit.doctor.model import (
+    CheckRow,
     ContainerView,
     DoctorFacts,
     EngineCheck,
     ImageCheck,
-    Row,
     Status,
     as_json,
     exit_code,
@@ -50,11 +52,11 @@ __all__ = [
     "SHM_WANTED",
     "STACK_WANTED",
     "TOOLKIT_FIX",
+    "CheckRow",
     "ContainerView",
     "DoctorFacts",
     "EngineCheck",
     "ImageCheck",
-    "Row",
     "Status",
     "arrivals_row",
     "as_json",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from nodekit.doctor.model import DoctorFacts, EngineCheck, Row, Status
+from nodekit.doctor.model import CheckRow, DoctorFacts, EngineCheck, Status
 from nodekit.doctor.network import firewall_row, network_rows, port_range_row
 from nodekit.errors import UsageError
 from nodekit.render.compose import ulimits
@@ -34,32 +34,36 @@ DAEMON_LIMIT_FIX = (
 )
 
 
-def rows(f: DoctorFacts) -> list[Row]:
+def rows(f: DoctorFacts) -> list[CheckRow]:
     """Every check's row, in the order a user fixes things: engine, GPUs, network, limits, image."""
     out = [*_engine_rows(f.engine), *_gpu_rows(f), *network_rows(f)]
     out += [port_range_row(f), firewall_row(f), _infiniband_row(f), _shm_row(f), _ulimits_row(f), _image_row(f)]
     return out
 
 
-def _engine_rows(e: EngineCheck) -> list[Row]:
+def _engine_rows(e: EngineCheck) -> list[CheckRow]:
     if e.failed == "engine":
         skip = "not checked: no Docker engine"
         return [
-            Row("docker engine", Status.FAIL, e.error or "no engine", e.fix),
-            Row("compose v2", Status.SKIP, skip),
-            Row("buildx", Status.SKIP, skip),
+            CheckRow("docker engine", Status.FAIL, e.error or "no engine", e.fix),
+            CheckRow("compose v2", Status.SKIP, skip),
+            CheckRow("buildx", Status.SKIP, skip),
         ]
-    rows_ = [Row("docker engine", Status.PASS, f"Docker {e.server or '?'}")]
+    rows_ = [CheckRow("docker engine", Status.PASS, f"Docker {e.server or '?'}")]
     if e.failed == "compose":
-        return [*rows_, Row("compose v2", Status.FAIL, e.error or "", e.fix), Row("buildx", Status.SKIP, "not checked")]
+        return [
+            *rows_,
+            CheckRow("compose v2", Status.FAIL, e.error or "", e.fix),
+            CheckRow("buildx", Status.SKIP, "not checked"),
+        ]
     compose = _version(e.compose)
     if compose.split(".")[0].isdigit() and int(compose.split(".")[0]) < 2:
-        rows_.append(Row("compose v2", Status.FAIL, f"Compose {compose} is v1", "make engine"))
+        rows_.append(CheckRow("compose v2", Status.FAIL, f"Compose {compose} is v1", "make engine"))
     else:
-        rows_.append(Row("compose v2", Status.PASS, f"Compose {compose}"))
+        rows_.append(CheckRow("compose v2", Status.PASS, f"Compose {compose}"))
     if e.failed == "buildx":
-        return [*rows_, Row("buildx", Status.FAIL, e.error or "", e.fix)]
-    return [*rows_, Row("buildx", Status.PASS, f"Buildx {_version(e.buildx)}")]
+        return [*rows_, CheckRow("buildx", Status.FAIL, e.error or "", e.fix)]
+    return [*rows_, CheckRow("buildx", Status.PASS, f"Buildx {_version(e.buildx)}")]
 
 
 def _version(text: str | None) -> str:
@@ -68,32 +72,32 @@ def _version(text: str | None) -> str:
     return m.group(1) if m else (text or "?")
 
 
-def _gpu_rows(f: DoctorFacts) -> list[Row]:
+def _gpu_rows(f: DoctorFacts) -> list[CheckRow]:
     n = f.host.gpu_count
     if n == 0:
         return [
-            Row(
+            CheckRow(
                 "gpus",
                 Status.SKIP,
                 "no NVIDIA GPU on this node (CPU-only): GPU checks skipped; jobs use gloo, nproc_per_node auto = 1",
             )
         ]
     models = sorted(set(f.host.gpu_models))
-    host_row = Row("gpus", Status.PASS, f"{n} x {', '.join(models) or 'NVIDIA GPU'}")
+    host_row = CheckRow("gpus", Status.PASS, f"{n} x {', '.join(models) or 'NVIDIA GPU'}")
     if f.gpu_error is not None:
-        return [host_row, Row("gpus in container", Status.FAIL, f.gpu_error, TOOLKIT_FIX)]
+        return [host_row, CheckRow("gpus in container", Status.FAIL, f.gpu_error, TOOLKIT_FIX)]
     if f.container is not None:
         seen = len(f.container.gpus)
         if seen == n:
-            return [host_row, Row("gpus in container", Status.PASS, f"{seen} visible in {f.container.image}")]
+            return [host_row, CheckRow("gpus in container", Status.PASS, f"{seen} visible in {f.container.image}")]
         return [
             host_row,
-            Row("gpus in container", Status.FAIL, f"{seen} of {n} GPUs visible inside a container", TOOLKIT_FIX),
+            CheckRow("gpus in container", Status.FAIL, f"{seen} of {n} GPUs visible inside a container", TOOLKIT_FIX),
         ]
     if not f.toolkit:
         return [
             host_row,
-            Row(
+            CheckRow(
                 "gpus in container",
                 Status.FAIL,
                 "NVIDIA container toolkit not installed: no GPU in containers",
@@ -101,57 +105,57 @@ def _gpu_rows(f: DoctorFacts) -> list[Row]:
             ),
         ]
     why = f.container_note or f.container_error or "no container could be started"
-    return [host_row, Row("gpus in container", Status.SKIP, f"not checked in a container: {why}")]
+    return [host_row, CheckRow("gpus in container", Status.SKIP, f"not checked in a container: {why}")]
 
 
-def _infiniband_row(f: DoctorFacts) -> Row:
+def _infiniband_row(f: DoctorFacts) -> CheckRow:
     devices = f.host.infiniband
     mode = f.settings.ib
     if mode == "on" and not devices:
         try:
             infiniband_for(f.settings, f.host, f.rank or 0)
         except UsageError as e:
-            return Row("infiniband", Status.FAIL, e.message, e.fix)
+            return CheckRow("infiniband", Status.FAIL, e.message, e.fix)
     if not devices:
-        return Row("infiniband", Status.PASS, "no /dev/infiniband: NCCL_IB_DISABLE=1, NCCL uses TCP sockets")
+        return CheckRow("infiniband", Status.PASS, "no /dev/infiniband: NCCL_IB_DISABLE=1, NCCL uses TCP sockets")
     if mode == "off":
-        return Row(
+        return CheckRow(
             "infiniband", Status.WARN, f'{len(devices)} RDMA devices, but ib = "off": NCCL uses TCP', 'ib = "auto"'
         )
     if f.host.memlock_hard is not None:
-        return Row(
+        return CheckRow(
             "infiniband",
             Status.FAIL,
             f"{len(devices)} RDMA devices, but memlock is capped at {f.host.memlock_hard // 1024} KiB: RDMA "
             "registration fails",
             DAEMON_LIMIT_FIX.format(key="MEMLOCK", name="memlock"),
         )
-    return Row("infiniband", Status.PASS, f"{len(devices)} RDMA devices passed with IPC_LOCK, memlock unlimited")
+    return CheckRow("infiniband", Status.PASS, f"{len(devices)} RDMA devices passed with IPC_LOCK, memlock unlimited")
 
 
-def _shm_row(f: DoctorFacts) -> Row:
+def _shm_row(f: DoctorFacts) -> CheckRow:
     shm = f.container.shm if f.container and f.container.shm else f.host_shm
     if shm is None:
-        return Row("shared memory", Status.SKIP, "cannot read /dev/shm")
+        return CheckRow("shared memory", Status.SKIP, "cannot read /dev/shm")
     where = "in the container (ipc: host)" if f.container and f.container.shm else "on the host (ipc: host shares it)"
     if shm < SHM_WANTED:
-        return Row(
+        return CheckRow(
             "shared memory",
             Status.WARN,
             f"/dev/shm is {_size(shm)} {where}: DataLoader workers and NCCL need more",
             "sudo mount -o remount,size=16G /dev/shm",
         )
-    return Row("shared memory", Status.PASS, f"/dev/shm {_size(shm)} {where}")
+    return CheckRow("shared memory", Status.PASS, f"/dev/shm {_size(shm)} {where}")
 
 
-def _ulimits_row(f: DoctorFacts) -> Row:
+def _ulimits_row(f: DoctorFacts) -> CheckRow:
     c = f.container
     if c is None and f.container_error is not None:
         # runc names the limit it could not set by number: RLIMIT_STACK 3, RLIMIT_NOFILE 7, RLIMIT_MEMLOCK 8.
         which = re.search(r"rlimit type (\d+)", f.container_error)
         key = {"3": "STACK", "7": "NOFILE", "8": "MEMLOCK"}.get(which.group(1)) if which else None
         fix = DAEMON_LIMIT_FIX.format(key=key, name=key.lower()) if key else None
-        return Row("ulimits", Status.FAIL, f"the job's container cannot start: {f.container_error}", fix)
+        return CheckRow("ulimits", Status.FAIL, f"the job's container cannot start: {f.container_error}", fix)
     if c is not None:
         memlock, stack, nofile, src = c.memlock, c.stack, c.nofile, f"in a container of {c.image}"
     else:
@@ -162,31 +166,31 @@ def _ulimits_row(f: DoctorFacts) -> Row:
         src = f"predicted from the host ({f.container_note or 'no container run'})"
     detail = f"memlock {_limit(memlock)}, stack {_limit(stack)}, nofile {nofile if nofile else 'unlimited'} {src}"
     if stack is not None and stack < STACK_WANTED:
-        return Row(
+        return CheckRow(
             "ulimits", Status.WARN, f"{detail}: stack below 64 MiB", DAEMON_LIMIT_FIX.format(key="STACK", name="stack")
         )
     if nofile is not None and nofile < NOFILE_WANTED:
-        return Row(
+        return CheckRow(
             "ulimits",
             Status.WARN,
             f"{detail}: nofile below {NOFILE_WANTED} (DataLoader workers run out of descriptors)",
             DAEMON_LIMIT_FIX.format(key="NOFILE", name="nofile"),
         )
-    return Row("ulimits", Status.PASS, detail)
+    return CheckRow("ulimits", Status.PASS, detail)
 
 
-def _image_row(f: DoctorFacts) -> Row:
+def _image_row(f: DoctorFacts) -> CheckRow:
     img = f.image
     if img.error is not None:
-        return Row("image", Status.WARN, img.error, img.fix or "nodekit build")
+        return CheckRow("image", Status.WARN, img.error, img.fix or "nodekit build")
     if not img.present or img.ref is None:
-        return Row("image", Status.WARN, f"{img.ref or 'the image'} is not on this engine", "nodekit build")
+        return CheckRow("image", Status.WARN, f"{img.ref or 'the image'} is not on this engine", "nodekit build")
     tag = img.ref.rsplit(":", 1)[-1]
     if img.fingerprint is None:
-        return Row("image", Status.WARN, f"{img.ref} has no nodekit fingerprint label", "nodekit build")
+        return CheckRow("image", Status.WARN, f"{img.ref} has no nodekit fingerprint label", "nodekit build")
     if not img.fingerprint.startswith(tag):
-        return Row("image", Status.WARN, f"{img.ref} carries fingerprint {img.fingerprint[:12]}", "nodekit build")
-    return Row(
+        return CheckRow("image", Status.WARN, f"{img.ref} carries fingerprint {img.fingerprint[:12]}", "nodekit build")
+    return CheckRow(
         "image", Status.PASS, f"{img.ref}, fingerprint {img.fingerprint[:12]} (nodekit build is a no-op if current)"
     )
 

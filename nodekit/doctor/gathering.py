@@ -4,7 +4,8 @@ talks to Docker.
 :func:`gather` collects everything :func:`nodekit.doctor.checks.rows` looks at into one :class:`DoctorFacts` and keeps
 the whole run under ten seconds by doing the slow parts (Docker, the TCP probes toward main, the firewall) side by
 side with bounded waits. What it finds wrong (no engine, no image, no route to main) lands in the facts as data.
-The host facts and the TCP probe come from :mod:`nodekit.host`; the containers are run through :mod:`nodekit.docker`.
+The host facts come from :mod:`nodekit.host`, the TCP probe from :mod:`nodekit.doctor.handshake`; the containers
+are run through :mod:`nodekit.docker`.
 :func:`parse_container_probe` is the pure reader of :data:`CONTAINER_SCRIPT`'s output.
 """
 
@@ -15,11 +16,12 @@ import resource
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from nodekit.doctor import handshake
+from nodekit.doctor.handshake import Probe
 from nodekit.doctor.model import ContainerView, DoctorFacts, EngineCheck, ImageCheck, is_main_node
 from nodekit.errors import NodekitError, UsageError
 from nodekit.host import facts as host_facts
 from nodekit.host import net
-from nodekit.host.net import Probe
 from nodekit.render.compose import ulimits
 from nodekit.settings import Settings
 from nodekit.spec import PREFLIGHT_PORT_OFFSET, HostFacts
@@ -86,8 +88,10 @@ def gather(settings: Settings, *, main: str | None, rank: int | None, probe_time
             holders = tuple((p, net.port_holder(p)) for p in ports if net.port_in_use(p))
         elif main_ip is not None and route is not None:
             about = {"rank": str(rank), "host": name_f.result()[0], "iface": route.iface, "mtu": str(mtu or "")}
-            hello = net.hello_line(about)
-            futures = [pool.submit(net.probe, main_ip, p, hello=hello, connect_timeout=probe_timeout) for p in ports]
+            hello = handshake.hello_line(about)
+            futures = [
+                pool.submit(handshake.probe, main_ip, p, hello=hello, connect_timeout=probe_timeout) for p in ports
+            ]
             probes = tuple(fut.result() for fut in futures)
         engine = engine_f.result()
         image, containers = _image_and_container(settings, engine, host)

@@ -1,8 +1,8 @@
 """Main's listening half of the doctor's TCP round trip, run only on request (``nodekit doctor --listen``).
 
-:func:`serve` answers the workers' doctors on both rendezvous ports (through :func:`nodekit.host.net.listen`) until
-every worker came on every port or time is up, and returns one row: :func:`nodekit.doctor.network.arrivals_row`'s
-verdict, or a FAIL when the ports cannot be bound.
+:func:`serve` answers the workers' doctors on both rendezvous ports (through
+:func:`nodekit.doctor.handshake.listen`) until every worker came on every port or time is up, and returns one row:
+:func:`nodekit.doctor.network.arrivals_row`'s verdict, or a FAIL when the ports cannot be bound.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from nodekit.doctor.model import Row, Status
+from nodekit.doctor import handshake
+from nodekit.doctor.handshake import Arrival
+from nodekit.doctor.model import CheckRow, Status
 from nodekit.doctor.network import arrivals_row
 from nodekit.host import net
-from nodekit.host.net import Arrival
 from nodekit.settings import Settings
 from nodekit.spec import PREFLIGHT_PORT_OFFSET
 
@@ -26,7 +27,7 @@ def serve(
     host: str = "0.0.0.0",
     on_ready: Callable[[], None] | None = None,
     on_arrival: Callable[[Arrival], None] | None = None,
-) -> Row:
+) -> CheckRow:
     """Main's half of the round trip: listen on both rendezvous ports until every worker came or time is up."""
     ports = [settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET]
     route = net.route_to(main_ip) if main_ip else None
@@ -38,7 +39,7 @@ def serve(
 
     started = time.monotonic()
     try:
-        arrivals = net.listen(
+        arrivals = handshake.listen(
             ports,
             seconds=seconds,
             host=host,
@@ -48,7 +49,7 @@ def serve(
             on_arrival=on_arrival,
         )
     except OSError as e:
-        return Row("workers", Status.FAIL, f"cannot listen on {ports}: {e.strerror}", "see the ports on main row")
+        return CheckRow("workers", Status.FAIL, f"cannot listen on {ports}: {e.strerror}", "see the ports on main row")
     return arrivals_row(
         arrivals, nnodes=settings.nnodes, ports=ports, seconds=time.monotonic() - started, main_ip=main_ip
     )

@@ -2,7 +2,7 @@
 
 Plain frozen values and nothing else: :class:`DoctorFacts` is what :func:`nodekit.doctor.gathering.gather` collects
 from this host and Docker, and what the pure checks (:mod:`nodekit.doctor.checks`, :mod:`nodekit.doctor.network`)
-read; :class:`Row` is one check's verdict. Nothing here runs a command, opens a socket or reads the environment.
+read; :class:`CheckRow` is one check's verdict. Nothing here runs a command, opens a socket or reads the environment.
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from nodekit.doctor.handshake import Probe
 from nodekit.errors import UsageError
 from nodekit.host import net
 from nodekit.host.facts import Firewall
-from nodekit.host.net import Probe, Route
+from nodekit.host.net import Route
 from nodekit.settings import Settings
 from nodekit.spec import PREFLIGHT_PORT_OFFSET, HostFacts
 
@@ -27,7 +28,7 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True)
-class Row:
+class CheckRow:
     check: str
     status: Status
     detail: str
@@ -37,11 +38,11 @@ class Row:
         return {"check": self.check, "status": self.status.value, "detail": self.detail, "fix": self.fix}
 
 
-def exit_code(rows: Sequence[Row]) -> int:
+def exit_code(rows: Sequence[CheckRow]) -> int:
     return 1 if any(r.status is Status.FAIL for r in rows) else 0
 
 
-def as_json(rows_: Sequence[Row]) -> list[dict[str, str | None]]:
+def as_json(rows_: Sequence[CheckRow]) -> list[dict[str, str | None]]:
     return [r.as_dict() for r in rows_]
 
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from nodekit.doctor.model import DoctorFacts, Row, Status
+from nodekit.doctor.handshake import Arrival, Probe, Reach
+from nodekit.doctor.model import CheckRow, DoctorFacts, Status
 from nodekit.errors import UsageError
 from nodekit.host import net
-from nodekit.host.net import Arrival, Probe, Reach
 from nodekit.spec import bridge_addresses, check_main_addr
 
 CLOCK_TOLERANCE_S = 1.0
@@ -23,7 +23,7 @@ CLOCK_TOLERANCE_S = 1.0
 NCCL_RANGE = (50000, 51000)
 
 
-def network_rows(f: DoctorFacts) -> list[Row]:
+def network_rows(f: DoctorFacts) -> list[CheckRow]:
     """The network mode and main's address; once main resolves, the interface toward it, the host name, and
     main's free ports (on main) or the TCP round trip and clock offset (on a worker)."""
     s = f.settings
@@ -31,15 +31,15 @@ def network_rows(f: DoctorFacts) -> list[Row]:
         hint = "nodekit doctor --main ADDR --node-rank R  (ADDR: main's address as the nodes reach it)"
         return [
             _mode_row(f),
-            Row("main", Status.SKIP, "no --main given: route, MTU and reachability not checked", hint),
+            CheckRow("main", Status.SKIP, "no --main given: route, MTU and reachability not checked", hint),
         ]
     if f.main_error is not None or f.main_ip is None:
         message = f.main_error.message if f.main_error else f"cannot resolve {f.main}"
-        return [_mode_row(f), Row("main", Status.FAIL, message, f.main_error.fix if f.main_error else None)]
+        return [_mode_row(f), CheckRow("main", Status.FAIL, message, f.main_error.fix if f.main_error else None)]
     try:
         check_main_addr(s, f.main_ip)
     except UsageError as e:
-        return [_mode_row(f), Row("main", Status.FAIL, e.message, e.fix)]
+        return [_mode_row(f), CheckRow("main", Status.FAIL, e.message, e.fix)]
     role = "main" if f.is_main else "worker"
     where = (
         "loopback: an all-local run, every node must run on this machine"
@@ -49,7 +49,7 @@ def network_rows(f: DoctorFacts) -> list[Row]:
     out = [_mode_row(f)]
     if f.rank == 0 and not f.main_is_here:
         out.append(
-            Row(
+            CheckRow(
                 "main",
                 Status.WARN,
                 f"this is node 0, but {f.main_ip} is not an address of this machine: the job listens here and the "
@@ -58,33 +58,33 @@ def network_rows(f: DoctorFacts) -> list[Row]:
             )
         )
     else:
-        out.append(Row("main", Status.PASS, f"{f.main_ip} ({where}); this node is a {role}"))
+        out.append(CheckRow("main", Status.PASS, f"{f.main_ip} ({where}); this node is a {role}"))
     out.append(_iface_row(f))
     out.append(_hostname_row(f))
     out += _ports_rows(f) if f.is_main else _reach_rows(f)
     return out
 
 
-def _mode_row(f: DoctorFacts) -> Row:
+def _mode_row(f: DoctorFacts) -> CheckRow:
     if f.settings.network == "host":
-        return Row("network mode", Status.PASS, "host networking: NCCL and gloo reach the other nodes directly")
+        return CheckRow("network mode", Status.PASS, "host networking: NCCL and gloo reach the other nodes directly")
     if f.main_ip is None:
-        return Row(
+        return CheckRow(
             "network mode", Status.WARN, "bridge: only for runs with every node on this machine", 'network = "host"'
         )
     try:
         gateway, _, _ = bridge_addresses(f.main_ip, f.host, None)
     except UsageError as e:
-        return Row("network mode", Status.FAIL, e.message, e.fix)
+        return CheckRow("network mode", Status.FAIL, e.message, e.fix)
     lo, hi = f.ports
-    return Row("network mode", Status.PASS, f"bridge (all-local): node 0 publishes {lo}-{hi} on docker0 {gateway}")
+    return CheckRow("network mode", Status.PASS, f"bridge (all-local): node 0 publishes {lo}-{hi} on docker0 {gateway}")
 
 
-def _iface_row(f: DoctorFacts) -> Row:
+def _iface_row(f: DoctorFacts) -> CheckRow:
     assert f.main_ip is not None
     override = f.settings.nodes.get(f.rank) if f.rank is not None else None
     if f.route is None:
-        return Row(
+        return CheckRow(
             "interface to main",
             Status.FAIL,
             f"no route from this host to {f.main_ip}",
@@ -95,22 +95,22 @@ def _iface_row(f: DoctorFacts) -> Row:
     detail = f"{chosen}{note} from {f.route.src or '?'}, MTU {f.mtu or '?'}"
     peer_mtu = next((p.peer.get("mtu") for p in f.probes if p.peer.get("mtu")), None)
     if peer_mtu and f.mtu and chosen != "lo" and str(f.mtu) != peer_mtu:
-        return Row(
+        return CheckRow(
             "interface to main",
             Status.WARN,
             f"{detail}, but main's MTU is {peer_mtu}: large NCCL packets fragment or vanish",
             f"sudo ip link set dev {chosen} mtu {peer_mtu}  (or lower main's; every node must agree)",
         )
-    return Row("interface to main", Status.PASS, f"{detail}; GLOO/NCCL_SOCKET_IFNAME={chosen}")
+    return CheckRow("interface to main", Status.PASS, f"{detail}; GLOO/NCCL_SOCKET_IFNAME={chosen}")
 
 
-def _hostname_row(f: DoctorFacts) -> Row:
+def _hostname_row(f: DoctorFacts) -> CheckRow:
     loop = [a for a in f.hostname_addrs if net.is_loopback(a)]
     if not loop or f.loopback_main:
         shown = ", ".join(f.hostname_addrs) or "nothing"
-        return Row("host name", Status.PASS, f"{f.hostname} resolves to {shown}")
+        return CheckRow("host name", Status.PASS, f"{f.hostname} resolves to {shown}")
     addr = f.route.src if f.route and f.route.src else "THIS_NODE_IP"
-    return Row(
+    return CheckRow(
         "host name",
         Status.WARN,
         f"{f.hostname} resolves to {loop[0]} here: tools that advertise the host name give the others a loopback",
@@ -119,29 +119,29 @@ def _hostname_row(f: DoctorFacts) -> Row:
     )
 
 
-def _ports_rows(f: DoctorFacts) -> list[Row]:
+def _ports_rows(f: DoctorFacts) -> list[CheckRow]:
     if not f.holders:
         lo, hi = f.ports
-        return [Row("ports on main", Status.PASS, f"{lo} (rendezvous) and {hi} (preflight) are free")]
+        return [CheckRow("ports on main", Status.PASS, f"{lo} (rendezvous) and {hi} (preflight) are free")]
     out = []
     for port, holder in f.holders:
         who = f" by {holder}" if holder else ""
         pid = re.search(r"pid (\d+)", holder or "")
         fix = f"kill {pid.group(1)}" if pid else f"sudo ss -tlnp 'sport = :{port}'"
         fix += f"  (nodekit down --node-rank 0 if it is an earlier run; or --master-port {f.ports[0] + 10})"
-        out.append(Row("ports on main", Status.FAIL, f"port {port} is already in use{who}", fix))
+        out.append(CheckRow("ports on main", Status.FAIL, f"port {port} is already in use{who}", fix))
     return out
 
 
-def _reach_rows(f: DoctorFacts) -> list[Row]:
+def _reach_rows(f: DoctorFacts) -> list[CheckRow]:
     if not f.probes:
-        return [Row("reach main", Status.SKIP, "not probed (no route)")]
+        return [CheckRow("reach main", Status.SKIP, "not probed (no route)")]
     verdicts = [_reach(f, p) for p in f.probes]
     status, why, fix = max(verdicts, key=lambda v: _rank(v[0]))
     ports = "; ".join(
         f"{p.port}: {p.reach.value}" + (f" in {p.rtt_s * 1000:.1f} ms" if p.rtt_s is not None else "") for p in f.probes
     )
-    return [Row("reach main", status, f"{ports} ({why})", fix), _clock_row(f)]
+    return [CheckRow("reach main", status, f"{ports} ({why})", fix), _clock_row(f)]
 
 
 def _reach(f: DoctorFacts, p: Probe) -> tuple[Status, str, str | None]:
@@ -164,37 +164,37 @@ def _reach(f: DoctorFacts, p: Probe) -> tuple[Status, str, str | None]:
     return Status.FAIL, p.detail or "connection failed", listen
 
 
-def _clock_row(f: DoctorFacts) -> Row:
+def _clock_row(f: DoctorFacts) -> CheckRow:
     if f.main_is_here:
-        return Row("clock", Status.PASS, "main is this machine: same clock")
+        return CheckRow("clock", Status.PASS, "main is this machine: same clock")
     got = [p for p in f.probes if p.clock_offset_s is not None]
     if not got:
-        return Row("clock", Status.SKIP, "offset to main needs main's doctor listening (--listen)")
+        return CheckRow("clock", Status.SKIP, "offset to main needs main's doctor listening (--listen)")
     best = min(got, key=lambda p: p.offset_error_s or 0.0)
     off, err = best.clock_offset_s or 0.0, best.offset_error_s or 0.0
     detail = f"main is {off:+.3f} s from this node (+- {err:.3f} s)"
     if abs(off) - err > CLOCK_TOLERANCE_S:
-        return Row("clock", Status.WARN, f"{detail}: logs and timeouts disagree", "sudo timedatectl set-ntp true")
-    return Row("clock", Status.PASS, detail)
+        return CheckRow("clock", Status.WARN, f"{detail}: logs and timeouts disagree", "sudo timedatectl set-ntp true")
+    return CheckRow("clock", Status.PASS, detail)
 
 
-def port_range_row(f: DoctorFacts) -> Row:
+def port_range_row(f: DoctorFacts) -> CheckRow:
     """Whether the ephemeral port range can hand the rendezvous ports to an outgoing connection."""
     if f.port_range is None:
-        return Row("port range", Status.SKIP, "cannot read /proc/sys/net/ipv4/ip_local_port_range")
+        return CheckRow("port range", Status.SKIP, "cannot read /proc/sys/net/ipv4/ip_local_port_range")
     lo, hi = f.port_range
     reserved = net.ports_in_spec(f.reserved or "")
     clash = [p for p in f.ports if lo <= p <= hi and p not in reserved]
     base = f"ephemeral ports {lo}-{hi} (NCCL's and gloo's data sockets)"
     if clash:
         a, b = f.ports
-        return Row(
+        return CheckRow(
             "port range",
             Status.WARN,
             f"{base} include {', '.join(map(str, clash))}: an outgoing connection can take it before the rendezvous",
             f"sudo sysctl -w net.ipv4.ip_local_reserved_ports={a}-{b}",
         )
-    return Row("port range", Status.PASS, f"{base}; {f.ports[0]}-{f.ports[1]} outside")
+    return CheckRow("port range", Status.PASS, f"{base}; {f.ports[0]}-{f.ports[1]} outside")
 
 
 def _open_ports_fix(f: DoctorFacts) -> str:
@@ -209,7 +209,7 @@ def _open_ports_fix(f: DoctorFacts) -> str:
     )
 
 
-def firewall_row(f: DoctorFacts) -> Row:
+def firewall_row(f: DoctorFacts) -> CheckRow:
     """Whether ufw or iptables may drop incoming TCP: the rendezvous ports, NCCL's and gloo's data sockets."""
     fw = f.firewall
     blocking = fw.ufw == "active" or fw.iptables_policy in ("DROP", "REJECT") or fw.iptables_blocks
@@ -217,27 +217,27 @@ def firewall_row(f: DoctorFacts) -> Row:
         what = (
             "ufw is active" if fw.ufw == "active" else f"iptables INPUT {fw.iptables_policy or 'has DROP/REJECT rules'}"
         )
-        return Row(
+        return CheckRow(
             "firewall",
             Status.WARN,
             f"{what}: open the rendezvous ports and a narrowed ephemeral range for NCCL/gloo",
             _open_ports_fix(f),
         )
     if not fw.readable:
-        return Row(
+        return CheckRow(
             "firewall",
             Status.SKIP,
             "cannot read the firewall rules (run doctor as root to check)",
             _open_ports_fix(f) + "  (if a firewall is on)",
         )
     if fw.ufw is None and fw.iptables_policy is None:
-        return Row("firewall", Status.PASS, "no ufw or iptables on this host")
-    return Row("firewall", Status.PASS, "no rule drops incoming TCP (ufw inactive or absent, INPUT accepts)")
+        return CheckRow("firewall", Status.PASS, "no ufw or iptables on this host")
+    return CheckRow("firewall", Status.PASS, "no rule drops incoming TCP (ufw inactive or absent, INPUT accepts)")
 
 
 def arrivals_row(
     arrivals: Sequence[Arrival], *, nnodes: int, ports: Sequence[int], seconds: float, main_ip: str | None = None
-) -> Row:
+) -> CheckRow:
     """Main's verdict after listening: which workers' doctors completed the round trip on every port."""
     got: dict[int, set[int]] = {}
     for a in arrivals:
@@ -256,12 +256,12 @@ def arrivals_row(
     ]
     fix = f"on each worker: nodekit doctor --main {main_ip or 'MAIN_ADDR'} --node-rank R (its FAIL row says why)"
     if problems:
-        return Row("workers", Status.FAIL, f"{detail}; {', '.join(problems)}", fix)
+        return CheckRow("workers", Status.FAIL, f"{detail}; {', '.join(problems)}", fix)
     if not got:
-        return Row(
+        return CheckRow(
             "workers", Status.WARN, detail if unnamed else f"no worker's doctor connected in {seconds:.1f} s", fix
         )
-    return Row("workers", Status.PASS, detail)
+    return CheckRow("workers", Status.PASS, detail)
 
 
 def _rank(s: Status) -> int:

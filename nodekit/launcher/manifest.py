@@ -14,7 +14,8 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-CHUNK = 1 << 20
+from nodekit.launcher.filehash import CHUNK
+
 HASH_THREADS = max(4, min(16, 2 * (os.cpu_count() or 1)))  # hashlib releases the GIL on large updates
 # Files larger than this are hashed in pieces of this size in parallel (sha256 over the pieces' digests): one big
 # file would otherwise be hashed by a single core, slower than a fast disk reads it.
@@ -45,14 +46,6 @@ def _walk(root: str, rel: str = "") -> Iterator[tuple[str, str, int, str]]:
             yield name, e.path, e.stat(follow_symlinks=False).st_size, ""
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _piece_sha256(task: tuple[str, int, int]) -> bytes:
     path, offset, length = task
     h = hashlib.sha256()
@@ -73,7 +66,7 @@ def content_hashes(files: Sequence[tuple[str, int]], threads: int = HASH_THREADS
     for i, (path, size) in enumerate(files):
         pieces = range(0, size, PIECE) if size > PIECE else [0]
         for off in pieces:
-            tasks.append((path, off, PIECE if size > PIECE else 1 << 62))  # small: to the end, as file_sha256
+            tasks.append((path, off, PIECE if size > PIECE else 1 << 62))  # small: to the end, as filehash.file_sha256
             owners.append(i)
     with ThreadPoolExecutor(threads) as pool:
         digests = list(pool.map(_piece_sha256, tasks, chunksize=8))

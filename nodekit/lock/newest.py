@@ -26,7 +26,8 @@ from nodekit.errors import ConfigError
 from nodekit.lock import pip as pipcmd
 from nodekit.progress import Reporter
 
-Report = dict[str, Any]
+PipReport = dict[str, Any]
+"""The JSON that `pip install --report` writes (a resolution), as parsed."""
 
 
 class Behind(NamedTuple):
@@ -107,15 +108,15 @@ def newest_versions(
 
 
 def settle(
-    report: Report,
+    report: PipReport,
     inputs: Sequence[str],
     newest: Mapping[str, str],
     *,
     held: Collection[str],
-    rerun: Callable[[Sequence[str]], Report],
+    rerun: Callable[[Sequence[str]], PipReport],
     reporter: Reporter,
     where: str,
-) -> Report:
+) -> PipReport:
     """The resolution with every checked requirement at its newest release, or a ConfigError saying why not.
 
     ``rerun`` resolves other inputs the same way (it raises pipcmd.ResolveFailed); ``held`` are the names the

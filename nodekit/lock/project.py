@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from types import EllipsisType
 
     from nodekit.docker import ImageInfo
-    from nodekit.probe import Target
+    from nodekit.probe import WheelTarget
 
 
 def lock_path(settings: Settings) -> Path:
@@ -44,14 +44,14 @@ def read_lock(settings: Settings) -> Lock | None:
     return parse_lock(path.read_text(), source=str(path))
 
 
-def _target(settings: Settings, target: Target | None, base: ImageInfo | EllipsisType | None = ...) -> Target:
+def _target(settings: Settings, target: WheelTarget | None, base: ImageInfo | EllipsisType | None = ...) -> WheelTarget:
     from nodekit.probe import target as probe_target
 
     return target if target is not None else probe_target(settings, base=base)
 
 
 def check_lock(
-    settings: Settings, target: Target | None = None, *, base: ImageInfo | EllipsisType | None = ...
+    settings: Settings, target: WheelTarget | None = None, *, base: ImageInfo | EllipsisType | None = ...
 ) -> Lock:
     """The lock, when it exists, was resolved for this image's Python and platform (``target``, by default
     probed from the base: ``base`` as for :func:`nodekit.probe.probe_base`), still matches what the base provides,
@@ -97,7 +97,7 @@ def lock(
     *,
     dry_run: bool = False,
     upgrade: bool = False,
-    target: Target | None = None,
+    target: WheelTarget | None = None,
 ) -> LockResult:
     """``nodekit lock``: resolve ``settings.packages`` and write ``nodekit.lock`` (unless ``dry_run``).
 
@@ -130,7 +130,7 @@ def lock(
 
 
 def ensure_lock(
-    settings: Settings, reporter: Reporter, *, dry_run: bool = False, target: Target | None = None
+    settings: Settings, reporter: Reporter, *, dry_run: bool = False, target: WheelTarget | None = None
 ) -> tuple[Lock, bool]:
     """The checked lock; when there is no lock file yet, create it first (and say so). Returns (lock, created).
 

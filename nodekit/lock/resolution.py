@@ -21,16 +21,17 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from nodekit.errors import ConfigError
+from nodekit.launcher.filehash import file_sha256
 from nodekit.lock import pip as pipcmd
 from nodekit.lock.format import BuiltWheel, Lock, LockedPackage, normalize_inputs, target_environment
 from nodekit.lock.newest import checked, newest_versions, settle, versions
-from nodekit.lock.sdist import Builder, sha256_file
+from nodekit.lock.sdist import Builder
 from nodekit.lock.wheelhouse import find_wheel, wheelhouse_dir
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
 if TYPE_CHECKING:
-    from nodekit.probe import Target
+    from nodekit.probe import WheelTarget
 
 
 def stub_wheel(directory: Path, name: str, version: str) -> Path:
@@ -163,7 +164,7 @@ def build_sdists(
         made = []
         for s, same in todo:
             wheel, record = builder.build(s.name, s.version, s.hashes[0], Path(tmp), same.backend if same else None)
-            pins.append(LockedPackage(name=s.name, version=s.version, hashes=(sha256_file(wheel),)))
+            pins.append(LockedPackage(name=s.name, version=s.version, hashes=(file_sha256(wheel),)))
             built.append(record)
             made.append(wheel)
         if keep:  # only once every build has succeeded: a refused lock leaves nothing behind
@@ -195,7 +196,7 @@ def _first_resolution(
 def resolve(
     settings: Settings,
     reporter: Reporter,
-    tgt: Target,
+    tgt: WheelTarget,
     *,
     previous: Lock | None = None,
     upgrade: bool = False,

@@ -11,7 +11,6 @@ its backend resolved to when the lock was made (pip constraints), and the rest b
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import tarfile
@@ -35,14 +34,6 @@ BUILD_UMASK = 0o022
 # What pip assumes for a source distribution without [build-system] (PEP 518).
 DEFAULT_REQUIRES = ("setuptools>=40.8.0",)
 PURE_TAGS = frozenset({"py3-none-any", "py2-none-any"})
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def is_pure(wheel_name: str) -> bool:

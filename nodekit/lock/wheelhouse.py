@@ -18,9 +18,10 @@ from packaging.version import InvalidVersion, Version
 
 from nodekit.errors import BuildError, ConfigError
 from nodekit.fsutil import write_atomic
+from nodekit.launcher.filehash import file_sha256
 from nodekit.lock import pip as pipcmd
 from nodekit.lock.format import LOCK_FIX, Lock, LockedPackage
-from nodekit.lock.sdist import Builder, sha256_file
+from nodekit.lock.sdist import Builder
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
@@ -47,7 +48,7 @@ def _scan(wheelhouse: Path, index: dict[str, list[Any]]) -> dict[tuple[str, str]
         if cached and cached[:3] == key:
             digest = str(cached[3])
         else:
-            digest = sha256_file(path)
+            digest = file_sha256(path)
             index[path.name] = [*key, digest]
         seen.add(path.name)
         found.setdefault((str(name), str(version)), []).append((path, digest))
@@ -90,7 +91,7 @@ def _rebuild(settings: Settings, lock: Lock, pkg: LockedPackage, house: Path) ->
             )
         except ConfigError as e:
             raise BuildError(e.message, fix=e.fix) from None
-        got = sha256_file(wheel)
+        got = file_sha256(wheel)
         if got not in pkg.hashes:
             raise BuildError(
                 f"{pkg.name} {pkg.version} built again from its source distribution (with "

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from nodekit import doctor as doc
-from nodekit.doctor import EngineCheck, Row, Status, gathering
+from nodekit.doctor import CheckRow, EngineCheck, Status, gathering, handshake
+from nodekit.doctor.handshake import Reach
 from nodekit.host import net
-from nodekit.host.net import Reach
 from nodekit.settings import Settings
 
 LOOPBACK = "127.0.0.1"
@@ -52,7 +52,7 @@ class Listening:
 
     def __init__(self, s: Settings, seconds: float = 10.0) -> None:
         self.ready = threading.Event()
-        self.result: Row | None = None
+        self.result: CheckRow | None = None
         self.thread = threading.Thread(target=self._run, args=(s, seconds), daemon=True)
         self.thread.start()
         assert self.ready.wait(5), "main's doctor did not start listening"
@@ -60,13 +60,13 @@ class Listening:
     def _run(self, s: Settings, seconds: float) -> None:
         self.result = doc.serve(s, main_ip=LOOPBACK, seconds=seconds, host=LOOPBACK, on_ready=self.ready.set)
 
-    def join(self) -> Row:
+    def join(self) -> CheckRow:
         self.thread.join(15)
         assert self.result is not None
         return self.result
 
 
-def reach_row(rows: list[Row]) -> Row:
+def reach_row(rows: list[CheckRow]) -> CheckRow:
     return next(r for r in rows if r.check == "reach main")
 
 
@@ -114,7 +114,7 @@ def test_a_port_held_by_something_else(tmp_path: Path, no_docker: None) -> None:
 
         t = threading.Thread(target=accept, daemon=True)
         t.start()
-        p = net.probe(LOOPBACK, port, hello="rank=1", greeting_timeout=0.5)
+        p = handshake.probe(LOOPBACK, port, hello="rank=1", greeting_timeout=0.5)
         t.join(5)
     assert p.reach is Reach.OPEN
     assert received == [b""]  # the probe closed without writing a byte

@@ -16,12 +16,12 @@ from packaging.version import Version
 
 from nodekit import lock as locking
 from nodekit.lock import Lock
-from nodekit.probe import Target
+from nodekit.probe import WheelTarget
 from nodekit.progress import RecordingReporter
 from nodekit.settings import load
 
 PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "lightly-train", "pillow", "numpy"]
-IMAGE = Target(python_version="3.11", wheel_platform="manylinux_2_36_x86_64", source="settings")  # nodekit's base
+IMAGE = WheelTarget(python_version="3.11", wheel_platform="manylinux_2_36_x86_64", source="settings")  # nodekit's base
 ANTLR = "antlr4-python3-runtime"
 
 

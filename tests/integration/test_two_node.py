@@ -12,10 +12,10 @@ import pytest
 from nodekit import docker
 from nodekit.node import compose_path, project_for
 from nodekit.settings import load
+from tests.golden import GOLDEN
 from tests.integration.conftest import nodekit
 
 pytestmark = pytest.mark.docker
-GOLDEN = Path(__file__).resolve().parents[1] / "unit" / "golden"
 
 
 def wait_node(config: Path, rank: int) -> int:

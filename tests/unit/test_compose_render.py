@@ -5,7 +5,6 @@ Regenerate after an intended change with NODEKIT_UPDATE_GOLDEN=1 and review the 
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import yaml
 from nodekit.render.compose import render_compose, to_yaml
 from nodekit.settings import Settings
 from nodekit.spec import HostFacts, launch_spec, node_spec
+from tests.golden import GOLDEN, update_golden
 
-GOLDEN = Path(__file__).parent / "golden"
 PROJECT = Path("/srv/project")
 
 CPU_NODE = HostFacts(gpu_count=0, memlock_hard=8 * 1024 * 1024, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
@@ -63,8 +62,7 @@ DOLLARS = {
 def test_golden(golden: str, rank: int, facts: HostFacts, kw: dict[str, object]) -> None:
     text = rendered(settings(**kw), rank, facts)
     path = GOLDEN / golden
-    if os.environ.get("NODEKIT_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
 
 

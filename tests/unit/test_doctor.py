@@ -11,10 +11,11 @@ import pytest
 from typer.testing import CliRunner
 
 from nodekit import doctor as doc
-from nodekit.doctor import ContainerView, DoctorFacts, EngineCheck, ImageCheck, Row, Status
+from nodekit.doctor import CheckRow, ContainerView, DoctorFacts, EngineCheck, ImageCheck, Status
+from nodekit.doctor.handshake import Arrival, Probe, Reach
 from nodekit.errors import UsageError
 from nodekit.host.facts import Firewall
-from nodekit.host.net import Arrival, Probe, Reach, Route
+from nodekit.host.net import Route
 from nodekit.settings import NodeOverride, Settings
 from nodekit.spec import HostFacts
 
@@ -57,7 +58,7 @@ def main_node(**kw: Any) -> DoctorFacts:
     return replace(FRESH, **(base | {"route": route, "mtu": 1500, "main_is_here": True} | kw))
 
 
-def row(rows: list[Row], check: str) -> Row:
+def row(rows: list[CheckRow], check: str) -> CheckRow:
     found = [r for r in rows if r.check == check]
     assert len(found) == 1, [r.check for r in rows]
     return found[0]
@@ -94,7 +95,9 @@ def test_no_engine() -> None:
     rows = doc.rows(
         replace(FRESH, engine=EngineCheck(error="no Docker engine answers", fix="make engine", failed="engine"))
     )
-    assert row(rows, "docker engine") == Row("docker engine", Status.FAIL, "no Docker engine answers", "make engine")
+    assert row(rows, "docker engine") == CheckRow(
+        "docker engine", Status.FAIL, "no Docker engine answers", "make engine"
+    )
     assert row(rows, "compose v2").status is Status.SKIP and row(rows, "buildx").status is Status.SKIP
     assert doc.exit_code(rows) == 1
 

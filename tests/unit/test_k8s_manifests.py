@@ -8,7 +8,6 @@ Regenerate the golden files after an intended change with NODEKIT_UPDATE_GOLDEN=
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,8 @@ from nodekit.render import k8s as render
 from nodekit.render.compose import render_compose
 from nodekit.settings import K8sSettings, Mount, Settings
 from nodekit.spec import HostFacts, launch_spec, node_spec
+from tests.golden import GOLDEN, update_golden
 
-GOLDEN = Path(__file__).parent / "golden"
 PROJECT = Path("/srv/project")
 FP = "0123456789ab" + "cd" * 26
 IMAGE = f"registry.example.com/ml/demo:{FP[:12]}"
@@ -63,7 +62,7 @@ def gpu_settings(**k8s_kw: Any) -> Settings:
 
 
 def planned(s: Settings, kind: k8s.Kind = "job") -> k8s.K8sPlan:
-    return k8s.plan(s, image=IMAGE, fingerprint=FP, secret=SECRET, kind=kind, out_dir=Path("k8s"))
+    return k8s.plan_k8s(s, image=IMAGE, fingerprint=FP, secret=SECRET, kind=kind, out_dir=Path("k8s"))
 
 
 def docs(text: str) -> list[dict[str, Any]]:
@@ -91,8 +90,7 @@ def test_golden(golden: str) -> None:
     s, kind = CASES[golden]
     text = planned(s, kind).files[0].text  # type: ignore[arg-type]
     path = GOLDEN / golden
-    if os.environ.get("NODEKIT_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
 
 
@@ -287,7 +285,7 @@ def test_notes_say_what_does_not_carry_over() -> None:
     from nodekit.settings import NodeOverride
 
     s = cpu_settings(network="bridge", nodes={1: NodeOverride(iface="ens5")}, pass_env=("HF_TOKEN",))
-    p = k8s.plan(s, image="nodekit/demo:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))
+    p = k8s.plan_k8s(s, image="nodekit/demo:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))
     text = "\n".join(p.notes)
     for needle in (
         "names no registry",

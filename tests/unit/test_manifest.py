@@ -54,14 +54,33 @@ def test_a_large_file_is_hashed_in_pieces_and_a_change_in_any_piece_shows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from nodekit.launcher import manifest as m
+    from nodekit.launcher.filehash import file_sha256
 
     monkeypatch.setattr(m, "PIECE", 1000)
     small, big = tmp_path / "small.bin", tmp_path / "big.bin"
     small.write_bytes(b"a" * 999)
     big.write_bytes(bytes(range(256)) * 10)  # 2560 bytes: three pieces
     h = m.content_hashes([(str(small), 999), (str(big), 2560)])
-    assert h[0] == m.file_sha256(str(small)) and h[1].startswith("p:")
+    assert h[0] == file_sha256(str(small)) and h[1].startswith("p:")
     data = bytearray(big.read_bytes())
     data[2100] ^= 1
     big.write_bytes(bytes(data))
     assert m.content_hashes([(str(big), 2560)])[0] != h[1]
+
+
+def test_the_one_file_hash_helper_hashes_and_copies_the_same_bytes(tmp_path: Path) -> None:
+    import hashlib
+    import io
+
+    from nodekit.launcher.filehash import CHUNK, file_sha256
+
+    empty, big = tmp_path / "empty", tmp_path / "big.bin"
+    empty.write_bytes(b"")
+    data = bytes(range(256)) * (CHUNK // 256 * 2 + 3)  # two chunks and a bit
+    big.write_bytes(data)
+    assert file_sha256(empty) == hashlib.sha256(b"").hexdigest()
+    copy = io.BytesIO()
+    assert file_sha256(big, copy_to=copy) == hashlib.sha256(data).hexdigest() == file_sha256(str(big))
+    assert copy.getvalue() == data
+    with pytest.raises(OSError):
+        file_sha256(tmp_path / "missing")

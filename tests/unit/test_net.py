@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.doctor import handshake
+from nodekit.doctor.handshake import Reach
 from nodekit.errors import UsageError
 from nodekit.host import facts as host_facts
 from nodekit.host import net
-from nodekit.host.net import Reach, Route
+from nodekit.host.net import Route
 from nodekit.render.compose import render_compose, to_yaml
 from nodekit.settings import NodeOverride, Settings
 from nodekit.spec import HostFacts, launch_spec, node_spec
-
-GOLDEN = Path(__file__).parent / "golden"
+from tests.golden import GOLDEN, update_golden
 
 # --- `ip -j route get` samples (as iproute2 prints them) -----------------------------------------------------
 
@@ -223,7 +224,7 @@ def test_a_bound_but_not_listening_socket_counts() -> None:
     ],
 )
 def test_classify_connect_errors(exc: OSError, reach: Reach) -> None:
-    assert net.classify_connect_error(exc) is reach
+    assert handshake.classify_connect_error(exc) is reach
 
 
 # --- what spec and render make of the facts ------------------------------------------------------------------------
@@ -320,8 +321,7 @@ def test_bridge_golden() -> None:
     doc = render_compose(node, "nodekit/demo:0123456789ab", CPU, output_dir=Path("/srv/project/outputs"))
     text = to_yaml(doc, rank=0, nnodes=2, path_hint="compose/node-0.yaml")
     path = GOLDEN / "node-0-bridge.yaml"
-    if os.environ.get("NODEKIT_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
     assert yaml.safe_load(text)["services"]["train"]["ipc"] == "host"
 

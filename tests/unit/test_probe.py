@@ -16,7 +16,7 @@ from nodekit import lock as locking
 from nodekit.base import choose_base, own_suite
 from nodekit.errors import ConfigError, ImageError
 from nodekit.lock import parse_lock, redact, resolve_argv, source_options
-from nodekit.probe import BaseStack, Target, check_usable, derive_target, parse_probe
+from nodekit.probe import BaseStack, WheelTarget, check_usable, derive_target, parse_probe
 from nodekit.progress import RecordingReporter
 from tests.unit.test_lock import fake_wheel, index, no_engine, project  # noqa: F401  (fixtures)
 
@@ -109,8 +109,8 @@ def test_sources_become_pip_options_and_credentials_are_redacted() -> None:
     assert argv[1] == "-c" and markers["python_version"] == "3.13" and markers["platform_machine"] == "x86_64"
 
 
-def _target(pv: str, platform: str, s: BaseStack | None = None) -> Target:
-    return Target(python_version=pv, wheel_platform=platform, stack=s, source="settings")
+def _target(pv: str, platform: str, s: BaseStack | None = None) -> WheelTarget:
+    return WheelTarget(python_version=pv, wheel_platform=platform, stack=s, source="settings")
 
 
 def test_markers_are_evaluated_for_the_image_python_not_the_host(tmp_path: Path, index: Path) -> None:  # noqa: F811
