@@ -190,7 +190,7 @@ def plan_job(
 
 _KNOWN = {
     "image", "command", "environment", "labels", "volumes", "ulimits", "deploy", "devices", "cap_add",
-    "network_mode", "ipc", "restart", "stop_grace_period", "init", "working_dir",
+    "network_mode", "ipc", "restart", "stop_grace_period", "init", "working_dir", "pull_policy",
 }  # fmt: skip
 
 
@@ -203,6 +203,9 @@ def node_run(doc: Mapping[str, Any], rank: int) -> NodeRun:
         raise ValueError(f"compose keys {unknown} have no translation for Slurm (nodekit/slurm/job.py)")
     if svc.get("restart", "no") != "no":
         raise ValueError(f"restart {svc['restart']!r} has no translation for Slurm")
+    if svc.get("pull_policy", "never") != "never":
+        # every mode runs the image the job script made reachable (docker run --pull=never, a squashfs file)
+        raise ValueError(f"pull_policy {svc['pull_policy']!r} has no translation for Slurm")
     return NodeRun(
         rank=rank,
         image=svc["image"],

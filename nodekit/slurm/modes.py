@@ -58,7 +58,12 @@ def container_name(job: SlurmJob) -> tuple[Part, ...]:
 
 def docker_args(job: SlurmJob, run: NodeRun) -> list[tuple[Part, ...]]:
     """``docker run``'s arguments for ``run`` (after ``run``)."""
-    args: list[tuple[Part, ...]] = [("--rm",), ("--name=", *container_name(job)), (f"--label={JOB_LABEL}=", JOB_ID)]
+    args: list[tuple[Part, ...]] = [
+        ("--rm",),
+        ("--pull=never",),
+        ("--name=", *container_name(job)),
+        (f"--label={JOB_LABEL}=", JOB_ID),
+    ]
     if run.network:
         args.append((f"--network={run.network}",))
     if run.ipc:

@@ -8,7 +8,6 @@ review the diff.
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from nodekit.settings import Mount, NodeOverride, Settings, SlurmSettings
 from nodekit.slurm.job import ImageFacts, SlurmJob, plan_job
 from nodekit.slurm.render import render
 from nodekit.slurm.shell import quote, word
+from tests.golden import update_golden
 from tests.unit import slurm_fakes as fake
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -195,8 +195,7 @@ def test_golden(tmp_path: Path, mode: str) -> None:
     )
     text = render(job(s, mode)).replace(str(tmp_path / "p"), "/srv/project")
     path = GOLDEN / f"slurm-{mode}.sbatch"
-    if os.environ.get("NODEKIT_UPDATE_GOLDEN") == "1":
-        path.write_text(text)
+    update_golden(path, text)
     assert text == path.read_text()
     assert "#SBATCH --gpus-per-node=4" in text and "NPROC_PER_NODE=4" in text
 
