@@ -48,6 +48,10 @@ _TARGET = {
 }
 
 
+def node_rank_problem(rank: int, nnodes: int) -> str:
+    return f"[nodes.{rank}] is outside node ranks 0..{nnodes - 1} (nnodes = {nnodes})"
+
+
 class Settings(BaseSettings):
     """Everything a user configures. Field docs double as the reference in ``nodekit init``'s starter file."""
 
@@ -173,13 +177,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _node_ranks(self) -> Settings:
-        outside = sorted(r for r in self.nodes if not 0 <= r < self.nnodes)
+        # Without nnodes, `hosts` counts the nodes; with neither (a hostfile given to `nodekit run`, or `up` on
+        # one node) the upper bound is checked once the count is known (nodekit/fleet/run.py hosts_of).
+        count = self.nnodes if "nnodes" in self.model_fields_set else len(self.hosts) or None
+        outside = sorted(r for r in self.nodes if r < 0 or (count is not None and r >= count))
         if outside:
-            raise Bad(
-                f"[nodes.{outside[0]}] is outside node ranks 0..{self.nnodes - 1} (nnodes = {self.nnodes})",
-                fix=f"remove [nodes.{outside[0]}], or raise nnodes",
-                key="nodes",
-            )
+            raise Bad(node_rank_problem(outside[0], count or 1), fix=f"remove [nodes.{outside[0]}], or raise nnodes",
+                      key="nodes")  # fmt: skip
         if self.min_nodes is not None and self.min_nodes > self.nnodes and "nnodes" in self.model_fields_set:
             raise Bad(
                 f"min_nodes = {self.min_nodes} is more than nnodes = {self.nnodes}",

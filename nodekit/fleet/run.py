@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from nodekit import docker, proc
 from nodekit.blobs import BLOBS
-from nodekit.errors import JobFailed, NodekitError
+from nodekit.errors import JobFailed, NodekitError, UsageError
 from nodekit.fleet import remote
 from nodekit.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
@@ -50,6 +50,11 @@ def hosts_of(settings: Settings, hostfile: Path | None = None) -> list[FleetHost
         entries = read_hostfile(hostfile)
         urls, slots = [u for u, _ in entries], [s for _, s in entries]
     nnodes = settings.nnodes if "nnodes" in settings.model_fields_set else len(urls) or settings.nnodes
+    outside = sorted(r for r in settings.nodes if r >= nnodes)
+    if outside:
+        from nodekit.settings import node_rank_problem
+
+        raise UsageError(node_rank_problem(outside[0], nnodes), fix=f"remove [nodes.{outside[0]}], or list more hosts")
     return fleet_hosts(urls, nnodes, min_nodes=settings.min_nodes, slots=slots)
 
 

@@ -378,3 +378,22 @@ def test_fleet_down_and_logs_name_each_host_they_could_not_reach_and_exit_1(
     errors = [ln for ln in result.stderr.splitlines() if ln.strip()]
     assert len(errors) == 1 and errors[0].startswith("nodekit: error: logs: node 1 (b): lost the log stream"), errors
     assert "Fix: check that b is up (ssh b true), then nodekit logs --node 1" in errors[0]
+
+
+def test_node_overrides_are_checked_against_the_hosts_when_nnodes_is_not_set(tmp_path: Path) -> None:
+    """The README's head-node example: three hosts, `[nodes.2] gpus = 4`, no nnodes. The hosts count the nodes;
+    with a hostfile the count is known only when it is read, and an override past it is one line."""
+    from pydantic import ValidationError
+
+    from nodekit.settings import NodeOverride
+
+    three = ("ssh://a", "ssh://b", "ssh://c")
+    s = Settings(project_dir=tmp_path, name="d", script="t.py", hosts=three, nodes={2: NodeOverride(gpus=4)})
+    assert len(hosts_of(s)) == 3
+    f = tmp_path / "hostfile"
+    f.write_text("a\nb\n")
+    bare = Settings(project_dir=tmp_path, name="d", script="t.py", nodes={2: NodeOverride(gpus=4)})
+    with pytest.raises(UsageError, match=r"\[nodes.2\] is outside node ranks 0..1 \(nnodes = 2\)"):
+        hosts_of(bare, f)
+    with pytest.raises(ValidationError, match=r"\[nodes.3\] is outside node ranks 0..2"):
+        Settings(project_dir=tmp_path, name="d", script="t.py", hosts=three, nodes={3: NodeOverride(gpus=4)})
