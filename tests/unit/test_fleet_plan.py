@@ -84,7 +84,7 @@ def _inputs(tmp_path: Path, urls: list[str], **kw: object) -> object:
     from nodekit.fleet.plan import FleetInputs
     from nodekit.fleet.run import job_settings
 
-    s = Settings(project_dir=tmp_path, name="t", script="train.py", nnodes=len(urls), **kw)  # type: ignore[arg-type]
+    s = Settings(project_dir=tmp_path, name="t", script="train.py", nnodes=len(urls), **kw)
     hosts = fleet_hosts(urls, len(urls), slots=[8] * len(urls))
     return FleetInputs(job_settings(s, hosts, restart=0), tuple(hosts), "nodekit/t:1", None, "10.0.0.1")
 
