@@ -60,12 +60,11 @@ def run(
     from nodekit.fleet import run as fleet
 
     settings, hosts = fleet_of(config, hostfile, nnodes=nnodes)
-    if dry_run:
+    if dry_run:  # the whole plan, gathered on this machine only: no host, engine or DNS is asked
         from nodekit.cli.ui import out
+        from nodekit.fleet.plan import gather, plan_fleet
 
-        out.print(f"# nodekit run: {len(hosts)} node(s), main {hosts[0].hostname}", markup=False)
-        for h in hosts:
-            out.print(f"#   node {h.rank}: {h.url}", markup=False)
+        out.print(plan_fleet(gather(settings, hosts, image=image)).to_text(), markup=False)
         return
     rep = RichReporter(verbose=True)
     # SIGHUP (a closed SSH session to the head), SIGTERM and Ctrl-C stop every node: handled(), proc.stopping.

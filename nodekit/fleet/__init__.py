@@ -8,5 +8,7 @@ the pure planner writes ``compose/node-R.yaml`` per rank, and each file is appli
 - :mod:`~nodekit.fleet.remote`: the per-host checks and facts, in parallel, each failure named with its fix.
 - :mod:`~nodekit.fleet.supervise`: pure. The supervisor's decision table: who failed first, whom to stop,
   whether to restart.
+- :mod:`~nodekit.fleet.plan`: pure. ``run --dry-run``'s whole plan (per rank, the ship plan, the relay chains),
+  gathered on the head alone.
 - :mod:`~nodekit.fleet.run`: carries the plan out: ship, write, start, merged log, gang stop, restarts.
 """

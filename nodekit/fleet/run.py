@@ -76,7 +76,7 @@ def _override(nproc: int) -> Any:
     return NodeOverride(nproc_per_node=nproc)
 
 
-def plan_fleet(
+def plan_nodes(
     settings: Settings,
     hosts: Sequence[FleetHost],
     facts: Sequence[remote.Gathered],
@@ -316,7 +316,7 @@ def _attempts(
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
         job = job_settings(settings, hosts, restart=used)
-        plans = plan_fleet(job, hosts, facts, ref, debug=debug, image_id=image_id, secret=secret)
+        plans = plan_nodes(job, hosts, facts, ref, debug=debug, image_id=image_id, secret=secret)
         for p in plans:
             write_compose(p)
         live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]
