@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+
 Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
 MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch")
 # The modes whose workers torchrun starts (in this process after a preflight, under the peer watchdog).
@@ -174,7 +176,8 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         raise EnvError(
             f"NODEKIT_PEER_TIMEOUT={peer_raw} must be 0 (no peer watchdog) or at least {MIN_PEER_TIMEOUT:g} seconds"
         )
-    default_preflight_port = master_port + 1 if master_port < 65535 else None
+    preflight_default = master_port + PREFLIGHT_PORT_OFFSET
+    default_preflight_port = preflight_default if preflight_default <= 65535 else None
     preflight_port = _int(env, "NODEKIT_PREFLIGHT_PORT", default=default_preflight_port, lo=1, hi=65535)
     if preflight_port == master_port:
         # torchrun's own store listens on MASTER_PORT; sharing it would let a late torchrun client talk to ours.

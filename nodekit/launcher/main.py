@@ -18,6 +18,12 @@ from typing import Any
 
 from nodekit.launcher import netfacts
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
+from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
+from nodekit.launcher.contract import EXIT_OK as EXIT_OK
+from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
+from nodekit.launcher.contract import EXIT_RENDEZVOUS as EXIT_RENDEZVOUS
+from nodekit.launcher.contract import EXIT_STACK_MISMATCH as EXIT_STACK_MISMATCH
+from nodekit.launcher.contract import EXIT_TERMINATED as EXIT_TERMINATED
 from nodekit.launcher.facts import gather
 from nodekit.launcher.failure import worker_failure
 from nodekit.launcher.plan import (
@@ -44,14 +50,7 @@ from nodekit.launcher.preflight import (
     wait_reachable,
 )
 from nodekit.launcher.verdict import Verdict, render
-from nodekit.launcher.watchdog import EXIT_PEER_LOST as EXIT_PEER_LOST  # 19, listed with the others
 from nodekit.launcher.watchdog import Watchdog, node_names
-
-EXIT_OK = 0
-EXIT_BAD_ENV = 2
-EXIT_STACK_MISMATCH = 17
-EXIT_RENDEZVOUS = 18
-EXIT_TERMINATED = 143
 
 
 def _err(line: str) -> None:
