@@ -16,7 +16,7 @@ The names below are the package's interface; callers import them from ``nodekit.
 
 from __future__ import annotations
 
-from nodekit.build.driver import build, env_tag
+from nodekit.build.driver import ENV_STAGE, build, env_tag
 from nodekit.build.inspection import StackReport, inspect_image, layers, stack_from_probe
 from nodekit.build.planning import STAGE_DIR, dockerfile_text, plan, project_fingerprint
 from nodekit.build.record import LAST_BUILD, BuildResult, human_size, last_build
@@ -26,6 +26,7 @@ from nodekit.build.tree import code_rules, hash_tree, launcher_tree
 
 __all__ = [
     "BUILD_FIX",
+    "ENV_STAGE",
     "LAST_BUILD",
     "STAGE_DIR",
     "BuildResult",
