@@ -12,14 +12,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nodekit.errors import ConfigError, UsageError
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.settings import Settings
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-# Ports nodekit uses on main, relative to master_port: torchrun's store, then nodekit's own preflight store
-# (stack comparison, who-arrived). A separate port keeps a late torchrun client from ever talking to the
-# preflight store.
-PREFLIGHT_PORT_OFFSET = 1
 
 
 class Command(BaseModel):

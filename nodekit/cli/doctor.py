@@ -102,11 +102,12 @@ def _summary(rows: list[CheckRow], elapsed: float) -> None:
 
 def _ready(bind: str, port: int, seconds: int, main_ip: str | None) -> Callable[[], None]:
     from nodekit.cli.ui import out
+    from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 
     def ready() -> None:
-        who = main_ip or "MAIN_ADDR"
+        who, preflight = main_ip or "MAIN_ADDR", port + PREFLIGHT_PORT_OFFSET
         out.print(
-            f"listening on {bind}:{port} and :{port + 1} for up to {seconds} s; on each worker run: "
+            f"listening on {bind}:{port} and :{preflight} for up to {seconds} s; on each worker run: "
             f"nodekit doctor --main {who} --node-rank R",
             markup=False,
             soft_wrap=True,

@@ -22,9 +22,10 @@ from nodekit.doctor.model import ContainerView, DoctorFacts, EngineCheck, ImageC
 from nodekit.errors import NodekitError, UsageError
 from nodekit.host import facts as host_facts
 from nodekit.host import net
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.render.compose import ulimits
 from nodekit.settings import Settings
-from nodekit.spec import PREFLIGHT_PORT_OFFSET, HostFacts
+from nodekit.spec import HostFacts
 
 CONTAINER_WAIT_S = 7.0
 

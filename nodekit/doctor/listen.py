@@ -15,8 +15,8 @@ from nodekit.doctor.handshake import Arrival
 from nodekit.doctor.model import CheckRow, Status
 from nodekit.doctor.network import arrivals_row
 from nodekit.host import net
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.settings import Settings
-from nodekit.spec import PREFLIGHT_PORT_OFFSET
 
 
 def serve(

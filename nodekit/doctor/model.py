@@ -16,8 +16,9 @@ from nodekit.errors import UsageError
 from nodekit.host import net
 from nodekit.host.facts import Firewall
 from nodekit.host.net import Route
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.settings import Settings
-from nodekit.spec import PREFLIGHT_PORT_OFFSET, HostFacts
+from nodekit.spec import HostFacts
 
 
 class Status(StrEnum):

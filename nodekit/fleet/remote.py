@@ -17,19 +17,23 @@ from dataclasses import dataclass, field
 from nodekit import docker, proc, ssh
 from nodekit.errors import DeadlineError, NodekitError
 from nodekit.fleet.hosts import FleetHost
+from nodekit.launcher.contract import DOCKER_PIDFILES
 from nodekit.spec import HostFacts
 
 SSH_TIMEOUT_S = 8
 MAX_PARALLEL = 64  # sshd's default MaxStartups is 10:30:100 per target; the head's own fan-out is what this bounds
 
 # POSIX sh, run with the user's login: facts as key=value lines. The engine's limits are read from its own
-# /proc/<pid>/limits where readable (the pidfiles nodekit.host.facts knows), else this login's hard limits.
-FACTS_SCRIPT = r"""
+# /proc/<pid>/limits where readable (the pidfiles nodekit.launcher.contract lists), else this login's hard limits.
+FACTS_SCRIPT = (
+    r"""
 echo "gpus=$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l)"
 for f in /dev/infiniband/uverbs* /dev/infiniband/rdma_cm /dev/infiniband/umad*; do
   [ -e "$f" ] && echo "ib=$f"
 done
-for p in /var/run/docker.pid /run/docker.pid /var/run/nodekit-dockerd.pid; do
+for p in """
+    + " ".join(DOCKER_PIDFILES)
+    + r"""; do
   pid=$(cat "$p" 2>/dev/null) || continue
   grep -E '^Max (locked memory|stack size)' "/proc/$pid/limits" 2>/dev/null | sed 's/^/limit=/' && break
 done
@@ -38,6 +42,7 @@ echo "stack_kb=$(ulimit -H -s)"
 echo "host=$(hostname)"
 cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A" {print "listen=" $2}'
 """
+)
 
 
 class FleetCheckError(NodekitError):

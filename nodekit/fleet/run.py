@@ -28,6 +28,7 @@ from nodekit.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
 from nodekit.fleet.manage import parallel as _parallel
 from nodekit.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.node import NodePlan, check_command, plan_node, write_compose
 from nodekit.progress import Reporter
 from nodekit.secret import new_secret
@@ -358,7 +359,7 @@ def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -
     return remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(
-            ports=(settings.master_port, settings.master_port + 1) if h.rank == 0 else (),
+            ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
             paths=tuple(m.host for m in mount_points(settings, h.rank)),
         ),
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,

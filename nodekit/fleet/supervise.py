@@ -16,7 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-EXIT_PEER_LOST = 19  # nodekit/launcher: another node was lost or failed, this one stopped its part
+from nodekit.launcher.contract import EXIT_PEER_LOST
+
 SETTLE_S = 3.0
 LOST = -1  # exit code reported for a node whose host was lost
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from nodekit import proc
 from nodekit.errors import DeadlineError, HostToolHung
 from nodekit.host import net
+from nodekit.launcher import contract
 from nodekit.spec import HostFacts
 
-DOCKER_PIDFILES = (Path("/var/run/docker.pid"), Path("/run/docker.pid"), Path("/var/run/nodekit-dockerd.pid"))
 NVIDIA_SMI_S = 20.0
 """nvidia-smi answers in well under a second; a driver that does not in this long has hung."""
 TOOL_S = 3.0
@@ -102,8 +102,8 @@ def daemon_hard_limit(label: str, which: int, root: Path = Path("/")) -> int | N
     Read from the daemon's /proc/<pid>/limits when its pidfile is readable, else this process's own limit,
     which a daemon started from the same session inherits.
     """
-    for pidfile in DOCKER_PIDFILES:
-        path = root / str(pidfile).lstrip("/")
+    for pidfile in contract.DOCKER_PIDFILES:
+        path = root / pidfile.lstrip("/")
         try:
             pid = path.read_text().strip()
             limits = (root / "proc" / pid / "limits").read_text()

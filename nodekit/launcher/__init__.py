@@ -68,4 +68,7 @@ node stopped its own part of the job: the line before the exit names the node (a
 already failed through gloo/NCCL, where the lost node, or the node whose worker failed first, is the cause); 143
 terminated during preflight, or while waiting for the other nodes after torchrun; anything else is the job's own
 code (torchrun's, in torchrun mode).
+
+The exit codes' names and values, and the other values the host side must agree on, are in ``contract.py``;
+the host side imports them from there.
 """

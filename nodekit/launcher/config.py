@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+
 Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
 MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch")
 # The modes whose workers torchrun starts (in this process after a preflight, under the peer watchdog).
@@ -121,13 +123,7 @@ def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def parse_env(env: Mapping[str, str]) -> LaunchConfig:
-    """Parse the environment nodekit's compose file gives every node; raise :class:`EnvError` on the first problem.
-
-    Required: MASTER_ADDR (an IP address; in a pod, netfacts.resolve has already turned the name into one),
-    MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host resolved ``auto``). Everything else has a
-    default, listed in the package docstring.
-    """
+def _master_addr(env: Mapping[str, str]) -> str:
     addr = env.get("MASTER_ADDR", "").strip()
     if not addr:
         raise EnvError("MASTER_ADDR is not set (nodekit's compose file sets it; run `nodekit compose` again)")
@@ -142,19 +138,11 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         # The host resolves names once so every node agrees on main; a name resolved inside each container can
         # differ per node (the 127.0.1.1 /etc/hosts trap) and then the rendezvous hangs.
         raise EnvError(f"MASTER_ADDR={addr!r} is not an IP address (nodekit passes main's IP, not a name)") from None
-    master_port = _int(env, "MASTER_PORT", lo=1, hi=65535)
-    nnodes = _int(env, "NNODES", lo=1)
-    node_rank = _int(env, "NODE_RANK", lo=0)
-    if node_rank >= nnodes:
-        raise EnvError(f"NODE_RANK={node_rank} is outside 0..{nnodes - 1} (NNODES={nnodes})")
-    nproc = env.get("NPROC_PER_NODE", "").strip()
-    if nproc == "auto":
-        raise EnvError("NPROC_PER_NODE='auto' must be resolved to an integer on the host (nodekit compose does it)")
-    nproc_per_node = _int(env, "NPROC_PER_NODE", lo=1)
-    world_size = _int(env, "WORLD_SIZE", lo=1) if env.get("WORLD_SIZE", "").strip() else None
-    mode = env.get("NODEKIT_LAUNCHER", "torchrun").strip() or "torchrun"
-    if mode not in MODES:
-        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is not one of {', '.join(MODES)}")
+    return addr
+
+
+def _timeouts(env: Mapping[str, str]) -> tuple[float, float]:
+    """NODEKIT_RDZV_TIMEOUT and NODEKIT_PEER_TIMEOUT, in seconds."""
     timeout_raw = env.get("NODEKIT_RDZV_TIMEOUT", "").strip() or "180"
     try:
         rdzv_timeout = float(timeout_raw)
@@ -174,11 +162,43 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         raise EnvError(
             f"NODEKIT_PEER_TIMEOUT={peer_raw} must be 0 (no peer watchdog) or at least {MIN_PEER_TIMEOUT:g} seconds"
         )
-    default_preflight_port = master_port + 1 if master_port < 65535 else None
+    return rdzv_timeout, peer_timeout
+
+
+def _preflight_port(env: Mapping[str, str], master_port: int) -> int:
+    """NODEKIT_PREFLIGHT_PORT, by default the port after MASTER_PORT (see contract.PREFLIGHT_PORT_OFFSET)."""
+    preflight_default = master_port + PREFLIGHT_PORT_OFFSET
+    default_preflight_port = preflight_default if preflight_default <= 65535 else None
     preflight_port = _int(env, "NODEKIT_PREFLIGHT_PORT", default=default_preflight_port, lo=1, hi=65535)
     if preflight_port == master_port:
         # torchrun's own store listens on MASTER_PORT; sharing it would let a late torchrun client talk to ours.
         raise EnvError(f"NODEKIT_PREFLIGHT_PORT={preflight_port} must differ from MASTER_PORT")
+    return preflight_port
+
+
+def parse_env(env: Mapping[str, str]) -> LaunchConfig:
+    """Parse the environment nodekit's compose file gives every node; raise :class:`EnvError` on the first problem.
+
+    Required: MASTER_ADDR (an IP address; in a pod, netfacts.resolve has already turned the name into one),
+    MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (an integer; the host resolved ``auto``). Everything else has a
+    default, listed in the package docstring.
+    """
+    addr = _master_addr(env)
+    master_port = _int(env, "MASTER_PORT", lo=1, hi=65535)
+    nnodes = _int(env, "NNODES", lo=1)
+    node_rank = _int(env, "NODE_RANK", lo=0)
+    if node_rank >= nnodes:
+        raise EnvError(f"NODE_RANK={node_rank} is outside 0..{nnodes - 1} (NNODES={nnodes})")
+    nproc = env.get("NPROC_PER_NODE", "").strip()
+    if nproc == "auto":
+        raise EnvError("NPROC_PER_NODE='auto' must be resolved to an integer on the host (nodekit compose does it)")
+    nproc_per_node = _int(env, "NPROC_PER_NODE", lo=1)
+    world_size = _int(env, "WORLD_SIZE", lo=1) if env.get("WORLD_SIZE", "").strip() else None
+    mode = env.get("NODEKIT_LAUNCHER", "torchrun").strip() or "torchrun"
+    if mode not in MODES:
+        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is not one of {', '.join(MODES)}")
+    rdzv_timeout, peer_timeout = _timeouts(env)
+    preflight_port = _preflight_port(env, master_port)
     iface = env.get("GLOO_SOCKET_IFNAME", "").strip() or env.get("NCCL_SOCKET_IFNAME", "").strip() or None
     return LaunchConfig(
         master_addr=addr,

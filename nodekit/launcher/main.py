@@ -18,6 +18,12 @@ from typing import Any
 
 from nodekit.launcher import netfacts
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
+from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
+from nodekit.launcher.contract import EXIT_OK as EXIT_OK
+from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
+from nodekit.launcher.contract import EXIT_RENDEZVOUS as EXIT_RENDEZVOUS
+from nodekit.launcher.contract import EXIT_STACK_MISMATCH as EXIT_STACK_MISMATCH
+from nodekit.launcher.contract import EXIT_TERMINATED as EXIT_TERMINATED
 from nodekit.launcher.facts import gather
 from nodekit.launcher.failure import worker_failure
 from nodekit.launcher.plan import (
@@ -44,14 +50,7 @@ from nodekit.launcher.preflight import (
     wait_reachable,
 )
 from nodekit.launcher.verdict import Verdict, render
-from nodekit.launcher.watchdog import EXIT_PEER_LOST as EXIT_PEER_LOST  # 19, listed with the others
 from nodekit.launcher.watchdog import Watchdog, node_names
-
-EXIT_OK = 0
-EXIT_BAD_ENV = 2
-EXIT_STACK_MISMATCH = 17
-EXIT_RENDEZVOUS = 18
-EXIT_TERMINATED = 143
 
 
 def _err(line: str) -> None:
@@ -282,6 +281,28 @@ def _serve_verdict(store: Any, cfg: LaunchConfig, verdict: Verdict, clock: Clock
         pass  # the store failed under us: nothing more to serve
 
 
+def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str]) -> int | None:
+    """After a passed preflight: the checked mounts compared across nodes (an exit code when they differ), and
+    WORLD_SIZE set (in ``env`` and this process's environment) when some node's count was 'auto'."""
+    if cfg.data_check:
+        from nodekit.launcher import samedata
+
+        same, report = samedata.run(passed.store, cfg.node_rank, cfg.nnodes, cfg.data_check, timeout_s=cfg.rdzv_timeout)
+        if not same:
+            sys.stdout.flush()
+            print(report, file=sys.stderr, flush=True)
+            _err("the checked mounts differ between nodes; not starting training")
+            return EXIT_STACK_MISMATCH
+        print(report, flush=True)
+    if cfg.world_size is None:
+        # Some node's count was 'auto': now every node has reported it, the world is known.
+        world = sum(f.nproc_per_node for f in passed.verdict.facts)
+        counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
+        print(f"nodekit: world {world} ({counts} processes)", flush=True)
+        env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
+    return None
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Parse, check, preflight, then exec (never returns on success); returns an exit code otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -318,22 +339,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return EXIT_TERMINATED
         if code != EXIT_OK:
             return code
-    if passed is not None and cfg.data_check:
-        from nodekit.launcher import samedata
-
-        same, report = samedata.run(passed.store, cfg.node_rank, cfg.nnodes, cfg.data_check, timeout_s=cfg.rdzv_timeout)
-        if not same:
-            sys.stdout.flush()
-            print(report, file=sys.stderr, flush=True)
-            _err("the checked mounts differ between nodes; not starting training")
-            return EXIT_STACK_MISMATCH
-        print(report, flush=True)
-    if passed is not None and cfg.world_size is None:
-        # Some node's count was 'auto': now every node has reported it, the world is known.
-        world = sum(f.nproc_per_node for f in passed.verdict.facts)
-        counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
-        print(f"nodekit: world {world} ({counts} processes)", flush=True)
-        env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
+    if passed is not None and (stop := _after_preflight(cfg, passed, env)) is not None:
+        return stop
     if cfg.mode == "env" and cfg.max_restarts > 0:
         print(
             f"nodekit: note: max_restarts = {cfg.max_restarts} does nothing with launcher = env (no torchrun restarts "

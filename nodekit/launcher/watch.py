@@ -14,10 +14,9 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nodekit.launcher.contract import EXIT_OK as EXIT_OK
+from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from nodekit.launcher.failure import WorkerFailure, failed_line, first_failed, node_failed, who
-
-EXIT_OK = 0
-EXIT_PEER_LOST = 19
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,34 @@
-"""Pure: the image build plan, its stack fingerprint, tag and labels, and Docker's ``.dockerignore`` rules.
+"""Pure: the image build plan, its labels and build arguments.
 
 Nothing here touches Docker, the file system or the process environment. Callers gather the facts (the base
 image id, the lock text, the Dockerfile text, file trees as :class:`TreeEntry` tuples) and pass them in, so the
 same inputs give the same fingerprint on any machine, and tests compare plans to expected values.
+
+Its parts, each pure as well: :mod:`~nodekit.render.dockerignore` (Docker's ``.dockerignore`` rules),
+:mod:`~nodekit.render.fingerprint` (the stack fingerprint and tag), :mod:`~nodekit.render.locklayers` (the lock's
+three package layers). Their names are re-exported here, where callers import them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import posixpath
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 
-from nodekit.errors import ConfigError
-
-# Bump when the encoding below changes: old and new fingerprints must never collide.
-FINGERPRINT_SCHEME = "nodekit-stack-v2"
-TAG_LENGTH = 12
+from nodekit.render.dockerignore import DEFAULT_EXCLUDES, IgnoreRules, ignore_rules, parse_dockerignore
+from nodekit.render.fingerprint import (
+    FINGERPRINT_SCHEME,
+    TAG_LENGTH,
+    StackInputs,
+    TreeEntry,
+    fingerprint,
+    image_tag,
+    normal_mode,
+    sha256_text,
+)
+from nodekit.render.locklayers import CUDA_LIBS_PACKAGE, FRAMEWORK_PACKAGE, LockLayers, split_lock
 
 LABEL_NAME = "org.nodekit.name"
 LABEL_FINGERPRINT = "org.nodekit.fingerprint"
@@ -47,30 +53,9 @@ FRAMEWORK_LOCK = "framework.lock"  # in STAGE_FRAMEWORK: the lock's framework li
 CUDA_LIBS_LOCK = "cudalibs.lock"  # in STAGE_CUDA_LIBS: the lock's CUDA library lines (the layer below it)
 PACKAGES_LOCK = "packages.lock"  # in STAGE_WHEELS: the other lines (the packages layer above it)
 STAGE_DOCKERFILE = "Dockerfile"
-
-# The lock's pins go to three layers, by what changes least, lowest first (each installed from its own build
-# context, so BuildKit's cache key for a layer depends on its wheels alone):
-#
-# - the CUDA libraries layer: the nvidia-* and cuda-* wheels PyPI's CUDA torch depends on (cuBLAS, cuDNN, NCCL,
-#   ...: about 2.2 GB of its 2.9 GB of wheels, 4 GB installed), and setuptools. They move with the CUDA version,
-#   not with every torch release: torch 2.14.0 -> 2.14.1 pins the same 16 nvidia-*/cuda-* wheels, byte for byte
-#   (docs/benchmarks.md, "The CUDA image"), so a torch upgrade rebuilds and ships the layer above only. setuptools
-#   is here because ensurepip puts its own copy into the environment in this step: replacing it in the same step
-#   keeps the old copy out of the image (a later layer would only hide it under a whiteout).
-# - the framework layer: torch and its companions, released together with it (torchvision, torchaudio, triton).
-# - the packages layer: everything else the lock pins; adding or upgrading a package rebuilds and ships that layer
-#   (and the small ones above it) alone.
-CUDA_LIBS_PACKAGE = re.compile(r"^(nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+|setuptools)==")
-FRAMEWORK_PACKAGE = re.compile(r"^(torch|torchvision|torchaudio|triton|pytorch-triton(-[a-z0-9]+)*)==")
-
 # Every timestamp the image carries (config, history, file mtimes) is this instant, 2025-01-01T00:00:00Z, so two
 # builds of the same inputs give the same image id. `docker images` therefore shows the same "created" for all.
 SOURCE_DATE_EPOCH = 1735689600
-
-# Always left out of the user's code tree, before the user's own .dockerignore (whose `!` lines can override).
-# .nodekit holds the staging area and the wheelhouse; .dockerignore is filtering input, not code; the lock is
-# deliberately NOT excluded: the image carries the lock it was built from.
-DEFAULT_EXCLUDES: tuple[str, ...] = (".git", ".nodekit", ".dockerignore", "**/__pycache__", "**/*.pyc")
 
 # Arguments the Dockerfile declares after the last filesystem step: metadata only, so they never invalidate a
 # layer, and they are not fingerprint inputs (they are derived from the inputs, the fingerprint among them).
@@ -86,218 +71,6 @@ METADATA_ARGS = (
 )
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-# --- .dockerignore ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Pattern:
-    text: str
-    exclusion: bool  # True for `!pattern`: re-includes what earlier patterns excluded
-    regex: re.Pattern[str]
-    prefix: str  # the literal part before the first wildcard, for deciding whether to walk into a directory
-
-
-def _compile(pattern: str) -> re.Pattern[str]:
-    """moby/patternmatcher's translation: `**` spans directories (also none), `*` and `?` stay in one."""
-    out = ["^"]
-    i, n = 0, len(pattern)
-    in_class = False
-    while i < n:
-        ch = pattern[i]
-        if in_class and ch not in "]\\":
-            out.append(ch)  # inside [...] ranges and negation pass through, as in Go's regexp
-        elif ch == "*":
-            if i + 1 < n and pattern[i + 1] == "*":
-                i += 2
-                if i < n and pattern[i] == "/":
-                    i += 1
-                out.append(".*" if i >= n else "(.*/)?")
-                continue
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "\\":
-            if i + 1 < n:
-                i += 1
-                out.append(re.escape(pattern[i]))
-            else:
-                out.append(r"\\")
-        elif ch in "[]":
-            in_class = ch == "["
-            out.append(ch)
-        else:
-            out.append(re.escape(ch))
-        i += 1
-    out.append("$")
-    return re.compile("".join(out), re.DOTALL)
-
-
-def _literal_prefix(pattern: str) -> str:
-    m = re.search(r"[*?\[\\]", pattern)
-    return pattern if m is None else pattern[: m.start()]
-
-
-def parse_dockerignore(text: str) -> list[str]:
-    """The patterns of a ``.dockerignore`` file, normalized the way Docker does.
-
-    A line whose first character is ``#`` is a comment; surrounding whitespace is trimmed; a leading ``!``
-    marks an exception; each pattern is cleaned like Go's ``filepath.Clean`` and a leading ``/`` dropped
-    (patterns are always relative to the context root, unlike ``.gitignore``).
-    """
-    patterns: list[str] = []
-    for number, raw in enumerate(text.splitlines()):
-        line = raw.removeprefix("\ufeff") if number == 0 else raw
-        if line.startswith("#"):
-            continue
-        line = line.strip()
-        if not line:
-            continue
-        invert = line.startswith("!")
-        if invert:
-            line = line[1:].strip()
-        if line:
-            line = posixpath.normpath(line)
-            if len(line) > 1 and line.startswith("/"):
-                line = line.lstrip("/") or "/"
-        patterns.append(("!" if invert else "") + line)
-    return patterns
-
-
-class IgnoreRules:
-    """Docker's matching: a path is excluded when the last pattern matching it or one of its parents excludes.
-
-    Patterns apply in order; ``!`` patterns re-include. Matching a directory excludes all below it unless a
-    later exception matches something inside.
-    """
-
-    def __init__(self, patterns: Iterable[str]) -> None:
-        compiled: list[_Pattern] = []
-        for p in patterns:
-            exclusion = p.startswith("!")
-            body = p[1:] if exclusion else p
-            if not body or body == ".":
-                continue
-            try:
-                regex = _compile(body)
-            except re.error as e:
-                raise ConfigError(
-                    f".dockerignore pattern {p!r} is invalid ({e})", fix="fix it in .dockerignore"
-                ) from None
-            compiled.append(_Pattern(p, exclusion, regex, _literal_prefix(body)))
-        self._patterns = tuple(compiled)
-        self._exceptions = tuple(p for p in compiled if p.exclusion)
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        return tuple(p.text for p in self._patterns)
-
-    def excluded(self, path: str) -> bool:
-        """Whether ``path`` (relative, ``/``-separated) is left out of the context."""
-        parts = path.split("/")
-        candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
-        matched = False
-        for pattern in self._patterns:
-            # As in patternmatcher: an exclusion only matters once something matched, and vice versa.
-            if pattern.exclusion != matched:
-                continue
-            if any(pattern.regex.match(c) for c in candidates):
-                matched = not pattern.exclusion
-        return matched
-
-    def may_include_below(self, directory: str) -> bool:
-        """Whether some exception could re-include a path under the excluded ``directory`` (walk into it)."""
-        below = directory + "/"
-        for p in self._exceptions:
-            prefix = p.prefix
-            if prefix.startswith(below) or below.startswith(prefix) or p.text[1:].startswith("**"):
-                return True
-        return False
-
-
-def ignore_rules(dockerignore: str | None, *, extra_excludes: Sequence[str] = ()) -> IgnoreRules:
-    """nodekit's defaults, then ``extra_excludes`` (generated compose files, outputs), then the user's file."""
-    user = parse_dockerignore(dockerignore) if dockerignore is not None else []
-    return IgnoreRules([*DEFAULT_EXCLUDES, *extra_excludes, *user])
-
-
-# --- file trees and the fingerprint -------------------------------------------------------------------------
-
-
-class TreeEntry(BaseModel):
-    """One path of a tree shipped into the image.
-
-    ``mode`` is normalized (0644/0755 files, 0755 directories, 0777 links) so a different umask on another
-    machine gives the same fingerprint and the same image; ``digest`` is the sha256 of a file's content or of a
-    link's target. ``size`` is informational and not part of the fingerprint (the digest covers it).
-    """
-
-    model_config = _FROZEN
-
-    path: str
-    kind: Literal["file", "link", "dir"]
-    mode: int
-    digest: str = ""
-    size: int = 0
-
-
-def normal_mode(kind: Literal["file", "link", "dir"], st_mode: int) -> int:
-    """The mode shipped for a path: only the executable bit of a file survives, as in git."""
-    if kind == "dir":
-        return 0o755
-    if kind == "link":
-        return 0o777
-    return 0o755 if st_mode & 0o111 else 0o644
-
-
-class StackInputs(BaseModel):
-    """Everything that defines the stack. Equal inputs give equal fingerprints; nothing else enters."""
-
-    model_config = _FROZEN
-
-    base_id: str
-    lock_text: str
-    dockerfile_text: str
-    build_args: tuple[tuple[str, str], ...]
-    launcher: tuple[TreeEntry, ...]
-    code: tuple[TreeEntry, ...]
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _tree(entries: Iterable[TreeEntry]) -> list[list[object]]:
-    return [[e.path, e.kind, f"{e.mode:o}", e.digest] for e in sorted(entries, key=lambda e: e.path)]
-
-
-def fingerprint(inputs: StackInputs) -> str:
-    """The full stack fingerprint: sha256 (hex) of a canonical JSON encoding of ``inputs``.
-
-    Trees are sorted by path and build arguments by name, so neither walk order nor argument order matters;
-    mtimes, owners and sizes are not inputs.
-    """
-    doc = {
-        "scheme": FINGERPRINT_SCHEME,
-        "base_id": inputs.base_id,
-        "lock": _sha256(inputs.lock_text),
-        # Which pins the lower layers hold (split_lock's rule is code, not an input file): a change of the rule
-        # changes the layers, so it changes the fingerprint.
-        "framework": _sha256(split_lock(inputs.lock_text).framework),
-        "cuda_libs": _sha256(split_lock(inputs.lock_text).cuda_libs),
-        "dockerfile": _sha256(inputs.dockerfile_text),
-        "build_args": sorted([k, v] for k, v in inputs.build_args),
-        "launcher": _tree(inputs.launcher),
-        "code": _tree(inputs.code),
-    }
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def image_tag(name: str, fp: str) -> str:
-    """``nodekit/<name>:<first 12 hex digits of the fingerprint>``."""
-    return f"nodekit/{name}:{fp[:TAG_LENGTH]}"
-
 
 # --- the build plan -----------------------------------------------------------------------------------------
 
@@ -348,40 +121,6 @@ class BuildPlan(BaseModel):
             rows.append(("cache", "disabled (--no-cache)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
-
-
-class LockLayers(NamedTuple):
-    """The lock's requirement lines split between the image's three package layers (see CUDA_LIBS_PACKAGE), each a
-    valid ``--require-hashes`` requirement file on its own."""
-
-    cuda_libs: str
-    framework: str
-    packages: str
-
-
-def split_lock(lock_text: str) -> LockLayers:
-    """Pure: the lock split between the CUDA libraries, framework and packages layers.
-
-    The two lower files carry only the ``# python:`` and ``# platform:`` lines of the lock's header: the header's
-    ``# input:`` lines (the project's requirements) change whenever a package is added, and a lower layer's file
-    must not, or BuildKit would rebuild that layer (minutes, for CUDA) when only the packages layer changed. The
-    packages file keeps the whole header.
-    """
-    header = [ln for ln in lock_text.splitlines() if not ln or ln.startswith("#")]
-    lines = [ln for ln in lock_text.splitlines() if ln and not ln.startswith("#")]
-    target = [ln for ln in header if ln.startswith(("# python:", "# platform:"))]
-    cuda = [ln for ln in lines if CUDA_LIBS_PACKAGE.match(ln)]
-    framework = [ln for ln in lines if FRAMEWORK_PACKAGE.match(ln)]
-    packages = [ln for ln in lines if not CUDA_LIBS_PACKAGE.match(ln) and not FRAMEWORK_PACKAGE.match(ln)]
-
-    def text(head: list[str], body: list[str]) -> str:
-        return "\n".join(head).rstrip("\n") + "\n" + "".join(f"{ln}\n" for ln in body)
-
-    return LockLayers(
-        cuda_libs=text(["# nodekit: the CUDA libraries layer's pins, from nodekit.lock", *target], cuda),
-        framework=text(["# nodekit: the framework layer's pins, from nodekit.lock", *target], framework),
-        packages=text(header, packages),
-    )
 
 
 def input_build_args(base_image: str, base_python: str = "python3", base_site: Sequence[str] = ()) -> dict[str, str]:
@@ -456,7 +195,7 @@ def plan_build(
         code=tuple(code),
     )
     fp = fingerprint(inputs)
-    lock_sha = _sha256(lock_text)
+    lock_sha = sha256_text(lock_text)
     labels = image_labels(
         name=name,
         fp=fp,
@@ -492,3 +231,26 @@ def plan_build(
         launcher_files=sum(1 for e in launcher if e.kind == "file"),
         no_cache=no_cache,
     )
+
+
+__all__ = [
+    "CUDA_LIBS_PACKAGE",
+    "DEFAULT_EXCLUDES",
+    "FINGERPRINT_SCHEME",
+    "FRAMEWORK_PACKAGE",
+    "TAG_LENGTH",
+    "BuildPlan",
+    "IgnoreRules",
+    "LockLayers",
+    "StackInputs",
+    "TreeEntry",
+    "fingerprint",
+    "ignore_rules",
+    "image_labels",
+    "image_tag",
+    "input_build_args",
+    "normal_mode",
+    "parse_dockerignore",
+    "plan_build",
+    "split_lock",
+]

@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from nodekit import __version__
+from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_PEER_LOST, EXIT_STACK_MISMATCH
 from nodekit.launcher.netfacts import RESOLVE_VAR
 from nodekit.secret import ENV_VAR as SECRET_VAR
 
@@ -30,7 +31,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # mismatch; and 19 (another node was lost or failed): Kubernetes would replace only that pod, which would rejoin
 # the rendezvous still held by pod 0 (main keeps its store up to peer_timeout + 45 s), be refused as a rank claimed
 # twice (17) and hide the real cause. The pod that failed first is the one to read (its own code counts).
-FAIL_JOB_EXIT_CODES = (2, 17, 19)
+FAIL_JOB_EXIT_CODES = (EXIT_BAD_ENV, EXIT_STACK_MISMATCH, EXIT_PEER_LOST)
 TERMINATION_GRACE_S = 30  # as compose's stop_grace_period: torchrun forwards SIGTERM, workers checkpoint
 
 

@@ -22,11 +22,11 @@ The script is self-contained (``sbatch`` it by hand and it does what ``nodekit s
 from __future__ import annotations
 
 from nodekit import __version__
+from nodekit.launcher.contract import EXIT_PEER_LOST
 from nodekit.slurm.job import SlurmJob
 from nodekit.slurm.modes import JOB_LABEL, container_name, pyxis_options, rank_block
 from nodekit.slurm.shell import quote, word
 
-EXIT_PEER_LOST = 19  # nodekit/launcher/__init__.py
 # docker stop's grace in the task's trap: below Slurm's default KillWait (30 s), after which Slurm SIGKILLs the task
 # (and the trap with it).
 STOP_GRACE_S = 15

@@ -1,7 +1,8 @@
 """Which image `nodekit up` runs when none is named: the project's fingerprint decides, a stale build is refused,
 and without a fingerprint several candidates are refused rather than picked by (identical) creation time.
 
-The engine's answers are stand-ins here (a dict of images); the decision is build.choose's."""
+The engine's answers are stand-ins here (a dict of images); the decision is build.choose's
+(nodekit/build/selection.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodekit import build, docker
+from nodekit.build import selection
 from nodekit.errors import ImageError
 from nodekit.render.image import LABEL_FINGERPRINT, LABEL_NAME
 from nodekit.settings import Settings
@@ -42,8 +44,8 @@ def test_a_stale_build_is_refused_with_the_fix(
     tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
-    monkeypatch.setattr(build, "last_build", lambda s: {"tag": "nodekit/p:" + OLD[:12]})
-    monkeypatch.setattr(build, "project_fingerprint", lambda s: (NEW, ""))
+    monkeypatch.setattr(selection, "last_build", lambda s: {"tag": "nodekit/p:" + OLD[:12]})
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s: (NEW, ""))
     with pytest.raises(ImageError) as info:
         build.choose(settings(tmp_path))
     assert "no longer matches the project" in info.value.message and NEW[:12] in info.value.message
@@ -55,9 +57,9 @@ def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(
 ) -> None:
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
     engine["nodekit/p:" + NEW[:12]] = image(NEW)
-    monkeypatch.setattr(build, "project_fingerprint", lambda s: (NEW, ""))
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s: (NEW, ""))
     for record in (None, {"tag": "nodekit/p:" + OLD[:12]}):
-        monkeypatch.setattr(build, "last_build", lambda s, r=record: r)
+        monkeypatch.setattr(selection, "last_build", lambda s, r=record: r)
         ref, why, _ = build.choose(settings(tmp_path))
         assert ref == "nodekit/p:" + NEW[:12] and "fingerprint" in why
 
@@ -65,8 +67,9 @@ def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(
 def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses_to_guess_among_several(
     tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(build, "last_build", lambda s: None)
-    monkeypatch.setattr(build, "project_fingerprint", lambda s: (None, "base image nodekit/base:bookworm is not here"))
+    monkeypatch.setattr(selection, "last_build", lambda s: None)
+    unknown = (None, "base image nodekit/base:bookworm is not here")
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s: unknown)
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
     ref, why, _ = build.choose(settings(tmp_path))
     assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and "base image" in why
@@ -133,7 +136,7 @@ def test_a_node_without_its_unknown_base_falls_back_to_its_only_image(
     not have: the project's fingerprint cannot be known (no probe, no default), which is a reason, not an error."""
     shutil.copy(Path(__file__).resolve().parents[2] / "examples" / "ddp" / "nodekit.lock", tmp_path / "nodekit.lock")
     s = Settings(project_dir=tmp_path, name="p", script="train.py", base_image="example.org/custom:1")
-    monkeypatch.setattr(build, "last_build", lambda s: None)
+    monkeypatch.setattr(selection, "last_build", lambda s: None)
     fp, why = build.project_fingerprint(s)
     assert fp is None and "cannot tell the Python and wheel platform of base image example.org/custom:1" in why
     engine["nodekit/p:" + OLD[:12]] = image(OLD)

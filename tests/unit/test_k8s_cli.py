@@ -33,7 +33,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def built(project: Path) -> None:
-    """The record `nodekit build` leaves (nodekit/build.py), without an engine."""
+    """The record `nodekit build` leaves (nodekit/build/record.py), without an engine."""
     (project / LAST_BUILD).parent.mkdir(parents=True, exist_ok=True)
     (project / LAST_BUILD).write_text(json.dumps({"tag": BUILT, "fingerprint": FP, "image_id": "sha256:x"}))
 
