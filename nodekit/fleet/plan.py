@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Literal
 
 from nodekit.fleet.hosts import FleetHost, main_address
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.render.compose import compose_filename
 from nodekit.settings import Settings
 from nodekit.ship.grouping import groups, relay_candidates
 from nodekit.ship.plan import Codec, Step, Target, choose_codec
 from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, split_chains
-from nodekit.spec import PREFLIGHT_PORT_OFFSET, launch_spec
+from nodekit.spec import launch_spec
 
 WHEN_RUN = "decided when run"
 
