@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,6 +20,14 @@ class Bad(ValueError):
         super().__init__(message)
         self.fix = fix
         self.key = key
+
+
+def checked(v: str | None, problem_of: Callable[[str], str | None], fix: str) -> str | None:
+    """``v`` when it is None or ``problem_of`` finds nothing wrong with it; else :class:`Bad` with ``fix``."""
+    problem = None if v is None else problem_of(v)
+    if problem is not None:
+        raise Bad(problem, fix=fix)
+    return v
 
 
 def _nproc(v: Any) -> Any:
@@ -89,18 +98,14 @@ class NodeOverride(BaseModel):
     @field_validator("iface")
     @classmethod
     def _iface(cls, v: str | None) -> str | None:
-        problem = None if v is None else iface_problem(v)
-        if problem is not None:
-            raise Bad(problem, fix="use a name `ip -br link` shows on that node (eth0, ens5, ib0), or remove iface")
-        return v
+        return checked(
+            v, iface_problem, "use a name `ip -br link` shows on that node (eth0, ens5, ib0), or remove iface"
+        )
 
     @field_validator("addr")
     @classmethod
     def _addr(cls, v: str | None) -> str | None:
-        problem = None if v is None else ip_problem(v)
-        if problem is not None:
-            raise Bad(problem, fix="write that node's IP address (10.0.0.6), or remove addr: nodekit detects it")
-        return v
+        return checked(v, ip_problem, "write that node's IP address (10.0.0.6), or remove addr: nodekit detects it")
 
     @field_validator("mounts")
     @classmethod

@@ -19,7 +19,7 @@ from nodekit import config_file, inputs
 from nodekit.config_file import CONFIG_FILE, config_path
 from nodekit.errors import ConfigError
 from nodekit.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
-from nodekit.sections import Bad, K8sSettings, Mount, NodeOverride, NProc, SlurmSettings
+from nodekit.sections import Bad, K8sSettings, Mount, NodeOverride, NProc, SlurmSettings, checked
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -154,26 +154,21 @@ class Settings(BaseSettings):
     @field_validator("script")
     @classmethod
     def _script(cls, v: str | None) -> str | None:
-        problem = None if v is None else inputs.script_problem(v) or inputs.text_problem(v)
-        if problem is not None:
-            raise Bad(f"{problem}", fix='script = "train.py", a path inside the project directory')
-        return v
+        return checked(
+            v,
+            lambda s: inputs.script_problem(s) or inputs.text_problem(s),
+            'script = "train.py", a path inside the project directory',
+        )
 
     @field_validator("module")
     @classmethod
     def _module(cls, v: str | None) -> str | None:
-        problem = None if v is None else inputs.module_problem(v)
-        if problem is not None:
-            raise Bad(problem, fix='module = "pkg.train"')
-        return v
+        return checked(v, inputs.module_problem, 'module = "pkg.train"')
 
     @field_validator("main")
     @classmethod
     def _main(cls, v: str | None) -> str | None:
-        problem = None if v is None else inputs.hostname_problem(v)
-        if problem is not None:
-            raise Bad(problem, fix='main = "10.0.0.5", main\'s address as the other nodes reach it')
-        return v
+        return checked(v, inputs.hostname_problem, 'main = "10.0.0.5", main\'s address as the other nodes reach it')
 
     @model_validator(mode="after")
     def _node_ranks(self) -> Settings:

@@ -94,14 +94,20 @@ def _iface_row(f: DoctorFacts) -> CheckRow:
     note = f" ([nodes.{f.rank}] iface; detected {f.route.iface})" if chosen != f.route.iface else ""
     detail = f"{chosen}{note} from {f.route.src or '?'}, MTU {f.mtu or '?'}"
     peer_mtu = next((p.peer.get("mtu") for p in f.probes if p.peer.get("mtu")), None)
+    warning = None
     if peer_mtu and f.mtu and chosen != "lo" and str(f.mtu) != peer_mtu:
-        return CheckRow(
-            "interface to main",
-            Status.WARN,
+        warning = (
             f"{detail}, but main's MTU is {peer_mtu}: large NCCL packets fragment or vanish",
             f"sudo ip link set dev {chosen} mtu {peer_mtu}  (or lower main's; every node must agree)",
         )
-    return CheckRow("interface to main", Status.PASS, f"{detail}; GLOO/NCCL_SOCKET_IFNAME={chosen}")
+    return _warn_or_pass("interface to main", warning, f"{detail}; GLOO/NCCL_SOCKET_IFNAME={chosen}")
+
+
+def _warn_or_pass(check: str, warning: tuple[str, str] | None, passed: str) -> CheckRow:
+    """``check``'s WARN row (detail, fix) when there is a warning, else its PASS row saying ``passed``."""
+    if warning is None:
+        return CheckRow(check, Status.PASS, passed)
+    return CheckRow(check, Status.WARN, *warning)
 
 
 def _hostname_row(f: DoctorFacts) -> CheckRow:
@@ -173,9 +179,9 @@ def _clock_row(f: DoctorFacts) -> CheckRow:
     best = min(got, key=lambda p: p.offset_error_s or 0.0)
     off, err = best.clock_offset_s or 0.0, best.offset_error_s or 0.0
     detail = f"main is {off:+.3f} s from this node (+- {err:.3f} s)"
-    if abs(off) - err > CLOCK_TOLERANCE_S:
-        return CheckRow("clock", Status.WARN, f"{detail}: logs and timeouts disagree", "sudo timedatectl set-ntp true")
-    return CheckRow("clock", Status.PASS, detail)
+    skewed = abs(off) - err > CLOCK_TOLERANCE_S
+    warning = (f"{detail}: logs and timeouts disagree", "sudo timedatectl set-ntp true") if skewed else None
+    return _warn_or_pass("clock", warning, detail)
 
 
 def port_range_row(f: DoctorFacts) -> CheckRow:
@@ -186,15 +192,14 @@ def port_range_row(f: DoctorFacts) -> CheckRow:
     reserved = net.ports_in_spec(f.reserved or "")
     clash = [p for p in f.ports if lo <= p <= hi and p not in reserved]
     base = f"ephemeral ports {lo}-{hi} (NCCL's and gloo's data sockets)"
+    a, b = f.ports
+    warning = None
     if clash:
-        a, b = f.ports
-        return CheckRow(
-            "port range",
-            Status.WARN,
+        warning = (
             f"{base} include {', '.join(map(str, clash))}: an outgoing connection can take it before the rendezvous",
             f"sudo sysctl -w net.ipv4.ip_local_reserved_ports={a}-{b}",
         )
-    return CheckRow("port range", Status.PASS, f"{base}; {f.ports[0]}-{f.ports[1]} outside")
+    return _warn_or_pass("port range", warning, f"{base}; {a}-{b} outside")
 
 
 def _open_ports_fix(f: DoctorFacts) -> str:

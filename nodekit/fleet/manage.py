@@ -1,6 +1,6 @@
 """The fleet from the head, between runs: ``status``, ``logs`` and ``down`` of every node (or one), each host asked
 in parallel through its own engine. A host that cannot be asked is never passed over in silence: ``status`` shows
-it as a row, ``logs`` and ``down`` return it as a :class:`HostFailure` (one line naming it and the fix; the CLI
+it as a row, ``logs`` and ``down`` return it as a remote :class:`Problem` (one line naming it and the fix; the CLI
 exits non-zero), because a host whose ``down`` failed may still run its container."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from nodekit import docker
 from nodekit.errors import NodekitError, UsageError
 from nodekit.fleet.alive import alive_interval, kept_alive
 from nodekit.fleet.hosts import FleetHost
-from nodekit.fleet.remote import MAX_PARALLEL
+from nodekit.fleet.remote import MAX_PARALLEL, Problem
 from nodekit.render.compose import project_name
 from nodekit.settings import Settings
 
@@ -39,16 +39,9 @@ class Row:
         }  # fmt: skip
 
 
-@dataclass(frozen=True)
-class HostFailure:
+def _failure(host: FleetHost, e: NodekitError, fix: str) -> Problem:
     """A host the command could not act on: which node, what Docker (or ssh) said, and the fix."""
-
-    host: FleetHost
-    message: str
-    fix: str
-
-    def line(self) -> str:
-        return f"{self.host.name}: {self.message.rstrip('.')}. Fix: {self.fix}"
+    return Problem(host, e.message.rstrip("."), fix)
 
 
 def parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
@@ -92,11 +85,11 @@ def status(settings: Settings, hosts: Sequence[FleetHost], node: int | None = No
 
 def logs(
     settings: Settings, hosts: Sequence[FleetHost], on_line: LineFn, *, node: int | None, follow: bool, tail: str | None
-) -> list[HostFailure]:
+) -> list[Problem]:
     """Every node's output, merged (lines as they come), or one node's; the hosts whose log could not be read."""
     chosen = pick(hosts, node)
     lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
-    failures: dict[int, HostFailure] = {}
+    failures: dict[int, Problem] = {}
 
     def one(h: FleetHost) -> None:
         try:
@@ -104,7 +97,7 @@ def logs(
             for line in docker.compose_logs(None, project, follow=follow, tail=tail, host=h.url):
                 lines.put((h.rank, line))
         except NodekitError as e:
-            failures[h.rank] = HostFailure(h, e.message, _reach_fix(h, e))
+            failures[h.rank] = _failure(h, e, _reach_fix(h, e))
         finally:
             lines.put((h.rank, None))
 
@@ -123,17 +116,17 @@ def logs(
 
 def down(
     settings: Settings, hosts: Sequence[FleetHost], node: int | None = None, timeout: int = 30
-) -> tuple[list[FleetHost], list[HostFailure]]:
+) -> tuple[list[FleetHost], list[Problem]]:
     """Stop and remove the job's container on every host (or one): the hosts done, and those that failed (their
     container may still run)."""
 
-    def one(h: FleetHost) -> HostFailure | None:
+    def one(h: FleetHost) -> Problem | None:
         project = project_name(settings.image_name, h.rank)
         try:
             docker.compose_down(None, project, timeout=timeout, host=h.url)
         except NodekitError as e:
             fix = f"nodekit down --node {h.rank} once {_reach(h)} answers; its container may still run there"
-            return HostFailure(h, e.message, fix)
+            return _failure(h, e, fix)
         return None
 
     chosen = pick(hosts, node)

@@ -11,8 +11,6 @@ pins the older version. A requirement held at its previous lock's pin is only re
 
 from __future__ import annotations
 
-import json
-import sys
 import tempfile
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -84,27 +82,20 @@ def newest_versions(
     """The newest release of each requirement the image can take (a wheel for it, or a source distribution)."""
     if not requirements:
         return {}
-    with tempfile.TemporaryDirectory(prefix="nodekit-newest-") as tmp:
-        d = Path(tmp)
-        (d / "requirements.txt").write_text("\n".join(requirements) + "\n")
-        argv = pipcmd.newest_argv(
-            sys.executable,
-            d / "requirements.txt",
-            d / "report.json",
-            d / "target",
-            python_version=python_version,
-            platform=platform,
-            sources=sources,
-            full_version=full_version,
+
+    def failed(proc: pipcmd.Finished) -> ConfigError:
+        return ConfigError(
+            f"cannot find the newest release of {', '.join(requirements)} for Python {python_version} on "
+            f"{platform}: {pipcmd.redact(pipcmd.pip_error(proc.stderr))}",
+            fix="change packages in nodekit.toml",
         )
-        proc = pipcmd.run(argv, what="pip finding the newest releases", fix=pipcmd.FIX_ACCESS)
-        if proc.returncode != 0:
-            raise ConfigError(
-                f"cannot find the newest release of {', '.join(requirements)} for Python {python_version} on "
-                f"{platform}: {pipcmd.redact(pipcmd.pip_error(proc.stderr))}",
-                fix="change packages in nodekit.toml",
-            )
-        return versions(json.loads((d / "report.json").read_text()))
+
+    with tempfile.TemporaryDirectory(prefix="nodekit-newest-") as tmp:
+        report = pipcmd.dry_run_report(
+            Path(tmp), requirements, pipcmd.newest_argv, what="pip finding the newest releases", failed=failed,
+            python_version=python_version, platform=platform, sources=sources, full_version=full_version,
+        )  # fmt: skip
+    return versions(report)
 
 
 def settle(

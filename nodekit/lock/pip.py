@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from nodekit import proc
 from nodekit.lock.format import target_environment
@@ -218,6 +219,27 @@ def run(argv: Sequence[str], *, what: str, fix: str) -> Finished:
     """Run one pip command with pip's deadline: DeadlineError naming ``what`` when it hangs. The only place the
     lock starts a process."""
     return proc.run(argv, deadline=PIP_TIMEOUT_S, what=what, fix=fix)
+
+
+def dry_run_report(
+    d: Path,
+    requirements: Sequence[str],
+    argv_for: Callable[..., list[str]],
+    *,
+    what: str,
+    failed: Callable[[Finished], Exception],
+    **target: Any,
+) -> dict[str, Any]:
+    """pip's JSON report of a dry-run install of ``requirements``, in the directory ``d``. The command is
+    ``argv_for(python, requirements file, report file, target directory, **target)`` (``newest_argv``, or
+    ``resolve_argv`` with its constraints); ``failed(finished)`` is raised when pip fails."""
+    (d / "requirements.txt").write_text("\n".join(requirements) + "\n")
+    argv = argv_for(sys.executable, d / "requirements.txt", d / "report.json", d / "target", **target)
+    finished = run(argv, what=what, fix=FIX_ACCESS)
+    if finished.returncode != 0:
+        raise failed(finished)
+    report: dict[str, Any] = json.loads((d / "report.json").read_text())
+    return report
 
 
 def sources(settings: Settings) -> list[str]:

@@ -7,10 +7,8 @@ package moves only that package unless the new requirement forces its dependenci
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import sys
 import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -101,7 +99,6 @@ def run_report(
     """pip's installation report for ``requirements`` on the image; ResolveFailed with pip's line when it fails."""
     with tempfile.TemporaryDirectory(prefix="nodekit-lock-") as tmp:
         d = Path(tmp)
-        (d / "requirements.txt").write_text("\n".join(requirements) + "\n")
         cons = None
         base = [f"{n}=={v}" for n, v in sorted((provided or {}).items())]
         if constraints or base:
@@ -116,22 +113,17 @@ def run_report(
             for n, v in provided.items():
                 stub_wheel(stubs, n, v)
             extra += ["--find-links", str(stubs)]
-        argv = pipcmd.resolve_argv(
-            sys.executable,
-            d / "requirements.txt",
-            d / "report.json",
-            d / "target",
-            cons,
-            python_version=python_version,
-            platform=platform,
-            sources=extra,
-            full_version=full_version,
-        )
-        proc = pipcmd.run(argv, what="pip resolving the lock", fix=pipcmd.FIX_ACCESS)
-        if proc.returncode != 0:
-            raise pipcmd.ResolveFailed(proc.stderr, proc.stdout)
-        report: dict[str, Any] = json.loads((d / "report.json").read_text())
-    return report
+
+        def argv(python: str, req: Path, report: Path, target: Path, **kw: Any) -> list[str]:
+            return pipcmd.resolve_argv(python, req, report, target, cons, **kw)
+
+        def failed(proc: pipcmd.Finished) -> pipcmd.ResolveFailed:
+            return pipcmd.ResolveFailed(proc.stderr, proc.stdout)
+
+        return pipcmd.dry_run_report(
+            d, requirements, argv, what="pip resolving the lock", failed=failed,
+            python_version=python_version, platform=platform, sources=extra, full_version=full_version,
+        )  # fmt: skip
 
 
 def build_sdists(

@@ -7,6 +7,7 @@ The result is self-contained: ``docker compose -f compose/node-<rank>.yaml up`` 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -125,12 +126,17 @@ def literal(value: Any) -> Any:
     the head's shell would fill every node's values (a secret included). Values in nodekit's files are literal;
     a variable is taken from the shell only by name, on purpose: ``pass_env`` (a key without a value, untouched).
     """
+    return map_strings(value, lambda s: s.replace("$", "$$"))
+
+
+def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """``value`` with ``fn`` applied to every string in it, through dicts' values and lists (keys kept)."""
     if isinstance(value, str):
-        return value.replace("$", "$$")
+        return fn(value)
     if isinstance(value, dict):
-        return {k: literal(v) for k, v in value.items()}
+        return {k: map_strings(v, fn) for k, v in value.items()}
     if isinstance(value, list):
-        return [literal(v) for v in value]
+        return [map_strings(v, fn) for v in value]
     return value
 
 

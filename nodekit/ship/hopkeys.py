@@ -33,7 +33,6 @@ connections (ProxyJump-style) lends nothing but gives up the relay's point, the 
 from __future__ import annotations
 
 import base64
-import ipaddress
 import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +42,7 @@ from urllib.parse import urlsplit
 
 from nodekit import proc, ssh
 from nodekit.errors import DeadlineError, ShipError
+from nodekit.launcher.netfacts import is_address
 
 if TYPE_CHECKING:
     from nodekit.ship.relay import Hop
@@ -185,19 +185,11 @@ def parse_setup(stdout: str, *, last: bool) -> Prepared | str:
             return Prepared(dir=words[1])
         if len(words) < 4 or words[2] != "ssh-ed25519" or not _ED25519.fullmatch(words[3]):
             return "it made no ed25519 key (is ssh-keygen installed there?)"
-        addrs = tuple(dict.fromkeys(a for a in words[4:] if _is_ip(a)))
+        addrs = tuple(dict.fromkeys(a for a in words[4:] if is_address(a)))
         if not addrs:
             return "it could not say which address it dials the next node from"
         return Prepared(dir=words[1], key=words[3], addrs=addrs)
     return "it printed no setup line"
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
 
 
 def authorized_line(before: Prepared, here: Prepared) -> str:
@@ -206,7 +198,7 @@ def authorized_line(before: Prepared, here: Prepared) -> str:
     :func:`parse_setup`; checked again here, as a line with a quote or a newline in it would be a different line."""
     if not (_ED25519.fullmatch(before.key) and _DIR.fullmatch(here.dir) and before.addrs):
         raise ValueError("not a checked setup")
-    if not all(_is_ip(a) for a in before.addrs):
+    if not all(is_address(a) for a in before.addrs):
         raise ValueError("not an address")
     return (f'restrict,from="{",".join(before.addrs)}",command="{entry_command(here.dir)}" '
             f"ssh-ed25519 {before.key} {COMMENT}")  # fmt: skip

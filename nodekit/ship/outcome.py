@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from nodekit import docker
@@ -70,21 +70,21 @@ class SafeReporter:
         self._r = reporter
         self._lock = threading.Lock()
 
-    def step(self, message: str) -> None:
+    def _locked(self, say: Callable[[str], None], text: str) -> None:
         with self._lock:
-            self._r.step(message)
+            say(text)
+
+    def step(self, message: str) -> None:
+        self._locked(self._r.step, message)
 
     def detail(self, line: str) -> None:
-        with self._lock:
-            self._r.detail(line)
+        self._locked(self._r.detail, line)
 
     def done(self, message: str) -> None:
-        with self._lock:
-            self._r.done(message)
+        self._locked(self._r.done, message)
 
     def warn(self, message: str) -> None:
-        with self._lock:
-            self._r.warn(message)
+        self._locked(self._r.warn, message)
 
 
 def as_ship_error(e: NodekitError, target: Target) -> ShipError:

@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 import yaml
 
 from nodekit.errors import UsageError
-from nodekit.render.compose import SERVICE
+from nodekit.render.compose import SERVICE, map_strings
 from nodekit.settings import Settings
 from nodekit.spec import HostFacts
 
@@ -228,13 +228,7 @@ def node_run(doc: Mapping[str, Any], rank: int) -> NodeRun:
 def _read_back(value: Any) -> Any:
     """A compose value as Compose reads it: the rendering writes every ``$`` of a value as ``$$`` (literal values,
     no interpolation from the runner's shell); the script says each value exactly once more, shell-quoted."""
-    if isinstance(value, str):
-        return value.replace("$$", "$")
-    if isinstance(value, dict):
-        return {k: _read_back(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_read_back(v) for v in value]
-    return value
+    return map_strings(value, lambda s: s.replace("$$", "$"))
 
 
 def _mount(v: Mapping[str, Any]) -> Mount:
