@@ -11,7 +11,6 @@ The run itself (:mod:`nodekit.fleet.run`) plans each rank's compose file from fa
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Literal
 
 from nodekit.fleet.hosts import FleetHost, main_address
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.netfacts import is_address
 from nodekit.render.compose import compose_filename
 from nodekit.settings import Settings
 from nodekit.ship.grouping import groups, relay_candidates
@@ -89,7 +89,7 @@ class FleetPlan:
         lines = [
             f"# nodekit run --dry-run: {self.name}, {self.nnodes} node(s); nothing was contacted, written or started",
             f"main: {self.main}:{self.master_port} (rendezvous; nodekit's preflight store on {preflight})"
-            + ("" if _is_ip(self.main) else f"; {WHEN_RUN}: the address this head resolves {self.main} to"),
+            + ("" if is_address(self.main) else f"; {WHEN_RUN}: the address this head resolves {self.main} to"),
             f"image: {self._image_text()}",
             f"before anything, {WHEN_RUN}: every host is checked over SSH (Docker engine and Compose, GPUs, mounts; "
             f"ports {self.master_port} and {preflight} free on node 0)",
@@ -195,14 +195,6 @@ def _nproc(settings: Settings, declared: int | Literal["auto"], rank: int) -> st
     if override is not None and override.gpus is not None:
         return f"{max(override.gpus, 1)} (auto: [nodes.{rank}] gpus = {override.gpus})"
     return f"auto ({WHEN_RUN}: the GPUs node {rank} reports, 1 without)"
-
-
-def _is_ip(address: str) -> bool:
-    try:
-        ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    return True
 
 
 def gather(settings: Settings, hosts: Sequence[FleetHost], *, image: str | None) -> FleetInputs:
