@@ -244,7 +244,7 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
 ) -> None:
     """h1, the first node of a relay chain, runs a `docker load` that reads everything and never exits (a wrapper
     first on its sshd sessions' PATH). The answer deadline (5 s here, 120 s in production) cuts it off and names
-    it; h2, after it in the chain, loaded; h1 then gets the image straight from the head. Before: forever."""
+    it; every node of the chain that did not answer gets the image straight from the head. Before: forever."""
     h0, h1, h2 = fleet.cluster.hosts
     forget(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -268,7 +268,10 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
     assert done.returncode == 0, done.stdout + done.stderr
     flat = " ".join(done.stderr.split())
     assert "h1 took the whole image stream but did not answer within 5 s of its end; cut off" in flat, flat
-    assert "sending to them from the head" in flat and "relayed by h1" in flat, flat
+    assert "sending to them from the head" in flat, flat
+    # h2's own answer travels back through h1's relay step, which holds it until h1's load ends (measured: with a
+    # load that ends after 15 s, h2's "loaded" arrived at 16.2 s); cut off, h2 is fed again from the head.
+    # docs/reliability.md ("Not covered") says so.
     assert h1.image_id(REF) == want and h2.image_id(REF) == want
     assert nothing_running(fleet.cluster) == []
 

@@ -69,7 +69,7 @@ def loading(host: Host) -> bool:
 
 def test_a_relay_chain_loads_every_node_and_the_head_sends_the_stream_once(fleet: Fleet) -> None:
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     dirs = relay_dirs()
     before = head_tx(h0)
@@ -87,7 +87,7 @@ def test_a_relay_chain_loads_every_node_and_the_head_sends_the_stream_once(fleet
 
 def test_without_relay_the_head_sends_a_copy_per_node(fleet: Fleet) -> None:
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     before = head_tx(h0)
     done = h0.run(*push_argv(fleet, h1, h2, relay="never"), env=push_env(fleet), timeout=300)
@@ -101,7 +101,7 @@ def test_without_relay_the_head_sends_a_copy_per_node(fleet: Fleet) -> None:
 def test_a_relay_node_killed_mid_transfer_is_named_and_the_next_node_still_gets_the_image(fleet: Fleet) -> None:
     c = fleet.cluster
     h0, h1, h2 = c.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     dirs = relay_dirs()
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))  # about 5 s for the stream: time to kill h1 in the middle
@@ -139,7 +139,7 @@ def test_a_relay_node_killed_mid_transfer_is_named_and_the_next_node_still_gets_
 
 def test_a_node_whose_host_key_the_head_lacks_is_not_relayed_to(fleet: Fleet) -> None:
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=4)
     # The head reaches h2 with no known_hosts check for it: then no hop can be told which key h2 must show.
     config = fleet.config.read_text()
@@ -154,6 +154,14 @@ def test_a_node_whose_host_key_the_head_lacks_is_not_relayed_to(fleet: Fleet) ->
     assert "relayed by" not in done.stderr
 
 
+def clean(head: Host, *nodes: Host) -> None:
+    """Every image gone from the nodes; on the head only this module's test image (the session's demo image, which
+    later tests find on host 0, stays)."""
+    wipe(*nodes)
+    if head.image_id(REF):
+        head.docker("rmi", "-f", REF)
+
+
 def accepted(host: Host) -> int:
     """SSH logins host's sshd has accepted so far (its log, LogLevel INFO)."""
     log = host.sshd_dir / "sshd.log"
@@ -164,7 +172,7 @@ def test_a_push_opens_one_ssh_connection_per_node_and_closes_it(fleet: Fleet) ->
     """Six docker calls per node (four survey questions, the load, the id check) share one SSH connection
     (nodekit/ship/mux.py); when the push ends no master connection is left and its directory is gone."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=4)
     before = {h.name: accepted(h) for h in (h1, h2)}
     dirs_before = set(Path("/tmp").glob("nkssh.*"))  # a test killed with SIGKILL earlier may have left one
@@ -249,7 +257,7 @@ def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Pat
     it while the push ran. Now no relay process on any node has an agent, and the push's own hop keys are gone from
     every node when it ends."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     sock = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
@@ -300,7 +308,7 @@ def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet:
     ending, removes only its own line (found by its key, under flock; tests/unit/test_hopkeys.py checks the
     interleaving itself): both chains deliver, and neither push's line is left."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     other = "nodekit/shiptest:other"
     want = {REF: make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB),
             other: make_image(h0, other, seed=random.randrange(1 << 30), mib=MIB)}  # fmt: skip
@@ -403,7 +411,7 @@ def test_a_killed_push_leaves_only_a_line_that_expires_and_the_next_push_removes
     """SIGKILL to the head mid-stream: nothing removes the hop key's line on h2, but it carries the push's expiry
     (its refusal after that is tested above), the relay steps end with the stream, and the next push removes it."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     life = 10
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
@@ -411,11 +419,11 @@ def test_a_killed_push_leaves_only_a_line_that_expires_and_the_next_push_removes
         head = subprocess.Popen(h0.argv(sys.executable, "-c", KILLED_SCRIPT, str(life), REF, fleet.url(h1),
                                         fleet.url(h2)), env=h0.env(push_env(fleet)), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        started = time.time()
         deadline = time.monotonic() + 60
         while not (loading(h1) and loading(h2)):
             assert head.poll() is None and time.monotonic() < deadline, "the relay never reached h2"
             time.sleep(0.1)
+        killed = time.time()  # the line was written before this (both nodes were loading)
         head.kill()  # nsenter execs python: this is the head itself
         head.wait(timeout=10)
         deadline = time.monotonic() + 60
@@ -427,8 +435,8 @@ def test_a_killed_push_leaves_only_a_line_that_expires_and_the_next_push_removes
     [line] = nodekit_lines(h2)
     stamp = re.match(r'expiry-time="(\d{14})",', line)
     assert stamp is not None and nodekit_lines(h1) == [], line
-    assert time.mktime(time.strptime(stamp.group(1), "%Y%m%d%H%M%S")) <= started + life + 1, line
-    time.sleep(max(0.0, started + life + 2 - time.time()))
+    assert time.mktime(time.strptime(stamp.group(1), "%Y%m%d%H%M%S")) <= killed + life + 1, line
+    time.sleep(max(0.0, killed + life + 2 - time.time()))
     wipe(h1, h2)
     done = h0.run(*push_argv(fleet, h1, h2), env=push_env(fleet), timeout=300)
     assert done.returncode == 0 and "relayed by h1" in done.stderr, done.stdout + done.stderr
@@ -456,7 +464,7 @@ def test_a_node_lying_about_process_groups_cannot_make_the_head_kill_on_another(
     process group the chain's stderr named, on the node named: the bystander. Now it ends on each node only what
     that node's own relay step recorded there."""
     h0, h1, h2 = fleet.cluster.hosts
-    wipe(h0, h1, h2)
+    clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
     bystander = subprocess.Popen(h2.argv("sleep", "600"), start_new_session=True)  # its own process group
     h2_name = base64.b64encode(b"h2").decode()
