@@ -23,10 +23,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from nodekit import docker, proc
 from nodekit.errors import ImageError
+from nodekit.frozen import FROZEN
 from nodekit.launcher.filehash import file_sha256
 from nodekit.progress import Reporter
 from nodekit.render.image import SOURCE_DATE_EPOCH
@@ -55,13 +56,12 @@ DPKG_EXCLUDES = (
 )
 # Caches and logs of the bootstrap itself have no use in an image.
 CLEANUP_HOOK = 'rm -rf "$1"/var/cache/apt/* "$1"/var/lib/apt/lists/* "$1"/var/log/* "$1"/var/cache/ldconfig/aux-cache'
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class BasePlan(BaseModel):
     """How the base image is made: the mmdebstrap command line, and the image config around its tarball."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     tag: str
     suite: str
@@ -199,7 +199,7 @@ def missing_base(settings: Settings) -> bool:
 
 
 class BaseResult(BaseModel):
-    model_config = _FROZEN
+    model_config = FROZEN
 
     tag: str
     image_id: str

@@ -20,9 +20,10 @@ from pathlib import Path
 from types import EllipsisType
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from nodekit.errors import ConfigError, ImageError
+from nodekit.frozen import FROZEN
 from nodekit.fsutil import write_atomic
 from nodekit.settings import Settings
 
@@ -34,7 +35,6 @@ PROBE_DIR = Path(".nodekit") / "base-probe"
 MIN_PYTHON = (3, 10)
 PROBE_TIMEOUT = 60.0
 PROBE_SCHEME = 1
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 # nodekit's own bases, known without probing, so `nodekit lock` works without an engine for them.
 KNOWN_BASES = {
     "nodekit/base:bookworm": ("3.11", "manylinux_2_36"),
@@ -103,7 +103,7 @@ PROBE_SHELL = (
 class BaseStack(BaseModel):
     """The base image's Python stack, as the probe reported it."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     image_id: str
     python: str  # the interpreter the job runs (path in the image); "" when the base has no Python
@@ -244,7 +244,7 @@ def probe_base(settings: Settings, *, refresh: bool = False, base: ImageInfo | E
 class WheelTarget(BaseModel):
     """What the image's packages are resolved for: settings win, then the probe, then nodekit's known bases."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     python_version: str
     wheel_platform: str

@@ -9,19 +9,18 @@ import ipaddress
 from pathlib import PurePosixPath
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from nodekit.errors import ConfigError, UsageError
+from nodekit.frozen import FROZEN
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.settings import Settings
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class Command(BaseModel):
     """The user's training command: a script path or a module, plus arguments."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     script: str | None = None
     module: str | None = None
@@ -44,7 +43,7 @@ class Command(BaseModel):
 class LaunchSpec(BaseModel):
     """The job, identical on every node."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     name: str
     command: Command
@@ -82,7 +81,7 @@ class LaunchSpec(BaseModel):
 class HostFacts(BaseModel):
     """What this machine offers, gathered by ``nodekit.host`` and passed to render as data."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     gpu_count: int = 0
     gpu_models: tuple[str, ...] = ()
@@ -98,7 +97,7 @@ class HostFacts(BaseModel):
 class MountPoint(BaseModel):
     """One mount on one node: this node's host path (its [nodes.R] override, else the shared one)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     host: str
     container: str
@@ -109,7 +108,7 @@ class MountPoint(BaseModel):
 class NodeSpec(BaseModel):
     """One node of the job: its rank, where main is, and the job."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     rank: int = Field(ge=0)
     main_addr: str

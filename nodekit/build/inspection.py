@@ -7,11 +7,12 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from nodekit import docker
 from nodekit.build.record import human_size
 from nodekit.errors import ConfigError, ImageError
+from nodekit.frozen import FROZEN
 from nodekit.lock import Lock, parse_lock
 from nodekit.probe import DISTS_AND_TORCH
 from nodekit.render.image import (
@@ -24,9 +25,6 @@ from nodekit.render.image import (
     LABEL_TORCH,
     LABEL_VERSION,
 )
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
-
 
 # Runs in the image with its own Python; reads metadata only (importing torch would take seconds).
 _PROBE = (
@@ -42,7 +40,7 @@ print(json.dumps({"python": platform.python_version(), "dists": dists, "torch": 
 class StackReport(BaseModel):
     """``nodekit inspect``: an image's stack as its labels and installed wheels declare it."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     ref: str
     image_id: str

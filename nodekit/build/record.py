@@ -7,9 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from nodekit import docker
+from nodekit.frozen import FROZEN
 from nodekit.fsutil import write_atomic
 from nodekit.render.image import (
     BuildPlan,
@@ -18,13 +19,11 @@ from nodekit.settings import Settings
 
 LAST_BUILD = Path(".nodekit") / "last-build.json"
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
-
 
 class BuildResult(BaseModel):
     """What :func:`build` did. ``skipped``: the image existed already; ``dry_run``: nothing was changed."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     tag: str
     image_id: str

@@ -15,9 +15,10 @@ from typing import TypeVar
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, field_validator
 
 from nodekit.errors import ConfigError
+from nodekit.frozen import FROZEN
 
 LOCK_FILE = "nodekit.lock"
 LOCK_FIX = "nodekit lock"
@@ -31,14 +32,13 @@ _LINE = re.compile(
 _BUILT = re.compile(
     r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+) from sha256:(?P<sha>[0-9a-f]{64})(?: with (?P<with>.+))?$"
 )
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 _Named = TypeVar("_Named", "LockedPackage", "BuiltWheel")
 
 
 class LockedPackage(BaseModel):
     """One pinned package: canonical name, exact version, and the sha256 of the wheel the image installs."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     name: str
     version: str
@@ -54,7 +54,7 @@ class BuiltWheel(BaseModel):
     hash the package's own line pins. Recorded as ``# built: name==version from sha256:... with setuptools==...``.
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     name: str
     version: str
@@ -70,7 +70,7 @@ class BuiltWheel(BaseModel):
 class Lock(BaseModel):
     """A parsed ``nodekit.lock``."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     python_version: str
     platform: str
@@ -127,7 +127,7 @@ class Lock(BaseModel):
 class LockDiff(BaseModel):
     """What a re-lock changed, by package name."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     added: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
@@ -141,7 +141,7 @@ class LockDiff(BaseModel):
 class LockResult(BaseModel):
     """The outcome of :func:`nodekit.lock.lock`: where the file is, its content, and what changed."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     path: Path
     lock: Lock

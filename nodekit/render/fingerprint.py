@@ -8,15 +8,14 @@ import json
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
+from nodekit.frozen import FROZEN
 from nodekit.render.locklayers import split_lock
 
 # Bump when the encoding below changes: old and new fingerprints must never collide.
 FINGERPRINT_SCHEME = "nodekit-stack-v2"
 TAG_LENGTH = 12
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class TreeEntry(BaseModel):
@@ -27,7 +26,7 @@ class TreeEntry(BaseModel):
     link's target. ``size`` is informational and not part of the fingerprint (the digest covers it).
     """
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     path: str
     kind: Literal["file", "link", "dir"]
@@ -48,7 +47,7 @@ def normal_mode(kind: Literal["file", "link", "dir"], st_mode: int) -> int:
 class StackInputs(BaseModel):
     """Everything that defines the stack. Equal inputs give equal fingerprints; nothing else enters."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     base_id: str
     lock_text: str

@@ -15,8 +15,9 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
+from nodekit.frozen import FROZEN
 from nodekit.render.dockerignore import DEFAULT_EXCLUDES, IgnoreRules, ignore_rules, parse_dockerignore
 from nodekit.render.fingerprint import (
     FINGERPRINT_SCHEME,
@@ -70,7 +71,6 @@ METADATA_ARGS = (
     "NODEKIT_VERSION",
 )
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 # --- the build plan -----------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 class BuildPlan(BaseModel):
     """What ``nodekit build`` will do, complete enough to print for ``--dry-run`` and to run as is."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     name: str
     tag: str

@@ -12,14 +12,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from nodekit import __version__
+from nodekit.frozen import FROZEN
 from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_PEER_LOST, EXIT_STACK_MISMATCH
 from nodekit.launcher.netfacts import RESOLVE_VAR
 from nodekit.secret import ENV_VAR as SECRET_VAR
-
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 CONTAINER = "train"
 TRAINJOB_CONTAINER = "node"  # the container (and replicated job) of Trainer's torch runtimes
@@ -38,7 +37,7 @@ TERMINATION_GRACE_S = 30  # as compose's stop_grace_period: torchrun forwards SI
 class Volume(BaseModel):
     """One volume of the pod: where it is mounted and what backs it."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     name: str
     mount_path: str
@@ -50,7 +49,7 @@ class Volume(BaseModel):
 class K8sJob(BaseModel):
     """Everything the manifests say, validated: names are DNS labels, counts in range (``nodekit/k8s.py``)."""
 
-    model_config = _FROZEN
+    model_config = FROZEN
 
     name: str  # the Job, its headless Service (the pods' subdomain) and the TrainJob
     namespace: str | None
