@@ -279,6 +279,7 @@ class RelaySink:
         self._drain = threading.Thread(target=self._read, daemon=True)
         self._drain.start()
         self.rc: int | None = None
+        self._aborted = False
 
     def _read(self) -> None:
         assert self._proc.stderr is not None
@@ -303,12 +304,15 @@ class RelaySink:
         with contextlib.suppress(BrokenPipeError):
             self._proc.stdin.close()
         self.rc = self._proc.wait()
-        self.access.close()
+        # An abort (the answer deadline's timer thread) ends the head's session, which is what lets this wait
+        # return: this close must then kill the nodes' relay steps too, whichever of the two closes gets there first.
+        self.access.close(kill=self._aborted)
         return self.report()
 
     def abort(self) -> None:
         """Cut the chain: end the head's session and, on every node, the relay step that node itself recorded
         there (a hop blocked on a hung node would otherwise linger); then remove the push's keys and directories."""
+        self._aborted = True
         self._proc.cut_off()
         self.rc = self._proc.returncode
         self.access.close(kill=True)
