@@ -44,6 +44,9 @@ def choose(settings: Settings) -> Choice:
 
     if fingerprint is not None:
         match = [i for i in labelled if i.labels.get(LABEL_FINGERPRINT) == fingerprint]
+        # Two images can carry one fingerprint (a rebuild after the engine's build cache was pruned is not always
+        # the same image id): the tagged one is the project's current image, an untagged one a leftover.
+        match.sort(key=lambda i: ref(i) == i.id)
         if match:
             return Choice(
                 ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now", match[0].id

@@ -6,6 +6,7 @@ The engine's answers are stand-ins here (a dict of images); the decision is buil
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -62,6 +63,20 @@ def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(
         monkeypatch.setattr(selection, "last_build", lambda s, r=record: r)
         ref, why, _ = build.choose(settings(tmp_path))
         assert ref == "nodekit/p:" + NEW[:12] and "fingerprint" in why
+
+
+def test_a_tagged_image_wins_over_an_untagged_one_with_the_same_fingerprint(
+    tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rebuild after the engine's build cache was pruned gave the same fingerprint another image id; the old one
+    lost its tag. Choosing it gave tests and users a bare image id as the ref (seen in CI)."""
+    tagged = image(NEW)
+    engine["n-untagged"] = dataclasses.replace(tagged, id="sha256:" + "9" * 64, tags=())
+    engine["nodekit/p:" + NEW[:12]] = tagged
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s: (NEW, ""))
+    monkeypatch.setattr(selection, "last_build", lambda s: None)
+    ref, _, image_id = build.choose(settings(tmp_path))
+    assert (ref, image_id) == ("nodekit/p:" + NEW[:12], tagged.id)
 
 
 def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses_to_guess_among_several(
