@@ -17,6 +17,7 @@ import yaml
 
 from tests.cluster.conftest import Demo, Fleet, host_project, nodekit_argv
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
+from tests.cluster.test_ship import wipe
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -90,9 +91,9 @@ def test_three_nodes_from_the_head_over_ssh(
     """`nodekit run` on host 0: checks every host over SSH, ships the image where missing, writes every rank's
     file, starts every node, streams one log, and ends with equal checksums; nothing is left on any host."""
     c = fleet.cluster
-    for h in c.hosts[1:]:
-        if h.image_id(demo_on_main.ref):
-            h.docker("rmi", "-f", demo_on_main.ref)
+    # Every image off hosts 1 and 2, not just the demo's tag: an image an earlier test left there (the tampered
+    # copy of the mismatch test) shares the demo's layers, and then too little travels for a relay.
+    wipe(*c.hosts[1:])
     project = fleet.project(demo_on_main, tmp_path)
     t0 = time.monotonic()
     code, out = finish(
