@@ -14,15 +14,5 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
     echo "sshd.sh: /usr/sbin/sshd is missing; install Debian's openssh-server (needs root and apt)" >&2
     exit 1
 fi
-policy=/usr/sbin/policy-rc.d
-made_policy=0
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' >"$policy"
-    chmod +x "$policy"
-    made_policy=1
-fi
-trap '[ "$made_policy" = 1 ] && rm -f "$policy"' EXIT
-export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends openssh-server openssh-client >/dev/null \
-    || { apt-get update >/dev/null && apt-get install -y --no-install-recommends openssh-server openssh-client >/dev/null; }
+bash "$(dirname "$0")/apt-install.sh" openssh-server openssh-client
 test -x /usr/sbin/sshd
