@@ -14,6 +14,8 @@ Split by responsibility; this package re-exports the public names, so ``from nod
   fanned out to one ``docker load`` per target in parallel, then the image id on every target is compared with the
   source's. A target whose stream breaks is cut off (its engine discards the partial load), so a failed push leaves
   that target's existing images as they were.
+  :mod:`~nodekit.ship.fanout_stream`: :class:`~nodekit.ship.fanout_stream.FanOut` carries one such stream (its
+  queues, one worker per target, the stall and answer deadlines).
 - :mod:`~nodekit.ship.grouping`: which targets share a stream and which may relay it (pure);
   :mod:`~nodekit.ship.outcome`: each target's image id checked, a failed load named by its cause, and the deadline
   on a target's answer once the stream's last byte reached it (:data:`~nodekit.ship.outcome.ANSWER_S`).
