@@ -62,40 +62,14 @@ def render_compose(
     # registry holds nothing of it, and a pull would only turn "not on this node" into a confusing Docker Hub error.
     svc["pull_policy"] = "never"
     svc["command"] = launch.command.argv()
-    env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
-    if image_id:
-        env["NODEKIT_IMAGE_ID"] = image_id
-    if job_secret:
-        env["NODEKIT_JOB_SECRET"] = job_secret
-    # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or
-    # `nodekit up`), so a secret never lands in this file, a label, or nodekit's output.
-    env |= {name: None for name in launch.pass_env if name not in env}
-    svc["environment"] = env
+    svc["environment"] = _environment(node, facts, debug=debug, image_id=image_id, job_secret=job_secret)
     svc["labels"] = {
         "org.nodekit.name": launch.name,
         "org.nodekit.rank": str(node.rank),
         "org.nodekit.nnodes": str(launch.nnodes),
         "org.nodekit.version": __version__,
     }
-    svc["volumes"] = [
-        {
-            "type": "bind",
-            "source": str(output_dir),
-            "target": OUTPUT_DIR_IN_CONTAINER,
-            "bind": {"create_host_path": True},
-        }
-    ]
-    for m in node.mounts:
-        # create_host_path false: a missing dataset must be an error, not an empty directory Docker made.
-        svc["volumes"].append(
-            {
-                "type": "bind",
-                "source": m.host,
-                "target": m.container,
-                "read_only": not m.writable,
-                "bind": {"create_host_path": False},
-            }
-        )
+    svc["volumes"] = _volumes(node, output_dir)
     svc["ulimits"] = ulimits(facts)
     if facts.gpu_count > 0:
         # Compose 2.26 has no service-level `gpus:` key; device reservations are the portable spelling.
@@ -116,6 +90,46 @@ def render_compose(
             svc["ports"] = [f"{node.main_addr}:{p}:{p}/tcp" for p in ports]
     escaped: dict[str, Any] = literal(doc)
     return escaped
+
+
+def _environment(
+    node: NodeSpec, facts: HostFacts, *, debug: bool, image_id: str, job_secret: str
+) -> dict[str, str | None]:
+    """The service's environment: the rank's variables, the image id and job secret when given, then each
+    ``pass_env`` name without a value."""
+    env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
+    if image_id:
+        env["NODEKIT_IMAGE_ID"] = image_id
+    if job_secret:
+        env["NODEKIT_JOB_SECRET"] = job_secret
+    # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or
+    # `nodekit up`), so a secret never lands in this file, a label, or nodekit's output.
+    env |= {name: None for name in node.launch.pass_env if name not in env}
+    return env
+
+
+def _volumes(node: NodeSpec, output_dir: Path) -> list[dict[str, Any]]:
+    """The service's bind mounts: ``output_dir`` at /outputs, then the node's declared mounts."""
+    volumes: list[dict[str, Any]] = [
+        {
+            "type": "bind",
+            "source": str(output_dir),
+            "target": OUTPUT_DIR_IN_CONTAINER,
+            "bind": {"create_host_path": True},
+        }
+    ]
+    for m in node.mounts:
+        # create_host_path false: a missing dataset must be an error, not an empty directory Docker made.
+        volumes.append(
+            {
+                "type": "bind",
+                "source": m.host,
+                "target": m.container,
+                "read_only": not m.writable,
+                "bind": {"create_host_path": False},
+            }
+        )
+    return volumes
 
 
 def literal(value: Any) -> Any:

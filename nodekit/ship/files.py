@@ -168,29 +168,10 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
             raise no_answer(where, endpoint or "unix:///var/run/docker.sock", answer)
     except NodekitError as e:
         sink.abort()
-        kind = diagnose_load_failure(e.message)
-        if kind == "missing layer":
-            # An incremental file (nodekit save --have) leaves out layers; docker load opens a left-out one only
-            # when this engine lacks it.
-            raise ShipError(
-                f"{path} leaves out layers that {where} does not have (it was saved incrementally against another "
-                f"engine's layer list); nothing was loaded ({e.message})",
-                fix="nodekit layers > FILE on this node, then nodekit save --have FILE on the node with the image",
-                node=endpoint,
-            ) from None
-        if kind == "corrupt":
-            raise ShipError(
-                f"{path} is corrupt or truncated; {where} discarded it ({e.message})",
-                fix="nodekit save the image again on the node that has it, and copy the whole file",
-                node=endpoint,
-            ) from None
-        if kind == "disk":
-            raise ShipError(
-                f"{where} ran out of disk space loading {path}: {e.message}",
-                fix="free space for Docker (docker system prune); existing images are untouched",
-                node=endpoint,
-            ) from None
-        raise
+        known = _load_failure(e, path, where, endpoint)
+        if known is None:
+            raise
+        raise known from None
     except BaseException:
         sink.abort()
         raise
@@ -207,3 +188,31 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
     for n, i in images:
         reporter.done(f"loaded {n} ({short_id(i)}) into {where} in {seconds:.1f} s")
     return LoadedFile(path=path, images=tuple(images), seconds=seconds)
+
+
+def _load_failure(e: NodekitError, path: Path, where: str, endpoint: str | None) -> ShipError | None:
+    """What a failed ``docker load`` of ``path`` into ``where`` means, said for a file; None when its cause is
+    none of the known ones (the error is then raised as it is)."""
+    kind = diagnose_load_failure(e.message)
+    if kind == "missing layer":
+        # An incremental file (nodekit save --have) leaves out layers; docker load opens a left-out one only
+        # when this engine lacks it.
+        return ShipError(
+            f"{path} leaves out layers that {where} does not have (it was saved incrementally against another "
+            f"engine's layer list); nothing was loaded ({e.message})",
+            fix="nodekit layers > FILE on this node, then nodekit save --have FILE on the node with the image",
+            node=endpoint,
+        )
+    if kind == "corrupt":
+        return ShipError(
+            f"{path} is corrupt or truncated; {where} discarded it ({e.message})",
+            fix="nodekit save the image again on the node that has it, and copy the whole file",
+            node=endpoint,
+        )
+    if kind == "disk":
+        return ShipError(
+            f"{where} ran out of disk space loading {path}: {e.message}",
+            fix="free space for Docker (docker system prune); existing images are untouched",
+            node=endpoint,
+        )
+    return None
