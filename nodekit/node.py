@@ -1,25 +1,26 @@
-"""One node of a job: plan its compose file (pure decisions on gathered facts), write it, run it.
+"""One node of a job: plan its compose file (pure decisions on a gathered world), write it, run it.
 
-``plan_node`` validates everything the user gave and gathers this host's facts; nothing is written until
-``write_compose`` and nothing runs until ``up``. A plan that fails leaves no file behind.
+:func:`nodekit.world.gather_node` validates everything the user gave and gathers what the plan needs from this
+machine into a :class:`~nodekit.world.NodeWorld`; :func:`plan_node` decides the compose file from it alone (pure);
+nothing is written until ``write_compose`` and nothing runs until ``up``. A plan that fails leaves no file behind.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodekit import docker, proc
-from nodekit.errors import JobFailed, NetworkError, UsageError
+from nodekit.errors import JobFailed, NetworkError
 from nodekit.fsutil import write_atomic
-from nodekit.host import facts as host_facts
 from nodekit.host import net
 from nodekit.progress import Reporter
 from nodekit.render.compose import compose_filename, project_name, render_compose, to_yaml
 from nodekit.settings import Settings
-from nodekit.spec import HostFacts, LaunchSpec, NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.spec import HostFacts, NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.world import NodeWorld, check_mounts, gather_node
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,45 @@ def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> 
 
 
 def plan_node(
+    settings: Settings, rank: int, world: NodeWorld, *, debug: bool = False, out_dir: Path | None = None
+) -> NodePlan:
+    """Pure: node ``rank``'s compose file decided from the settings and its gathered ``world``. Reads no file,
+    environment, network or engine; raises UsageError for what the settings and the world contradict (the same
+    checks :func:`nodekit.world.gather_node` made, so a world made by hand is held to them too)."""
+    launch = launch_spec(settings)
+    check_rank(launch, rank)
+    facts = node_facts(settings, rank, world.facts)
+    node = node_spec(settings, launch, rank, world.main_ip, facts)
+    check_mounts(node, world.absent)
+    notes = _notes(node, facts)
+    if world.image_note:
+        notes = (*notes, f"image {world.image}: {world.image_note}")
+    path = compose_path(settings, rank, out_dir)
+    doc = render_compose(
+        node,
+        world.image,
+        facts,
+        output_dir=world.cwd / settings.resolve(settings.output_dir),
+        debug=debug,
+        image_id=world.image_id,
+        job_secret=world.job_secret,
+    )
+    hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
+    return NodePlan(
+        node=node,
+        image=world.image,
+        facts=facts,
+        compose_path=path,
+        project=project_name(launch.name, rank),
+        text=to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint),
+        notes=notes,
+        image_id=world.image_id,
+        warnings=unset_pass_env(launch.pass_env, world.env_set),
+        job_secret=world.job_secret,
+    )
+
+
+def plan_here(
     settings: Settings,
     rank: int,
     main: str,
@@ -58,119 +98,26 @@ def plan_node(
     debug: bool = False,
     out_dir: Path | None = None,
     facts: HostFacts | None = None,
-    resolve_image: Callable[[Settings], str] | None = None,
     mounts_checked: bool = False,
     environ: Mapping[str, str] | None = None,
     image_id: Callable[[str], str] | None = None,
     job_secret: Callable[[], str] | None = None,
 ) -> NodePlan:
-    """Validate the node and decide its compose file. Raises UsageError/ImageError; writes nothing.
-
-    ``image_id`` looks up the chosen image's id on this host (``nodekit up`` passes one; ``compose`` and dry runs
-    do not, so they never need an engine): it is rendered as NODEKIT_IMAGE_ID for preflight to compare.
-    ``job_secret`` is asked for last, once everything else validated (it may create the project's secret file)."""
-    launch = check_command(settings)
-    check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
-    main_ip = net.resolve(main)
-    if facts is None:
-        facts = host_facts.gather(main_ip)
-        if facts.iface is None:
-            raise NetworkError(
-                f"this host has no route to main address {main_ip}",
-                fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
-                node=f"node {rank}",
-            )
-        if rank == 0 and settings.network == "host":
-            check_main_is_here(main_ip, [a for link in net.links_here() for a in link.addrs])
-    facts = node_facts(settings, rank, facts)
-    node = node_spec(settings, launch, rank, main_ip, facts)
-    # With facts gathered on the node itself (nodekit run), its mounts were checked there, not on this machine.
-    absent = None if mounts_checked else next((m for m in node.mounts if not Path(m.host).exists()), None)
-    if absent is not None:
-        raise UsageError(
-            f"mount {absent.host} (for {absent.container}) does not exist on node {rank}",
-            fix=f"create or mount it here, or set this node's path: [nodes.{rank}] mounts = "
-            f'{{ "{absent.container}" = "/its/path" }} in nodekit.toml',
-        )
-    notes = _notes(node, facts)
-    known_id = ""  # the chosen image's id when choosing it already inspected it
-    if image or resolve_image:
-        ref = image or (resolve_image or _current_image)(settings)
-    else:
-        from nodekit.build import choose
-
-        ref, why, known_id = choose(settings)
-        notes = (*notes, f"image {ref}: {why}")
-    path = compose_path(settings, rank, out_dir)
-    secret = job_secret() if job_secret else ""
-    found = (known_id or image_id(ref)) if image_id else ""
-    doc = render_compose(
-        node,
-        ref,
-        facts,
-        output_dir=settings.resolve(settings.output_dir).absolute(),
-        debug=debug,
-        image_id=found,
-        job_secret=secret,
-    )
-    hint = os.path.relpath(path, Path.cwd()) if path.is_absolute() else str(path)
-    text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
-    return NodePlan(
-        node=node,
-        image=ref,
-        facts=facts,
-        compose_path=path,
-        project=project_name(launch.name, rank),
-        text=text,
-        notes=notes,
-        image_id=found,
-        warnings=unset_pass_env(launch.pass_env, os.environ if environ is None else environ),
-        job_secret=secret,
-    )
+    """:func:`nodekit.world.gather_node` on this machine, then :func:`plan_node`: the one-call form."""
+    world = gather_node(
+        settings, rank, main, image=image, facts=facts, mounts_checked=mounts_checked, environ=environ,
+        image_id=image_id, job_secret=job_secret,
+    )  # fmt: skip
+    return plan_node(settings, rank, world, debug=debug, out_dir=out_dir)
 
 
-def check_command(settings: Settings) -> LaunchSpec:
-    """The job's launch spec, once its training command is known to run: exactly one of script and module, and the
-    script present in the project (it travels in the image). ``nodekit run`` asks this before anything is checked,
-    shipped or started on any host; UsageError otherwise."""
-    launch = launch_spec(settings)
-    if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
-        raise UsageError(
-            f"training script {launch.command.script} not found in {settings.project_dir}",
-            fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
-        )
-    return launch
-
-
-def unset_pass_env(names: tuple[str, ...], environ: Mapping[str, str]) -> tuple[str, ...]:
+def unset_pass_env(names: tuple[str, ...], environ: Container[str]) -> tuple[str, ...]:
     """A warning for each pass_env variable this shell lacks (the job would run without it)."""
     return tuple(
         f"pass_env {n} is not set in this shell: the job runs without it (export {n}=... before nodekit up)"
         for n in names
         if n not in environ
     )
-
-
-def check_main_is_here(main_ip: str, addrs: list[str]) -> None:
-    """Node 0 hosts the rendezvous at the main address, so that address must be this machine's (loopback is: an
-    all-local run). Otherwise every other node would wait for a main that is not there until its timeout."""
-    if net.is_loopback(main_ip) or any(_same_ip(main_ip, a) for a in addrs):
-        return
-    here = ", ".join(a for a in addrs if not net.is_loopback(a.split("%", 1)[0])) or "none but loopback"
-    raise UsageError(
-        f"node rank 0 is main, but main address {main_ip} is not one of this machine's addresses ({here})",
-        fix="run node 0 on the machine that has that address, or pass --main with one of the addresses above",
-        node="node 0",
-    )
-
-
-def _same_ip(a: str, b: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(a) == ipaddress.ip_address(b.split("%", 1)[0])
-    except ValueError:
-        return False
 
 
 def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:
@@ -185,12 +132,6 @@ def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:
         ports = f"{node.launch.master_port} and {node.launch.preflight_port}"
         notes.append(f"bridge network: node 0 publishes ports {ports} on {node.main_addr}")
     return tuple(notes)
-
-
-def _current_image(settings: Settings) -> str:
-    from nodekit.build import current_image
-
-    return current_image(settings)
 
 
 def image_id_here(rank: int) -> Callable[[str], str]:

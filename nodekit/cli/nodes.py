@@ -46,15 +46,15 @@ def _plan(
 
     from nodekit import secret
     from nodekit.node import plan_node
+    from nodekit.world import gather_node
 
     settings = load_settings(config, **flags)
 
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
 
-    return plan_node(
-        settings, rank, main, image=image, debug=debug, out_dir=out_dir, image_id=image_id, job_secret=job_secret
-    )
+    world = gather_node(settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret)
+    return plan_node(settings, rank, world, debug=debug, out_dir=out_dir)
 
 
 def _print_plan(plan: Any) -> None:

@@ -202,7 +202,7 @@ def gather(settings: Settings, hosts: Sequence[FleetHost], *, image: str | None)
     missing script is refused as the run refuses it), the build record read. Nothing is contacted or written."""
     from nodekit.build import last_build
     from nodekit.fleet.run import job_settings
-    from nodekit.node import check_command
+    from nodekit.world import check_command
 
     check_command(settings)
     record = last_build(settings)

@@ -11,10 +11,11 @@ Every connection to a node keeps alive (:mod:`nodekit.fleet.alive`): a host that
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,12 +29,14 @@ from nodekit.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
 from nodekit.fleet.manage import parallel as _parallel
 from nodekit.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
+from nodekit.host import net
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
-from nodekit.node import NodePlan, check_command, plan_node, write_compose
+from nodekit.node import NodePlan, plan_node, write_compose
 from nodekit.progress import Reporter
 from nodekit.secret import new_secret
 from nodekit.settings import Settings
 from nodekit.spec import mount_points
+from nodekit.world import NodeWorld, check_command
 
 if TYPE_CHECKING:
     from nodekit.ship.relay import RelayMode
@@ -77,33 +80,36 @@ def _override(nproc: int) -> Any:
     return NodeOverride(nproc_per_node=nproc)
 
 
-def plan_nodes(
+def node_worlds(
     settings: Settings,
     hosts: Sequence[FleetHost],
     facts: Sequence[remote.Gathered],
     image: str,
     *,
-    debug: bool = False,
     image_id: str = "",
     secret: str = "",
-) -> list[NodePlan]:
-    """Pure apart from resolving main's name: one NodePlan per rank, each with that host's own facts, all with the
-    run's one job secret and the image id every node verified after shipping."""
-    main = main_address(hosts[0], settings.main)
+    environ: Mapping[str, str] | None = None,
+) -> list[NodeWorld]:
+    """Each rank's world, gathered: that host's own facts (its mounts were checked there, by remote.check_host),
+    main's address resolved here once, the image id every node verified after shipping, the run's one job secret,
+    and which pass_env variables this shell sets (``environ``, default this process's)."""
+    launch = check_command(settings)
+    main_ip = net.resolve(main_address(hosts[0], settings.main))
+    environ = os.environ if environ is None else environ
+    env_set = frozenset(n for n in launch.pass_env if n in environ)
+    cwd = Path.cwd()
     return [
-        plan_node(
-            settings,
-            h.rank,
-            main,
-            image=image,
-            facts=g.facts,
-            debug=debug,
-            mounts_checked=True,
-            image_id=(lambda _ref: image_id) if image_id else None,
-            job_secret=(lambda: secret) if secret else None,
-        )
-        for h, g in zip(hosts, facts, strict=True)
-    ]
+        NodeWorld(main_ip=main_ip, facts=g.facts, image=image, cwd=cwd, image_id=image_id, job_secret=secret,
+                  env_set=env_set)
+        for g in facts
+    ]  # fmt: skip
+
+
+def plan_nodes(
+    settings: Settings, hosts: Sequence[FleetHost], worlds: Sequence[NodeWorld], *, debug: bool = False
+) -> list[NodePlan]:
+    """Pure: one NodePlan per rank, each from that host's world (:func:`node_worlds`)."""
+    return [plan_node(settings, h.rank, w, debug=debug) for h, w in zip(hosts, worlds, strict=True)]
 
 
 def ship_image(
@@ -317,7 +323,8 @@ def _attempts(
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
         job = job_settings(settings, hosts, restart=used)
-        plans = plan_nodes(job, hosts, facts, ref, debug=debug, image_id=image_id, secret=secret)
+        worlds = node_worlds(job, hosts, facts, ref, image_id=image_id, secret=secret)
+        plans = plan_nodes(job, hosts, worlds, debug=debug)
         for p in plans:
             write_compose(p)
         live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]

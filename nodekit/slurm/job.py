@@ -1,10 +1,12 @@
 """What a Slurm job of the project is, decided before anything is written or submitted.
 
-:func:`plan_job` is pure: it takes the settings and the facts gathered beforehand (the image's configuration, the
-job secret, the path of the converted image) and returns a frozen :class:`SlurmJob`, which ``render`` turns into
-the sbatch script. Each rank's container is what ``nodekit up`` would run on that node: the same node planning
-(:func:`nodekit.node.plan_node`) and compose rendering, parsed back into a typed :class:`NodeRun`. Main's address
-and the rank are left to the job (only Slurm knows which hosts it gets): the script fills them in per task.
+:func:`plan_job` is pure but for whether the training script exists (and the working directory, for a comment it
+drops): it takes the settings and the facts gathered beforehand (the image's configuration, the job secret, the
+path of the converted image) and returns a frozen :class:`SlurmJob`, which ``render`` turns into the sbatch script.
+Each rank's container is what ``nodekit up`` would run on that node: the same node world
+(:func:`nodekit.world.gather_node`, here from given values only) and planning (:func:`nodekit.node.plan_node`),
+parsed back into a typed :class:`NodeRun`. Main's address and the rank are left to the job (only Slurm knows which
+hosts it gets): the script fills them in per task.
 """
 
 from __future__ import annotations
@@ -135,11 +137,13 @@ def plan_job(
     debug: bool = False,
     environ: Mapping[str, str] | None = None,
 ) -> SlurmJob:
-    """The job, every rank planned as ``nodekit up`` plans a node. Raises UsageError; reads nothing itself.
+    """The job, every rank planned as ``nodekit up`` plans a node. Raises UsageError; reads nothing itself but
+    whether the training script exists.
 
     ``environ`` is the submitting shell's environment, only to warn about unset ``pass_env`` variables (Slurm
     passes that environment on to the job)."""
     from nodekit.node import plan_node
+    from nodekit.world import gather_node
 
     check_mode(mode)
     if settings.network != "host":
@@ -151,10 +155,13 @@ def plan_job(
     facts = HostFacts(gpu_count=slurm.gpus_per_node)
     runs, notes = [], []
     for rank in range(settings.nnodes):
-        plan = plan_node(
-            settings, rank, PLACEHOLDER_MAIN, image=image.ref, facts=facts, debug=debug, mounts_checked=True,
+        # Gathered with everything given (facts, image, id, secret, environment): no host or engine is asked; the
+        # training script's presence is the one thing read (as nodekit up refuses a missing one).
+        world = gather_node(
+            settings, rank, PLACEHOLDER_MAIN, image=image.ref, facts=facts, mounts_checked=True,
             image_id=lambda _ref: image.id, job_secret=lambda: job_secret, environ=environ or {},
         )  # fmt: skip
+        plan = plan_node(settings, rank, world, debug=debug)
         runs.append(node_run(yaml.safe_load(plan.text), rank))
         notes += [w for w in plan.warnings if w not in notes]
     if mode == "pyxis" and len({r.mounts for r in runs}) > 1:

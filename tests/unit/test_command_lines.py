@@ -20,7 +20,7 @@ def node_plan(tmp_path: Path) -> object:
 
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)
-    return node.plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE,
+    return node.plan_here(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE,
                           image_id=lambda ref: "sha256:" + "e" * 64)  # fmt: skip
 
 

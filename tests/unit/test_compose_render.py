@@ -136,7 +136,7 @@ def test_a_dotted_image_name_makes_a_project_name_compose_accepts() -> None:
 def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
     """Preflight compares NODEKIT_IMAGE_ID; before, nothing ever set it, so the compared id was always empty."""
     from nodekit.launcher.config import parse_env
-    from nodekit.node import plan_node
+    from nodekit.node import plan_here
 
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)
@@ -146,12 +146,12 @@ def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -
         looked_up.append(ref)
         return "sha256:" + "ab" * 32
 
-    plan = plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE, image_id=lookup)
+    plan = plan_here(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE, image_id=lookup)
     env = svc(plan.text)["environment"]
     assert looked_up == ["nodekit/demo:0123456789ab"]
     assert env["NODEKIT_IMAGE_ID"] == "sha256:" + "ab" * 32  # type: ignore[index]
     assert parse_env({k: str(v) for k, v in env.items()}).image_id == "sha256:" + "ab" * 32  # type: ignore[union-attr]
-    plain = svc(plan_node(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE).text)
+    plain = svc(plan_here(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE).text)
     assert "NODEKIT_IMAGE_ID" not in plain["environment"]  # type: ignore[operator]
 
 

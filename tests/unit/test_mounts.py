@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from nodekit.errors import ConfigError, UsageError
-from nodekit.node import plan_node
+from nodekit.node import plan_here
 from nodekit.settings import Mount, NodeOverride, Settings, load
 from tests.unit.test_compose_render import CPU_NODE, rendered, settings
 
@@ -53,7 +53,7 @@ def test_a_missing_host_path_is_refused_before_anything_is_written(tmp_path: Pat
     mounts = (Mount(host=str(tmp_path / "absent"), container="/data"),)
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, mounts=mounts)
     with pytest.raises(UsageError, match=r"mount .*absent \(for /data\) does not exist on node 0") as e:
-        plan_node(s, 0, "10.0.0.5", image="x:y", facts=CPU_NODE)
+        plan_here(s, 0, "10.0.0.5", image="x:y", facts=CPU_NODE)
     assert "[nodes.0] mounts" in e.value.fix
     assert not (tmp_path / "compose").exists()
 

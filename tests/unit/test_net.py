@@ -334,7 +334,7 @@ def test_debug_env_wins_over_configured_values() -> None:
 
 def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path) -> None:
     from nodekit.errors import NetworkError
-    from nodekit.node import check_master_port, plan_node
+    from nodekit.node import check_master_port, plan_here
 
     (tmp_path / "train.py").write_text("")
     with socket.socket() as held:
@@ -342,8 +342,8 @@ def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path)
         held.listen()
         port = held.getsockname()[1] - 1  # the preflight port (master + 1) is the one taken
         s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, master_port=port)
-        plan = plan_node(s, 0, "127.0.0.1", image="x:y", facts=CPU)
+        plan = plan_here(s, 0, "127.0.0.1", image="x:y", facts=CPU)
         with pytest.raises(NetworkError, match=rf"port {port + 1} on main is already in use by .*pid {os.getpid()}"):
             check_master_port(plan)
-        worker = plan_node(s, 1, "127.0.0.1", image="x:y", facts=CPU)
+        worker = plan_here(s, 1, "127.0.0.1", image="x:y", facts=CPU)
         check_master_port(worker)  # only main binds the rendezvous ports
