@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import os
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
@@ -282,8 +283,12 @@ class RelaySink:
         self._aborted = False
 
     def _read(self) -> None:
+        """Keeps what the chain said as it arrives: a node's line counts even when the session never ends cleanly
+        (cut off at the answer deadline, or a process on the way still holding the pipe open)."""
         assert self._proc.stderr is not None
-        self._stderr = self._proc.stderr.read()
+        fd = self._proc.stderr.fileno()
+        for chunk in iter(lambda: os.read(fd, 65536), b""):
+            self._stderr += chunk
 
     def report(self) -> Report:
         self._drain.join(timeout=10)
