@@ -59,7 +59,7 @@ format: venv
 	$(VENV)/bin/ruff check --fix nodekit tests examples benchmarks
 
 test-unit: venv
-	$(VENV)/bin/pytest tests/unit -q
+	$(VENV)/bin/pytest tests/unit -q -n 4
 
 # The real-engine tier alone (builds, 2-node jobs, preflight refusals, packaging): fails instead of skipping when the
 # engine is missing, as in `make test`.
@@ -67,8 +67,12 @@ test-docker: venv engine base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration -q --durations=15
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
+# The unit tier runs on 4 workers (pytest-xdist): its tests are isolated (tmp_path, no engine, no fixed port) and
+# a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker and cluster tiers stay serial:
+# they share one engine, fixed ports and one set of namespace names.
 test: lint engine sshd slurm base
-	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests -q --durations=15
+	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
+	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q --durations=15
 
 # make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,
 # about 8 minutes) included. make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 150 --write-docs"]: only that one.
