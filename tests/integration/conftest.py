@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import wheelcache
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp"
 
@@ -35,6 +37,8 @@ def ddp_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: None) -
     # The lock and the wheelhouse are inputs, not outputs: reuse the example's cache so the test resolves nothing.
     if (EXAMPLE / ".nodekit" / "wheelhouse").is_dir():
         shutil.copytree(EXAMPLE / ".nodekit" / "wheelhouse", dest / ".nodekit" / "wheelhouse")
+    wheelcache.warm(dest)
     built = nodekit("build", "--create-base", config=dest / "nodekit.toml", timeout=1500)
     assert built.returncode == 0, built.stdout + built.stderr
+    wheelcache.kept(dest)
     return dest

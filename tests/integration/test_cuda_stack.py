@@ -48,6 +48,7 @@ print(json.dumps(gather(parse_env(env), "127.0.0.1").to_json_dict()))
 def copy_example(dest: Path) -> Path:
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
     wheelcache.prefill(dest)
+    wheelcache.prefill_blobs(dest)
     return dest
 
 
@@ -55,6 +56,7 @@ def build(project: Path) -> subprocess.CompletedProcess[str]:
     built = nodekit("build", "--create-base", config=project / "nodekit.toml", timeout=1800)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     wheelcache.keep(project)
+    wheelcache.keep_blobs(project)
     return built
 
 

@@ -16,6 +16,7 @@ import pytest
 from nodekit import docker
 from nodekit.node import compose_path, project_for
 from nodekit.settings import load
+from tests import wheelcache
 from tests.integration.conftest import nodekit
 
 pytestmark = pytest.mark.docker
@@ -41,8 +42,10 @@ def _project(tmp: Path, example: str) -> Path:
     for other in EXAMPLES.glob("*/.nodekit/wheelhouse/*.whl"):
         if not (house / other.name).exists():
             _link_or_copy(str(other), str(house / other.name))
+    wheelcache.warm(dest)
     built = nodekit("build", "--create-base", config=dest / "nodekit.toml", timeout=1500)
     assert built.returncode == 0, built.stdout + built.stderr
+    wheelcache.kept(dest)
     keep = EXAMPLES / example / ".nodekit" / "wheelhouse"
     keep.mkdir(parents=True, exist_ok=True)
     for wheel in house.glob("*.whl"):

@@ -17,6 +17,7 @@ import pytest
 
 from nodekit.node import project_for
 from nodekit.settings import load
+from tests import wheelcache
 from tests.integration.conftest import nodekit
 
 pytestmark = pytest.mark.docker
@@ -61,8 +62,10 @@ def snapshot_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: No
     for wheel in EXAMPLES.glob("*/.nodekit/wheelhouse/*.whl"):
         if not (house / wheel.name).exists():
             shutil.copy2(wheel, house / wheel.name)
+    wheelcache.warm(dest)
     built = nodekit("build", "--create-base", config=dest / "nodekit.toml", timeout=1500)
     assert built.returncode == 0, built.stdout + built.stderr
+    wheelcache.kept(dest)
     return dest
 
 
