@@ -81,10 +81,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> Demo:
     if (EXAMPLE / ".nodekit" / "wheelhouse").is_dir():
         shutil.copytree(EXAMPLE / ".nodekit" / "wheelhouse", dest / ".nodekit" / "wheelhouse")
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
-    wheelcache.warm(dest)
+    # Wheels only: this build goes through BuildKit, whose cache the code-push test's rebuild then reuses.
+    wheelcache.prefill(dest)
     built = _run(nodekit_argv("build", "--create-base", "--config", str(dest / "nodekit.toml")), env=env)
     assert built.returncode == 0, built.stdout + built.stderr
-    wheelcache.kept(dest)
+    wheelcache.keep(dest)
     ref = build.current_image(settings.load(dest / "nodekit.toml"))
     image_id = _run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], env=env).stdout.strip()
     assert image_id.startswith("sha256:"), f"cannot inspect {ref}"
