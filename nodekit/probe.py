@@ -211,12 +211,18 @@ def cache_path(project_dir: Path, image_id: str) -> Path:
     return project_dir / PROBE_DIR / f"{image_id.removeprefix('sha256:')}.json"
 
 
-def probe_base(settings: Settings, *, refresh: bool = False, base: ImageInfo | EllipsisType | None = ...) -> BaseStack:
+def probe_base(
+    settings: Settings,
+    *,
+    refresh: bool = False,
+    base: ImageInfo | EllipsisType | None = ...,
+    cached_only: bool = False,
+) -> BaseStack:
     """The configured base image's stack: from the cache for its image id, else from one offline container.
 
     ``base``: the base image as the caller already inspected it (None: not in the engine); by default it is
     inspected here. Raises ImageError when the base is not in the engine or the probe cannot run; does not judge
-    the answer (see :func:`check_usable`).
+    the answer (see :func:`check_usable`). ``cached_only`` (dry runs): the cache or ImageError, never a container.
     """
     from nodekit import docker
 
@@ -235,6 +241,12 @@ def probe_base(settings: Settings, *, refresh: bool = False, base: ImageInfo | E
                 return BaseStack.model_validate(doc["stack"])
         except (OSError, ValueError, KeyError):
             pass
+    if cached_only:
+        raise ImageError(
+            f"the base image {settings.base_image} has not been probed on this machine yet, and a dry run starts "
+            "no container",
+            fix="nodekit build (probes it once), or leave out --dry-run",
+        )
     out = docker.probe_image(info.id, PROBE_SHELL, env={"NODEKIT_PROBE": PROBE_SCRIPT}, timeout=PROBE_TIMEOUT)
     stack = parse_probe(info.id, out)
     write_atomic(path, json.dumps({"scheme": PROBE_SCHEME, "stack": stack.model_dump()}, indent=1) + "\n")
@@ -285,7 +297,11 @@ def derive_target(
 
 
 def target(
-    settings: Settings, *, require_probe: bool = False, base: ImageInfo | EllipsisType | None = ...
+    settings: Settings,
+    *,
+    require_probe: bool = False,
+    base: ImageInfo | EllipsisType | None = ...,
+    cached_only: bool = False,
 ) -> WheelTarget:
     """The resolution target for ``settings``. Probes the base when the engine has it (cached by image id);
     ``base`` as for :func:`probe_base`.
@@ -293,6 +309,7 @@ def target(
     Without an engine or the base, nodekit's own bases and explicit settings still answer (so ``nodekit lock``
     works offline for them); ``require_probe`` makes those cases errors instead (the build needs the probe to
     keep what the base provides). Raises ImageError for a base that cannot work (:func:`check_usable`).
+    ``cached_only``: as for :func:`probe_base`.
     """
     import platform
 
@@ -300,7 +317,7 @@ def target(
 
     stack: BaseStack | None = None
     try:
-        stack = probe_base(settings, base=base)
+        stack = probe_base(settings, base=base, cached_only=cached_only)
     except (EngineError, ImageError):
         if require_probe:
             raise

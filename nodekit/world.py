@@ -55,6 +55,7 @@ def gather_node(
     environ: Mapping[str, str] | None = None,
     image_id: Callable[[str], str] | None = None,
     job_secret: Callable[[], str] | None = None,
+    dry_run: bool = False,
 ) -> NodeWorld:
     """Gather node ``rank``'s world on this machine, refusing what is wrong in the order a user meets it: the training
     command, the rank (the most likely typo), main's address, the route toward main (and, for rank 0 on host
@@ -66,7 +67,8 @@ def gather_node(
     ``mounts_checked`` skips the mount sources (checked where the node runs). Without ``image`` the project's image
     is chosen on this host's engine (:func:`nodekit.build.choose`). ``image_id`` looks the image's id up on this
     host (``nodekit up`` passes one; ``compose`` and dry runs do not, so they never need the image here).
-    ``environ`` is the launching shell's environment (default: this process's)."""
+    ``environ`` is the launching shell's environment (default: this process's). ``dry_run``: choosing the image
+    starts no probe container and writes no probe cache (a base never probed here leaves the fingerprint unknown)."""
     launch = check_command(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
     main_ip = net.resolve(main)
@@ -79,7 +81,7 @@ def gather_node(
     if not ref:
         from nodekit.build import choose
 
-        ref, why, known_id = choose(settings)
+        ref, why, known_id = choose(settings, cached_only=dry_run)
     found = (known_id or image_id(ref)) if image_id else ""
     environ = os.environ if environ is None else environ
     env_set = frozenset(n for n in launch.pass_env if n in environ)

@@ -75,9 +75,10 @@ def require_base(settings: Settings) -> docker.ImageInfo:
     return base
 
 
-def project_fingerprint(settings: Settings) -> tuple[str | None, str]:
+def project_fingerprint(settings: Settings, *, cached_only: bool = False) -> tuple[str | None, str]:
     """The fingerprint an image of the project as it is now would have, without resolving or building anything:
-    ``(fingerprint, "")``, or ``(None, why it cannot be known here)`` (no usable lock, no base image)."""
+    ``(fingerprint, "")``, or ``(None, why it cannot be known here)`` (no usable lock, no base image; with
+    ``cached_only``, a dry run's, also a base never probed here: no probe container is started)."""
     # On the path of every `nodekit up`: the base is inspected once, for the lock check's target and the probe
     # (cached by the base's image id), instead of twice each.
     base = docker.image_info(settings.base_image)
@@ -90,7 +91,7 @@ def project_fingerprint(settings: Settings) -> tuple[str | None, str]:
     if base is None:
         return None, f"base image {settings.base_image} is not here"
     try:
-        tgt = probe_target(settings, require_probe=True, base=base)  # cached by the base's image id
+        tgt = probe_target(settings, require_probe=True, base=base, cached_only=cached_only)  # cached by image id
     except NodekitError as e:
         return None, e.message
     return plan_for(settings, lock, base.id, tgt, no_cache=False, stage=None).fingerprint, ""

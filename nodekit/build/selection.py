@@ -23,7 +23,7 @@ class Choice(NamedTuple):
     id: str  # the image's id, as the choice saw it
 
 
-def choose(settings: Settings) -> Choice:
+def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
     """The image ``nodekit up`` runs when none is named, why, and its id. Deterministic:
 
     1. the image whose fingerprint is the project's as it is now on this node (built here or pushed here);
@@ -32,10 +32,11 @@ def choose(settings: Settings) -> Choice:
     3. else, when the project's fingerprint cannot be known here (no lock, no base image: a node that only
        received a pushed image), the one image of this project here; several: ImageError asking for ``--image``.
 
-    Creation time never decides: every nodekit image has the same reproducible one.
+    Creation time never decides: every nodekit image has the same reproducible one. ``cached_only`` (dry runs):
+    the base is not probed when this machine has not probed it before (see :func:`project_fingerprint`).
     """
     name = settings.image_name
-    fingerprint, unknown = project_fingerprint(settings)
+    fingerprint, unknown = project_fingerprint(settings, cached_only=cached_only)
     labelled = docker.images_labelled(LABEL_NAME, name)
 
     def ref(info: docker.ImageInfo) -> str:

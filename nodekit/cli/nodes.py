@@ -53,7 +53,9 @@ def _plan(
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
 
-    world = gather_node(settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret)
+    world = gather_node(
+        settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret, dry_run=dry_run
+    )
     return plan_node(settings, rank, world, debug=debug, out_dir=out_dir)
 
 

@@ -46,7 +46,7 @@ def test_a_stale_build_is_refused_with_the_fix(
 ) -> None:
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
     monkeypatch.setattr(selection, "last_build", lambda s: {"tag": "nodekit/p:" + OLD[:12]})
-    monkeypatch.setattr(selection, "project_fingerprint", lambda s: (NEW, ""))
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: (NEW, ""))
     with pytest.raises(ImageError) as info:
         build.choose(settings(tmp_path))
     assert "no longer matches the project" in info.value.message and NEW[:12] in info.value.message
@@ -58,7 +58,7 @@ def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(
 ) -> None:
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
     engine["nodekit/p:" + NEW[:12]] = image(NEW)
-    monkeypatch.setattr(selection, "project_fingerprint", lambda s: (NEW, ""))
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: (NEW, ""))
     for record in (None, {"tag": "nodekit/p:" + OLD[:12]}):
         monkeypatch.setattr(selection, "last_build", lambda s, r=record: r)
         ref, why, _ = build.choose(settings(tmp_path))
@@ -73,7 +73,7 @@ def test_a_tagged_image_wins_over_an_untagged_one_with_the_same_fingerprint(
     tagged = image(NEW)
     engine["n-untagged"] = dataclasses.replace(tagged, id="sha256:" + "9" * 64, tags=())
     engine["nodekit/p:" + NEW[:12]] = tagged
-    monkeypatch.setattr(selection, "project_fingerprint", lambda s: (NEW, ""))
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: (NEW, ""))
     monkeypatch.setattr(selection, "last_build", lambda s: None)
     ref, _, image_id = build.choose(settings(tmp_path))
     assert (ref, image_id) == ("nodekit/p:" + NEW[:12], tagged.id)
@@ -84,7 +84,7 @@ def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses
 ) -> None:
     monkeypatch.setattr(selection, "last_build", lambda s: None)
     unknown = (None, "base image nodekit/base:bookworm is not here")
-    monkeypatch.setattr(selection, "project_fingerprint", lambda s: unknown)
+    monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: unknown)
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
     ref, why, _ = build.choose(settings(tmp_path))
     assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and "base image" in why

@@ -7,6 +7,7 @@ the engine, looked its id up, asked for the job secret and read ``os.environ`` a
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -188,3 +189,37 @@ def test_host_facts_are_gathered_with_the_route_to_main_only_when_not_given(monk
     assert gathered == ["10.9.9.9"]
     gather_node(s, 1, "10.9.9.9", image="x:y", facts=CPU_NODE)
     assert gathered == ["10.9.9.9"]
+
+
+def test_a_dry_run_reads_the_probe_cache_and_never_starts_the_probe_container(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nodekit compose/up --dry-run` choose the image through the base's probe: from its cache, or not at all."""
+    from nodekit import docker, probe
+    from nodekit.settings import Settings
+
+    settings = Settings(project_dir=tmp_path, name="p", script="train.py", base_image="pytorch/pytorch:x")
+    base = docker.ImageInfo(id="sha256:" + "a" * 64, tags=("pytorch/pytorch:x",), labels={}, size=1)
+    started: list[str] = []
+
+    def probe_image(image: str, *args: object, **kwargs: object) -> str:
+        started.append(image)
+        return json.dumps(_CONDA)
+
+    monkeypatch.setattr(docker, "probe_image", probe_image)
+    with pytest.raises(ImageError) as info:
+        probe.target(settings, require_probe=True, base=base, cached_only=True)
+    assert "has not been probed on this machine yet" in info.value.message and "--dry-run" in (info.value.fix or "")
+    assert started == [] and not (tmp_path / ".nodekit").exists()  # no container, no cache file
+    probed = probe.target(settings, require_probe=True, base=base)  # a real run probes once and caches
+    assert started == [base.id] and probed.python_version == "3.11"
+    again = probe.target(settings, require_probe=True, base=base, cached_only=True)
+    assert again == probed and started == [base.id]  # the dry run now reads the cache
+
+
+_CONDA = {
+    "python": "/opt/conda/bin/python3", "kind": "conda", "version": "3.11.9", "implementation": "cpython",
+    "libc": "glibc", "libc_version": "2.35", "machine": "x86_64", "pip": True, "ensurepip": True,
+    "site": ["/opt/conda/lib/python3.11/site-packages"], "dists": {"torch": "2.5.0"},
+    "torch": {"__version__": "2.5.0+cu124", "cuda": "12.4", "git_version": "abc"},
+}  # fmt: skip
