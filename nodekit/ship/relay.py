@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import os
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
@@ -285,9 +284,10 @@ class RelaySink:
     def _read(self) -> None:
         """Keeps what the chain said as it arrives: a node's line counts even when the session never ends cleanly
         (cut off at the answer deadline, or a process on the way still holding the pipe open)."""
-        assert self._proc.stderr is not None
-        fd = self._proc.stderr.fileno()
-        for chunk in iter(lambda: os.read(fd, 65536), b""):
+        stream = self._proc.stderr
+        assert stream is not None
+        read = getattr(stream, "read1", stream.read)  # read1: what has arrived, without waiting for a full block
+        for chunk in iter(lambda: read(65536), b""):
             self._stderr += chunk
 
     def report(self) -> Report:
