@@ -8,7 +8,7 @@ nothing is written until ``write_compose`` and nothing runs until ``up``. A plan
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +20,7 @@ from nodekit.progress import Reporter
 from nodekit.render.compose import compose_filename, project_name, render_compose, to_yaml
 from nodekit.settings import Settings
 from nodekit.spec import HostFacts, NodeSpec, check_rank, launch_spec, node_facts, node_spec
-from nodekit.world import NodeWorld, check_mounts, gather_node
+from nodekit.world import NodeWorld, check_mounts
 
 
 @dataclass(frozen=True)
@@ -87,28 +87,6 @@ def plan_node(
         warnings=unset_pass_env(launch.pass_env, world.env_set),
         job_secret=world.job_secret,
     )
-
-
-def plan_here(
-    settings: Settings,
-    rank: int,
-    main: str,
-    *,
-    image: str | None = None,
-    debug: bool = False,
-    out_dir: Path | None = None,
-    facts: HostFacts | None = None,
-    mounts_checked: bool = False,
-    environ: Mapping[str, str] | None = None,
-    image_id: Callable[[str], str] | None = None,
-    job_secret: Callable[[], str] | None = None,
-) -> NodePlan:
-    """:func:`nodekit.world.gather_node` on this machine, then :func:`plan_node`: the one-call form."""
-    world = gather_node(
-        settings, rank, main, image=image, facts=facts, mounts_checked=mounts_checked, environ=environ,
-        image_id=image_id, job_secret=job_secret,
-    )  # fmt: skip
-    return plan_node(settings, rank, world, debug=debug, out_dir=out_dir)
 
 
 def unset_pass_env(names: tuple[str, ...], environ: Container[str]) -> tuple[str, ...]:

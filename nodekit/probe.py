@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import re
+from enum import Enum
 from pathlib import Path
-from types import EllipsisType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 from pydantic import BaseModel
 
@@ -31,6 +31,17 @@ if TYPE_CHECKING:
     from nodekit.docker import ImageInfo
 
 PROBE_DIR = Path(".nodekit") / "base-probe"
+
+
+class Inspect(Enum):
+    """``base`` left out: the function inspects the configured base image in the engine itself."""
+
+    HERE = "inspect the base image here"
+
+
+INSPECT = Inspect.HERE
+# The base image as a caller already inspected it (None: not in the engine), or INSPECT.
+BaseGiven: TypeAlias = "ImageInfo | Literal[Inspect.HERE] | None"
 # The launcher's own floor (zip(strict=...), PEP 604 unions at run time in dataclasses) and torch 2.13's.
 MIN_PYTHON = (3, 10)
 PROBE_TIMEOUT = 60.0
@@ -212,11 +223,7 @@ def cache_path(project_dir: Path, image_id: str) -> Path:
 
 
 def probe_base(
-    settings: Settings,
-    *,
-    refresh: bool = False,
-    base: ImageInfo | EllipsisType | None = ...,
-    cached_only: bool = False,
+    settings: Settings, *, refresh: bool = False, base: BaseGiven = INSPECT, cached_only: bool = False
 ) -> BaseStack:
     """The configured base image's stack: from the cache for its image id, else from one offline container.
 
@@ -226,7 +233,7 @@ def probe_base(
     """
     from nodekit import docker
 
-    info = docker.image_info(settings.base_image) if base is ... else base
+    info = docker.image_info(settings.base_image) if base is INSPECT else base
     if info is None:
         raise ImageError(
             f"base image {settings.base_image} is not in the local Docker engine, and nodekit does not pull "
@@ -300,7 +307,7 @@ def target(
     settings: Settings,
     *,
     require_probe: bool = False,
-    base: ImageInfo | EllipsisType | None = ...,
+    base: BaseGiven = INSPECT,
     cached_only: bool = False,
 ) -> WheelTarget:
     """The resolution target for ``settings``. Probes the base when the engine has it (cached by image id);

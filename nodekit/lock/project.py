@@ -21,14 +21,12 @@ from nodekit.lock.format import (
     unsatisfied,
 )
 from nodekit.lock.resolution import resolve
+from nodekit.probe import INSPECT
 from nodekit.progress import Reporter
 from nodekit.settings import Settings
 
 if TYPE_CHECKING:
-    from types import EllipsisType
-
-    from nodekit.docker import ImageInfo
-    from nodekit.probe import WheelTarget
+    from nodekit.probe import BaseGiven, WheelTarget
 
 
 def lock_path(settings: Settings) -> Path:
@@ -44,15 +42,13 @@ def read_lock(settings: Settings) -> Lock | None:
     return parse_lock(path.read_text(), source=str(path))
 
 
-def _target(settings: Settings, target: WheelTarget | None, base: ImageInfo | EllipsisType | None = ...) -> WheelTarget:
+def _target(settings: Settings, target: WheelTarget | None, base: BaseGiven = INSPECT) -> WheelTarget:
     from nodekit.probe import target as probe_target
 
     return target if target is not None else probe_target(settings, base=base)
 
 
-def check_lock(
-    settings: Settings, target: WheelTarget | None = None, *, base: ImageInfo | EllipsisType | None = ...
-) -> Lock:
+def check_lock(settings: Settings, target: WheelTarget | None = None, *, base: BaseGiven = INSPECT) -> Lock:
     """The lock, when it exists, was resolved for this image's Python and platform (``target``, by default
     probed from the base: ``base`` as for :func:`nodekit.probe.probe_base`), still matches what the base provides,
     and satisfies the config.

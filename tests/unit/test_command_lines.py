@@ -9,18 +9,18 @@ import pytest
 
 from nodekit.errors import HostToolHung, ImageError
 from tests.fake_runner import FakeRunner
+from tests.unit.planning import plan_here
 
 TIMEOUT = ["timeout", "--foreground", "--kill-after=5"]  # GNU timeout(1): the deadline of what python-on-whales runs
 
 
 def node_plan(tmp_path: Path) -> object:
-    from nodekit import node
     from nodekit.settings import Settings
     from tests.unit.test_compose_render import CPU_NODE
 
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)
-    return node.plan_here(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE,
+    return plan_here(s, 1, "10.0.0.5", image="nodekit/demo:0123456789ab", facts=CPU_NODE,
                           image_id=lambda ref: "sha256:" + "e" * 64)  # fmt: skip
 
 

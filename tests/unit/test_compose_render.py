@@ -136,7 +136,7 @@ def test_a_dotted_image_name_makes_a_project_name_compose_accepts() -> None:
 def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
     """Preflight compares NODEKIT_IMAGE_ID; before, nothing ever set it, so the compared id was always empty."""
     from nodekit.launcher.config import parse_env
-    from nodekit.node import plan_here
+    from tests.unit.planning import plan_here
 
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)

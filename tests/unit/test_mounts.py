@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from nodekit.errors import ConfigError, UsageError
-from nodekit.node import plan_here
 from nodekit.settings import Mount, NodeOverride, Settings, load
+from tests.unit.planning import plan_here
 from tests.unit.test_compose_render import CPU_NODE, rendered, settings
 
 DATA = Mount(host="/srv/data", container="/data", check="sizes")

@@ -334,7 +334,8 @@ def test_debug_env_wins_over_configured_values() -> None:
 
 def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path) -> None:
     from nodekit.errors import NetworkError
-    from nodekit.node import check_master_port, plan_here
+    from nodekit.node import check_master_port
+    from tests.unit.planning import plan_here
 
     (tmp_path / "train.py").write_text("")
     with socket.socket() as held:

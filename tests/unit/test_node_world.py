@@ -19,11 +19,12 @@ import yaml
 from nodekit.errors import ImageError, UsageError
 from nodekit.fleet.hosts import fleet_hosts
 from nodekit.fleet.remote import Gathered
-from nodekit.node import plan_here, plan_node
+from nodekit.node import plan_node
 from nodekit.settings import Mount, NodeOverride, Settings
 from nodekit.spec import HostFacts
 from nodekit.world import NodeWorld, gather_node
 from tests.golden import GOLDEN, update_golden
+from tests.unit.planning import plan_here
 from tests.unit.test_compose_render import CPU_NODE, GPU_NODE
 
 PROJECT = Path("/srv/project")

@@ -17,6 +17,7 @@ from nodekit import docker, node, proc
 from nodekit.docker import compose
 from nodekit.progress import RecordingReporter
 from nodekit.settings import Settings
+from tests.unit.planning import plan_here
 from tests.unit.test_compose_render import CPU_NODE
 from tests.unit.test_proc import gone
 
@@ -37,7 +38,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def plan(tmp_path: Path) -> node.NodePlan:
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="sig", script="train.py", nnodes=2)
-    return node.plan_here(s, 1, "10.0.0.5", image="nodekit/sig:0123456789ab", facts=CPU_NODE)
+    return plan_here(s, 1, "10.0.0.5", image="nodekit/sig:0123456789ab", facts=CPU_NODE)
 
 
 def signal_self(signum: int) -> None:
