@@ -68,11 +68,12 @@ test-docker: venv engine base
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
 # The unit tier runs on 4 workers (pytest-xdist): its tests are isolated (tmp_path, no engine, no fixed port) and
-# a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker and cluster tiers stay serial:
-# they share one engine, fixed ports and one set of namespace names.
+# a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker tier and the cluster tier run
+# side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
+# serial, in file order, as they share one engine's fixed ports or one set of namespace names.
 test: lint engine sshd slurm base
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
-	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q --durations=15
+	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n 2 --dist loadgroup --durations=15
 
 # make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,
 # about 8 minutes) included. make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 150 --write-docs"]: only that one.

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("docker") and "docker_engine" not in getattr(item, "fixturenames", ()):
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]
+
+
+# `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 2 --dist loadgroup):
+# each tier's tests stay in one worker, in file order, because a tier shares state between its tests (the default
+# engine's fixed ports and compose projects; the cluster's namespace names and data roots), while the two tiers
+# share nothing but the default engine's build cache. Most of both is waiting (rendezvous, timeouts, sshd, sleeps).
+TIERS = {"integration": "engine", "cluster": "cluster"}
+
+
+def tier_of(nodeid: str) -> str | None:
+    """The tier a test belongs to, from its path: tests/integration/... is "engine", tests/cluster/... "cluster"."""
+    return next((TIERS[part] for part in nodeid.split("::", 1)[0].split("/") if part in TIERS), None)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under --dist loadgroup, a test's tier is its group. (pytest-xdist 3.8 groups by an ``xdist_group`` mark by
+    suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope is chosen here instead.)"""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class TierScheduling(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return tier_of(nodeid) or super()._split_scope(nodeid)
+
+    return TierScheduling(config, log)
 
 
 def logging_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
