@@ -63,71 +63,54 @@ def _link(src: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def prefill(project: Path, cache: Path = CACHE) -> int:
-    """Link every cached wheel that ``project``'s lock pins into its wheelhouse; returns how many were linked."""
-    if not cache.is_dir():
-        return 0
+def _link_missing(files: list[Path], dest: Path) -> int:
+    """Link each of ``files`` into the folder ``dest`` where it lacks one by that name; returns how many were linked
+    (stopping at the first file it cannot write: a read-only cache is not an error)."""
+    n = 0
+    for f in files:
+        try:
+            dest.mkdir(parents=True, exist_ok=True)
+            if not (dest / f.name).exists():
+                _link(f, dest / f.name)
+                n += 1
+        except OSError:
+            break
+    return n
+
+
+def _locked_wheels(project: Path, folder: Path) -> list[Path]:
+    """The wheels in ``folder`` that ``project``'s lock pins (for its Python)."""
     pins = _pins(project)
     python = next(iter(pins))[2] if pins else ""
-    house = project / WHEELHOUSE
-    house.mkdir(parents=True, exist_ok=True)
-    n = 0
-    for wheel in sorted(cache.glob("*.whl")):
-        if _key(wheel, python) in pins and not (house / wheel.name).exists():
-            _link(wheel, house / wheel.name)
-            n += 1
-    return n
+    return [w for w in sorted(folder.glob("*.whl")) if _key(w, python) in pins]
 
 
 def _blob_files(root: Path) -> list[Path]:
     return sorted(p for p in (root / "sha256").glob("*") if p.is_file() and len(p.name) == 64)
 
 
+def prefill(project: Path, cache: Path = CACHE) -> int:
+    """Link every cached wheel that ``project``'s lock pins into its wheelhouse; returns how many were linked."""
+    return _link_missing(_locked_wheels(project, cache), project / WHEELHOUSE) if cache.is_dir() else 0
+
+
 def prefill_blobs(project: Path, cache: Path = CACHE) -> int:
     """Link the kept blobs into ``project``'s blob store; returns how many were linked."""
-    store = project / BLOBS / "sha256"
-    n = 0
-    for blob in _blob_files(cache / "blobs"):
-        store.mkdir(parents=True, exist_ok=True)
-        if not (store / blob.name).exists():
-            _link(blob, store / blob.name)
-            n += 1
-    return n
+    return _link_missing(_blob_files(cache / "blobs"), project / BLOBS / "sha256")
 
 
 def keep(project: Path, cache: Path = CACHE) -> int:
     """Put the wheels of ``project``'s wheelhouse that the cache lacks into it (when it can be written); returns
     how many. Only locked wheels: the wheelhouse was verified against the lock by the build that used it."""
     house = project / WHEELHOUSE
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    if not house.is_dir() or (cache.is_dir() and not os.access(cache, os.W_OK)):
         return 0
-    if not os.access(cache, os.W_OK) or not house.is_dir():
-        return 0
-    pins = _pins(project)
-    python = next(iter(pins))[2] if pins else ""
-    n = 0
-    for wheel in sorted(house.glob("*.whl")):
-        if _key(wheel, python) in pins and not (cache / wheel.name).exists():
-            _link(wheel, cache / wheel.name)
-            n += 1
-    return n
+    return _link_missing(_locked_wheels(project, house), cache)
 
 
 def keep_blobs(project: Path, cache: Path = CACHE) -> int:
     """Put ``project``'s blobs that the cache lacks into it; returns how many."""
-    kept = cache / "blobs" / "sha256"
-    n = 0
-    for blob in _blob_files(project / BLOBS):
-        try:
-            kept.mkdir(parents=True, exist_ok=True)
-            if not (kept / blob.name).exists():
-                _link(blob, kept / blob.name)
-                n += 1
-        except OSError:
-            return n
-    return n
+    return _link_missing(_blob_files(project / BLOBS), cache / "blobs" / "sha256")
 
 
 def warm(project: Path, cache: Path = CACHE) -> None:
