@@ -86,11 +86,15 @@ class Recorder:
         upstream = socket.create_connection(("127.0.0.1", self.target))
 
         def pump(src: socket.socket, dst: socket.socket, record: bool) -> None:
-            while data := src.recv(1 << 16):
-                if record:
-                    self.sent += data
-                dst.sendall(data)
-            dst.close()
+            try:
+                while data := src.recv(1 << 16):
+                    if record:
+                        self.sent += data
+                    dst.sendall(data)
+            except OSError:
+                pass  # the other direction closed this socket first
+            finally:
+                dst.close()
 
         threading.Thread(target=pump, args=(upstream, client, False), daemon=True).start()
         pump(client, upstream, True)

@@ -47,8 +47,8 @@ def hostile(port: int, behaviour: str, held: list[socket.socket]) -> None:
             sock.sendall(auth.client_hello(os.urandom(auth.NONCE_LEN)))
             recv_exact(sock, auth.SERVER_HELLO_LEN)
             sock.sendall(os.urandom(auth.PROOF_LEN) + b"\x00\x00\x00\x10" + os.urandom(48))
-    except OSError:
-        pass  # main cut it off: what it should do
+    except (OSError, EOFError):  # EOFError: recv_exact's word for a connection closed mid-read
+        pass  # main cut it off: what it should do (the attacker goes on with its next connection)
     if behaviour in ("partial", "silent", "length"):
         held.append(sock)
         if len(held) > 200:  # the client's own descriptors: keep its latest 200 open
