@@ -63,9 +63,10 @@ def _link(src: Path, dest: Path) -> None:
     os.replace(tmp, dest)
 
 
-def _link_missing(files: list[Path], dest: Path) -> int:
-    """Link each of ``files`` into the folder ``dest`` where it lacks one by that name; returns how many were linked
-    (stopping at the first file it cannot write: a read-only cache is not an error)."""
+def _link_missing(files: list[Path], dest: Path, *, best_effort: bool = False) -> int:
+    """Link each of ``files`` into the folder ``dest`` where it lacks one by that name; returns how many were linked.
+    ``best_effort`` (writing into the cache): stop at the first file it cannot write, as a read-only cache is not an
+    error; a project's own wheelhouse or store that cannot be written is."""
     n = 0
     for f in files:
         try:
@@ -74,6 +75,8 @@ def _link_missing(files: list[Path], dest: Path) -> int:
                 _link(f, dest / f.name)
                 n += 1
         except OSError:
+            if not best_effort:
+                raise
             break
     return n
 
@@ -105,12 +108,12 @@ def keep(project: Path, cache: Path = CACHE) -> int:
     house = project / WHEELHOUSE
     if not house.is_dir() or (cache.is_dir() and not os.access(cache, os.W_OK)):
         return 0
-    return _link_missing(_locked_wheels(project, house), cache)
+    return _link_missing(_locked_wheels(project, house), cache, best_effort=True)
 
 
 def keep_blobs(project: Path, cache: Path = CACHE) -> int:
     """Put ``project``'s blobs that the cache lacks into it; returns how many."""
-    return _link_missing(_blob_files(project / BLOBS), cache / "blobs" / "sha256")
+    return _link_missing(_blob_files(project / BLOBS), cache / "blobs" / "sha256", best_effort=True)
 
 
 def warm(project: Path, cache: Path = CACHE) -> None:

@@ -240,12 +240,10 @@ def test_a_trixie_base_runs_a_two_node_job_with_the_cp313_cuda_torch(tmp_path: P
     # the marker holds for the host's 3.11, not for the image's 3.13
     assert "\nsix==1.17.0 " in lock and "\nexceptiongroup==" not in lock
     assert f"\ntorch==2.14.1 --hash=sha256:{TORCH_CP313_SHA256}" in lock and "\nnvidia-nccl-cu13==" in lock
-    wheelcache.prefill(proj)
-    wheelcache.prefill_blobs(proj)
+    wheelcache.warm(proj)
     built = nodekit("build", config=config, timeout=1800)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    wheelcache.keep(proj)
-    wheelcache.keep_blobs(proj)
+    wheelcache.kept(proj)
     tag = json.loads((proj / ".nodekit" / "last-build.json").read_text())["tag"]
     try:
         ran = _docker("run", "--rm", "--network", "none", "--entrypoint", "python", tag, "/workspace/t.py")

@@ -44,8 +44,7 @@ def lightly_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: Non
     root = tmp_path_factory.mktemp("lightly")
     project = root / "lightlytrain"
     shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
-    wheelcache.prefill(project)
-    wheelcache.prefill_blobs(project)
+    wheelcache.warm(project)
     # Two nodes on one machine, each with its own copy of the data, as two machines would have.
     n0, n1 = images(root / "node0" / "images"), images(root / "node1" / "images")
     toml = project / "nodekit.toml"
@@ -54,8 +53,7 @@ def lightly_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: Non
     toml.write_text(text + f'\n[nodes.1]\nmounts = {{ "/data" = "{n1}" }}\n')
     built = nodekit("build", "--create-base", config=toml, timeout=1800)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    wheelcache.keep(project)
-    wheelcache.keep_blobs(project)
+    wheelcache.kept(project)
     yield project
     keep = json.loads((project / ".nodekit" / "last-build.json").read_text())["tag"]
     for info in docker.images_labelled("org.nodekit.name", "lightlytrain-demo"):
