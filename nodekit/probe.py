@@ -42,6 +42,7 @@ class Inspect(Enum):
 INSPECT = Inspect.HERE
 # The base image as a caller already inspected it (None: not in the engine), or INSPECT.
 BaseGiven: TypeAlias = "ImageInfo | Literal[Inspect.HERE] | None"
+
 # The launcher's own floor (zip(strict=...), PEP 604 unions at run time in dataclasses) and torch 2.13's.
 MIN_PYTHON = (3, 10)
 PROBE_TIMEOUT = 60.0
