@@ -30,6 +30,7 @@ from nodekit.doctor.gathering import CONTAINER_SCRIPT, CONTAINER_WAIT_S, gather,
 from nodekit.doctor.listen import serve
 from nodekit.doctor.model import (
     CheckRow,
+    ContainerCheck,
     ContainerView,
     DoctorFacts,
     EngineCheck,
@@ -53,6 +54,7 @@ __all__ = [
     "STACK_WANTED",
     "TOOLKIT_FIX",
     "CheckRow",
+    "ContainerCheck",
     "ContainerView",
     "DoctorFacts",
     "EngineCheck",

@@ -84,12 +84,13 @@ def _gpu_rows(f: DoctorFacts) -> list[CheckRow]:
         ]
     models = sorted(set(f.host.gpu_models))
     host_row = CheckRow("gpus", Status.PASS, f"{n} x {', '.join(models) or 'NVIDIA GPU'}")
-    if f.gpu_error is not None:
-        return [host_row, CheckRow("gpus in container", Status.FAIL, f.gpu_error, TOOLKIT_FIX)]
-    if f.container is not None:
-        seen = len(f.container.gpus)
+    c = f.containers
+    if c.gpu_error is not None:
+        return [host_row, CheckRow("gpus in container", Status.FAIL, c.gpu_error, TOOLKIT_FIX)]
+    if c.view is not None:
+        seen = len(c.view.gpus)
         if seen == n:
-            return [host_row, CheckRow("gpus in container", Status.PASS, f"{seen} visible in {f.container.image}")]
+            return [host_row, CheckRow("gpus in container", Status.PASS, f"{seen} visible in {c.view.image}")]
         return [
             host_row,
             CheckRow("gpus in container", Status.FAIL, f"{seen} of {n} GPUs visible inside a container", TOOLKIT_FIX),
@@ -104,7 +105,7 @@ def _gpu_rows(f: DoctorFacts) -> list[CheckRow]:
                 TOOLKIT_FIX,
             ),
         ]
-    why = f.container_note or f.container_error or "no container could be started"
+    why = c.note or c.error or "no container could be started"
     return [host_row, CheckRow("gpus in container", Status.SKIP, f"not checked in a container: {why}")]
 
 
@@ -134,10 +135,11 @@ def _infiniband_row(f: DoctorFacts) -> CheckRow:
 
 
 def _shm_row(f: DoctorFacts) -> CheckRow:
-    shm = f.container.shm if f.container and f.container.shm else f.host_shm
+    view = f.containers.view
+    shm = view.shm if view and view.shm else f.host_shm
     if shm is None:
         return CheckRow("shared memory", Status.SKIP, "cannot read /dev/shm")
-    where = "in the container (ipc: host)" if f.container and f.container.shm else "on the host (ipc: host shares it)"
+    where = "in the container (ipc: host)" if view and view.shm else "on the host (ipc: host shares it)"
     if shm < SHM_WANTED:
         return CheckRow(
             "shared memory",
@@ -149,13 +151,13 @@ def _shm_row(f: DoctorFacts) -> CheckRow:
 
 
 def _ulimits_row(f: DoctorFacts) -> CheckRow:
-    c = f.container
-    if c is None and f.container_error is not None:
+    c, error = f.containers.view, f.containers.error
+    if c is None and error is not None:
         # runc names the limit it could not set by number: RLIMIT_STACK 3, RLIMIT_NOFILE 7, RLIMIT_MEMLOCK 8.
-        which = re.search(r"rlimit type (\d+)", f.container_error)
+        which = re.search(r"rlimit type (\d+)", error)
         key = {"3": "STACK", "7": "NOFILE", "8": "MEMLOCK"}.get(which.group(1)) if which else None
         fix = DAEMON_LIMIT_FIX.format(key=key, name=key.lower()) if key else None
-        return CheckRow("ulimits", Status.FAIL, f"the job's container cannot start: {f.container_error}", fix)
+        return CheckRow("ulimits", Status.FAIL, f"the job's container cannot start: {error}", fix)
     if c is not None:
         memlock, stack, nofile, src = c.memlock, c.stack, c.nofile, f"in a container of {c.image}"
     else:
@@ -163,7 +165,7 @@ def _ulimits_row(f: DoctorFacts) -> CheckRow:
         memlock = None if "memlock" in asked else f.host.memlock_hard
         stack = int(asked["stack"]["soft"])
         nofile = f.host_nofile
-        src = f"predicted from the host ({f.container_note or 'no container run'})"
+        src = f"predicted from the host ({f.containers.note or 'no container run'})"
     detail = f"memlock {_limit(memlock)}, stack {_limit(stack)}, nofile {nofile if nofile else 'unlimited'} {src}"
     if stack is not None and stack < STACK_WANTED:
         return CheckRow(

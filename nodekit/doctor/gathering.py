@@ -14,11 +14,10 @@ from __future__ import annotations
 import contextlib
 import resource
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 from nodekit.doctor import handshake
 from nodekit.doctor.handshake import Probe
-from nodekit.doctor.model import ContainerView, DoctorFacts, EngineCheck, ImageCheck, is_main_node
+from nodekit.doctor.model import ContainerCheck, ContainerView, DoctorFacts, EngineCheck, ImageCheck, is_main_node
 from nodekit.errors import NodekitError, UsageError
 from nodekit.host import facts as host_facts
 from nodekit.host import net
@@ -117,10 +116,7 @@ def gather(settings: Settings, *, main: str | None, rank: int | None, probe_time
         hostname_addrs=addrs,
         engine=engine,
         image=image,
-        container=containers.view,
-        container_error=containers.error,
-        container_note=containers.note,
-        gpu_error=containers.gpu_error,
+        containers=containers,
         toolkit=host_facts.nvidia_container_toolkit(),
         host_shm=host_facts.shm_bytes(),
         host_nofile=host_facts.daemon_hard_limit("Max open files", resource.RLIMIT_NOFILE),
@@ -138,20 +134,14 @@ def _engine() -> EngineCheck:
     return EngineCheck(server=info.server_version, compose=info.compose_version, buildx=info.buildx_version)
 
 
-@dataclass(frozen=True)
-class _Containers:
-    view: ContainerView | None = None
-    error: str | None = None
-    gpu_error: str | None = None
-    note: str | None = None
-
-
-def _image_and_container(settings: Settings, engine: EngineCheck, host: HostFacts) -> tuple[ImageCheck, _Containers]:
+def _image_and_container(settings: Settings, engine: EngineCheck, host: HostFacts) -> tuple[ImageCheck, ContainerCheck]:
     if engine.failed is not None:
-        return ImageCheck(error="not checked: no usable Docker engine", fix=engine.fix), _Containers(note="no engine")
+        return ImageCheck(error="not checked: no usable Docker engine", fix=engine.fix), ContainerCheck(
+            note="no engine"
+        )
     image = _image(settings)
     if not image.present or image.ref is None:
-        return image, _Containers(note="no image built")
+        return image, ContainerCheck(note="no image built")
     return image, _run_containers(image.ref, host)
 
 
@@ -173,7 +163,7 @@ def _image(settings: Settings) -> ImageCheck:
     return ImageCheck(ref=ref, present=True, fingerprint=info.labels.get(LABEL_FINGERPRINT))
 
 
-def _run_containers(ref: str, host: HostFacts) -> _Containers:
+def _run_containers(ref: str, host: HostFacts) -> ContainerCheck:
     """Start ``ref`` as the job's container starts (limits, IPC), and on a GPU node also with every GPU.
 
     Two containers side by side rather than one: a missing NVIDIA runtime must not hide the limits.
@@ -196,4 +186,4 @@ def _run_containers(ref: str, host: HostFacts) -> _Containers:
     view = parse_container_probe(ref, (out or "") + (gpu_out or "")) if out is not None else None
     if view is None and gpu_out is not None:
         view = parse_container_probe(ref, gpu_out)
-    return _Containers(view=view, error=error if view is None else None, gpu_error=gpu_error)
+    return ContainerCheck(view=view, error=error if view is None else None, gpu_error=gpu_error)

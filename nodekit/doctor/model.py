@@ -72,6 +72,19 @@ class ContainerView:
 
 
 @dataclass(frozen=True)
+class ContainerCheck:
+    """The containers doctor starts as the job's would be: what they saw inside, or why they did not run."""
+
+    view: ContainerView | None = None
+    error: str | None = None
+    """Why the job-like container (limits, no GPUs) did not run; with ``view`` None."""
+    note: str | None = None
+    """Why no container was tried (no engine, no image)."""
+    gpu_error: str | None = None
+    """Why a container with every GPU did not run, on a node with GPUs."""
+
+
+@dataclass(frozen=True)
 class ImageCheck:
     ref: str | None = None
     present: bool = False
@@ -103,13 +116,7 @@ class DoctorFacts:
     hostname_addrs: tuple[str, ...] = ()
     engine: EngineCheck = field(default_factory=EngineCheck)
     image: ImageCheck = field(default_factory=ImageCheck)
-    container: ContainerView | None = None
-    container_error: str | None = None
-    """Why the job-like container (limits, no GPUs) did not run; with ``container`` None."""
-    container_note: str | None = None
-    """Why no container was tried (no engine, no image)."""
-    gpu_error: str | None = None
-    """Why a container with every GPU did not run, on a node with GPUs."""
+    containers: ContainerCheck = field(default_factory=ContainerCheck)
     toolkit: bool = False
     host_shm: int | None = None
     host_nofile: int | None = None

@@ -40,7 +40,7 @@ FRESH = DoctorFacts(
     hostname_addrs=("127.0.0.1",),
     engine=ENGINE,
     image=ImageCheck(error="no image built yet for demo", fix="nodekit build"),
-    container_note="no image built",
+    containers=doc.ContainerCheck(note="no image built"),
     host_shm=16 * GIB,
     host_nofile=1048576,
 )
@@ -125,14 +125,14 @@ def test_gpus_visible_in_container() -> None:
     view = ContainerView(
         image="nodekit/demo:abc", gpus=("GPU 0: H100", "GPU 1: H100"), stack=64 * 1024**2, nofile=1 << 20
     )
-    rows = doc.rows(replace(FRESH, host=GPU_HOST, container=view, toolkit=True))
+    rows = doc.rows(replace(FRESH, host=GPU_HOST, containers=doc.ContainerCheck(view=view), toolkit=True))
     assert row(rows, "gpus").detail == "2 x NVIDIA H100 80GB HBM3"
     assert row(rows, "gpus in container").status is Status.PASS
 
 
 def test_gpus_without_runtime() -> None:
     err = 'a test container failed: could not select device driver "" with capabilities: [[gpu]]'
-    rows = doc.rows(replace(FRESH, host=GPU_HOST, gpu_error=err, toolkit=False))
+    rows = doc.rows(replace(FRESH, host=GPU_HOST, containers=doc.ContainerCheck(gpu_error=err), toolkit=False))
     r = row(rows, "gpus in container")
     assert r.status is Status.FAIL and "nvidia-container-toolkit" in (r.fix or "")
 
@@ -284,7 +284,7 @@ def test_infiniband_rows() -> None:
 
 def test_small_shm_and_low_nofile_in_the_container() -> None:
     view = ContainerView(image="img", memlock=8 << 20, stack=64 << 20, nofile=1024, shm=64 << 20)
-    rows = doc.rows(replace(FRESH, container=view))
+    rows = doc.rows(replace(FRESH, containers=doc.ContainerCheck(view=view)))
     assert (
         row(rows, "shared memory").status is Status.WARN
         and "64 MiB in the container" in row(rows, "shared memory").detail
@@ -297,7 +297,7 @@ def test_small_shm_and_low_nofile_in_the_container() -> None:
 
 def test_container_refused_a_limit() -> None:
     err = "a test container failed: error setting rlimit type 8: operation not permitted"
-    r = row(doc.rows(replace(FRESH, container_error=err)), "ulimits")
+    r = row(doc.rows(replace(FRESH, containers=doc.ContainerCheck(error=err))), "ulimits")
     assert r.status is Status.FAIL and "LimitMEMLOCK=infinity" in (r.fix or "")
 
 
