@@ -78,16 +78,6 @@ class K8sJob(BaseModel):
         """The Secret the pass_env variables are read from (created by the user: nodekit never holds them)."""
         return f"{self.name}-env"
 
-    @property
-    def main_job(self) -> str:
-        """Pod 0's DNS name in the Indexed Job: ``<job>-<index>`` is its hostname, the Service its subdomain."""
-        return f"{self.name}-0.{self.name}"
-
-    @property
-    def main_trainjob(self) -> str:
-        """Pod 0's DNS name under Trainer: JobSet names pods ``<jobset>-<replicated job>-<job>-<pod>``."""
-        return f"{self.name}-{TRAINJOB_CONTAINER}-0-0.{self.name}"
-
 
 def labels(job: K8sJob) -> dict[str, str]:
     out = {"app.kubernetes.io/name": job.name, "app.kubernetes.io/managed-by": "nodekit"}
@@ -170,7 +160,8 @@ def indexed_job(job: K8sJob) -> dict[str, Any]:
         # No command: the image's ENTRYPOINT is the launcher, as under compose; these are its arguments.
         "args": list(job.args),
         "workingDir": "/workspace",
-        "env": pod_env(job, job.main_job),
+        # Pod 0's DNS name: ``<job>-<index>`` is an indexed pod's hostname, the headless Service its subdomain.
+        "env": pod_env(job, f"{job.name}-0.{job.name}"),
         "volumeMounts": mounts,
     }
     if job.gpus:
@@ -232,7 +223,8 @@ def train_job(job: K8sJob) -> dict[str, Any]:
         "args": list(job.args),
         "numNodes": job.nnodes,
         "numProcPerNode": job.nproc,
-        "env": pod_env(job, job.main_trainjob),
+        # Pod 0's DNS name: JobSet names pods ``<jobset>-<replicated job>-<job index>-<pod index>``.
+        "env": pod_env(job, f"{job.name}-{TRAINJOB_CONTAINER}-0-0.{job.name}"),
     }
     if job.gpus:
         trainer["resourcesPerNode"] = _resources(job)
