@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -48,6 +49,26 @@ NnodesOpt = Annotated[int | None, typer.Option("--nnodes", help="number of nodes
 NprocOpt = Annotated[str | None, typer.Option("--nproc-per-node", help="processes per node, or auto")]
 PortOpt = Annotated[int | None, typer.Option("--master-port", help="rendezvous port on main")]
 ScriptOpt = Annotated[str | None, typer.Option("--script", help="training script, relative to the project")]
+DebugOpt = Annotated[
+    bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO")
+]
+
+# The job's shape over nodekit.toml's: every command that plans the job (compose, up, run, slurm, k8s) takes these.
+JOB_FLAGS = (("nnodes", NnodesOpt), ("nproc_per_node", NprocOpt), ("master_port", PortOpt), ("script", ScriptOpt))
+
+
+def job_flags(fn: F) -> F:
+    """Give a command declared with ``**job: Any`` the options of :data:`JOB_FLAGS`, declared once here: typer reads
+    them in its place (before --dry-run and --config, which every command lists last) and the command receives them
+    in ``job``, None where not given, for ``load_settings(config, **job)``."""
+    params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
+    at = next((i for i, p in enumerate(params) if p.name in ("dry_run", "config")), len(params))
+    flags = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for name, a in JOB_FLAGS
+    ]
+    ordered = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in [*params[:at], *flags, *params[at:]]]
+    setattr(fn, "__signature__", inspect.Signature(ordered, return_annotation=None))  # noqa: B010
+    return fn
 
 
 def handled(fn: F) -> F:

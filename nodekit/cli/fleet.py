@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nodekit.cli.common import ConfigOpt, DryRunOpt, ImageOpt, NnodesOpt, app, handled, load_settings
+from nodekit.cli.common import ConfigOpt, DebugOpt, DryRunOpt, ImageOpt, app, handled, job_flags, load_settings
 
 HostfileOpt = Annotated[
     Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
@@ -43,14 +43,15 @@ def line_printer(node: int | None) -> Any:
 
 @app.command()
 @handled
+@job_flags
 def run(
     hostfile: HostfileOpt = None,
     node: Annotated[int | None, typer.Option("--node", help="follow only this node's log (all still run)")] = None,
     image: ImageOpt = None,
-    nnodes: NnodesOpt = None,
-    debug: Annotated[bool, typer.Option("--debug", help="NCCL/gloo/torch distributed debug output")] = False,
+    debug: DebugOpt = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
+    **job: Any,
 ) -> None:
     """Run the job on every host from this (head) node: check every host, ship the image where missing, write
     compose/node-<rank>.yaml per rank, start every node, stream one log. The first node to fail is named and every
@@ -59,7 +60,7 @@ def run(
     from nodekit.cli.ui import RichReporter
     from nodekit.fleet import run as fleet
 
-    settings, hosts = fleet_of(config, hostfile, nnodes=nnodes)
+    settings, hosts = fleet_of(config, hostfile, **job)
     if dry_run:  # the whole plan, gathered on this machine only: no host, engine or DNS is asked
         from nodekit.cli.ui import out
         from nodekit.fleet.plan import gather, plan_fleet

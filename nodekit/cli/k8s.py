@@ -7,17 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from nodekit.cli.common import (
-    ConfigOpt,
-    DryRunOpt,
-    NnodesOpt,
-    NprocOpt,
-    PortOpt,
-    ScriptOpt,
-    app,
-    handled,
-    load_settings,
-)
+from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, job_flags, load_settings
 
 
 def _with_k8s(settings: Any, **given: Any) -> Any:
@@ -30,6 +20,7 @@ def _with_k8s(settings: Any, **given: Any) -> Any:
 
 @app.command("k8s")
 @handled
+@job_flags
 def k8s(
     trainjob: Annotated[
         bool, typer.Option("--trainjob", help="a Kubeflow Trainer TrainJob instead of the Service and Indexed Job")
@@ -40,12 +31,9 @@ def k8s(
     out_dir: Annotated[Path | None, typer.Option("--out-dir", help="where the manifests go (default: k8s/)")] = None,
     namespace: Annotated[str | None, typer.Option("--namespace", "-n", help="namespace of every manifest")] = None,
     gpus: Annotated[int | None, typer.Option("--gpus", help="nvidia.com/gpu per pod (one node's GPUs)")] = None,
-    nnodes: NnodesOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_port: PortOpt = None,
-    script: ScriptOpt = None,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
+    **job: Any,
 ) -> None:
     """Write Kubernetes manifests for the project's job: a headless Service and an Indexed Job (or, with
     --trainjob, a Kubeflow Trainer TrainJob) running the launcher in every pod, and the job secret as a Secret.
@@ -60,10 +48,7 @@ def k8s(
     from nodekit.build import last_build
     from nodekit.cli.ui import out
 
-    settings = load_settings(
-        config, nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script
-    )
-    settings = _with_k8s(settings, namespace=namespace, gpus=gpus)
+    settings = _with_k8s(load_settings(config, **job), namespace=namespace, gpus=gpus)
     planner.script_exists(settings)
     ref, fingerprint = planner.choose_image(settings, image, last_build(settings))
     # Relative to here when under it, so the files' "kubectl apply -f" line reads as the user would type it.

@@ -9,25 +9,19 @@ import typer
 
 from nodekit.cli.common import (
     ConfigOpt,
+    DebugOpt,
     DryRunOpt,
     ImageOpt,
     MainOpt,
-    NnodesOpt,
-    NprocOpt,
-    PortOpt,
     RankOpt,
-    ScriptOpt,
     app,
     handled,
+    job_flags,
     load_settings,
     reporter,
 )
 
 OutDirOpt = Annotated[Path | None, typer.Option("--out-dir", help="where node-<rank>.yaml goes (default: compose/)")]
-DebugOpt = Annotated[
-    bool,
-    typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO"),
-]
 
 
 def _plan(
@@ -72,18 +66,16 @@ def _print_plan(plan: Any) -> None:
 
 @app.command()
 @handled
+@job_flags
 def compose(
     node_rank: RankOpt,
     main: MainOpt,
     image: ImageOpt = None,
     out_dir: OutDirOpt = None,
     debug: DebugOpt = False,
-    nnodes: NnodesOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_port: PortOpt = None,
-    script: ScriptOpt = None,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
+    **job: Any,
 ) -> None:
     """Write compose/node-<rank>.yaml for this node and print its path.
 
@@ -91,10 +83,7 @@ def compose(
     """
     from nodekit.node import write_compose
 
-    plan = _plan(
-        config, node_rank, main, image, debug, out_dir, dry_run=dry_run,
-        nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
-    )  # fmt: skip
+    plan = _plan(config, node_rank, main, image, debug, out_dir, dry_run=dry_run, **job)
     if dry_run:
         _print_plan(plan)
         return
@@ -105,6 +94,7 @@ def compose(
 
 @app.command()
 @handled
+@job_flags
 def up(
     node_rank: RankOpt,
     main: MainOpt,
@@ -115,12 +105,9 @@ def up(
     image: ImageOpt = None,
     out_dir: OutDirOpt = None,
     debug: DebugOpt = False,
-    nnodes: NnodesOpt = None,
-    nproc_per_node: NprocOpt = None,
-    master_port: PortOpt = None,
-    script: ScriptOpt = None,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
+    **job: Any,
 ) -> None:
     """Write this node's compose file and run it: logs stream with a node prefix, the exit code is the job's."""
     from nodekit import node
@@ -129,12 +116,9 @@ def up(
     if build and image is None:
         from nodekit import build as building
 
-        settings = load_settings(config, nnodes=nnodes, master_port=master_port, script=script)
-        image = building.build(settings, reporter(), dry_run=dry_run).tag
-    plan = _plan(
-        config, node_rank, main, image, debug, out_dir, None if dry_run else node.image_id_here(node_rank),
-        dry_run=dry_run, nnodes=nnodes, nproc_per_node=nproc_per_node, master_port=master_port, script=script,
-    )  # fmt: skip
+        image = building.build(load_settings(config, **job), reporter(), dry_run=dry_run).tag
+    image_id = None if dry_run else node.image_id_here(node_rank)
+    plan = _plan(config, node_rank, main, image, debug, out_dir, image_id, dry_run=dry_run, **job)
     if dry_run:
         _print_plan(plan)
         return
@@ -142,11 +126,20 @@ def up(
     raise typer.Exit(code)
 
 
-def _project(config: Path | None, rank: int, out_dir: Path | None) -> tuple[Path, str]:
+def _here(config: Path | None, node_rank: int | None, out_dir: Path | None) -> tuple[int, Path | None, str]:
+    """The node on this host that down and logs act on without hosts: its rank (which must be given), its compose
+    file (None where it was never written here: Docker finds the containers by project) and its project name."""
+    if node_rank is None:
+        from nodekit.errors import UsageError
+
+        raise UsageError(
+            "which node? no hosts are configured", fix="pass --node-rank R (or list hosts in nodekit.toml)"
+        )
     from nodekit.node import compose_path, project_for
 
     settings = load_settings(config)
-    return compose_path(settings, rank, out_dir), project_for(settings, rank)
+    path = compose_path(settings, node_rank, out_dir)
+    return node_rank, path if path.is_file() else None, project_for(settings, node_rank)
 
 
 # With hosts configured (nodekit.toml `hosts`, or --hostfile), logs and down act on the whole fleet from the head.
@@ -177,16 +170,6 @@ def _failed_hosts(failed: Any, command: str) -> None:
     raise typer.Exit(1)
 
 
-def _need_rank(node_rank: int | None) -> int:
-    if node_rank is None:
-        from nodekit.errors import UsageError
-
-        raise UsageError(
-            "which node? no hosts are configured", fix="pass --node-rank R (or list hosts in nodekit.toml)"
-        )
-    return node_rank
-
-
 @app.command()
 @handled
 def down(
@@ -197,8 +180,6 @@ def down(
     config: ConfigOpt = None,
 ) -> None:
     """Stop and remove this node's container (with hosts configured: every node's, or --node R's)."""
-    from nodekit import docker
-
     fleet = _fleet(config, hostfile)
     if fleet is not None:
         from nodekit.fleet import manage
@@ -208,10 +189,11 @@ def down(
             typer.echo(f"{h.name}: down")
         _failed_hosts(failed, "down")
         return
-    node_rank = _need_rank(node_rank)
-    path, project = _project(config, node_rank, out_dir)
-    docker.compose_down(path if path.is_file() else None, project, timeout=timeout)
-    typer.echo(f"node {node_rank} ({project}) is down")
+    from nodekit import docker
+
+    rank, path, project = _here(config, node_rank, out_dir)
+    docker.compose_down(path, project, timeout=timeout)
+    typer.echo(f"node {rank} ({project}) is down")
 
 
 @app.command()
@@ -225,9 +207,6 @@ def logs(
     config: ConfigOpt = None,
 ) -> None:
     """Print this node's job output (with hosts configured: every node's, merged, or --node R's)."""
-    from nodekit import docker
-    from nodekit.cli.ui import prefixed
-
     fleet = _fleet(config, hostfile)
     if fleet is not None:
         from nodekit.cli.fleet import line_printer
@@ -235,10 +214,12 @@ def logs(
 
         _failed_hosts(manage.logs(*fleet, line_printer(None), node=node_rank, follow=follow, tail=tail), "logs")
         return
-    node_rank = _need_rank(node_rank)
-    path, project = _project(config, node_rank, out_dir)
-    emit = prefixed(f"[node {node_rank}]")
-    for line in docker.compose_logs(path if path.is_file() else None, project, follow=follow, tail=tail):
+    from nodekit import docker
+    from nodekit.cli.ui import prefixed
+
+    rank, path, project = _here(config, node_rank, out_dir)
+    emit = prefixed(f"[node {rank}]")
+    for line in docker.compose_logs(path, project, follow=follow, tail=tail):
         emit(line)
 
 

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from nodekit.cli.common import ConfigOpt, DryRunOpt, ImageOpt, NnodesOpt, app, handled, load_settings, reporter
+from nodekit.cli.common import (
+    ConfigOpt,
+    DebugOpt,
+    DryRunOpt,
+    ImageOpt,
+    app,
+    handled,
+    job_flags,
+    load_settings,
+    reporter,
+)
 
 ContainerOpt = Annotated[
     str | None,
@@ -18,15 +28,16 @@ OutOpt = Annotated[Path | None, typer.Option("--out", help="where the script goe
 
 @app.command()
 @handled
+@job_flags
 def slurm(
     submit: Annotated[bool, typer.Option("--submit", help="submit it and follow the job to its end")] = False,
     container: ContainerOpt = None,
     image: ImageOpt = None,
-    nnodes: NnodesOpt = None,
     out: OutOpt = None,
-    debug: Annotated[bool, typer.Option("--debug", help="NCCL/gloo/torch distributed debug output")] = False,
+    debug: DebugOpt = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
+    **job: Any,
 ) -> None:
     """Write an sbatch script that runs the job on N Slurm nodes (one task per node, the same launcher, preflight
     and watchdog as nodekit up), making the image reachable first (a SquashFS on the shared path, or a push to the
@@ -37,7 +48,7 @@ def slurm(
     from nodekit import secret
     from nodekit.slurm import submit as slurm_submit
 
-    settings = load_settings(config, nnodes=nnodes)
+    settings = load_settings(config, **job)
 
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
