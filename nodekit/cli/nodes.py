@@ -126,20 +126,24 @@ def up(
     raise typer.Exit(code)
 
 
-def _here(config: Path | None, node_rank: int | None, out_dir: Path | None) -> tuple[int, Path | None, str]:
-    """The node on this host that down and logs act on without hosts: its rank (which must be given), its compose
-    file (None where it was never written here: Docker finds the containers by project) and its project name."""
+def _node_here(settings: Any, rank: int, out_dir: Path | None) -> tuple[Path | None, str]:
+    """Node ``rank``'s compose file on this host (None where it was never written here: Docker finds the containers
+    by project) and its compose project."""
+    from nodekit.node import compose_path, project_for
+
+    path = compose_path(settings, rank, out_dir)
+    return path if path.is_file() else None, project_for(settings, rank)
+
+
+def _need_rank(node_rank: int | None) -> int:
+    """Without hosts, down and logs act on one node of this host: the one --node-rank names."""
     if node_rank is None:
         from nodekit.errors import UsageError
 
         raise UsageError(
             "which node? no hosts are configured", fix="pass --node-rank R (or list hosts in nodekit.toml)"
         )
-    from nodekit.node import compose_path, project_for
-
-    settings = load_settings(config)
-    path = compose_path(settings, node_rank, out_dir)
-    return node_rank, path if path.is_file() else None, project_for(settings, node_rank)
+    return node_rank
 
 
 # With hosts configured (nodekit.toml `hosts`, or --hostfile), logs and down act on the whole fleet from the head.
@@ -149,14 +153,13 @@ FleetRankOpt = Annotated[
 FleetFileOpt = Annotated[Path | None, typer.Option("--hostfile", help="act on these hosts (DeepSpeed/MPI hostfile)")]
 
 
-def _fleet(config: Path | None, hostfile: Path | None) -> tuple[Any, Any] | None:
-    """The fleet's settings and hosts when hosts are configured, else None (this node only)."""
-    settings = load_settings(config)
+def _fleet(settings: Any, hostfile: Path | None) -> Any:
+    """The fleet's hosts when hosts are configured, else None (this node only)."""
     if not settings.hosts and hostfile is None:
         return None
     from nodekit.fleet.run import hosts_of
 
-    return settings, hosts_of(settings, hostfile)
+    return hosts_of(settings, hostfile)
 
 
 def _failed_hosts(failed: Any, command: str) -> None:
@@ -180,18 +183,20 @@ def down(
     config: ConfigOpt = None,
 ) -> None:
     """Stop and remove this node's container (with hosts configured: every node's, or --node R's)."""
-    fleet = _fleet(config, hostfile)
-    if fleet is not None:
+    settings = load_settings(config)
+    hosts = _fleet(settings, hostfile)
+    if hosts is not None:
         from nodekit.fleet import manage
 
-        done, failed = manage.down(*fleet, node_rank, timeout)
+        done, failed = manage.down(settings, hosts, node_rank, timeout)
         for h in done:
             typer.echo(f"{h.name}: down")
         _failed_hosts(failed, "down")
         return
     from nodekit import docker
 
-    rank, path, project = _here(config, node_rank, out_dir)
+    rank = _need_rank(node_rank)
+    path, project = _node_here(settings, rank, out_dir)
     docker.compose_down(path, project, timeout=timeout)
     typer.echo(f"node {rank} ({project}) is down")
 
@@ -207,17 +212,20 @@ def logs(
     config: ConfigOpt = None,
 ) -> None:
     """Print this node's job output (with hosts configured: every node's, merged, or --node R's)."""
-    fleet = _fleet(config, hostfile)
-    if fleet is not None:
+    settings = load_settings(config)
+    hosts = _fleet(settings, hostfile)
+    if hosts is not None:
         from nodekit.cli.fleet import line_printer
         from nodekit.fleet import manage
 
-        _failed_hosts(manage.logs(*fleet, line_printer(None), node=node_rank, follow=follow, tail=tail), "logs")
+        failed = manage.logs(settings, hosts, line_printer(None), node=node_rank, follow=follow, tail=tail)
+        _failed_hosts(failed, "logs")
         return
     from nodekit import docker
     from nodekit.cli.ui import prefixed
 
-    rank, path, project = _here(config, node_rank, out_dir)
+    rank = _need_rank(node_rank)
+    path, project = _node_here(settings, rank, out_dir)
     emit = prefixed(f"[node {rank}]")
     for line in docker.compose_logs(path, project, follow=follow, tail=tail):
         emit(line)
@@ -233,13 +241,12 @@ def ps(
     """Show this host's nodekit containers for the project: node, state, exit code."""
     from nodekit import docker
     from nodekit.cli.ui import out
-    from nodekit.node import compose_path, project_for
 
     settings = load_settings(config)
     ranks = [node_rank] if node_rank is not None else range(settings.nnodes)
     out.print(f"{'NODE':<6}{'PROJECT':<40}{'STATE':<12}EXIT", markup=False)
     for r in ranks:
-        path, project = compose_path(settings, r, out_dir), project_for(settings, r)
-        for c in docker.compose_ps(path if path.is_file() else None, project):
+        path, project = _node_here(settings, r, out_dir)
+        for c in docker.compose_ps(path, project):
             code = "" if c.exit_code is None else str(c.exit_code)
             out.print(f"{r:<6}{project:<40}{c.status:<12}{code}", markup=False)
