@@ -136,9 +136,8 @@ def _engine() -> EngineCheck:
 
 def _image_and_container(settings: Settings, engine: EngineCheck, host: HostFacts) -> tuple[ImageCheck, ContainerCheck]:
     if engine.failed is not None:
-        return ImageCheck(error="not checked: no usable Docker engine", fix=engine.fix), ContainerCheck(
-            note="no engine"
-        )
+        unchecked = ImageCheck(error="not checked: no usable Docker engine", fix=engine.fix)
+        return unchecked, ContainerCheck(note="no engine")
     image = _image(settings)
     if not image.present or image.ref is None:
         return image, ContainerCheck(note="no image built")
