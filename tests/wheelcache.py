@@ -68,16 +68,16 @@ def _link_missing(files: list[Path], dest: Path, *, best_effort: bool = False) -
     ``best_effort`` (writing into the cache): stop at the first file it cannot write, as a read-only cache is not an
     error; a project's own wheelhouse or store that cannot be written is."""
     n = 0
-    for f in files:
-        try:
+    try:
+        if files:
             dest.mkdir(parents=True, exist_ok=True)
+        for f in files:
             if not (dest / f.name).exists():
                 _link(f, dest / f.name)
                 n += 1
-        except OSError:
-            if not best_effort:
-                raise
-            break
+    except OSError:
+        if not best_effort:
+            raise
     return n
 
 
