@@ -14,6 +14,9 @@
 #   --netns NAME       start dockerd inside /var/run/netns/NAME (nsenter --net, not `ip netns exec`,
 #                      which would also remount /sys and break the daemon's view of cgroups)
 #   --timeout SECONDS  how long `up` waits for the daemon to answer (default 60)
+#   --store STORE      the image store: classic (overlay2 graphdriver, the default) or containerd (Docker's
+#                      containerd image store, what Engine 29 uses on fresh installs: the containerd-snapshotter
+#                      feature, written to a daemon.json beside the pidfile)
 #   -- ARGS...         passed to dockerd unchanged
 #
 # Contract: exit 0 only when `docker info`, `docker compose version` (v2) and `docker buildx version` all work
@@ -42,6 +45,7 @@ PIDFILE=/var/run/nodekit-dockerd.pid
 LOG=/var/log/nodekit-dockerd.log
 NETNS=
 TIMEOUT=60
+STORE=classic
 EXTRA_ARGS=()
 
 T0=${EPOCHREALTIME/,/.}
@@ -63,6 +67,8 @@ parse_args() {
             --log) LOG=${2:?--log needs a path}; shift ;;
             --netns) NETNS=${2:?--netns needs a name}; shift ;;
             --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift ;;
+            --store) STORE=${2:?--store needs classic or containerd}; shift
+                     case "$STORE" in classic|containerd) ;; *) die "--store is classic or containerd, not '$STORE'" ;; esac ;;
             -h|--help) usage; exit 0 ;;
             --) shift; EXTRA_ARGS=("$@"); break ;;
             *) die "unknown argument '$1' (try --help)" ;;
@@ -325,8 +331,16 @@ start_daemon() {
             rm -f "$SOCKET"
         fi
         mkdir -p "$(dirname "$LOG")" "$(dirname "$PIDFILE")" "$(dirname "$SOCKET")"
+        # The containerd store picks its snapshotter itself: --storage-driver overlay2 there names a snapshotter
+        # that does not exist ("snapshotter not loaded: overlay2"), so it is given to the classic store only.
+        local store_args=(--storage-driver overlay2)
+        if [ "$STORE" = containerd ]; then
+            local config="${PIDFILE%.pid}.daemon.json"
+            printf '{"features": {"containerd-snapshotter": true}}\n' >"$config"
+            store_args=(--config-file "$config")
+        fi
         local cmd=(dockerd --host "unix://$SOCKET" --data-root "$DATA_ROOT" --exec-root "$EXEC_ROOT"
-                   --pidfile "$PIDFILE" --storage-driver overlay2 "${EXTRA_ARGS[@]}")
+                   --pidfile "$PIDFILE" "${store_args[@]}" "${EXTRA_ARGS[@]}")
         if [ -n "$NETNS" ]; then
             [ -e "/var/run/netns/$NETNS" ] || die "network namespace /var/run/netns/$NETNS does not exist"
             cmd=(nsenter "--net=/var/run/netns/$NETNS" "${cmd[@]}")
