@@ -44,8 +44,8 @@ def copy_demo(prefix: str) -> Path:
 def build(project: Path, *, quiet: bool = False) -> str:
     """`nodekit build --create-base` of ``project`` on the default engine; returns the image reference."""
     sys.path.insert(0, str(ROOT))
-    from nodekit import build as nk_build
-    from nodekit import settings
+    from nodekit.config import settings
+    from nodekit.image import builder as nk_build
 
     cfg = project / "nodekit.toml"
     argv = [sys.executable, "-m", "nodekit", "build", "--create-base", "--config", str(cfg)]

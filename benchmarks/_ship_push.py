@@ -27,7 +27,7 @@ def main() -> int:
     parser.add_argument("targets", nargs="+")
     opts = parser.parse_args()
     from nodekit import ship
-    from nodekit.progress import NullReporter
+    from nodekit.system.progress import NullReporter
 
     t0 = time.monotonic()
     src = ship.source_of(opts.ref, opts.source, store=opts.store)

@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nodekit import build as building
-from nodekit import docker
-from nodekit import lock as locking
-from nodekit.progress import NullReporter
-from nodekit.settings import Settings, load
+from nodekit.config.settings import Settings, load
+from nodekit.image import builder as building
+from nodekit.image import lock as locking
+from nodekit.system import docker
+from nodekit.system.progress import NullReporter
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"noop_s": 2.0, "code_change_s": 10.0, "size_ratio": 1.10}

@@ -81,7 +81,7 @@ def image_size(ref: str) -> int:
 def layers(ref: str) -> list[dict[str, object]]:
     """The image's layers, base first: diff id, size and which step made it (docker history, matched to the diff
     ids as nodekit's push plan does: nodekit.ship.sized_layers)."""
-    from nodekit.append import EMPTY_LAYER
+    from nodekit.image.append import EMPTY_LAYER
     from nodekit.ship import sized_layers
 
     out = run(["docker", "history", "--no-trunc", "--human=false", "--format", "{{.CreatedBy}}\t{{.Size}}", ref])[1]
@@ -204,7 +204,7 @@ def phase_bump(state: dict[str, object]) -> None:
         new_lock = (project / "nodekit.lock").read_text()
     finally:
         remove_images("bump-bench")
-    from nodekit.lock import diff_locks, parse_lock
+    from nodekit.image.lock import diff_locks, parse_lock
 
     diff = diff_locks(parse_lock(old_lock), parse_lock(new_lock))
     state["bump"] = {"before": before, "after": after, "lock_s": lock_s, "changed": list(diff.changed),

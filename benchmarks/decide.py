@@ -114,9 +114,9 @@ def _docker(*args: str) -> str:
 
 def run_nodekit(config: Path, train_args: list[str], out: Path) -> Run:
     """`nodekit up -d` for node 1 and node 0 at once, then until both containers exited (as benchmarks/run.py)."""
-    from nodekit import docker
-    from nodekit.node import compose_path, project_for
-    from nodekit.settings import load
+    from nodekit.backends.compose.node import compose_path, project_for
+    from nodekit.config.settings import load
+    from nodekit.system import docker
 
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nodekit.launcher.manifest import manifest
+from nodekit.launcher.datacheck.manifest import manifest
 
 
 def make_tree(root: Path, files: int, size: int) -> None:

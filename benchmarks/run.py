@@ -68,9 +68,9 @@ def nodekit(*args: str, config: Path, env: dict[str, str] | None = None) -> None
 
 def run_nodekit(config: Path, train_args: list[str]) -> float:
     """`nodekit up -d` on node 1 and node 0 at once, then wait for both containers; seconds until both exited."""
-    from nodekit import docker
-    from nodekit.node import compose_path, project_for
-    from nodekit.settings import load
+    from nodekit.backends.compose.node import compose_path, project_for
+    from nodekit.config.settings import load
+    from nodekit.system import docker
 
     settings = load(config)
     flags = ["--main", "127.0.0.1", "--master-port", str(PORT), "--detach"]

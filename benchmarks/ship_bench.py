@@ -354,7 +354,7 @@ def why(rows: list[Row], facts: dict[str, object], mbit: int, slow_mbit: int) ->
             f"- (b): nodekit sends {mib(b4.nodekit_bytes or 0)} to 4 nodes ({mib(b4.link_bytes)} on the head's link, "
             f"SSH included) in {b4.seconds:.1f} s ({b1.seconds:.1f} s to one node). The code layer and the image "
             "config travel from the blob store `nodekit build` keeps (it writes the image's last layer itself, "
-            f"nodekit/append.py), so the head runs no `docker save` ({save}: the fixed cost before this "
+            f"nodekit/image/append.py), so the head runs no `docker save` ({save}: the fixed cost before this "
             "change). What remains is per target: six `docker -H ssh://` calls (the engine's facts, then three "
             "survey questions at once, then the load and the image id check) over one SSH connection per node "
             "(nodekit/ship/mux.py shares it with ControlMaster: one login per node instead of seven), each still a "

@@ -32,9 +32,9 @@ def sh(*args: str, check: bool = True) -> int:
 
 
 def node_exit_code(rank: int) -> int:
-    from nodekit import docker
-    from nodekit.node import compose_path, project_for
-    from nodekit.settings import load
+    from nodekit.backends.compose.node import compose_path, project_for
+    from nodekit.config.settings import load
+    from nodekit.system import docker
 
     settings = load(CONFIG)
     return docker.compose_wait(compose_path(settings, rank), project_for(settings, rank))

@@ -5,7 +5,7 @@
 #
 # Not the `charliecloud` metapackage: its charliecloud-builders (ch-convert, ch-image) depends on Debian's docker.io
 # 20.10, which would put a second dockerd on PATH and create /etc/docker/key.json (every new engine the same ID).
-# nodekit makes the SquashFS itself (docker export and mksquashfs, nodekit/slurm/convert.py).
+# nodekit makes the SquashFS itself (docker export and mksquashfs, nodekit/backends/slurm/convert.py).
 #
 # The tests start munged, slurmctld and one slurmd per host namespace themselves (tests/cluster/slurm.py, their own
 # config, key, spool and pid files); this script only installs the binaries. It never starts, stops or enables a

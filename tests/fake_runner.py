@@ -1,8 +1,7 @@
-"""A fake process runner for the command-line unit tier: it stands in for :func:`nodekit.proc.spawn._popen` (the one
-place nodekit starts a process) and for python-on-whales' own two process starts (``python_on_whales.utils``: its
-``subprocess.run`` and its ``Popen``), records every command line with its environment and deadline, and answers
-with what a test scripted. Nothing is executed. Used through the ``fake_runner`` fixture (tests/unit/conftest.py).
-"""
+"""A fake process runner for the command-line unit tier: it stands in for :func:`nodekit.system.proc.spawn._popen` (the
+one place nodekit starts a process) and for python-on-whales' own two process starts (``python_on_whales.utils``: its
+``subprocess.run`` and its ``Popen``), records every command line with its environment and deadline, and answers with
+what a test scripted. Nothing is executed. Used through the ``fake_runner`` fixture (tests/unit/conftest.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ class Call:
     argv: list[str]
     env: dict[str, str] | None
     deadline: object
-    """What nodekit.proc was given (seconds, or proc.Unbounded); None for python-on-whales, whose deadline is the
+    """What nodekit.system.proc was given (seconds, or proc.Unbounded); None for python-on-whales, whose deadline is the
     ``timeout`` prefix of its command line."""
     by: str = "nodekit"
     group: bool = False
@@ -58,7 +57,8 @@ class _Stdin(io.BytesIO):
 
 
 class FakePopen:
-    """The part of ``subprocess.Popen`` nodekit.proc and python-on-whales use, answering from a :class:`Reply`."""
+    """The part of ``subprocess.Popen`` nodekit.system.proc and python-on-whales use, answering from a
+    :class:`Reply`."""
 
     def __init__(self, call: Call, reply: Reply, pid: int, *, stdin: bool, stdout: bool, stderr: bool) -> None:
         self.args, self.pid, self._call, self._reply = call.argv, pid, call, reply
@@ -122,7 +122,7 @@ class FakeRunner:
         return FakePopen(call, self.reply_for(call.cmd), FAKE_PID + len(self.calls), stdin=stdin, stdout=stdout,
                          stderr=stderr)  # fmt: skip
 
-    # nodekit.proc.spawn._popen's signature
+    # nodekit.system.proc.spawn._popen's signature
     def popen(self, argv: list[str], *, env: dict[str, str], deadline: object, stdin: str, stdout: str, stderr: str,
               group: bool) -> FakePopen:  # fmt: skip
         call = Call(list(argv), dict(env), deadline, group=group)

@@ -27,8 +27,8 @@ from pathlib import Path
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from nodekit.blobs import BLOBS
-from nodekit.lock import WHEELHOUSE, parse_lock
+from nodekit.image.blobs import BLOBS
+from nodekit.image.lock import WHEELHOUSE, parse_lock
 
 CACHE = Path(os.environ.get("NODEKIT_WHEEL_CACHE", "/var/cache/nodekit-wheels"))
 

@@ -72,14 +72,14 @@ def job_flags(fn: F) -> F:
 
 
 def handled(fn: F) -> F:
-    """Every command runs under :func:`nodekit.proc.stopping` (SIGHUP, SIGINT and SIGTERM end what it started and
+    """Every command runs under :func:`nodekit.system.proc.stopping` (SIGHUP, SIGINT and SIGTERM end what it started and
     exit 128 + the signal); NodekitError becomes its one-line message and exit code, an OSError (a path nodekit
     could not read or write) one line too."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from nodekit import proc
         from nodekit.errors import NodekitError
+        from nodekit.system import proc
 
         try:
             with proc.stopping():
@@ -136,7 +136,7 @@ def os_error(e: OSError) -> tuple[str, int]:
 
 
 def load_settings(config: Path | None, **flags: Any) -> Any:
-    from nodekit import settings
+    from nodekit.config import settings
 
     if "nproc_per_node" in flags and flags["nproc_per_node"] not in (None, "auto"):
         try:

@@ -45,7 +45,7 @@ def doctor(
     """
     from nodekit import doctor as doc
     from nodekit.errors import UsageError
-    from nodekit.host import net
+    from nodekit.system.host import net
 
     started = time.monotonic()
     settings = load_settings(config, nnodes=nnodes, master_port=master_port)

@@ -20,7 +20,7 @@ NodeOpt = Annotated[int | None, typer.Option("--node", help="only this node (ran
 
 
 def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[Any, Any]:
-    from nodekit.fleet.run import hosts_of
+    from nodekit.backends.fleet.run import hosts_of
 
     settings = load_settings(config, **flags)
     return settings, hosts_of(settings, hostfile)
@@ -57,13 +57,13 @@ def run(
     compose/node-<rank>.yaml per rank, start every node, stream one log. The first node to fail is named and every
     other node stopped; Ctrl-C, SIGTERM and SIGHUP stop every node (exit 128 + the signal); the exit code is the
     failing node's."""
+    from nodekit.backends.fleet import run as fleet
     from nodekit.cli.ui import RichReporter
-    from nodekit.fleet import run as fleet
 
     settings, hosts = fleet_of(config, hostfile, **job)
     if dry_run:  # the whole plan, gathered on this machine only: no host, engine or DNS is asked
+        from nodekit.backends.fleet.plan import gather, plan_fleet
         from nodekit.cli.ui import out
-        from nodekit.fleet.plan import gather, plan_fleet
 
         out.print(plan_fleet(gather(settings, hosts, image=image)).to_text(), markup=False)
         return
@@ -82,8 +82,8 @@ def status(
     config: ConfigOpt = None,
 ) -> None:
     """Every node of the fleet: node, host, state, image fingerprint, since, exit code."""
+    from nodekit.backends.fleet import manage
     from nodekit.cli.ui import out
-    from nodekit.fleet import manage
 
     settings, hosts = fleet_of(config, hostfile)
     rows = manage.status(settings, hosts, node)

@@ -23,7 +23,7 @@ def lock(
 
     Re-locking keeps every pin that still satisfies the config, so changing one package changes only its lines.
     """
-    from nodekit import lock as locking
+    from nodekit.image import lock as locking
 
     settings = load_settings(config)
     result = locking.lock(settings, reporter(), dry_run=dry_run, upgrade=upgrade)
@@ -45,7 +45,7 @@ def base(
 
     It never makes any other image: with base_image naming another image and no --suite, it refuses.
     """
-    from nodekit import base as basing
+    from nodekit.image import debian as basing
 
     settings = load_settings(config)
     own = suite is not None or basing.own_suite(settings.base_image) is not None
@@ -65,9 +65,9 @@ def build(
     config: ConfigOpt = None,
 ) -> None:
     """Lock, then build the pinned image with BuildKit; a no-op when nothing changed."""
-    from nodekit import base as basing
-    from nodekit import build as building
     from nodekit.cli.ui import out
+    from nodekit.image import builder as building
+    from nodekit.image import debian as basing
 
     settings = load_settings(config)
     rep = reporter()
@@ -100,8 +100,8 @@ def inspect(
     config: ConfigOpt = None,
 ) -> None:
     """Show the image's stack: fingerprint, base, Python, torch, CUDA/cuDNN/NCCL, size, locked packages."""
-    from nodekit import build as building
     from nodekit.cli.ui import out
+    from nodekit.image import builder as building
 
     ref = image or building.current_image(load_settings(config))
     report = building.inspect_image(ref)

@@ -43,10 +43,10 @@ def k8s(
     """
     import os
 
-    from nodekit import k8s as planner
-    from nodekit import secret
-    from nodekit.build import last_build
+    from nodekit.backends.k8s import plan as planner
     from nodekit.cli.ui import out
+    from nodekit.image.builder import last_build
+    from nodekit.job import secret
 
     settings = _with_k8s(load_settings(config, **job), namespace=namespace, gpus=gpus)
     planner.script_exists(settings)

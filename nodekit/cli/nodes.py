@@ -38,9 +38,9 @@ def _plan(
 ) -> Any:
     import os
 
-    from nodekit import secret
-    from nodekit.node import plan_node
-    from nodekit.world import gather_node
+    from nodekit.backends.compose.node import plan_node
+    from nodekit.job import secret
+    from nodekit.job.gather import gather_node
 
     settings = load_settings(config, **flags)
 
@@ -81,7 +81,7 @@ def compose(
 
     The file is self-contained: `docker compose -f compose/node-<rank>.yaml up` runs this node by hand.
     """
-    from nodekit.node import write_compose
+    from nodekit.backends.compose.node import write_compose
 
     plan = _plan(config, node_rank, main, image, debug, out_dir, dry_run=dry_run, **job)
     if dry_run:
@@ -110,11 +110,11 @@ def up(
     **job: Any,
 ) -> None:
     """Write this node's compose file and run it: logs stream with a node prefix, the exit code is the job's."""
-    from nodekit import node
+    from nodekit.backends.compose import node
     from nodekit.cli.ui import prefixed
 
     if build and image is None:
-        from nodekit import build as building
+        from nodekit.image import builder as building
 
         image = building.build(load_settings(config, **job), reporter(), dry_run=dry_run).tag
     image_id = None if dry_run else node.image_id_here(node_rank)
@@ -129,7 +129,7 @@ def up(
 def _node_here(settings: Any, rank: int, out_dir: Path | None) -> tuple[Path | None, str]:
     """Node ``rank``'s compose file on this host (None where it was never written here: Docker finds the containers
     by project) and its compose project."""
-    from nodekit.node import compose_path, project_for
+    from nodekit.backends.compose.node import compose_path, project_for
 
     path = compose_path(settings, rank, out_dir)
     return path if path.is_file() else None, project_for(settings, rank)
@@ -157,7 +157,7 @@ def _fleet(settings: Any, hostfile: Path | None) -> Any:
     """The fleet's hosts when hosts are configured, else None (this node only)."""
     if not settings.hosts and hostfile is None:
         return None
-    from nodekit.fleet.run import hosts_of
+    from nodekit.backends.fleet.run import hosts_of
 
     return hosts_of(settings, hostfile)
 
@@ -186,14 +186,14 @@ def down(
     settings = load_settings(config)
     hosts = _fleet(settings, hostfile)
     if hosts is not None:
-        from nodekit.fleet import manage
+        from nodekit.backends.fleet import manage
 
         done, failed = manage.down(settings, hosts, node_rank, timeout)
         for h in done:
             typer.echo(f"{h.name}: down")
         _failed_hosts(failed, "down")
         return
-    from nodekit import docker
+    from nodekit.system import docker
 
     rank = _need_rank(node_rank)
     path, project = _node_here(settings, rank, out_dir)
@@ -215,14 +215,14 @@ def logs(
     settings = load_settings(config)
     hosts = _fleet(settings, hostfile)
     if hosts is not None:
+        from nodekit.backends.fleet import manage
         from nodekit.cli.fleet import line_printer
-        from nodekit.fleet import manage
 
         failed = manage.logs(settings, hosts, line_printer(None), node=node_rank, follow=follow, tail=tail)
         _failed_hosts(failed, "logs")
         return
-    from nodekit import docker
     from nodekit.cli.ui import prefixed
+    from nodekit.system import docker
 
     rank = _need_rank(node_rank)
     path, project = _node_here(settings, rank, out_dir)
@@ -239,8 +239,8 @@ def ps(
     config: ConfigOpt = None,
 ) -> None:
     """Show this host's nodekit containers for the project: node, state, exit code."""
-    from nodekit import docker
     from nodekit.cli.ui import out
+    from nodekit.system import docker
 
     settings = load_settings(config)
     ranks = [node_rank] if node_rank is not None else range(settings.nnodes)

@@ -19,10 +19,10 @@ def init(
     config: ConfigOpt = None,
 ) -> None:
     """Write a commented starter nodekit.toml."""
+    from nodekit.config.settings import Settings
+    from nodekit.config.starter import starter_config
     from nodekit.errors import UsageError
-    from nodekit.fsutil import write_atomic
-    from nodekit.settings import Settings
-    from nodekit.starter import starter_config
+    from nodekit.system.files import write_atomic
 
     path = config or Path("nodekit.toml")
     if path.exists() and not force:

@@ -22,7 +22,7 @@ COMPRESS = ("auto", "zstd", "gzip", "none")
 def _image(image: str | None, config: Path | None) -> str:
     if image:
         return image
-    from nodekit import build as building
+    from nodekit.image import builder as building
 
     ref: str = building.current_image(load_settings(config))
     return ref
@@ -31,8 +31,8 @@ def _image(image: str | None, config: Path | None) -> str:
 def _blob_store(config: Path | None) -> Path | None:
     """The project's blob store (where ``nodekit build`` keeps the code layers it wrote), when there is a project
     here; pushes of its images then need no ``docker save`` for a code change."""
-    from nodekit.blobs import BLOBS
     from nodekit.errors import NodekitError
+    from nodekit.image.blobs import BLOBS
 
     try:
         root: Path = load_settings(config).project_dir / BLOBS
@@ -45,7 +45,7 @@ def _configured_relay(config: Path | None) -> str:
     """nodekit.toml's ``relay`` when there is a project here (a broken file is refused), else auto."""
     import os
 
-    from nodekit.settings import config_path
+    from nodekit.config.settings import config_path
 
     if config is None and not config_path(None, os.environ).is_file():
         return "auto"

@@ -45,8 +45,8 @@ def slurm(
     cancels the job."""
     import os
 
-    from nodekit import secret
-    from nodekit.slurm import submit as slurm_submit
+    from nodekit.backends.slurm import submit as slurm_submit
+    from nodekit.job import secret
 
     settings = load_settings(config, **job)
 

@@ -16,16 +16,7 @@ Split by responsibility; this package re-exports the public names, so ``from nod
 
 from __future__ import annotations
 
-from nodekit.doctor.checks import (
-    DAEMON_LIMIT_FIX,
-    GIB,
-    MIB,
-    NOFILE_WANTED,
-    SHM_WANTED,
-    STACK_WANTED,
-    TOOLKIT_FIX,
-    rows,
-)
+from nodekit.doctor.checks import DAEMON_LIMIT_FIX, GIB, MIB, NOFILE_WANTED, SHM_WANTED, STACK_WANTED, TOOLKIT_FIX, rows
 from nodekit.doctor.gathering import CONTAINER_SCRIPT, CONTAINER_WAIT_S, gather, parse_container_probe
 from nodekit.doctor.listen import serve
 from nodekit.doctor.model import (

@@ -12,8 +12,8 @@ import re
 from nodekit.doctor.model import CheckRow, DoctorFacts, EngineCheck, Status
 from nodekit.doctor.network import firewall_row, network_rows, port_range_row
 from nodekit.errors import UsageError
-from nodekit.render.compose import ulimits
-from nodekit.spec import infiniband_for
+from nodekit.job.container import ulimits
+from nodekit.job.spec import infiniband_for
 
 MIB = 1024 * 1024
 GIB = 1024 * MIB

@@ -2,12 +2,11 @@
 talks to Docker.
 
 :func:`gather` collects everything :func:`nodekit.doctor.checks.rows` looks at into one :class:`DoctorFacts` and keeps
-the whole run under ten seconds by doing the slow parts (Docker, the TCP probes toward main, the firewall) side by
-side with bounded waits. What it finds wrong (no engine, no image, no route to main) lands in the facts as data.
-The host facts come from :mod:`nodekit.host`, the TCP probe from :mod:`nodekit.doctor.handshake`; the containers
-are run through :mod:`nodekit.docker`.
-:func:`parse_container_probe` is the pure reader of :data:`CONTAINER_SCRIPT`'s output.
-"""
+the whole run under ten seconds by doing the slow parts (Docker, the TCP probes toward main, the firewall) side by side
+with bounded waits. What it finds wrong (no engine, no image, no route to main) lands in the facts as data. The host
+facts come from :mod:`nodekit.system.host`, the TCP probe from :mod:`nodekit.doctor.handshake`; the containers are run
+through :mod:`nodekit.system.docker`. :func:`parse_container_probe` is the pure reader of :data:`CONTAINER_SCRIPT`'s
+output."""
 
 from __future__ import annotations
 
@@ -15,16 +14,16 @@ import contextlib
 import resource
 from concurrent.futures import ThreadPoolExecutor
 
+from nodekit.config.settings import Settings
 from nodekit.doctor import handshake
 from nodekit.doctor.handshake import Probe
 from nodekit.doctor.model import ContainerCheck, ContainerView, DoctorFacts, EngineCheck, ImageCheck, is_main_node
 from nodekit.errors import NodekitError, UsageError
-from nodekit.host import facts as host_facts
-from nodekit.host import net
+from nodekit.job.container import ulimits
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
-from nodekit.render.compose import ulimits
-from nodekit.settings import Settings
-from nodekit.spec import HostFacts
+from nodekit.system.host import facts as host_facts
+from nodekit.system.host import net
+from nodekit.system.host.facts import HostFacts
 
 CONTAINER_WAIT_S = 7.0
 
@@ -124,7 +123,7 @@ def gather(settings: Settings, *, main: str | None, rank: int | None, probe_time
 
 
 def _engine() -> EngineCheck:
-    from nodekit import docker
+    from nodekit.system import docker
 
     try:
         info = docker.check_engine()
@@ -145,11 +144,11 @@ def _image_and_container(settings: Settings, engine: EngineCheck, host: HostFact
 
 
 def _image(settings: Settings) -> ImageCheck:
-    from nodekit import docker
+    from nodekit.system import docker
 
     try:
-        from nodekit.build import current_image
-        from nodekit.render.image import LABEL_FINGERPRINT
+        from nodekit.image.builder import current_image
+        from nodekit.image.plan import LABEL_FINGERPRINT
     except ImportError:
         return ImageCheck(error="this nodekit has no build module to find the image", fix="nodekit build")
     try:
@@ -167,7 +166,7 @@ def _run_containers(ref: str, host: HostFacts) -> ContainerCheck:
 
     Two containers side by side rather than one: a missing NVIDIA runtime must not hide the limits.
     """
-    from nodekit import docker
+    from nodekit.system import docker
 
     limits = [f"{k}={v['soft']}:{v['hard']}" for k, v in ulimits(host).items()]
 

@@ -7,7 +7,7 @@ A line is ``NODEKIT-DOCTOR 1`` and ``key=value`` pairs, at most 512 bytes.
 :func:`probe` is the worker's half (connect, read the greeting, answer, measure the round trip and main's clock);
 :func:`listen` is main's (greet every worker that connects on the rendezvous ports, for a bounded time);
 :func:`classify_connect_error` is the pure reading of a failed connect(). What this host itself is (addresses,
-routes, interfaces, ports) lives in :mod:`nodekit.host.net`.
+routes, interfaces, ports) lives in :mod:`nodekit.system.host.net`.
 """
 
 from __future__ import annotations

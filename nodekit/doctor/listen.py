@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from nodekit.config.settings import Settings
 from nodekit.doctor import handshake
 from nodekit.doctor.handshake import Arrival
 from nodekit.doctor.model import CheckRow, Status
 from nodekit.doctor.network import arrivals_row
-from nodekit.host import net
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
-from nodekit.settings import Settings
+from nodekit.system.host import net
 
 
 def serve(

@@ -11,14 +11,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from nodekit.config.settings import Settings
 from nodekit.doctor.handshake import Probe
 from nodekit.errors import UsageError
-from nodekit.host import net
-from nodekit.host.facts import Firewall
-from nodekit.host.net import Route
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
-from nodekit.settings import Settings
-from nodekit.spec import HostFacts
+from nodekit.system.host import net
+from nodekit.system.host.facts import Firewall, HostFacts
+from nodekit.system.host.net import Route
 
 
 class Status(StrEnum):
@@ -49,7 +48,7 @@ def as_json(rows_: Sequence[CheckRow]) -> list[dict[str, str | None]]:
 
 @dataclass(frozen=True)
 class EngineCheck:
-    """``nodekit.docker.check_engine``'s answer: versions, or the error and which part failed."""
+    """``nodekit.system.docker.check_engine``'s answer: versions, or the error and which part failed."""
 
     server: str | None = None
     compose: str | None = None

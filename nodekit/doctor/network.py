@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from nodekit.doctor.handshake import Arrival, Probe, Reach
 from nodekit.doctor.model import CheckRow, DoctorFacts, Status
 from nodekit.errors import UsageError
-from nodekit.host import net
-from nodekit.spec import bridge_addresses, check_main_addr
+from nodekit.job.spec import bridge_addresses, check_main_addr
+from nodekit.system.host import net
 
 CLOCK_TOLERANCE_S = 1.0
 # A narrowed ephemeral range for NCCL's and gloo's data sockets, so that a firewall can open exactly it.

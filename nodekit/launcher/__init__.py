@@ -22,7 +22,7 @@ torchrun and the peer watchdog). It turns the node's environment into the launch
 5. otherwise exec ``torchrun`` (mode ``torchrun`` without preflight) or ``python <command>`` (mode ``env``, which
    has no watchdog) in place of itself, so the job's exit code is the container's.
 
-Environment (set by nodekit's compose file, see ``nodekit/render/env.py``):
+Environment (set by nodekit's compose file, see ``nodekit/job/env.py``):
 
 =================================  ========  ====================================================================
 MASTER_ADDR                        required  main's IP address (not a name, unless NODEKIT_RESOLVE_MAIN=1)

@@ -1,6 +1,6 @@
 """The launcher's input: the container environment, parsed once into a frozen :class:`LaunchConfig`.
 
-:func:`parse_env` is pure (a mapping in, a config out) so the contract with ``nodekit/render/env.py`` is testable
+:func:`parse_env` is pure (a mapping in, a config out) so the contract with ``nodekit/job/env.py`` is testable
 without a container or torch. Every problem is an :class:`EnvError` whose message names the variable.
 """
 
@@ -22,7 +22,7 @@ _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_PEER_TIMEOUT = 15.0
 MIN_PEER_TIMEOUT = 3.0
 # Timeouts the launcher's arithmetic and Python's waits can hold (timedelta, threading.TIMEOUT_MAX), with room to
-# spare; nodekit.toml is held to the same bound (nodekit/inputs.py), this guards a hand-edited compose file.
+# spare; nodekit.toml is held to the same bound (nodekit/config/inputs.py), this guards a hand-edited compose file.
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 

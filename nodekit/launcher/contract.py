@@ -1,7 +1,8 @@
 """What the host side and the launcher must agree on, written once: exit codes, ports, pidfiles.
 
 Standard library only, and nothing imported: this module lives in nodekit/launcher/ because only
-``nodekit/__init__.py`` and ``nodekit/launcher/`` are copied into the image (see ``nodekit.build.tree.launcher_tree``
+``nodekit/__init__.py`` and ``nodekit/launcher/`` are copied into the image (see
+``nodekit.image.builder.tree.launcher_tree``
 and images/Dockerfile), so the launcher can import it there while the host side (spec, doctor, fleet, slurm, k8s)
 imports it from here too. A change made here is made for both sides at once.
 
@@ -24,10 +25,10 @@ EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the o
 # talking to the preflight store.
 PREFLIGHT_PORT_OFFSET = 1
 
-# --- the host's Docker engine ----------------------------------------------------------------------------------
+# --- the host's Docker engine ---------------------------------------------------------------------------------
 # Where a Docker daemon's pid may be written (the packaged dockerd's two, and the engine nodekit's test harness
-# starts): its /proc/<pid>/limits are the limits containers inherit. Read on this host (nodekit.host.facts) and by
-# the remote facts script over SSH (nodekit.fleet.remote).
+# starts): its /proc/<pid>/limits are the limits containers inherit. Read on this host (nodekit.system.host.facts) and
+# by the remote facts script over SSH (nodekit.backends.fleet.remote).
 DOCKER_PIDFILES = ("/var/run/docker.pid", "/run/docker.pid", "/var/run/nodekit-dockerd.pid")
 
 __all__ = [

@@ -16,7 +16,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from nodekit.launcher import netfacts
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
@@ -24,8 +23,6 @@ from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from nodekit.launcher.contract import EXIT_RENDEZVOUS as EXIT_RENDEZVOUS
 from nodekit.launcher.contract import EXIT_STACK_MISMATCH as EXIT_STACK_MISMATCH
 from nodekit.launcher.contract import EXIT_TERMINATED as EXIT_TERMINATED
-from nodekit.launcher.facts import gather
-from nodekit.launcher.failure import worker_failure
 from nodekit.launcher.plan import (
     Command,
     CommandError,
@@ -37,7 +34,8 @@ from nodekit.launcher.plan import (
     parse_command,
     start_line,
 )
-from nodekit.launcher.preflight import (
+from nodekit.launcher.preflight import network as netfacts
+from nodekit.launcher.preflight.exchange import (
     CONNECT_TIMEOUT_S,
     Clock,
     Outcome,
@@ -49,8 +47,10 @@ from nodekit.launcher.preflight import (
     run_worker,
     wait_reachable,
 )
-from nodekit.launcher.verdict import Verdict, render
-from nodekit.launcher.watchdog import Watchdog, node_names
+from nodekit.launcher.preflight.stack import gather
+from nodekit.launcher.preflight.verdict import Verdict, render
+from nodekit.launcher.watchdog.failure import worker_failure
+from nodekit.launcher.watchdog.run import Watchdog, node_names
 
 
 def _err(line: str) -> None:
@@ -285,7 +285,7 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str]) -> 
     """After a passed preflight: the checked mounts compared across nodes (an exit code when they differ), and
     WORLD_SIZE set (in ``env`` and this process's environment) when some node's count was 'auto'."""
     if cfg.data_check:
-        from nodekit.launcher import samedata
+        from nodekit.launcher.datacheck import compare as samedata
 
         same, report = samedata.run(passed.store, cfg.node_rank, cfg.nnodes, cfg.data_check, timeout_s=cfg.rdzv_timeout)
         if not same:

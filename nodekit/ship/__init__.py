@@ -30,7 +30,6 @@ Split by responsibility; this package re-exports the public names, so ``from nod
 
 from __future__ import annotations
 
-from nodekit import docker as docker
 from nodekit.errors import EngineError
 from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push
@@ -64,6 +63,7 @@ from nodekit.ship.plan import (
 )
 from nodekit.ship.relay import RELAY_MIN_BYTES, RELAY_MODES, RelayMode
 from nodekit.ship.stream import PROGRESS_EVERY_S, compressed, diagnose_load_failure, zstd_here
+from nodekit.system import docker as docker
 
 __all__ = [
     "DISK_FACTOR",

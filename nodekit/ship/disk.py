@@ -1,7 +1,7 @@
 """Free disk under a target engine's data root, for the push plan's room check (:func:`nodekit.ship.plan.plan_push`).
 
 ``docker info`` names the engine's data root but not the space left there. An engine on this machine (a unix
-socket) is asked with ``statvfs`` (:func:`nodekit.docker.engine_facts`); an ``ssh://`` engine is asked here, over
+socket) is asked with ``statvfs`` (:func:`nodekit.system.docker.engine_facts`); an ``ssh://`` engine is asked here, over
 the same SSH the docker CLI uses for it (under :class:`nodekit.ship.mux.SharedSsh` it rides the node's one
 connection): ``df -Pk`` on its data root, POSIX output that GNU coreutils and busybox both print. A ``tcp://`` engine
 offers no way to ask: its free disk stays unknown, and the push goes on without the check (the load then fails
@@ -16,8 +16,8 @@ from __future__ import annotations
 import shlex
 from urllib.parse import urlsplit
 
-from nodekit import proc
 from nodekit.errors import DeadlineError
+from nodekit.system import proc
 
 DF_TIMEOUT_S = 30.0
 """An ssh login and one ``df``; a node that takes longer is not asked again (its free disk stays unknown)."""

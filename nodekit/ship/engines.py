@@ -3,7 +3,7 @@
 
 :func:`source_of` raises ImageError when the image is not on the source engine. :func:`survey` asks every target in
 parallel and never raises: a target that cannot be asked comes back with ``TargetState.error`` set, and the plan
-refuses it. Docker is reached only through :mod:`nodekit.docker`.
+refuses it. Docker is reached only through :mod:`nodekit.system.docker`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from nodekit import docker
-from nodekit.blobs import BlobStore
 from nodekit.errors import NodekitError
+from nodekit.image.blobs import BlobStore
 from nodekit.ship.disk import remote_free
 from nodekit.ship.plan import Source, Target, TargetState, chains_of, sized_layers
+from nodekit.system import docker
 
 
 def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = None) -> Source:
     """The image to push, on the source engine, with its layers (diff ids, sizes). ImageError when it is not
-    there. With ``store`` (a project's :class:`~nodekit.blobs.BlobStore` root), the layers that store holds for
+    there. With ``store`` (a project's :class:`~nodekit.image.blobs.BlobStore` root), the layers that store holds for
     this image (``nodekit build`` wrote its config and code layer there) are noted: they travel without a
     ``docker save``."""
     info = docker.require_image(ref, endpoint)

@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
-from nodekit.progress import Reporter
 from nodekit.ship.fanout_stream import FanOut, Sink
 from nodekit.ship.grouping import groups as _groups
 from nodekit.ship.grouping import relay_candidates
@@ -28,12 +26,9 @@ from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import verify as _verify
 from nodekit.ship.plan import PushPlan, Step, size_text, travelling_bytes
-from nodekit.ship.relay import (
-    Hop,
-    RelayMode,
-    hop_of,
-    split_chains,
-)
+from nodekit.ship.relay import Hop, RelayMode, hop_of, split_chains
+from nodekit.system import docker
+from nodekit.system.progress import Reporter
 
 # A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
 # cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.

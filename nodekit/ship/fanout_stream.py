@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol
 
-from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
 from nodekit.ship import outcome
 from nodekit.ship.layers import WithoutLayers
@@ -22,6 +21,7 @@ from nodekit.ship.plan import Codec, PushPlan, Source, Step, short_id, size_text
 from nodekit.ship.relay import RelaySink
 from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed
+from nodekit.system import docker
 
 if TYPE_CHECKING:
     from nodekit.ship.fanout import Chain, ProgressFn, PushResult

@@ -19,9 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from nodekit import docker
 from nodekit.errors import NodekitError, ShipError, UsageError
-from nodekit.progress import Reporter
 from nodekit.ship.engines import source_of
 from nodekit.ship.layers import WithoutLayers, from_store
 from nodekit.ship.outcome import answer_deadline, answered_within, no_answer
@@ -34,6 +32,8 @@ from nodekit.ship.stream import (
     diagnose_load_failure,
     zstd_here,
 )
+from nodekit.system import docker
+from nodekit.system.progress import Reporter
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 

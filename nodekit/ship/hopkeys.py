@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-from nodekit import proc, ssh
 from nodekit.errors import DeadlineError, ShipError
-from nodekit.launcher.netfacts import is_address
+from nodekit.launcher.preflight.network import is_address
+from nodekit.system import proc, ssh
 
 if TYPE_CHECKING:
     from nodekit.ship.relay import Hop

@@ -19,8 +19,8 @@ import re
 import tarfile
 from collections.abc import Iterable, Iterator
 
-from nodekit import append
-from nodekit.blobs import BlobStore
+from nodekit.image import append
+from nodekit.image.blobs import BlobStore
 from nodekit.ship.plan import Source
 
 BLOCK, CHUNK = append.BLOCK, append.CHUNK
@@ -85,7 +85,7 @@ class WithoutLayers:
 
 def from_store(src: Source, skip: frozenset[str]) -> Iterator[bytes] | None:
     """The archive of ``src`` without the layer files ``skip``, composed from the blob store ``nodekit build``
-    wrote (its config and code layer; see :mod:`nodekit.append`), or None when the store cannot give every file
+    wrote (its config and code layer; see :mod:`nodekit.image.append`), or None when the store cannot give every file
     that must travel: then ``docker save`` does. Every blob is checked against its digest before it is used."""
     if not src.from_store(skip) or src.blob_store is None:
         return None

@@ -4,7 +4,8 @@ Over ``ssh://`` every docker call is its own ``ssh`` (the docker CLI runs ``ssh 
 so a push to a node paid for six key exchanges and logins: four survey questions, the load and the image id check.
 On a code change, whose bytes are a few KiB, those handshakes were most of the time. For the length of a push,
 :class:`SharedSsh` puts a wrapper named ``ssh`` first on the PATH of every process nodekit starts
-(:func:`nodekit.proc.extra_env`: the docker CLI finds ``ssh`` there; this process's own environment is not changed)
+(:func:`nodekit.system.proc.extra_env`: the docker CLI finds ``ssh`` there; this process's own environment is not
+changed)
 that runs the user's own ``ssh`` with ``ControlMaster=auto`` and a ControlPath in a private directory: the first call
 to a node opens the connection, the others ride on it. When the push ends, every master it opened is told to exit
 (``ssh -O exit``) and the directory is removed. Docker itself recommends connection sharing for
@@ -25,8 +26,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from nodekit import proc, ssh
 from nodekit.errors import DeadlineError
+from nodekit.system import proc, ssh
 
 PERSIST_S = 30
 """A master outlives its last call by this much at most (it is told to exit when the push ends anyway)."""

@@ -9,11 +9,11 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from nodekit import docker
 from nodekit.errors import NodekitError, ShipError
-from nodekit.progress import Reporter
 from nodekit.ship.plan import PushPlan, Source, Step, Target, reach_fix, short_id, size_text
 from nodekit.ship.stream import diagnose_load_failure
+from nodekit.system import docker
+from nodekit.system.progress import Reporter
 
 ANSWER_S = 120.0
 """After the last byte of the stream, a target's engine must say what it loaded within this, plus the time to

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from nodekit.append import EMPTY_LAYER
 from nodekit.errors import ShipError, UsageError
+from nodekit.image.append import EMPTY_LAYER
 
 Codec = Literal["none", "gzip", "zstd"]
 Compress = Literal["auto", "none", "gzip", "zstd"]
@@ -209,7 +209,7 @@ class Source:
     containerd_store: bool = False
     """The source engine keeps images in Docker's containerd image store (ids are manifest digests there)."""
     blob_store: Path | None = None
-    """A :class:`nodekit.blobs.BlobStore` holding this image's config (``nodekit build`` wrote it), or None."""
+    """A :class:`nodekit.image.blobs.BlobStore` holding this image's config (``nodekit build`` wrote it), or None."""
     cached_layers: frozenset[str] = frozenset()
     """The diff ids whose layer files that store holds: a target that needs only these gets them from the store,
     without a ``docker save`` of the whole image."""

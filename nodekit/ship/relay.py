@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from nodekit import proc, ssh
 from nodekit.errors import DeadlineError, ShipError
 from nodekit.ship.hopkeys import ChainAccess, node_argv
+from nodekit.system import proc, ssh
 
 RelayMode = Literal["auto", "always", "never"]
 RELAY_MODES: tuple[RelayMode, ...] = ("auto", "always", "never")
@@ -261,7 +261,7 @@ def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> 
 class RelaySink:
     """Feeds the chain ``hops``: sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.
     ChainAccess`; ShipError when a node cannot be), then the head's ssh to the first node runs its relay step.
-    Has the shape of :class:`nodekit.docker.LoadSink` (write, finish, abort); ``finish`` returns the chain's
+    Has the shape of :class:`nodekit.system.docker.LoadSink` (write, finish, abort); ``finish`` returns the chain's
     :class:`Report` and never raises for a node's failure (the head verifies every node itself)."""
 
     def __init__(self, hops: Sequence[Hop]) -> None:

@@ -4,7 +4,7 @@
 thread so neither side blocks) stream; a failing compressor raises ShipError. :func:`zstd_here` says whether this
 machine has the zstd command. :class:`Counted` measures progress against the image's uncompressed size.
 :func:`diagnose_load_failure` is pure: it classifies ``docker load``'s last line as a full disk, a corrupt stream
-or something else. Opening the save and load ends is :mod:`nodekit.docker`'s.
+or something else. Opening the save and load ends is :mod:`nodekit.system.docker`'s.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import zlib
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
-from nodekit import docker, proc
 from nodekit.errors import ShipError
 from nodekit.ship.plan import Codec
+from nodekit.system import docker, proc
 
 PROGRESS_EVERY_S = 2.0
 

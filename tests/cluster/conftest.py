@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import secret
+from nodekit.job import secret
 from tests import wheelcache
 from tests.cluster.harness import SSHD, Cluster, Host, problem, ssh_client
 from tests.conftest import unavailable
@@ -74,7 +74,8 @@ def _run(argv: list[str], timeout: float = 1800, **kw: object) -> subprocess.Com
 @pytest.fixture(scope="session")
 def demo(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> Demo:
     """The demo project's image, built (a no-op when it exists) on this machine's default engine."""
-    from nodekit import build, settings
+    from nodekit.config import settings
+    from nodekit.image import builder as build
 
     dest = tmp_path_factory.mktemp("cluster-demo") / "ddp"
     shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
@@ -103,7 +104,7 @@ def demo_on_main(demo: Demo, cluster_ready: None) -> Demo:
 def push_image(ref: str, source: str | None, hosts: list[Host]) -> None:
     """nodekit push through its Python API (the CLI is tested on its own): skips hosts that have the image."""
     from nodekit import ship
-    from nodekit.progress import NullReporter
+    from nodekit.system.progress import NullReporter
 
     src = ship.source_of(ref, source)
     targets = [ship.Target(name=h.name, endpoint=h.docker_host) for h in hosts]

@@ -1,6 +1,6 @@
 """A code change of a real project reaches a node from the build's blob store alone: no ``docker save``.
 
-``nodekit build`` writes the image's last layer (the code) and its config itself (nodekit/append.py) and keeps
+``nodekit build`` writes the image's last layer (the code) and its config itself (nodekit/image/append.py) and keeps
 them in the project's blob store; ``nodekit push`` to a node that has the rest of the image sends just those.
 Every docker command nodekit runs goes through a logging wrapper in front of the real client, so the test sees
 that no ``docker save`` ran. A damaged store costs a slower push through ``docker save``, never a wrong image.

@@ -224,7 +224,7 @@ def test_a_stalled_docker_save_on_the_head_is_named_within_its_stall_deadline(
     )
     (stub / "docker").chmod(0o755)
     env = {**push_env(fleet), "PATH": f"{stub}:{push_env(fleet)['PATH']}", "PYTHONPATH": str(ROOT)}
-    argv = [*patched("nodekit.docker.streams.SAVE_STALL_S=5"), "push", REF, "--to", f"h1={fleet.url(h1)}",
+    argv = [*patched("nodekit.system.docker.streams.SAVE_STALL_S=5"), "push", REF, "--to", f"h1={fleet.url(h1)}",
             "--relay", "never"]  # fmt: skip
     t0 = time.monotonic()
     done = h0.run(*argv, env=env, cwd=ROOT, timeout=120)

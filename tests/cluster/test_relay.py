@@ -188,7 +188,7 @@ def test_a_push_opens_one_ssh_connection_per_node_and_closes_it(fleet: Fleet) ->
 CHAINS_SCRIPT = """
 import json, sys
 from nodekit import ship
-from nodekit.progress import NullReporter
+from nodekit.system.progress import NullReporter
 from nodekit.ship import relay
 relay.CHAIN_MAX = 2  # four nodes: two chains of two
 src = ship.source_of(sys.argv[1], None)
@@ -397,7 +397,7 @@ def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expire
 KILLED_SCRIPT = """
 import sys
 from nodekit import ship
-from nodekit.progress import NullReporter
+from nodekit.system.progress import NullReporter
 from nodekit.ship import hopkeys
 hopkeys.KEY_LIFETIME_S = int(sys.argv[1])
 src = ship.source_of(sys.argv[2], None)
@@ -447,7 +447,7 @@ STALL_SCRIPT = """
 import sys
 from nodekit import ship
 from nodekit.errors import NodekitError
-from nodekit.progress import NullReporter
+from nodekit.system.progress import NullReporter
 src = ship.source_of(sys.argv[1], None)
 targets = [ship.Target(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
 with ship.SharedSsh():

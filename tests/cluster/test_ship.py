@@ -19,7 +19,7 @@ import pytest
 
 from nodekit import ship
 from nodekit.errors import ShipError
-from nodekit.progress import RecordingReporter
+from nodekit.system.progress import RecordingReporter
 from tests.cluster.conftest import nodekit_argv
 from tests.cluster.harness import Cluster, Host, clean
 
@@ -166,7 +166,7 @@ def test_a_stream_cut_short_loads_nothing_and_keeps_the_old_image(fresh: Cluster
     assert [s.action for s in plan.steps] == ["load", "load"]
 
     def cut_short(ref: str, endpoint: str | None) -> Iterable[bytes]:
-        return _truncated(iter(__import__("nodekit.docker").docker.SaveStream(ref, endpoint)), 3 << 20)
+        return _truncated(iter(__import__("nodekit.system.docker").docker.SaveStream(ref, endpoint)), 3 << 20)
 
     with pytest.raises(ShipError) as e:
         ship.push(plan, RecordingReporter(), open_source=cut_short)
@@ -184,7 +184,7 @@ def test_a_corrupt_stream_is_refused_by_the_target(fresh: Cluster) -> None:
     plan = ship.plan_push(src, ship.survey(src, [ship.Target("h1", h1.docker_host)]))
 
     def corrupt(ref: str, endpoint: str | None) -> Iterable[bytes]:
-        data = bytearray(b"".join(__import__("nodekit.docker").docker.SaveStream(ref, endpoint)))
+        data = bytearray(b"".join(__import__("nodekit.system.docker").docker.SaveStream(ref, endpoint)))
         mid = len(data) // 2
         data[mid : mid + 64] = bytes(64)
         return [bytes(data)]
@@ -431,8 +431,8 @@ def test_a_hung_engine_is_named_within_its_deadline(fresh: Cluster, monkeypatch:
     import signal
     import time
 
-    from nodekit import docker
     from nodekit.errors import DeadlineError
+    from nodekit.system import docker
 
     h2 = fresh.hosts[2]
     assert h2.pid is not None
@@ -468,7 +468,7 @@ def stores(cluster_ready: None) -> Iterator[Cluster]:
 
 
 def test_the_containerd_image_store_is_detected_and_a_mixed_push_refused(stores: Cluster) -> None:
-    from nodekit import docker
+    from nodekit.system import docker
 
     h0, h1, _ = stores.hosts
     assert [docker.engine_facts(h.docker_host).containerd_store for h in stores.hosts] == [False, True, True]

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker
+from nodekit.system import docker
 from tests import wheelcache
 from tests.integration.conftest import ROOT, nodekit
 

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import build as building
-from nodekit import docker
+from nodekit.config.settings import Settings, load
 from nodekit.errors import EngineError, ImageError
-from nodekit.progress import RecordingReporter
-from nodekit.render.image import LABEL_FINGERPRINT, LABEL_LOCK, LABEL_NAME, LABEL_PYTHON, LABEL_TORCH
-from nodekit.settings import Settings, load
+from nodekit.image import builder as building
+from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_LOCK, LABEL_NAME, LABEL_PYTHON, LABEL_TORCH
+from nodekit.system import docker
+from nodekit.system.progress import RecordingReporter
 from tests.conftest import unavailable
 
 pytestmark = pytest.mark.docker
@@ -109,7 +109,7 @@ def test_noop_rebuild_is_skipped_and_fast(built: Built) -> None:
 def test_a_checkout_without_the_blob_store_writes_it_again_as_the_same_image(built: Built) -> None:
     """A fresh clone on a machine that already has the image: its push of a code change must not fall back to
     `docker save` for want of the code layer in the store, so the build writes the store again, same image id."""
-    from nodekit.blobs import BLOBS
+    from nodekit.image.blobs import BLOBS
 
     before = building.build(built.settings, RecordingReporter())
     store = built.project / BLOBS

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import build as building
-from nodekit import docker
+from nodekit.config.settings import load
 from nodekit.errors import EngineError
-from nodekit.lock import parse_lock
-from nodekit.progress import RecordingReporter
-from nodekit.render.image import LABEL_NAME
-from nodekit.settings import load
+from nodekit.image import builder as building
+from nodekit.image.lock import parse_lock
+from nodekit.image.plan import LABEL_NAME
+from nodekit.system import docker
+from nodekit.system.progress import RecordingReporter
 from tests.conftest import unavailable
 from tests.unit.test_lock_sdist import make_sdist, setuptools_wheel  # noqa: F401  (fixture)
 

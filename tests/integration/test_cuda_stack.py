@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker
 from nodekit.ship import chain_ids, plan_layers
 from nodekit.ship.plan import Layer
+from nodekit.system import docker
 from tests import wheelcache
 from tests.integration.conftest import nodekit
 
@@ -40,7 +40,7 @@ TORCH_CP311_SHA256 = "305a61f61f35f128579f299c5bd33d475f6a01c6307336139632e30856
 FACTS = """
 import json
 from nodekit.launcher.config import parse_env
-from nodekit.launcher.facts import gather
+from nodekit.launcher.preflight.stack import gather
 env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "0", "NNODES": "1", "NPROC_PER_NODE": "1"}
 print(json.dumps(gather(parse_env(env), "127.0.0.1").to_json_dict()))
 """

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from nodekit import doctor as doc
+from nodekit.config.settings import Settings
 from nodekit.doctor import CheckRow, EngineCheck, Status, gathering, handshake
 from nodekit.doctor.handshake import Reach
-from nodekit.host import net
-from nodekit.settings import Settings
+from nodekit.system.host import net
 
 LOOPBACK = "127.0.0.1"
 DOCTOR = [sys.executable, "-m", "nodekit", "doctor"]

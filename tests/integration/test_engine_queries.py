@@ -1,4 +1,4 @@
-"""nodekit.docker's batched image queries against the real engine: the same answers python-on-whales' per-image
+"""nodekit.system.docker's batched image queries against the real engine: the same answers python-on-whales' per-image
 calls give, in two engine calls."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker
 from nodekit.errors import EngineError
+from nodekit.system import docker
 
 pytestmark = pytest.mark.docker
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker
-from nodekit.node import compose_path, project_for
-from nodekit.settings import load
+from nodekit.backends.compose.node import compose_path, project_for
+from nodekit.config.settings import load
+from nodekit.system import docker
 from tests import wheelcache
 from tests.integration.conftest import nodekit
 
@@ -220,7 +220,7 @@ def test_a_mount_missing_on_a_node_is_one_line_before_anything_starts(
 def test_the_image_loads_the_exit_guard_only_when_asked(
     projects: dict[str, Path], guard: str | None, loaded: str
 ) -> None:
-    from nodekit.build import current_image
+    from nodekit.image.builder import current_image
 
     image = current_image(load(projects["lightning"] / "nodekit.toml"))
     env = ["-e", f"NODEKIT_EXIT_GUARD={guard}"] if guard is not None else []
@@ -252,7 +252,7 @@ def test_in_the_image_a_finished_script_whose_teardown_aborts_exits_0(
 ) -> None:
     """The abort the guard exists for does not reproduce on demand with torch (0 of 20 unguarded Lightning runs
     failed on the CI machine), so the image's interpreter is shown the same abort at teardown directly."""
-    from nodekit.build import current_image
+    from nodekit.image.builder import current_image
 
     image = current_image(load(projects["lightning"] / "nodekit.toml"))
     proc = subprocess.run(

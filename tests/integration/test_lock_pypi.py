@@ -14,11 +14,11 @@ from pathlib import Path
 
 from packaging.version import Version
 
-from nodekit import lock as locking
-from nodekit.lock import Lock
-from nodekit.probe import WheelTarget
-from nodekit.progress import RecordingReporter
-from nodekit.settings import load
+from nodekit.config.settings import load
+from nodekit.image import lock as locking
+from nodekit.image.lock import Lock
+from nodekit.image.probe import WheelTarget
+from nodekit.system.progress import RecordingReporter
 
 PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "lightly-train", "pillow", "numpy"]
 IMAGE = WheelTarget(python_version="3.11", wheel_platform="manylinux_2_36_x86_64", source="settings")  # nodekit's base

@@ -51,7 +51,7 @@ def test_installed_wheel_finds_its_assets_outside_a_checkout(wheel: Path, tmp_pa
     (project / "train.py").write_text("print('x')\n")
     env = os.environ | {"PYTHONPATH": str(target)}
     where = subprocess.run(
-        [sys.executable, "-c", "import nodekit.assets as a; print(a.images_dir()); print(a.launcher_dir())"],
+        [sys.executable, "-c", "import nodekit.system.assets as a; print(a.images_dir()); print(a.launcher_dir())"],
         cwd=project, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     images, launcher = (Path(line) for line in where.stdout.split())

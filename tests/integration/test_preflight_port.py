@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.build import current_image
-from nodekit.settings import load
+from nodekit.config.settings import load
+from nodekit.image.builder import current_image
 from tests.integration.conftest import nodekit
 from tests.integration.test_two_node import down, wait_node
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.node import project_for
-from nodekit.settings import load
+from nodekit.backends.compose.node import project_for
+from nodekit.config.settings import load
 from tests import wheelcache
 from tests.integration.conftest import nodekit
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker
-from nodekit.node import compose_path, project_for
-from nodekit.settings import load
+from nodekit.backends.compose.node import compose_path, project_for
+from nodekit.config.settings import load
+from nodekit.system import docker
 from tests.golden import GOLDEN
 from tests.integration.conftest import nodekit
 

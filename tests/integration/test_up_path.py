@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.node import project_for
-from nodekit.settings import load
+from nodekit.backends.compose.node import project_for
+from nodekit.config.settings import load
 from tests.conftest import logging_docker
 from tests.integration.conftest import nodekit
 

@@ -15,16 +15,16 @@ STUBS = ("docker", "timeout", "env", "ssh", "ssh-keygen", "ssh-agent", "ssh-add"
 
 @pytest.fixture
 def fake_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeRunner]:
-    """Replaces nodekit.proc's one spawn function, and python-on-whales' own process starts, with a recorder.
+    """Replaces nodekit.system.proc's one spawn function, and python-on-whales' own process starts, with a recorder.
 
     The programs nodekit looks up on PATH are stubs first on PATH (they fail loudly if anything ever ran one), so
     command lines are the same on every machine; GNU timeout counts as present. Every child nodekit started must
-    have been reaped by the end of the test (none left in nodekit.proc.live()).
+    have been reaped by the end of the test (none left in nodekit.system.proc.live()).
     """
     import python_on_whales.utils as pow_utils
 
-    from nodekit import proc
-    from nodekit.proc import spawn
+    from nodekit.system import proc
+    from nodekit.system.proc import spawn
 
     fake = FakeRunner()
     bin_dir = tmp_path / "fake-bin"
@@ -39,7 +39,7 @@ def fake_runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fak
     monkeypatch.setattr(pow_utils, "subprocess", fake.pow_subprocess)
     monkeypatch.setattr(pow_utils, "Popen", fake.pow_popen)
     yield fake
-    from nodekit.proc import children
+    from nodekit.system.proc import children
 
     left = [c for c in proc.live() if isinstance(c._popen, FakePopen)]
     for c in left:

@@ -1,4 +1,5 @@
-"""The image's last stage written by nodekit (nodekit/append.py) and the blob store it keeps (nodekit/blobs.py):
+"""The image's last stage written by nodekit (nodekit/image/append.py) and the blob store it keeps
+(nodekit/image/blobs.py):
 pure functions and files only; the real engine loading what they write is tested in tests/integration and
 tests/cluster (test_code_push.py)."""
 
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import append, ship
-from nodekit.blobs import BlobStore
+from nodekit import ship
+from nodekit.image import append
+from nodekit.image.blobs import BlobStore
 
 EPOCH = 1735689600
 ENV_IMAGE = {

@@ -194,7 +194,7 @@ def test_a_hung_nvidia_smi_is_one_line_and_exit_2(
 ) -> None:
     """A GPU driver whose nvidia-smi never answers: before, `nodekit compose` ended in a TimeoutExpired traceback
     after 20 s. A real hung nvidia-smi (first on PATH) is stopped at its deadline and named in one line."""
-    from nodekit.host import facts
+    from nodekit.system.host import facts
 
     if any(Path("/proc/driver/nvidia/gpus").glob("*/information")):
         pytest.skip("this host lists its GPUs in /proc: nvidia-smi is never asked")

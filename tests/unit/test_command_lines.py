@@ -15,7 +15,7 @@ TIMEOUT = ["timeout", "--foreground", "--kill-after=5"]  # GNU timeout(1): the d
 
 
 def node_plan(tmp_path: Path) -> object:
-    from nodekit.settings import Settings
+    from nodekit.config.settings import Settings
     from tests.unit.test_compose_render import CPU_NODE
 
     (tmp_path / "train.py").write_text("print(1)\n")
@@ -27,8 +27,9 @@ def node_plan(tmp_path: Path) -> object:
 def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_end(
     fake_runner: FakeRunner, tmp_path: Path
 ) -> None:
-    from nodekit import node, proc
-    from nodekit.progress import RecordingReporter
+    from nodekit.backends.compose import node
+    from nodekit.system import proc
+    from nodekit.system.progress import RecordingReporter
 
     plan = node_plan(tmp_path)
     assert isinstance(plan, node.NodePlan)
@@ -57,7 +58,7 @@ def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_e
 def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_deadline(
     fake_runner: FakeRunner, tmp_path: Path
 ) -> None:
-    from nodekit import docker
+    from nodekit.system import docker
 
     path = tmp_path / "compose" / "node-1.yaml"
     docker.compose_down(path, "nodekit-demo-node1", timeout=30, host="ssh://root@n1")
@@ -75,7 +76,7 @@ def test_a_start_on_a_host_without_the_image_names_it_and_the_push_that_fixes_it
     """Rendered files say ``pull_policy: never``, so Compose asks the engine and stops at "No such image" instead of
     trying Docker Hub; nodekit makes that one line naming the image, the engine and the push. Before: "docker compose
     up failed for ...: pull access denied for nodekit/ddp-demo, repository does not exist"."""
-    from nodekit import docker
+    from nodekit.system import docker
 
     path = tmp_path / "compose" / "node-1.yaml"
     fake_runner.on("compose", "--file", stderr="Error response from daemon: No such image: nodekit/demo:abc\n",
@@ -91,7 +92,7 @@ def test_a_start_on_a_host_without_the_image_names_it_and_the_push_that_fixes_it
 
 
 def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_path: Path) -> None:
-    from nodekit import docker
+    from nodekit.system import docker
 
     fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
     fake_runner.on("container", "wait", stdout="3\n")
@@ -106,7 +107,7 @@ def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_p
 def test_the_build_is_buildx_with_no_network_for_run_steps_and_the_engines_own_store(
     fake_runner: FakeRunner, tmp_path: Path
 ) -> None:
-    from nodekit import docker
+    from nodekit.system import docker
 
     fake_runner.on("buildx", "build", stdout="#1 [internal] load build definition\n#1 DONE 0.0s\n")
     lines = list(docker.buildx_build(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", tag="nodekit/demo:abc",
@@ -127,8 +128,9 @@ def test_the_build_is_buildx_with_no_network_for_run_steps_and_the_engines_own_s
 def test_the_base_probe_is_one_offline_docker_run_of_sh_with_the_script_in_its_environment(
     fake_runner: FakeRunner, tmp_path: Path
 ) -> None:
-    from nodekit import docker, probe
-    from nodekit.settings import Settings
+    from nodekit.config.settings import Settings
+    from nodekit.image import probe
+    from nodekit.system import docker
 
     base = docker.ImageInfo(id="sha256:" + "b" * 64, tags=("nodekit/base:bookworm",), labels={}, size=1)
     settings = Settings(project_dir=tmp_path, name="p", script="train.py")
@@ -151,9 +153,10 @@ def test_the_base_probe_is_one_offline_docker_run_of_sh_with_the_script_in_its_e
 def test_a_push_sends_docker_save_into_docker_load_over_ssh(
     fake_runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodekit import docker, ship
-    from nodekit.progress import RecordingReporter
+    from nodekit import ship
     from nodekit.ship import fanout
+    from nodekit.system import docker
+    from nodekit.system.progress import RecordingReporter
     from tests.unit.test_ship_plan import SRC, state
 
     monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
@@ -174,7 +177,7 @@ def test_a_push_sends_docker_save_into_docker_load_over_ssh(
 
 
 def test_nvidia_smi_lists_the_gpus_within_20_s_and_a_hang_is_one_line_exit_2(fake_runner: FakeRunner) -> None:
-    from nodekit.host import facts
+    from nodekit.system.host import facts
 
     fake_runner.on("nvidia-smi", stdout="NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3\n")
     assert facts.nvidia_smi_models() == ["NVIDIA H100 80GB HBM3"] * 2
@@ -188,8 +191,8 @@ def test_nvidia_smi_lists_the_gpus_within_20_s_and_a_hang_is_one_line_exit_2(fak
 
 
 def test_a_fleet_host_check_is_one_batch_mode_ssh_within_28_s(fake_runner: FakeRunner) -> None:
-    from nodekit.fleet import remote
-    from nodekit.fleet.hosts import parse_host
+    from nodekit.backends.fleet import remote
+    from nodekit.backends.fleet.hosts import parse_host
 
     host = parse_host("ssh://alice@10.0.0.6:2222", 1)
     fake_runner.on("ssh", stdout="gpus=2\nmemlock_kb=unlimited\nstack_kb=8192\nhost=n6\nlisten=0100007F:1F90\n")
@@ -260,7 +263,8 @@ def test_a_push_shares_ssh_connections_through_the_childrens_environment_not_os_
     """Before, nodekit/ship/mux.py rewrote this process's PATH for the length of a push."""
     import os
 
-    from nodekit import docker, ship
+    from nodekit import ship
+    from nodekit.system import docker
 
     before = dict(os.environ)
     with ship.SharedSsh() as shared:

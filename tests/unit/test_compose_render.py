@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodekit.render.compose import render_compose, to_yaml
-from nodekit.settings import Settings
-from nodekit.spec import HostFacts, launch_spec, node_spec
+from nodekit.backends.compose.render import render_compose, to_yaml
+from nodekit.config.settings import Settings
+from nodekit.job.spec import launch_spec, node_spec
+from nodekit.system.host.facts import HostFacts
 from tests.golden import GOLDEN, update_golden
 
 PROJECT = Path("/srv/project")

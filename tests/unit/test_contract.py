@@ -43,10 +43,11 @@ def test_the_contract_is_standard_library_only_and_imports_nothing_of_nodekit() 
 
 
 def test_both_sides_read_the_same_values() -> None:
-    from nodekit.fleet import remote, supervise
-    from nodekit.launcher import config, main, watchdog
-    from nodekit.render import k8s
-    from nodekit.slurm import render
+    from nodekit.backends.fleet import remote, supervise
+    from nodekit.backends.k8s import render as k8s
+    from nodekit.backends.slurm import render
+    from nodekit.launcher import config, main
+    from nodekit.launcher.watchdog import run as watchdog
 
     assert main.EXIT_PEER_LOST == watchdog.EXIT_PEER_LOST == supervise.EXIT_PEER_LOST == render.EXIT_PEER_LOST == 19
     assert k8s.FAIL_JOB_EXIT_CODES == (2, 17, 19)

@@ -2,7 +2,7 @@
 and without a fingerprint several candidates are refused rather than picked by (identical) creation time.
 
 The engine's answers are stand-ins here (a dict of images); the decision is build.choose's
-(nodekit/build/selection.py)."""
+(nodekit/image/builder/selection.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import build, docker
-from nodekit.build import selection
+from nodekit.config.settings import Settings
 from nodekit.errors import ImageError
-from nodekit.render.image import LABEL_FINGERPRINT, LABEL_NAME
-from nodekit.settings import Settings
+from nodekit.image import builder as build
+from nodekit.image.builder import selection
+from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_NAME
+from nodekit.system import docker
 
 OLD, NEW = "d5cc483dcf63" + "0" * 52, "d726855b19c7" + "1" * 52
 
@@ -104,7 +105,7 @@ def test_a_second_build_of_the_project_waits_for_the_first(tmp_path: Path) -> No
     import threading
     import time
 
-    from nodekit.progress import RecordingReporter
+    from nodekit.system.progress import RecordingReporter
 
     order: list[str] = []
     first_in = threading.Event()

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker, proc
 from nodekit.errors import DeadlineError
-from nodekit.lock import pip as lock_pip
-from nodekit.lock import resolution as lock_resolution
+from nodekit.image.lock import pip as lock_pip
+from nodekit.image.lock import resolution as lock_resolution
+from nodekit.system import docker, proc
 
 
 def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:

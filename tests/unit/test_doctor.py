@@ -11,13 +11,12 @@ import pytest
 from typer.testing import CliRunner
 
 from nodekit import doctor as doc
+from nodekit.config.settings import NodeOverride, Settings
 from nodekit.doctor import CheckRow, ContainerView, DoctorFacts, EngineCheck, ImageCheck, Status
 from nodekit.doctor.handshake import Arrival, Probe, Reach
 from nodekit.errors import UsageError
-from nodekit.host.facts import Firewall
-from nodekit.host.net import Route
-from nodekit.settings import NodeOverride, Settings
-from nodekit.spec import HostFacts
+from nodekit.system.host.facts import Firewall, HostFacts
+from nodekit.system.host.net import Route
 
 GIB = 1024**3
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.backends.fleet import remote
+from nodekit.backends.fleet.hosts import fleet_hosts, main_address, parse_hostfile
+from nodekit.backends.fleet.run import hosts_of, job_settings
+from nodekit.backends.fleet.supervise import LOST, Budget, Report, decide
+from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
-from nodekit.fleet import remote
-from nodekit.fleet.hosts import fleet_hosts, main_address, parse_hostfile
-from nodekit.fleet.run import hosts_of, job_settings
-from nodekit.fleet.supervise import LOST, Budget, Report, decide
-from nodekit.settings import Settings
 
 
 def test_hosts_are_ranked_by_position_with_user_and_port() -> None:
@@ -202,7 +202,7 @@ def test_a_host_that_vanished_is_blamed_not_the_survivors_that_noticed_it_first(
     """The survivors' watchdogs exit 19 after peer_timeout; the head's own connection to the vanished host ends a
     few seconds later (its keepalive). Before, the head blamed the first 19 after the 3 s settle and marked the
     vanished node "stopped", so it could never be named."""
-    from nodekit.fleet.alive import alive_interval, loss_window
+    from nodekit.backends.fleet.alive import alive_interval, loss_window
 
     cause_s = loss_window(alive_interval(15))
     assert cause_s == 20.0
@@ -217,8 +217,8 @@ def test_a_host_that_vanished_is_blamed_not_the_survivors_that_noticed_it_first(
 
 
 def test_the_heads_keepalive_follows_peer_timeout() -> None:
-    from nodekit import ssh
-    from nodekit.fleet.alive import alive_interval, loss_window
+    from nodekit.backends.fleet.alive import alive_interval, loss_window
+    from nodekit.system import ssh
 
     assert [alive_interval(p) for p in (0, 3, 15, 30, 600)] == [10, 1, 5, 10, 10]
     assert loss_window(5) == 20.0
@@ -326,9 +326,10 @@ def test_nodekit_run_refuses_a_missing_script_before_any_host_is_checked_or_ship
     image shipped to every one of them."""
     from typer.testing import CliRunner
 
-    from nodekit import build, docker
+    from nodekit.backends.fleet import run
     from nodekit.cli.app import app
-    from nodekit.fleet import run
+    from nodekit.image import builder as build
+    from nodekit.system import docker
 
     _fleet_project(tmp_path, monkeypatch, script=False)
     touched: list[str] = []
@@ -349,9 +350,9 @@ def test_fleet_down_and_logs_name_each_host_they_could_not_reach_and_exit_1(
     and `logs` printed a thread's traceback and exited 0."""
     from typer.testing import CliRunner
 
-    from nodekit import docker
     from nodekit.cli.app import app
     from nodekit.errors import EngineError
+    from nodekit.system import docker
 
     _fleet_project(tmp_path, monkeypatch)
 
@@ -385,7 +386,7 @@ def test_node_overrides_are_checked_against_the_hosts_when_nnodes_is_not_set(tmp
     with a hostfile the count is known only when it is read, and an override past it is one line."""
     from pydantic import ValidationError
 
-    from nodekit.settings import NodeOverride
+    from nodekit.config.settings import NodeOverride
 
     three = ("ssh://a", "ssh://b", "ssh://c")
     s = Settings(project_dir=tmp_path, name="d", script="t.py", hosts=three, nodes={2: NodeOverride(gpus=4)})

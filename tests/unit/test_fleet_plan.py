@@ -1,4 +1,5 @@
-"""``nodekit run --dry-run``: the whole fleet's plan (nodekit/fleet/plan.py), printed without touching any host."""
+"""``nodekit run --dry-run``: the whole fleet's plan (nodekit/backends/fleet/plan.py), printed without touching any
+host."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.fleet.hosts import fleet_hosts
-from nodekit.settings import Settings
+from nodekit.backends.fleet.hosts import fleet_hosts
+from nodekit.config.settings import Settings
 from tests.fake_runner import FakeRunner
 from tests.golden import GOLDEN, update_golden
 
@@ -81,8 +82,8 @@ def test_without_main_the_dry_run_names_host_0s_address(tmp_path: Path, monkeypa
 
 
 def _inputs(tmp_path: Path, urls: list[str], **kw: object) -> object:
-    from nodekit.fleet.plan import FleetInputs
-    from nodekit.fleet.run import job_settings
+    from nodekit.backends.fleet.plan import FleetInputs
+    from nodekit.backends.fleet.run import job_settings
 
     s = Settings(project_dir=tmp_path, name="t", script="train.py", nnodes=len(urls), **kw)
     hosts = fleet_hosts(urls, len(urls), slots=[8] * len(urls))
@@ -90,7 +91,7 @@ def _inputs(tmp_path: Path, urls: list[str], **kw: object) -> object:
 
 
 def test_relay_chains_come_from_the_push_grouping_ssh_hosts_only_at_most_eight_a_chain(tmp_path: Path) -> None:
-    from nodekit.fleet.plan import FleetInputs, plan_fleet
+    from nodekit.backends.fleet.plan import FleetInputs, plan_fleet
 
     urls = [f"ssh://n{i}" for i in range(10)] + ["tcp://d:2375", "unix:///var/run/docker.sock"]
     inputs = _inputs(tmp_path, urls)
@@ -107,7 +108,7 @@ def test_relay_chains_come_from_the_push_grouping_ssh_hosts_only_at_most_eight_a
     ("always", ["ssh://a", "tcp://b:2375"], "relay: always, no chain"),
 ])  # fmt: skip
 def test_no_chain_is_printed_where_none_would_form(tmp_path: Path, relay: str, urls: list[str], says: str) -> None:
-    from nodekit.fleet.plan import FleetInputs, plan_fleet
+    from nodekit.backends.fleet.plan import FleetInputs, plan_fleet
 
     inputs = _inputs(tmp_path, urls, relay=relay)
     assert isinstance(inputs, FleetInputs)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.fsutil import write_atomic
+from nodekit.system.files import write_atomic
 
 
 def mode(path: Path) -> int:

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.config.settings import NodeOverride, load
 from nodekit.errors import ConfigError
 from nodekit.launcher.config import EnvError, parse_env
 from nodekit.launcher.plan import start_line
-from nodekit.launcher.verdict import Declared, decide, render
-from nodekit.settings import NodeOverride, load
+from nodekit.launcher.preflight.verdict import Declared, decide, render
 from tests.unit.test_compose_render import CPU_NODE, GPU_NODE, rendered, settings
 from tests.unit.test_launcher_config import BASE
 from tests.unit.test_launcher_verdict import KW, NODE0, NODE1

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.build import hash_tree, launcher_tree
-from nodekit.render.image import (
+from nodekit.image.builder import hash_tree, launcher_tree
+from nodekit.image.plan import (
     DEFAULT_EXCLUDES,
     LABEL_BASE,
     LABEL_FINGERPRINT,
@@ -367,7 +367,7 @@ def test_dockerfile_layer_order_and_offline_install() -> None:
 
 
 def test_plan_base_is_slim_and_reproducible(tmp_path: Path) -> None:
-    from nodekit.base import plan_base
+    from nodekit.image.debian import plan_base
 
     plan = plan_base("nodekit/base:bookworm", output=tmp_path / "rootfs.tar")
     assert plan.argv[:3] == ("mmdebstrap", "--variant=minbase", "--include=python3,python3-venv")
@@ -385,7 +385,7 @@ def test_base_image_id_is_a_function_of_the_rootfs() -> None:
     """
     import hashlib
 
-    from nodekit.base import image_config, plan_base
+    from nodekit.image.debian import image_config, plan_base
 
     plan = plan_base(output=Path("rootfs.tar"))
     config = image_config(plan, "72f0ea92df68f3a75f1c867b08b6f8d9e471654397662c4314246a647b3f7160")
@@ -396,8 +396,8 @@ def test_base_image_id_is_a_function_of_the_rootfs() -> None:
 
 
 def test_stack_from_probe_reads_cuda_cudnn_nccl_from_wheel_metadata() -> None:
-    from nodekit.build import stack_from_probe
-    from nodekit.lock import Lock, LockedPackage
+    from nodekit.image.builder import stack_from_probe
+    from nodekit.image.lock import Lock, LockedPackage
 
     lock = Lock(
         python_version="3.11",
@@ -423,7 +423,7 @@ def test_stack_from_probe_reads_cuda_cudnn_nccl_from_wheel_metadata() -> None:
 
 
 def test_stack_from_probe_of_a_cpu_image_and_of_a_foreign_image() -> None:
-    from nodekit.build import stack_from_probe
+    from nodekit.image.builder import stack_from_probe
 
     cpu = stack_from_probe({"python": "3.11.2", "dists": {"torch": "2.13.0+cpu"}, "torch": {"cuda": None}})
     assert (cpu["torch"], cpu["cuda"], cpu["cudnn"], cpu["nccl"]) == ("2.13.0+cpu", None, None, None)
@@ -431,7 +431,7 @@ def test_stack_from_probe_of_a_cpu_image_and_of_a_foreign_image() -> None:
 
 
 def test_the_lock_splits_into_the_cuda_libraries_framework_and_packages_layers() -> None:
-    from nodekit.render.image import split_lock
+    from nodekit.image.plan import split_lock
 
     lock = (
         "# nodekit.lock: header\n# python: 3.11\n# platform: manylinux_2_36_x86_64\n# input: torch==2.14.1\n\n"
@@ -466,7 +466,7 @@ def test_the_lock_splits_into_the_cuda_libraries_framework_and_packages_layers()
 def test_adding_a_package_leaves_the_lower_layers_files_byte_identical() -> None:
     """The CUDA libraries' and framework's lock files are the build contexts of their layers: when a package is
     added (the lock's header and packages change), they must not change, or BuildKit reinstalls gigabytes."""
-    from nodekit.render.image import split_lock
+    from nodekit.image.plan import split_lock
 
     head = "# nodekit.lock: header\n# python: 3.11\n# platform: manylinux_2_36_x86_64\n"
     pins = "nvidia-nccl-cu13==2.30.7 --hash=sha256:cc\ntorch==2.14.1 --hash=sha256:dd\n"
@@ -477,7 +477,7 @@ def test_adding_a_package_leaves_the_lower_layers_files_byte_identical() -> None
 
 
 def test_a_torch_upgrade_that_keeps_its_cuda_libraries_changes_the_framework_layer_only() -> None:
-    from nodekit.render.image import split_lock
+    from nodekit.image.plan import split_lock
 
     head = "# python: 3.11\n# platform: manylinux_2_36_x86_64\n\n"
     libs = "nvidia-cudnn-cu13==9.24.0.43 --hash=sha256:c1\nnvidia-nccl-cu13==2.30.7 --hash=sha256:c2\n"

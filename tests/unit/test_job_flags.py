@@ -11,9 +11,9 @@ import typer.main
 from typer.core import TyperGroup, TyperOption
 from typer.testing import CliRunner
 
+from nodekit.backends.slurm import job as slurm_job
+from nodekit.backends.slurm import submit
 from nodekit.cli.app import app
-from nodekit.slurm import job as slurm_job
-from nodekit.slurm import submit
 
 JOB_COMMANDS = ("compose", "up", "run", "slurm", "k8s")
 FLAGS = ["--nnodes", "--nproc-per-node", "--master-port", "--script"]

@@ -18,11 +18,11 @@ import yaml
 from typer.testing import CliRunner
 
 import nodekit.launcher.main as launcher_main
-from nodekit import secret
 from nodekit.cli.app import app
 from nodekit.errors import ConfigError
+from nodekit.job import secret
 from nodekit.launcher.config import LaunchConfig
-from nodekit.launcher.preflight import SecretMismatch, open_store
+from nodekit.launcher.preflight.exchange import SecretMismatch, open_store
 from tests.unit.test_launcher_preflight import cfg, facts, quiet
 from tests.unit.test_store import wait_for
 from tests.unit.test_store_flood import BEHAVIOURS, hostile

@@ -13,9 +13,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from nodekit import k8s
-from nodekit.build import LAST_BUILD
+from nodekit.backends.k8s import plan as k8s
 from nodekit.cli.app import app
+from nodekit.image.builder import LAST_BUILD
 
 runner = CliRunner()
 FP = "fedcba987654" + "0" * 52
@@ -33,7 +33,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def built(project: Path) -> None:
-    """The record `nodekit build` leaves (nodekit/build/record.py), without an engine."""
+    """The record `nodekit build` leaves (nodekit/image/builder/record.py), without an engine."""
     (project / LAST_BUILD).parent.mkdir(parents=True, exist_ok=True)
     (project / LAST_BUILD).write_text(json.dumps({"tag": BUILT, "fingerprint": FP, "image_id": "sha256:x"}))
 

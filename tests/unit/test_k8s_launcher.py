@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodekit.launcher import netfacts
 from nodekit.launcher.config import EnvError, parse_env
+from nodekit.launcher.preflight import network as netfacts
 
 POD_ENV = {
     "MASTER_ADDR": "demo-0.demo",

@@ -16,14 +16,16 @@ import pytest
 import yaml
 from kubeflow_trainer_api.models.trainer_v1alpha1_train_job import TrainerV1alpha1TrainJob
 
-from nodekit import k8s
+from nodekit.backends.compose.render import render_compose
+from nodekit.backends.k8s import plan as k8s
+from nodekit.backends.k8s import render
+from nodekit.config.settings import K8sSettings, Mount, Settings
+from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher import main as launcher_main
-from nodekit.launcher import netfacts, watchdog
 from nodekit.launcher.config import parse_env
-from nodekit.render import k8s as render
-from nodekit.render.compose import render_compose
-from nodekit.settings import K8sSettings, Mount, Settings
-from nodekit.spec import HostFacts, launch_spec, node_spec
+from nodekit.launcher.preflight import network as netfacts
+from nodekit.launcher.watchdog import run as watchdog
+from nodekit.system.host.facts import HostFacts
 from tests.golden import GOLDEN, update_golden
 
 PROJECT = Path("/srv/project")
@@ -252,8 +254,8 @@ def test_a_pod_environment_starts_the_launcher() -> None:
 
 
 def test_one_pod_template_means_one_node_shape() -> None:
+    from nodekit.config.settings import NodeOverride
     from nodekit.errors import UsageError
-    from nodekit.settings import NodeOverride
 
     hetero = cpu_settings(nodes={1: NodeOverride(gpus=4)}, k8s=K8sSettings(gpus=8))
     with pytest.raises(UsageError, match="different GPU counts"):
@@ -282,7 +284,7 @@ def test_a_trainjob_name_leaves_room_for_jobsets_pod_names() -> None:
 
 
 def test_notes_say_what_does_not_carry_over() -> None:
-    from nodekit.settings import NodeOverride
+    from nodekit.config.settings import NodeOverride
 
     s = cpu_settings(network="bridge", nodes={1: NodeOverride(iface="ens5")}, pass_env=("HF_TOKEN",))
     p = k8s.plan_k8s(s, image="nodekit/demo:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))

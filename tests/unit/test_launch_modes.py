@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.config.settings import load
 from nodekit.errors import ConfigError
 from nodekit.launcher.config import parse_env
 from nodekit.launcher.plan import exec_plan, local_rank_flag, parse_command
-from nodekit.settings import load
 from tests.unit.test_compose_render import CPU_NODE, GPU_NODE, rendered, settings
 from tests.unit.test_launcher_config import BASE
 

@@ -1,4 +1,4 @@
-"""The launcher's environment contract: what nodekit/render/env.py sets parses; anything else names the variable."""
+"""The launcher's environment contract: what nodekit/job/env.py sets parses; anything else names the variable."""
 
 from __future__ import annotations
 

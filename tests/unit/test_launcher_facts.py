@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from nodekit.launcher import facts
 from nodekit.launcher.config import parse_env
-from nodekit.launcher.facts import parse_nvidia_smi, parse_proc_driver
+from nodekit.launcher.preflight import stack as facts
+from nodekit.launcher.preflight.stack import parse_nvidia_smi, parse_proc_driver
 from tests.unit.test_launcher_config import BASE
 
 

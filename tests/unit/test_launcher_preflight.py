@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from nodekit.launcher.config import LaunchConfig, parse_env
-from nodekit.launcher.facts import NodeFacts
 from nodekit.launcher.main import EXIT_BAD_ENV, main
-from nodekit.launcher.preflight import (
+from nodekit.launcher.preflight.exchange import (
     Clock,
     Outcome,
     PreflightError,
@@ -27,7 +26,8 @@ from nodekit.launcher.preflight import (
     run_worker,
     wait_reachable,
 )
-from nodekit.launcher.verdict import render
+from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.verdict import render
 from tests.unit.test_launcher_config import BASE
 from tests.unit.test_launcher_verdict import NODE0
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from nodekit.launcher.facts import NodeFacts
-from nodekit.launcher.verdict import Verdict, compare, decide, missing_message, render
+from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.verdict import Verdict, compare, decide, missing_message, render
 
 NODE0 = NodeFacts(
     rank=0,

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 
-from nodekit.launcher.preflight import Clock
-from nodekit.launcher.watchdog import (
+from nodekit.launcher.preflight.exchange import Clock
+from nodekit.launcher.watchdog.run import (
     EXIT_PEER_LOST,
     Alarm,
     Done,

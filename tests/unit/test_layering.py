@@ -6,13 +6,14 @@ included. The rules:
 - the launcher (nodekit/launcher/, run inside the image) imports the standard library, torch, its own package and
   the import-free ``nodekit`` package only: nothing host-side;
 - ``nodekit/__init__.py`` imports nothing (it is copied into the image beside the launcher);
-- only nodekit/docker/ imports python_on_whales; only nodekit/cli/ imports rich and typer; only the launcher torch;
+- only nodekit/system/docker/ imports python_on_whales; only nodekit/cli/ imports rich and typer; only the launcher
+  torch;
 - nothing imports nodekit.cli but the CLI itself and ``nodekit/__main__.py`` (``python -m nodekit``);
 - no import cycles between nodekit's modules (imports under ``if TYPE_CHECKING:`` never run and are left out).
 
 docs/architecture.md states these rules; the last test here also holds it to naming only modules that exist.
 
-Where processes may start (nodekit/proc/ and the launcher) is tests/unit/test_proc.py's rule.
+Where processes may start (nodekit/system/proc/ and the launcher) is tests/unit/test_proc.py's rule.
 """
 
 from __future__ import annotations
@@ -132,9 +133,34 @@ def cycles(imports: list[Import], known: Mapping[str, Path]) -> list[list[str]]:
     return groups
 
 
+LAYERS = (
+    ("nodekit.cli",),
+    ("nodekit.backends",),
+    ("nodekit.doctor",),
+    ("nodekit.job",),
+    ("nodekit.ship",),
+    ("nodekit.image",),
+    ("nodekit.config",),
+    ("nodekit.system",),
+    ("nodekit.errors", "nodekit.launcher", "nodekit"),
+)
+"""The concepts of ``ls nodekit/``, top floor first: a module imports its own concept or those on lower floors,
+never one above (a backend uses the job; the job never names a backend)."""
+
+
+def floor(module: str) -> int | None:
+    """The floor of ``module`` in :data:`LAYERS` (0 is the top); None for what is not nodekit's."""
+    best: tuple[int, int] | None = None
+    for level, packages in enumerate(LAYERS):
+        for package in packages:
+            if _within(module, package) and (best is None or len(package) > best[1]):
+                best = (level, len(package))
+    return best[0] if best else None
+
+
 def violations(imports: list[Import]) -> list[str]:
     """Each import that breaks a rule of the module docstring (cycles apart), as ``module:line -> target``."""
-    only_in = {"python_on_whales": "nodekit.docker", "rich": "nodekit.cli", "typer": "nodekit.cli"}
+    only_in = {"python_on_whales": "nodekit.system.docker", "rich": "nodekit.cli", "typer": "nodekit.cli"}
     only_in["torch"] = "nodekit.launcher"
     bad = []
     for imp in imports:
@@ -148,6 +174,11 @@ def violations(imports: list[Import]) -> list[str]:
                 bad.append(f"{where} (the launcher runs in the image: standard library, torch and itself only)")
         if imp.module == "nodekit":
             bad.append(f"{where} (nodekit/__init__.py is copied into the image and imports nothing)")
+        here, there = floor(imp.module), floor(imp.target)
+        # The launcher's and the CLI's own rules below say more for their imports.
+        own_rule = _within(imp.module, "nodekit.launcher") or _within(imp.target, "nodekit.cli")
+        if here is not None and there is not None and there < here and not own_rule:
+            bad.append(f"{where} (a lower floor imports a higher one: {LAYERS[here][0]} may not use {LAYERS[there][0]})")
         cli_user = _within(imp.module, "nodekit.cli") or imp.module == "nodekit.__main__"
         if _within(imp.target, "nodekit.cli") and not cli_user:
             bad.append(f"{where} (nothing below the CLI imports it)")
@@ -178,18 +209,20 @@ def _tree(tmp_path: Path, files: Mapping[str, str]) -> Path:
 @pytest.mark.parametrize(
     ("files", "needle"),
     [
-        ({"launcher/__init__.py": "", "launcher/main.py": "from nodekit.spec import X\n"}, "the launcher runs"),
+        ({"launcher/__init__.py": "", "launcher/main.py": "from nodekit.job.spec import X\n"}, "the launcher runs"),
         ({"launcher/__init__.py": "", "launcher/main.py": "def f():\n    import yaml\n"}, "the launcher runs"),
         (
             {"settings.py": "", "launcher/__init__.py": "", "launcher/m.py": "from .. import settings\n"},
             "launcher runs",
         ),
-        ({"render.py": "import python_on_whales\n"}, "only nodekit.docker may import python_on_whales"),
+        ({"render.py": "import python_on_whales\n"}, "only nodekit.system.docker may import python_on_whales"),
         ({"node.py": "try:\n    from rich import print\nexcept ImportError:\n    pass\n"}, "only nodekit.cli"),
         ({"spec.py": "import typer\n"}, "only nodekit.cli may import typer"),
         ({"host/__init__.py": "", "host/gpu.py": "import torch\n"}, "only nodekit.launcher may import torch"),
         ({"cli/__init__.py": "", "cli/app.py": "", "node.py": "def f():\n    from nodekit.cli import app\n"}, "CLI"),
         ({"__init__.py": "import os\n"}, "imports nothing"),
+        ({"system/__init__.py": "", "system/files.py": "from nodekit.config import settings\n"}, "a lower floor"),
+        ({"job/__init__.py": "", "job/plan.py": "def f():\n    from nodekit.backends import compose\n"}, "lower"),
     ],
 )
 def test_the_checker_finds_each_broken_rule(tmp_path: Path, files: dict[str, str], needle: str) -> None:
@@ -204,7 +237,8 @@ def test_the_checker_allows_what_the_rules_allow(tmp_path: Path) -> None:
             "launcher/__init__.py": "import os\nimport nodekit\n",
             "launcher/main.py": "import torch\nfrom nodekit.launcher import config\nfrom . import config as c\n",
             "launcher/config.py": "",
-            "docker/__init__.py": "import python_on_whales\n",
+            "system/__init__.py": "",
+            "system/docker/__init__.py": "import python_on_whales\n",
             "cli/__init__.py": "",
             "cli/app.py": "import rich\nimport typer\nfrom nodekit.cli import common\n",
             "cli/common.py": "from nodekit import launcher\n",

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import lock as locking
+from nodekit.config.settings import Settings, load
 from nodekit.errors import BuildError, ConfigError
-from nodekit.lock import (
+from nodekit.image import lock as locking
+from nodekit.image.lock import (
     Lock,
     LockedPackage,
     check_lock,
@@ -27,8 +28,7 @@ from nodekit.lock import (
     target_options,
     unsatisfied,
 )
-from nodekit.progress import RecordingReporter
-from nodekit.settings import Settings, load
+from nodekit.system.progress import RecordingReporter
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
 
@@ -36,8 +36,8 @@ H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
 @pytest.fixture(autouse=True)
 def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resolve as on a host without a Docker engine: nodekit's own base is known without probing it."""
-    from nodekit import probe
     from nodekit.errors import EngineError
+    from nodekit.image import probe
 
     def absent(settings: Settings, **_: object) -> probe.BaseStack:
         raise EngineError("no Docker engine in unit tests")

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import lock as locking
 from nodekit.errors import BuildError, ConfigError
-from nodekit.lock import BuiltWheel, parse_lock
-from nodekit.progress import RecordingReporter
+from nodekit.image import lock as locking
+from nodekit.image.lock import BuiltWheel, parse_lock
+from nodekit.system.progress import RecordingReporter
 from tests.unit.test_lock import fake_wheel, index, no_engine, project  # noqa: F401  (fixtures)
 
 HOST_ENV = dict(os.environ)  # before any test replaces the pip configuration

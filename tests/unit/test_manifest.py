@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.launcher.manifest import digest, first_differences, from_text, manifest, to_text
+from nodekit.launcher.datacheck.manifest import digest, first_differences, from_text, manifest, to_text
 
 
 def _tree(root: Path) -> Path:
@@ -53,8 +53,8 @@ def test_links_are_listed_not_followed(tmp_path: Path) -> None:
 def test_a_large_file_is_hashed_in_pieces_and_a_change_in_any_piece_shows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodekit.launcher import manifest as m
-    from nodekit.launcher.filehash import file_sha256
+    from nodekit.launcher.datacheck import manifest as m
+    from nodekit.launcher.datacheck.filehash import file_sha256
 
     monkeypatch.setattr(m, "PIECE", 1000)
     small, big = tmp_path / "small.bin", tmp_path / "big.bin"
@@ -72,7 +72,7 @@ def test_the_one_file_hash_helper_hashes_and_copies_the_same_bytes(tmp_path: Pat
     import hashlib
     import io
 
-    from nodekit.launcher.filehash import CHUNK, file_sha256
+    from nodekit.launcher.datacheck.filehash import CHUNK, file_sha256
 
     empty, big = tmp_path / "empty", tmp_path / "big.bin"
     empty.write_bytes(b"")

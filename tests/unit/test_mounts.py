@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.config.settings import Mount, NodeOverride, Settings, load
 from nodekit.errors import ConfigError, UsageError
-from nodekit.settings import Mount, NodeOverride, Settings, load
 from tests.unit.planning import plan_here
 from tests.unit.test_compose_render import CPU_NODE, rendered, settings
 

@@ -13,15 +13,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.backends.compose.render import render_compose, to_yaml
+from nodekit.config.settings import NodeOverride, Settings
 from nodekit.doctor import handshake
 from nodekit.doctor.handshake import Reach
 from nodekit.errors import UsageError
-from nodekit.host import facts as host_facts
-from nodekit.host import net
-from nodekit.host.net import Route
-from nodekit.render.compose import render_compose, to_yaml
-from nodekit.settings import NodeOverride, Settings
-from nodekit.spec import HostFacts, launch_spec, node_spec
+from nodekit.job.spec import launch_spec, node_spec
+from nodekit.system.host import facts as host_facts
+from nodekit.system.host import net
+from nodekit.system.host.facts import HostFacts
+from nodekit.system.host.net import Route
 from tests.golden import GOLDEN, update_golden
 
 # --- `ip -j route get` samples (as iproute2 prints them) -----------------------------------------------------
@@ -333,8 +334,8 @@ def test_debug_env_wins_over_configured_values() -> None:
 
 
 def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path) -> None:
+    from nodekit.backends.compose.node import check_master_port
     from nodekit.errors import NetworkError
-    from nodekit.node import check_master_port
     from tests.unit.planning import plan_here
 
     (tmp_path / "train.py").write_text("")

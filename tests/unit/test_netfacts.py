@@ -6,10 +6,11 @@ from pathlib import Path
 
 import yaml
 
-from nodekit.launcher import netfacts
-from nodekit.render.compose import render_compose
-from nodekit.settings import NodeOverride, Settings
-from nodekit.spec import HostFacts, launch_spec, node_facts, node_spec
+from nodekit.backends.compose.render import render_compose
+from nodekit.config.settings import NodeOverride, Settings
+from nodekit.job.spec import launch_spec, node_facts, node_spec
+from nodekit.launcher.preflight import network as netfacts
+from nodekit.system.host.facts import HostFacts
 
 HEAD = HostFacts(gpu_count=0, iface="eth0", local_addr="10.0.0.5")
 

@@ -1,5 +1,6 @@
-"""Gather, then plan (issue 22): :func:`nodekit.world.gather_node` does every read a node's plan needs, once, into a
-frozen :class:`NodeWorld`; :func:`nodekit.node.plan_node` is a pure function of the settings and that value.
+"""Gather, then plan (issue 22): :func:`nodekit.job.gather.gather_node` does every read a node's plan needs, once, into
+a frozen :class:`NodeWorld`; :func:`nodekit.backends.compose.node.plan_node` is a pure function of the settings and that
+value.
 
 Before, ``plan_node`` itself resolved main's name, gathered host facts, stat'ed the mount sources, chose the image on
 the engine, looked its id up, asked for the job secret and read ``os.environ`` and the working directory.
@@ -16,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.backends.compose.node import plan_node
+from nodekit.backends.fleet.hosts import fleet_hosts
+from nodekit.backends.fleet.remote import Gathered
+from nodekit.config.settings import Mount, NodeOverride, Settings
 from nodekit.errors import ImageError, UsageError
-from nodekit.fleet.hosts import fleet_hosts
-from nodekit.fleet.remote import Gathered
-from nodekit.node import plan_node
-from nodekit.settings import Mount, NodeOverride, Settings
-from nodekit.spec import HostFacts
-from nodekit.world import NodeWorld, gather_node
+from nodekit.job.gather import NodeWorld, gather_node
+from nodekit.system.host.facts import HostFacts
 from tests.golden import GOLDEN, update_golden
 from tests.unit.planning import plan_here
 from tests.unit.test_compose_render import CPU_NODE, GPU_NODE
@@ -153,7 +154,7 @@ def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -
 def test_the_fleet_plans_each_rank_from_its_own_hosts_world(tmp_path: Path) -> None:
     """Each rank's plan takes the facts its host reported (here: 8 GPUs on one, none on the other), main's address
     resolved once, and the run's one secret and image id."""
-    from nodekit.fleet.run import node_worlds, plan_nodes
+    from nodekit.backends.fleet.run import node_worlds, plan_nodes
 
     (tmp_path / "train.py").write_text("")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, pass_env=("HF_TOKEN",))
@@ -175,7 +176,7 @@ def test_the_fleet_plans_each_rank_from_its_own_hosts_world(tmp_path: Path) -> N
 def test_host_facts_are_gathered_with_the_route_to_main_only_when_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without facts, gathering asks this host (and refuses no route to main); with them, it asks nothing."""
     from nodekit.errors import NetworkError
-    from nodekit.host import facts as host_facts
+    from nodekit.system.host import facts as host_facts
 
     gathered: list[str | None] = []
 
@@ -196,8 +197,9 @@ def test_a_dry_run_reads_the_probe_cache_and_never_starts_the_probe_container(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`nodekit compose/up --dry-run` choose the image through the base's probe: from its cache, or not at all."""
-    from nodekit import docker, probe
-    from nodekit.settings import Settings
+    from nodekit.config.settings import Settings
+    from nodekit.image import probe
+    from nodekit.system import docker
 
     settings = Settings(project_dir=tmp_path, name="p", script="train.py", base_image="pytorch/pytorch:x")
     base = docker.ImageInfo(id="sha256:" + "a" * 64, tags=("pytorch/pytorch:x",), labels={}, size=1)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nodekit.backends.compose.node import unset_pass_env
+from nodekit.backends.compose.render import render_compose
+from nodekit.config.settings import load
 from nodekit.errors import ConfigError
-from nodekit.node import unset_pass_env
-from nodekit.render.compose import render_compose
-from nodekit.settings import load
-from nodekit.spec import launch_spec, node_spec
+from nodekit.job.spec import launch_spec, node_spec
 from tests.unit.test_compose_render import CPU_NODE, rendered, settings
 
 SECRET = "s3cr3t-value-0123456789"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import lock as locking
-from nodekit.base import choose_base, own_suite
 from nodekit.errors import ConfigError, ImageError
-from nodekit.lock import parse_lock, redact, resolve_argv, source_options
-from nodekit.probe import BaseStack, WheelTarget, check_usable, derive_target, parse_probe
-from nodekit.progress import RecordingReporter
+from nodekit.image import lock as locking
+from nodekit.image.debian import choose_base, own_suite
+from nodekit.image.lock import parse_lock, redact, resolve_argv, source_options
+from nodekit.image.probe import BaseStack, WheelTarget, check_usable, derive_target, parse_probe
+from nodekit.system.progress import RecordingReporter
 from tests.unit.test_lock import fake_wheel, index, no_engine, project  # noqa: F401  (fixtures)
 
 CONDA = {
@@ -132,7 +132,7 @@ def test_credentials_in_sources_never_reach_the_lock_or_the_error(tmp_path: Path
     (tmp_path / "nodekit.toml").write_text(
         'name = "t"\npackages = ["alpha==1.0"]\nextra_index_urls = ["http://user:hunter2@127.0.0.1:9/simple"]\n'
     )
-    from nodekit.settings import load
+    from nodekit.config.settings import load
 
     settings = load(tmp_path / "nodekit.toml")
     result = locking.lock(settings, RecordingReporter(), target=_target("3.11", "manylinux_2_36_x86_64"))

@@ -1,4 +1,4 @@
-"""The one process runner (nodekit/proc/), with real processes: deadlines, the environment children get, and the
+"""The one process runner (nodekit/system/proc/), with real processes: deadlines, the environment children get, and the
 hook a signal handler will use to end every child (process groups, SIGTERM then SIGKILL)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import proc
 from nodekit.errors import DeadlineError
+from nodekit.system import proc
 
 
 def gone(pid: int, within: float = 5.0) -> bool:
@@ -117,7 +117,7 @@ def test_only_the_runner_and_the_launcher_start_processes() -> None:
     found = []
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root.parent).as_posix()
-        if rel.startswith(("nodekit/proc/", "nodekit/launcher/")):
+        if rel.startswith(("nodekit/system/proc/", "nodekit/launcher/")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import | ast.ImportFrom):
@@ -129,7 +129,7 @@ def test_only_the_runner_and_the_launcher_start_processes() -> None:
                 and ast.unparse(node.value) in ("os", "asyncio")
             ):
                 found.append(f"{rel}:{node.lineno} {ast.unparse(node)}")
-    assert found == [], "start processes through nodekit.proc: " + ", ".join(found)
+    assert found == [], "start processes through nodekit.system.proc: " + ", ".join(found)
 
 
 def test_a_stop_signal_ends_every_child_group_and_raises_interrupted_with_128_plus_the_signal() -> None:

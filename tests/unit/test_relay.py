@@ -12,15 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodekit.ship import hopkeys
-from nodekit.ship.relay import (
-    RELAY_SCRIPT,
-    Hop,
-    hop_of,
-    host_key_name,
-    known_lines,
-    parse_report,
-    why_not_loaded,
-)
+from nodekit.ship.relay import RELAY_SCRIPT, Hop, hop_of, host_key_name, known_lines, parse_report, why_not_loaded
 
 needs_ssh = pytest.mark.skipif(
     shutil.which("ssh") is None or shutil.which("ssh-keygen") is None, reason="no OpenSSH client here"

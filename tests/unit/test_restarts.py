@@ -9,11 +9,11 @@ import time
 from dataclasses import dataclass
 
 from nodekit.launcher.config import parse_env
-from nodekit.launcher.failure import WorkerFailure, first_failed, worker_failure
 from nodekit.launcher.main import Passed, _rendezvous
 from nodekit.launcher.plan import fallback_run_id
-from nodekit.launcher.verdict import Verdict
-from nodekit.launcher.watchdog import EXIT_PEER_LOST, Alarm, Done, Ending, Watch, alarm_line, conclude
+from nodekit.launcher.preflight.verdict import Verdict
+from nodekit.launcher.watchdog.failure import WorkerFailure, first_failed, worker_failure
+from nodekit.launcher.watchdog.run import EXIT_PEER_LOST, Alarm, Done, Ending, Watch, alarm_line, conclude
 from tests.unit.test_launcher_config import BASE
 from tests.unit.test_launcher_preflight import MemStore, cfg, facts, run_nodes
 from tests.unit.test_launcher_watchdog import NAMES, Node, beat

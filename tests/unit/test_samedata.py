@@ -6,8 +6,8 @@ import threading
 import time
 from pathlib import Path
 
-from nodekit.launcher import samedata
 from nodekit.launcher.config import parse_env
+from nodekit.launcher.datacheck import compare as samedata
 from tests.unit.test_launcher_config import BASE
 
 

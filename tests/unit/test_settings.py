@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.config.settings import load
 from nodekit.errors import ConfigError
-from nodekit.settings import load
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_invalid_image_name(project: Path) -> None:
 
 def test_starter_file_loads_and_matches_the_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """What `nodekit init` writes must itself be a valid config that states the real defaults."""
-    from nodekit.starter import starter_config
+    from nodekit.config.starter import starter_config
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "nodekit.toml").write_text(starter_config("x"))
@@ -233,12 +233,13 @@ def test_the_launcher_refuses_what_nodekit_toml_may_not_hold() -> None:
 
 
 def test_the_most_nodes_fit_in_one_environment_string() -> None:
-    """Why nnodes stops at 10,000 (nodekit/inputs.py): the per-node lists in the environment stay under Linux's
+    """Why nnodes stops at 10,000 (nodekit/config/inputs.py): the per-node lists in the environment stay under Linux's
     128 KiB per string, at the most processes and GPUs per node, declared for every node."""
-    from nodekit.inputs import MAX_ARG_BYTES, MAX_NODES, MAX_PROCS
-    from nodekit.render.compose import render_compose
-    from nodekit.settings import NodeOverride, Settings
-    from nodekit.spec import HostFacts, launch_spec, node_spec
+    from nodekit.backends.compose.render import render_compose
+    from nodekit.config.inputs import MAX_ARG_BYTES, MAX_NODES, MAX_PROCS
+    from nodekit.config.settings import NodeOverride, Settings
+    from nodekit.job.spec import launch_spec, node_spec
+    from nodekit.system.host.facts import HostFacts
 
     nodes = {r: NodeOverride(gpus=MAX_PROCS) for r in range(MAX_NODES)}
     s = Settings(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from nodekit import docker, ship
+from nodekit import ship
 from nodekit.errors import ShipError
 from nodekit.ship import disk, engines
+from nodekit.system import docker
 
 GiB = 1 << 30
 NEW = "sha256:" + "a" * 64

@@ -9,10 +9,11 @@ from collections.abc import Iterable
 
 import pytest
 
-from nodekit import docker, ship
+from nodekit import ship
 from nodekit.errors import ShipError, UsageError
-from nodekit.progress import RecordingReporter
 from nodekit.ship import fanout
+from nodekit.system import docker
+from nodekit.system.progress import RecordingReporter
 
 GiB = 1 << 30
 NEW = "sha256:" + "a" * 64
@@ -426,7 +427,7 @@ def test_layer_sizes_of_a_nodekit_image_with_its_empty_workdir_layer() -> None:
     layers, the launcher, WORKDIR (Docker's empty layer, size 0), ENTRYPOINT, the code. Every nodekit image has that
     empty layer; without telling it apart, every layer's size was unknown, and a partial push planned 0 bytes (no
     disk check, no relay) for a 2 GB torch upgrade."""
-    from nodekit.append import EMPTY_LAYER
+    from nodekit.image.append import EMPTY_LAYER
 
     history = (172309936, 0, 0, 0, 0, 3415349364, 2165235000, 195477405, 116394, 0, 0, 12105)
     ids = [d("b"), d("c"), d("f"), d("p"), d("l"), EMPTY_LAYER, d("x")]

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nodekit.backends.slurm import job as slurm_job
+from nodekit.backends.slurm import submit
 from nodekit.cli.app import app
-from nodekit.slurm import job as slurm_job
-from nodekit.slurm import submit
 from tests.fake_runner import FakeRunner
 
 runner = CliRunner()
@@ -168,7 +168,7 @@ def test_submit_validates_then_submits_and_exits_with_the_jobs_code(
 def test_a_signal_while_following_cancels_the_job(
     project: Path, slurm_client: None, fake_runner: FakeRunner, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from nodekit.slurm import follow
+    from nodekit.backends.slurm import follow
 
     fake_runner.on("sbatch", "--parsable", stdout="42\n")
     calls: list[float | None] = []

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.backends.slurm import follow
 from nodekit.errors import NodekitError
-from nodekit.slurm import follow
 
 LINE = (
     "JobId={id} JobName=demo UserId=root(0) JobState={state} Reason={reason} Dependency=(null) "

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.settings import Mount, NodeOverride, Settings, SlurmSettings
-from nodekit.slurm.job import ImageFacts, SlurmJob, plan_job
-from nodekit.slurm.render import render
-from nodekit.slurm.shell import quote, word
+from nodekit.backends.slurm.job import ImageFacts, SlurmJob, plan_job
+from nodekit.backends.slurm.render import render
+from nodekit.backends.slurm.shell import quote, word
+from nodekit.config.settings import Mount, NodeOverride, Settings, SlurmSettings
 from tests.golden import update_golden
 from tests.unit import slurm_fakes as fake
 
@@ -210,10 +210,11 @@ def test_per_node_differences_get_their_own_case(tmp_path: Path) -> None:
 
 def test_every_compose_key_of_a_gpu_infiniband_node_has_a_docker_run_flag(tmp_path: Path) -> None:
     """The compose file nodekit up writes for a node with GPUs and InfiniBand, translated key by key."""
-    from nodekit.render.compose import render_compose
-    from nodekit.slurm.job import node_run
-    from nodekit.slurm.modes import docker_args
-    from nodekit.spec import HostFacts, launch_spec, node_spec
+    from nodekit.backends.compose.render import render_compose
+    from nodekit.backends.slurm.job import node_run
+    from nodekit.backends.slurm.modes import docker_args
+    from nodekit.job.spec import launch_spec, node_spec
+    from nodekit.system.host.facts import HostFacts
 
     s = project(tmp_path / "p", nodes={1: NodeOverride(gpus=4)})
     facts = HostFacts(gpu_count=4, infiniband=("/dev/infiniband/uverbs0",))

@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from nodekit.launcher import auth, samedata
-from nodekit.launcher.auth import SERVER_HELLO_LEN, TO_CLIENT, TO_SERVER, NotNodekit, WrongSecret
-from nodekit.launcher.manifest import Entry
-from nodekit.launcher.preflight import PreflightError, SecretMismatch, open_store
-from nodekit.launcher.store import ADMIT, I64, Hosted, Limits, StoreError
-from nodekit.launcher.storeclient import Client, recv_exact
-from nodekit.launcher.storeserver import host
+from nodekit.launcher.datacheck import compare as samedata
+from nodekit.launcher.datacheck.manifest import Entry
+from nodekit.launcher.preflight.exchange import PreflightError, SecretMismatch, open_store
+from nodekit.launcher.store import auth
+from nodekit.launcher.store.auth import SERVER_HELLO_LEN, TO_CLIENT, TO_SERVER, NotNodekit, WrongSecret
+from nodekit.launcher.store.client import Client, recv_exact
+from nodekit.launcher.store.kv import ADMIT, I64, Hosted, Limits, StoreError
+from nodekit.launcher.store.server import host
 from tests.unit.test_launcher_preflight import cfg
 
 S1, S2 = "a" * 32, "b" * 32

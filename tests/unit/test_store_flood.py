@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.launcher import auth
-from nodekit.launcher.store import Hosted
-from nodekit.launcher.storeclient import recv_exact
-from nodekit.launcher.storeserver import host
+from nodekit.launcher.store import auth
+from nodekit.launcher.store.client import recv_exact
+from nodekit.launcher.store.kv import Hosted
+from nodekit.launcher.store.server import host
 from tests.unit.test_store import FAST, S1, join, wait_for
 
 BEHAVIOURS = ("close", "garbage", "length", "partial", "guess", "silent")

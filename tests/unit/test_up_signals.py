@@ -1,5 +1,5 @@
 """`nodekit up` removes what it started when it is stopped: Ctrl-C, SIGTERM or SIGHUP, during `compose up` or
-while following the logs. The real signal is delivered to this process under nodekit.proc.stopping (what the CLI
+while following the logs. The real signal is delivered to this process under nodekit.system.proc.stopping (what the CLI
 installs around every command); `compose up` is a real process group standing in for docker compose."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from nodekit import docker, node, proc
-from nodekit.docker import compose
-from nodekit.progress import RecordingReporter
-from nodekit.settings import Settings
+from nodekit.backends.compose import node
+from nodekit.config.settings import Settings
+from nodekit.system import docker, proc
+from nodekit.system.docker import compose
+from nodekit.system.progress import RecordingReporter
 from tests.unit.planning import plan_here
 from tests.unit.test_compose_render import CPU_NODE
 from tests.unit.test_proc import gone

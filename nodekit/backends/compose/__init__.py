@@ -1,0 +1,1 @@
+"""One node's compose file: rendered from the node's plan, written, started with ``docker compose``."""

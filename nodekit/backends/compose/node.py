@@ -1,0 +1,199 @@
+"""One node of a job: plan its compose file (pure decisions on a gathered world), write it, run it.
+
+:func:`nodekit.job.gather.gather_node` validates everything the user gave and gathers what the plan needs from this
+machine into a :class:`~nodekit.job.gather.NodeWorld`; :func:`plan_node` decides the compose file from it alone (pure);
+nothing is written until ``write_compose`` and nothing runs until ``up``. A plan that fails leaves no file behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Container, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodekit.backends.compose.render import compose_filename, project_name, render_compose, to_yaml
+from nodekit.config.settings import Settings
+from nodekit.errors import JobFailed, NetworkError
+from nodekit.job.gather import NodeWorld, check_mounts
+from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.system import docker, proc
+from nodekit.system.files import write_atomic
+from nodekit.system.host import net
+from nodekit.system.host.facts import HostFacts
+from nodekit.system.progress import Reporter
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Everything ``nodekit up`` will do on this node, printable by ``--dry-run``."""
+
+    node: NodeSpec
+    image: str
+    facts: HostFacts
+    compose_path: Path
+    project: str
+    text: str
+    notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
+    job_secret: str = ""
+    image_id: str = ""  # the image's id on this host when planning looked it up ("" for compose and dry runs)
+
+    @property
+    def shown(self) -> str:
+        """The compose text as it may be printed: the job secret masked."""
+        from nodekit.job.secret import masked
+
+        return masked(self.text, self.job_secret)
+
+
+def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> Path:
+    return (out_dir or settings.resolve(settings.compose_dir)) / compose_filename(rank)
+
+
+def plan_node(
+    settings: Settings, rank: int, world: NodeWorld, *, debug: bool = False, out_dir: Path | None = None
+) -> NodePlan:
+    """Pure: node ``rank``'s compose file decided from the settings and its gathered ``world``. Reads no file,
+    environment, network or engine; raises UsageError for what the settings and the world contradict (the same
+    checks :func:`nodekit.job.gather.gather_node` made, so a world made by hand is held to them too)."""
+    launch = launch_spec(settings)
+    check_rank(launch, rank)
+    facts = node_facts(settings, rank, world.facts)
+    node = node_spec(settings, launch, rank, world.main_ip, facts)
+    check_mounts(node, world.absent)
+    notes = _notes(node, facts)
+    if world.image_note:
+        notes = (*notes, f"image {world.image}: {world.image_note}")
+    path = compose_path(settings, rank, out_dir)
+    doc = render_compose(
+        node,
+        world.image,
+        facts,
+        output_dir=world.cwd / settings.resolve(settings.output_dir),
+        debug=debug,
+        image_id=world.image_id,
+        job_secret=world.job_secret,
+    )
+    hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
+    return NodePlan(
+        node=node,
+        image=world.image,
+        facts=facts,
+        compose_path=path,
+        project=project_name(launch.name, rank),
+        text=to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint),
+        notes=notes,
+        image_id=world.image_id,
+        warnings=unset_pass_env(launch.pass_env, world.env_set),
+        job_secret=world.job_secret,
+    )
+
+
+def unset_pass_env(names: tuple[str, ...], environ: Container[str]) -> tuple[str, ...]:
+    """A warning for each pass_env variable this shell lacks (the job would run without it)."""
+    return tuple(
+        f"pass_env {n} is not set in this shell: the job runs without it (export {n}=... before nodekit up)"
+        for n in names
+        if n not in environ
+    )
+
+
+def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:
+    """What the user should know about decisions taken from this host's facts."""
+    notes = []
+    if not node.infiniband:
+        why = 'switched off (ib = "off")' if facts.infiniband else "no InfiniBand devices"
+        notes.append(f"{why}: NCCL_IB_DISABLE=1 (NCCL uses TCP sockets)")
+    if facts.memlock_hard is not None:
+        notes.append(f"memlock hard limit is {facts.memlock_hard // 1024} KiB on this host: left at the default")
+    if node.network == "bridge" and node.is_main:
+        ports = f"{node.launch.master_port} and {node.launch.preflight_port}"
+        notes.append(f"bridge network: node 0 publishes ports {ports} on {node.main_addr}")
+    return tuple(notes)
+
+
+def image_id_here(rank: int) -> Callable[[str], str]:
+    """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise)."""
+
+    def lookup(ref: str) -> str:
+        # No separate engine check first (docker version + docker compose version: 0.7 s here): a missing engine
+        # fails this inspect, a missing Compose plugin fails `compose up`, each with its own message and fix.
+        return docker.require_image(ref, node=f"node {rank}").id
+
+    return lookup
+
+
+def write_compose(plan: NodePlan) -> Path:
+    # 0600 when it carries the job secret: another user on this host must not read it and join the job.
+    write_atomic(plan.compose_path, plan.text, mode=0o600 if plan.job_secret else 0o644)
+    return plan.compose_path
+
+
+def check_master_port(plan: NodePlan) -> None:
+    """On main, the rendezvous ports must be free before the container starts (host networking shares them)."""
+    if not plan.node.is_main:
+        return
+    for port in (plan.node.launch.master_port, plan.node.launch.preflight_port):
+        if net.port_in_use(port):
+            holder = net.port_holder(port)
+            who = f" by {holder}" if holder else ""
+            raise NetworkError(
+                f"port {port} on main is already in use{who}",
+                fix=f"stop that process (nodekit down --node-rank 0 if it is an earlier run), or pass --master-port "
+                f"{plan.node.launch.master_port + 10}",
+                node="node 0",
+            )
+
+
+def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool = False) -> int:
+    """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
+
+    Returns the job's exit code (0 when detached). Ctrl-C, or SIGTERM/SIGHUP under :func:`nodekit.system.proc.stopping`
+    (the CLI's), stops and removes the container (with ``debug``: stops it and keeps it for inspection), then the
+    interrupt goes on (the CLI exits 128 + the signal). ``compose up`` runs in a process group of its own, which
+    the signal ended before this ``down``: nothing can create the container after it.
+    """
+    for warning in plan.warnings:
+        reporter.warn(warning)
+    if not plan.image_id:  # planning did not look the image up here
+        docker.require_image(plan.image, node=f"node {plan.node.rank}")
+    check_master_port(plan)
+    path = write_compose(plan)
+    reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
+    try:
+        docker.compose_up(path, plan.project)
+        if detach:
+            reporter.done(
+                f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
+            )
+            return 0
+        for line in follow(path, plan.project):
+            on_line(line)
+        code = docker.compose_wait(path, plan.project)
+    except KeyboardInterrupt as e:
+        what = f"{e.name} received" if isinstance(e, proc.Interrupted) else "interrupted"
+        if debug:
+            # --debug keeps the container for inspection; stop it so it holds no ports or GPUs.
+            reporter.warn(f"{what}: stopping node {plan.node.rank}, container kept (--debug)")
+            docker.compose_stop(path, plan.project, timeout=30)
+        else:
+            reporter.warn(f"{what}: stopping and removing node {plan.node.rank}")
+            docker.compose_down(path, plan.project, timeout=30)
+        raise
+    if code != 0:
+        raise JobFailed(
+            f"the job exited with code {code}",
+            exit_code=code,
+            node=f"node {plan.node.rank}",
+            fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",
+        )
+    return 0
+
+
+def follow(path: Path, project: str) -> Iterator[str]:
+    return docker.compose_logs(path, project, follow=True)
+
+
+def project_for(settings: Settings, rank: int) -> str:
+    return project_name(settings.image_name, rank)

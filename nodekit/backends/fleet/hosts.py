@@ -1,0 +1,160 @@
+"""The fleet's hosts, pure: parsed from ``hosts = [...]`` or a DeepSpeed/MPI hostfile, validated, ranked.
+
+Bad input is a UsageError (exit 2) before anything is contacted: a URL that is not ``ssh://``, ``tcp://`` or
+``unix://`` with a plain host and port, fewer hosts than ``nnodes``, the same host and port twice (compared
+written one way: case, a final dot, default ports, the spellings of one IP address; two DNS names for one machine
+are not caught, that needs the network), ``min_nodes > nnodes``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from nodekit.config.inputs import MAX_NODES, MAX_PROCS, hostname_problem, same_host_key, text_problem
+from nodekit.errors import UsageError
+
+SCHEMES = ("ssh", "tcp", "unix")
+# What an endpoint without a port means: ssh's port, and the Docker daemon's plain-TCP port (2376 with TLS is
+# written explicitly in practice; a tcp://host and tcp://host:2376 pair is not taken for one machine).
+DEFAULT_PORTS = {"ssh": 22, "tcp": 2375}
+_FORMS = "write it as ssh://user@host (or ssh://user@host:2222, tcp://host:2376, unix:///var/run/docker.sock)"
+HOSTS_FIX = 'hosts = ["ssh://user@10.0.0.5", "ssh://user@10.0.0.6"] in nodekit.toml, or --hostfile FILE'
+
+
+@dataclass(frozen=True)
+class FleetHost:
+    """One node's machine: ``url`` is its Docker endpoint (also how SSH reaches it for ``ssh://``)."""
+
+    rank: int
+    url: str
+    scheme: str
+    hostname: str
+    user: str | None = None
+    port: int | None = None
+    slots: int | None = None
+
+    @property
+    def name(self) -> str:
+        """How messages call it: ``node R (user@host)``."""
+        return f"node {self.rank} ({self.where})"
+
+    @property
+    def where(self) -> str:
+        if self.scheme == "unix":
+            return "this machine"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.hostname}{port}"
+
+    @property
+    def key(self) -> tuple[str, int | None]:
+        """The machine and engine port, written one way: two entries with one key are one engine."""
+        return (same_host_key(self.hostname), self.port or DEFAULT_PORTS.get(self.scheme))
+
+
+def parse_host(url: str, rank: int, slots: int | None = None) -> FleetHost:
+    """One ``hosts`` entry; UsageError naming it unless it is an ``ssh://``, ``tcp://`` or ``unix://`` URL with a
+    plain host name or IP address, a port in 1..65535 and nothing else (no password, path, query or spaces)."""
+    raw = url.strip()
+    if text_problem(raw) is not None or any(c.isspace() for c in raw):
+        raise UsageError(f"host {rank} {url!r} has spaces or control characters", fix=_FORMS)
+    parts = urlsplit(raw)
+    if parts.scheme not in SCHEMES or (parts.scheme != "unix" and not parts.hostname):
+        raise UsageError(f"host {rank} {url!r} is not an ssh://, tcp:// or unix:// Docker endpoint", fix=_FORMS)
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        raise UsageError(f"host {rank} {url!r} has a bad port (1 to 65535)", fix="ssh://user@host:22")
+    if parts.scheme == "unix":
+        if parts.netloc or not parts.path.startswith("/") or parts.query or parts.fragment:
+            raise UsageError(f"host {rank} {url!r} is not a socket path", fix="unix:///var/run/docker.sock")
+        return FleetHost(rank=rank, url=raw, scheme="unix", hostname=parts.path, slots=slots)
+    hostname = str(parts.hostname)
+    problem = hostname_problem(hostname)
+    extra = parts.password is not None or parts.path not in ("", "/") or parts.query or parts.fragment
+    if problem is not None or extra or (parts.scheme == "tcp" and parts.username):
+        why = problem or "has a password, a path or a query, which a Docker endpoint does not take"
+        raise UsageError(f"host {rank} {url!r}: {why}", fix=_FORMS)
+    return FleetHost(
+        rank=rank, url=raw, scheme=parts.scheme, hostname=hostname, user=parts.username, port=port, slots=slots
+    )
+
+
+def parse_hostfile(text: str, *, user: str | None = None) -> list[tuple[str, int | None]]:
+    """A DeepSpeed/MPI hostfile: ``host slots=N`` per line, ``#`` comments; ``(ssh URL, slots)`` in order. A line
+    may also be a full URL. ``user`` is put in front of bare host names. ``slots`` is 1..MAX_PROCS (0 used to be
+    replaced silently); ``max_slots`` is accepted and ignored."""
+    entries = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        host, *opts = line.split()
+        slots = None
+        for opt in opts:
+            key, _, value = opt.partition("=")
+            count = int(value) if re.fullmatch(r"[0-9]{1,9}", value) else 0
+            if key not in ("slots", "max_slots") or not 1 <= count <= (MAX_PROCS if key == "slots" else 10**9):
+                raise UsageError(
+                    f"hostfile line {n}: {raw.strip()!r} is not 'host slots=N' with N in 1..{MAX_PROCS}",
+                    fix="host slots=8",
+                )
+            if key == "slots":
+                slots = count
+        url = host if "://" in host else f"ssh://{user + '@' if user and '@' not in host else ''}{host}"
+        entries.append((url, slots))
+    return entries
+
+
+def fleet_hosts(
+    urls: Sequence[str], nnodes: int, *, min_nodes: int | None = None, slots: Sequence[int | None] = ()
+) -> list[FleetHost]:
+    """The first ``nnodes`` hosts, ranked by position; UsageError on bad input (see the module docstring)."""
+    if not urls:
+        raise UsageError("no hosts configured for nodekit run", fix=HOSTS_FIX)
+    if nnodes > MAX_NODES:  # hosts = [...] alone sets nnodes; the bound and why: nodekit/config/inputs.py
+        raise UsageError(f"{nnodes} hosts is more than the {MAX_NODES} nodes one job can hold", fix=HOSTS_FIX)
+    hosts = [parse_host(u, r, slots[r] if r < len(slots) else None) for r, u in enumerate(urls)]
+    if len(hosts) < nnodes:
+        raise UsageError(
+            f"{len(hosts)} host(s) for nnodes = {nnodes}",
+            fix=f"list {nnodes} hosts, or set nnodes = {len(hosts)}",
+        )
+    if min_nodes is not None and min_nodes > nnodes:
+        raise UsageError(f"min_nodes = {min_nodes} is more than nnodes = {nnodes}", fix=f"min_nodes <= {nnodes}")
+    seen: dict[tuple[str, int | None], FleetHost] = {}
+    for h in hosts[:nnodes]:
+        if h.scheme == "unix":
+            continue
+        other = seen.get(h.key)
+        if other is not None:
+            raise UsageError(
+                f"hosts {other.rank} ({other.url}) and {h.rank} ({h.url}) are the same machine and port: two nodes "
+                "would share one engine, one set of GPUs and the rendezvous ports",
+                fix="list every machine once (or give each its own Docker endpoint port)",
+            )
+        seen[h.key] = h
+    return hosts[:nnodes]
+
+
+def main_address(host0: FleetHost, main: str | None) -> str:
+    """Where the other nodes reach main: the configured ``main``, else host 0's own address (unix://: loopback)."""
+    if main:
+        return main
+    if host0.scheme == "unix":
+        return "127.0.0.1"
+    return host0.hostname
+
+
+def read_hostfile(path: Path, *, user: str | None = None) -> list[tuple[str, int | None]]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UsageError(f"cannot read hostfile {path}: {e.strerror}", fix="pass an existing --hostfile") from None
+    return parse_hostfile(text, user=user)

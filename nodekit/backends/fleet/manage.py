@@ -1,0 +1,147 @@
+"""The fleet from the head, between runs: ``status``, ``logs`` and ``down`` of every node (or one), each host asked
+in parallel through its own engine. A host that cannot be asked is never passed over in silence: ``status`` shows
+it as a row, ``logs`` and ``down`` return it as a remote :class:`Problem` (one line naming it and the fix; the CLI
+exits non-zero), because a host whose ``down`` failed may still run its container."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from nodekit.backends.compose.render import project_name
+from nodekit.backends.fleet.alive import alive_interval, kept_alive
+from nodekit.backends.fleet.hosts import FleetHost
+from nodekit.backends.fleet.remote import MAX_PARALLEL, Problem
+from nodekit.config.settings import Settings
+from nodekit.errors import NodekitError, UsageError
+from nodekit.system import docker
+
+LineFn = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    host: str
+    state: str
+    image: str = ""
+    since: str = ""
+    exit_code: int | None = None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "node": self.rank, "host": self.host, "state": self.state, "image": self.image, "since": self.since,
+            "exit_code": self.exit_code,
+        }  # fmt: skip
+
+
+def _failure(host: FleetHost, e: NodekitError, fix: str) -> Problem:
+    """A host the command could not act on: which node, what Docker (or ssh) said, and the fix."""
+    return Problem(host, e.message.rstrip("."), fix)
+
+
+def parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
+        return list(pool.map(fn, items))
+
+
+def pick(hosts: Sequence[FleetHost], node: int | None) -> list[FleetHost]:
+    if node is None:
+        return list(hosts)
+    chosen = [h for h in hosts if h.rank == node]
+    if not chosen:
+        raise UsageError(f"--node {node} is not one of 0..{len(hosts) - 1}", fix=f"--node 0..{len(hosts) - 1}")
+    return chosen
+
+
+def status(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None) -> list[Row]:
+    """One row per node (per container), asked of every host in parallel; an unreachable host is a row too."""
+
+    def one(h: FleetHost) -> list[Row]:
+        project = project_name(settings.image_name, h.rank)
+        try:
+            states = docker.compose_ps(None, project, host=h.url)
+        except Exception as e:
+            return [
+                Row(h.rank, h.where, f"unreachable ({str(e).splitlines()[-1][:60] if str(e) else type(e).__name__})")
+            ]
+        if not states:
+            return [Row(h.rank, h.where, "absent")]
+        return [
+            Row(h.rank, h.where, c.status, c.image.rsplit(":", 1)[-1][:12], c.started_at[:19], c.exit_code)
+            for c in states
+        ]
+
+    chosen = pick(hosts, node)
+    with kept_alive(alive_interval(settings.peer_timeout)):
+        return [r for rows in parallel(one, chosen) for r in rows]
+
+
+def logs(
+    settings: Settings, hosts: Sequence[FleetHost], on_line: LineFn, *, node: int | None, follow: bool, tail: str | None
+) -> list[Problem]:
+    """Every node's output, merged (lines as they come), or one node's; the hosts whose log could not be read."""
+    chosen = pick(hosts, node)
+    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
+    failures: dict[int, Problem] = {}
+
+    def one(h: FleetHost) -> None:
+        try:
+            project = project_name(settings.image_name, h.rank)
+            for line in docker.compose_logs(None, project, follow=follow, tail=tail, host=h.url):
+                lines.put((h.rank, line))
+        except NodekitError as e:
+            failures[h.rank] = _failure(h, e, _reach_fix(h, e))
+        finally:
+            lines.put((h.rank, None))
+
+    with kept_alive(alive_interval(settings.peer_timeout)):
+        for h in chosen:
+            threading.Thread(target=one, args=(h,), daemon=True).start()
+        ended = 0
+        while ended < len(chosen):
+            rank, line = lines.get()
+            if line is None:
+                ended += 1
+            else:
+                on_line(rank, line)
+    return [failures[h.rank] for h in chosen if h.rank in failures]
+
+
+def down(
+    settings: Settings, hosts: Sequence[FleetHost], node: int | None = None, timeout: int = 30
+) -> tuple[list[FleetHost], list[Problem]]:
+    """Stop and remove the job's container on every host (or one): the hosts done, and those that failed (their
+    container may still run)."""
+
+    def one(h: FleetHost) -> Problem | None:
+        project = project_name(settings.image_name, h.rank)
+        try:
+            docker.compose_down(None, project, timeout=timeout, host=h.url)
+        except NodekitError as e:
+            fix = f"nodekit down --node {h.rank} once {_reach(h)} answers; its container may still run there"
+            return _failure(h, e, fix)
+        return None
+
+    chosen = pick(hosts, node)
+    with kept_alive(alive_interval(settings.peer_timeout)):
+        results = parallel(one, chosen)
+    done = [h for h, r in zip(chosen, results, strict=True) if r is None]
+    return done, [r for r in results if r is not None]
+
+
+def _reach(h: FleetHost) -> str:
+    """The command that shows whether the head reaches ``h``."""
+    if h.scheme != "ssh":
+        return f"docker -H {h.url} info"
+    return f"ssh {f'-p {h.port} ' if h.port else ''}{h.user + '@' if h.user else ''}{h.hostname} true"
+
+
+def _reach_fix(h: FleetHost, e: NodekitError) -> str:
+    return f"check that {h.where} is up ({_reach(h)}), then nodekit logs --node {h.rank}"

@@ -1,0 +1,216 @@
+"""``nodekit run --dry-run``: the whole fleet's plan, printable, without touching any host.
+
+Gather, then plan: :func:`gather` collects what the plan needs from this machine alone (the settings, the hosts,
+the image named with ``--image``, the last build record, main's address as configured) into one frozen
+:class:`FleetInputs`; :func:`plan_fleet` is a pure function of it, and :meth:`FleetPlan.to_text` prints it. No SSH,
+no Docker, no DNS and no file written: what only a host can answer (whether it has the image, its GPUs, which
+layers travel, its host key for a relay hop) is printed as "decided when run", never guessed.
+
+The run itself (:mod:`nodekit.backends.fleet.run`) plans each rank's compose file from facts gathered on each host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from nodekit.backends.compose.render import compose_filename
+from nodekit.backends.fleet.hosts import FleetHost, main_address
+from nodekit.config.settings import Settings
+from nodekit.job.spec import launch_spec
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.preflight.network import is_address
+from nodekit.ship.grouping import groups, relay_candidates
+from nodekit.ship.plan import Codec, Step, Target, choose_codec
+from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, split_chains
+
+WHEN_RUN = "decided when run"
+
+
+@dataclass(frozen=True)
+class FleetInputs:
+    """Everything the fleet's dry-run plan is made from, gathered on this machine without contacting anything.
+
+    ``settings`` are the job's (nnodes = the hosts, hostfile slots as processes: ``fleet.run.job_settings``);
+    ``image`` is the ``--image`` given, else None (chosen on this head when run); ``last_built`` is the tag the
+    project's build record names, a hint only; ``main`` is main's address as the other nodes are told it."""
+
+    settings: Settings
+    hosts: tuple[FleetHost, ...]
+    image: str | None
+    last_built: str | None
+    main: str
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """One rank: its host, the compose file the head writes for it, and the launch values it gets."""
+
+    rank: int
+    host: FleetHost
+    compose_path: Path
+    nproc: str
+    """Processes on this node as the plan knows them: a number, or what decides it when run."""
+
+
+@dataclass(frozen=True)
+class Receiver:
+    """A host the image may be shipped to, and the stream it would take."""
+
+    name: str
+    codec: Codec
+    scheme: str
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """What ``nodekit run`` would do, as far as it can be known without asking a host."""
+
+    name: str
+    project_dir: Path
+    image: str | None
+    last_built: str | None
+    main: str
+    master_port: int
+    nnodes: int
+    ranks: tuple[RankPlan, ...]
+    receivers: tuple[Receiver, ...]
+    relay: RelayMode
+    chains: tuple[tuple[str, ...], ...]
+    """The relay chains if every ``ssh://`` host lacked the same layers (each a tuple of node names)."""
+    restarts: int
+    min_nodes: int | None
+
+    def to_text(self) -> str:
+        """The plan as ``run --dry-run`` prints it; paths inside the project are shown relative to it."""
+        preflight = self.master_port + PREFLIGHT_PORT_OFFSET
+        lines = [
+            f"# nodekit run --dry-run: {self.name}, {self.nnodes} node(s); nothing was contacted, written or started",
+            f"main: {self.main}:{self.master_port} (rendezvous; nodekit's preflight store on {preflight})"
+            + ("" if is_address(self.main) else f"; {WHEN_RUN}: the address this head resolves {self.main} to"),
+            f"image: {self._image_text()}",
+            f"before anything, {WHEN_RUN}: every host is checked over SSH (Docker engine and Compose, GPUs, mounts; "
+            f"ports {self.master_port} and {preflight} free on node 0)",
+        ]
+        for r in self.ranks:
+            lines += [
+                f"node {r.rank}: {r.host.where} ({r.host.url})",
+                f"  compose file: {self._shown(r.compose_path)}",
+                f"  launch: node_rank {r.rank}, nnodes {self.nnodes}, nproc_per_node {r.nproc}, "
+                f"main {self.main}:{self.master_port}",
+            ]
+        lines += self._ship_text()
+        restarts = f"restarts: {self.restarts} (the whole job on every node)"
+        if self.min_nodes is not None:
+            restarts += f"; going on without lost hosts down to {self.min_nodes} node(s)"
+        return "\n".join([*lines, restarts])
+
+    def _image_text(self) -> str:
+        if self.image is not None:
+            return f"{self.image} (--image); its id is read on this head when run and checked on every node"
+        hint = f"; last built here: {self.last_built}" if self.last_built else "; no build recorded here"
+        return (
+            f"{WHEN_RUN}: the image of {self.name} on this head whose fingerprint is the project's as it is now "
+            f"(nodekit build makes it){hint}"
+        )
+
+    def _ship_text(self) -> list[str]:
+        lines = [
+            f"ship: every host may receive the image; {WHEN_RUN}: which already have it (skipped) and which layers "
+            "each lacks (only those travel, from the project's blob store when it holds them all)"
+        ]
+        for r in self.receivers:
+            how = "skipped if it is this head's own engine" if r.scheme == "unix" else f"{r.codec} stream"
+            lines.append(f"  {r.name}: {how}")
+        if self.relay == "never":
+            lines.append("relay: never (the head sends each host its own stream)")
+        elif not self.chains:
+            lines.append(f"relay: {self.relay}, no chain (fewer than two ssh:// hosts): the head feeds each host")
+        else:
+            when = "always" if self.relay == "always" else f"auto, when {RELAY_MIN_BYTES >> 20} MiB or more travels"
+            lines.append(
+                f"relay ({when}; {WHEN_RUN}: only hosts that lack the same layers share a chain, and a host whose "
+                "host key the head lacks, or reached through a proxy, is fed directly):"
+            )
+            lines += [f"  chain: {' -> '.join(chain)}" for chain in self.chains]
+        return lines
+
+    def _shown(self, path: Path) -> str:
+        return str(path.relative_to(self.project_dir)) if path.is_relative_to(self.project_dir) else str(path)
+
+
+def plan_fleet(inputs: FleetInputs) -> FleetPlan:
+    """Pure: the fleet's plan from what :func:`gather` collected."""
+    s = inputs.settings
+    launch = launch_spec(s)
+    compose_dir = s.resolve(s.compose_dir)
+    ranks = tuple(
+        RankPlan(
+            rank=h.rank,
+            host=h,
+            compose_path=compose_dir / compose_filename(h.rank),
+            nproc=_nproc(s, launch.nproc_of(h.rank), h.rank),
+        )
+        for h in inputs.hosts
+    )
+    receivers = tuple(Receiver(f"node {h.rank}", choose_codec("auto", h.url), h.scheme) for h in inputs.hosts)
+    return FleetPlan(
+        name=launch.name,
+        project_dir=s.project_dir,
+        image=inputs.image,
+        last_built=inputs.last_built,
+        main=inputs.main,
+        master_port=s.master_port,
+        nnodes=len(inputs.hosts),
+        ranks=ranks,
+        receivers=receivers,
+        relay=s.relay,
+        chains=relay_chains(inputs.hosts, s.relay),
+        restarts=s.restarts,
+        min_nodes=s.min_nodes,
+    )
+
+
+def relay_chains(hosts: Sequence[FleetHost], mode: RelayMode) -> tuple[tuple[str, ...], ...]:
+    """Pure: the chains ``--relay`` would form if every host lacked the image's same layers (the most a push
+    relays), through the push's own grouping and chain cutting: ``ssh://`` hosts only, at most ``CHAIN_MAX`` each."""
+    steps = [
+        Step(Target(f"node {h.rank}", h.url), "load", "assumed to lack the image", codec=choose_codec("auto", h.url))
+        for h in hosts
+    ]
+    travels = RELAY_MIN_BYTES  # the least that makes `auto` relay; the real size is known only when run
+    chains = []
+    for group in groups(steps).values():
+        candidates = relay_candidates(group, travels, mode)
+        chains += [tuple(s.target.name for s in candidates[r.start : r.stop]) for r in split_chains(len(candidates))]
+    return tuple(chains)
+
+
+def _nproc(settings: Settings, declared: int | Literal["auto"], rank: int) -> str:
+    if declared != "auto":
+        return str(declared)
+    override = settings.nodes.get(rank)
+    if override is not None and override.gpus is not None:
+        return f"{max(override.gpus, 1)} (auto: [nodes.{rank}] gpus = {override.gpus})"
+    return f"auto ({WHEN_RUN}: the GPUs node {rank} reports, 1 without)"
+
+
+def gather(settings: Settings, hosts: Sequence[FleetHost], *, image: str | None) -> FleetInputs:
+    """What the dry-run plan needs, from this machine only: the job's settings, the training command checked (a
+    missing script is refused as the run refuses it), the build record read. Nothing is contacted or written."""
+    from nodekit.backends.fleet.run import job_settings
+    from nodekit.image.builder import last_build
+    from nodekit.job.gather import check_command
+
+    check_command(settings)
+    record = last_build(settings)
+    tag = record.get("tag") if record else None
+    return FleetInputs(
+        settings=job_settings(settings, hosts, restart=0),
+        hosts=tuple(hosts),
+        image=image,
+        last_built=tag if isinstance(tag, str) else None,
+        main=main_address(hosts[0], settings.main),
+    )

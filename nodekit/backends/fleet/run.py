@@ -1,0 +1,390 @@
+"""``nodekit run``: the plan per rank, carried out on every host (``status``/``logs``/``down``: fleet/manage.py).
+
+Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts)
+-> ship the image where it is missing -> write ``compose/node-R.yaml`` for every rank -> start every node -> one
+merged log while the supervisor's decision table (:mod:`nodekit.backends.fleet.supervise`) watches the exits -> gang
+stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through nodekit.system.proc.stopping,
+an error of ours), every node's container is removed before this returns; a host that cannot be reached for that is
+named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a host that vanishes is reported
+lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before blaming a
+survivor.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
+from nodekit.backends.fleet import remote
+from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
+from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
+from nodekit.backends.fleet.manage import parallel as _parallel
+from nodekit.backends.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
+from nodekit.config.settings import Settings
+from nodekit.errors import JobFailed, NodekitError, UsageError
+from nodekit.image.blobs import BLOBS
+from nodekit.job.gather import NodeWorld, check_command
+from nodekit.job.secret import new_secret
+from nodekit.job.spec import mount_points
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.system import docker, proc
+from nodekit.system.host import net
+from nodekit.system.progress import Reporter
+
+if TYPE_CHECKING:
+    from nodekit.ship.relay import RelayMode
+
+STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
+RESTART_ENV = "NODEKIT_RESTART_COUNT"
+
+LineFn = Callable[[int, str], None]
+
+
+def hosts_of(settings: Settings, hostfile: Path | None = None) -> list[FleetHost]:
+    """The validated hosts of this job (``--hostfile`` wins over ``hosts``); ``nnodes`` defaults to their number."""
+    urls, slots = list(settings.hosts), []
+    if hostfile is not None:
+        entries = read_hostfile(hostfile)
+        urls, slots = [u for u, _ in entries], [s for _, s in entries]
+    nnodes = settings.nnodes if "nnodes" in settings.model_fields_set else len(urls) or settings.nnodes
+    outside = sorted(r for r in settings.nodes if r >= nnodes)
+    if outside:
+        from nodekit.config.settings import node_rank_problem
+
+        raise UsageError(node_rank_problem(outside[0], nnodes), fix=f"remove [nodes.{outside[0]}], or list more hosts")
+    return fleet_hosts(urls, nnodes, min_nodes=settings.min_nodes, slots=slots)
+
+
+def job_settings(settings: Settings, hosts: Sequence[FleetHost], *, restart: int) -> Settings:
+    """The settings every node of attempt ``restart`` is planned with: nnodes = the hosts, the restart counter in
+    the environment, hostfile slots as processes per node where the config sets none."""
+    nodes = dict(settings.nodes)
+    for h in hosts:
+        if h.slots is not None and (h.rank not in nodes or nodes[h.rank].nproc_per_node is None):
+            base = nodes.get(h.rank)
+            nodes[h.rank] = base.model_copy(update={"nproc_per_node": h.slots}) if base else _override(h.slots)
+    env = {**settings.env, RESTART_ENV: str(restart)}
+    return settings.model_copy(update={"nnodes": len(hosts), "env": env, "nodes": nodes})
+
+
+def _override(nproc: int) -> Any:
+    from nodekit.config.settings import NodeOverride
+
+    return NodeOverride(nproc_per_node=nproc)
+
+
+def node_worlds(
+    settings: Settings,
+    hosts: Sequence[FleetHost],
+    facts: Sequence[remote.Gathered],
+    image: str,
+    *,
+    image_id: str = "",
+    secret: str = "",
+    environ: Mapping[str, str] | None = None,
+) -> list[NodeWorld]:
+    """Each rank's world, gathered: that host's own facts (its mounts were checked there, by remote.check_host),
+    main's address resolved here once, the image id every node verified after shipping, the run's one job secret,
+    and which pass_env variables this shell sets (``environ``, default this process's)."""
+    launch = check_command(settings)
+    main_ip = net.resolve(main_address(hosts[0], settings.main))
+    environ = os.environ if environ is None else environ
+    env_set = frozenset(n for n in launch.pass_env if n in environ)
+    cwd = Path.cwd()
+    return [
+        NodeWorld(main_ip=main_ip, facts=g.facts, image=image, cwd=cwd, image_id=image_id, job_secret=secret,
+                  env_set=env_set)
+        for g in facts
+    ]  # fmt: skip
+
+
+def plan_nodes(
+    settings: Settings, hosts: Sequence[FleetHost], worlds: Sequence[NodeWorld], *, debug: bool = False
+) -> list[NodePlan]:
+    """Pure: one NodePlan per rank, each from that host's world (:func:`node_worlds`)."""
+    return [plan_node(settings, h.rank, w, debug=debug) for h, w in zip(hosts, worlds, strict=True)]
+
+
+def ship_image(
+    ref: str,
+    hosts: Sequence[FleetHost],
+    reporter: Reporter,
+    *,
+    store: Path | None = None,
+    relay: RelayMode = "auto",
+) -> None:
+    """Put ``ref`` on every host that lacks it, through nodekit push's code (only the layers each lacks; from the
+    project's blob ``store`` alone when the hosts lack only what it holds, e.g. after a code change; relayed from
+    host to host when ``relay`` says so)."""
+    from nodekit import ship
+
+    src = ship.source_of(ref, None, store=store)
+    targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
+    with ship.SharedSsh():  # one SSH connection per host for the survey, the loads and the checks
+        plan = ship.plan_push(src, ship.survey(src, targets))
+        missing = [s.target.name for s in plan.steps if s.action != "skip"]
+        if not missing:
+            reporter.done(f"{ref} is already on every host")
+            return
+        reporter.step(f"shipping {ref} to {', '.join(missing)}")
+        ship.push(plan, reporter, relay=relay)
+    reporter.done(f"{ref} is on every host (image id verified)")
+
+
+@dataclass
+class _Live:
+    plan: NodePlan
+    host: FleetHost
+
+
+def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> list[FleetHost]:
+    """Every node's container stopped and removed, in parallel; the hosts where that failed (a lost host: its
+    container may still run there, unreachable from here)."""
+
+    def one(n: _Live) -> FleetHost | None:
+        try:
+            docker.compose_down(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+        except NodekitError:
+            return n.host
+        return None
+
+    return [h for h in _parallel(one, live) if h is not None]
+
+
+def left_running(hosts: Sequence[FleetHost]) -> str:
+    """What to tell the user about hosts whose ``down`` failed ("" when there are none)."""
+    if not hosts:
+        return ""
+    names = ", ".join(h.name for h in hosts)
+    cmds = "; ".join(f"nodekit down --node {h.rank}" for h in hosts)
+    return f"; could not reach {names} to remove its container (it may still run there): {cmds} once it answers"
+
+
+def _start(live: Sequence[_Live], reporter: Reporter) -> None:
+    """``compose up`` on every host in parallel; the first error (every node then removed). However this ends (a
+    signal included), every ``compose up`` has ended before it returns, so no ``down`` can run before an ``up``."""
+
+    def one(n: _Live) -> NodekitError | None:
+        if proc.interrupted():  # a signal arrived: start nothing more
+            return None
+        try:
+            docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
+        except NodekitError as e:
+            e.node = n.host.name
+            return e
+        return None
+
+    pool = ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL, max(1, len(live))))
+    futures = [pool.submit(one, n) for n in live]
+    try:
+        errors = [e for f in futures if (e := f.result()) is not None]
+    finally:
+        wait(futures)  # after a signal too: its handler ended their processes, and a second one does not raise
+        pool.shutdown(wait=False)
+    if errors:
+        _down(live)
+        raise errors[0]
+
+
+def _watch(live: Sequence[_Live], events: queue.Queue[tuple[str, int, Any]]) -> list[threading.Thread]:
+    """A log follower and a waiter per node, feeding ``events``: ("line", rank, text), ("exit", rank, code),
+    ("lost", rank, message)."""
+    threads = []
+    for n in live:
+        rank = n.plan.node.rank
+
+        def follow(n: _Live = n, rank: int = rank) -> None:
+            try:
+                for line in docker.compose_logs(n.plan.compose_path, n.plan.project, follow=True, host=n.host.url):
+                    events.put(("line", rank, line))
+            except NodekitError:
+                pass  # the waiter reports what happened to the node
+            events.put(("eof", rank, None))
+
+        def wait(n: _Live = n, rank: int = rank) -> None:
+            try:
+                events.put(("exit", rank, docker.compose_wait(n.plan.compose_path, n.plan.project, host=n.host.url)))
+            except NodekitError as e:
+                events.put(("lost", rank, e.message))
+
+        for target in (follow, wait):
+            t = threading.Thread(target=target, daemon=True)
+            t.start()
+            threads.append(t)
+    return threads
+
+
+def _attempt(
+    live: Sequence[_Live],
+    budget: Budget,
+    reporter: Reporter,
+    on_line: LineFn,
+    clock: Callable[[], float],
+    cause_s: float = 0.0,
+) -> Decision:
+    """Run one attempt to its end: the decision that ended it (done, restart or fail). ``cause_s``: how long the
+    supervisor waits for a node the others report lost (:func:`nodekit.backends.fleet.supervise.culprit`)."""
+    events: queue.Queue[tuple[str, int, Any]] = queue.Queue()
+    _watch(live, events)
+    reports = {n.plan.node.rank: Report(n.plan.node.rank) for n in live}
+    eofs: set[int] = set()
+    stopping: list[threading.Thread] = []
+    while True:
+        try:
+            kind, rank, value = events.get(timeout=0.25)
+        except queue.Empty:
+            kind, rank, value = "tick", -1, None
+        if kind == "line":
+            on_line(rank, value)
+            continue
+        if kind == "eof":
+            eofs.add(rank)
+        elif kind == "exit":
+            reports[rank] = replace(reports[rank], code=int(value), at=clock())
+        elif kind == "lost":
+            reports[rank] = replace(reports[rank], lost=True, at=clock())
+            if not reports[rank].stopped:
+                reporter.warn(f"lost {live[rank].host.name}: {value}")
+        decision = decide(list(reports.values()), clock(), budget, cause_s=cause_s)
+        if decision.action == "stop":
+            who = live[decision.culprit or 0].host.name
+            code = "lost" if decision.code == LOST else f"exit code {decision.code}"
+            reporter.warn(f"{who} failed ({code}): stopping node(s) {', '.join(map(str, decision.stop))}")
+            for r in decision.stop:
+                reports[r] = replace(reports[r], stopped=True)
+            t = threading.Thread(target=_down, args=([live[r] for r in decision.stop],), daemon=True)
+            t.start()
+            stopping.append(t)
+        elif decision.action in ("done", "restart", "fail"):
+            # The rest of every node's log, before the verdict (the followers end with their containers).
+            deadline = clock() + 5
+            while len(eofs) < len(live) and clock() < deadline:
+                try:
+                    kind, rank, value = events.get(timeout=0.25)
+                except queue.Empty:
+                    continue
+                if kind == "line":
+                    on_line(rank, value)
+                elif kind == "eof":
+                    eofs.add(rank)
+            for t in stopping:
+                t.join(STOP_TIMEOUT_S + 20)
+            return decision
+
+
+def run(
+    settings: Settings,
+    hosts: Sequence[FleetHost],
+    reporter: Reporter,
+    on_line: LineFn,
+    *,
+    image: str | None = None,
+    debug: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+) -> int:
+    """Check, ship, write, start, supervise; restart up to ``settings.restarts`` times. Returns 0, or raises
+    JobFailed with the failing node's exit code. Ctrl-C (or nodekit.system.proc.Interrupted: SIGTERM, SIGHUP) stops
+    every node, then goes on (the CLI exits 128 + the signal)."""
+    from nodekit.image.builder import current_image
+
+    check_command(settings)  # a missing script is refused before any host is checked or shipped to
+    interval = alive_interval(settings.peer_timeout)
+    with kept_alive(interval):
+        ref = image or current_image(settings)
+        image_id = docker.require_image(ref).id
+        return _attempts(settings, list(hosts), reporter, on_line, ref, image_id, debug, clock, loss_window(interval))
+
+
+def _attempts(
+    settings: Settings,
+    hosts: list[FleetHost],
+    reporter: Reporter,
+    on_line: LineFn,
+    ref: str,
+    image_id: str,
+    debug: bool,
+    clock: Callable[[], float],
+    cause_s: float,
+) -> int:
+    t0 = clock()
+    secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
+    failures: dict[int, int] = {}
+    used = 0
+    while True:
+        n = len(hosts)
+        facts = _check(settings, hosts, reporter)
+        reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
+        ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
+        job = job_settings(settings, hosts, restart=used)
+        worlds = node_worlds(job, hosts, facts, ref, image_id=image_id, secret=secret)
+        plans = plan_nodes(job, hosts, worlds, debug=debug)
+        for p in plans:
+            write_compose(p)
+        live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]
+        attempt = f" (restart {used} of {settings.restarts})" if used else ""
+        reporter.step(f"starting {n} node(s){attempt}: {', '.join(str(p.compose_path) for p in plans[:4])}")
+        try:
+            _start(live, reporter)
+            reporter.done(f"{n} node(s) started ({clock() - t0:.1f} s since the command)")
+            budget = Budget(restarts=settings.restarts, used=used, min_nodes=settings.min_nodes, failures=failures)
+            decision = _attempt(live, budget, reporter, on_line, clock, cause_s)
+        except KeyboardInterrupt as e:
+            why = f"; {e.name} received" if isinstance(e, proc.Interrupted) else ""
+            reporter.warn(f"interrupted: stopping every node ({n}){why}")
+            if unreached := _down(live):
+                reporter.warn(left_running(unreached).removeprefix("; "))
+            raise
+        except BaseException:
+            _down(live)
+            raise
+        unreached = _down(live)
+        if decision.action == "done":
+            reporter.done(f"the job finished on {n} node(s) in {clock() - t0:.1f} s")
+            return 0
+        culprit = hosts[decision.culprit or 0]
+        failures[culprit.rank] = failures.get(culprit.rank, 0) + 1
+        if decision.action == "restart":
+            used += 1
+            dropped = [hosts[r].name for r in decision.drop]
+            if dropped:
+                reporter.warn(f"going on without {', '.join(dropped)} (min_nodes = {settings.min_nodes})")
+                hosts = [replace(h, rank=i) for i, h in enumerate(h for h in hosts if h.rank not in decision.drop)]
+            reporter.warn(f"{decision.reason}: restarting the whole job ({used} of {settings.restarts})")
+            continue
+        raise _verdict(hosts, decision, culprit, unreached)
+
+
+def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> list[remote.Gathered]:
+    reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
+    return remote.check_all(
+        hosts,
+        expect=lambda h: remote.Expect(
+            ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
+            paths=tuple(m.host for m in mount_points(settings, h.rank)),
+        ),
+        gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
+        on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
+    )
+
+
+def _verdict(
+    hosts: Sequence[FleetHost], decision: Decision, culprit: FleetHost, unreached: Sequence[FleetHost]
+) -> JobFailed:
+    also = ""
+    if decision.also:
+        others = ", ".join(hosts[r].name for r in decision.also)
+        also = f" (and within {SETTLE_S:g} s, on their own: {others}; the first to report is not always the cause)"
+    return JobFailed(
+        f"{culprit.name} {decision.reason.split(' ', 2)[2]}{also}; every node was stopped{left_running(unreached)}",
+        exit_code=decision.code,
+        node=None,
+        fix=f"the merged log above has node {culprit.rank}'s output (nodekit run --node {culprit.rank}: only it)",
+    )

@@ -1,0 +1,1 @@
+"""The job as Kubernetes manifests: plan (validate, decide) and render (pure documents)."""

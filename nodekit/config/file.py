@@ -1,0 +1,114 @@
+"""The file side of the configuration: where nodekit.toml is, reading it, turning a refusal into one line, and the
+project paths nodekit will write to. ``settings.py`` holds the model and :func:`nodekit.config.settings.load`."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from nodekit.errors import ConfigError
+
+CONFIG_FILE = "nodekit.toml"
+STATE_DIR = ".nodekit"
+# The file being loaded, for the TOML source that pydantic-settings builds inside Settings().
+current: ContextVar[Path | None] = ContextVar("nodekit_config_file", default=None)
+
+
+def config_path(explicit: Path | None, environ: Mapping[str, str]) -> Path:
+    """Where the configuration file is: the flag, else NODEKIT_CONFIG, else ./nodekit.toml."""
+    if explicit is not None:
+        return explicit
+    if environ.get("NODEKIT_CONFIG"):
+        return Path(environ["NODEKIT_CONFIG"])
+    return Path(CONFIG_FILE)
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The file's tables; a ConfigError naming the file when it cannot be read, is not UTF-8 or not TOML."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read {path}: {e.strerror}", fix=f"check {path} and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path} is not UTF-8 (byte {raw[e.start]:#04x} on line {line})",
+            fix=f"save {path.name} as UTF-8 (TOML files must be)",
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}", fix=f"edit {path}") from None
+
+
+class TomlSource(PydanticBaseSettingsSource):
+    """nodekit.toml, read once; an absent file contributes nothing."""
+
+    def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
+        super().__init__(settings_cls)
+        self._data: dict[str, Any] = {}
+        if path is not None and path.is_file():
+            self._data = read_toml(path)
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def shown_key(loc: tuple[int | str, ...] | list[int | str]) -> str:
+    """A setting's location as the user writes it: ``nnodes``, ``[nodes.1] addr``, ``[[mounts]] #2 container``,
+    ``env.KEY``; pydantic's union-branch tags (``literal['auto']``) left out."""
+    parts = [str(p) for p in loc if "[" not in str(p)]
+    if len(parts) >= 3 and parts[0] == "nodes":
+        return f"[nodes.{parts[1]}] {'.'.join(parts[2:])}"
+    if len(parts) >= 2 and parts[0] == "mounts" and parts[1].isdigit():
+        return " ".join([f"[[mounts]] #{int(parts[1]) + 1}", *parts[2:3]])
+    return ".".join(parts) or "config"
+
+
+def refusal(e: ValidationError, path: Path) -> ConfigError:
+    """The first problem of a failed validation as one ConfigError: the setting, what is wrong, the fix. Checks
+    that raise ``nodekit.config.tables.Bad`` bring their own fix and, for checks across fields, their key."""
+    err = e.errors()[0]
+    cause = (err.get("ctx") or {}).get("error")
+    key = getattr(cause, "key", None)
+    where = shown_key(key.split(".") if key else err["loc"])
+    message = str(cause) if isinstance(cause, ValueError) else err["msg"]
+    top = where.split(".")[0]
+    fix = getattr(cause, "fix", None) or (
+        f"set {top} in {path.name}, NODEKIT_{top.upper()} or the flag"
+        if top.isidentifier()
+        else f"edit {where} in {path.name}"
+    )
+    return ConfigError(f"invalid setting {where}: {message}", fix=fix)
+
+
+def check_paths(project: Path, compose_dir: Path, output_dir: Path) -> None:
+    """A ConfigError when something other than a directory stands where nodekit keeps a directory: ``.nodekit``,
+    ``compose_dir``, ``output_dir`` or one of their parents. Read-only: whether a directory is writable shows when
+    nodekit writes (an OSError the CLI reports in one line), since commands that only read must still work."""
+    for key, path in ((STATE_DIR, project / STATE_DIR), ("compose_dir", compose_dir), ("output_dir", output_dir)):
+        here = path
+        try:
+            while not here.is_dir():
+                if here.exists() or here.is_symlink():
+                    what = "a dangling link" if not here.exists() else "a file"
+                    raise ConfigError(
+                        f"{key} {path} cannot be a directory: {here} is {what}",
+                        fix=f"move {here} away" if key == STATE_DIR else f"set {key} to a directory, or move {here}",
+                    )
+                if here == here.parent:
+                    break
+                here = here.parent
+        except OSError as e:
+            raise ConfigError(f"cannot look at {key} {path}: {e.strerror}", fix=f"check {here}") from None

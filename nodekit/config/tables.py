@@ -1,0 +1,168 @@
+"""The nested tables of nodekit.toml (``[[mounts]]``, ``[nodes.<rank>]``) and the field types they share with
+``Settings``. Every check is in ``nodekit/config/inputs.py``; a refusal is a :class:`Bad` naming the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+
+from nodekit.config.inputs import MAX_PROCS, iface_problem, ip_problem, path_problem, target_problem
+
+
+class Bad(ValueError):
+    """A refused setting: the message says what is wrong; ``fix`` what to write instead; ``key`` the setting when a
+    check across fields raises it (pydantic then knows no location)."""
+
+    def __init__(self, message: str, *, fix: str | None = None, key: str | None = None) -> None:
+        super().__init__(message)
+        self.fix = fix
+        self.key = key
+
+
+def checked(v: str | None, problem_of: Callable[[str], str | None], fix: str) -> str | None:
+    """``v`` when it is None or ``problem_of`` finds nothing wrong with it; else :class:`Bad` with ``fix``."""
+    problem = None if v is None else problem_of(v)
+    if problem is not None:
+        raise Bad(problem, fix=fix)
+    return v
+
+
+def _nproc(v: Any) -> Any:
+    if v is None or v == "auto":
+        return v
+    if isinstance(v, str) and v.strip().isdecimal():  # NODEKIT_NPROC_PER_NODE=4
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_PROCS:
+        raise Bad(
+            f'must be "auto" or 1 to {MAX_PROCS} processes, not {v!r}',
+            fix='nproc_per_node = "auto" (one per GPU, or 1 without GPUs), or a count such as 8',
+        )
+    return v
+
+
+# Processes on a node: a count, or "auto" (the node's GPUs, or 1). Zero used to pass for [nodes.R] and be replaced.
+NProc = Annotated[int | Literal["auto"], BeforeValidator(_nproc)]
+
+
+def plain_path(v: str) -> str:
+    """``v`` if it is an absolute path written plainly, without a trailing slash; else :class:`Bad`."""
+    problem = path_problem(v)
+    if problem is not None:
+        raise Bad(problem, fix="write an absolute path such as /data/set (no '..', '.' or '//')")
+    return v.rstrip("/") or "/"
+
+
+class Mount(BaseModel):
+    """One ``[[mounts]]`` entry: a host directory (or file) in the job, read-only unless ``writable``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    host: str = Field(description="absolute path on the host (per node: [nodes.R] mounts)")
+    container: str = Field(description="absolute path in the container")
+    writable: bool = Field(False, description="mount read-write (default read-only)")
+    check: Literal["none", "sizes", "hashes"] = Field(
+        "none", description="same data on every node: compare relative paths and sizes, or also content hashes"
+    )
+
+    @field_validator("host", "container")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        return plain_path(v)
+
+    @model_validator(mode="after")
+    def _target(self) -> Mount:
+        problem = target_problem(self.container, self.check != "none")
+        if problem is not None:
+            raise Bad(problem, fix='mount it elsewhere, e.g. container = "/data"')
+        return self
+
+
+class NodeOverride(BaseModel):
+    """Per-node settings under ``[nodes.<rank>]``; anything unset is detected on that node."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    iface: str | None = Field(None, description="network interface toward main (GLOO/NCCL_SOCKET_IFNAME)")
+    addr: str | None = Field(
+        None, description="this node's own IP address toward main (checked against main: loopback or not)"
+    )
+    nproc_per_node: Annotated[int | Literal["auto"] | None, BeforeValidator(_nproc)] = Field(
+        None, description="this node's processes (heterogeneous nodes)"
+    )
+    gpus: int | None = Field(None, ge=0, le=MAX_PROCS, description="this node's GPU count, where nodes differ")
+    mounts: dict[str, str] = Field(default_factory=dict, description="container path -> this node's host path")
+
+    @field_validator("iface")
+    @classmethod
+    def _iface(cls, v: str | None) -> str | None:
+        return checked(
+            v, iface_problem, "use a name `ip -br link` shows on that node (eth0, ens5, ib0), or remove iface"
+        )
+
+    @field_validator("addr")
+    @classmethod
+    def _addr(cls, v: str | None) -> str | None:
+        return checked(v, ip_problem, "write that node's IP address (10.0.0.6), or remove addr: nodekit detects it")
+
+    @field_validator("mounts")
+    @classmethod
+    def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
+        return {plain_path(k): plain_path(p) for k, p in v.items()}
+
+
+class SlurmSettings(BaseModel):
+    """``[slurm]``: how ``nodekit slurm`` hands the job to Slurm (sbatch options, container mode, shared paths)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    container: Literal["docker", "charliecloud", "pyxis"] = Field(
+        "docker",
+        description="docker: each node's Docker engine; charliecloud: ch-run of a SquashFS made here; pyxis: "
+        "srun --container-image (enroot)",
+    )
+    partition: str | None = Field(None, description="sbatch --partition (default: the cluster's default)")
+    account: str | None = Field(None, description="sbatch --account")
+    time: str | None = Field(None, description='sbatch --time, e.g. "2:00:00"')
+    gpus_per_node: int = Field(0, ge=0, description="sbatch --gpus-per-node, and the GPUs each node's container gets")
+    sbatch_args: tuple[str, ...] = Field(
+        (), description='more sbatch options, e.g. ["--qos=high", "--exclusive", "--cpus-per-task=16"]'
+    )
+    image_dir: Path = Field(
+        Path(".nodekit/slurm"),
+        description="charliecloud and pyxis: where the image's SquashFS goes; must be a path every node reads",
+    )
+    push_to: tuple[str, ...] = Field(
+        (), description='docker: engines to push the image to before submitting, e.g. ["ssh://me@n1", "ssh://me@n2"]'
+    )
+    docker_host: str | None = Field(None, description="docker: the nodes' engine (default: each node's own default)")
+
+
+class K8sSettings(BaseModel):
+    """``[k8s]``: what ``nodekit k8s`` needs beyond the job itself (nodekit/backends/k8s/render.py); names are checked
+    there."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str | None = Field(None, description="Job, Service and TrainJob name (default: the project's name)")
+    namespace: str | None = Field(None, description="namespace of every manifest (default: none: kubectl's own)")
+    image: str | None = Field(
+        None,
+        description="the image as the cluster pulls it, e.g. registry.example.com/team/demo:<tag> "
+        "(default: the last image built here, which only nodes that have it preloaded can run)",
+    )
+    image_pull_secret: str | None = Field(None, description="Secret with the registry's credentials")
+    gpus: int | None = Field(
+        None, ge=0, le=64, description="nvidia.com/gpu per pod (default: [nodes.R] gpus when every node agrees, else 0)"
+    )
+    host_network: bool = Field(False, description="pods on the nodes' network (hostNetwork), e.g. for RDMA NICs")
+    shm_size: str | None = Field(None, description="size limit of the memory-backed /dev/shm, e.g. 16Gi")
+    claims: dict[str, str] = Field(
+        default_factory=dict,
+        description="container path -> PersistentVolumeClaim for [[mounts]] and /outputs; other mounts are hostPath",
+    )
+    backoff_limit: int = Field(0, ge=0, description="Job retries of a failed pod (exit codes 2, 17, 19 never retry)")
+    runtime: str = Field("torch-distributed", description="--trainjob: the Kubeflow Trainer runtime it references")
+    out_dir: Path = Field(Path("k8s"), description="where nodekit k8s writes its manifests")

@@ -1,1 +1,0 @@
-"""Facts about this machine, gathered in one place and returned as data (``nodekit.spec.HostFacts``)."""

@@ -1,0 +1,83 @@
+"""Which image ``nodekit up`` runs when none is named: :func:`choose` and :func:`current_image`."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from nodekit.config.settings import Settings
+from nodekit.errors import ImageError
+from nodekit.image.builder.planning import project_fingerprint
+from nodekit.image.builder.record import last_build
+from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_NAME
+from nodekit.system import docker
+
+BUILD_FIX = "nodekit build"
+
+
+class Choice(NamedTuple):
+    ref: str
+    why: str
+    id: str  # the image's id, as the choice saw it
+
+
+def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
+    """The image ``nodekit up`` runs when none is named, why, and its id. Deterministic:
+
+    1. the image whose fingerprint is the project's as it is now on this node (built here or pushed here);
+    2. else, when a build record names an image that is here, that image is stale (the project changed since):
+       ImageError with the fix (``nodekit build``, ``nodekit up --build``, or ``--image`` to run it anyway);
+    3. else, when the project's fingerprint cannot be known here (no lock, no base image: a node that only
+       received a pushed image), the one image of this project here; several: ImageError asking for ``--image``.
+
+    Creation time never decides: every nodekit image has the same reproducible one. ``cached_only`` (dry runs):
+    the base is not probed when this machine has not probed it before (see :func:`project_fingerprint`).
+    """
+    name = settings.image_name
+    fingerprint, unknown = project_fingerprint(settings, cached_only=cached_only)
+    labelled = docker.images_labelled(LABEL_NAME, name)
+
+    def ref(info: docker.ImageInfo) -> str:
+        tags = sorted(t for t in info.tags if t.startswith(f"nodekit/{name}:"))
+        return tags[0] if tags else info.id
+
+    if fingerprint is not None:
+        match = [i for i in labelled if i.labels.get(LABEL_FINGERPRINT) == fingerprint]
+        # Two images can carry one fingerprint (a rebuild after the engine's build cache was pruned is not always
+        # the same image id): the tagged one is the project's current image, an untagged one a leftover.
+        match.sort(key=lambda i: ref(i) == i.id)
+        if match:
+            return Choice(
+                ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now", match[0].id
+            )
+    record = last_build(settings)
+    recorded = record.get("tag") if record else None
+    found = docker.image_info(recorded) if isinstance(recorded, str) else None
+    if isinstance(recorded, str) and found is not None:
+        if fingerprint is not None:
+            raise ImageError(
+                f"the image built here last, {recorded}, no longer matches the project (its fingerprint is now "
+                f"{fingerprint[:12]}: files or packages changed since)",
+                fix=f"nodekit build, or nodekit up --build; or --image {recorded} to run the old image anyway",
+            )
+        return Choice(recorded, f"the last build here (the project's fingerprint is unknown: {unknown})", found.id)
+    if fingerprint is not None:
+        raise ImageError(
+            f"no image of {name} here matches the project (fingerprint {fingerprint[:12]})",
+            fix=f"{BUILD_FIX}, or nodekit push it from the node that built it, or pass --image",
+        )
+    refs = sorted({ref(i) for i in labelled})
+    if len(refs) == 1:
+        why = f"the only image of {name} here (the project's fingerprint is unknown: {unknown})"
+        return Choice(refs[0], why, labelled[0].id)
+    if not refs:
+        raise ImageError(f"no image built yet for {name}", fix=BUILD_FIX)
+    raise ImageError(
+        f"{len(refs)} images of {name} are here ({', '.join(refs[:3])}) and the project's fingerprint, which would "
+        f"pick one, is unknown ({unknown})",
+        fix="pass --image with the one to run (the one pushed from the node that built it)",
+    )
+
+
+def current_image(settings: Settings) -> str:
+    """The image to run when none is named (see :func:`choose`). Raises ImageError with the fix."""
+    return choose(settings).ref

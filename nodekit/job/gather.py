@@ -1,0 +1,158 @@
+"""What one node's plan needs from the world, gathered first into one frozen :class:`NodeWorld`.
+
+Gather, then plan: :func:`gather_node` does every read the plan needs (the training script on disk, main's name in
+DNS, this host's facts and routes, the mount sources, the engine's images, the job secret, the shell's environment,
+the working directory) and refuses what it finds wrong; :func:`nodekit.backends.compose.node.plan_node` is then a pure
+function of the settings and that value, so a plan can be printed, compared with a golden file, or made for another
+machine's facts without touching this one."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nodekit.config.settings import Settings
+from nodekit.errors import NetworkError, UsageError
+from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.system.host import facts as host_facts
+from nodekit.system.host import net
+from nodekit.system.host.facts import HostFacts
+
+
+@dataclass(frozen=True)
+class NodeWorld:
+    """Everything a node's plan takes from outside the settings: one value, printable and comparable.
+
+    ``facts`` are the node's host facts as gathered (or as its host reported them), before the config's per-node
+    pins. ``absent`` lists the node's mount sources that do not exist where it runs (empty when they were checked
+    elsewhere, or cannot be). ``image_note`` says why nodekit chose ``image`` ("" when it was named). ``image_id`` is
+    the image's id on the node's engine when it was looked up ("" otherwise: not rendered). ``env_set`` holds the
+    names of the job's ``pass_env`` variables the launching shell sets: names only, their values stay in the shell
+    (Compose reads them at start). ``cwd`` is the directory the compose file's path hint is shown relative to."""
+
+    main_ip: str
+    facts: HostFacts
+    image: str
+    cwd: Path
+    image_note: str = ""
+    image_id: str = ""
+    job_secret: str = ""
+    absent: tuple[str, ...] = ()
+    env_set: frozenset[str] = field(default_factory=frozenset)
+
+
+def gather_node(
+    settings: Settings,
+    rank: int,
+    main: str,
+    *,
+    image: str | None = None,
+    facts: HostFacts | None = None,
+    mounts_checked: bool = False,
+    environ: Mapping[str, str] | None = None,
+    image_id: Callable[[str], str] | None = None,
+    job_secret: Callable[[], str] | None = None,
+    dry_run: bool = False,
+) -> NodeWorld:
+    """Gather node ``rank``'s world on this machine, refusing what is wrong in the order a user meets it: the training
+    command, the rank (the most likely typo), main's address, the route toward main (and, for rank 0 on host
+    networking, that main is this machine), the node's settings, its mount sources, the image. Raises
+    UsageError/NetworkError/ImageError; writes nothing, except what ``job_secret`` may (asked for last, once
+    everything else passed: it may create the project's secret file).
+
+    ``facts`` given (gathered on the node itself, or declared) skips this host's facts and its route checks;
+    ``mounts_checked`` skips the mount sources (checked where the node runs). Without ``image`` the project's image
+    is chosen on this host's engine (:func:`nodekit.image.builder.choose`). ``image_id`` looks the image's id up on this
+    host (``nodekit up`` passes one; ``compose`` and dry runs do not, so they never need the image here).
+    ``environ`` is the launching shell's environment (default: this process's). ``dry_run``: choosing the image
+    starts no probe container and writes no probe cache (a base never probed here leaves the fingerprint unknown)."""
+    launch = check_command(settings)
+    check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
+    main_ip = net.resolve(main)
+    if facts is None:
+        facts = _facts_here(settings, rank, main_ip)
+    node = node_spec(settings, launch, rank, main_ip, node_facts(settings, rank, facts))  # refused here, in order
+    absent = () if mounts_checked else tuple(m.host for m in node.mounts if not Path(m.host).exists())
+    check_mounts(node, absent)
+    ref, why, known_id = image, "", ""
+    if not ref:
+        from nodekit.image.builder import choose
+
+        ref, why, known_id = choose(settings, cached_only=dry_run)
+    found = (known_id or image_id(ref)) if image_id else ""
+    environ = os.environ if environ is None else environ
+    env_set = frozenset(n for n in launch.pass_env if n in environ)
+    cwd = Path.cwd()
+    secret = job_secret() if job_secret else ""  # last: everything else passed
+    return NodeWorld(
+        main_ip=main_ip,
+        facts=facts,
+        image=ref,
+        cwd=cwd,
+        image_note=why,
+        image_id=found,
+        job_secret=secret,
+        absent=absent,
+        env_set=env_set,
+    )
+
+
+def _facts_here(settings: Settings, rank: int, main_ip: str) -> HostFacts:
+    """This host's facts, with a route toward main; for rank 0 on host networking, main must be this machine."""
+    facts = host_facts.gather(main_ip)
+    if facts.iface is None:
+        raise NetworkError(
+            f"this host has no route to main address {main_ip}",
+            fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
+            node=f"node {rank}",
+        )
+    if rank == 0 and settings.network == "host":
+        check_main_is_here(main_ip, [a for link in net.links_here() for a in link.addrs])
+    return facts
+
+
+def check_command(settings: Settings) -> LaunchSpec:
+    """The job's launch spec, once its training command is known to run: exactly one of script and module, and the
+    script present in the project (it travels in the image). ``nodekit run`` asks this before anything is checked,
+    shipped or started on any host; UsageError otherwise."""
+    launch = launch_spec(settings)
+    if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
+        raise UsageError(
+            f"training script {launch.command.script} not found in {settings.project_dir}",
+            fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
+        )
+    return launch
+
+
+def check_mounts(node: NodeSpec, absent: tuple[str, ...]) -> None:
+    """Pure: UsageError for the first of the node's mounts whose source is in ``absent``."""
+    missing = next((m for m in node.mounts if m.host in absent), None)
+    if missing is not None:
+        raise UsageError(
+            f"mount {missing.host} (for {missing.container}) does not exist on node {node.rank}",
+            fix=f"create or mount it here, or set this node's path: [nodes.{node.rank}] mounts = "
+            f'{{ "{missing.container}" = "/its/path" }} in nodekit.toml',
+        )
+
+
+def check_main_is_here(main_ip: str, addrs: list[str]) -> None:
+    """Node 0 hosts the rendezvous at the main address, so that address must be this machine's (loopback is: an
+    all-local run). Otherwise every other node would wait for a main that is not there until its timeout."""
+    if net.is_loopback(main_ip) or any(_same_ip(main_ip, a) for a in addrs):
+        return
+    here = ", ".join(a for a in addrs if not net.is_loopback(a.split("%", 1)[0])) or "none but loopback"
+    raise UsageError(
+        f"node rank 0 is main, but main address {main_ip} is not one of this machine's addresses ({here})",
+        fix="run node 0 on the machine that has that address, or pass --main with one of the addresses above",
+        node="node 0",
+    )
+
+
+def _same_ip(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b.split("%", 1)[0])
+    except ValueError:
+        return False

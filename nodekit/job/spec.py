@@ -1,0 +1,277 @@
+"""Frozen, validated models: what one node of one job is. Built from Settings plus per-node facts.
+
+Nothing here reads the environment, the file system or the network; callers pass what varies.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from nodekit.config.settings import Settings
+from nodekit.errors import ConfigError, UsageError
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.system.frozen import FROZEN
+from nodekit.system.host.facts import HostFacts
+
+
+class Command(BaseModel):
+    """The user's training command: a script path or a module, plus arguments."""
+
+    model_config = FROZEN
+
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _one_target(self) -> Command:
+        if (self.script is None) == (self.module is None):
+            raise ValueError("set exactly one of script or module")
+        if self.script is not None and PurePosixPath(self.script).is_absolute():
+            raise ValueError(f"script {self.script!r} must be relative to the project root")
+        return self
+
+    def argv(self) -> list[str]:
+        """The arguments torchrun (or python) takes after its own options."""
+        head = [self.script] if self.script is not None else ["-m", str(self.module)]
+        return [*head, *self.args]
+
+
+class LaunchSpec(BaseModel):
+    """The job, identical on every node."""
+
+    model_config = FROZEN
+
+    name: str
+    command: Command
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = "torchrun"
+    accelerator: str | None = None  # launcher fabric; None: cuda on a node with GPUs, else cpu
+    strategy: str = "ddp"  # launcher fabric
+    precision: str | None = None  # launcher fabric; None: Fabric's default
+    nnodes: int = Field(ge=1)
+    nproc_per_node: int | Literal["auto"] = "auto"
+    master_port: int = Field(29500, ge=1, le=65535 - PREFLIGHT_PORT_OFFSET)
+    max_restarts: int = Field(0, ge=0)
+    rdzv_timeout: int = Field(180, ge=1)
+    peer_timeout: int = Field(15, ge=0)
+    env: tuple[tuple[str, str], ...] = ()
+    pass_env: tuple[str, ...] = ()  # names only: compose takes the values from the shell that runs it
+    # Per node, by rank: processes (an int, or "auto" for the node's GPUs) and declared GPU counts ([nodes.R]).
+    node_nproc: tuple[int | Literal["auto"], ...] = ()
+    node_gpus: tuple[int | None, ...] = ()
+
+    def nproc_of(self, rank: int) -> int | Literal["auto"]:
+        """Node ``rank``'s declared processes: its [nodes.R] nproc_per_node, else the job's."""
+        return self.node_nproc[rank] if rank < len(self.node_nproc) else self.nproc_per_node
+
+    @property
+    def world_size(self) -> int | None:
+        """Total processes, the sum over nodes; None while some node's count is 'auto' (known after preflight)."""
+        counts = [self.nproc_of(r) for r in range(self.nnodes)]
+        return None if "auto" in counts else sum(c for c in counts if c != "auto")
+
+    @property
+    def preflight_port(self) -> int:
+        return self.master_port + PREFLIGHT_PORT_OFFSET
+
+
+class MountPoint(BaseModel):
+    """One mount on one node: this node's host path (its [nodes.R] override, else the shared one)."""
+
+    model_config = FROZEN
+
+    host: str
+    container: str
+    writable: bool = False
+    check: Literal["none", "sizes", "hashes"] = "none"
+
+
+class NodeSpec(BaseModel):
+    """One node of the job: its rank, where main is, and the job."""
+
+    model_config = FROZEN
+
+    rank: int = Field(ge=0)
+    main_addr: str
+    launch: LaunchSpec
+    nproc: int = Field(ge=1, description="processes on this node, 'auto' resolved with this node's facts")
+    iface: str | None = None
+    local_addr: str | None = None
+    network: Literal["host", "bridge"] = "host"
+    infiniband: tuple[str, ...] = Field((), description="InfiniBand devices passed to the container")
+    mounts: tuple[MountPoint, ...] = ()
+
+    @model_validator(mode="after")
+    def _rank_in_range(self) -> NodeSpec:
+        if self.rank >= self.launch.nnodes:
+            raise ValueError(f"node rank {self.rank} is outside 0..{self.launch.nnodes - 1}")
+        ipaddress.ip_address(self.main_addr)
+        return self
+
+    @property
+    def world_size(self) -> int | None:
+        """Total processes, the sum of every node's declared count; None while some node's is 'auto'."""
+        return self.launch.world_size
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launch_spec(settings: Settings) -> LaunchSpec:
+    """The job from settings; a missing or ambiguous training command is a ConfigError."""
+    if (settings.script is None) == (settings.module is None):
+        which = "both script and module are set" if settings.script else "neither script nor module is set"
+        raise ConfigError(
+            f"no single training command: {which}",
+            fix='set script = "train.py" (or module = "pkg.train") in nodekit.toml, or pass --script',
+        )
+    if settings.script is not None and PurePosixPath(settings.script).is_absolute():
+        raise ConfigError(f"script {settings.script!r} must be relative to the project root", fix="use a relative path")
+    command = Command(script=settings.script, module=settings.module, args=settings.args)
+    return LaunchSpec(
+        name=settings.image_name,
+        command=command,
+        launcher=settings.launcher,
+        accelerator=settings.accelerator if settings.accelerator not in (None, "auto") else None,
+        strategy=settings.strategy or "ddp",
+        precision=settings.precision,
+        nnodes=settings.nnodes,
+        nproc_per_node=settings.nproc_per_node,
+        master_port=settings.master_port,
+        max_restarts=settings.max_restarts,
+        rdzv_timeout=settings.rdzv_timeout,
+        peer_timeout=settings.peer_timeout,
+        env=tuple(sorted(settings.env.items())),
+        pass_env=settings.pass_env,
+        node_nproc=tuple(
+            o.nproc_per_node if (o := settings.nodes.get(r)) and o.nproc_per_node else settings.nproc_per_node
+            for r in range(settings.nnodes)
+        ),
+        node_gpus=tuple(o.gpus if (o := settings.nodes.get(r)) else None for r in range(settings.nnodes)),
+    )
+
+
+def check_rank(launch: LaunchSpec, rank: int) -> None:
+    """UsageError unless ``rank`` is one of the job's node ranks."""
+    if not 0 <= rank < launch.nnodes:
+        raise UsageError(
+            f"node rank {rank} is outside 0..{launch.nnodes - 1} (nnodes = {launch.nnodes})",
+            fix=f"pass --node-rank between 0 and {launch.nnodes - 1}, or set nnodes",
+        )
+
+
+def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts) -> NodeSpec:
+    """Node ``rank`` of ``launch``; ``main_ip`` is already resolved to an IP address by the caller."""
+    check_rank(launch, rank)
+    override = settings.nodes.get(rank)
+    nproc_setting = override.nproc_per_node if override and override.nproc_per_node else launch.nproc_per_node
+    nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
+    check_main_addr(settings, main_ip)
+    main_addr = main_ip
+    # The interface and own address toward main belong to the node that runs the file: its launcher resolves them at
+    # container start (nodekit/launcher/preflight/network.py). Only a pin in the config, or a loopback main (every node
+    # on this machine, where the rendering host is the running host), is written into the file.
+    local = ipaddress.ip_address(main_ip).is_loopback
+    iface = override.iface if override and override.iface else (facts.iface if local else None)
+    local_addr = override.addr if override and override.addr else (facts.local_addr if local else None)
+    if settings.network == "bridge":
+        main_addr, iface, local_addr = bridge_addresses(main_ip, facts, override.iface if override else None)
+    return NodeSpec(
+        rank=rank,
+        main_addr=main_addr,
+        launch=launch,
+        nproc=nproc,
+        iface=iface,
+        local_addr=local_addr,
+        network=settings.network,
+        infiniband=infiniband_for(settings, facts, rank),
+        mounts=mount_points(settings, rank),
+    )
+
+
+def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:
+    """Node ``rank``'s mounts: each shared mount with that node's ``[nodes.R] mounts`` host path where set."""
+    override = settings.nodes.get(rank)
+    return tuple(
+        MountPoint(
+            host=override.mounts.get(m.container, m.host) if override else m.host,
+            container=m.container,
+            writable=m.writable,
+            check=m.check,
+        )
+        for m in settings.mounts
+    )
+
+
+def node_facts(settings: Settings, rank: int, facts: HostFacts) -> HostFacts:
+    """``facts`` with what the config pins for node ``rank`` (``[nodes.R] gpus``): a file rendered on a CPU-only
+    head for a GPU node still gives that node its GPUs."""
+    override = settings.nodes.get(rank)
+    if override is not None and override.gpus is not None and override.gpus != facts.gpu_count:
+        return facts.model_copy(update={"gpu_count": override.gpus, "gpu_models": ()})
+    return facts
+
+
+def check_main_addr(settings: Settings, main_ip: str) -> None:
+    """A loopback main only works with every node on this machine; a per-node address elsewhere contradicts it.
+
+    And the other way round: a node told to use a loopback address cannot be reached from a main elsewhere.
+    """
+    main_loopback = ipaddress.ip_address(main_ip).is_loopback
+    for r, o in sorted(settings.nodes.items()):
+        if r >= settings.nnodes:
+            continue
+        addr_loopback = o.addr is not None and _is_loopback(o.addr)
+        if main_loopback and o.addr is not None and not addr_loopback:
+            raise UsageError(
+                f"main address {main_ip} is loopback, which only works with every node on this machine, "
+                f"but [nodes.{r}] addr = {o.addr} puts node {r} on another one",
+                fix="pass --main with main's address on the network the nodes share (e.g. --main 10.0.0.5)",
+            )
+        if not main_loopback and (addr_loopback or o.iface == "lo"):
+            key, value = ("addr", o.addr) if addr_loopback else ("iface", "lo")
+            raise UsageError(
+                f"[nodes.{r}] {key} = {value} is loopback, but main {main_ip} is not: no other machine can reach it",
+                fix=f"remove {key} from [nodes.{r}] in nodekit.toml (nodekit detects the route to main)",
+            )
+
+
+def _is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return False
+
+
+def bridge_addresses(main_ip: str, facts: HostFacts, iface: str | None) -> tuple[str, str, None]:
+    """Main's address, the interface and the local address of a node on Docker's default bridge network."""
+    if not ipaddress.ip_address(main_ip).is_loopback:
+        raise UsageError(
+            f'network = "bridge" with main {main_ip}: NCCL and gloo advertise the container\'s own address, '
+            "which the bridge network hides behind NAT, so nodes on other machines cannot reach it",
+            fix='remove network = "bridge" (host networking), or run every node on this machine with --main 127.0.0.1',
+        )
+    if facts.bridge_gateway is None:
+        raise UsageError(
+            'network = "bridge" but this host has no docker0 bridge (the engine runs with --bridge=none?)',
+            fix='remove network = "bridge" from nodekit.toml, or start dockerd with its default bridge',
+        )
+    # Inside a container on the default bridge, its own interface is eth0 and this host is the gateway, where
+    # node 0 publishes the rendezvous ports; the containers then reach each other directly over the bridge.
+    return facts.bridge_gateway, iface or "eth0", None
+
+
+def infiniband_for(settings: Settings, facts: HostFacts, rank: int) -> tuple[str, ...]:
+    if settings.ib == "off":
+        return ()
+    if settings.ib == "on" and not facts.infiniband:
+        raise UsageError(
+            f'ib = "on" but node {rank} has no /dev/infiniband (driver not loaded, or no RDMA hardware)',
+            fix='ls /dev/infiniband && ibv_devices to check the hardware; or set ib = "auto" to fall back to TCP',
+        )
+    return facts.infiniband

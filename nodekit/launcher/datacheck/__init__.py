@@ -1,0 +1,1 @@
+"""Same data on every node: manifests of mounted directories, their comparison, and the file hash both sides use."""

@@ -1,0 +1,1 @@
+"""Preflight: every node's stack and network facts, published to main, compared into one verdict."""

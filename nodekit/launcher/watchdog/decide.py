@@ -1,0 +1,220 @@
+"""The peer watchdog's decisions, pure: what a node knows of the others (:class:`Watch`, fed with :class:`Reading`
+rounds timed on its own clock), whether to stop its job (:func:`alarm`), how it ends once its torchrun returned
+(:func:`conclude`), and the lines it prints. Observations and times in, decisions out; :mod:`watchdog` runs them.
+
+A node is *lost* when it has not marked itself done and its counter has not moved for the peer timeout, measured
+over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself.
+A node that marked itself done with a non-zero code and not ``stopped`` has *failed*. A node whose torchrun is
+restarting workers (max_restarts) is neither: its launcher, torchrun's agent, keeps beating throughout.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nodekit.launcher.contract import EXIT_OK as EXIT_OK
+from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
+from nodekit.launcher.watchdog.failure import WorkerFailure, failed_line, first_failed, node_failed, who
+
+
+@dataclass(frozen=True)
+class Done:
+    """How a node's torchrun ended, as it published it."""
+
+    code: int
+    stopped: bool = False
+    failure: WorkerFailure | None = None  # the worker torchrun gave up on, when it named one
+
+    @property
+    def failed(self) -> bool:
+        """It failed on its own: a non-zero code that its watchdog did not cause."""
+        return self.code != 0 and not self.stopped
+
+    def to_json(self) -> str:
+        data: dict[str, object] = {"code": self.code, "stopped": self.stopped}
+        if self.failure is not None:
+            data["failure"] = self.failure.to_json_dict()
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Done:
+        data = json.loads(raw)
+        failure = data.get("failure")
+        return cls(
+            code=int(data["code"]),
+            stopped=bool(data.get("stopped", False)),
+            failure=WorkerFailure.from_json_dict(failure) if isinstance(failure, dict) else None,
+        )
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One round of store reads: each watched node's counter, and the done and bye marks found."""
+
+    at: float
+    counts: Mapping[int, int]
+    done: Mapping[int, Done] = field(default_factory=dict)
+    bye: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Node ``rank`` has been silent for ``silent_s``; ``store``: it is main and its store stopped answering."""
+
+    rank: int
+    silent_s: float
+    store: bool = False
+
+
+@dataclass(frozen=True)
+class Alarm:
+    """Why a node stops its own job: nodes lost, else nodes that failed."""
+
+    lost: tuple[Lost, ...] = ()
+    failed: tuple[tuple[int, Done], ...] = ()
+
+
+@dataclass(frozen=True)
+class Ending:
+    """What the launcher exits with after its torchrun returned, and the line to print (None: nothing to add)."""
+
+    code: int
+    line: str | None = None
+
+
+@dataclass
+class _Peer:
+    count: int | None
+    changed: float  # when the current count was first read (watch start before any read)
+    moves: tuple[float, ...] = ()  # read times of the last two changes
+    done: Done | None = None
+    bye: bool = False
+
+
+class Watch:
+    """What node ``rank`` knows of the others, from readings timed on its own clock. Pure: times are arguments."""
+
+    def __init__(self, rank: int, nnodes: int, timeout: float, start: float) -> None:
+        self.rank = rank
+        self.timeout = timeout
+        self.last_ok = start  # when a round of store calls last completed
+        self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
+        self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
+
+    def see(self, reading: Reading) -> None:
+        self.last_ok = max(self.last_ok, reading.at)
+        for rank, count in reading.counts.items():
+            peer = self.peers.get(rank)
+            if peer is not None and count != peer.count:
+                first = peer.count is None
+                peer.count, peer.changed = count, reading.at
+                if not first:
+                    peer.moves = (*peer.moves, reading.at)[-2:]
+        for rank, done in reading.done.items():
+            if rank in self.peers:
+                self.peers[rank].done = done
+        for rank in reading.bye:
+            if rank in self.peers:
+                self.peers[rank].bye = True
+
+    def store_silence(self, now: float) -> float:
+        return now - self.last_ok
+
+    def silence(self, rank: int) -> float:
+        """How long ``rank``'s counter has stood still, over reads that succeeded."""
+        return self.last_ok - self.peers[rank].changed
+
+    def lost(self, now: float) -> tuple[Lost, ...]:
+        """Nodes not done whose counter stood still for the timeout; for a worker, main when the store stopped
+        answering for the timeout (then the others cannot be judged: only what was already known is added)."""
+        out = []
+        for rank, peer in sorted(self.peers.items()):
+            if peer.done is not None:
+                continue
+            if rank == 0 and self.store_silence(now) >= self.timeout:
+                out.append(Lost(0, self.store_silence(now), store=True))
+            elif self.silence(rank) >= self.timeout:
+                out.append(Lost(rank, self.silence(rank)))
+        return tuple(out)
+
+    def failed(self) -> tuple[tuple[int, Done], ...]:
+        return tuple((r, p.done) for r, p in sorted(self.peers.items()) if p.done is not None and p.done.failed)
+
+    def alive_since(self, rank: int, since: float) -> bool:
+        """``rank`` beat after ``since``: two changes read after it (the first can be a beat sent before)."""
+        moves = self.peers[rank].moves
+        return len(moves) == 2 and moves[0] > since
+
+    def settled(self, now: float, since: float) -> bool:
+        """For a node whose torchrun returned at ``since``: whether it knows how every other node stands, i.e.
+        each is done, lost, or has beaten since (alive: it will see this node's done mark and act on it).
+
+        Node 0 also hosts the store: it is settled when every other node said bye or went silent."""
+        lost = {x.rank for x in self.lost(now)}
+        if self.rank == 0:
+            if self.store_gone:
+                return True  # its own store failing (never seen): nobody can read or write anything anyway
+            return all(peer.bye or self.silence(rank) >= self.timeout for rank, peer in self.peers.items())
+        if 0 in lost or (self.store_gone and self.peers[0].done is not None):
+            return True  # nothing more can be learned without the store
+        return all(
+            peer.done is not None or rank in lost or self.alive_since(rank, since) for rank, peer in self.peers.items()
+        )
+
+
+def alarm(watch: Watch, now: float) -> Alarm | None:
+    """While this node's torchrun runs: stop it when another node is lost or has failed, else None."""
+    lost, failed = watch.lost(now), watch.failed()
+    return Alarm(lost=lost, failed=failed) if lost or failed else None
+
+
+def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str]) -> Ending:
+    """After this node's torchrun returned with ``own.code`` (and its lingering, if any): the exit code and the line.
+
+    A lost node is the cause worth naming: exit 19 whenever one is found after this node's own job failed (gloo
+    usually ends the others first, "Connection closed by peer", before the heartbeat says who). A node that
+    succeeded still exits 0: every node had passed torchrun's exit barrier. A job that failed with no node lost
+    names every node whose torchrun failed, the first failure first (:func:`failure.first_failed`); this node exits
+    19 when that first failure was another node's, else with its own code.
+    """
+    lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
+    if raised is not None:
+        code = EXIT_OK if own.code == 0 else EXIT_PEER_LOST
+        return Ending(code, lost_line(lost, names, f"this node had stopped (exit {code})") if lost else None)
+    if not lost:
+        peers = watch.failed()
+        if own.code == 0 or (own.failure is None and not peers):
+            return Ending(own.code)
+        failed = [(watch.rank, own.code, own.failure), *((r, d.code, d.failure) for r, d in peers)]
+        first = first_failed([(r, f) for r, _, f in failed])[0][0]
+        code = own.code if first == watch.rank else EXIT_PEER_LOST
+        return Ending(code, failed_line(failed, names, f"the job failed (this node exits {code})"))
+    if own.code == 0:
+        return Ending(EXIT_OK, lost_line(lost, names, "after this node's job had succeeded"))
+    return Ending(EXIT_PEER_LOST, lost_line(lost, names, f"this node's job had ended with exit code {own.code}"))
+
+
+def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> str:
+    """``nodekit: node 2 (172.31.250.12, host h2) lost: no heartbeat for 15 s; <then>``"""
+    main = [x for x in lost if x.store]
+    silent = [x for x in lost if not x.store]
+    parts = []
+    if main:
+        parts.append(f"{who([0], names)} lost: main's store unreachable for {main[0].silent_s:.0f} s")
+    if silent:
+        parts.append(
+            f"{who([x.rank for x in silent], names)} lost: no heartbeat for {min(x.silent_s for x in silent):.0f} s"
+        )
+    return f"nodekit: {'; '.join(parts)}; {then}"
+
+
+def alarm_line(found: Alarm, names: Mapping[int, str]) -> str:
+    """The one line a node prints when its watchdog stops it."""
+    if found.lost:
+        return lost_line(found.lost, names, "stopping this node")
+    if len(found.failed) == 1:
+        rank, done = found.failed[0]
+        return f"nodekit: {node_failed(rank, done.code, done.failure, names)}; stopping this node"
+    return failed_line([(r, d.code, d.failure) for r, d in found.failed], names, "stopping this node")

@@ -1,0 +1,173 @@
+"""A node's compose project on an engine: up, logs, ps, wait, stop, down.
+
+Everything but ``ps`` runs as nodekit's own process (the command line built by python-on-whales, as for every call)
+in a process group of its own, listed in nodekit.system.proc's registry: a signal to nodekit ends ``docker compose up``
+and everything it started (the docker CLI, its ssh) before ``down`` runs, so nothing is created after the node was
+removed. Before, only a ``timeout`` wrapper was killed and the orphaned ``compose up`` created the container later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from nodekit.errors import DeadlineError, EngineError, ImageError
+from nodekit.system import proc
+from nodekit.system.docker import calls
+from nodekit.system.docker.calls import (
+    ENGINE_FIX,
+    LASTS_AS_LONG_AS_THE_JOB,
+    Engine,
+    compose_argv,
+    docker_argv,
+    fails,
+    stderr_tail,
+    where,
+)
+from nodekit.system.docker.models import ContainerState
+from nodekit.system.docker.streams import Drain
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _run(argv: list[str], what: str, host: str | None, deadline: float | proc.Unbounded) -> proc.Result:
+    """A compose or container call in its own process group, under ``deadline``: its result (the caller judges
+    the exit code), DeadlineError once the deadline stopped it."""
+    return proc.run(argv, deadline=deadline, what=f"{what} on {where(host)}", fix=calls.hung_fix(host),
+                    cause="the engine hung", stdin="devnull", group=True)  # fmt: skip
+
+
+_NO_IMAGE = re.compile(r"No such image: (\S+)")
+
+
+def compose_up(compose_file: Path, project: str, *, host: str | None = None) -> None:
+    """Create and start the node's container in the background (recreated if it exists) on ``host``'s engine.
+    ImageError naming the image and the push that fixes it when the engine lacks it (rendered files say
+    ``pull_policy: never``: a start never pulls)."""
+    argv = compose_argv(host, compose_file, project, "up", "--detach", "--force-recreate")
+    fix = f"docker compose -f {compose_file} up  (to see Docker's full output)"
+    try:
+        done = _run(argv, f"docker compose up of {compose_file}", host, calls.CONTAINER_START_S)
+    except DeadlineError:
+        _undo_up(compose_file, project, host)
+        raise
+    if done.returncode != 0:
+        # Nothing half-running: a container that was created but failed to start is removed again.
+        _undo_up(compose_file, project, host)
+        calls.check_engine(host, buildx=False)  # the engine or the Compose plugin missing: that precise line
+        missing = _NO_IMAGE.search(done.stderr)
+        if missing is not None:
+            ref = missing.group(1)
+            push = (
+                f"nodekit push {ref} --to {host}" if host else f"nodekit build, or nodekit push {ref} from its engine"
+            )
+            raise ImageError(f"image {ref} is not on {where(host)}, and a start never pulls it", fix=push)
+        raise EngineError(f"docker compose up failed for {compose_file}: {stderr_tail(done.stderr)}", fix=fix)
+
+
+def _undo_up(compose_file: Path, project: str, host: str | None) -> None:
+    """After a failed or hung ``up`` (not after Ctrl-C or a signal: the caller's ``down`` comes then)."""
+    with contextlib.suppress(Exception):
+        _run(compose_argv(host, compose_file, project, "down", "--remove-orphans"), "docker compose down", host,
+             calls.ENGINE_CALL_S)  # fmt: skip
+
+
+def compose_logs(
+    compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None, host: str | None = None
+) -> Iterator[str]:
+    """The job's output line by line; with ``follow`` it ends when the container stops. EngineError when the
+    stream is lost (over ssh://, a host that stops answering ends it within the connection's keepalive)."""
+    args = [
+        "logs",
+        "--no-color",
+        *(["--follow"] if follow else []),
+        "--no-log-prefix",
+        *(["--tail", tail] if tail else []),
+    ]
+    child = proc.start(compose_argv(host, compose_file, project, *args), deadline=LASTS_AS_LONG_AS_THE_JOB,
+                       what=f"docker compose logs of {project}", stdin="devnull", stdout="pipe", stderr="pipe",
+                       group=True)  # fmt: skip
+    assert child.stderr is not None
+    stderr = Drain(child.stderr)
+    try:
+        for line in child.lines():
+            # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
+            yield _ANSI.sub("", line).rstrip("\n")
+        code = child.wait()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if code != 0:
+        why = stderr_tail(stderr.text())
+        raise EngineError(f"lost the log stream of {project} on {where(host)}: {why}",
+                          fix=f"docker compose -p {project} ps  (is it running?)")  # fmt: skip
+
+
+def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:
+    e = Engine(host, compose_file=compose_file, project=project)
+    cannot = f"cannot list the containers of {project}"
+    with e.calling(f"docker compose ps of {project}", fails(EngineError, cannot, ENGINE_FIX)):
+        containers = e.docker.compose.ps(all=True)
+    states = []
+    for c in containers:
+        st = c.state
+        states.append(
+            ContainerState(
+                name=str(c.name),
+                status=str(st.status),
+                running=bool(st.running),
+                exit_code=None if st.running else st.exit_code,
+                image=str(c.config.image or "") if c.config else "",
+                started_at=str(st.started_at or ""),
+                finished_at=str(st.finished_at or ""),
+            )
+        )
+    return states
+
+
+def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:
+    """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked (over
+    ssh://, a host that stops answering is noticed within the connection's keepalive)."""
+    lost = f"lost {where(host)} while waiting for {project}"
+    ps = compose_argv(host, compose_file, project, "ps", "--quiet", "--all")
+    listed = _run(ps, f"docker compose ps of {project}", host, calls.ENGINE_CALL_S)
+    if listed.returncode != 0:
+        raise EngineError(f"{lost}: {stderr_tail(listed.stderr)}", fix=ENGINE_FIX)
+    ids = listed.stdout.split()
+    if not ids:
+        raise EngineError(f"compose project {project} has no container", fix="nodekit up")
+    done = _run(docker_argv(host, "container", "wait", ids[0]), "docker wait", host, LASTS_AS_LONG_AS_THE_JOB)
+    if done.returncode != 0 or not done.stdout.split():
+        raise EngineError(f"{lost}: {stderr_tail(done.stderr)}", fix=ENGINE_FIX)
+    return int(done.stdout.split()[0])
+
+
+def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
+    _stopping("stop", compose_file, project, timeout, None)
+
+
+def compose_down(
+    compose_file: Path | None, project: str, *, timeout: int | None = None, host: str | None = None
+) -> None:
+    _stopping("down", compose_file, project, timeout, host)
+
+
+def _stopping(verb: str, compose_file: Path | None, project: str, timeout: int | None, host: str | None) -> None:
+    args = [
+        verb,
+        *(["--remove-orphans"] if verb == "down" else []),
+        *(["--timeout", str(timeout)] if timeout is not None else []),
+    ]
+    done = _run(compose_argv(host, compose_file, project, *args), f"docker compose {verb} of {project}", host,
+                _stop_deadline(timeout))  # fmt: skip
+    if done.returncode != 0:
+        raise EngineError(f"docker compose {verb} of {project} on {where(host)} failed: {stderr_tail(done.stderr)}",
+                          fix=f"docker compose -p {project} {verb}")  # fmt: skip
+
+
+def _stop_deadline(timeout: int | None) -> float:
+    """Stopping waits up to ``timeout`` (Docker's default 10 s) per container before killing it, then removes."""
+    return (10 if timeout is None else timeout) + calls.ENGINE_CALL_S

@@ -1,0 +1,140 @@
+"""Images as byte streams, for shipping: ``docker save`` read in chunks, ``docker load`` fed in chunks.
+
+python-on-whales builds the command line here (host, context, TLS and config flags, as for every other call), but
+the byte streams run through nodekit.system.proc's processes: its load-from-iterator lets docker's stderr go to the
+terminal (a failed load could not say why) and cannot be cut off halfway, and cutting a load off is how a broken
+stream is kept from ever completing on a target. A ``docker load`` whose request body ends early registers
+nothing, so a target's existing images stay as they were. A signal to nodekit kills both at once (SIGKILL, not
+SIGTERM: a ``docker save`` blocked writing into a pipe nobody reads any more would sit out the grace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from typing import IO
+
+from nodekit.errors import ShipError
+from nodekit.system import proc
+from nodekit.system.docker.calls import docker_argv, stderr_tail, where
+from nodekit.system.docker.models import Loaded
+
+CHUNK = 1 << 20
+_STREAM = proc.Unbounded("a stream: whoever reads or feeds it closes or cuts it off")
+LOAD_STALL_S = 60.0
+"""``docker load`` that takes no byte for this long (a wedged engine, a frozen link) is stopped: a write into it
+blocked that long. A push also cuts such a target off from its side (nodekit.ship.fanout.STALL_S), so the other
+targets go on."""
+SAVE_STALL_S = 60.0
+"""``docker save`` that gives no byte for this long (a wedged engine, a dead link to ``--from``) is stopped: a stall
+deadline, not a total one, so a large image on a slow disk is never cut off while it moves. Read from this module
+at every save (a test changes it here)."""
+
+
+class Drain:
+    """Collects a pipe in a thread, so a chatty process never blocks on a full pipe while we feed it."""
+
+    def __init__(self, pipe: IO[bytes]) -> None:
+        import threading
+
+        self.data = b""
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.data = self._pipe.read()
+
+    def text(self, timeout: float = 10.0) -> str:
+        self._thread.join(timeout)
+        return self.data.decode(errors="replace")
+
+
+class SaveStream:
+    """The bytes of ``docker save REF`` on ``host``, in chunks. Iterating to the end raises ShipError when
+    docker save fails (its last stderr line says why); ``close`` stops it early."""
+
+    def __init__(self, ref: str, host: str | None = None) -> None:
+        self.ref = ref
+        self.host = host
+        fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
+        self._proc = proc.start(docker_argv(host, "image", "save", ref), stdin="devnull", stdout="pipe",
+                                stderr="pipe", deadline=proc.Stall(SAVE_STALL_S), group=True, stop_with=signal.SIGKILL,
+                                what=f"docker save {ref} on {where(host)}", fix=fix)  # fmt: skip
+        assert self._proc.stderr is not None
+        self._stderr = Drain(self._proc.stderr)
+
+    def __iter__(self) -> Iterator[bytes]:
+        """DeadlineError when the save stood still for :data:`SAVE_STALL_S`."""
+        out = self._proc.stdout
+        assert out is not None
+        while True:
+            with self._proc.waiting():
+                chunk = out.read(CHUNK)
+            if not chunk:
+                break
+            yield chunk
+        code = self._proc.wait()
+        self._proc.check()
+        if code != 0:
+            raise ShipError(f"docker save {self.ref} on {where(self.host)} failed: {stderr_tail(self._stderr.text())}")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+
+
+class LoadSink:
+    """Feeds ``docker load`` on ``host``. ``finish`` ends the stream and returns what was loaded; ``abort`` cuts
+    the request off so that the engine discards it. Failures raise ShipError carrying docker's own last line
+    (``LoadSink.stderr`` keeps all of it)."""
+
+    def __init__(self, host: str | None = None) -> None:
+        self.host = host
+        self.stderr = ""
+        fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
+        self._proc = proc.start(docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
+                                stderr="pipe", deadline=proc.Stall(LOAD_STALL_S), what=f"docker load on {where(host)}",
+                                fix=fix, group=True, stop_with=signal.SIGKILL)  # fmt: skip
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        self._stdout = Drain(self._proc.stdout)
+        self._stderr = Drain(self._proc.stderr)
+
+    def write(self, chunk: bytes) -> None:
+        stdin = self._proc.stdin
+        assert stdin is not None
+        try:
+            with self._proc.waiting():
+                stdin.write(chunk)
+        except (BrokenPipeError, ValueError):
+            self._proc.wait()
+            self._proc.check()  # it took nothing for LOAD_STALL_S: that, not the broken pipe, is the news
+            raise self._failure() from None
+
+    def finish(self) -> Loaded:
+        """The end of the stream, and the engine's answer. This waits for that answer: the caller bounds it (a
+        target that took every byte and never answers: nodekit.ship.outcome.answered_within) by :meth:`abort`."""
+        stdin = self._proc.stdin
+        assert stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            stdin.close()
+        if self._proc.wait() != 0:
+            raise self._failure()
+        refs, ids = [], []
+        for line in self._stdout.text().splitlines():
+            if line.startswith("Loaded image ID: "):
+                ids.append(line.removeprefix("Loaded image ID: ").strip())
+            elif line.startswith("Loaded image: "):
+                refs.append(line.removeprefix("Loaded image: ").strip())
+        return Loaded(refs=tuple(refs), ids=tuple(ids))
+
+    def abort(self) -> None:
+        self._proc.cut_off()
+
+    def _failure(self) -> ShipError:
+        self.stderr = self._stderr.text()
+        return ShipError(f"docker load on {where(self.host)} failed: {stderr_tail(self.stderr)}")
