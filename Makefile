@@ -6,11 +6,26 @@ VENV := .venv
 PY := $(VENV)/bin/python
 NODEKIT := $(VENV)/bin/nodekit
 DEMO := examples/ddp
+# The image store of the engine `make demo` uses: classic (overlay2, what an upgraded host keeps) or containerd
+# (Docker's containerd image store, the default of Engine 29 on fresh installs). `make demo STORE=containerd` starts
+# a second engine with that store beside the default one (its own socket, data root, no bridge) and runs the demo
+# there; `make test` starts it too, for the real-engine tests that run on both stores.
+STORE ?= classic
+CONTAINERD_SOCKET := /var/run/nodekit-containerd.sock
+CONTAINERD_ENGINE := --store containerd --socket $(CONTAINERD_SOCKET) --data-root /var/lib/nodekit-containerd \
+	--exec-root /var/run/nodekit-containerd --pidfile /var/run/nodekit-containerd.pid \
+	--log /var/log/nodekit-containerd.log -- --bridge=none --iptables=false --ip6tables=false
+ifeq ($(STORE),containerd)
+export DOCKER_HOST := unix://$(CONTAINERD_SOCKET)
+else ifneq ($(STORE),classic)
+$(error STORE is classic or containerd, not '$(STORE)')
+endif
 
-.PHONY: help venv engine sshd slurm base demo test test-unit test-docker lint format bench clean
+.PHONY: help venv engine engine-containerd sshd slurm base demo test test-unit test-docker lint format bench clean
 
 help:
 	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
+	@echo "                  (STORE=containerd: on an engine with Docker's containerd image store, Engine 29's default)"
 	@echo "make test         lint, then unit + real-Docker + multi-host tests (what CI runs)"
 	@echo "make test-unit    the unit tier only (no Docker)"
 	@echo "make test-docker  the real-Docker tier only (tests/integration; fails, never skips, without an engine)"
@@ -19,6 +34,7 @@ help:
 	@echo "make bench        nodekit vs bare torchrun, build times, image size, shipping (small and CUDA images; writes docs/benchmarks.md)"
 	@echo "make venv         .venv with nodekit and its dev tools"
 	@echo "make engine       make a Docker engine with Compose v2 and Buildx reachable (installs one on Debian as root)"
+	@echo "make engine-containerd  a second engine with the containerd image store on $(CONTAINERD_SOCKET)"
 	@echo "make sshd         install Debian's sshd binary for the multi-host tests (never a service)"
 	@echo "make slurm        install Slurm, munge and charliecloud's runtime for the Slurm tests (never a service)"
 	@echo "make base         build nodekit/base:bookworm when it is missing"
@@ -32,7 +48,15 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 engine:
+ifeq ($(STORE),containerd)
+	env -u DOCKER_HOST bash scripts/engine.sh
+	env -u DOCKER_HOST bash scripts/engine.sh $(CONTAINERD_ENGINE)
+else
 	bash scripts/engine.sh
+endif
+
+engine-containerd:
+	env -u DOCKER_HOST bash scripts/engine.sh $(CONTAINERD_ENGINE)
 
 # The fleet tests start Debian's sshd in every virtual host; this only installs the binary (never a service).
 sshd:
@@ -71,7 +95,7 @@ test-docker: venv engine base
 # a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker tier and the cluster tier run
 # side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
 # serial, in file order, as they share one engine's fixed ports or one set of namespace names.
-test: lint engine sshd slurm base
+test: lint engine engine-containerd sshd slurm base
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n 2 --dist loadgroup --durations=15
 

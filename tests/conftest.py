@@ -49,6 +49,26 @@ def docker_engine() -> None:
     unavailable("real-Docker tests", f"{problem} (run `make engine`)")
 
 
+CONTAINERD_HOST = os.environ.get("NODEKIT_CONTAINERD_HOST", "unix:///var/run/nodekit-containerd.sock")
+"""The engine with Docker's containerd image store that `make test` starts beside the default one
+(`make engine-containerd`): the real-engine tests that run on both stores use it as their second engine."""
+
+
+@pytest.fixture(scope="session")
+def containerd_engine(docker_engine: None) -> str:
+    """The DOCKER_HOST of the containerd-store engine; skips locally without one, fails in CI."""
+    proc = subprocess.run(
+        ["docker", "-H", CONTAINERD_HOST, "info", "--format", "{{json .DriverStatus}}"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0 or "containerd.snapshotter" not in proc.stdout:
+        why = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "it is not the containerd store"
+        unavailable("containerd-store tests", f"no containerd-store engine at {CONTAINERD_HOST}: {why} "
+                    "(run make engine-containerd)")  # fmt: skip
+    return CONTAINERD_HOST
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("docker") and "docker_engine" not in getattr(item, "fixturenames", ()):

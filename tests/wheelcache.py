@@ -8,11 +8,11 @@ it before a build (hard links: no copy, no download) with the wheels its lock na
 fetch are put back afterwards. ``nodekit build`` still checks every wheel against the lock's sha256, so a damaged
 cache entry is fetched again, never installed.
 
-The project's blob store (``.nodekit/blobs``: the code layers and image configs nodekit wrote) is kept beside the
-wheels, in ``<cache>/blobs``, for the same reason: a fresh checkout whose image the engine kept is then up to date
-at once, where without its store ``nodekit build`` writes the store again through a full BuildKit run (75 s for the
-CUDA example, most of it sending 3 GB of wheels as build context). Blobs are content-addressed and verified on
-every read, so a stale or damaged one is never used.
+The project's blob store (``.nodekit/blobs``: every layer above the base, configs and manifests nodekit wrote, and
+its small indexes) is kept beside the wheels, in ``<cache>/blobs``, for the same reason: a fresh checkout then finds
+every unchanged package layer there and builds none of them again (BuildKit runs only for a layer whose inputs
+changed), whichever engine and image store it builds on. Blobs are content-addressed and verified on every read,
+so a stale or damaged one is never used.
 
 Not part of nodekit: a user's machine keeps its wheelhouse in the project (or sets pip's find-links to a cache).
 """
@@ -88,8 +88,12 @@ def _locked_wheels(project: Path, folder: Path) -> list[Path]:
     return [w for w in sorted(folder.glob("*.whl")) if _key(w, python) in pins]
 
 
+BLOB_FOLDERS = ("sha256", "layers", "images", "bases")
+"""The blob store's folders: the blobs, and the indexes of package layers, images and base layers."""
+
+
 def _blob_files(root: Path) -> list[Path]:
-    return sorted(p for p in (root / "sha256").glob("*") if p.is_file() and len(p.name) == 64)
+    return sorted(p for p in root.glob("*") if p.is_file() and len(p.name) == 64)
 
 
 def prefill(project: Path, cache: Path = CACHE) -> int:
@@ -98,8 +102,8 @@ def prefill(project: Path, cache: Path = CACHE) -> int:
 
 
 def prefill_blobs(project: Path, cache: Path = CACHE) -> int:
-    """Link the kept blobs into ``project``'s blob store; returns how many were linked."""
-    return _link_missing(_blob_files(cache / "blobs"), project / BLOBS / "sha256")
+    """Link the kept blobs and indexes into ``project``'s blob store; returns how many were linked."""
+    return sum(_link_missing(_blob_files(cache / "blobs" / f), project / BLOBS / f) for f in BLOB_FOLDERS)
 
 
 def keep(project: Path, cache: Path = CACHE) -> int:
@@ -112,8 +116,10 @@ def keep(project: Path, cache: Path = CACHE) -> int:
 
 
 def keep_blobs(project: Path, cache: Path = CACHE) -> int:
-    """Put ``project``'s blobs that the cache lacks into it; returns how many."""
-    return _link_missing(_blob_files(project / BLOBS), cache / "blobs" / "sha256", best_effort=True)
+    """Put ``project``'s blobs and indexes that the cache lacks into it; returns how many."""
+    return sum(
+        _link_missing(_blob_files(project / BLOBS / f), cache / "blobs" / f, best_effort=True) for f in BLOB_FOLDERS
+    )
 
 
 def warm(project: Path, cache: Path = CACHE) -> None:

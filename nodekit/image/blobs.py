@@ -1,10 +1,13 @@
-"""The blobs nodekit itself wrote for a project's images: code layers and image configs, content-addressed.
+"""The blobs nodekit itself wrote for a project's images: every layer above the base, configs and manifests,
+content-addressed.
 
-``nodekit build`` writes the project's code layer and the final image's config (:mod:`nodekit.image.append`); both land
-here under their sha256, the layer under its diff id and the config under the image id. A push that needs only
-such blobs (the usual edit-run loop: every node has the environment, only the code changed) composes the archive
-from them instead of running ``docker save`` over the whole image (10-15 s for a 1.1 GB image on the test machine,
-whatever the size of the change).
+``nodekit build`` writes each layer of the image above its base (:mod:`nodekit.image.layers`), the image config and
+its manifest (:mod:`nodekit.image.archive`); they land here under their sha256, a layer under its diff id. A push
+composes every archive from them (only the layers a node lacks) instead of running ``docker save`` over the whole
+image, on either image store. Beside the blobs, two small indexes: ``layers/<key>`` names the package layer made
+from inputs with that key (so an unchanged layer is never built again), ``images/<config digest>`` the manifest of
+an image (so the image is found by either of its ids: the classic store's config digest, the containerd store's
+manifest digest).
 
 Every read is checked: a blob whose content no longer hashes to its name is deleted and reported missing, so a
 damaged store costs a slower push, never a wrong image. Writes go through a temporary file and a rename.
@@ -14,13 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from nodekit.image.archive import Descriptor, Image
 from nodekit.launcher.datacheck.filehash import file_sha256
 
 BLOBS = Path(".nodekit") / "blobs"
@@ -41,6 +47,16 @@ class _Hashing:
         self.h.update(data)
         self.n += len(data)
         return self._f.write(data)
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """A layer nodekit made: its diff id, size in bytes, entries (0: nothing to add) and what made it."""
+
+    diff_id: str
+    size: int
+    entries: int
+    created_by: str
 
 
 class BlobStore:
@@ -113,6 +129,56 @@ class BlobStore:
     def touch(self, digest: str) -> None:
         with contextlib.suppress(OSError):
             os.utime(self.path(digest))
+
+    def _index(self, kind: str, key: str) -> Path:
+        if not key or any(c not in "0123456789abcdef" for c in key.removeprefix("sha256:")):
+            raise ValueError(f"not a hex key: {key!r}")
+        return self.root / kind / key.removeprefix("sha256:")
+
+    def _write_index(self, path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".incoming.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    def layer(self, key: str) -> LayerRecord | None:
+        """The layer made from inputs with ``key`` when its blob is still here (checked against its digest)."""
+        try:
+            record = LayerRecord(**json.loads(self._index("layers", key).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+        if self.verified_path(record.diff_id) is None:
+            return None
+        return record
+
+    def set_layer(self, key: str, record: LayerRecord) -> None:
+        self._write_index(self._index("layers", key), json.dumps(asdict(record)))
+
+    def keep_image(self, image: Image) -> None:
+        """Keep ``image``'s config and manifest, findable by either of its ids."""
+        self.put_bytes(image.config)
+        self.put_bytes(image.manifest)
+        self._write_index(self._index("images", image.config_digest), image.manifest_digest + "\n")
+
+    def image(self, image_id: str) -> Image | None:
+        """The image an engine names ``image_id`` (its config digest on the classic store, its manifest digest on
+        the containerd store), when this store holds its config, manifest and every layer nodekit made for it."""
+        manifest_digest = image_id
+        with contextlib.suppress(OSError, ValueError):
+            manifest_digest = self._index("images", image_id).read_text().strip()
+        raw = self.read_verified(manifest_digest) if manifest_digest.startswith("sha256:") else None
+        if raw is None:
+            return None
+        try:
+            doc = json.loads(raw)
+            config = self.read_verified(str(doc["config"]["digest"]))
+            layers = tuple(Descriptor.from_json(d) for d in doc["layers"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        if config is None:
+            return None
+        return Image(config=config, layers=layers)
 
     def prune(self, *, keep: frozenset[str] = frozenset(), older_than_s: float = KEEP_DAYS * 86400) -> int:
         """Remove blobs unused for ``older_than_s`` (and leftovers of interrupted writes), except ``keep``; how

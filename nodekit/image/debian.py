@@ -11,13 +11,10 @@ it out.
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
 import platform
 import shutil
-import tarfile
 import tempfile
 import time
 from collections.abc import Mapping
@@ -27,6 +24,7 @@ from pydantic import BaseModel
 
 from nodekit.config.settings import Settings
 from nodekit.errors import ImageError
+from nodekit.image.archive import Image, archive, layer_descriptor
 from nodekit.image.plan import SOURCE_DATE_EPOCH
 from nodekit.launcher.datacheck.filehash import file_sha256
 from nodekit.system import docker, proc
@@ -145,21 +143,17 @@ def image_config(plan: BasePlan, layer_sha256: str) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-def write_load_archive(plan: BasePlan, rootfs: Path, out: Path) -> str:
-    """Write a ``docker load`` archive of ``rootfs`` as ``plan.tag`` to ``out``; returns the image id it will have."""
-    config = image_config(plan, file_sha256(rootfs))
-    config_name = hashlib.sha256(config).hexdigest() + ".json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": [plan.tag], "Layers": ["layer.tar"]}]).encode()
-    with tarfile.open(out, "w") as t:
-        for name, data in ((config_name, config), ("manifest.json", manifest)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(data), plan.source_date_epoch
-            t.addfile(info, io.BytesIO(data))
-        info = t.gettarinfo(str(rootfs), "layer.tar")
-        info.mtime, info.uid, info.gid, info.uname, info.gname = plan.source_date_epoch, 0, 0, "", ""
-        with rootfs.open("rb") as f:
-            t.addfile(info, f)
-    return "sha256:" + config_name.removesuffix(".json")
+def write_load_archive(plan: BasePlan, rootfs: Path, out: Path) -> Image:
+    """Write a ``docker load`` archive of ``rootfs`` as ``plan.tag`` to ``out`` (:mod:`nodekit.image.archive`: it
+    loads on both image stores, the layer uncompressed, so a containerd-store engine holds it under its diff id as a
+    classic one does); returns the image, whose ``id_on`` says the id each store gives it."""
+    digest = "sha256:" + file_sha256(rootfs)
+    image = Image(config=image_config(plan, digest.removeprefix("sha256:")),
+                  layers=(layer_descriptor(digest, rootfs.stat().st_size),))  # fmt: skip
+    with out.open("wb") as f:
+        for chunk in archive(image, plan.tag, {digest: rootfs}):
+            f.write(chunk)
+    return image
 
 
 def own_suite(tag: str) -> str | None:
@@ -285,10 +279,11 @@ def create_base(
         rep.step(f"bootstrapping Debian {plan.suite} (minbase + {', '.join(plan.packages)})")
         _run(plan.argv, dict(plan.env), rep)
         rep.step(f"loading it as {tag}")
-        archive = Path(tmp) / "image.tar"
-        expected = write_load_archive(plan, rootfs, archive)
-        docker.load_archive(archive)
+        archive_path = Path(tmp) / "image.tar"
+        image = write_load_archive(plan, rootfs, archive_path)
+        docker.load_archive(archive_path)
         info = docker.require_image(tag)
+        expected = image.id_on(docker.engine_facts(None).containerd_store)
         if info.id != expected:
             raise ImageError(f"docker loaded {tag} as {info.id}, expected {expected}", fix="nodekit base")
     seconds = round(time.monotonic() - t0, 1)

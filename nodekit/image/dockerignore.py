@@ -11,9 +11,11 @@ from dataclasses import dataclass
 from nodekit.errors import ConfigError
 
 # Always left out of the user's code tree, before the user's own .dockerignore (whose `!` lines can override).
-# .nodekit holds the staging area and the wheelhouse; .dockerignore is filtering input, not code; the lock is
-# deliberately NOT excluded: the image carries the lock it was built from.
-DEFAULT_EXCLUDES: tuple[str, ...] = (".git", ".nodekit", ".dockerignore", "**/__pycache__", "**/*.pyc")
+# .nodekit holds the staging area and the wheelhouse; .dockerignore is filtering input, not code; nodekit.toml says
+# how the job runs (nodes, hosts, timeouts, environment), not what the container holds, so changing it never
+# changes the image (what the image holds from it, the packages and the base, enters through the lock and the
+# base). The lock is deliberately NOT excluded: the image carries the lock it was built from.
+DEFAULT_EXCLUDES: tuple[str, ...] = (".git", ".nodekit", ".dockerignore", "nodekit.toml", "**/__pycache__", "**/*.pyc")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from nodekit.image.locklayers import split_lock
 from nodekit.system.frozen import FROZEN
 
 # Bump when the encoding below changes: old and new fingerprints must never collide.
-FINGERPRINT_SCHEME = "nodekit-stack-v2"
+FINGERPRINT_SCHEME = "nodekit-stack-v3"
 TAG_LENGTH = 12
 
 

@@ -58,6 +58,40 @@ STAGE_DOCKERFILE = "Dockerfile"
 # builds of the same inputs give the same image id. `docker images` therefore shows the same "created" for all.
 SOURCE_DATE_EPOCH = 1735689600
 
+# What images/Dockerfile's ENV, WORKDIR and ENTRYPOINT lines give every image (nodekit writes the config itself:
+# nodekit/image/layers.py; tests/unit hold the Dockerfile to these). ${PATH} is the base's PATH.
+IMAGE_ENV = {
+    "VIRTUAL_ENV": "/opt/venv",
+    "PATH": "/opt/venv/bin:${PATH}",
+    "PYTHONPATH": "/opt/nodekit",
+    "PYTHONUNBUFFERED": "1",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+}
+WORKDIR = "/workspace"
+ENTRYPOINT = ("/opt/venv/bin/python", "-m", "nodekit.launcher")
+
+
+class PackageLayer(BaseModel):
+    """One of the image's package layers: its name, the Dockerfile stage that exports its files, what it holds."""
+
+    model_config = FROZEN
+
+    name: str
+    target: str
+    what: str
+
+
+PACKAGE_LAYERS = (
+    PackageLayer(name="env", target="layer-env", what="Python environment (and CUDA libraries)"),
+    PackageLayer(name="framework", target="layer-framework", what="framework (torch)"),
+    PackageLayer(name="packages", target="layer-packages", what="packages"),
+)
+LAYER_SCHEME = "nodekit-layer-v1"
+"""Bump when the way a package layer is made changes (the Dockerfile's stages are an input already): a layer kept
+under an old key must not be reused."""
+
 # Arguments the Dockerfile declares after the last filesystem step: metadata only, so they never invalidate a
 # layer, and they are not fingerprint inputs (they are derived from the inputs, the fingerprint among them).
 METADATA_ARGS = (
@@ -98,6 +132,9 @@ class BuildPlan(BaseModel):
     code_bytes: int
     launcher_files: int
     no_cache: bool = False
+    layer_keys: tuple[tuple[str, str], ...] = ()
+    """Per package layer (:data:`PACKAGE_LAYERS`), the sha256 of everything its files depend on: the blob store
+    keeps a layer under it, so an unchanged layer is never built or exported again."""
 
     def describe(self) -> str:
         """The plan as text, for ``nodekit build --dry-run``."""
@@ -121,6 +158,29 @@ class BuildPlan(BaseModel):
             rows.append(("cache", "disabled (--no-cache)"))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def layer_key(plan: BuildPlan, name: str) -> str:
+    """The key the blob store keeps the package layer ``name`` of ``plan`` under."""
+    return dict(plan.layer_keys)[name]
+
+
+def layer_keys(base_id: str, lock_text: str, dockerfile_text: str, args: Mapping[str, str]) -> dict[str, str]:
+    """Pure: each package layer's key. The environment layer depends on the base, the Dockerfile, the build
+    arguments and the CUDA libraries' pins; the framework and packages layers on the environment and their own pins
+    (each is built on the environment alone); the packages layer also carries the whole lock (it is copied in)."""
+    split = split_lock(lock_text)
+
+    def key(**parts: str) -> str:
+        return sha256_text(json.dumps({"scheme": LAYER_SCHEME, **parts}, sort_keys=True))
+
+    env = key(base=base_id, dockerfile=sha256_text(dockerfile_text), args=json.dumps(sorted(args.items())),
+              lock=sha256_text(split.cuda_libs))  # fmt: skip
+    return {
+        "env": env,
+        "framework": key(env=env, lock=sha256_text(split.framework)),
+        "packages": key(env=env, lock=sha256_text(split.packages), whole=sha256_text(lock_text)),
+    }
 
 
 def input_build_args(base_image: str, base_python: str = "python3", base_site: Sequence[str] = ()) -> dict[str, str]:
@@ -230,18 +290,24 @@ def plan_build(
         code_bytes=sum(e.size for e in code),
         launcher_files=sum(1 for e in launcher if e.kind == "file"),
         no_cache=no_cache,
+        layer_keys=tuple(layer_keys(base_id, lock_text, dockerfile_text, args).items()),
     )
 
 
 __all__ = [
     "CUDA_LIBS_PACKAGE",
     "DEFAULT_EXCLUDES",
+    "ENTRYPOINT",
     "FINGERPRINT_SCHEME",
     "FRAMEWORK_PACKAGE",
+    "IMAGE_ENV",
+    "PACKAGE_LAYERS",
     "TAG_LENGTH",
+    "WORKDIR",
     "BuildPlan",
     "IgnoreRules",
     "LockLayers",
+    "PackageLayer",
     "StackInputs",
     "TreeEntry",
     "fingerprint",
@@ -249,6 +315,8 @@ __all__ = [
     "image_labels",
     "image_tag",
     "input_build_args",
+    "layer_key",
+    "layer_keys",
     "normal_mode",
     "parse_dockerignore",
     "plan_build",

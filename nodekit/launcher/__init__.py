@@ -49,7 +49,7 @@ NODEKIT_PREFLIGHT                  1         0 skips preflight
 NODEKIT_PREFLIGHT_PORT             PORT+1    preflight store port on main; must differ from MASTER_PORT
 NODEKIT_OUTPUT_DIR                 /outputs  for the training script; the launcher only passes it on
 NODEKIT_FINGERPRINT                ""        the image's stack fingerprint (baked into the image as ENV)
-NODEKIT_IMAGE_ID                   ""        the image id, when the host passes it
+NODEKIT_IMAGE_ID                   ""        the image's identity (one value on either image store), from the host
 NODEKIT_ALLOW_HETEROGENEOUS_GPUS   0         1: GPU model/count and processes per node may differ (notes)
 GLOO_SOCKET_IFNAME / NCCL_...      unset     the interface toward main; shown in the start line
 =================================  ========  ====================================================================

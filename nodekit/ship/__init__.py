@@ -31,6 +31,7 @@ Split by responsibility; this package re-exports the public names, so ``from nod
 from __future__ import annotations
 
 from nodekit.errors import EngineError
+from nodekit.image.archive import chain_ids, chains_of
 from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push
 from nodekit.ship.files import LoadedFile, Saved, load, save
@@ -50,8 +51,6 @@ from nodekit.ship.plan import (
     Step,
     Target,
     TargetState,
-    chain_ids,
-    chains_of,
     choose_codec,
     codec_for_file,
     format_layer_list,

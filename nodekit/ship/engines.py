@@ -13,9 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nodekit.errors import NodekitError
+from nodekit.image.archive import chains_of
 from nodekit.image.blobs import BlobStore
+from nodekit.image.plan import LABEL_BASE
 from nodekit.ship.disk import remote_free
-from nodekit.ship.plan import Source, Target, TargetState, chains_of, sized_layers
+from nodekit.ship.plan import Layer, Source, Target, TargetState, sized_layers
 from nodekit.system import docker
 
 
@@ -25,24 +27,31 @@ def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = Non
     this image (``nodekit build`` wrote its config and code layer there) are noted: they travel without a
     ``docker save``."""
     info = docker.require_image(ref, endpoint)
-    with ThreadPoolExecutor(max_workers=3) as asks:  # independent queries: at once, not one after the other
-        f_facts = asks.submit(docker.engine_facts, endpoint)
-        f_ids = asks.submit(docker.image_layers, info.id, endpoint)
-        f_sizes = asks.submit(docker.history_sizes, info.id, endpoint)
-    facts = f_facts.result()
-    layers = sized_layers(f_ids.result(), f_sizes.result())
     blobs = BlobStore(store) if store is not None else None
-    cached = frozenset(layer.diff_id for layer in layers if blobs is not None and blobs.has(layer.diff_id))
+    image = blobs.image(info.id) if blobs is not None else None
+    with ThreadPoolExecutor(max_workers=2) as asks:  # independent queries: at once, not one after the other
+        f_facts = asks.submit(docker.engine_facts, endpoint)
+        f_sizes = asks.submit(docker.history_sizes, info.id, endpoint) if image is None else None
+    facts = f_facts.result()
+    if image is not None and blobs is not None:
+        # An image nodekit wrote: its layers and their sizes are exact, and every layer above the base is a blob here.
+        layers = tuple(Layer(d, desc.size) for d, desc in zip(image.diff_ids, image.layers, strict=True))
+        cached = frozenset(d for d, desc in zip(image.diff_ids, image.layers, strict=True) if blobs.has(desc.digest))
+        base = info.labels.get(LABEL_BASE) or None
+        return Source(blob_store=store, cached_layers=cached, ref=ref, image_id=info.id, size=info.size,
+                      engine_id=facts.engine_id, endpoint=endpoint, layers=layers,
+                      containerd_store=facts.containerd_store, identity=info.identity,
+                      ids=(image.config_digest, image.manifest_digest), base_ref=base)  # fmt: skip
+    assert f_sizes is not None
     return Source(
-        blob_store=store if blobs is not None and blobs.has(info.id) and not facts.containerd_store else None,
-        cached_layers=cached,
         ref=ref,
         image_id=info.id,
         size=info.size,
         engine_id=facts.engine_id,
         endpoint=endpoint,
-        layers=layers,
+        layers=sized_layers(info.layers, f_sizes.result()),
         containerd_store=facts.containerd_store,
+        identity=info.identity,
     )
 
 
@@ -66,17 +75,18 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             return TargetState(target=t, error=e.message)
         with ThreadPoolExecutor(max_workers=4) as asks:
             f_ref = asks.submit(docker.image_info, source.ref, t.endpoint)
-            f_id = asks.submit(docker.image_info, source.image_id, t.endpoint)
+            own_id = source.id_on(facts.containerd_store)
+            f_id = asks.submit(docker.image_info, own_id, t.endpoint) if own_id else None
             f_layers = asks.submit(docker.layer_lists, t.endpoint)
             # An engine elsewhere: its free disk over SSH (df under its data root), for the plan's room check.
             f_free = asks.submit(remote_free, t.endpoint, facts.root_dir) if facts.free_bytes is None else None
         try:
-            at_ref, by_id = f_ref.result(), f_id.result()
-            has_image = by_id is not None and by_id.id == source.image_id
+            at_ref, by_id = f_ref.result(), (f_id.result() if f_id is not None else None)
+            has_image = by_id is not None and by_id.id == own_id
             chains = None
-            # Leaving layers out relies on the classic layer store's load (chain ids); the containerd store loads
-            # differently, so it gets the whole image. (No engine-ID test here: two engines can share one.)
-            if not has_image and not facts.containerd_store:
+            # Both stores reuse a layer whose chain they hold (the classic layer store by chain id, the containerd
+            # store's snapshotter by the same chain id): those layers are left out of the archive.
+            if not has_image:
                 chains = chains_of(f_layers.result())
         except NodekitError as e:
             return TargetState(target=t, error=e.message)
@@ -85,6 +95,7 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             engine_id=facts.engine_id,
             server_version=facts.server_version,
             ref_id=at_ref.id if at_ref else None,
+            ref_identity=at_ref.identity if at_ref else None,
             has_image=has_image,
             free_bytes=facts.free_bytes if f_free is None else f_free.result(),
             chains=chains,

@@ -79,7 +79,7 @@ def push(
         if s.action == "tag":
             t0 = time.monotonic()
             try:
-                docker.tag_image(src.image_id, src.ref, s.target.endpoint)
+                docker.tag_image(s.image_id, src.ref, s.target.endpoint)
                 _verify(src, s)
             except NodekitError as e:
                 result.failures[s.target.name] = _as_ship_error(e, s.target)

@@ -18,34 +18,14 @@ from __future__ import annotations
 import re
 import tarfile
 from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
 
-from nodekit.image import append
+from nodekit.image import archive
+from nodekit.image.archive import BLOCK, CHUNK, ChunkReader, Member, blob_name
 from nodekit.image.blobs import BlobStore
 from nodekit.ship.plan import Source
-
-BLOCK, CHUNK = append.BLOCK, append.CHUNK
-
-
-class _Reader:
-    """A file-like ``read(n)`` over an iterator of chunks (what ``tarfile`` in stream mode reads from)."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._it = iter(chunks)
-        self._buf = bytearray()
-        self.n = 0
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._buf) < n:
-            try:
-                self._buf += next(self._it)
-            except StopIteration:
-                break
-        if n < 0:
-            n = len(self._buf)
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        self.n += len(out)
-        return out
+from nodekit.system import docker
 
 
 class WithoutLayers:
@@ -54,8 +34,8 @@ class WithoutLayers:
     archive, or ends early, raises ``tarfile.TarError`` (the caller cuts the targets off)."""
 
     def __init__(self, chunks: Iterable[bytes], skip: frozenset[str]) -> None:
-        self._reader = _Reader(chunks)
-        self._names = {append.blob_name(d): d for d in skip}
+        self._reader = ChunkReader(chunks)
+        self._names = {blob_name(d): d for d in skip}
         self.skipped: list[str] = []
         self.skipped_bytes = 0
 
@@ -84,23 +64,72 @@ class WithoutLayers:
 
 
 def from_store(src: Source, skip: frozenset[str]) -> Iterator[bytes] | None:
-    """The archive of ``src`` without the layer files ``skip``, composed from the blob store ``nodekit build``
-    wrote (its config and code layer; see :mod:`nodekit.image.append`), or None when the store cannot give every file
-    that must travel: then ``docker save`` does. Every blob is checked against its digest before it is used."""
+    """The archive of ``src`` without the layers ``skip``, composed from the blob store ``nodekit build`` wrote (every
+    layer above the base; see :mod:`nodekit.image.layers`) and, for base layers a target lacks, from a ``docker
+    save`` of the base alone; or None when that cannot give every file that must travel (then ``docker save`` of the
+    image does). Every blob from the store is checked against its digest before it is used."""
     if not src.from_store(skip) or src.blob_store is None:
         return None
     store = BlobStore(src.blob_store)
-    config = store.read_verified(src.image_id)
-    if config is None:
+    image = store.image(src.image_id)
+    if image is None:
         return None
-    files = {}
-    for layer in src.layers:
-        if layer.diff_id in skip or layer.diff_id in files:
+    files, from_base = {}, set()
+    for diff_id, desc in zip(image.diff_ids, image.layers, strict=True):
+        if diff_id in skip or desc.digest in files:
             continue
-        path = store.verified_path(layer.diff_id)
-        if path is None:
+        path = store.verified_path(desc.digest)
+        if path is not None:
+            files[desc.digest] = path
+        elif src.base_ref is not None:
+            from_base.add(desc.digest)
+        else:
             return None
-        files[layer.diff_id] = path
     # An image named by its id is loaded untagged, as docker save writes it.
     named = not re.fullmatch(r"(sha256:)?[0-9a-f]{6,64}", src.ref)
-    return append.archive(config, src.image_id, src.ref if named else None, files)
+    ref = src.ref if named else None
+    if not from_base:
+        return archive.archive(image, ref, files)
+    return _with_base(image, ref, files, src, from_base)
+
+
+def _with_base(
+    image: archive.Image, ref: str | None, files: dict[str, Path], src: Source, wanted: set[str]
+) -> Iterator[bytes]:
+    """The archive with the base's layers ``wanted`` read out of ``docker save`` of the base (on the source engine)
+    as it streams: only the base is read, never the image above it."""
+    assert src.base_ref is not None
+    save = docker.SaveStream(src.base_ref, src.endpoint)
+    try:
+        members = _blobs_of(save, wanted)
+        yield from archive.archive(image, ref, files, members)
+    finally:
+        save.close()
+
+
+def _blobs_of(chunks: Iterable[bytes], wanted: set[str]) -> Iterator[Member]:
+    """The blobs ``wanted`` of a ``docker save`` stream, each handed out while the stream stands at it (its bytes
+    must be read before the next is asked for). ShipError when the save lacks one."""
+    from nodekit.errors import ShipError
+
+    left = set(wanted)
+    with tarfile.open(fileobj=ChunkReader(chunks), mode="r|", bufsize=CHUNK) as tar:  # type: ignore[call-overload]
+        for member in tar:
+            digest = "sha256:" + member.name.rsplit("/", 1)[-1]
+            if not member.isfile() or not member.name.startswith("blobs/sha256/") or digest not in left:
+                continue
+            left.discard(digest)
+            data = tar.extractfile(member)
+            assert data is not None
+            yield Member(digest, member.size, _read_all(data))
+    if left:
+        raise ShipError(f"docker save of the base image {src_name(left)} lacks layers the image names")
+
+
+def _read_all(f: IO[bytes]) -> Iterator[bytes]:
+    while piece := f.read(CHUNK):
+        yield piece
+
+
+def src_name(left: set[str]) -> str:
+    return ", ".join(sorted(d[7:19] for d in left))

@@ -94,17 +94,24 @@ def as_ship_error(e: NodekitError, target: Target) -> ShipError:
 
 
 def verify(src: Source, step: Step) -> None:
-    """The image id ``ref`` names on the target must be the source's; else the old name is put back."""
+    """The image ``ref`` names on the target must be the source's: the id that target's store gives it, and the
+    same identity (layers and configuration, as both stores report them); else the old name is put back."""
     got = docker.image_info(src.ref, step.target.endpoint)
-    if got is not None and got.id == src.image_id:
+    want = step.image_id
+    if (
+        got is not None
+        and (not want or got.id == want)
+        and (want or src.identity)
+        and (not src.identity or got.identity == src.identity)
+    ):
         return
     if step.previous_id is not None:
         docker.tag_image(step.previous_id, src.ref, step.target.endpoint)
     found = short_id(got.id) if got else "nothing"
     raise ShipError(
-        f"after loading, {src.ref} on {step.target.name} is {found}, not {short_id(src.image_id)} as on the source",
-        fix=f"nodekit push again; if it repeats, compare `docker image inspect {src.ref}` on both engines "
-        "(both must use the same image store: the containerd store names images by manifest, not by config)",
+        f"after loading, {src.ref} on {step.target.name} is {found}, not {short_id(want or src.image_id)} as it "
+        "must be",
+        fix=f"nodekit push again; if it repeats, compare `docker image inspect {src.ref}` on both engines",
         node=step.target.name,
     )
 

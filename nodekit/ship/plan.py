@@ -9,7 +9,6 @@ target is unreachable, named twice or short of disk. :func:`parse_target` reads 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,8 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from nodekit.errors import ShipError, UsageError
-from nodekit.image.append import EMPTY_LAYER
+from nodekit.image.archive import chain_ids
+from nodekit.image.layers import EMPTY_LAYER
 
 Codec = Literal["none", "gzip", "zstd"]
 Compress = Literal["auto", "none", "gzip", "zstd"]
@@ -80,25 +80,6 @@ def sized_layers(diff_ids: Sequence[str], history_sizes: Sequence[int]) -> tuple
         return tuple(Layer(d, 0) for d in diff_ids)
     rest = iter(sized)
     return tuple(Layer(d, 0 if d == EMPTY_LAYER else next(rest)) for d in diff_ids)
-
-
-def chain_ids(diff_ids: Sequence[str]) -> tuple[str, ...]:
-    """The chain id of every prefix of ``diff_ids`` (base first), as Docker's layer store names layers: the first
-    is the first diff id, each next one ``sha256(previous chain id + " " + diff id)``. An engine reuses a layer only
-    when the layer *and everything below it* match, which is what a chain id identifies."""
-    chains: list[str] = []
-    for d in diff_ids:
-        if not chains:
-            chains.append(d)
-        else:
-            chains.append("sha256:" + hashlib.sha256(f"{chains[-1]} {d}".encode()).hexdigest())
-    return tuple(chains)
-
-
-def chains_of(images: Iterable[Sequence[str]]) -> frozenset[str]:
-    """Every chain id an engine holds, given each of its images' diff ids: the layer store keeps a layer with the
-    whole chain below it, so every prefix of every image is there."""
-    return frozenset(c for diff_ids in images for c in chain_ids(diff_ids))
 
 
 @dataclass(frozen=True)
@@ -188,8 +169,10 @@ class TargetState:
     server_version: str = ""
     ref_id: str | None = None
     """The image id that the pushed reference names there (None: no such reference)."""
+    ref_identity: str | None = None
+    """That image's identity (:attr:`nodekit.system.docker.ImageInfo.identity`: equal for one image on any store)."""
     has_image: bool = False
-    """The source's image id is there (under whatever name)."""
+    """The source's image is there (under whatever name), with the id that target's store gives it."""
     free_bytes: int | None = None
     chains: frozenset[str] | None = None
     """Every layer chain id the target's engine holds; None when unknown (then every layer is sent)."""
@@ -209,15 +192,32 @@ class Source:
     containerd_store: bool = False
     """The source engine keeps images in Docker's containerd image store (ids are manifest digests there)."""
     blob_store: Path | None = None
-    """A :class:`nodekit.image.blobs.BlobStore` holding this image's config (``nodekit build`` wrote it), or None."""
+    """A :class:`nodekit.image.blobs.BlobStore` holding this image (``nodekit build`` wrote it), or None."""
     cached_layers: frozenset[str] = frozenset()
     """The diff ids whose layer files that store holds: a target that needs only these gets them from the store,
     without a ``docker save`` of the whole image."""
+    identity: str = ""
+    """What every store agrees this image is (:attr:`nodekit.system.docker.ImageInfo.identity`)."""
+    ids: tuple[str, str] = ("", "")
+    """The id a classic-store and a containerd-store engine give the image once loaded (config digest, manifest
+    digest): known when nodekit wrote the image (``blob_store``); else ("", "")."""
+    base_ref: str | None = None
+    """An image on the source engine holding the layers below nodekit's own (the base), read with ``docker save``
+    when a target lacks them; None when unknown."""
+
+    def id_on(self, containerd_store: bool) -> str:
+        """The id this image has on an engine with that store; "" when unknown (an image nodekit did not write, on
+        the other store: it is then recognized by its :attr:`identity` alone)."""
+        if self.ids[0]:
+            return self.ids[1] if containerd_store else self.ids[0]
+        return self.image_id if containerd_store == self.containerd_store else ""
 
     def from_store(self, skip: frozenset[str]) -> bool:
-        """Whether a target that has the layers ``skip`` can be sent the rest from the blob store."""
+        """Whether a target that has the layers ``skip`` can be sent the rest without a ``docker save`` of the
+        whole image: from the blob store, and the base's layers from the base."""
         return self.blob_store is not None and all(
-            layer.diff_id in self.cached_layers or layer.diff_id in skip for layer in self.layers
+            layer.diff_id in self.cached_layers or layer.diff_id in skip or self.base_ref is not None
+            for layer in self.layers
         )
 
 
@@ -231,6 +231,8 @@ class Step:
     """The id ``ref`` named on the target before the push: restored there if verification fails."""
     layers: LayerPlan | None = None
     """For a load: which layers travel and which the target has (None: the whole image travels)."""
+    image_id: str = ""
+    """The id the image has (or will have) on the target's engine: it depends on that engine's image store."""
 
 
 @dataclass(frozen=True)
@@ -307,10 +309,6 @@ def plan_push(
             fix=reach_fix(first.target.endpoint),
             node=first.target.name,
         )
-    for st in states:
-        if st.containerd_store != source.containerd_store and not same_engine(source, st):
-            raise ShipError(mixed_stores(st.target.name, target_containerd=st.containerd_store), fix=STORE_FIX,
-                            node=st.target.name)  # fmt: skip
     if compress == "zstd":
         raise UsageError(f"--compress zstd is refused: {ZSTD_LOAD_CRASH}", fix="--compress gzip (or auto)")
     steps = []
@@ -318,10 +316,14 @@ def plan_push(
         t = st.target
         if same_engine(source, st):
             steps.append(Step(t, "skip", "is the source engine itself"))
-        elif st.ref_id == source.image_id:
+        elif st.ref_id is not None and (
+            st.ref_id == source.id_on(st.containerd_store)
+            or (bool(source.identity) and st.ref_identity == source.identity)
+        ):
             steps.append(Step(t, "skip", f"already has {short_id(source.image_id)}"))
         elif st.has_image:
-            steps.append(Step(t, "tag", "has the image under another name", previous_id=st.ref_id))
+            steps.append(Step(t, "tag", "has the image under another name", previous_id=st.ref_id,
+                              image_id=source.id_on(st.containerd_store)))  # fmt: skip
         else:
             layers = None
             if source.layers and st.chains is not None:
@@ -340,7 +342,10 @@ def plan_push(
             reason = "has an older image under this name" if st.ref_id else "does not have the image"
             if source.engine_id and st.engine_id == source.engine_id:
                 reason += f" (its engine ID is the source's, {source.engine_id}: {SHARED_ID})"
-            steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id, layers=layers))
+            if st.containerd_store != source.containerd_store:
+                reason += " (it keeps images in the other image store: loaded as an archive both stores read)"
+            steps.append(Step(t, "load", reason, codec=codec, previous_id=st.ref_id, layers=layers,
+                              image_id=source.id_on(st.containerd_store)))  # fmt: skip
     return PushPlan(source=source, steps=tuple(steps))
 
 
@@ -353,23 +358,6 @@ def same_engine(source: Source, st: TargetState) -> bool:
     was created (Docker >= 23 takes the ID from it). The source engine holds the image under the pushed name, so a
     target with the source's ID that does not is another engine, and is sent the image."""
     return bool(source.engine_id) and st.engine_id == source.engine_id and st.ref_id == source.image_id
-
-
-STORE_FIX = (
-    'use one image store on every node: the same "features": {"containerd-snapshotter": true|false} in each '
-    "node's /etc/docker/daemon.json, restart docker there, then nodekit push again"
-)
-
-
-def mixed_stores(target: str, *, target_containerd: bool) -> str:
-    """Why a push between engines with different image stores is refused: the stores give one image two ids."""
-    stores = ("Docker's containerd image store", "the classic layer store")
-    there, here = stores if target_containerd else stores[::-1]
-    return (
-        f"{target} keeps images in {there} and the source in {here}: the two name the same image by different ids "
-        "(manifest vs config digest), so the image could not be verified there nor matched by the preflight; "
-        "nothing was sent"
-    )
 
 
 def reach_fix(endpoint: str) -> str:

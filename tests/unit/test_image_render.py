@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -11,6 +12,8 @@ import pytest
 from nodekit.image.builder import hash_tree, launcher_tree
 from nodekit.image.plan import (
     DEFAULT_EXCLUDES,
+    ENTRYPOINT,
+    IMAGE_ENV,
     LABEL_BASE,
     LABEL_FINGERPRINT,
     LABEL_LOCK,
@@ -19,7 +22,9 @@ from nodekit.image.plan import (
     LABEL_TORCH,
     LABEL_VERSION,
     METADATA_ARGS,
+    PACKAGE_LAYERS,
     SOURCE_DATE_EPOCH,
+    WORKDIR,
     IgnoreRules,
     StackInputs,
     TreeEntry,
@@ -318,49 +323,73 @@ def instructions() -> list[str]:
     return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
-def test_dockerfile_layer_order_and_offline_install() -> None:
+def stages() -> dict[str, list[str]]:
+    """Each named stage's instructions (the unnamed last stage under "")."""
+    out: dict[str, list[str]] = {}
+    name = None
+    for line in instructions():
+        if line.startswith("FROM "):
+            words = line.split()
+            name = words[3] if len(words) == 4 and words[2] == "AS" else ""
+            out[name] = []
+        if name is not None:
+            out[name].append(line)
+    return out
+
+
+def test_dockerfile_exports_each_package_layer_alone_installed_offline() -> None:
     text = DOCKERFILE.read_text()
     assert not re.search(r"^#\s*syntax\s*=", text, re.M)  # would pull a frontend image
-    ins = instructions()
-    keywords = [i.split()[0] for i in ins]
-    first_run = keywords.index("RUN")
-    launcher = next(i for i, s in enumerate(ins) if s.startswith("COPY nodekit "))
-    code = next(i for i, s in enumerate(ins) if s.startswith("COPY --from=code"))
-    assert keywords.index("FROM") < first_run < launcher < code
-    assert keywords.count("RUN") == 3 and keywords.count("COPY") == 2
-    # nothing after the code copy touches the file system
-    assert all(k in ("ENTRYPOINT", "ARG", "LABEL", "ENV") for k in keywords[code + 1 :])
-    runs = [i for i, k in enumerate(keywords) if k == "RUN"]
-    assert runs[-1] < launcher
-    # Lowest first: the CUDA libraries layer makes the environment, then the framework, then the packages; each
-    # from its own context only, so each has its own cache key and its own layer.
-    cuda, framework, packages = (ins[i] for i in runs)
-    for needle in (
-        "--mount=type=bind,from=cudalibs",
-        "/wheels/cudalibs.lock",
-        "--no-index",
-        "--require-hashes",
-        "--no-cache-dir",
-        '"${BASE_PYTHON}" -m venv',
-        "nodekit-base.pth",
-        "ensurepip",
-    ):
+    st = stages()
+    # One stage per package layer nodekit exports (--target layer-<name> --output type=tar), each FROM scratch with
+    # only the files of its layer copied in: the exported tree is exactly the layer.
+    assert [p.target for p in PACKAGE_LAYERS] == ["layer-env", "layer-framework", "layer-packages"]
+    for layer in PACKAGE_LAYERS:
+        assert st[layer.target][0] == f"FROM scratch AS {layer.target}"
+        assert all(i.startswith("COPY --from=") for i in st[layer.target][1:])
+    assert st["layer-env"][1:] == ["COPY --from=env /opt/venv /opt/venv", "COPY --from=env /opt/nodekit /opt/nodekit",
+                                   "COPY --from=env /workspace /workspace"]  # fmt: skip
+    assert st["layer-framework"][1:] == ["COPY --from=framework-build /nodekit-layer/ /"]
+    assert st["layer-packages"][1:] == ["COPY --from=packages-build /nodekit-layer/ /"]
+    # The environment layer makes the venv with the CUDA libraries; framework and packages are each built on the
+    # environment alone, from their own context only (each its own cache key), installing into /nodekit-layer.
+    (cuda,) = [i for i in st["env"] if i.startswith("RUN")]
+    (framework,) = [i for i in st["framework-build"] if i.startswith("RUN")]
+    (packages,) = [i for i in st["packages-build"] if i.startswith("RUN")]
+    assert st["framework-build"][0] == "FROM env AS framework-build"
+    assert st["packages-build"][0] == "FROM env AS packages-build"
+    for needle in ("--mount=type=bind,from=cudalibs", "/wheels/cudalibs.lock", "--no-index", "--require-hashes",
+                   "--no-cache-dir", '"${BASE_PYTHON}" -m venv', "nodekit-base.pth", "ensurepip"):  # fmt: skip
         assert needle in cuda, needle
-    for needle in ("--mount=type=bind,from=framework", "/wheels/framework.lock", "--require-hashes", "--no-index"):
+    for needle in ("--mount=type=bind,from=framework", "/wheels/framework.lock", "--root /nodekit-layer"):
         assert needle in framework, needle
-    for needle in ("--mount=type=bind,from=wheels", "/wheels/packages.lock", "--require-hashes", "nodekit.lock"):
+    for needle in ("--mount=type=bind,from=wheels", "/wheels/packages.lock", "--root /nodekit-layer", "nodekit.lock"):
         assert needle in packages, needle
+    for run in (cuda, framework, packages):
+        assert "--require-hashes" in run and "--no-index" in run
     contexts = {"cudalibs": cuda, "framework": framework, "wheels": packages}
     for name, run in contexts.items():
         assert all(f"from={other}," not in run for other in contexts if other != name), name
     assert "-m venv" not in framework and "-m venv" not in packages
-    assert 'ENTRYPOINT ["/opt/venv/bin/python", "-m", "nodekit.launcher"]' in ins
-    env = " ".join(s for s in ins if s.startswith("ENV"))
-    for needle in ("NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_DRIVER_CAPABILITIES=compute,utility", "/opt/venv/bin"):
-        assert needle in env
-    assert ins[-1] == "ENV NODEKIT_FINGERPRINT=${NODEKIT_FINGERPRINT}"
-    declared = {s.split()[1] for s in ins[code:] if s.startswith("ARG")}
-    assert declared == set(METADATA_ARGS)
+
+
+def test_the_image_by_hand_has_the_configuration_nodekit_writes() -> None:
+    """nodekit writes the config itself (nodekit/image/layers.py) from IMAGE_ENV, WORKDIR, ENTRYPOINT and the
+    labels; the Dockerfile's `image` and last stages say the same, so building it by hand gives the same image."""
+    ins = instructions()
+    env: dict[str, str] = {}
+    for line in (i for i in ins if i.startswith("ENV ")):
+        for word in line.split()[1:]:
+            k, _, v = word.partition("=")
+            env[k] = v
+    assert {k: env[k] for k in IMAGE_ENV} == IMAGE_ENV
+    assert f"WORKDIR {WORKDIR}" in ins
+    assert f"ENTRYPOINT {json.dumps(list(ENTRYPOINT))}" in ins
+    last = stages()[""]
+    assert last[0] == "FROM image" and last[1] == "COPY --from=code . /workspace/"
+    assert all(i.split()[0] in ("ARG", "LABEL", "ENV") for i in last[2:])
+    assert last[-1] == "ENV NODEKIT_FINGERPRINT=${NODEKIT_FINGERPRINT}"
+    assert {i.split()[1] for i in last if i.startswith("ARG")} == set(METADATA_ARGS)
 
 
 # --- the base image ------------------------------------------------------------------------------------------

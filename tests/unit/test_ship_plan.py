@@ -65,9 +65,9 @@ def test_an_engine_id_shared_with_the_source_is_not_the_source_engine() -> None:
         "does not have the image (its engine ID is the source's, engine-src: a cloned data root, or "
         "/etc/docker/key.json, which Docker >= 23 copies into every new data root)"
     )
-    # A shared ID does not excuse a different image store either: only the engine itself is exempt.
-    with pytest.raises(ShipError):
-        ship.plan_push(SRC, [state("clone", engine_id="engine-src", containerd_store=True)])
+    # A shared ID with another image store is another engine too: loaded, not skipped.
+    other = ship.plan_push(SRC, [state("clone", engine_id="engine-src", containerd_store=True)])
+    assert actions(other) == {"clone": "load"}
 
 
 def test_unreachable_target_refuses_before_anything_moves() -> None:
@@ -101,22 +101,34 @@ def test_unknown_free_disk_does_not_block() -> None:
     assert actions(ship.plan_push(SRC, [state("n1", free_bytes=None)])) == {"n1": "load"}
 
 
-def test_engines_with_different_image_stores_are_refused_before_anything_moves() -> None:
-    """The containerd store names an image by its manifest digest, the classic store by its config digest: a load
-    across them works but the ids never match (seen on Docker 26.1.5). Refused up front, in both directions."""
-    with pytest.raises(ShipError) as e:
-        ship.plan_push(SRC, [state("n1"), state("n2", containerd_store=True)])
-    assert e.value.node == "n2"
-    assert e.value.one_line().startswith(
-        "[n2] n2 keeps images in Docker's containerd image store and the source in the classic layer store"
-    )
-    assert "containerd-snapshotter" in (e.value.fix or "")
-    src = dataclasses.replace(SRC, containerd_store=True)
-    with pytest.raises(ShipError, match=r"n1 keeps images in the classic layer store and the source in Docker's"):
-        ship.plan_push(src, [state("n1")])
-    # The same store on both sides is pushed as any other (the whole image: layers are left out only between
-    # classic stores, whose load skips a layer by its chain id).
-    assert actions(ship.plan_push(src, [state("n1", containerd_store=True)])) == {"n1": "load"}
+def test_an_image_nodekit_did_not_write_crosses_image_stores_recognized_by_its_identity() -> None:
+    """The containerd store names an image by its manifest digest, the classic store by its config digest. For an
+    image nodekit did not write, the id the other store will give it is unknown: it is loaded there and verified by
+    its identity (layers and configuration, which both stores report alike)."""
+    src = dataclasses.replace(SRC, identity="sha256:" + "i" * 64)
+    plan = ship.plan_push(src, [state("n1"), state("n2", containerd_store=True)])
+    by = {s.target.name: s for s in plan.steps}
+    assert actions(plan) == {"n1": "load", "n2": "load"}
+    assert (by["n1"].image_id, by["n2"].image_id) == (NEW, "")
+    same = ship.plan_push(src, [state("n3", containerd_store=True, ref_id="sha256:" + "x" * 64,
+                                      ref_identity="sha256:" + "i" * 64)])  # fmt: skip
+    assert actions(same) == {"n3": "skip"}
+
+
+def test_an_image_nodekit_wrote_crosses_image_stores_with_the_id_each_store_gives_it() -> None:
+    """nodekit wrote the config and the manifest: it knows both ids. A mixed fleet (head classic, nodes on the
+    containerd store, the state of a cluster upgraded machine by machine) is loaded, each target expecting its id."""
+    src = dataclasses.replace(SRC, ids=(NEW, "sha256:" + "m" * 64), identity="sha256:" + "i" * 64)
+    plan = ship.plan_push(src, [state("n1"), state("n2", containerd_store=True),
+                                state("n3", containerd_store=True, ref_id="sha256:" + "m" * 64)])  # fmt: skip
+    by = {s.target.name: s for s in plan.steps}
+    assert actions(plan) == {"n1": "load", "n2": "load", "n3": "skip"}
+    assert (by["n1"].image_id, by["n2"].image_id) == (NEW, "sha256:" + "m" * 64)
+    assert "other image store" in by["n2"].reason
+    # Another id at the reference but the same identity (layers and configuration): the same image, skipped.
+    same = ship.plan_push(src, [state("n4", containerd_store=True, ref_id="sha256:" + "x" * 64,
+                                      ref_identity="sha256:" + "i" * 64)])  # fmt: skip
+    assert actions(same) == {"n4": "skip"}
 
 
 def test_zstd_is_never_sent_to_an_engine() -> None:
@@ -427,7 +439,7 @@ def test_layer_sizes_of_a_nodekit_image_with_its_empty_workdir_layer() -> None:
     layers, the launcher, WORKDIR (Docker's empty layer, size 0), ENTRYPOINT, the code. Every nodekit image has that
     empty layer; without telling it apart, every layer's size was unknown, and a partial push planned 0 bytes (no
     disk check, no relay) for a 2 GB torch upgrade."""
-    from nodekit.image.append import EMPTY_LAYER
+    from nodekit.image.layers import EMPTY_LAYER
 
     history = (172309936, 0, 0, 0, 0, 3415349364, 2165235000, 195477405, 116394, 0, 0, 12105)
     ids = [d("b"), d("c"), d("f"), d("p"), d("l"), EMPTY_LAYER, d("x")]

@@ -37,7 +37,7 @@ class NodePlan:
     notes: tuple[str, ...] = field(default=())
     warnings: tuple[str, ...] = field(default=())
     job_secret: str = ""
-    image_id: str = ""  # the image's id on this host when planning looked it up ("" for compose and dry runs)
+    image_id: str = ""  # the image's identity on this host when planning looked it up ("" for compose and dry runs)
 
     @property
     def shown(self) -> str:
@@ -114,12 +114,14 @@ def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:
 
 
 def image_id_here(rank: int) -> Callable[[str], str]:
-    """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise)."""
+    """The image-id lookup ``nodekit up`` plans with: the image must be on this host (ImageError otherwise). The id
+    is the image's identity (:attr:`nodekit.system.docker.ImageInfo.identity`), which the preflight compares across
+    nodes: the engine's own id differs between image stores for one image."""
 
     def lookup(ref: str) -> str:
         # No separate engine check first (docker version + docker compose version: 0.7 s here): a missing engine
         # fails this inspect, a missing Compose plugin fails `compose up`, each with its own message and fix.
-        return docker.require_image(ref, node=f"node {rank}").id
+        return docker.require_image(ref, node=f"node {rank}").identity
 
     return lookup
 

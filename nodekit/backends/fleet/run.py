@@ -299,7 +299,7 @@ def run(
     interval = alive_interval(settings.peer_timeout)
     with kept_alive(interval):
         ref = image or current_image(settings)
-        image_id = docker.require_image(ref).id
+        image_id = docker.require_image(ref).identity
         return _attempts(settings, list(hosts), reporter, on_line, ref, image_id, debug, clock, loss_window(interval))
 
 

@@ -6,7 +6,9 @@ One module per responsibility:
   launcher);
 - :mod:`~nodekit.image.builder.planning`: the build plan of the project as it is now, and its fingerprint;
 - :mod:`~nodekit.image.builder.staging`: the build contexts under ``<project>/.nodekit/build/``, one build at a time;
-- :mod:`~nodekit.image.builder.driver`: :func:`build` itself (BuildKit for the environment, nodekit for the code layer);
+- :mod:`~nodekit.image.builder.driver`: :func:`build` itself (BuildKit installs the package layers, nodekit writes and
+  loads the image from blobs it holds);
+- :mod:`~nodekit.image.builder.bases`: the base image's layers as the image's manifest names them;
 - :mod:`~nodekit.image.builder.record`: the result and ``.nodekit/last-build.json``;
 - :mod:`~nodekit.image.builder.selection`: which image ``nodekit up`` runs when none is named (:func:`choose`);
 - :mod:`~nodekit.image.builder.inspection`: ``nodekit inspect`` (:func:`inspect_image`).
@@ -16,7 +18,7 @@ The names below are the package's interface; callers import them from ``nodekit.
 
 from __future__ import annotations
 
-from nodekit.image.builder.driver import ENV_STAGE, build, env_tag
+from nodekit.image.builder.driver import build
 from nodekit.image.builder.inspection import StackReport, inspect_image, layers, stack_from_probe
 from nodekit.image.builder.planning import STAGE_DIR, dockerfile_text, plan, project_fingerprint
 from nodekit.image.builder.record import LAST_BUILD, BuildResult, human_size, last_build
@@ -26,7 +28,6 @@ from nodekit.image.builder.tree import code_rules, hash_tree, launcher_tree
 
 __all__ = [
     "BUILD_FIX",
-    "ENV_STAGE",
     "LAST_BUILD",
     "STAGE_DIR",
     "BuildResult",
@@ -38,7 +39,6 @@ __all__ = [
     "code_rules",
     "current_image",
     "dockerfile_text",
-    "env_tag",
     "hash_tree",
     "human_size",
     "inspect_image",

@@ -1,29 +1,49 @@
-"""``nodekit build``: lock, fingerprint, then build with BuildKit only when the stack changed.
+"""``nodekit build``: lock, fingerprint, then make the image from layers nodekit holds, on either image store.
 
-Order: engine, base image, lock, plan (pure, :mod:`nodekit.image.plan`); if an image tagged with the
-fingerprint exists the build is a no-op; otherwise the wheelhouse is completed, the three build contexts are
-staged under ``<project>/.nodekit/build/`` and ``docker buildx build`` runs; the code layer and the labels are
-appended by nodekit itself (:mod:`nodekit.image.append`).
+Order: engine, base image, lock, plan (pure, :mod:`nodekit.image.plan`); if an image tagged with the fingerprint
+exists and the project's blob store holds it, the build is a no-op. Otherwise the wheelhouse is completed, the build
+contexts are staged under ``<project>/.nodekit/build/``, and the image is assembled (:mod:`nodekit.image.layers`):
+
+1. each package layer (environment with the CUDA libraries, framework, packages) the blob store does not hold for
+   its inputs yet is installed by BuildKit and streamed back as files (``--target layer-<name> --output type=tar``),
+   which nodekit writes into the blob store as a reproducible layer;
+2. the launcher and code layers and the image config are written by nodekit;
+3. the image is loaded into the local engine from those blobs, each layer only if the engine lacks it.
+
+So no step reads an image back out of an engine, and every layer a push may have to send is a file here.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from nodekit.config.settings import Settings
 from nodekit.errors import ImageError
-from nodekit.image.builder.planning import STAGE_DIR, plan_for, require_base
+from nodekit.image import archive as arch
+from nodekit.image.blobs import BlobStore, LayerRecord
+from nodekit.image.builder.bases import base_descriptors
+from nodekit.image.builder.planning import plan_for, require_base
 from nodekit.image.builder.record import BuildResult, build_result, human_size, write_record
 from nodekit.image.builder.staging import build_lock, stage_contexts
+from nodekit.image.layers import Runtime, created_at, image_config, normalize_layer, write_tree_layer
 from nodekit.image.lock import ensure_lock
-from nodekit.image.plan import LABEL_FINGERPRINT, SOURCE_DATE_EPOCH, STAGE_CODE, BuildPlan
+from nodekit.image.plan import (
+    ENTRYPOINT,
+    IMAGE_ENV,
+    LABEL_FINGERPRINT,
+    PACKAGE_LAYERS,
+    SOURCE_DATE_EPOCH,
+    STAGE_CODE,
+    WORKDIR,
+    BuildPlan,
+    layer_key,
+)
 from nodekit.image.probe import target as probe_target
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
-
-ENV_STAGE = "env"  # images/Dockerfile's stage that BuildKit builds; nodekit writes the last one
 
 _STEP = re.compile(r"^#(\d+) (\[(?!internal)[^\]]*\d+/\d+\] .*)$")
 
@@ -45,107 +65,151 @@ def build(settings: Settings, reporter: Reporter, *, dry_run: bool = False, no_c
         reporter.detail(f"base: {tgt.stack.describe()}")
     lock, created = ensure_lock(settings, reporter, dry_run=dry_run, target=tgt)
     reporter.step("fingerprinting the stack")
-    planned = plan_for(settings, lock, base.id, tgt, no_cache=no_cache, stage=None)
+    planned = plan_for(settings, lock, base.identity, tgt, no_cache=no_cache, stage=None)
     if dry_run:
         reporter.done(f"would build {planned.tag}")
         return build_result(planned, None, t0, skipped=False, dry_run=True, created=created)
+    store = BlobStore.of_project(settings.project_dir)
     existing = docker.image_info(planned.tag)
     if existing is not None and existing.labels.get(LABEL_FINGERPRINT) == planned.fingerprint and not no_cache:
-        if _in_store(settings, existing.id):
+        if store.image(existing.id) is not None:
             result = build_result(planned, existing, t0, skipped=True, created=created)
-            write_record(settings, result)
+            write_record(settings, result, store.image(existing.id))
             reporter.done(f"{planned.tag} is up to date: nothing changed since it was built")
             return result
-        # A fresh checkout on a machine that has the image, or a pruned store: built again (BuildKit's cache makes
-        # that quick, the result is the same image id), so that pushes of it need no docker save.
-        reporter.detail(f"{planned.tag} exists, but this project's blob store lacks its code layer: writing it")
+        # A fresh checkout on a machine that has the image, or a pruned store: made again from BuildKit's cache
+        # (the same image id), so that pushes of it need no docker save.
+        reporter.detail(f"{planned.tag} exists, but this project's blob store lacks its layers: writing them")
     with build_lock(settings.project_dir, reporter):
-        staged = stage_contexts(settings, lock, base.id, tgt, reporter, no_cache=no_cache)
+        staged = stage_contexts(settings, lock, base.identity, tgt, reporter, no_cache=no_cache)
         if staged.fingerprint != planned.fingerprint:
             reporter.warn("files changed while staging; building what was staged")
-        reporter.step(f"building {staged.tag}")
-        _run_build(staged, reporter, settings.project_dir / STAGE_DIR / "metadata.json")
-        info = _append_code(staged, settings, reporter)
+        image = _assemble(staged, settings, store, base, reporter, no_cache=no_cache)
+        reporter.step(f"loading {staged.tag} into the local Docker engine")
+        info = _load_here(staged.tag, image, store, reporter)
+        store.keep_image(image)
     result = build_result(staged, info, t0, skipped=False, created=created)
-    write_record(settings, result)
+    write_record(settings, result, image)
     reporter.done(f"built {staged.tag} ({human_size(info.size)}) in {result.seconds:.1f} s")
     return result
 
 
-def _in_store(settings: Settings, image_id: str) -> bool:
-    """Whether the project's blob store holds the config of ``image_id`` (``nodekit build`` wrote it beside the
-    code layer, under the image id it loaded)."""
-    from nodekit.image.blobs import BlobStore
-
-    return BlobStore.of_project(settings.project_dir).has(image_id)
-
-
-def env_tag(plan: BuildPlan) -> str:
-    """Where BuildKit's part of the image (every stage but the last, see images/Dockerfile) is kept: one tag per
-    project, moved by every build; the final images hold its layers whether or not it is tagged."""
-    return f"nodekit/{plan.name}:env"
-
-
-def _run_build(plan: BuildPlan, reporter: Reporter, metadata: Path) -> None:
-    seen: set[str] = set()
-    for line in docker.buildx_build(
-        plan.context,
-        dockerfile=plan.dockerfile,
-        tag=env_tag(plan),
-        target=ENV_STAGE,
-        build_contexts=dict(plan.build_contexts),
-        build_args=dict(plan.build_args),
-        metadata_file=metadata,
-        no_cache=plan.no_cache,
+def _assemble(
+    plan: BuildPlan, settings: Settings, store: BlobStore, base: docker.ImageInfo, rep: Reporter, *, no_cache: bool
+) -> arch.Image:
+    """The image of ``plan``: every layer above the base in ``store`` (made where missing), and its config."""
+    base_layers = base_descriptors(settings, base, store, rep)
+    ours: list[LayerRecord] = []
+    for layer in PACKAGE_LAYERS:
+        key = layer_key(plan, layer.name)
+        got = None if no_cache else store.layer(key)
+        if got is None:
+            rep.step(f"building the {layer.what} layer")
+            got = _export_layer(plan, layer.target, layer.what, store, key, rep, no_cache=no_cache)
+            rep.detail(f"{layer.name} layer {got.diff_id[7:19]} ({human_size(got.size)}, {got.entries} entries)")
+        else:
+            rep.detail(f"{layer.name} layer {got.diff_id[7:19]} ({human_size(got.size)}): unchanged, from the store")
+        if got.entries:  # an empty framework layer (the base provides torch) is no layer at all
+            ours.append(got)
+    contexts = dict(plan.build_contexts)
+    rep.step(f"writing the launcher layer and the code layer ({plan.code_files} files)")
+    for src, root, what in (
+        (plan.context / "nodekit", "opt/nodekit/nodekit", "COPY nodekit /opt/nodekit/nodekit (nodekit's launcher)"),
+        (contexts[STAGE_CODE], WORKDIR.lstrip("/"), f"COPY . {WORKDIR}/ (the project's code)"),
     ):
+        digest, size = store.put(_tree_writer(src, root))
+        ours.append(LayerRecord(diff_id=digest, size=size, entries=1, created_by=what))
+    config = image_config(
+        docker.image_config(base.id),
+        docker.image_history(base.id),
+        [(r.diff_id, r.created_by) for r in ours],
+        Runtime(env={**IMAGE_ENV, "NODEKIT_FINGERPRINT": plan.fingerprint}, workdir=WORKDIR, entrypoint=ENTRYPOINT,
+                labels=dict(plan.labels)),
+        created=created_at(SOURCE_DATE_EPOCH),
+    )  # fmt: skip
+    return arch.Image(config=config, layers=(*base_layers, *(arch.layer_descriptor(r.diff_id, r.size) for r in ours)))
+
+
+def _tree_writer(src: Path, root: str) -> Callable[[arch.Writable], object]:
+    return lambda f: write_tree_layer(src, f, mtime=SOURCE_DATE_EPOCH, root=root)
+
+
+def _export_layer(
+    plan: BuildPlan, target: str, what: str, store: BlobStore, key: str, rep: Reporter, *, no_cache: bool
+) -> LayerRecord:
+    """BuildKit installs one package layer; its files come back as a tar stream, written as a layer blob."""
+    entries = 0
+
+    def write(f: arch.Writable) -> None:
+        nonlocal entries
+        entries = normalize_layer(_build_stream(plan, target, rep, no_cache=no_cache), f, mtime=SOURCE_DATE_EPOCH)
+
+    digest, size = store.put(write)
+    record = LayerRecord(diff_id=digest, size=size, entries=entries, created_by=f"RUN pip install ({what})")
+    store.set_layer(key, record)
+    return record
+
+
+def _build_stream(plan: BuildPlan, target: str, rep: Reporter, *, no_cache: bool) -> Iterator[bytes]:
+    seen: set[str] = set()
+
+    def progress(line: str) -> None:
         m = _STEP.match(line)
         if m and m[1] not in seen:
             seen.add(m[1])
-            reporter.step(m[2])
-        reporter.detail(line)
+            rep.step(m[2])
+        rep.detail(line)
 
-
-def _append_code(plan: BuildPlan, settings: Settings, reporter: Reporter) -> docker.ImageInfo:
-    """The Dockerfile's last stage, written here (see :mod:`nodekit.image.append`): the staged code as one layer on the
-    environment image BuildKit just made, plus the labels; loaded into the local engine as ``plan.tag``. The layer
-    and the config stay in the project's blob store, so a push of this image to a node that has the environment
-    sends them without a ``docker save``. Returns the loaded image; ImageError when the engine loaded something
-    else.
-    """
-    from nodekit.image import append
-    from nodekit.image.blobs import BlobStore
-
-    code = dict(plan.build_contexts)[STAGE_CODE]
-    reporter.step(f"adding the code layer ({plan.code_files} files) and the labels")
-    env = env_tag(plan)
-    base = docker.image_config(env)
-    history = docker.image_history(env)
-    store = BlobStore.of_project(settings.project_dir)
-    diff_id, size = store.put(lambda f: append.write_code_layer(code, f, mtime=SOURCE_DATE_EPOCH))
-    config = append.appended_config(
-        base,
-        history,
-        diff_id,
-        labels=dict(plan.labels),
-        env={"NODEKIT_FINGERPRINT": plan.fingerprint},
-        created=append.created_at(SOURCE_DATE_EPOCH),
-        created_by=f"COPY . /{append.CODE_ROOT}/ and LABEL org.nodekit.* (written by nodekit build)",
+    yield from docker.buildx_export(
+        plan.context,
+        dockerfile=plan.dockerfile,
+        target=target,
+        build_contexts=dict(plan.build_contexts),
+        build_args=dict(plan.build_args),
+        no_cache=no_cache,
+        on_line=progress,
     )
-    image_id = store.put_bytes(config)
-    sink = docker.LoadSink()
+
+
+def _load_here(tag: str, image: arch.Image, store: BlobStore, rep: Reporter) -> docker.ImageInfo:
+    """Load ``image`` as ``tag`` into the local engine, sending only the layers it lacks; its info there. ImageError
+    when the engine holds something else under the tag afterwards."""
+    facts = docker.engine_facts(None)
+    held = arch.chains_of(docker.layer_lists(None))
+    chains = arch.chain_ids(image.diff_ids)
+    missing = {d.digest for d, c in zip(image.layers, chains, strict=True) if c not in held}
+    files = {}
+    for d in image.layers:
+        if d.digest in missing:
+            path = store.verified_path(d.digest)
+            if path is None:
+                raise ImageError(
+                    f"the layer {d.digest[7:19]} of {tag} is neither in the local engine nor in the project's blob "
+                    "store",
+                    fix="nodekit build --no-cache",
+                )
+            files[d.digest] = path
+    size = sum(p.stat().st_size for p in files.values())
+    rep.detail(f"loading {len(files)} of {len(image.layers)} layers ({human_size(size)})")
+    _feed(arch.archive(image, tag, files), docker.LoadSink())
+    got = docker.image_info(tag)
+    want = image.id_on(facts.containerd_store)
+    if got is None or got.id != want:
+        raise ImageError(
+            f"the engine loaded {tag} as {got.id if got else 'nothing'}, not {want} as written",
+            fix="nodekit build --no-cache; if it repeats, report it with `docker version`",
+        )
+    return got
+
+
+def _feed(chunks: Iterable[bytes], sink: docker.LoadSink) -> None:
     try:
-        for chunk in append.archive(config, image_id, plan.tag, {diff_id: store.path(diff_id)}):
+        for chunk in chunks:
             sink.write(chunk)
         sink.finish()
     except BaseException:
         sink.abort()
         raise
-    got = docker.image_info(plan.tag)
-    if got is None or got.id != image_id:
-        raise ImageError(
-            f"the engine loaded {plan.tag} as {got.id if got else 'nothing'}, not {image_id} as written",
-            fix="nodekit build --no-cache; if it repeats, report it with `docker version`",
-        )
-    store.prune(keep=frozenset({diff_id, image_id}))
-    reporter.detail(f"code layer {diff_id[7:19]} ({human_size(size)}), image {image_id[7:19]}")
-    return got
+
+
+__all__ = ["build"]

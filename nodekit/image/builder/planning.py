@@ -56,7 +56,7 @@ def plan(settings: Settings, reporter: Reporter, *, no_cache: bool = False) -> B
     base = require_base(settings)
     tgt = probe_target(settings, require_probe=True)
     lock, _ = ensure_lock(settings, reporter, dry_run=True, target=tgt)
-    return plan_for(settings, lock, base.id, tgt, no_cache=no_cache, stage=None)
+    return plan_for(settings, lock, base.identity, tgt, no_cache=no_cache, stage=None)
 
 
 def require_base(settings: Settings) -> docker.ImageInfo:
@@ -89,4 +89,4 @@ def project_fingerprint(settings: Settings, *, cached_only: bool = False) -> tup
         tgt = probe_target(settings, require_probe=True, base=base, cached_only=cached_only)  # cached by image id
     except NodekitError as e:
         return None, e.message
-    return plan_for(settings, lock, base.id, tgt, no_cache=False, stage=None).fingerprint, ""
+    return plan_for(settings, lock, base.identity, tgt, no_cache=False, stage=None).fingerprint, ""

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from nodekit.config.settings import Settings
+from nodekit.image.archive import Image
 from nodekit.image.plan import BuildPlan
 from nodekit.system import docker
 from nodekit.system.files import write_atomic
@@ -78,10 +79,13 @@ def build_result(
     )
 
 
-def write_record(settings: Settings, result: BuildResult) -> None:
+def write_record(settings: Settings, result: BuildResult, image: Image | None = None) -> None:
+    """``.nodekit/last-build.json``: the image this project's last build made, with both of its ids (the config
+    digest a classic-store engine names it by, the manifest digest of the containerd store) when nodekit wrote it,
+    and the build's inputs (code tree, lock) so a later check can say what changed since."""
     path = settings.project_dir / LAST_BUILD
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {
+    doc: dict[str, object] = {
         "tag": result.tag,
         "image_id": result.image_id,
         "fingerprint": result.fingerprint,
@@ -90,6 +94,9 @@ def write_record(settings: Settings, result: BuildResult) -> None:
         "skipped": result.skipped,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
+    if image is not None:
+        doc["config_digest"] = image.config_digest
+        doc["manifest_digest"] = image.manifest_digest
     write_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 

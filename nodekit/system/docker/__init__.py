@@ -36,7 +36,7 @@ from nodekit.system.docker.images import (
     tag_image,
 )
 from nodekit.system.docker.models import ContainerState, EngineFacts, EngineInfo, ImageInfo, Loaded
-from nodekit.system.docker.streams import CHUNK, LoadSink, SaveStream
+from nodekit.system.docker.streams import CHUNK, LoadSink, SaveStream, buildx_export
 
 __all__ = [
     "CHUNK",
@@ -50,6 +50,7 @@ __all__ = [
     "Loaded",
     "SaveStream",
     "buildx_build",
+    "buildx_export",
     "check_engine",
     "client",
     "compose_down",

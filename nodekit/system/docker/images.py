@@ -24,25 +24,21 @@ from nodekit.system.docker.models import ImageInfo, image_info_of
 
 
 def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
-    """The image ``ref`` on ``host``, or None when that engine does not have it."""
+    """The image ``ref`` on ``host``, or None when that engine does not have it. Read from the engine's own JSON
+    (python-on-whales runs the command; its model would retype fields), so :attr:`ImageInfo.identity` is computed
+    from exactly what the engine reports, on either image store."""
     from python_on_whales.exceptions import NoSuchImage
+    from python_on_whales.utils import run
 
     e = Engine(host)
     cannot = f"cannot inspect image {ref} on {where(host)}"
+    argv = [*e.docker.client_config.docker_cmd, "image", "inspect", "--format", "{{json .}}", ref]
     with e.calling(f"inspecting image {ref}", fails(EngineError, cannot, ENGINE_FIX), diagnose=True):
-        try:  # one call: asking exists() first would inspect the image twice
-            img = e.docker.image.inspect(ref)
+        try:
+            out = run(argv)
         except NoSuchImage:
             return None
-    config = img.config
-    env = dict(item.split("=", 1) for item in (config.env or []) if "=" in item) if config else {}
-    return ImageInfo(
-        id=str(img.id),
-        tags=tuple(img.repo_tags or ()),
-        labels=dict((config.labels or {}) if config else {}),
-        size=int(img.size or 0),
-        env=env,
-    )
+    return image_info_of(json.loads(str(out)))
 
 
 def require_image(ref: str, host: str | None = None, *, node: str | None = None) -> ImageInfo:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import IO
 
-from nodekit.errors import ShipError
+from nodekit.errors import BuildError, ShipError
 from nodekit.system import proc
 from nodekit.system.docker.calls import docker_argv, stderr_tail, where
 from nodekit.system.docker.models import Loaded
@@ -138,3 +139,74 @@ class LoadSink:
     def _failure(self) -> ShipError:
         self.stderr = self._stderr.text()
         return ShipError(f"docker load on {where(self.host)} failed: {stderr_tail(self.stderr)}")
+
+
+def buildx_export(
+    context: Path,
+    *,
+    dockerfile: Path,
+    target: str,
+    build_contexts: Mapping[str, Path],
+    build_args: Mapping[str, str],
+    no_cache: bool = False,
+    on_line: Callable[[str], None] = lambda _line: None,
+) -> Iterator[bytes]:
+    """Build the stage ``target`` and stream its file system as a tar (``--output type=tar,dest=-``): the bytes
+    are yielded as they come, BuildKit's plain progress lines go to ``on_line`` (from this generator's thread, between
+    chunks). RUN steps get no network (``--network=none``). BuildError, with BuildKit's error line, when the build
+    fails. Closing the generator early stops the build."""
+    import queue
+    import threading
+
+    argv = [*docker_argv(None, "buildx", "build"), "--file", str(dockerfile), "--target", target, "--network=none",
+            "--provenance=false", "--progress=plain", "--output", "type=tar,dest=-"]  # fmt: skip
+    for k, v in build_contexts.items():
+        argv += ["--build-context", f"{k}={v}"]
+    for name, value in build_args.items():
+        argv += ["--build-arg", f"{name}={value}"]
+    if no_cache:
+        argv.append("--no-cache")
+    argv.append(str(context))
+    child = proc.start(argv, deadline=_BUILD, what=f"docker buildx build --target {target}", stdin="devnull",
+                       stdout="pipe", stderr="pipe", group=True, stop_with=signal.SIGTERM)  # fmt: skip
+    assert child.stdout is not None and child.stderr is not None
+    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+    tail: list[str] = []
+
+    def pump(pipe: IO[bytes]) -> None:
+        for raw in pipe:
+            lines.put(raw.decode(errors="replace").rstrip("\n"))
+
+    reader = threading.Thread(target=pump, args=(child.stderr,), daemon=True)
+    reader.start()
+
+    def drain() -> None:
+        while True:
+            try:
+                line = lines.get_nowait()
+            except queue.Empty:
+                return
+            tail[:] = [*tail[-39:], line]
+            on_line(line)
+
+    try:
+        while chunk := child.stdout.read(CHUNK):
+            drain()
+            yield chunk
+        code = child.wait()
+        reader.join(timeout=10)  # its pipe closed with the process: what is left is already in the queue
+        drain()
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    if code != 0:
+        errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
+        raise BuildError(
+            f"image build failed: {errors[-1].strip() if errors else (tail[-1] if tail else f'exit code {code}')}",
+            fix=f"see the build output above; rerun with docker buildx build -f {dockerfile} --target {target} ... "
+            f"{context}",
+        )
+
+
+_BUILD = proc.Unbounded("a build: it lasts as long as its own steps; Ctrl-C stops it")

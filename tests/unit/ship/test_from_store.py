@@ -1,0 +1,52 @@
+"""A push composed from the blob store ``nodekit build`` keeps (nodekit/ship/layers.py, ``from_store``): only the
+layers a target lacks travel, and no ``docker save`` of the image is ever needed."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+from nodekit import ship
+from nodekit.image.archive import Image, layer_descriptor
+from nodekit.image.blobs import BlobStore
+from nodekit.ship.layers import from_store
+
+BASE_LAYER = "sha256:" + "a" * 64
+
+
+def stored(tmp_path: Path, *, base_ref: str | None = None) -> tuple[ship.Source, str, str]:
+    """A store holding an image's layers above its base (a package layer and a code layer) and the image."""
+    store = BlobStore(tmp_path / "blobs")
+    pkg, code = store.put_bytes(b"package layer"), store.put_bytes(b"code layer")
+    diff_ids = [BASE_LAYER, pkg, code]
+    cfg = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    image = Image(config=cfg, layers=(layer_descriptor(BASE_LAYER, 100), layer_descriptor(pkg, 13),
+                                      layer_descriptor(code, 10)))  # fmt: skip
+    store.keep_image(image)
+    src = ship.Source(ref="nodekit/demo:2", image_id=image.config_digest, size=123, engine_id="e",
+                      layers=tuple(ship.Layer(d, 1) for d in diff_ids), blob_store=store.root,
+                      cached_layers=frozenset({pkg, code}), ids=(image.config_digest, image.manifest_digest),
+                      base_ref=base_ref)  # fmt: skip
+    return src, pkg, code
+
+
+def names(stream: object) -> list[str]:
+    assert stream is not None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:  # type: ignore[arg-type]
+        return sorted(n for n in tar.getnames() if n.startswith("blobs/"))
+
+
+def test_a_target_lacking_only_the_code_layer_is_sent_it_and_the_image_metadata(tmp_path: Path) -> None:
+    src, pkg, code = stored(tmp_path)
+    got = names(from_store(src, frozenset({BASE_LAYER, pkg})))
+    assert got == sorted(f"blobs/sha256/{d[7:]}" for d in (code, *src.ids))
+
+
+def test_a_target_lacking_the_base_needs_the_base_image_never_the_whole_image(tmp_path: Path) -> None:
+    src, pkg, _ = stored(tmp_path)
+    # Without a base to read the base layer from, the caller falls back to docker save of the image.
+    assert from_store(src, frozenset({pkg})) is None
+    src, pkg, _ = stored(tmp_path / "b", base_ref="nodekit/base:bookworm")
+    assert src.from_store(frozenset({pkg}))
