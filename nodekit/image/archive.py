@@ -208,6 +208,15 @@ class Image:
     def diff_ids(self) -> tuple[str, ...]:
         return tuple(json.loads(self.config)["rootfs"]["diff_ids"])
 
+    @property
+    def base_layers(self) -> int:
+        """How many of the layers, from the bottom, are the base's: those below the first history row nodekit wrote
+        (its rows carry the comment "nodekit"; every layer nodekit writes is one of its blobs)."""
+        doc = json.loads(self.config)
+        made = [row for row in doc.get("history") or [] if not row.get("empty_layer")]
+        ours = sum(1 for row in made if row.get("comment") == "nodekit")
+        return len(self.layers) - ours if len(made) == len(self.layers) else len(self.layers)
+
     def id_on(self, containerd_store: bool) -> str:
         """The id an engine with that store gives this image once nodekit loaded it."""
         return self.manifest_digest if containerd_store else self.config_digest

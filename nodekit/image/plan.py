@@ -81,12 +81,19 @@ class PackageLayer(BaseModel):
     name: str
     target: str
     what: str
+    lock: str
+    """The requirement file its packages are installed from (in its build context)."""
+
+    @property
+    def created_by(self) -> str:
+        """Its row in the image's history (``docker history``)."""
+        return f"RUN pip install --require-hashes -r /wheels/{self.lock} (the {self.what} layer)"
 
 
 PACKAGE_LAYERS = (
-    PackageLayer(name="env", target="layer-env", what="Python environment (and CUDA libraries)"),
-    PackageLayer(name="framework", target="layer-framework", what="framework (torch)"),
-    PackageLayer(name="packages", target="layer-packages", what="packages"),
+    PackageLayer(name="env", target="layer-env", what="Python environment and CUDA libraries", lock=CUDA_LIBS_LOCK),
+    PackageLayer(name="framework", target="layer-framework", what="framework", lock=FRAMEWORK_LOCK),
+    PackageLayer(name="packages", target="layer-packages", what="packages", lock=PACKAGES_LOCK),
 )
 LAYER_SCHEME = "nodekit-layer-v1"
 """Bump when the way a package layer is made changes (the Dockerfile's stages are an input already): a layer kept

@@ -75,16 +75,16 @@ def from_store(src: Source, skip: frozenset[str]) -> Iterator[bytes] | None:
     if image is None:
         return None
     files, from_base = {}, set()
-    for diff_id, desc in zip(image.diff_ids, image.layers, strict=True):
+    for i, (diff_id, desc) in enumerate(zip(image.diff_ids, image.layers, strict=True)):
         if diff_id in skip or desc.digest in files:
             continue
         path = store.verified_path(desc.digest)
         if path is not None:
             files[desc.digest] = path
-        elif src.base_ref is not None:
+        elif src.base_ref is not None and i < image.base_layers:
             from_base.add(desc.digest)
         else:
-            return None
+            return None  # a layer of nodekit's that the store lost (or that was damaged): docker save of the image
     # An image named by its id is loaded untagged, as docker save writes it.
     named = not re.fullmatch(r"(sha256:)?[0-9a-f]{6,64}", src.ref)
     ref = src.ref if named else None

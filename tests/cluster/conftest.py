@@ -206,6 +206,11 @@ class Fleet:
 def fleet(cluster: Cluster, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet]:
     """``cluster`` with Debian's sshd on port 22 of every host (its own config, the session's host key, our client
     key authorised), stopped by PID after the test."""
+    yield from fleet_on(cluster, ssh_keys, tmp_path)
+
+
+def fleet_on(cluster: Cluster, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet]:
+    """A :class:`Fleet` of any cluster (see :func:`fleet`)."""
     d = tmp_path / "ssh"
     authorized = ssh_keys.public(ssh_keys.client_key)
     bin_dir = ssh_client(d, cluster.hosts, ssh_keys.client_key, ssh_keys.public(ssh_keys.host_key))

@@ -47,7 +47,7 @@ def test_a_code_change_travels_from_the_blob_store_without_docker_save(
 
     built = nodekit("build")
     assert built.returncode == 0, built.stdout + built.stderr
-    assert "adding the code layer" in built.stderr, built.stderr
+    assert "writing the launcher layer and the code layer" in built.stderr, built.stderr
     new = next(line.split()[1] for line in built.stdout.splitlines() if line.startswith("built:"))
     try:
         want = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", new], capture_output=True,

@@ -107,8 +107,9 @@ def test_noop_rebuild_is_skipped_and_fast(built: Built) -> None:
 
 
 def test_a_checkout_without_the_blob_store_writes_it_again_as_the_same_image(built: Built) -> None:
-    """A fresh clone on a machine that already has the image: its push of a code change must not fall back to
-    `docker save` for want of the code layer in the store, so the build writes the store again, same image id."""
+    """A fresh clone on a machine that already has the image: its push must not fall back to `docker save` for want
+    of the image's layers in the store, so the build writes the store again (BuildKit's cache makes the package
+    layers at once), the same image id."""
     from nodekit.image.blobs import BLOBS
 
     before = building.build(built.settings, RecordingReporter())
@@ -117,7 +118,7 @@ def test_a_checkout_without_the_blob_store_writes_it_again_as_the_same_image(bui
     rep = RecordingReporter()
     again = building.build(built.settings, rep)
     assert again.image_id == before.image_id and again.tag == before.tag
-    assert any("blob store lacks its code layer" in d for d in rep.said("detail")), rep.said("detail")
+    assert any("blob store lacks its layers" in d for d in rep.said("detail")), rep.said("detail")
     assert (store / "sha256" / before.image_id.removeprefix("sha256:")).is_file()
     assert building.build(built.settings, RecordingReporter()).skipped  # now whole: a no-op again
 

@@ -105,7 +105,7 @@ def _assemble(
         got = None if no_cache else store.layer(key)
         if got is None:
             rep.step(f"building the {layer.what} layer")
-            got = _export_layer(plan, layer.target, layer.what, store, key, rep, no_cache=no_cache)
+            got = _export_layer(plan, layer.target, layer.created_by, store, key, rep, no_cache=no_cache)
             rep.detail(f"{layer.name} layer {got.diff_id[7:19]} ({human_size(got.size)}, {got.entries} entries)")
         else:
             rep.detail(f"{layer.name} layer {got.diff_id[7:19]} ({human_size(got.size)}): unchanged, from the store")
@@ -135,7 +135,7 @@ def _tree_writer(src: Path, root: str) -> Callable[[arch.Writable], object]:
 
 
 def _export_layer(
-    plan: BuildPlan, target: str, what: str, store: BlobStore, key: str, rep: Reporter, *, no_cache: bool
+    plan: BuildPlan, target: str, created_by: str, store: BlobStore, key: str, rep: Reporter, *, no_cache: bool
 ) -> LayerRecord:
     """BuildKit installs one package layer; its files come back as a tar stream, written as a layer blob."""
     entries = 0
@@ -145,7 +145,7 @@ def _export_layer(
         entries = normalize_layer(_build_stream(plan, target, rep, no_cache=no_cache), f, mtime=SOURCE_DATE_EPOCH)
 
     digest, size = store.put(write)
-    record = LayerRecord(diff_id=digest, size=size, entries=entries, created_by=f"RUN pip install ({what})")
+    record = LayerRecord(diff_id=digest, size=size, entries=entries, created_by=created_by)
     store.set_layer(key, record)
     return record
 

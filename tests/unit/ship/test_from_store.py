@@ -21,7 +21,9 @@ def stored(tmp_path: Path, *, base_ref: str | None = None) -> tuple[ship.Source,
     store = BlobStore(tmp_path / "blobs")
     pkg, code = store.put_bytes(b"package layer"), store.put_bytes(b"code layer")
     diff_ids = [BASE_LAYER, pkg, code]
-    cfg = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    history = [{"created_by": "mmdebstrap"}, {"created_by": "RUN pip install", "comment": "nodekit"},
+               {"created_by": "COPY . /workspace/", "comment": "nodekit"}]  # fmt: skip
+    cfg = json.dumps({"rootfs": {"type": "layers", "diff_ids": diff_ids}, "history": history}).encode()
     image = Image(config=cfg, layers=(layer_descriptor(BASE_LAYER, 100), layer_descriptor(pkg, 13),
                                       layer_descriptor(code, 10)))  # fmt: skip
     store.keep_image(image)
@@ -50,3 +52,10 @@ def test_a_target_lacking_the_base_needs_the_base_image_never_the_whole_image(tm
     assert from_store(src, frozenset({pkg})) is None
     src, pkg, _ = stored(tmp_path / "b", base_ref="nodekit/base:bookworm")
     assert src.from_store(frozenset({pkg}))
+
+
+def test_a_damaged_layer_of_nodekit_goes_through_docker_save_never_through_the_base(tmp_path: Path) -> None:
+    src, pkg, code = stored(tmp_path, base_ref="nodekit/base:bookworm")
+    assert src.blob_store is not None
+    BlobStore(src.blob_store).path(code).write_bytes(b"damaged")
+    assert from_store(src, frozenset({BASE_LAYER, pkg})) is None
