@@ -131,7 +131,7 @@ def push(
     src = ship.source_of(_image(image, config), source, store=_blob_store(config))
     how = cast("ship.Compress", compress)
     with ship.SharedSsh():  # one SSH connection per node for the survey, the loads and the checks
-        plan = ship.plan_push(src, ship.survey(src, targets), compress=how)
+        plan = ship.plan_push(src, ship.survey(src, targets), compress=how, here_zstd=ship.zstd_here())
         if dry_run:
             out.print("\n".join([plan.to_text(), *ship.relay_text(plan, relay)]), markup=False)
             return

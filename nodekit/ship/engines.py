@@ -16,7 +16,7 @@ from nodekit.errors import NodekitError
 from nodekit.image.archive import chains_of
 from nodekit.image.blobs import BlobStore
 from nodekit.image.plan import LABEL_BASE
-from nodekit.ship.disk import remote_free
+from nodekit.ship.disk import RemoteFacts, remote_facts
 from nodekit.ship.plan import Layer, Source, Target, TargetState, sized_layers
 from nodekit.system import docker
 
@@ -79,7 +79,9 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             f_id = asks.submit(docker.image_info, own_id, t.endpoint) if own_id else None
             f_layers = asks.submit(docker.layer_lists, t.endpoint)
             # An engine elsewhere: its free disk over SSH (df under its data root), for the plan's room check.
-            f_free = asks.submit(remote_free, t.endpoint, facts.root_dir) if facts.free_bytes is None else None
+            f_remote = (
+                asks.submit(remote_facts, t.endpoint, facts.root_dir) if t.endpoint.startswith("ssh://") else None
+            )
         try:
             at_ref, by_id = f_ref.result(), (f_id.result() if f_id is not None else None)
             has_image = by_id is not None and by_id.id == own_id
@@ -90,6 +92,7 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
                 chains = chains_of(f_layers.result())
         except NodekitError as e:
             return TargetState(target=t, error=e.message)
+        remote = f_remote.result() if f_remote is not None else RemoteFacts(None, False)
         return TargetState(
             target=t,
             engine_id=facts.engine_id,
@@ -97,7 +100,8 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             ref_id=at_ref.id if at_ref else None,
             ref_identity=at_ref.identity if at_ref else None,
             has_image=has_image,
-            free_bytes=facts.free_bytes if f_free is None else f_free.result(),
+            free_bytes=facts.free_bytes if remote.free_bytes is None else remote.free_bytes,
+            zstd=remote.zstd,
             chains=chains,
             containerd_store=facts.containerd_store,
         )

@@ -20,7 +20,7 @@ from nodekit.ship.outcome import diagnose as _diagnose
 from nodekit.ship.plan import Codec, PushPlan, Source, Step, short_id, size_text, travelling_bytes
 from nodekit.ship.relay import RelaySink
 from nodekit.ship.relay import why_not_loaded as relay_failures
-from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed
+from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, unzstd_sink
 from nodekit.system import docker
 
 if TYPE_CHECKING:
@@ -285,5 +285,9 @@ class FanOut:
     def open_one(self, step: Step) -> Sink:
         chain = self.by_head.get(step.target.name)
         if chain is not None:
-            return RelaySink([h for _, h in chain])
-        return (self.open_sink or docker.LoadSink)(step.target.endpoint)
+            return RelaySink([h for _, h in chain], codec=self.codec)
+        if self.open_sink is not None:
+            return self.open_sink(step.target.endpoint)
+        if self.codec == "zstd":
+            return unzstd_sink(step.target.endpoint)
+        return docker.LoadSink(step.target.endpoint)

@@ -109,6 +109,14 @@ RELAY_SCRIPT = _SCRIPT.replace(
 )
 
 
+def relay_script(codec: str) -> str:
+    """The relay step for a stream compressed with ``codec``: a zstd stream is passed on as it came and
+    decompressed on each node by its zstd command before its ``docker load`` (never by the engine)."""
+    if codec != "zstd":
+        return RELAY_SCRIPT
+    return RELAY_SCRIPT.replace("docker load -q >", "zstd -dcq | docker load -q >")
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
@@ -264,9 +272,9 @@ class RelaySink:
     Has the shape of :class:`nodekit.system.docker.LoadSink` (write, finish, abort); ``finish`` returns the chain's
     :class:`Report` and never raises for a node's failure (the head verifies every node itself)."""
 
-    def __init__(self, hops: Sequence[Hop]) -> None:
+    def __init__(self, hops: Sequence[Hop], *, codec: str = "gzip") -> None:
         self.hops = list(hops)
-        self.access = ChainAccess(self.hops, RELAY_SCRIPT)
+        self.access = ChainAccess(self.hops, relay_script(codec))
         entry = self.access.open()
         self._stderr = b""
         try:

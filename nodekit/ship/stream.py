@@ -41,6 +41,24 @@ def zstd_here() -> bool:
     return shutil.which("zstd") is not None
 
 
+# On the node: zstd decompresses, then the node's own docker CLI loads into its default engine (the one that
+# `docker -H ssh://node` reaches: its system dial-stdio talks to that same socket).
+UNZSTD_LOAD = "zstd -dcq | docker load -q"
+
+
+def unzstd_sink(endpoint: str) -> docker.LoadSink:
+    """A load on the ``ssh://`` node of ``endpoint`` that takes a zstd stream: decompressed there by its zstd
+    command, never by its engine (:data:`nodekit.ship.plan.ZSTD_LOAD_CRASH`)."""
+    from urllib.parse import urlsplit
+
+    from nodekit.system import ssh
+
+    parts = urlsplit(endpoint)
+    argv = ssh.command(parts.hostname or "", UNZSTD_LOAD, connect_timeout=10, port=parts.port, user=parts.username,
+                       lend_nothing=True)  # fmt: skip
+    return docker.LoadSink(endpoint, argv=argv)
+
+
 def compressed(chunks: Iterable[bytes], codec: Codec) -> Iterator[bytes]:
     """``chunks`` compressed with ``codec`` (gzip in-process, zstd through the zstd command, multi-threaded)."""
     if codec == "none":

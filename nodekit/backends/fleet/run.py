@@ -129,7 +129,7 @@ def ship_image(
     src = ship.source_of(ref, None, store=store)
     targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
     with ship.SharedSsh():  # one SSH connection per host for the survey, the loads and the checks
-        plan = ship.plan_push(src, ship.survey(src, targets))
+        plan = ship.plan_push(src, ship.survey(src, targets), here_zstd=ship.zstd_here())
         missing = [s.target.name for s in plan.steps if s.action != "skip"]
         if not missing:
             reporter.done(f"{ref} is already on every host")

@@ -153,7 +153,7 @@ def push(ref: str, endpoints: tuple[str, ...], reporter: Reporter) -> None:
     src = ship.source_of(ref, None)
     targets = [ship.Target(name=e, endpoint=e) for e in endpoints]
     with ship.SharedSsh():
-        plan = ship.plan_push(src, ship.survey(src, targets))
+        plan = ship.plan_push(src, ship.survey(src, targets), here_zstd=ship.zstd_here())
         if all(s.action == "skip" for s in plan.steps):
             reporter.done(f"{ref} is already on every push_to engine")
             return

@@ -94,11 +94,13 @@ class LoadSink:
     the request off so that the engine discards it. Failures raise ShipError carrying docker's own last line
     (``LoadSink.stderr`` keeps all of it)."""
 
-    def __init__(self, host: str | None = None) -> None:
+    def __init__(self, host: str | None = None, *, argv: list[str] | None = None) -> None:
+        """``argv``: run this command instead of ``docker load`` on ``host`` (an ssh command that decompresses the
+        stream on the node and loads it there, say); it must print what ``docker load --quiet`` prints."""
         self.host = host
         self.stderr = ""
         fix = f"check that engine (docker{' -H ' + host if host else ''} info; restart dockerd if it does not answer)"
-        self._proc = proc.start(docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
+        self._proc = proc.start(argv or docker_argv(host, "image", "load", "--quiet"), stdin="pipe", stdout="pipe",
                                 stderr="pipe", deadline=proc.Stall(LOAD_STALL_S), what=f"docker load on {where(host)}",
                                 fix=fix, group=True, stop_with=signal.SIGKILL)  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
