@@ -45,6 +45,9 @@ RankOpt = Annotated[int, typer.Option("--node-rank", "-r", help="this node's ran
 MainOpt = Annotated[str, typer.Option("--main", "-m", help="main node's address, as the other nodes reach it")]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")]
 ImageOpt = Annotated[str | None, typer.Option("--image", help="image to run (default: the last one built here)")]
+BuildOpt = Annotated[
+    bool, typer.Option("--build", help="build the project's image first (a no-op when it is up to date)")
+]
 NnodesOpt = Annotated[int | None, typer.Option("--nnodes", help="number of nodes")]
 NprocOpt = Annotated[str | None, typer.Option("--nproc-per-node", help="processes per node, or auto")]
 PortOpt = Annotated[int | None, typer.Option("--master-port", help="rendezvous port on main")]

@@ -11,7 +11,17 @@ from typing import Annotated, Any
 
 import typer
 
-from nodekit.cli.common import ConfigOpt, DebugOpt, DryRunOpt, ImageOpt, app, handled, job_flags, load_settings
+from nodekit.cli.common import (
+    BuildOpt,
+    ConfigOpt,
+    DebugOpt,
+    DryRunOpt,
+    ImageOpt,
+    app,
+    handled,
+    job_flags,
+    load_settings,
+)
 
 HostfileOpt = Annotated[
     Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
@@ -48,6 +58,7 @@ def run(
     hostfile: HostfileOpt = None,
     node: Annotated[int | None, typer.Option("--node", help="follow only this node's log (all still run)")] = None,
     image: ImageOpt = None,
+    build: BuildOpt = False,
     debug: DebugOpt = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
@@ -56,11 +67,15 @@ def run(
     """Run the job on every host from this (head) node: check every host, ship the image where missing, write
     compose/node-<rank>.yaml per rank, start every node, stream one log. The first node to fail is named and every
     other node stopped; Ctrl-C, SIGTERM and SIGHUP stop every node (exit 128 + the signal); the exit code is the
-    failing node's."""
+    failing node's. With --build the project's image is built first (a no-op when it is up to date)."""
     from nodekit.backends.fleet import run as fleet
     from nodekit.cli.ui import RichReporter
 
     settings, hosts = fleet_of(config, hostfile, **job)
+    if build and image is None and not dry_run:
+        from nodekit.image import builder as building
+
+        image = building.build(settings, RichReporter(verbose=True)).tag
     if dry_run:  # the whole plan, gathered on this machine only: no host, engine or DNS is asked
         from nodekit.backends.fleet.plan import gather, plan_fleet
         from nodekit.cli.ui import out

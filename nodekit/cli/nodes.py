@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from nodekit.cli.common import (
+    BuildOpt,
     ConfigOpt,
     DebugOpt,
     DryRunOpt,
@@ -99,9 +100,7 @@ def up(
     node_rank: RankOpt,
     main: MainOpt,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="start in the background and return")] = False,
-    build: Annotated[
-        bool, typer.Option("--build", help="build the project's image first (a no-op when it is up to date)")
-    ] = False,
+    build: BuildOpt = False,
     image: ImageOpt = None,
     out_dir: OutDirOpt = None,
     debug: DebugOpt = False,

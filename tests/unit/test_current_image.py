@@ -51,7 +51,7 @@ def test_a_stale_build_is_refused_with_the_fix(
     with pytest.raises(ImageError) as info:
         build.choose(settings(tmp_path))
     assert "no longer matches the project" in info.value.message and NEW[:12] in info.value.message
-    assert "nodekit up --build" in (info.value.fix or "")
+    assert "nodekit up --build" in (info.value.fix or "") and "nodekit run --build" in (info.value.fix or "")
 
 
 def test_the_image_matching_the_projects_fingerprint_wins_build_record_or_not(

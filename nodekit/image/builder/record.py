@@ -97,6 +97,11 @@ def write_record(settings: Settings, result: BuildResult, image: Image | None = 
     if image is not None:
         doc["config_digest"] = image.config_digest
         doc["manifest_digest"] = image.manifest_digest
+    from nodekit.image.builder.staleness import current_inputs
+
+    inputs = current_inputs(settings, base=result.plan.base_id)
+    if inputs is not None:
+        doc["inputs"] = inputs.model_dump()
     write_atomic(path, json.dumps(doc, indent=2) + "\n")
 
 

@@ -8,6 +8,7 @@ from nodekit.config.settings import Settings
 from nodekit.errors import ImageError
 from nodekit.image.builder.planning import project_fingerprint
 from nodekit.image.builder.record import last_build
+from nodekit.image.builder.staleness import changes, current_inputs, recorded_inputs
 from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_NAME
 from nodekit.system import docker
 
@@ -53,11 +54,16 @@ def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
     recorded = record.get("tag") if record else None
     found = docker.image_info(recorded) if isinstance(recorded, str) else None
     if isinstance(recorded, str) and found is not None:
-        if fingerprint is not None:
+        # Named the same way on every host: the record's inputs against the project's code and lock as they are
+        # now, which need no base image (a node that only received a pushed image has none).
+        old, now = recorded_inputs(record), current_inputs(settings)
+        what = changes(old, now) if old is not None and now is not None else []
+        if fingerprint is not None or what:
+            since = ", ".join(what) if what else f"its fingerprint is now {fingerprint[:12] if fingerprint else '?'}"
             raise ImageError(
-                f"the image built here last, {recorded}, no longer matches the project (its fingerprint is now "
-                f"{fingerprint[:12]}: files or packages changed since)",
-                fix=f"nodekit build, or nodekit up --build; or --image {recorded} to run the old image anyway",
+                f"the image built here last, {recorded}, no longer matches the project: {since}",
+                fix=f"nodekit build (or nodekit run --build, nodekit up --build); or --image {recorded} to run the old "
+                "image anyway",
             )
         return Choice(recorded, f"the last build here (the project's fingerprint is unknown: {unknown})", found.id)
     if fingerprint is not None:
