@@ -104,25 +104,26 @@ def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_p
     ]  # fmt: skip
 
 
-def test_the_build_is_buildx_with_no_network_for_run_steps_and_the_engines_own_store(
-    fake_runner: FakeRunner, tmp_path: Path
-) -> None:
+def test_a_layer_is_built_by_buildx_offline_and_streamed_back_as_a_tar(fake_runner: FakeRunner, tmp_path: Path) -> None:
     from nodekit.system import docker
 
-    fake_runner.on("buildx", "build", stdout="#1 [internal] load build definition\n#1 DONE 0.0s\n")
-    lines = list(docker.buildx_build(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", tag="nodekit/demo:abc",
-                                     build_contexts={"wheels": tmp_path / "w"}, build_args={"NODEKIT_X": "1"},
-                                     metadata_file=tmp_path / "m.json"))  # fmt: skip
+    progress = "#1 [internal] load build definition\n#1 DONE 0.0s\n"
+    fake_runner.on("buildx", "build", stdout=b"layer tar bytes", stderr=progress)
+    lines: list[str] = []
+    got = b"".join(docker.buildx_export(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", target="layer-packages",
+                                        build_contexts={"wheels": tmp_path / "w"}, build_args={"NODEKIT_X": "1"},
+                                        on_line=lines.append))  # fmt: skip
+    assert got == b"layer tar bytes"
     assert lines == ["#1 [internal] load build definition", "#1 DONE 0.0s"]
     assert fake_runner.only("buildx").cmd == [
-        "docker", "buildx", "build", "--progress", "plain", "--build-arg", "NODEKIT_X=1", "--build-context",
-        f"wheels={tmp_path / 'w'}", "--provenance=false", "--load", "--metadata-file", str(tmp_path / "m.json"),
-        "--file", str(tmp_path / "Dockerfile"), "--network", "none", "--tag", "nodekit/demo:abc", str(tmp_path / "ctx"),
+        "docker", "buildx", "build", "--file", str(tmp_path / "Dockerfile"), "--target", "layer-packages",
+        "--network=none", "--provenance=false", "--progress=plain", "--output", "type=tar,dest=-", "--build-context",
+        f"wheels={tmp_path / 'w'}", "--build-arg", "NODEKIT_X=1", str(tmp_path / "ctx"),
     ]  # fmt: skip
-    fake_runner.on("buildx", "build", stdout="#5 ERROR: process did not complete successfully\n", returncode=1)
+    fake_runner.on("buildx", "build", stderr="#5 ERROR: process did not complete successfully\n", returncode=1)
     with pytest.raises(docker.BuildError, match="image build failed: #5 ERROR: process did not complete"):
-        list(docker.buildx_build(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", tag="t", build_contexts={},
-                                 build_args={}, metadata_file=tmp_path / "m.json"))  # fmt: skip
+        list(docker.buildx_export(tmp_path / "ctx", dockerfile=tmp_path / "Dockerfile", target="t", build_contexts={},
+                                  build_args={}))  # fmt: skip
 
 
 def test_the_base_probe_is_one_offline_docker_run_of_sh_with_the_script_in_its_environment(

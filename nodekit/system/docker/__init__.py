@@ -5,9 +5,10 @@ command line (it starts the docker CLI itself; the processes nodekit runs itself
   batched queries, and the engine's own facts (:func:`check_engine`, :func:`runtimes`, :func:`engine_facts`).
 - :mod:`~nodekit.system.docker.models`: what Docker's JSON is parsed into.
 - :mod:`~nodekit.system.docker.compose`: a node's compose project: up, logs, ps, wait, stop, down.
-- :mod:`~nodekit.system.docker.images`: inspect, list, tag, remove, load an archive, build.
+- :mod:`~nodekit.system.docker.images`: inspect, list, tag, remove, load an archive.
 - :mod:`~nodekit.system.docker.containers`: throw-away containers (probes, doctor's test container).
-- :mod:`~nodekit.system.docker.streams`: ``docker save`` and ``docker load`` as byte streams (shipping).
+- :mod:`~nodekit.system.docker.streams`: ``docker save``, ``docker load`` and a build's exported files as byte
+  streams.
 
 Functions take what they act on (an engine host, a compose file, a project name) and return plain models;
 DockerException never leaves this package: it becomes an EngineError, ImageError or BuildError with a fix. The
@@ -22,7 +23,6 @@ from nodekit.system.docker.calls import ENGINE_FIX, check_engine, client, engine
 from nodekit.system.docker.compose import compose_down, compose_logs, compose_ps, compose_stop, compose_up, compose_wait
 from nodekit.system.docker.containers import probe_image, run_as_job, run_in_image
 from nodekit.system.docker.images import (
-    buildx_build,
     history_sizes,
     image_config,
     image_history,
@@ -49,7 +49,6 @@ __all__ = [
     "LoadSink",
     "Loaded",
     "SaveStream",
-    "buildx_build",
     "buildx_export",
     "check_engine",
     "client",

@@ -1,18 +1,15 @@
-"""Images on an engine: inspect, list, tag, remove, load an archive, and the build (``docker buildx build`` with the
-engine's own ``docker`` driver, so the result lands in the engine's image store directly (no --load copy) and
-BuildKit resolves FROM against local images first)."""
+"""Images on an engine: inspect (the engine's own JSON, so an image's identity is computed from exactly what it
+reports), list, tag, remove, load an archive. The build's layers stream through :mod:`nodekit.system.docker.streams`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from nodekit.errors import BuildError, EngineError, ImageError
+from nodekit.errors import EngineError, ImageError
 from nodekit.system.docker.calls import (
     ENGINE_FIX,
-    LASTS_AS_LONG_AS_THE_JOB,
     LOAD_S,
     Engine,
     fails,
@@ -131,52 +128,3 @@ def load_archive(archive: Path) -> None:
     failed = f"docker load of {archive} failed"
     with e.calling(f"docker load of {archive}", fails(ImageError, failed, "nodekit base")):
         e.docker.image.load(archive, quiet=True)
-
-
-def buildx_build(
-    context: Path,
-    *,
-    dockerfile: Path,
-    tag: str,
-    build_contexts: Mapping[str, Path],
-    build_args: Mapping[str, str],
-    metadata_file: Path,
-    no_cache: bool = False,
-    target: str | None = None,
-) -> Iterator[str]:
-    """Run the build, yielding BuildKit's plain progress output line by line.
-
-    RUN steps get no network at all (``--network=none``): a build that tries to download fails instead of
-    silently depending on an index. Raises BuildError, with BuildKit's error line, when the build fails.
-    """
-    e = Engine(deadline=LASTS_AS_LONG_AS_THE_JOB)
-    logs = e.docker.buildx.build(
-        context,
-        file=dockerfile,
-        tags=[tag],
-        build_contexts={k: str(v) for k, v in build_contexts.items()},
-        build_args=dict(build_args),
-        metadata_file=metadata_file,
-        target=target,
-        cache=not no_cache,
-        network="none",
-        provenance=False,
-        progress="plain",
-        load=True,
-        stream_logs=True,
-    )
-    assert isinstance(logs, Iterator)
-    tail: list[str] = []
-
-    def failed(last: str) -> BuildError:
-        errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
-        return BuildError(
-            f"image build failed: {errors[-1].strip() if errors else last}",
-            fix=f"see the build output above; rerun with docker buildx build -f {dockerfile} ... {context}",
-        )
-
-    with e.calling("docker buildx build", failed):
-        for chunk in logs:
-            for line in chunk.splitlines():
-                tail = [*tail[-39:], line]
-                yield line
