@@ -82,6 +82,7 @@ def layers(ref: str) -> list[dict[str, object]]:
     """The image's layers, base first: diff id, size and which step made it (docker history, matched to the diff
     ids as nodekit's push plan does: nodekit.ship.sized_layers)."""
     from nodekit.image.append import EMPTY_LAYER
+
     from nodekit.ship import sized_layers
 
     out = run(["docker", "history", "--no-trunc", "--human=false", "--format", "{{.CreatedBy}}\t{{.Size}}", ref])[1]
