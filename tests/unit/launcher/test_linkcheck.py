@@ -76,7 +76,9 @@ def test_a_slow_node_is_named_in_each_of_its_pairs_with_interfaces_and_figures()
 
 
 def test_a_healthy_cluster_passes_and_small_noise_is_not_a_finding() -> None:
-    ps = [Pair(a, b, gbit(9.4 * (0.7 + 0.1 * a)), gbit(9.0), rtt_ms=0.1 + 0.05 * b) for a, b in combinations(range(4), 2)]
+    ps = [
+        Pair(a, b, gbit(9.4 * (0.7 + 0.1 * a)), gbit(9.0), rtt_ms=0.1 + 0.05 * b) for a, b in combinations(range(4), 2)
+    ]
     v = decide(ends(4), ps, seconds=0.2, took_s=1.4)
     assert v.findings == () and v.suspects == ()
     assert render(v, matrix=False).startswith("nodekit link check: ok, 4 nodes, 6 pair(s)")
@@ -96,7 +98,9 @@ def test_refusals_floor_unreachable_and_refuse_mode() -> None:
 
 
 def test_a_late_pair_is_named_by_its_round_trip() -> None:
-    ps = [Pair(a, b, gbit(9.4), gbit(9.4), rtt_ms=6.0 if (a, b) == (0, 1) else 0.1) for a, b in combinations(range(4), 2)]
+    ps = [
+        Pair(a, b, gbit(9.4), gbit(9.4), rtt_ms=6.0 if (a, b) == (0, 1) else 0.1) for a, b in combinations(range(4), 2)
+    ]
     v = decide(ends(4), ps)
     assert [(f.kind, f.a, f.b) for f in v.findings] == [("late", 0, 1)]
 
