@@ -34,7 +34,7 @@ NNODES                             required  >= 1
 NPROC_PER_NODE                     required  integer >= 1 (the host resolves ``auto``)
 WORLD_SIZE                         optional  total processes when fixed; informational and compared across nodes
 NODEKIT_NAME                       ""        job name, shown and compared
-NODEKIT_LAUNCHER                   torchrun  ``torchrun``, ``fabric``, ``env``, ``torch.distributed.launch`` or ``mpirun``
+NODEKIT_LAUNCHER                   torchrun  ``torchrun``, ``fabric``, ``env``, ``torch.distributed.launch``, ``mpirun``
 NODEKIT_ACCELERATOR / _STRATEGY /  cpu, ddp  mode fabric: LT_ACCELERATOR, LT_STRATEGY, LT_PRECISION (plan.fabric_env)
   _PRECISION
 NODEKIT_NPROC_DECLARED             unset     ``0:2,1:auto``: per-node processes nodekit.toml declares (preflight)

@@ -13,8 +13,8 @@ import math
 DEFAULT_SECONDS = 0.2
 MIN_SECONDS, MAX_SECONDS = 0.05, 5.0
 # What a round costs beyond its two transfers: two connections with their handshakes and pings, the barrier (a
-# store poll) and the result's publication. Measured on the virtual cluster (docs/benchmarks.md), rounded up.
-ROUND_OVERHEAD_S = 0.05
+# store poll) and the result's publication: 0.05 to 0.1 s measured (benchmarks/link_bench.py), the upper end.
+ROUND_OVERHEAD_S = 0.1
 
 
 def rounds(n: int) -> list[list[tuple[int, int]]]:

@@ -41,7 +41,7 @@ def test_every_pair_meets_once_and_no_node_is_in_two_pairs_of_a_round(n: int) ->
 
 
 def test_the_cost_bound_is_rounds_times_both_directions() -> None:
-    assert [round(estimate_s(n), 2) for n in (2, 4, 8, 16)] == [0.45, 1.35, 3.15, 6.75]
+    assert [round(estimate_s(n), 2) for n in (2, 4, 8, 16)] == [0.5, 1.5, 3.5, 7.5]
 
 
 def gbit(g: float, seconds: float = 0.2) -> Transfer:
