@@ -314,6 +314,14 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu
     return None
 
 
+def _watchdog(cfg: LaunchConfig, passed: Passed | None) -> Watchdog | None:
+    """The peer watchdog over the preflight's store, when there was a preflight and NODEKIT_PEER_TIMEOUT > 0."""
+    if passed is None or cfg.peer_timeout <= 0:
+        return None
+    names = node_names(passed.verdict.facts)
+    return Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Parse, check, preflight, then exec (never returns on success); returns an exit code otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -372,11 +380,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         rendezvous=rdzv, counts=counts,
     )  # fmt: skip
     if cfg.mode == "mpirun":
-        dog = None
-        if passed is not None and cfg.peer_timeout > 0:
-            names = node_names(passed.verdict.facts)
-            dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
-        return ranks.run_watched(plan, env, slots(cfg, counts)[0], dog)
+        return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed))
     if cfg.mode in TORCHRUN_MODES and ("torch" in sys.modules or rdzv is not None):
         # torchrun's workers inherit this process's environment.
         os.environ.update(plan.set_env)
@@ -384,9 +388,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             os.environ.setdefault(key, value)
         if rdzv is not None:
             _distinct_node(cfg.node_rank)
-        if passed is not None and cfg.peer_timeout > 0:
-            names = node_names(passed.verdict.facts)
-            dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
+        if (dog := _watchdog(cfg, passed)) is not None:
             return _torchrun_watched(plan.argv, dog, cfg.max_restarts)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_in_process(plan.argv)
