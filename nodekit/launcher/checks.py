@@ -81,15 +81,18 @@ def alone(cfg: LaunchConfig, check: GpuCheck) -> int | None:
 
 
 def link_job(cfg: LaunchConfig, facts: NodeFacts) -> links.LinkJob:
-    """This node's part of the link check: the address it reached main from (main: MASTER_ADDR) and its interface."""
+    """This node's part of the link check. It is reached at the address it reached main from (main: MASTER_ADDR),
+    on the pinned interface's address when the job pins one; it listens and sends from that address when it is
+    this machine's own, else (main behind an address translation) from any address."""
     addr = cfg.master_addr if cfg.is_main else facts.address
     if cfg.iface:
         addr = netfacts.iface_addr(cfg.iface) or addr
-    iface = cfg.iface or netfacts.iface_holding(addr) or ""
+    held = netfacts.iface_holding(addr)
+    iface = cfg.iface or held or ""
     mode: Mode = "refuse" if cfg.link_check == "refuse" else "warn"
     return links.LinkJob(
         rank=cfg.node_rank, nnodes=cfg.nnodes, host=facts.hostname, addr=addr, iface=iface, secret=cfg.job_secret,
-        mode=mode, min_gbit=cfg.min_link_gbit, seconds=cfg.link_seconds,
+        mode=mode, min_gbit=cfg.min_link_gbit, seconds=cfg.link_seconds, bind=None if held or ":" in addr else "",
     )  # fmt: skip
 
 

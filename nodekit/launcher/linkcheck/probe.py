@@ -139,9 +139,10 @@ def _sink(sock: socket.socket, deadline: float, now: Callable[[], float] = time.
 class LinkServer:
     """The listener one node runs during the check: admits holders of ``secret`` for store run ``run_id``."""
 
-    def __init__(self, secret: str, run_id: bytes, addr: str) -> None:
+    def __init__(self, secret: str, run_id: bytes, addr: str, *, v6: bool = False) -> None:
+        """Listen on ``addr`` ("": every address of the family, IPv6 when ``v6``), on a port the kernel picks."""
         self.secret, self.run_id = secret, run_id
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+        family = socket.AF_INET6 if ":" in addr or (not addr and v6) else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((addr, 0))

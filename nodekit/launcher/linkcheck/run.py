@@ -33,12 +33,13 @@ class LinkJob:
     rank: int
     nnodes: int
     host: str
-    addr: str
+    addr: str  # where the others reach this node (published)
     iface: str
     secret: str
     mode: Mode = "warn"
     min_gbit: float | None = None
     seconds: float = 0.2
+    bind: str | None = None  # the local address to listen on and send from; None: ``addr`` (it is this node's own)
 
 
 def _k(*parts: object) -> str:
@@ -75,7 +76,12 @@ def run(store: Store, job: LinkJob, run_id: bytes, clock: Clock | None = None) -
 
 def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock) -> LinkVerdict:
     start = clock.now()
-    server = LinkServer(job.secret, run_id, job.addr).start()
+    local = job.addr if job.bind is None else job.bind
+    try:
+        server = LinkServer(job.secret, run_id, local).start()
+    except OSError as err:
+        why = err.strerror or err
+        raise PreflightError(f"cannot listen for the link check on {local or 'any address'}: {why}") from err
     try:
         me = Endpoint(job.rank, job.host, job.addr, job.iface, server.port)
         store.set(_k("end", job.rank), json.dumps(asdict(me)))
@@ -90,7 +96,7 @@ def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock) -> LinkVerdict
             mate = partner(schedule, i, job.rank)
             if mate is not None and job.rank < mate:
                 e = ends[mate]
-                pair = measure(job.rank, mate, e.addr, e.port, job.secret, run_id, job.seconds, source=job.addr)
+                pair = measure(job.rank, mate, e.addr, e.port, job.secret, run_id, job.seconds, source=local or None)
                 store.set(_k("pair", f"{job.rank}-{mate}"), json.dumps(pair.to_json_dict()))
             if not _barrier(store, f"round/{i}", job.nnodes, clock.now() + per_round, clock):
                 finished = False  # a node is stuck or gone: decide on what was measured

@@ -174,3 +174,20 @@ def test_nobody_listening_is_a_pair_that_cannot_connect() -> None:
         port = s.getsockname()[1]
     pair = probe.measure(0, 1, "127.0.0.1", port, SECRET, b"r" * 16, 0.05)
     assert "cannot connect" in pair.error and "refused" in pair.error.lower()
+
+
+def test_each_node_listens_where_it_is_reached_and_main_behind_a_translation_listens_anywhere() -> None:
+    from dataclasses import replace
+
+    from nodekit.launcher.checks import link_job
+    from nodekit.launcher.config import parse_env
+    from nodekit.launcher.preflight.stack import NodeFacts
+    from tests.unit.launcher.conftest import node_env
+
+    facts = NodeFacts.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
+    worker = link_job(parse_env({**node_env(1), "MASTER_ADDR": "127.0.0.1"}), facts)
+    assert (worker.addr, worker.iface, worker.bind) == ("127.0.0.1", "lo", None)
+    main = link_job(parse_env({**node_env(0), "MASTER_ADDR": "203.0.113.9"}), replace(facts, rank=0))
+    assert (main.addr, main.bind, main.rank) == ("203.0.113.9", "", 0)  # reached there, listens on every address
+    pinned = link_job(parse_env({**node_env(1), "GLOO_SOCKET_IFNAME": "lo"}), facts)
+    assert (pinned.addr, pinned.iface) == ("127.0.0.1", "lo")
