@@ -21,7 +21,7 @@ from typing import Any, Literal
 from nodekit.launcher.contract import EXIT_LINK
 
 SLOW_RATIO = 0.25
-RTT_RATIO, RTT_FLOOR_MS = 4.0, 1.0
+RTT_RATIO, RTT_FLOOR_MS = 4.0, 5.0  # a loaded 2-core machine stalls a ping by a millisecond or two
 Kind = Literal["unreachable", "below_floor", "slow", "late"]
 Mode = Literal["warn", "refuse", "off"]
 
