@@ -68,6 +68,7 @@ def test_a_slowed_host_is_named_by_doctor_fleet_and_refused_by_the_preflight(
     t0 = time.monotonic()
     code, out = doctor(fleet4, project, demo_on_main.ref, tmp_path / "healthy.log")
     record_property("doctor_fleet_healthy_s", round(time.monotonic() - t0, 1))
+    print(out)  # the matrix, kept in the test's report
     assert code == 0, out[-5000:]
     assert "nodekit link check: ok, 4 nodes, 6 pair(s)" in out, out[-5000:]
     assert "no training started" in out and not (project / "outputs" / "result.json").exists()
@@ -81,6 +82,7 @@ def test_a_slowed_host_is_named_by_doctor_fleet_and_refused_by_the_preflight(
     t0 = time.monotonic()
     code, out = doctor(fleet4, project, demo_on_main.ref, tmp_path / "slowed.log")
     record_property("doctor_fleet_slowed_s", round(time.monotonic() - t0, 1))
+    print(out)
     assert code == 0, out[-5000:]  # links = "warn": named, not refused
     assert "nodekit link check: WARNING, 3 pair(s) named" in out, out[-5000:]
     named = pair_lines(out)
