@@ -111,6 +111,10 @@ def demo_run(config: Path, main: str, links: str) -> tuple[float, float | None]:
     return wall, float(m.group(1)) if m else None
 
 
+def _list(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
 def section(scale: list[dict[str, float]], demo: dict[str, Any] | None, seconds: float) -> str:
     lines = [
         TITLE,
@@ -130,14 +134,14 @@ def section(scale: list[dict[str, float]], demo: dict[str, Any] | None, seconds:
     lines.append("")
     if demo is not None:
         off, on, took = demo["off_s"], demo["on_s"], demo["check_s"]
+        spread = max(*off, *on) - min(*off, *on)
         lines += [
             f"On the demo job (examples/ddp, 2 nodes on this machine, main {demo['main']}, `--epochs 1`, "
             f"{demo['reps']} runs each way, alternating): the check itself took a median "
-            f"{statistics.median(took):.2f} s "
-            f"({', '.join(f'{t:.2f}' for t in took)}); the whole job {statistics.median(off):.1f} s with "
-            f'`links = "off"` and {statistics.median(on):.1f} s with the check (median of '
-            f"{', '.join(f'{t:.1f}' for t in off)} vs {', '.join(f'{t:.1f}' for t in on)}: the difference is within "
-            "this shared machine's run-to-run spread when it is below a second).",
+            f"{statistics.median(took):.2f} s ({', '.join(f'{t:.2f}' for t in took)}, from node 0's log). The whole "
+            f'job took a median {statistics.median(off):.1f} s with `links = "off"` ({_list(off)}) '
+            f"and {statistics.median(on):.1f} s with the check ({_list(on)}); single runs "
+            f"spread over {spread:.1f} s on this shared machine, so only the check's own figure is exact.",
             "",
         ]
     return "\n".join(lines) + "\n"

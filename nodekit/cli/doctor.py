@@ -105,7 +105,7 @@ def _fleet(config: Path | None, hostfile: Path | None, image: str | None, master
     printers: dict[int, Callable[[str], None]] = {}
 
     def emit(rank: int, line: str) -> None:
-        if rank != 0 and "error" not in line:
+        if rank != 0 and not line.startswith("nodekit: error"):
             return
         printers.setdefault(rank, prefixed(f"[node {rank}]"))(line)
 
