@@ -106,6 +106,7 @@ ifdef DECIDE
 	$(PY) benchmarks/decide.py $(DECIDE_ARGS)
 else
 	$(PY) benchmarks/manifest_bench.py
+	$(PY) benchmarks/link_bench.py
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/decide.py
 	$(PY) benchmarks/fleet_bench.py

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from nodekit.cli.common import ConfigOpt, NnodesOpt, PortOpt, app, handled, load_settings
+from nodekit.cli.common import ConfigOpt, ImageOpt, NnodesOpt, PortOpt, app, handled, load_settings
 
 if TYPE_CHECKING:
     from nodekit.doctor import CheckRow
@@ -34,6 +35,16 @@ def doctor(
         ),
     ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="print the rows as JSON")] = False,
+    fleet: Annotated[
+        bool,
+        typer.Option(
+            "--fleet",
+            help="from the head, on every host of `nodekit run`: the preflight, each node's GPU health and the link "
+            "check between every pair of nodes, without training; prints node 0's report and the link matrix",
+        ),
+    ] = False,
+    hostfile: Annotated[Path | None, typer.Option("--hostfile", help="with --fleet: the hosts, as nodekit run")] = None,
+    image: ImageOpt = None,
     nnodes: NnodesOpt = None,
     master_port: PortOpt = None,
     config: ConfigOpt = None,
@@ -42,11 +53,15 @@ def doctor(
 
     Run it on main with --node-rank 0 --listen 120 and on each worker with --main ADDR --node-rank R: the workers'
     rows then show a real TCP round trip to main (or whether the port is closed, unreachable or filtered).
+    With --fleet, from the head: every host of `nodekit run` runs the job's own checks (stack, GPU health, the link
+    between every pair of nodes) and nothing else; the exit code is theirs (20 a link, 21 a GPU, 17/18 preflight).
     """
     from nodekit import doctor as doc
     from nodekit.errors import UsageError
     from nodekit.system.host import net
 
+    if fleet:
+        raise typer.Exit(_fleet(config, hostfile, image, master_port))
     started = time.monotonic()
     settings = load_settings(config, nnodes=nnodes, master_port=master_port)
     facts = doc.gather(settings, main=main, rank=node_rank)
@@ -77,6 +92,24 @@ def doctor(
         payload = {"ok": doc.exit_code(rows) == 0, "seconds": round(elapsed, 2), "rows": doc.as_json(rows)}
         typer.echo(json.dumps(payload, indent=2))
     raise typer.Exit(doc.exit_code(rows))
+
+
+def _fleet(config: Path | None, hostfile: Path | None, image: str | None, master_port: int | None) -> int:
+    """``--fleet``: node 0's output in full (every node prints the same verdicts), the others' errors only."""
+    from nodekit.backends.fleet.doctor import check_fleet
+    from nodekit.backends.fleet.run import hosts_of
+    from nodekit.cli.ui import RichReporter, prefixed
+
+    settings = load_settings(config, master_port=master_port)
+    hosts = hosts_of(settings, hostfile)
+    printers: dict[int, Callable[[str], None]] = {}
+
+    def emit(rank: int, line: str) -> None:
+        if rank != 0 and not line.startswith("nodekit: error"):
+            return
+        printers.setdefault(rank, prefixed(f"[node {rank}]"))(line)
+
+    return check_fleet(settings, hosts, RichReporter(verbose=True), emit, image=image)
 
 
 def _print_rows(rows: list[CheckRow]) -> None:

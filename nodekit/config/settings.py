@@ -19,7 +19,16 @@ from nodekit.config import file as config_file
 from nodekit.config import inputs
 from nodekit.config.file import CONFIG_FILE, config_path
 from nodekit.config.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
-from nodekit.config.tables import Bad, K8sSettings, Mount, NodeOverride, NProc, SlurmSettings, checked
+from nodekit.config.tables import (
+    Bad,
+    HealthSettings,
+    K8sSettings,
+    Mount,
+    NodeOverride,
+    NProc,
+    SlurmSettings,
+    checked,
+)
 from nodekit.errors import ConfigError
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
@@ -77,10 +86,11 @@ class Settings(BaseSettings):
     script: str | None = Field(None, description="training script, relative to the project root")
     module: str | None = Field(None, description="or a module to run with -m")
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
-    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = Field(
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"] = Field(
         "torchrun",
         description="torchrun; fabric (what `fabric run` does); env for frameworks that start their own workers "
-        "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank",
+        "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank; mpirun for "
+        "scripts that read Open MPI's OMPI_COMM_WORLD_* variables (no MPI runtime)",
     )
     accelerator: str | None = Field(
         None, description="launcher fabric: --accelerator (default: cuda on a node with GPUs, else cpu)"
@@ -129,6 +139,9 @@ class Settings(BaseSettings):
     mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
     slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="nodekit slurm ([slurm])")
     k8s: K8sSettings = Field(default_factory=K8sSettings, description="nodekit k8s: the Kubernetes manifests ([k8s])")
+    health: HealthSettings = Field(
+        default_factory=HealthSettings, description="the link and GPU checks before any worker starts ([health])"
+    )
 
     # Set by load(): where the file was found. Not a user setting.
     project_dir: Path = Field(default_factory=Path.cwd, exclude=True)

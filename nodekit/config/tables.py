@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from nodekit.config.inputs import MAX_PROCS, iface_problem, ip_problem, path_problem, target_problem
+from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 
 
 class Bad(ValueError):
@@ -166,3 +167,28 @@ class K8sSettings(BaseModel):
     backoff_limit: int = Field(0, ge=0, description="Job retries of a failed pod (exit codes 2, 17, 19 never retry)")
     runtime: str = Field("torch-distributed", description="--trainjob: the Kubeflow Trainer runtime it references")
     out_dir: Path = Field(Path("k8s"), description="where nodekit k8s writes its manifests")
+
+
+class HealthSettings(BaseModel):
+    """``[health]``: the checks every node runs after the preflight, before any worker starts (the launcher's
+    ``checks.py``). Each is ``warn`` (print what is wrong, then train), ``refuse`` (stop every node) or ``off``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    links: Literal["warn", "refuse", "off"] = Field(
+        "warn",
+        description="every pair of nodes measured (throughput both ways, round trip) on the training interface: "
+        "a pair far below the others is named; refuse stops the job (exit 20)",
+    )
+    min_link_gbit: float | None = Field(
+        None, gt=0, le=1e6, description="a pair below this many Gbit/s (either way) stops the job (exit 20)"
+    )
+    link_seconds: float = Field(
+        DEFAULT_SECONDS, ge=MIN_SECONDS, le=MAX_SECONDS, description="seconds of bulk transfer per pair and direction"
+    )
+    gpus: Literal["warn", "refuse", "off"] = Field(
+        "warn",
+        description="each node's GPUs (nvidia-smi -q, the kernel log's Xids, dcgmi diag -r 1): a sick GPU is named "
+        "with its index and the fix; refuse stops the job (exit 21)",
+    )
+    dcgm: bool = Field(True, description="run dcgmi diag -r 1 where DCGM is installed in the image (seconds)")

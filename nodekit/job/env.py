@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from nodekit.job.spec import NodeSpec
+from nodekit.job.spec import LaunchSpec, NodeSpec
+from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS
 from nodekit.system.host.facts import HostFacts
 
 OUTPUT_DIR_IN_CONTAINER = "/outputs"
@@ -42,6 +43,7 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
         gpus = [(r, g) for r, g in enumerate(launch.node_gpus) if g is not None]
         if gpus:
             env["NODEKIT_GPUS_DECLARED"] = ",".join(f"{r}:{g}" for r, g in gpus)
+    env |= health_env(launch)
     checked = [f"{m.container}:{m.check}" for m in node.mounts if m.check != "none"]
     if checked:
         # The launcher's same-data check: a manifest of each of these mounts, compared across nodes by the preflight.
@@ -66,4 +68,22 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
     if debug:
         # A flag outranks the configuration file, so --debug wins over a configured NCCL_DEBUG=WARN.
         env |= DEBUG_ENV
+    return env
+
+
+def health_env(launch: LaunchSpec) -> dict[str, str]:
+    """``[health]`` for the launcher (``launcher/checks.py``): only what differs from its defaults, so a job that
+    leaves the table alone renders the same file as before it existed."""
+    h = launch.health
+    env: dict[str, str] = {}
+    if h.links != "warn":
+        env["NODEKIT_LINK_CHECK"] = h.links
+    if h.min_link_gbit is not None:
+        env["NODEKIT_MIN_LINK_GBIT"] = f"{h.min_link_gbit:g}"
+    if h.link_seconds != DEFAULT_SECONDS:
+        env["NODEKIT_LINK_SECONDS"] = f"{h.link_seconds:g}"
+    if h.gpus != "warn":
+        env["NODEKIT_GPU_HEALTH"] = h.gpus
+    if not h.dcgm:
+        env["NODEKIT_DCGM"] = "0"
     return env

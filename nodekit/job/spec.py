@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, model_validator
 
 from nodekit.config.settings import Settings
+from nodekit.config.tables import HealthSettings
 from nodekit.errors import ConfigError, UsageError
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.system.frozen import FROZEN
@@ -48,7 +49,7 @@ class LaunchSpec(BaseModel):
 
     name: str
     command: Command
-    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch"] = "torchrun"
+    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"] = "torchrun"
     accelerator: str | None = None  # launcher fabric; None: cuda on a node with GPUs, else cpu
     strategy: str = "ddp"  # launcher fabric
     precision: str | None = None  # launcher fabric; None: Fabric's default
@@ -63,6 +64,7 @@ class LaunchSpec(BaseModel):
     # Per node, by rank: processes (an int, or "auto" for the node's GPUs) and declared GPU counts ([nodes.R]).
     node_nproc: tuple[int | Literal["auto"], ...] = ()
     node_gpus: tuple[int | None, ...] = ()
+    health: HealthSettings = HealthSettings()  # [health]: the launcher's link and GPU checks
 
     def nproc_of(self, rank: int) -> int | Literal["auto"]:
         """Node ``rank``'s declared processes: its [nodes.R] nproc_per_node, else the job's."""
@@ -153,6 +155,7 @@ def launch_spec(settings: Settings) -> LaunchSpec:
             for r in range(settings.nnodes)
         ),
         node_gpus=tuple(o.gpus if (o := settings.nodes.get(r)) else None for r in range(settings.nnodes)),
+        health=settings.health,
     )
 
 

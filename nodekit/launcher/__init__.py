@@ -34,7 +34,7 @@ NNODES                             required  >= 1
 NPROC_PER_NODE                     required  integer >= 1 (the host resolves ``auto``)
 WORLD_SIZE                         optional  total processes when fixed; informational and compared across nodes
 NODEKIT_NAME                       ""        job name, shown and compared
-NODEKIT_LAUNCHER                   torchrun  ``torchrun``, ``fabric``, ``env`` or ``torch.distributed.launch``
+NODEKIT_LAUNCHER                   torchrun  ``torchrun``, ``fabric``, ``env``, ``torch.distributed.launch``, ``mpirun``
 NODEKIT_ACCELERATOR / _STRATEGY /  cpu, ddp  mode fabric: LT_ACCELERATOR, LT_STRATEGY, LT_PRECISION (plan.fabric_env)
   _PRECISION
 NODEKIT_NPROC_DECLARED             unset     ``0:2,1:auto``: per-node processes nodekit.toml declares (preflight)
@@ -46,6 +46,12 @@ NODEKIT_RDZV_TIMEOUT               180       seconds to wait for every node (pre
 NODEKIT_PEER_TIMEOUT               15        seconds without a node's heartbeat before it is lost; 0: no watchdog,
                                              else at least 3 (nodes beat once a second)
 NODEKIT_PREFLIGHT                  1         0 skips preflight
+NODEKIT_GPU_HEALTH                 warn      GPU health (checks.py): warn, refuse (exit 21) or off
+NODEKIT_DCGM                       1         0: no ``dcgmi diag -r 1`` even where DCGM is installed
+NODEKIT_LINK_CHECK                 warn      link check after preflight (linkcheck/): warn, refuse (exit 20) or off
+NODEKIT_MIN_LINK_GBIT              unset     a pair below this many Gbit/s refuses (exit 20)
+NODEKIT_LINK_SECONDS               0.2       bulk transfer per pair and direction, 0.05..5
+NODEKIT_CHECKS_ONLY                0         1: preflight and the checks, then exit (``nodekit doctor --fleet``)
 NODEKIT_PREFLIGHT_PORT             PORT+1    preflight store port on main; must differ from MASTER_PORT
 NODEKIT_OUTPUT_DIR                 /outputs  for the training script; the launcher only passes it on
 NODEKIT_FINGERPRINT                ""        the image's stack fingerprint (baked into the image as ENV)
@@ -53,6 +59,10 @@ NODEKIT_IMAGE_ID                   ""        the image's identity (one value on 
 NODEKIT_ALLOW_HETEROGENEOUS_GPUS   0         1: GPU model/count and processes per node may differ (notes)
 GLOO_SOCKET_IFNAME / NCCL_...      unset     the interface toward main; shown in the start line
 =================================  ========  ====================================================================
+
+Mode ``mpirun`` (scripts written for ``mpirun -np N -x MASTER_ADDR -x MASTER_PORT python main.py``): the launcher
+starts NPROC_PER_NODE processes of the command itself, each with OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK,
+_LOCAL_SIZE and _NODE_RANK as ``-map-by slot`` lays them out (``ranks.py``), under the peer watchdog; no MPI runtime.
 
 Mode ``env`` (Lightning ``Trainer(num_nodes=NNODES, devices=NPROC_PER_NODE)``, LightlyTrain): the command runs as
 one process per node and the framework starts its own per-device workers. Lightning's LightningEnvironment reads
@@ -65,7 +75,9 @@ missing); 17 stack or launch mismatch between nodes, or a node rank claimed twic
 never arrived within NODEKIT_RDZV_TIMEOUT, main unreachable, main lost, or the preflight port taken; 19 another
 node was lost (no heartbeat for NODEKIT_PEER_TIMEOUT, or main's store unreachable that long) or failed, and this
 node stopped its own part of the job: the line before the exit names the node (also when this node's own job had
-already failed through gloo/NCCL, where the lost node, or the node whose worker failed first, is the cause); 143
+already failed through gloo/NCCL, where the lost node, or the node whose worker failed first, is the cause); 20 the
+link check refused (a pair could not connect, is below NODEKIT_MIN_LINK_GBIT, or with refuse is far below the
+others); 21 the GPU health check refused (refuse, and a sick GPU on some node); 143
 terminated during preflight, or while waiting for the other nodes after torchrun; anything else is the job's own
 code (torchrun's, in torchrun mode).
 

@@ -11,14 +11,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import CHECKS_ONLY_ENV, PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 
-Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
-MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch")
+Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"]
+MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch", "mpirun")
 # The modes whose workers torchrun starts (in this process after a preflight, under the peer watchdog).
 TORCHRUN_MODES = frozenset({"torchrun", "fabric", "torch.distributed.launch"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
+Check = Literal["warn", "refuse", "off"]
+CHECKS: tuple[Check, ...] = ("warn", "refuse", "off")
 DEFAULT_PEER_TIMEOUT = 15.0
 MIN_PEER_TIMEOUT = 3.0
 # Timeouts the launcher's arithmetic and Python's waits can hold (timedelta, threading.TIMEOUT_MAX), with room to
@@ -59,6 +62,14 @@ class LaunchConfig:
     gpus_declared: tuple[tuple[int, int], ...] = ()  # NODEKIT_GPUS_DECLARED: (rank, N) where declared
     data_check: tuple[tuple[str, str], ...] = ()  # NODEKIT_DATA_CHECK: (container path, "sizes" or "hashes")
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
+    # [health]: the link check (NODEKIT_LINK_CHECK, _MIN_LINK_GBIT, _LINK_SECONDS) and the GPU health check
+    # (NODEKIT_GPU_HEALTH, NODEKIT_DCGM), both after a good preflight; NODEKIT_CHECKS_ONLY: no training after them.
+    link_check: Check = "warn"
+    min_link_gbit: float | None = None
+    link_seconds: float = DEFAULT_SECONDS
+    gpu_health: Check = "warn"
+    dcgm: bool = True
+    checks_only: bool = False
     # NODEKIT_JOB_SECRET: what this node presents to main's store (launcher/auth.py); never printed.
     job_secret: str = field(default="", repr=False)
 
@@ -109,6 +120,27 @@ def _per_node(env: Mapping[str, str], key: str, nnodes: int, *, auto: bool) -> t
             raise EnvError(f"{key}={raw!r} names node {int(rank)}, outside 0..{nnodes - 1}")
         out[int(rank)] = count.strip()
     return tuple(sorted(out.items()))
+
+
+def _check(env: Mapping[str, str], key: str) -> Check:
+    raw = env.get(key, "").strip() or "warn"
+    found = next((c for c in CHECKS if c == raw), None)
+    if found is None:
+        raise EnvError(f"{key}={raw!r} is not one of {', '.join(CHECKS)}")
+    return found
+
+
+def _float(env: Mapping[str, str], key: str, lo: float, hi: float) -> float | None:
+    raw = env.get(key, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise EnvError(f"{key}={raw!r} is not a number") from None
+    if not lo <= value <= hi:
+        raise EnvError(f"{key}={raw} is outside {lo:g}..{hi:g}")
+    return value
 
 
 def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
@@ -226,5 +258,11 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
         data_check=_data_check(env),
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
+        link_check=_check(env, "NODEKIT_LINK_CHECK"),
+        min_link_gbit=_float(env, "NODEKIT_MIN_LINK_GBIT", 1e-6, 1e6),
+        link_seconds=_float(env, "NODEKIT_LINK_SECONDS", MIN_SECONDS, MAX_SECONDS) or DEFAULT_SECONDS,
+        gpu_health=_check(env, "NODEKIT_GPU_HEALTH"),
+        dcgm=_bool(env, "NODEKIT_DCGM", True),
+        checks_only=_bool(env, CHECKS_ONLY_ENV, False),
         job_secret=env.get("NODEKIT_JOB_SECRET", "").strip(),
     )

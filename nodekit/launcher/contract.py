@@ -17,6 +17,8 @@ EXIT_BAD_ENV = 2  # bad environment or command: missing variable, script not fou
 EXIT_STACK_MISMATCH = 17  # stack or launch mismatch between nodes, or a node rank claimed twice
 EXIT_RENDEZVOUS = 18  # a node never arrived, main unreachable or lost, or the preflight port taken
 EXIT_PEER_LOST = 19  # another node was lost or failed, and this node stopped its own part of the job
+EXIT_LINK = 20  # the link check refused: a pair could not connect, is below min_link_gbit, or (links = refuse) slow
+EXIT_GPU = 21  # the GPU health check refused (gpus = "refuse"): a GPU missing, with errors, pending repair, throttled
 EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the other nodes after torchrun
 
 # --- ports on main, relative to MASTER_PORT ------------------------------------------------------------------
@@ -25,6 +27,11 @@ EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the o
 # talking to the preflight store.
 PREFLIGHT_PORT_OFFSET = 1
 
+# --- checks only -------------------------------------------------------------------------------------------
+# `nodekit doctor --fleet` starts the job's containers with this set to 1: the launcher runs the preflight, the GPU
+# health check and the link check, prints them, and exits with their verdict instead of starting any worker.
+CHECKS_ONLY_ENV = "NODEKIT_CHECKS_ONLY"
+
 # --- the host's Docker engine ---------------------------------------------------------------------------------
 # Where a Docker daemon's pid may be written (the packaged dockerd's two, and the engine nodekit's test harness
 # starts): its /proc/<pid>/limits are the limits containers inherit. Read on this host (nodekit.system.host.facts) and
@@ -32,8 +39,11 @@ PREFLIGHT_PORT_OFFSET = 1
 DOCKER_PIDFILES = ("/var/run/docker.pid", "/run/docker.pid", "/var/run/nodekit-dockerd.pid")
 
 __all__ = [
+    "CHECKS_ONLY_ENV",
     "DOCKER_PIDFILES",
     "EXIT_BAD_ENV",
+    "EXIT_GPU",
+    "EXIT_LINK",
     "EXIT_OK",
     "EXIT_PEER_LOST",
     "EXIT_RENDEZVOUS",

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nodekit.launcher import checks, ranks
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
@@ -32,6 +33,7 @@ from nodekit.launcher.plan import (
     local_rank_flag,
     missing_target,
     parse_command,
+    slots,
     start_line,
 )
 from nodekit.launcher.preflight import network as netfacts
@@ -281,9 +283,18 @@ def _serve_verdict(store: Any, cfg: LaunchConfig, verdict: Verdict, clock: Clock
         pass  # the store failed under us: nothing more to serve
 
 
-def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str]) -> int | None:
-    """After a passed preflight: the checked mounts compared across nodes (an exit code when they differ), and
-    WORLD_SIZE set (in ``env`` and this process's environment) when some node's count was 'auto'."""
+def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu: checks.GpuCheck) -> int | None:
+    """After a passed preflight: every node's GPU health and the link check (checks.py), the checked mounts compared
+    across nodes (an exit code when they differ), and WORLD_SIZE set (in ``env`` and this process's environment) when
+    some node's count was 'auto'."""
+    try:
+        code = checks.after_preflight(cfg, passed.store, passed.verdict.facts, gpu)
+    except PreflightError as e:
+        _err(str(e))
+        return EXIT_RENDEZVOUS
+    if code is not None:
+        _err(f"the health checks refused this job; not starting training (exit {code})")
+        return code
     if cfg.data_check:
         from nodekit.launcher.datacheck import compare as samedata
 
@@ -301,6 +312,14 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str]) -> 
         print(f"nodekit: world {world} ({counts} processes)", flush=True)
         env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
     return None
+
+
+def _watchdog(cfg: LaunchConfig, passed: Passed | None) -> Watchdog | None:
+    """The peer watchdog over the preflight's store, when there was a preflight and NODEKIT_PEER_TIMEOUT > 0."""
+    if passed is None or cfg.peer_timeout <= 0:
+        return None
+    names = node_names(passed.verdict.facts)
+    return Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -326,6 +345,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if problem:
         _err(problem)
         return EXIT_BAD_ENV
+    gpu = checks.GpuCheck(cfg, env)  # runs beside the preflight
     passed: Passed | None = None
     if cfg.preflight and cfg.nnodes > 1:
         signal.signal(signal.SIGTERM, _on_sigterm)  # stays for in-process torchrun; exec resets it
@@ -339,8 +359,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return EXIT_TERMINATED
         if code != EXIT_OK:
             return code
-    if passed is not None and (stop := _after_preflight(cfg, passed, env)) is not None:
+    if passed is not None and (stop := _after_preflight(cfg, passed, env, gpu)) is not None:
         return stop
+    if passed is None and (stop := checks.alone(cfg, gpu)) is not None:
+        _err(f"the GPU health check refused this node; not starting training (exit {stop})")
+        return stop
+    if cfg.checks_only:
+        print("nodekit: checks done (checks only: nodekit doctor --fleet); no training started", flush=True)
+        return EXIT_OK
     if cfg.mode == "env" and cfg.max_restarts > 0:
         print(
             f"nodekit: note: max_restarts = {cfg.max_restarts} does nothing with launcher = env (no torchrun restarts "
@@ -348,10 +374,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             flush=True,
         )
     rdzv = _rendezvous(cfg, passed)
+    counts = {f.rank: f.nproc_per_node for f in passed.verdict.facts} if passed else None
     plan = exec_plan(
         cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command),
-        rendezvous=rdzv,
+        rendezvous=rdzv, counts=counts,
     )  # fmt: skip
+    if cfg.mode == "mpirun":
+        return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed))
     if cfg.mode in TORCHRUN_MODES and ("torch" in sys.modules or rdzv is not None):
         # torchrun's workers inherit this process's environment.
         os.environ.update(plan.set_env)
@@ -359,9 +388,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             os.environ.setdefault(key, value)
         if rdzv is not None:
             _distinct_node(cfg.node_rank)
-        if passed is not None and cfg.peer_timeout > 0:
-            names = node_names(passed.verdict.facts)
-            dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
+        if (dog := _watchdog(cfg, passed)) is not None:
             return _torchrun_watched(plan.argv, dog, cfg.max_restarts)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_in_process(plan.argv)

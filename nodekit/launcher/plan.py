@@ -45,6 +45,8 @@ class ExecPlan:
     set_env: tuple[tuple[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
     default_env: tuple[tuple[str, str], ...] = ()  # set only where ``base`` lacks them
+    # Mode mpirun: one process of ``argv`` per entry, each with these variables on top of the rest.
+    per_process: tuple[tuple[tuple[str, str], ...], ...] = ()
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with this plan's changes applied."""
@@ -174,6 +176,7 @@ def exec_plan(
     cpus: int = 1,
     local_rank: str = "--local-rank",
     rendezvous: Rendezvous | None = None,
+    counts: Mapping[int, int] | None = None,
 ) -> ExecPlan:
     """The process this node's launcher becomes.
 
@@ -187,10 +190,21 @@ def exec_plan(
     ``fabric`` mode is torchrun plus :func:`fabric_env`, and OMP_NUM_THREADS defaulting to ``cpus`` as ``fabric
     run`` does. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}`` appended to the
     script's arguments: torch's agent substitutes each worker's local rank there, as the legacy launcher did.
+
+    ``mpirun`` mode: ``nproc_per_node`` processes of ``python`` running the command, each with the variables Open
+    MPI's mpirun sets (:func:`mpirun_env`), ranks laid out as ``-map-by slot`` (:func:`slots`; ``counts``: every
+    node's processes, from the preflight); MASTER_ADDR and MASTER_PORT are in the environment already, as the
+    guides pass them with ``-x``. The launcher starts and watches them itself (``ranks.py``); nothing restarts them.
     """
     guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"),)
     if cfg.mode == "env":
         return ExecPlan(argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET)
+    if cfg.mode == "mpirun":
+        first, world = slots(cfg, counts)
+        return ExecPlan(
+            argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET,
+            per_process=mpirun_env(cfg, first, world),
+        )  # fmt: skip
     target = command.argv()
     if cfg.mode == "torch.distributed.launch":
         if local_rank not in _LOCAL_RANK_FLAGS:
@@ -207,6 +221,36 @@ def exec_plan(
             argv=tuple(argv), set_env=env + fabric_env(cfg), default_env=(("OMP_NUM_THREADS", str(max(1, cpus))),)
         )
     return ExecPlan(argv=tuple(argv), set_env=env)
+
+
+def slots(cfg: LaunchConfig, counts: Mapping[int, int] | None = None) -> tuple[int, int]:
+    """``(first global rank on this node, world size)`` as ``mpirun -map-by slot`` lays ranks out: node 0's
+    processes first, then node 1's. ``counts``: every node's processes (the preflight's facts); without them, the
+    declared counts when every node's is a number, else this node's count on every node."""
+    known = dict(counts or {})
+    if len(known) < cfg.nnodes:
+        declared = dict(cfg.nproc_declared)
+        if all(declared.get(r, "").isdigit() for r in range(cfg.nnodes)):
+            known = {r: int(declared[r]) for r in range(cfg.nnodes)}
+        else:
+            known = dict.fromkeys(range(cfg.nnodes), cfg.nproc_per_node)
+    known[cfg.node_rank] = cfg.nproc_per_node
+    return sum(known[r] for r in range(cfg.node_rank)), sum(known[r] for r in range(cfg.nnodes))
+
+
+def mpirun_env(cfg: LaunchConfig, first: int, world: int) -> tuple[tuple[tuple[str, str], ...], ...]:
+    """What Open MPI's mpirun gives each of this node's processes (OMPI_COMM_WORLD_*), per local rank."""
+    return tuple(
+        (
+            ("OMPI_COMM_WORLD_RANK", str(first + local)),
+            ("OMPI_COMM_WORLD_SIZE", str(world)),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", str(local)),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", str(cfg.nproc_per_node)),
+            ("OMPI_COMM_WORLD_NODE_RANK", str(cfg.node_rank)),
+            ("OMPI_UNIVERSE_SIZE", str(world)),
+        )
+        for local in range(cfg.nproc_per_node)
+    )
 
 
 def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | None = None) -> str | None:

@@ -38,7 +38,7 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "script": st.sampled_from(["train.py", "missing.py", "/abs/train.py", "../up.py", ""]),
     "module": st.sampled_from(["pkg.train", "", "x"]),
     "args": st.lists(ANY_TEXT, max_size=3),
-    "launcher": st.sampled_from(["torchrun", "env", "mpirun"]),
+    "launcher": st.sampled_from(["torchrun", "env", "mpirun", "deepspeed"]),
     "nnodes": st.one_of(st.integers(-1, 5), SCALAR),
     "nproc_per_node": st.one_of(st.sampled_from(["auto", "two"]), st.integers(-1, 4)),
     "master_port": st.one_of(st.sampled_from([0, 1, 29500, 65534, 65535, 65536]), SCALAR),

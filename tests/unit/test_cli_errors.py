@@ -139,7 +139,7 @@ def test_main_on_another_machine_is_refused_for_rank_0(project: Path) -> None:
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
-        ('launcher = "mpirun"', "launcher"),
+        ('launcher = "deepspeed"', "launcher"),
         ('precision = "bf16-mixed"', 'only apply to launcher = "fabric"'),
         ('pass_env = ["HF-TOKEN"]', "pass_env"),
         ("[nodes.2]\nnproc_per_node = 1", "[nodes.2] is outside node ranks 0..1"),

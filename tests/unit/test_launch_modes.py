@@ -77,7 +77,7 @@ def test_legacy_mode_appends_the_local_rank_per_worker() -> None:
 @pytest.mark.parametrize(
     ("toml", "match"),
     [
-        ('launcher = "mpirun"\n', "launcher"),
+        ('launcher = "deepspeed"\n', "launcher"),
         ('precision = "bf16-mixed"\n', 'only apply to launcher = "fabric"'),
         ('launcher = "env"\nstrategy = "ddp"\n', 'only apply to launcher = "fabric"'),
     ],
@@ -90,6 +90,6 @@ def test_bad_launcher_settings_are_one_line(tmp_path: Path, toml: str, match: st
 
 
 def test_every_launcher_loads(tmp_path: Path) -> None:
-    for launcher in ("torchrun", "fabric", "env", "torch.distributed.launch"):
+    for launcher in ("torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"):
         (tmp_path / "nodekit.toml").write_text(f'script = "train.py"\nlauncher = "{launcher}"\n')
         assert load(tmp_path / "nodekit.toml").launcher == launcher

@@ -64,7 +64,7 @@ def test_a_missing_required_variable_is_named(key: str) -> None:
         ("NODE_RANK", "-1", "NODE_RANK=-1 is outside 0..inf"),
         ("NNODES", "0", "NNODES=0 is outside 1..inf"),
         ("NPROC_PER_NODE", "auto", "NPROC_PER_NODE='auto' must be resolved"),
-        ("NODEKIT_LAUNCHER", "mpirun", "NODEKIT_LAUNCHER='mpirun' is not one of"),
+        ("NODEKIT_LAUNCHER", "deepspeed", "NODEKIT_LAUNCHER='deepspeed' is not one of"),
         ("NODEKIT_RDZV_TIMEOUT", "soon", "NODEKIT_RDZV_TIMEOUT='soon' is not a number"),
         ("NODEKIT_RDZV_TIMEOUT", "0", "NODEKIT_RDZV_TIMEOUT=0 must be more than 0"),
         ("NODEKIT_PEER_TIMEOUT", "soon", "NODEKIT_PEER_TIMEOUT='soon' is not a number"),

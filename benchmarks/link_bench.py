@@ -1,0 +1,186 @@
+"""`make bench` (part): what the link check costs (issue 30), and its section of docs/benchmarks.md.
+
+1. Its own cost at 2, 4, 8 and 16 nodes: that many processes on this machine, each a node on its own loopback
+   address (127.0.0.N) with the launcher's real check (store, handshake, rounds, transfers, verdict), node 0 hosting
+   the store. The rounds are time-bounded, so the seconds are those of a real cluster; the Gbit/s are not (16
+   processes share 2 cores and the loopback).
+2. Its cost on the demo job: examples/ddp as two nodes on this machine (`nodekit up`, main at this machine's own
+   non-loopback address, so that the check runs: with main 127.0.0.1 it is skipped), with [health] links = "off"
+   and "warn" alternating, `--reps` times each: the check's own seconds from node 0's log, and the job's wall time.
+
+Needs a Docker engine and the demo image for part 2 (`--no-demo` skips it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks._project import DOCS, build, copy_demo, replace_section
+
+TITLE = "## The link check: its cost at 2 to 16 nodes and on the demo job"
+SECRET = "link-bench-secret"
+PORT = 29730
+
+
+def _node(rank: int, n: int, port: int, run_id: bytes, seconds: float, out: Any) -> None:
+    from nodekit.launcher.linkcheck.run import LinkJob, run
+    from nodekit.launcher.store.client import Client
+
+    store = Client.connect("127.0.0.1", port, SECRET, timeout_s=120, connect_s=30)
+    v = run(store, LinkJob(rank, n, f"n{rank}", f"127.0.0.{rank + 1}", "lo", SECRET, seconds=seconds), run_id)
+    out.put((rank, v.took_s))
+
+
+def scaling(n: int, seconds: float) -> dict[str, float]:
+    """One check among ``n`` local nodes: main's measured duration and the wall time from the first process's
+    start to the last verdict (processes already running, as a launcher is when its preflight passed)."""
+    from nodekit.launcher.linkcheck.rounds import estimate_s
+    from nodekit.launcher.linkcheck.run import LinkJob, run
+    from nodekit.launcher.store.server import host
+
+    hosted = host(SECRET, 0, timeout_s=120, host="127.0.0.1")
+    ctx = mp.get_context("spawn")
+    out: Any = ctx.Queue()
+    procs = [ctx.Process(target=_node, args=(r, n, hosted.port, hosted.run_id, seconds, out)) for r in range(1, n)]
+    for p in procs:
+        p.start()
+    time.sleep(1.0 + 0.1 * n)  # let every process import and connect: the launcher is past that when it starts
+    start = time.monotonic()
+    v = run(hosted, LinkJob(0, n, "n0", "127.0.0.1", "lo", SECRET, seconds=seconds), hosted.run_id)
+    wall = time.monotonic() - start
+    for p in procs:
+        p.join(60)
+    hosted.close()
+    return {"n": n, "took_s": v.took_s, "wall_s": wall, "estimate_s": estimate_s(n, seconds), "pairs": len(v.pairs)}
+
+
+def own_address() -> str:
+    """This machine's first non-loopback IPv4 address (the demo's main, so that the check is not skipped)."""
+    for _i, name in socket.if_nameindex():
+        from nodekit.launcher.preflight.network import iface_addr
+
+        addr = iface_addr(name)
+        if addr and not addr.startswith("127."):
+            return addr
+    raise SystemExit("no non-loopback IPv4 address on this machine: the demo part needs one")
+
+
+def demo_run(config: Path, main: str, links: str) -> tuple[float, float | None]:
+    """Two nodes of the demo at once; (wall seconds, the link check's own seconds from node 0's log)."""
+    from nodekit.backends.compose.node import compose_path, project_for
+    from nodekit.config.settings import load
+    from nodekit.system import docker
+
+    settings = load(config)
+    env = os.environ | {"NODEKIT_HEALTH": json.dumps({"links": links}), "NODEKIT_ARGS": '["--epochs", "1"]'}
+    argv = [sys.executable, "-m", "nodekit", "up", "--main", main, "--master-port", str(PORT), "--detach"]
+    start = time.monotonic()
+    ups = [
+        subprocess.Popen([*argv, "--node-rank", str(r), "--config", str(config)], env=env, stdout=subprocess.DEVNULL)
+        for r in (1, 0)
+    ]
+    if any(p.wait(timeout=120) for p in ups):
+        raise SystemExit("nodekit up failed")
+    codes = [docker.compose_wait(compose_path(settings, r), project_for(settings, r)) for r in (0, 1)]
+    wall = time.monotonic() - start
+    logs = subprocess.run(
+        [sys.executable, "-m", "nodekit", "logs", "--node-rank", "0", "--config", str(config)],
+        capture_output=True, text=True, check=False,
+    ).stdout  # fmt: skip
+    for r in (0, 1):
+        subprocess.run([sys.executable, "-m", "nodekit", "down", "--node-rank", str(r), "--config", str(config)],
+                       capture_output=True, check=False)  # fmt: skip
+    if any(codes):
+        raise SystemExit(f"the demo failed: exit codes {codes}\n{logs[-3000:]}")
+    m = re.search(r"nodekit link check: \w+, 2 nodes, 1 pair\(s\), [\d.]+ s each way, ([\d.]+) s", logs)
+    if links != "off" and m is None:
+        raise SystemExit(f"no link check line in node 0's log:\n{logs[-3000:]}")
+    return wall, float(m.group(1)) if m else None
+
+
+def _list(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values)
+
+
+def section(scale: list[dict[str, float]], demo: dict[str, Any] | None, seconds: float) -> str:
+    lines = [
+        TITLE,
+        "",
+        f"`benchmarks/link_bench.py` (issue 30). Each pair of nodes sends {seconds:g} s of bulk data each way after "
+        "five round trips, in rounds of disjoint pairs (n - 1 rounds for an even n), so the check's duration is set "
+        "by the node count, not by the links' speed. Measured with every node a process on this 2-core machine "
+        "(its own 127.0.0.N address, the launcher's real store, handshake and verdict):",
+        "",
+        "| nodes | pairs | expected: rounds x (2 x transfer + 0.1 s) | measured, node 0 | wall, node 0 |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for s in scale:
+        lines.append(
+            f"| {s['n']:.0f} | {s['pairs']:.0f} | {s['estimate_s']:.2f} s | {s['took_s']:.2f} s | {s['wall_s']:.2f} s |"
+        )
+    lines.append("")
+    if demo is not None:
+        off, on, took = demo["off_s"], demo["on_s"], demo["check_s"]
+        spread = max(*off, *on) - min(*off, *on)
+        lines += [
+            f"On the demo job (examples/ddp, 2 nodes on this machine, main {demo['main']}, `--epochs 1`, "
+            f"{demo['reps']} runs each way, alternating): the check itself took a median "
+            f"{statistics.median(took):.2f} s ({', '.join(f'{t:.2f}' for t in took)}, from node 0's log). The whole "
+            f'job took a median {statistics.median(off):.1f} s with `links = "off"` ({_list(off)}) '
+            f"and {statistics.median(on):.1f} s with the check ({_list(on)}); single runs "
+            f"spread over {spread:.1f} s on this shared machine, so only the check's own figure is exact.",
+            "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", default="2,4,8,16")
+    ap.add_argument("--seconds", type=float, default=0.2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--no-demo", action="store_true")
+    ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
+    args = ap.parse_args()
+    scale = []
+    for n in (int(x) for x in args.nodes.split(",")):
+        runs = [scaling(n, args.seconds) for _ in range(args.reps)]
+        best = sorted(runs, key=lambda r: r["took_s"])[len(runs) // 2]  # the median run
+        took = ", ".join(f"{r['took_s']:.2f}" for r in runs)
+        print(f"{n} nodes: {took} s (bound {best['estimate_s']:.2f} s)")
+        scale.append(best)
+    demo = None
+    if not args.no_demo:
+        project = copy_demo("nodekit-link-bench-")
+        build(project, quiet=True)
+        main_addr = own_address()
+        off, on, took = [], [], []
+        for _ in range(args.reps):
+            off.append(demo_run(project / "nodekit.toml", main_addr, "off")[0])
+            wall, check = demo_run(project / "nodekit.toml", main_addr, "warn")
+            on.append(wall)
+            took.append(check or 0.0)
+        demo = {"main": main_addr, "reps": args.reps, "off_s": off, "on_s": on, "check_s": took}
+        print(f"demo: off {off}, on {on}, check {took}")
+    text = section(scale, demo, args.seconds)
+    print(text)
+    if not args.no_docs:
+        DOCS.write_text(replace_section(DOCS.read_text(), TITLE, text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

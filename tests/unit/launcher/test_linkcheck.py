@@ -1,0 +1,193 @@
+"""The link check: the schedule, the verdict (pure), and real measurements over loopback between threads, each a
+node with its own address (127.0.0.x), through a real preflight store with the job secret."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from itertools import combinations
+
+import pytest
+
+from nodekit.launcher.linkcheck import probe
+from nodekit.launcher.linkcheck.rounds import estimate_s, partner, rounds
+from nodekit.launcher.linkcheck.run import LinkJob, run
+from nodekit.launcher.linkcheck.verdict import (
+    Endpoint,
+    LinkVerdict,
+    Pair,
+    Transfer,
+    decide,
+    render,
+    upper_quartile,
+)
+from nodekit.launcher.store.client import Client
+from nodekit.launcher.store.server import host
+
+SECRET = "job-secret-for-the-link-check"
+
+
+@pytest.mark.parametrize("n", range(2, 18))
+def test_every_pair_meets_once_and_no_node_is_in_two_pairs_of_a_round(n: int) -> None:
+    sched = rounds(n)
+    assert len(sched) == (n - 1 if n % 2 == 0 else n)
+    met = [p for r in sched for p in r]
+    assert sorted(met) == list(combinations(range(n), 2))
+    for r in sched:
+        nodes = [x for p in r for x in p]
+        assert len(nodes) == len(set(nodes))
+        assert all(a < b for a, b in r)
+    assert partner(sched, 0, 0) is not None or n % 2 == 1
+
+
+def test_the_cost_bound_is_rounds_times_both_directions() -> None:
+    assert [round(estimate_s(n), 2) for n in (2, 4, 8, 16)] == [0.5, 1.5, 3.5, 7.5]
+
+
+def gbit(g: float, seconds: float = 0.2) -> Transfer:
+    return Transfer(bytes=int(g * 1e9 / 8 * seconds), seconds=seconds)
+
+
+def ends(n: int) -> list[Endpoint]:
+    ifaces = ["net0", "eth1", "ens5", "net0"]
+    return [Endpoint(r, f"h{r}", f"172.31.250.{10 + r}", ifaces[r % 4], 40000 + r) for r in range(n)]
+
+
+def pairs(n: int, slow: int | None = None, slow_gbit: float = 0.05, fast: float = 9.4) -> list[Pair]:
+    out = []
+    for a, b in combinations(range(n), 2):
+        g = slow_gbit if slow in (a, b) else fast
+        out.append(Pair(a, b, gbit(g), gbit(g * 1.02), rtt_ms=0.08 if slow not in (a, b) else 2.5))
+    return out
+
+
+def test_a_slow_node_is_named_in_each_of_its_pairs_with_interfaces_and_figures() -> None:
+    v = decide(ends(4), pairs(4, slow=3), seconds=0.2, took_s=1.4)
+    assert [(f.kind, f.a, f.b, f.refuse) for f in v.findings] == [
+        ("slow", 0, 3, False), ("slow", 1, 3, False), ("slow", 2, 3, False),
+    ]  # fmt: skip
+    assert v.suspects == (3,) and not v.refused and v.reference_gbit == pytest.approx(9.4, rel=0.03)
+    text = render(v, matrix=True)
+    assert text.splitlines()[0].startswith("nodekit link check: WARNING, 3 pair(s) named")
+    assert "likely cause: node 3 (h3, 172.31.250.13, net0)" in text
+    assert "node 1 (h1, 172.31.250.11, eth1) <-> node 3 (h3, 172.31.250.13, net0): 0.05 Gbit/s 1->3" in text
+    assert "`ethtool net0`" in text and "`tc qdisc show dev net0`" in text
+    assert "0.05*" in text and "9.40" in text  # the matrix marks the named pairs
+
+
+def test_a_healthy_cluster_passes_and_small_noise_is_not_a_finding() -> None:
+    ps = [
+        Pair(a, b, gbit(9.4 * (0.7 + 0.1 * a)), gbit(9.0), rtt_ms=0.1 + 0.05 * b) for a, b in combinations(range(4), 2)
+    ]
+    v = decide(ends(4), ps, seconds=0.2, took_s=1.4)
+    assert v.findings == () and v.suspects == ()
+    assert render(v, matrix=False).startswith("nodekit link check: ok, 4 nodes, 6 pair(s)")
+
+
+def test_refusals_floor_unreachable_and_refuse_mode() -> None:
+    floor = decide(ends(2), [Pair(0, 1, gbit(0.9), gbit(0.95), rtt_ms=0.2)], min_gbit=1.0)
+    assert [(f.kind, f.refuse) for f in floor.findings] == [("below_floor", True)] and floor.refused
+    assert "below min_link_gbit = 1" in floor.findings[0].text
+    assert "(exit 20)" in render(floor, matrix=False).splitlines()[0]
+    two = decide(ends(2), [Pair(0, 1, gbit(0.9), gbit(0.95))])
+    assert two.findings == ()  # one pair has no others to be compared with
+    cut = decide(ends(3), [*pairs(3)[:2], Pair(1, 2, Transfer(), Transfer(), error="cannot connect: timed out")])
+    assert [(f.kind, f.a, f.b, f.refuse) for f in cut.findings] == [("unreachable", 1, 2, True)]
+    strict = decide(ends(4), pairs(4, slow=3), mode="refuse")
+    assert strict.refused and all(f.refuse for f in strict.findings)
+
+
+def test_a_late_pair_is_named_by_its_round_trip() -> None:
+    ps = [
+        Pair(a, b, gbit(9.4), gbit(9.4), rtt_ms=6.0 if (a, b) == (0, 1) else 0.1) for a, b in combinations(range(4), 2)
+    ]
+    v = decide(ends(4), ps)
+    assert [(f.kind, f.a, f.b) for f in v.findings] == [("late", 0, 1)]
+
+
+def test_the_reference_is_the_upper_quartile() -> None:
+    assert upper_quartile([1, 2, 3, 4]) == 3 and upper_quartile([0.05, 0.05, 0.05, 9, 9, 9]) == 9
+    assert upper_quartile([5.0]) == 5.0
+
+
+def test_the_verdict_round_trips_through_json() -> None:
+    v = decide(ends(4), pairs(4, slow=2), seconds=0.2, took_s=1.0)
+    assert LinkVerdict.from_json(v.to_json()) == v
+
+
+# ---- real sockets -----------------------------------------------------------------------------------------------
+
+
+def nodes(n: int, seconds: float = 0.05) -> dict[int, LinkVerdict]:
+    hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
+    out: dict[int, LinkVerdict] = {}
+    errors: list[BaseException] = []
+
+    def node(r: int) -> None:
+        try:
+            store = hosted if r == 0 else Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)
+            job = LinkJob(r, n, f"h{r}", f"127.0.0.{r + 1}", "lo", SECRET, seconds=seconds)
+            out[r] = run(store, job, hosted.run_id)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    hosted.close()
+    assert not errors, errors
+    return out
+
+
+def test_three_nodes_measure_every_pair_both_ways_and_agree_on_the_verdict() -> None:
+    out = nodes(3)
+    assert out[0] == out[1] == out[2]
+    v = out[0]
+    assert [(p.a, p.b) for p in v.pairs] == [(0, 1), (0, 2), (1, 2)]
+    for p in v.pairs:
+        assert p.error == "" and p.ab.gbit and p.ba.gbit and p.rtt_ms is not None and p.rtt_ms > 0
+    assert [e.addr for e in v.endpoints] == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+    assert not v.refused
+
+
+def test_the_listener_admits_only_the_job_secret_and_survives_strangers() -> None:
+    server = probe.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=2) as s:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n".ljust(36, b"x"))  # a hello's size, not a hello: dropped unanswered
+            assert s.recv(100) == b""
+        wrong = probe.measure(0, 1, "127.0.0.1", server.port, "another-secret", b"r" * 16, 0.05)
+        assert wrong.error and wrong.gbit is None
+        other_run = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"x" * 16, 0.05)
+        assert "another run" in other_run.error
+        good = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"r" * 16, 0.05)
+        assert good.error == "" and good.gbit is not None and good.gbit > 0
+    finally:
+        server.close()
+
+
+def test_nobody_listening_is_a_pair_that_cannot_connect() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pair = probe.measure(0, 1, "127.0.0.1", port, SECRET, b"r" * 16, 0.05)
+    assert "cannot connect" in pair.error and "refused" in pair.error.lower()
+
+
+def test_each_node_listens_where_it_is_reached_and_main_behind_a_translation_listens_anywhere() -> None:
+    from dataclasses import replace
+
+    from nodekit.launcher.checks import link_job
+    from nodekit.launcher.config import parse_env
+    from nodekit.launcher.preflight.stack import NodeFacts
+    from tests.unit.launcher.conftest import node_env
+
+    facts = NodeFacts.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
+    worker = link_job(parse_env({**node_env(1), "MASTER_ADDR": "127.0.0.1"}), facts)
+    assert (worker.addr, worker.iface, worker.bind) == ("127.0.0.1", "lo", None)
+    main = link_job(parse_env({**node_env(0), "MASTER_ADDR": "203.0.113.9"}), replace(facts, rank=0))
+    assert (main.addr, main.bind, main.rank) == ("203.0.113.9", "", 0)  # reached there, listens on every address
+    pinned = link_job(parse_env({**node_env(1), "GLOO_SOCKET_IFNAME": "lo"}), facts)
+    assert (pinned.addr, pinned.iface) == ("127.0.0.1", "lo")
