@@ -128,6 +128,14 @@ def compose_ps(compose_file: Path | None, project: str, *, host: str | None = No
     return states
 
 
+def compose_projects(prefix: str, *, host: str | None = None) -> list[str]:
+    """The compose projects on ``host``'s engine whose names start with ``prefix``, running or stopped, sorted."""
+    e = Engine(host)
+    with e.calling("docker compose ls", fails(EngineError, "cannot list the compose projects", ENGINE_FIX)):
+        projects = e.docker.compose.ls(all=True, filters={"name": prefix})
+    return sorted(str(p.name) for p in projects if str(p.name).startswith(prefix))
+
+
 def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:
     """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked (over
     ssh://, a host that stops answering is noticed within the connection's keepalive)."""
