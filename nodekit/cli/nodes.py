@@ -111,7 +111,7 @@ def up(
 ) -> None:
     """Write this node's compose file and run it: logs stream with a node prefix, the exit code is the job's."""
     from nodekit.backends.compose import node
-    from nodekit.cli.ui import prefixed
+    from nodekit.cli.ui import JobLog
 
     if build and image is None:
         from nodekit.image import builder as building
@@ -122,7 +122,11 @@ def up(
     if dry_run:
         _print_plan(plan)
         return
-    code = node.up(plan, reporter(), detach=detach, on_line=prefixed(f"[node {node_rank}]"), debug=debug)
+    log = JobLog()
+    try:
+        code = node.up(plan, reporter(), detach=detach, on_line=lambda line: log(node_rank, line), debug=debug)
+    finally:
+        log.close()
     raise typer.Exit(code)
 
 
@@ -222,7 +226,11 @@ def logs(
         from nodekit.backends.fleet import manage
         from nodekit.cli.fleet import line_printer
 
-        failed = manage.logs(settings, hosts, line_printer(None), node=node_rank, follow=follow, tail=tail)
+        log = line_printer(None)
+        try:
+            failed = manage.logs(settings, hosts, log, node=node_rank, follow=follow, tail=tail)
+        finally:
+            log.close()
         _failed_hosts(failed, "logs")
         return
     from nodekit.cli.fleet import line_printer
@@ -241,7 +249,11 @@ def logs(
         path, project = _node_here(settings, rank, out_dir)
         return lambda: docker.compose_logs(path, project, follow=follow, tail=tail)
 
-    lost = merged({r: one(r) for r in ranks}, line_printer(None))
+    log = line_printer(None)
+    try:
+        lost = merged({r: one(r) for r in ranks}, log)
+    finally:
+        log.close()
     if lost:
         raise next(iter(lost.values()))
 

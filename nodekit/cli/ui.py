@@ -1,4 +1,4 @@
-"""Console output for the CLI: the rich-backed Reporter, errors, and prefixed job logs."""
+"""Console output for the CLI: the rich-backed Reporter, errors, and the job's log (prefixed by node)."""
 
 from __future__ import annotations
 
@@ -93,12 +93,47 @@ def detach_from_terminal() -> None:
         os.close(null)
 
 
-def prefixed(prefix: str) -> Any:
-    """A line printer that tags each job line with its node, like torchrun's --tee prefixes."""
+class JobLog:
+    """The job's lines on standard output, each tagged with its node (``[node 1] ...``); a progress bar is one line
+    per node (nodekit.system.bars): redrawn in place on a terminal, at most one line a second elsewhere. ``only``:
+    print that node's lines alone. Call :meth:`close` when the log ends (a bar's last state is printed then)."""
 
-    def emit(line: str) -> None:
+    def __init__(self, only: int | None = None, stream: Any = None, bars: Any = None) -> None:
+        from nodekit.system.bars import Bars
+
+        self.only = only
+        self.stream = stream
+        self.bars = bars or Bars()
+        self._open: int | None = None  # the node whose redrawn bar is the terminal's last, unfinished line
+
+    def __call__(self, rank: int, line: str) -> None:
+        if self.only is not None and rank != self.only:
+            return
+        self._print(self.bars.feed(rank, line))
+
+    def close(self) -> None:
+        self._print(self.bars.flush())
+        if self._open is not None:
+            self._write("\n")
+            self._open = None
+
+    def _print(self, shown: Any) -> None:
+        out = self.stream or sys.stdout
+        terminal = out.isatty()
+        for s in shown:
+            text = f"[node {s.rank}] {s.text}"
+            if not terminal:
+                self._write(text + "\n")
+                continue
+            if self._open == s.rank:
+                text = "\r\x1b[K" + text  # over the same node's bar
+            elif self._open is not None:
+                text = "\n" + text  # another node's bar stays as it was
+            self._write(text if s.redraw else text + "\n")
+            self._open = s.rank if s.redraw else None
+
+    def _write(self, text: str) -> None:
+        out = self.stream or sys.stdout
         with contextlib.suppress(OSError):
-            sys.stdout.write(f"{prefix} {line}\n")
-            sys.stdout.flush()
-
-    return emit
+            out.write(text)
+            out.flush()
