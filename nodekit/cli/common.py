@@ -57,6 +57,9 @@ NnodesOpt = Annotated[int | None, typer.Option("--nnodes", help="number of nodes
 NprocOpt = Annotated[str | None, typer.Option("--nproc-per-node", help="processes per node, or auto")]
 PortOpt = Annotated[int | None, typer.Option("--master-port", help="rendezvous port on main")]
 ScriptOpt = Annotated[str | None, typer.Option("--script", help="training script, relative to the project")]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="show every line of the build's output, not its summary")
+]
 DebugOpt = Annotated[
     bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO")
 ]
@@ -174,10 +177,12 @@ def load_settings(config: Path | None, **flags: Any) -> Any:
     return settings.load(config, **flags)
 
 
-def reporter() -> Any:
+def reporter(*, verbose: bool | None = None) -> Any:
+    """The CLI's reporter: ``verbose`` None shows the tools' every line where no terminal spins; False is the
+    summary (steps and their times); True is every line everywhere."""
     from nodekit.cli.ui import RichReporter
 
-    return RichReporter()
+    return RichReporter(verbose=verbose)
 
 
 def _version(value: bool) -> None:

@@ -114,9 +114,13 @@ def up(
     from nodekit.cli.ui import JobLog
 
     if build and image is None:
+        from nodekit.cli.images import base_when_missing
         from nodekit.image import builder as building
 
-        image = building.build(load_settings(config, **job), reporter(), dry_run=dry_run).tag
+        settings, rep = load_settings(config, **job), reporter()
+        if not dry_run:
+            base_when_missing(settings, rep)
+        image = building.build(settings, rep, dry_run=dry_run).tag
     image_id = None if dry_run else node.image_id_here(node_rank)
     plan = _plan(config, node_rank, main, image, debug, out_dir, image_id, dry_run=dry_run, **job)
     if dry_run:
