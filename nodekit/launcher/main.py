@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from nodekit.launcher import runlog
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
@@ -157,7 +158,7 @@ def _distinct_node(node_rank: int) -> None:
         pass
 
 
-def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0) -> int:
+def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path | None = None) -> int:
     """:func:`_torchrun_in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
     stopped it, or found after torchrun failed that a node was lost (then 19) or failed first (19 too).
 
@@ -187,11 +188,14 @@ def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0)
         code = 130
     except BaseException as e:  # ChildFailedError, SignalException: exit 1 with a traceback, as torchrun's script
         code, error = 1, e
-    if error is not None and dog.alarm is None:
-        # Shown now, as an uncaught exception would be, not after the wait for the other nodes below.
-        traceback.print_exception(error)
-        sys.stderr.flush()
     failure = worker_failure(error, max_restarts) if error is not None and dog.alarm is None else None
+    if error is not None and dog.alarm is None:
+        # Said now, as an uncaught exception would be, not after the wait for the other nodes below.
+        if log is None:
+            traceback.print_exception(error)
+        else:
+            _err(runlog.torchrun_failed(error, log, worker_failed=failure is not None))
+        sys.stderr.flush()
     try:
         return dog.finish(code, failure).code
     except _Terminated:
@@ -359,10 +363,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             os.environ.setdefault(key, value)
         if rdzv is not None:
             _distinct_node(cfg.node_rank)
+        log = runlog.log_path(cfg.output_dir, cfg.node_rank)
+        runlog.quiet_exit_barrier(log)
         if passed is not None and cfg.peer_timeout > 0:
             names = node_names(passed.verdict.facts)
             dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
-            return _torchrun_watched(plan.argv, dog, cfg.max_restarts)
+            return _torchrun_watched(plan.argv, dog, cfg.max_restarts, log)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_in_process(plan.argv)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
