@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from nodekit.backends.compose.node import compose_path, project_for
 from nodekit.config.settings import load
 from nodekit.system import docker
+from nodekit.system.host import net
 from tests.golden import GOLDEN
 from tests.integration.conftest import nodekit
 
@@ -28,23 +31,51 @@ def down(config: Path) -> None:
         nodekit("down", "--node-rank", str(rank), config=config)
 
 
+def _bar_lines(text: str, rank: int) -> list[str]:
+    """The lines of node ``rank``'s progress bar (examples/ddp/train.py --progress) in a printed log."""
+    return re.findall(rf"^\[node {rank}\] epoch \d+ \|[# ]*\| \d+/\d+ *$", text, re.M)
+
+
 def test_two_nodes_train_to_identical_parameters(ddp_project: Path) -> None:
+    """The tour as written (issue 32), folded into the one 2-node job: node 0 without --main (its default route's
+    address), the script's arguments after `--` (nodekit.toml says 5 epochs), a tqdm-like bar as one line per node
+    per second at most, no exit-barrier stack trace on success, and logs and down without a rank."""
     config = ddp_project / "nodekit.toml"
-    flags = ["--main", "127.0.0.1", "--master-port", "29620"]
+    main = net.default_address_here()
+    assert main is not None, "this test needs a default route (node 0 takes main's address from it)"
+    job = ["--master-port", "29620", "--", "--epochs", "2", "--progress"]
     try:
-        bg = nodekit("up", "--node-rank", "1", *flags, "--detach", config=config)
+        bg = nodekit("up", "--node-rank", "1", "--main", main, "--detach", *job, config=config)
         assert bg.returncode == 0, bg.stderr
-        fg = nodekit("up", "--node-rank", "0", *flags, config=config)
+        started = time.monotonic()
+        fg = nodekit("up", "--node-rank", "0", *job, config=config)
+        seconds = time.monotonic() - started
         assert fg.returncode == 0, fg.stdout + fg.stderr
         assert wait_node(config, 1) == 0
+        logs = nodekit("logs", config=config)
     finally:
-        down(config)
+        gone = nodekit("down", config=config)
+    assert gone.returncode == 0 and "node 0 (" in gone.stdout and "node 1 (" in gone.stdout, gone.stdout + gone.stderr
+    assert f"main is {main}, this host's address on its default route" in fg.stderr, fg.stderr
     assert "[node 0] " in fg.stdout  # the job's lines are prefixed with the node
     result = json.loads((ddp_project / "outputs" / "result.json").read_text())
+    assert result["epochs"] == 2, "the arguments after -- must reach the script"
     assert result["nnodes"] == 2 and result["world_size"] == 2
     assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
     assert result["checksums_equal"] is True
     assert result["steps"] > 0
+    # 2 epochs x 32 redraws: every redraw was a line (64+); now at most one a second, and each epoch's last state.
+    bars = _bar_lines(fg.stdout, 0)
+    assert len([b for b in bars if b.endswith("32/32")]) == 2, fg.stdout
+    assert len(bars) <= 2 + seconds + 1, f"{len(bars)} bar lines in {seconds:.0f} s:\n" + "\n".join(bars)
+    # logs without a rank: both nodes, merged, each bar as short
+    assert logs.returncode == 0, logs.stderr
+    for rank in (0, 1):
+        assert f"[node {rank}] nodekit ddp-demo: node {rank}/2" in logs.stdout, logs.stdout
+        assert 2 <= len(_bar_lines(logs.stdout, rank)) <= 4, logs.stdout
+    # a run that succeeded prints no traceback: torchrun's exit barrier keeps its own in the run log
+    for text in (fg.stdout + fg.stderr, logs.stdout):
+        assert "Traceback" not in text and "frame #" not in text and "exit barrier" not in text, text
 
 
 def test_a_failing_rank_fails_both_nodes(ddp_project: Path) -> None:
