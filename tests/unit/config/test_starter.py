@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from nodekit.cli.app import app
@@ -14,14 +13,6 @@ from nodekit.config.starter import DOCKERIGNORE, project_packages
 from nodekit.image.dockerignore import ignore_rules
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for var in ("NODEKIT_CONFIG", "NODEKIT_PACKAGES", "NODEKIT_NNODES"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def test_init_takes_the_packages_of_requirements_txt_and_warns_on_an_unpinned_torch(project: Path) -> None:
