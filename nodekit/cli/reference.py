@@ -62,9 +62,9 @@ def cli_page() -> str:
     ctx = typer.Context(group, info_name="nodekit")
     names = sorted(group.commands, key=lambda n: (COMMAND_ORDER.index(n) if n in COMMAND_ORDER else 99, n))
     out = [
-        HEADER,
-        "",
         "# Command line",
+        "",
+        HEADER,
         "",
         "Every command, with its arguments and options as `nodekit COMMAND --help` prints them. Options that plan "
         "the job (`--nnodes`, `--nproc-per-node`, `--master-port`, `--script`) and the script's arguments after "
@@ -174,9 +174,9 @@ def config_page() -> str:
     from nodekit.config.tables import K8sSettings, Mount, NodeOverride, SlurmSettings
 
     out = [
-        HEADER,
-        "",
         "# nodekit.toml",
+        "",
+        HEADER,
         "",
         "One file describes the image and the job; every node uses the same file. Precedence, highest first: "
         "command-line flags, `NODEKIT_*` environment variables, `nodekit.toml`, the defaults below. A list or a "
@@ -231,9 +231,9 @@ def exit_codes_page() -> str:
 
     codes = exit_codes(Path(contract.__file__).read_text(encoding="utf-8"))
     out = [
-        HEADER,
-        "",
         "# Exit codes",
+        "",
+        HEADER,
         "",
         "## A node's job",
         "",
