@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from nodekit.system import docker
 from nodekit.system.host import net
 from tests.golden import GOLDEN
 from tests.integration.conftest import nodekit
+from tests.joblog import bars
 
 pytestmark = pytest.mark.docker
 
@@ -29,11 +29,6 @@ def wait_node(config: Path, rank: int) -> int:
 def down(config: Path) -> None:
     for rank in (0, 1):
         nodekit("down", "--node-rank", str(rank), config=config)
-
-
-def _bar_lines(text: str, rank: int) -> list[str]:
-    """The lines of node ``rank``'s progress bar (examples/ddp/train.py --progress) in a printed log."""
-    return re.findall(rf"^\[node {rank}\] epoch \d+ \|[# ]*\| \d+/\d+ *$", text, re.M)
 
 
 def test_two_nodes_train_to_identical_parameters(ddp_project: Path) -> None:
@@ -64,15 +59,16 @@ def test_two_nodes_train_to_identical_parameters(ddp_project: Path) -> None:
     assert len(result["checksums"]) == 2 and len(set(result["checksums"])) == 1
     assert result["checksums_equal"] is True
     assert result["steps"] > 0
-    # 2 epochs x 32 redraws: every redraw was a line (64+); now at most one a second, and each epoch's last state.
-    bars = _bar_lines(fg.stdout, 0)
-    assert len([b for b in bars if b.endswith("32/32")]) == 2, fg.stdout
-    assert len(bars) <= 2 + seconds + 1, f"{len(bars)} bar lines in {seconds:.0f} s:\n" + "\n".join(bars)
-    # logs without a rank: both nodes, merged, each bar as short
+    # 2 epochs x 32 redraws: every redraw was a line (64); now at most one a second, and each epoch's last state.
+    redraws, ends = bars(fg.stdout, 0)
+    assert ends == ["32/32", "32/32"], fg.stdout
+    assert len(redraws) <= seconds + 1, f"{len(redraws)} redraws shown in {seconds:.0f} s: {redraws}"
+    # logs without a rank: both nodes, merged, each bar as short (the whole log arrives at once: one redraw a bar)
     assert logs.returncode == 0, logs.stderr
     for rank in (0, 1):
         assert f"[node {rank}] nodekit ddp-demo: node {rank}/2" in logs.stdout, logs.stdout
-        assert 2 <= len(_bar_lines(logs.stdout, rank)) <= 4, logs.stdout
+        redraws, ends = bars(logs.stdout, rank)
+        assert ends == ["32/32", "32/32"] and len(redraws) <= 2, logs.stdout
     # a run that succeeded prints no traceback: torchrun's exit barrier keeps its own in the run log
     for text in (fg.stdout + fg.stderr, logs.stdout):
         assert "Traceback" not in text and "frame #" not in text and "exit barrier" not in text, text
