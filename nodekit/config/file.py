@@ -116,7 +116,8 @@ def refusal(e: ValidationError, path: Path, model: type[BaseModel], source: Call
             else f"remove {word} from {path.name} ({listed})"
         )
     shown = shown_path(path)
-    at = {"flag": f"--{str(loc[0]).replace('_', '-')}: ", "env": f"NODEKIT_{str(loc[0]).upper()}: "}.get(origin, "")
+    flag = "the arguments after --" if loc and loc[0] == "args" else f"--{str(loc[0]).replace('_', '-')}"
+    at = {"flag": f"{flag}: ", "env": f"NODEKIT_{str(loc[0]).upper()}: "}.get(origin, "")
     if origin == "file":
         line = _line_in(path, loc)
         at = f"{shown}:{line}: " if line is not None else f"{shown}: "

@@ -370,7 +370,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
             return _torchrun_watched(plan.argv, dog, cfg.max_restarts, log)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
-        return _torchrun_in_process(plan.argv)
+        try:
+            return _torchrun_in_process(plan.argv)
+        except Exception as e:  # ChildFailedError and torchrun's own: one line here, the traceback in the run log
+            _err(runlog.torchrun_failed(e, log, worker_failed=worker_failure(e, cfg.max_restarts) is not None))
+            return 1
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
     sys.stdout.flush()
     sys.stderr.flush()
