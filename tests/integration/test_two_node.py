@@ -88,6 +88,14 @@ def test_a_failing_rank_fails_both_nodes(ddp_project: Path) -> None:
     # Rank 1 exits 3; torchrun reports a failed worker as 1, and `nodekit up` exits with the job's code.
     assert fg.returncode == 1, fg.stdout + fg.stderr
     assert "[node 1]" in fg.stderr and "exited with code 1" in fg.stderr
+    # The job's last lines say what failed; torchrun's own traceback and report are in the run log (issue 32).
+    assert "failing on purpose (--fail-rank 1)" in fg.stdout, fg.stdout
+    assert "a worker failed: its own output above says why (torchrun's report: /outputs/nodekit/node-1.log)" in (
+        fg.stdout
+    ), fg.stdout
+    assert "ChildFailedError" not in fg.stdout and "torch/distributed/run.py" not in fg.stdout, fg.stdout
+    kept = (ddp_project / "outputs" / "nodekit" / "node-1.log").read_text()
+    assert "ChildFailedError" in kept and "Root Cause" in kept
     # Main stops on its watchdog's word (19, "node 1 failed"), unless gloo ended its own rank first (torchrun's 1).
     assert main_code in (1, 19), f"main must not report success when a worker node failed (exit {main_code})"
 
