@@ -38,12 +38,13 @@ def test_two_nodes_train_to_identical_parameters(ddp_project: Path) -> None:
     config = ddp_project / "nodekit.toml"
     main = net.default_address_here()
     assert main is not None, "this test needs a default route (node 0 takes main's address from it)"
-    job = ["--master-port", "29620", "--", "--epochs", "2", "--progress"]
+    script = ("--epochs", "2", "--progress")
     try:
-        bg = nodekit("up", "--node-rank", "1", "--main", main, "--detach", *job, config=config)
+        bg = nodekit("up", "--node-rank", "1", "--main", main, "--master-port", "29620", "--detach", config=config,
+                     script_args=script)  # fmt: skip
         assert bg.returncode == 0, bg.stderr
         started = time.monotonic()
-        fg = nodekit("up", "--node-rank", "0", *job, config=config)
+        fg = nodekit("up", "--node-rank", "0", "--master-port", "29620", config=config, script_args=script)
         seconds = time.monotonic() - started
         assert fg.returncode == 0, fg.stdout + fg.stderr
         assert wait_node(config, 1) == 0
