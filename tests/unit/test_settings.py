@@ -153,7 +153,7 @@ def test_each_bad_value_is_one_line_naming_the_setting_and_the_fix(
         load(**flags)
     line = e.value.one_line()
     # after where it was set: load()'s keyword arguments stand for the command's flags (--nnodes: ...)
-    assert re.match(rf"^(--[a-z_-]+: )?invalid setting {re.escape(where)}: ", line), line
+    assert re.match(rf"^(--[a-z_-]+: |the arguments after --: )?invalid setting {re.escape(where)}: ", line), line
     assert fix in line.split(" Fix: ", 1)[1], line
     assert "\n" not in line and e.value.exit_code == 2
 
