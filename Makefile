@@ -21,7 +21,7 @@ else ifneq ($(STORE),classic)
 $(error STORE is classic or containerd, not '$(STORE)')
 endif
 
-.PHONY: help venv engine engine-containerd sshd slurm base demo test test-unit test-docker lint format bench clean
+.PHONY: help venv engine engine-containerd sshd slurm base demo test test-unit test-docker lint format docs bench clean
 
 help:
 	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
@@ -30,6 +30,7 @@ help:
 	@echo "make test-unit    the unit tier only (no Docker)"
 	@echo "make test-docker  the real-Docker tier only (tests/integration; fails, never skips, without an engine)"
 	@echo "make lint         ruff + mypy --strict"
+	@echo "make docs         the reference pages from the code, then the documentation site in site/ (mkdocs, offline)"
 	@echo "make format       ruff format, then ruff's fixes"
 	@echo "make bench        nodekit vs bare torchrun, build times, image size, shipping (small and CUDA images; writes docs/benchmarks.md)"
 	@echo "make venv         .venv with nodekit and its dev tools"
@@ -78,6 +79,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check nodekit tests examples benchmarks
 	$(VENV)/bin/mypy
 
+# The reference pages are generated from the code (tests/unit/cli/test_reference.py fails when they differ from it);
+# the site builds offline, --strict: a broken link or anchor fails it. NO_MKDOCS_2_WARNING: Material's banner.
+docs: venv
+	$(PY) -m nodekit.cli.reference docs/reference
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
 format: venv
 	$(VENV)/bin/ruff format nodekit tests examples benchmarks
 	$(VENV)/bin/ruff check --fix nodekit tests examples benchmarks
@@ -96,6 +103,7 @@ test-docker: venv engine base
 # side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
 # serial, in file order, as they share one engine's fixed ports or one set of namespace names.
 test: lint engine engine-containerd sshd slurm base
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$site" && rm -rf "$$site"
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n 2 --dist loadgroup --durations=15
 
@@ -116,4 +124,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) .nodekit $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose
+	rm -rf $(VENV) .nodekit site $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose

@@ -163,7 +163,7 @@ def fresh_project(name: str, packages: tuple[str, ...], base: str) -> Path:
 def build(project: Path, *flags: str) -> dict[str, object]:
     from tests import wheelcache
 
-    seconds, log = nk(project, "build", "--create-base", *flags)
+    seconds, log = nk(project, "build", "--create-base", "--verbose", *flags)  # step_seconds reads BuildKit's lines
     wheelcache.keep(project)
     tag = tag_of(project)
     return {"tag": tag, "seconds": seconds, "size": image_size(tag), "layers": layers(tag),

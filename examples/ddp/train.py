@@ -56,6 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fail-rank", type=int, default=-1, help="this global rank exits with code 3 at its first step")
     p.add_argument("--resume", action="store_true", help="continue from outputs/checkpoint.pt when it exists")
     p.add_argument("--epoch-delay", type=float, default=0.0, help="seconds to pause after each epoch (tests)")
+    p.add_argument("--progress", action="store_true", help="a progress bar per epoch, redrawn with \\r as tqdm does")
     p.add_argument(
         "--step-times",
         action="store_true",
@@ -110,6 +111,13 @@ def resume(out_dir: Path, model: nn.Module, opt: torch.optim.Optimizer, rank: in
     return int(ckpt["epoch"]) + 1, int(ckpt["steps"])
 
 
+def progress(epoch: int, done: int, total: int) -> None:
+    """A bar the way tqdm draws one: each redraw starts with a carriage return, a new line only at the end."""
+    filled = 20 * done // total
+    sys.stderr.write(f"\repoch {epoch} |{'#' * filled:<20}| {done}/{total}" + ("\n" if done == total else ""))
+    sys.stderr.flush()
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
@@ -155,7 +163,7 @@ def main() -> int:
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # without it every epoch repeats the same shuffle
         epoch_loss.zero_()
-        for x, y in loader:
+        for i, (x, y) in enumerate(loader):
             if steps == 0 and rank == args.fail_rank:
                 print(f"rank {rank}: failing on purpose (--fail-rank {args.fail_rank})", file=sys.stderr, flush=True)
                 sys.exit(FAIL_EXIT_CODE)
@@ -170,6 +178,8 @@ def main() -> int:
                 marks.append(f"step {time.monotonic():.6f}")
             if rank == 0 and epoch == start_epoch and steps == start_steps + 1:
                 print(f"ddp-demo: first step done (epoch {epoch})", flush=True)  # benchmarks/fleet_bench.py
+            if args.progress:
+                progress(epoch, i + 1, len(loader))
         if first_loss is None:
             first = epoch_loss.clone()
             dist.all_reduce(first)

@@ -42,7 +42,15 @@ ConfigOpt = Annotated[
     Path | None, typer.Option("--config", "-c", help="nodekit.toml to use (default: ./nodekit.toml, NODEKIT_CONFIG)")
 ]
 RankOpt = Annotated[int, typer.Option("--node-rank", "-r", help="this node's rank, 0 is main")]
-MainOpt = Annotated[str, typer.Option("--main", "-m", help="main node's address, as the other nodes reach it")]
+MainOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--main",
+        "-m",
+        help="main node's address, as the other nodes reach it (default: main in nodekit.toml; on node 0, this "
+        "host's address on its default route)",
+    ),
+]
 DryRunOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")]
 ImageOpt = Annotated[str | None, typer.Option("--image", help="image to run (default: the last one built here)")]
 BuildOpt = Annotated[
@@ -52,22 +60,38 @@ NnodesOpt = Annotated[int | None, typer.Option("--nnodes", help="number of nodes
 NprocOpt = Annotated[str | None, typer.Option("--nproc-per-node", help="processes per node, or auto")]
 PortOpt = Annotated[int | None, typer.Option("--master-port", help="rendezvous port on main")]
 ScriptOpt = Annotated[str | None, typer.Option("--script", help="training script, relative to the project")]
+VerboseOpt = Annotated[
+    bool, typer.Option("--verbose", "-v", help="show every line of the build's output, not its summary")
+]
 DebugOpt = Annotated[
     bool, typer.Option("--debug", help="NCCL_DEBUG=INFO, TORCH_DISTRIBUTED_DEBUG=DETAIL, TORCH_CPP_LOG_LEVEL=INFO")
 ]
 
-# The job's shape over nodekit.toml's: every command that plans the job (compose, up, run, slurm, k8s) takes these.
+ScriptArgs = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="the script's arguments, after --: `nodekit up -r 1 -- --epochs 1` (they replace args in nodekit.toml)",
+        show_default=False,
+        metavar="SCRIPT_ARGS",
+    ),
+]
+
+# The job's shape over nodekit.toml's: every command that plans the job (compose, up, run, slurm, k8s) takes these,
+# and the script's arguments after `--` (torchrun's habit: `torchrun ... train.py --epochs 1`).
 JOB_FLAGS = (("nnodes", NnodesOpt), ("nproc_per_node", NprocOpt), ("master_port", PortOpt), ("script", ScriptOpt))
+JOB_ARGS = ("args", ScriptArgs)
 
 
 def job_flags(fn: F) -> F:
-    """Give a command declared with ``**job: Any`` the options of :data:`JOB_FLAGS`, declared once here: typer reads
-    them in its place (before --dry-run and --config, which every command lists last) and the command receives them
-    in ``job``, None where not given, for ``load_settings(config, **job)``."""
+    """Give a command declared with ``**job: Any`` the options of :data:`JOB_FLAGS` and the script's arguments after
+    ``--`` (:data:`JOB_ARGS`), declared once here: typer reads them in its place (before --dry-run and --config,
+    which every command lists last) and the command receives them in ``job``, None where not given, for
+    ``load_settings(config, **job)``."""
     params = [p for p in inspect.signature(fn, eval_str=True).parameters.values() if p.kind is not p.VAR_KEYWORD]
     at = next((i for i, p in enumerate(params) if p.name in ("dry_run", "config")), len(params))
     flags = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a) for name, a in JOB_FLAGS
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=a)
+        for name, a in (*JOB_FLAGS, JOB_ARGS)
     ]
     ordered = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in [*params[:at], *flags, *params[at:]]]
     setattr(fn, "__signature__", inspect.Signature(ordered, return_annotation=None))  # noqa: B010
@@ -141,6 +165,8 @@ def os_error(e: OSError) -> tuple[str, int]:
 def load_settings(config: Path | None, **flags: Any) -> Any:
     from nodekit.config import settings
 
+    if "args" in flags:  # arguments after `--`; none given is not "no arguments", it is "as nodekit.toml says"
+        flags["args"] = tuple(flags["args"]) if flags["args"] else None
     if "nproc_per_node" in flags and flags["nproc_per_node"] not in (None, "auto"):
         try:
             flags["nproc_per_node"] = int(flags["nproc_per_node"])
@@ -154,10 +180,12 @@ def load_settings(config: Path | None, **flags: Any) -> Any:
     return settings.load(config, **flags)
 
 
-def reporter() -> Any:
+def reporter(*, verbose: bool | None = None) -> Any:
+    """The CLI's reporter: ``verbose`` None shows the tools' every line where no terminal spins; False is the
+    summary (steps and their times); True is every line everywhere."""
     from nodekit.cli.ui import RichReporter
 
-    return RichReporter()
+    return RichReporter(verbose=verbose)
 
 
 def _version(value: bool) -> None:

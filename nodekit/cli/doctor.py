@@ -98,18 +98,21 @@ def _fleet(config: Path | None, hostfile: Path | None, image: str | None, master
     """``--fleet``: node 0's output in full (every node prints the same verdicts), the others' errors only."""
     from nodekit.backends.fleet.doctor import check_fleet
     from nodekit.backends.fleet.run import hosts_of
-    from nodekit.cli.ui import RichReporter, prefixed
+    from nodekit.cli.ui import JobLog, RichReporter
 
     settings = load_settings(config, master_port=master_port)
     hosts = hosts_of(settings, hostfile)
-    printers: dict[int, Callable[[str], None]] = {}
+    log = JobLog()
 
     def emit(rank: int, line: str) -> None:
         if rank != 0 and not line.startswith("nodekit: error"):
             return
-        printers.setdefault(rank, prefixed(f"[node {rank}]"))(line)
+        log(rank, line)
 
-    return check_fleet(settings, hosts, RichReporter(verbose=True), emit, image=image)
+    try:
+        return check_fleet(settings, hosts, RichReporter(verbose=True), emit, image=image)
+    finally:
+        log.close()
 
 
 def _print_rows(rows: list[CheckRow]) -> None:

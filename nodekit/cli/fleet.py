@@ -37,18 +37,10 @@ def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[
 
 
 def line_printer(node: int | None) -> Any:
-    from nodekit.cli.ui import prefixed
+    """The job's log printer (:class:`nodekit.cli.ui.JobLog`): every node's lines, or ``node``'s alone."""
+    from nodekit.cli.ui import JobLog
 
-    printers: dict[int, Any] = {}
-
-    def emit(rank: int, line: str) -> None:
-        if node is not None and rank != node:
-            return
-        if rank not in printers:
-            printers[rank] = prefixed(f"[node {rank}]")
-        printers[rank](line)
-
-    return emit
+    return JobLog(only=node)
 
 
 @app.command()
@@ -84,7 +76,11 @@ def run(
         return
     rep = RichReporter(verbose=True)
     # SIGHUP (a closed SSH session to the head), SIGTERM and Ctrl-C stop every node: handled(), proc.stopping.
-    code = fleet.run(settings, hosts, rep, line_printer(node), image=image, debug=debug)
+    log = line_printer(node)
+    try:
+        code = fleet.run(settings, hosts, rep, log, image=image, debug=debug)
+    finally:
+        log.close()
     raise typer.Exit(code)
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, load_settings, reporter
+from nodekit.cli.common import ConfigOpt, DryRunOpt, VerboseOpt, app, handled, load_settings, reporter
 
 
 @app.command()
@@ -53,35 +52,44 @@ def base(
     basing.create_base(tag, reporter(), dry_run=dry_run, if_missing=if_missing)
 
 
+def base_when_missing(settings: Any, rep: Any, create: bool | None = None) -> None:
+    """Make nodekit's own base image (``nodekit/base:<suite>``) when the engine lacks it, with progress, unless
+    ``create`` is False: a fresh head builds without a separate ``nodekit base``. Any other missing base is left to
+    the build, which names it and the fix (a vendor image is never replaced by plain Debian under its name)."""
+    from nodekit.image import debian as basing
+
+    if create is False or not basing.missing_base(settings):
+        return
+    if create is None and basing.own_suite(settings.base_image) is None:
+        return
+    rep.step(f"base image {settings.base_image} is not in this engine: making it (once per machine; nodekit base)")
+    basing.create_base(settings.base_image, rep, dry_run=False, if_missing=True)
+
+
 @app.command()
 @handled
 def build(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every layer")] = False,
     create_base: Annotated[
         bool | None,
-        typer.Option("--create-base/--no-create-base", help="create the base image when it is missing (asks on a tty)"),
+        typer.Option(
+            "--create-base/--no-create-base",
+            help="make nodekit/base:<suite> when it is missing (default: yes for nodekit's own base)",
+        ),
     ] = None,
+    verbose: VerboseOpt = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Lock, then build the pinned image with BuildKit; a no-op when nothing changed."""
     from nodekit.cli.ui import out
     from nodekit.image import builder as building
-    from nodekit.image import debian as basing
 
     settings = load_settings(config)
-    rep = reporter()
-    missing = basing.missing_base(settings)
-    if missing and not dry_run:
-        if create_base is None and sys.stdin.isatty() and basing.own_suite(settings.base_image):
-            create_base = typer.confirm(
-                f"base image {settings.base_image} is not here and no registry is reachable; create it now "
-                "with nodekit base?",
-                default=True,
-            )
-        if create_base:  # create_base refuses any name but nodekit/base:<suite>
-            basing.create_base(settings.base_image, rep, dry_run=False, if_missing=True)
+    rep = reporter(verbose=verbose)
     try:
+        if not dry_run:
+            base_when_missing(settings, rep, create_base)
         result = building.build(settings, rep, dry_run=dry_run, no_cache=no_cache)
     except Exception:
         rep.fail()

@@ -28,7 +28,7 @@ OutDirOpt = Annotated[Path | None, typer.Option("--out-dir", help="where node-<r
 def _plan(
     config: Path | None,
     rank: int,
-    main: str,
+    main: str | None,
     image: str | None,
     debug: bool,
     out_dir: Path | None,
@@ -70,7 +70,7 @@ def _print_plan(plan: Any) -> None:
 @job_flags
 def compose(
     node_rank: RankOpt,
-    main: MainOpt,
+    main: MainOpt = None,
     image: ImageOpt = None,
     out_dir: OutDirOpt = None,
     debug: DebugOpt = False,
@@ -98,7 +98,7 @@ def compose(
 @job_flags
 def up(
     node_rank: RankOpt,
-    main: MainOpt,
+    main: MainOpt = None,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="start in the background and return")] = False,
     build: BuildOpt = False,
     image: ImageOpt = None,
@@ -110,18 +110,26 @@ def up(
 ) -> None:
     """Write this node's compose file and run it: logs stream with a node prefix, the exit code is the job's."""
     from nodekit.backends.compose import node
-    from nodekit.cli.ui import prefixed
+    from nodekit.cli.ui import JobLog
 
     if build and image is None:
+        from nodekit.cli.images import base_when_missing
         from nodekit.image import builder as building
 
-        image = building.build(load_settings(config, **job), reporter(), dry_run=dry_run).tag
+        settings, rep = load_settings(config, **job), reporter()
+        if not dry_run:
+            base_when_missing(settings, rep)
+        image = building.build(settings, rep, dry_run=dry_run).tag
     image_id = None if dry_run else node.image_id_here(node_rank)
     plan = _plan(config, node_rank, main, image, debug, out_dir, image_id, dry_run=dry_run, **job)
     if dry_run:
         _print_plan(plan)
         return
-    code = node.up(plan, reporter(), detach=detach, on_line=prefixed(f"[node {node_rank}]"), debug=debug)
+    log = JobLog()
+    try:
+        code = node.up(plan, reporter(), detach=detach, on_line=lambda line: log(node_rank, line), debug=debug)
+    finally:
+        log.close()
     raise typer.Exit(code)
 
 
@@ -134,20 +142,19 @@ def _node_here(settings: Any, rank: int, out_dir: Path | None) -> tuple[Path | N
     return path if path.is_file() else None, project_for(settings, rank)
 
 
-def _need_rank(node_rank: int | None) -> int:
-    """Without hosts, down and logs act on one node of this host: the one --node-rank names."""
-    if node_rank is None:
-        from nodekit.errors import UsageError
+def _ranks(settings: Any, node_rank: int | None) -> list[int]:
+    """Without hosts, down and logs act on this host's nodes: the one --node-rank names, else every node of the
+    project whose compose project is on this engine (running or stopped)."""
+    if node_rank is not None:
+        return [node_rank]
+    from nodekit.backends.compose.node import ranks_here
 
-        raise UsageError(
-            "which node? no hosts are configured", fix="pass --node-rank R (or list hosts in nodekit.toml)"
-        )
-    return node_rank
+    return ranks_here(settings)
 
 
 # With hosts configured (nodekit.toml `hosts`, or --hostfile), logs and down act on the whole fleet from the head.
 FleetRankOpt = Annotated[
-    int | None, typer.Option("--node-rank", "-r", "--node", help="this node's rank (with hosts: only this node)")
+    int | None, typer.Option("--node-rank", "-r", "--node", help="only this node (default: every node of the project)")
 ]
 FleetFileOpt = Annotated[Path | None, typer.Option("--hostfile", help="act on these hosts (DeepSpeed/MPI hostfile)")]
 
@@ -181,7 +188,8 @@ def down(
     hostfile: FleetFileOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Stop and remove this node's container (with hosts configured: every node's, or --node R's)."""
+    """Stop and remove this host's nodes of the project (--node-rank R: only that one; with hosts configured: every
+    node's, on every host)."""
     settings = load_settings(config)
     hosts = _fleet(settings, hostfile)
     if hosts is not None:
@@ -194,10 +202,13 @@ def down(
         return
     from nodekit.system import docker
 
-    rank = _need_rank(node_rank)
-    path, project = _node_here(settings, rank, out_dir)
-    docker.compose_down(path, project, timeout=timeout)
-    typer.echo(f"node {rank} ({project}) is down")
+    ranks = _ranks(settings, node_rank)
+    if not ranks:
+        typer.echo(f"no node of {settings.image_name} is on this host: nothing to stop")
+    for rank in ranks:
+        path, project = _node_here(settings, rank, out_dir)
+        docker.compose_down(path, project, timeout=timeout)
+        typer.echo(f"node {rank} ({project}) is down")
 
 
 @app.command()
@@ -210,24 +221,44 @@ def logs(
     hostfile: FleetFileOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Print this node's job output (with hosts configured: every node's, merged, or --node R's)."""
+    """Print the job output of this host's nodes, merged (--node-rank R: only that one; with hosts configured: every
+    node's, from every host)."""
     settings = load_settings(config)
     hosts = _fleet(settings, hostfile)
     if hosts is not None:
         from nodekit.backends.fleet import manage
         from nodekit.cli.fleet import line_printer
 
-        failed = manage.logs(settings, hosts, line_printer(None), node=node_rank, follow=follow, tail=tail)
+        log = line_printer(None)
+        try:
+            failed = manage.logs(settings, hosts, log, node=node_rank, follow=follow, tail=tail)
+        finally:
+            log.close()
         _failed_hosts(failed, "logs")
         return
-    from nodekit.cli.ui import prefixed
+    from nodekit.cli.fleet import line_printer
+    from nodekit.errors import UsageError
     from nodekit.system import docker
+    from nodekit.system.merge import merged
 
-    rank = _need_rank(node_rank)
-    path, project = _node_here(settings, rank, out_dir)
-    emit = prefixed(f"[node {rank}]")
-    for line in docker.compose_logs(path, project, follow=follow, tail=tail):
-        emit(line)
+    ranks = _ranks(settings, node_rank)
+    if not ranks:
+        raise UsageError(
+            f"no node of {settings.image_name} is on this host",
+            fix="nodekit up --node-rank R first (nodekit ps lists this host's nodes)",
+        )
+
+    def one(rank: int) -> Any:
+        path, project = _node_here(settings, rank, out_dir)
+        return lambda: docker.compose_logs(path, project, follow=follow, tail=tail)
+
+    log = line_printer(None)
+    try:
+        lost = merged({r: one(r) for r in ranks}, log)
+    finally:
+        log.close()
+    if lost:
+        raise next(iter(lost.values()))
 
 
 @app.command()

@@ -1,4 +1,4 @@
-"""Console output for the CLI: the rich-backed Reporter, errors, and prefixed job logs."""
+"""Console output for the CLI: the rich-backed Reporter, errors, and the job's log (prefixed by node)."""
 
 from __future__ import annotations
 
@@ -22,22 +22,40 @@ def _say(console: Console, text: str) -> None:
         console.print(text, soft_wrap=True)
 
 
-class RichReporter:
-    """Steps as lines, tool output as a live spinner line (all of it on a non-terminal, e.g. in CI)."""
+STEP_WIDTH = 110  # a step's line (a BuildKit RUN line is 700 characters) is cut to this
+SLOW_S = 1.0  # the summary lists the steps that took this long or more
 
-    def __init__(self, console: Console = err, *, verbose: bool = False) -> None:
+
+class RichReporter:
+    """Steps as lines, tool output as a live spinner line; ``verbose``: every line of the tools' output too.
+
+    ``verbose`` None (the default) shows every line where there is no terminal to spin on (CI logs). False is the
+    summary a command asks for (``nodekit build`` without ``--verbose``): each step once, cut to one line, the tools'
+    output kept back (shown by :meth:`fail`), and at :meth:`done` the steps that took a second or more, with their
+    times."""
+
+    def __init__(self, console: Console = err, *, verbose: bool | None = None, clock: Any = None) -> None:
+        import time
+
         self.console = console
-        self.verbose = verbose or not console.is_terminal
+        self.verbose = (not console.is_terminal) if verbose is None else verbose
+        self.summary = verbose is False
         self.recent: deque[str] = deque(maxlen=25)
         self._status: Status | None = None
         self._step = ""
+        self._clock = clock or time.monotonic
+        self._started = 0.0
+        self._times: list[tuple[str, float]] = []
 
     def step(self, message: str) -> None:
         self._stop()
+        self._end_step()
         self._step = message
-        _say(self.console, f"[bold cyan]>[/] {escape(message)}")
-        if not self.verbose:
-            self._status = self.console.status(escape(message))
+        self._started = self._clock()
+        shown = message if not self.summary or len(message) <= STEP_WIDTH else message[: STEP_WIDTH - 1] + "…"
+        _say(self.console, f"[bold cyan]>[/] {escape(shown)}")
+        if not self.verbose and self.console.is_terminal:
+            self._status = self.console.status(escape(shown))
             self._status.start()
 
     def detail(self, line: str) -> None:
@@ -45,22 +63,35 @@ class RichReporter:
         if self.verbose:
             _say(self.console, f"  [dim]{escape(line)}[/]")
         elif self._status is not None:
-            self._status.update(f"{escape(self._step)}  [dim]{escape(line[-100:])}[/]")
+            self._status.update(f"{escape(self._step[:60])}  [dim]{escape(line[-100:])}[/]")
 
     def done(self, message: str) -> None:
         self._stop()
+        self._end_step()
         _say(self.console, f"[bold green]ok[/] {escape(message)}")
+        slow = [(m, t) for m, t in self._times if t >= SLOW_S]
+        if self.summary and slow:
+            for m, t in slow:
+                cut = m if len(m) <= STEP_WIDTH - 12 else m[: STEP_WIDTH - 13] + "…"
+                _say(self.console, f"  [dim]{t:7.1f} s  {escape(cut)}[/]")
+        self._times = []
 
     def warn(self, message: str) -> None:
         self._stop()
         _say(self.console, f"[bold yellow]warning[/] {escape(message)}")
 
     def fail(self) -> None:
-        """On error, show the last tool output that led to it (hidden behind the spinner until now)."""
+        """On error, show the last tool output that led to it (hidden behind the spinner or the summary until
+        now)."""
         self._stop()
         if not self.verbose and self.recent:
             for line in self.recent:
                 _say(self.console, f"  [dim]{escape(line)}[/]")
+
+    def _end_step(self) -> None:
+        if self._step:
+            self._times.append((self._step, self._clock() - self._started))
+            self._step = ""
 
     def _stop(self) -> None:
         if self._status is not None:
@@ -71,6 +102,10 @@ class RichReporter:
 
 def error(message: str) -> None:
     _say(err, f"[bold red]nodekit: error:[/] {escape(message)}")
+
+
+def warn(message: str) -> None:
+    _say(err, f"[bold yellow]warning:[/] {escape(message)}")
 
 
 def stopped(message: str) -> None:
@@ -93,12 +128,47 @@ def detach_from_terminal() -> None:
         os.close(null)
 
 
-def prefixed(prefix: str) -> Any:
-    """A line printer that tags each job line with its node, like torchrun's --tee prefixes."""
+class JobLog:
+    """The job's lines on standard output, each tagged with its node (``[node 1] ...``); a progress bar is one line
+    per node (nodekit.system.bars): redrawn in place on a terminal, at most one line a second elsewhere. ``only``:
+    print that node's lines alone. Call :meth:`close` when the log ends (a bar's last state is printed then)."""
 
-    def emit(line: str) -> None:
+    def __init__(self, only: int | None = None, stream: Any = None, bars: Any = None) -> None:
+        from nodekit.system.bars import Bars
+
+        self.only = only
+        self.stream = stream
+        self.bars = bars or Bars()
+        self._open: int | None = None  # the node whose redrawn bar is the terminal's last, unfinished line
+
+    def __call__(self, rank: int, line: str) -> None:
+        if self.only is not None and rank != self.only:
+            return
+        self._print(self.bars.feed(rank, line))
+
+    def close(self) -> None:
+        self._print(self.bars.flush())
+        if self._open is not None:
+            self._write("\n")
+            self._open = None
+
+    def _print(self, shown: Any) -> None:
+        out = self.stream or sys.stdout
+        terminal = out.isatty()
+        for s in shown:
+            text = f"[node {s.rank}] {s.text}"
+            if not terminal:
+                self._write(text + "\n")
+                continue
+            if self._open == s.rank:
+                text = "\r\x1b[K" + text  # over the same node's bar
+            elif self._open is not None:
+                text = "\n" + text  # another node's bar stays as it was
+            self._write(text if s.redraw else text + "\n")
+            self._open = s.rank if s.redraw else None
+
+    def _write(self, text: str) -> None:
+        out = self.stream or sys.stdout
         with contextlib.suppress(OSError):
-            sys.stdout.write(f"{prefix} {line}\n")
-            sys.stdout.flush()
-
-    return emit
+            out.write(text)
+            out.flush()

@@ -4,14 +4,15 @@ project paths nodekit will write to. ``settings.py`` holds the model and :func:`
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from nodekit.config import keys
 from nodekit.errors import ConfigError
 
 CONFIG_FILE = "nodekit.toml"
@@ -67,30 +68,77 @@ class TomlSource(PydanticBaseSettingsSource):
 
 def shown_key(loc: tuple[int | str, ...] | list[int | str]) -> str:
     """A setting's location as the user writes it: ``nnodes``, ``[nodes.1] addr``, ``[[mounts]] #2 container``,
-    ``env.KEY``; pydantic's union-branch tags (``literal['auto']``) left out."""
+    ``[slurm] time``, ``env.KEY``; pydantic's union-branch tags (``literal['auto']``) left out."""
     parts = [str(p) for p in loc if "[" not in str(p)]
     if len(parts) >= 3 and parts[0] == "nodes":
         return f"[nodes.{parts[1]}] {'.'.join(parts[2:])}"
+    if len(parts) >= 2 and parts[0] in ("slurm", "k8s"):
+        return f"[{parts[0]}] {'.'.join(parts[1:])}"
     if len(parts) >= 2 and parts[0] == "mounts" and parts[1].isdigit():
         return " ".join([f"[[mounts]] #{int(parts[1]) + 1}", *parts[2:3]])
     return ".".join(parts) or "config"
 
 
-def refusal(e: ValidationError, path: Path) -> ConfigError:
-    """The first problem of a failed validation as one ConfigError: the setting, what is wrong, the fix. Checks
-    that raise ``nodekit.config.tables.Bad`` bring their own fix and, for checks across fields, their key."""
+_LISTED = 12  # a table with more keys than this is not listed in the fix of an unknown key
+
+
+def refusal(e: ValidationError, path: Path, model: type[BaseModel], source: Callable[[str], str]) -> ConfigError:
+    """The first problem of a failed validation as one ConfigError: where it is (``nodekit.toml:7``, or the
+    ``NODEKIT_*`` variable or the flag that set it), the setting, what is wrong, the fix. Checks that raise
+    ``nodekit.config.tables.Bad`` bring their own fix and, for checks across fields, their key. An unknown key is
+    answered with the known key closest to it (``nproc_per_nodes``: did you mean ``nproc_per_node``?).
+    ``source(top)`` says where the top-level setting ``top`` came from: "flag", "env" or "file"."""
     err = e.errors()[0]
     cause = (err.get("ctx") or {}).get("error")
     key = getattr(cause, "key", None)
-    where = shown_key(key.split(".") if key else err["loc"])
+    loc: list[int | str] = key.split(".") if key else list(err["loc"])
+    where = shown_key(loc)
     message = str(cause) if isinstance(cause, ValueError) else err["msg"]
     top = where.split(".")[0]
+    origin = source(str(loc[0])) if loc else "file"
     fix = getattr(cause, "fix", None) or (
         f"set {top} in {path.name}, NODEKIT_{top.upper()} or the flag"
         if top.isidentifier()
         else f"edit {where} in {path.name}"
     )
-    return ConfigError(f"invalid setting {where}: {message}", fix=fix)
+    if err["type"] == "extra_forbidden":
+        word = str(loc[-1])
+        known = keys.known_keys(model, loc[:-1])
+        guess = keys.did_you_mean(word, known)
+        listed = (
+            f"known here: {', '.join(known)}"
+            if len(known) <= _LISTED
+            else "the nodekit.toml reference lists every setting"
+        )
+        fix = (
+            f"did you mean {guess}? rename {word} to {guess} in {path.name}"
+            if guess is not None
+            else f"remove {word} from {path.name} ({listed})"
+        )
+    shown = shown_path(path)
+    flag = "the arguments after --" if loc and loc[0] == "args" else f"--{str(loc[0]).replace('_', '-')}"
+    at = {"flag": f"{flag}: ", "env": f"NODEKIT_{str(loc[0]).upper()}: "}.get(origin, "")
+    if origin == "file":
+        line = _line_in(path, loc)
+        at = f"{shown}:{line}: " if line is not None else f"{shown}: "
+    if err["type"] == "extra_forbidden":
+        return ConfigError(f"{at}unknown setting {where}", fix=fix)
+    return ConfigError(f"{at}invalid setting {where}: {message}", fix=fix)
+
+
+def shown_path(path: Path) -> str:
+    """``path`` as the user would type it: relative to the working directory when it is under it."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _line_in(path: Path, loc: Sequence[int | str]) -> int | None:
+    try:
+        return keys.line_of(path.read_text(encoding="utf-8"), loc)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def check_paths(project: Path, compose_dir: Path, output_dir: Path) -> None:

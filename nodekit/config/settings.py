@@ -337,6 +337,15 @@ class Settings(BaseSettings):
         return path if path.is_absolute() else self.project_dir / path
 
 
+def _source(top: str, given: dict[str, Any]) -> str:
+    """Where the top-level setting ``top`` came from, by the precedence: "flag", "env" or "file"."""
+    if top in given:
+        return "flag"
+    if f"NODEKIT_{top.upper()}" in {k.upper() for k in os.environ}:
+        return "env"
+    return "file"
+
+
 def load(config: Path | None = None, **flags: Any) -> Settings:
     """Settings from flags (keyword arguments; None means "not given"), environment, file, defaults.
 
@@ -365,7 +374,7 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
             fix=f'write NODEKIT_{where.upper()} as JSON (e.g. \'["a", "b"]\' or \'{{"KEY": "value"}}\'), or unset it',
         ) from None
     except ValidationError as e:
-        raise config_file.refusal(e, path) from None
+        raise config_file.refusal(e, path, Settings, lambda top: _source(top, given)) from None
     finally:
         config_file.current.reset(token)
     config_file.check_paths(

@@ -28,10 +28,11 @@ class NodeWorld:
 
     ``facts`` are the node's host facts as gathered (or as its host reported them), before the config's per-node
     pins. ``absent`` lists the node's mount sources that do not exist where it runs (empty when they were checked
-    elsewhere, or cannot be). ``image_note`` says why nodekit chose ``image`` ("" when it was named). ``image_id`` is
-    the image's id on the node's engine when it was looked up ("" otherwise: not rendered). ``env_set`` holds the
-    names of the job's ``pass_env`` variables the launching shell sets: names only, their values stay in the shell
-    (Compose reads them at start). ``cwd`` is the directory the compose file's path hint is shown relative to."""
+    elsewhere, or cannot be). ``image_note`` says why nodekit chose ``image`` ("" when it was named). ``image_id``
+    is the image's id on the node's engine when it was looked up ("" otherwise: not rendered). ``env_set`` holds
+    the names of the job's ``pass_env`` variables the launching shell sets: names only, their values stay in the
+    shell (Compose reads them at start). ``main_note`` says which address node 0 took for main when none was given
+    ("" otherwise). ``cwd`` is the directory the compose file's path hint is shown relative to."""
 
     main_ip: str
     facts: HostFacts
@@ -42,12 +43,40 @@ class NodeWorld:
     job_secret: str = ""
     absent: tuple[str, ...] = ()
     env_set: frozenset[str] = field(default_factory=frozenset)
+    main_note: str = ""
+
+
+def main_address(settings: Settings, rank: int, main: str | None, default_here: Callable[[], str | None]) -> str:
+    """Main's address for node ``rank``: ``--main``, else ``main`` in the settings; on node 0 (which is main)
+    without either, loopback for a one-node job, else ``default_here()`` (this host's address on its default route,
+    where the other machines most likely reach it). UsageError when none applies."""
+    if main:
+        return main
+    if settings.main:
+        return settings.main
+    if rank == 0:
+        if settings.nnodes == 1:
+            return "127.0.0.1"
+        found = default_here()
+        if found is not None:
+            return found
+        raise UsageError(
+            "node 0 is main, and this host has no default route to take main's address from",
+            fix="pass --main with this host's address as the other nodes reach it, or set main in nodekit.toml",
+            node="node 0",
+        )
+    raise UsageError(
+        "main's address is not known on this node",
+        fix="pass --main with node 0's address as this node reaches it (e.g. --main 10.0.0.5), or set main in "
+        "nodekit.toml",
+        node=f"node {rank}",
+    )
 
 
 def gather_node(
     settings: Settings,
     rank: int,
-    main: str,
+    main: str | None,
     *,
     image: str | None = None,
     facts: HostFacts | None = None,
@@ -57,9 +86,10 @@ def gather_node(
     job_secret: Callable[[], str] | None = None,
     dry_run: bool = False,
 ) -> NodeWorld:
-    """Gather node ``rank``'s world on this machine, refusing what is wrong in the order a user meets it: the training
-    command, the rank (the most likely typo), main's address, the route toward main (and, for rank 0 on host
-    networking, that main is this machine), the node's settings, its mount sources, the image. Raises
+    """Gather node ``rank``'s world on this machine (``main`` None: :func:`main_address`'s default), refusing what is
+    wrong in the order a user meets it: the training command, the rank (the most likely typo), main's address, the
+    route toward main (and, for rank 0 on host networking, that main is this machine), the node's settings, its
+    mount sources, the image. Raises
     UsageError/NetworkError/ImageError; writes nothing, except what ``job_secret`` may (asked for last, once
     everything else passed: it may create the project's secret file).
 
@@ -71,7 +101,10 @@ def gather_node(
     starts no probe container and writes no probe cache (a base never probed here leaves the fingerprint unknown)."""
     launch = check_command(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
-    main_ip = net.resolve(main)
+    main_ip = net.resolve(main_address(settings, rank, main, net.default_address_here))
+    main_note = ""
+    if not main and not settings.main and settings.nnodes > 1:
+        main_note = f"main is {main_ip}, this host's address on its default route (--main chooses another)"
     if facts is None:
         facts = _facts_here(settings, rank, main_ip)
     node = node_spec(settings, launch, rank, main_ip, node_facts(settings, rank, facts))  # refused here, in order
@@ -97,6 +130,7 @@ def gather_node(
         job_secret=secret,
         absent=absent,
         env_set=env_set,
+        main_note=main_note,
     )
 
 

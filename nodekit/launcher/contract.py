@@ -12,7 +12,7 @@ The environment variables the launcher reads are listed (with their defaults) in
 from __future__ import annotations
 
 # --- the launcher's exit codes (nodekit/launcher/__init__.py says when each is used) ---------------------------
-EXIT_OK = 0
+EXIT_OK = 0  # the job succeeded on this node (every worker exited 0)
 EXIT_BAD_ENV = 2  # bad environment or command: missing variable, script not found, torchrun missing
 EXIT_STACK_MISMATCH = 17  # stack or launch mismatch between nodes, or a node rank claimed twice
 EXIT_RENDEZVOUS = 18  # a node never arrived, main unreachable or lost, or the preflight port taken

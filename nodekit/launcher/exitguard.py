@@ -9,7 +9,7 @@ finalisation while the peers are closing their sockets, now and then call ``std:
 without an active exception"): SIGABRT, exit 134, on a rank whose script had returned normally. Lightning's
 ``Trainer`` and scripts that never call ``destroy_process_group`` hit it; users cannot work around it.
 
-How a finished process is told from a failed one (the rule the README documents):
+How a finished process is told from a failed one (the rule docs/concepts/failures.md documents):
 
 * *finished*: the ``__main__`` module ran to its end, or a ``sys.exit()`` with 0 or None ended it (its SystemExit
   went up through ``__main__``'s frame), and no uncaught exception reached ``sys.excepthook``;

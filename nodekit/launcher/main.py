@@ -16,7 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from nodekit.launcher import checks, ranks
+from nodekit.launcher import checks, ranks, runlog
 from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
 from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
@@ -159,7 +159,7 @@ def _distinct_node(node_rank: int) -> None:
         pass
 
 
-def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0) -> int:
+def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path | None = None) -> int:
     """:func:`_torchrun_in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
     stopped it, or found after torchrun failed that a node was lost (then 19) or failed first (19 too).
 
@@ -189,11 +189,14 @@ def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0)
         code = 130
     except BaseException as e:  # ChildFailedError, SignalException: exit 1 with a traceback, as torchrun's script
         code, error = 1, e
-    if error is not None and dog.alarm is None:
-        # Shown now, as an uncaught exception would be, not after the wait for the other nodes below.
-        traceback.print_exception(error)
-        sys.stderr.flush()
     failure = worker_failure(error, max_restarts) if error is not None and dog.alarm is None else None
+    if error is not None and dog.alarm is None:
+        # Said now, as an uncaught exception would be, not after the wait for the other nodes below.
+        if log is None:
+            traceback.print_exception(error)
+        else:
+            _err(runlog.torchrun_failed(error, log, worker_failed=failure is not None))
+        sys.stderr.flush()
     try:
         return dog.finish(code, failure).code
     except _Terminated:
@@ -388,10 +391,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             os.environ.setdefault(key, value)
         if rdzv is not None:
             _distinct_node(cfg.node_rank)
+        log = runlog.log_path(cfg.output_dir, cfg.node_rank)
+        runlog.quiet_exit_barrier(log)
         if (dog := _watchdog(cfg, passed)) is not None:
-            return _torchrun_watched(plan.argv, dog, cfg.max_restarts)
+            return _torchrun_watched(plan.argv, dog, cfg.max_restarts, log)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
-        return _torchrun_in_process(plan.argv)
+        try:
+            return _torchrun_in_process(plan.argv)
+        except Exception as e:  # ChildFailedError and torchrun's own: one line here, the traceback in the run log
+            _err(runlog.torchrun_failed(e, log, worker_failed=worker_failure(e, cfg.max_restarts) is not None))
+            return 1
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
     sys.stdout.flush()
     sys.stderr.flush()

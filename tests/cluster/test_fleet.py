@@ -18,6 +18,7 @@ import yaml
 from tests.cluster.conftest import Demo, Fleet, host_project, nodekit_argv
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
 from tests.cluster.test_ship import wipe
+from tests.joblog import bars
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -96,10 +97,14 @@ def test_three_nodes_from_the_head_over_ssh(
     wipe(*c.hosts[1:])
     project = fleet.project(demo_on_main, tmp_path)
     t0 = time.monotonic()
+    # The script's arguments after `--` reach every node (nodekit.toml says 5 epochs), and its progress bar, a
+    # redraw per step, is at most one line per node a second in the merged log (issue 32).
+    job = ["--", "--epochs", "3", "--progress"]
     code, out = finish(
-        fleet.run(project, "--image", demo_on_main.ref, log=tmp_path / "run.log"), tmp_path / "run.log", 600
+        fleet.run(project, "--image", demo_on_main.ref, *job, log=tmp_path / "run.log"), tmp_path / "run.log", 600
     )
-    record_property("fleet_run_seconds", round(time.monotonic() - t0, 1))
+    seconds = time.monotonic() - t0
+    record_property("fleet_run_seconds", round(seconds, 1))
     assert code == 0, out[-5000:]
     assert_equal_checksums(project)
     assert all(h.image_id(demo_on_main.ref) == demo_on_main.image_id for h in c.hosts)
@@ -110,6 +115,10 @@ def test_three_nodes_from_the_head_over_ssh(
         assert f"[node {rank}]" in out
         assert f"| iface {h.iface} |" in out, f"node {rank} did not resolve {h.iface}:\n{out[-3000:]}"
         assert (project / "compose" / f"node-{rank}.yaml").is_file()
+        redraws, ends = bars(out, rank)
+        assert ends == ["21/21"] * 3, out[-5000:]  # 4096 samples, 3 ranks of 64: 21 steps an epoch, 3 epochs
+        assert len(redraws) <= seconds + 1, f"node {rank}: {len(redraws)} redraws in {seconds:.0f} s"
+    assert result(project)["epochs"] == 3
     nothing_left(c)
 
 

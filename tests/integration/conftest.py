@@ -17,11 +17,12 @@ EXAMPLE = ROOT / "examples" / "ddp"
 
 
 def nodekit(
-    *args: str, config: Path, env: dict[str, str] | None = None, timeout: int = 600
+    *args: str, config: Path, env: dict[str, str] | None = None, timeout: int = 600, script_args: tuple[str, ...] = ()
 ) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
+    """Run the real CLI in a subprocess, as a user would; ``script_args`` go last, after ``--``."""
+    after = ["--", *script_args] if script_args else []
     return subprocess.run(
-        [sys.executable, "-m", "nodekit", *args, "--config", str(config)],
+        [sys.executable, "-m", "nodekit", *args, "--config", str(config), *after],
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -55,7 +55,8 @@ def copy_example(dest: Path) -> Path:
 
 
 def build(project: Path) -> subprocess.CompletedProcess[str]:
-    built = nodekit("build", "--create-base", config=project / "nodekit.toml", timeout=1800)
+    # --verbose: cached_steps reads BuildKit's own lines, which the build's summary leaves out
+    built = nodekit("build", "--create-base", "--verbose", config=project / "nodekit.toml", timeout=1800)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     wheelcache.kept(project)
     return built

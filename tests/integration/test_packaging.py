@@ -1,48 +1,67 @@
-"""`pip install .` must give a working nodekit without a checkout: the Dockerfile, the compose template and the
-launcher travel inside the wheel."""
+"""The distribution users install: ``pip install nodekit-torch`` (``nodekit`` on PyPI is another project) gives the
+``nodekit`` command, working without a checkout: the Dockerfile, the compose template and the launcher travel
+inside the wheel."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
+import time
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+DIST = "nodekit-torch"
+"""The distribution's name on PyPI: free there (``nodekit`` is an unrelated library); the command stays nodekit."""
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+def dists(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The wheel and the sdist, built by the build backend itself (no isolated environment, nothing fetched)."""
+    out = tmp_path_factory.mktemp("dist")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(out), str(ROOT)],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr
-    (found,) = out.glob("nodekit-*.whl")
-    return found
+        [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-t", "sdist", "-d", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (wheel,) = out.glob("nodekit_torch-*.whl")
+    (sdist,) = out.glob("nodekit_torch-*.tar.gz")
+    return {"wheel": wheel, "sdist": sdist}
 
 
-def test_wheel_carries_the_assets_and_the_launcher(wheel: Path) -> None:
-    names = set(zipfile.ZipFile(wheel).namelist())
+def test_the_distribution_is_named_for_pypi_and_the_command_stays_nodekit() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["name"] == DIST
+    assert project["scripts"] == {"nodekit": "nodekit.cli.app:main"}
+
+
+def test_wheel_and_sdist_carry_the_assets_and_the_launcher(dists: dict[str, Path]) -> None:
+    names = set(zipfile.ZipFile(dists["wheel"]).namelist())
     for needed in (
         "nodekit/_assets/images/Dockerfile",
         "nodekit/_assets/compose/template.yaml",
         "nodekit/launcher/__main__.py",
+        "nodekit/launcher/runlog.py",
         "nodekit/py.typed",
     ):
-        assert needed in names, f"{needed} missing from {wheel.name}"
-    assert not any(n.startswith("tests/") for n in names)
+        assert needed in names, f"{needed} missing from {dists['wheel'].name}"
+    assert not any(n.startswith(("tests/", "docs/")) for n in names)
+    with tarfile.open(dists["sdist"]) as sdist:
+        inside = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
+    for needed in ("pyproject.toml", "README.md", "images/Dockerfile", "compose/template.yaml", "nodekit/cli/app.py"):
+        assert needed in inside, f"{needed} missing from {dists['sdist'].name}"
 
 
-def test_installed_wheel_finds_its_assets_outside_a_checkout(wheel: Path, tmp_path: Path) -> None:
+def test_installed_wheel_finds_its_assets_outside_a_checkout(dists: dict[str, Path], tmp_path: Path) -> None:
     target = tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(wheel)],
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target), str(dists["wheel"])],
         check=True,
     )
     project = tmp_path / "project"
@@ -63,3 +82,45 @@ def test_installed_wheel_finds_its_assets_outside_a_checkout(wheel: Path, tmp_pa
     )  # fmt: skip
     assert plan.returncode == 0, plan.stderr
     assert "network_mode: host" in plan.stdout and "init: true" in plan.stdout
+
+
+def test_a_fresh_environment_runs_version_init_and_a_build_plan_from_the_wheel(
+    dists: dict[str, Path], tmp_path: Path, docker_engine: None, record_property: pytest.RecordProperty
+) -> None:
+    """As a user would: a new virtual environment, ``pip install`` of the wheel (its dependencies from the index),
+    then the tour's first three commands in a project of their own, far from any checkout."""
+    started = time.monotonic()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    installed = subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", str(dists["wheel"])],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    record_property("fresh_venv_install_s", round(time.monotonic() - started, 1))
+    cli = str(venv / "bin" / "nodekit")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NODEKIT_", "PYTHONPATH", "VIRTUAL_ENV"))}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cli, *args], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+
+    project = tmp_path / "myproject"
+    project.mkdir()
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.strip() == "nodekit 0.1.0", version.stdout + version.stderr
+    # The user's own project: a script and its requirements, which init takes; the example's lock matches them.
+    shutil.copy(ROOT / "examples" / "ddp" / "train.py", project / "train.py")
+    (project / "requirements.txt").write_text("torch==2.13.0\nnumpy\n")
+    init = run("init", "--name", "pkgtest")
+    assert init.returncode == 0, init.stdout + init.stderr
+    assert "packages from requirements.txt" in init.stdout and (project / ".dockerignore").is_file()
+    shutil.copy(ROOT / "examples" / "ddp" / "nodekit.lock", project / "nodekit.lock")
+    plan = run("build", "--dry-run")
+    assert plan.returncode == 0, plan.stdout + plan.stderr
+    assert "would build nodekit/pkgtest:" in plan.stdout + plan.stderr
+    # The Dockerfile it planned with is the wheel's, not this checkout's.
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import nodekit.system.assets as a; print(a.images_dir())"],
+        cwd=project, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(venv), where.stdout

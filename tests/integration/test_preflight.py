@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -37,6 +38,35 @@ def test_a_node_that_never_comes_is_named_promptly(ddp_project: Path) -> None:
     out = alone.stdout + alone.stderr
     assert re.search(r"node\(s\) 1 never arrived", out), out
     assert elapsed < 60, f"the missing node must be named well under a minute, took {elapsed:.0f} s"
+
+
+def test_a_main_this_node_cannot_reach_is_named_within_seconds(ddp_project: Path, tmp_path: Path) -> None:
+    """A wrong main address (issue 32): the kernel says "network unreachable" at once, and the node says so within
+    seconds instead of waiting out rdzv_timeout. The node runs in a container with no network (only loopback), so
+    nothing leaves this machine; main's address is one no route leads to there."""
+    config = ddp_project / "nodekit.toml"
+    out = tmp_path / "compose"
+    made = nodekit("compose", "-r", "1", "-m", "10.77.0.9", "--master-port", "29650", "--out-dir", str(out),
+                   config=config)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    (out / "offline.yaml").write_text("services:\n  train:\n    network_mode: none\n")
+    files = ["-f", str(out / "node-1.yaml"), "-f", str(out / "offline.yaml")]
+    project = "nodekit-door-unreachable"
+    started = time.monotonic()
+    try:
+        up = ["up", "--abort-on-container-exit", "--exit-code-from", "train"]
+        ran = subprocess.run(["docker", "compose", *files, "-p", project, *up], capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+    finally:
+        subprocess.run(["docker", "compose", *files, "-p", project, "down", "--timeout", "5"], capture_output=True)
+    elapsed = time.monotonic() - started
+    said = ran.stdout + ran.stderr
+    assert ran.returncode == 18, said
+    found = re.search(r"main 10\.77\.0\.9:29651 is unreachable from this node \(network unreachable, (\d+) s", said)
+    assert found, said
+    assert int(found[1]) < 10, f"named {found[1]} s after the first try"
+    assert "--main" in said and "NODEKIT_RDZV_TIMEOUT" not in said, said
+    assert elapsed < 60, f"the container took {elapsed:.0f} s in all"
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -151,7 +152,9 @@ def test_each_bad_value_is_one_line_naming_the_setting_and_the_fix(
     with pytest.raises(ConfigError) as e:
         load(**flags)
     line = e.value.one_line()
-    assert line.startswith(f"invalid setting {where}: ") and fix in line.split(" Fix: ", 1)[1], line
+    # after where it was set: load()'s keyword arguments stand for the command's flags (--nnodes: ...)
+    assert re.match(rf"^(--[a-z_-]+: |the arguments after --: )?invalid setting {re.escape(where)}: ", line), line
+    assert fix in line.split(" Fix: ", 1)[1], line
     assert "\n" not in line and e.value.exit_code == 2
 
 

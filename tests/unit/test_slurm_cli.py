@@ -69,7 +69,7 @@ def test_unknown_container_mode(project: Path) -> None:
 def test_unknown_container_mode_in_the_file(project: Path) -> None:
     (project / "nodekit.toml").write_text((project / "nodekit.toml").read_text() + '[slurm]\ncontainer = "lxc"\n')
     result = runner.invoke(app, ["slurm"])
-    assert_refused(project, result.exit_code, result.stderr, "slurm.container")
+    assert_refused(project, result.exit_code, result.stderr, "[slurm] container")
 
 
 def test_no_slurm_client_on_path(project: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -38,6 +38,7 @@ class NodePlan:
     warnings: tuple[str, ...] = field(default=())
     job_secret: str = ""
     image_id: str = ""  # the image's identity on this host when planning looked it up ("" for compose and dry runs)
+    main_note: str = ""  # which address node 0 took for main when none was given
 
     @property
     def shown(self) -> str:
@@ -65,6 +66,8 @@ def plan_node(
     notes = _notes(node, facts)
     if world.image_note:
         notes = (*notes, f"image {world.image}: {world.image_note}")
+    if world.main_note:
+        notes = (world.main_note, *notes)
     path = compose_path(settings, rank, out_dir)
     doc = render_compose(
         node,
@@ -87,6 +90,7 @@ def plan_node(
         image_id=world.image_id,
         warnings=unset_pass_env(launch.pass_env, world.env_set),
         job_secret=world.job_secret,
+        main_note=world.main_note,
     )
 
 
@@ -158,6 +162,8 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     """
     for warning in plan.warnings:
         reporter.warn(warning)
+    if plan.main_note:
+        reporter.step(plan.main_note)
     if not plan.image_id:  # planning did not look the image up here
         docker.require_image(plan.image, node=f"node {plan.node.rank}")
     check_master_port(plan)
@@ -199,3 +205,10 @@ def follow(path: Path, project: str) -> Iterator[str]:
 
 def project_for(settings: Settings, rank: int) -> str:
     return project_name(settings.image_name, rank)
+
+
+def ranks_here(settings: Settings) -> list[int]:
+    """The ranks of this project's nodes whose compose project is on this host's engine (running or stopped)."""
+    prefix = project_for(settings, 0).removesuffix("0")
+    found = (p.removeprefix(prefix) for p in docker.compose_projects(prefix))
+    return sorted(int(r) for r in found if r.isdecimal())

@@ -5,9 +5,7 @@ exits non-zero), because a host whose ``down`` failed may still run its containe
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +17,7 @@ from nodekit.backends.fleet.remote import MAX_PARALLEL, Problem
 from nodekit.config.settings import Settings
 from nodekit.errors import NodekitError, UsageError
 from nodekit.system import docker
+from nodekit.system.merge import merged
 
 LineFn = Callable[[int, str], None]
 
@@ -88,30 +87,14 @@ def logs(
 ) -> list[Problem]:
     """Every node's output, merged (lines as they come), or one node's; the hosts whose log could not be read."""
     chosen = pick(hosts, node)
-    lines: queue.Queue[tuple[int, str | None]] = queue.Queue()
-    failures: dict[int, Problem] = {}
 
-    def one(h: FleetHost) -> None:
-        try:
-            project = project_name(settings.image_name, h.rank)
-            for line in docker.compose_logs(None, project, follow=follow, tail=tail, host=h.url):
-                lines.put((h.rank, line))
-        except NodekitError as e:
-            failures[h.rank] = _failure(h, e, _reach_fix(h, e))
-        finally:
-            lines.put((h.rank, None))
+    def one(h: FleetHost) -> Callable[[], Iterator[str]]:
+        project = project_name(settings.image_name, h.rank)
+        return lambda: docker.compose_logs(None, project, follow=follow, tail=tail, host=h.url)
 
     with kept_alive(alive_interval(settings.peer_timeout)):
-        for h in chosen:
-            threading.Thread(target=one, args=(h,), daemon=True).start()
-        ended = 0
-        while ended < len(chosen):
-            rank, line = lines.get()
-            if line is None:
-                ended += 1
-            else:
-                on_line(rank, line)
-    return [failures[h.rank] for h in chosen if h.rank in failures]
+        failures = merged({h.rank: one(h) for h in chosen}, on_line)
+    return [_failure(h, failures[h.rank], _reach_fix(h, failures[h.rank])) for h in chosen if h.rank in failures]
 
 
 def down(

@@ -11,6 +11,7 @@ The run itself (:mod:`nodekit.backends.fleet.run`) plans each rank's compose fil
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,9 @@ class FleetPlan:
     """The relay chains if every ``ssh://`` host lacked the same layers (each a tuple of node names)."""
     restarts: int
     min_nodes: int | None
+    command: tuple[str, ...] = ()
+    """What every node runs, after the launcher (``train.py --lr 3e-4``; ``-m pkg.train``)."""
+    launcher: str = "torchrun"
 
     def to_text(self) -> str:
         """The plan as ``run --dry-run`` prints it; paths inside the project are shown relative to it."""
@@ -91,6 +95,7 @@ class FleetPlan:
             f"main: {self.main}:{self.master_port} (rendezvous; nodekit's preflight store on {preflight})"
             + ("" if is_address(self.main) else f"; {WHEN_RUN}: the address this head resolves {self.main} to"),
             f"image: {self._image_text()}",
+            f"command: {shlex.join(self.command)} ({self.launcher}, on every node)",
             f"before anything, {WHEN_RUN}: every host is checked over SSH (Docker engine and Compose, GPUs, mounts; "
             f"ports {self.master_port} and {preflight} free on node 0)",
         ]
@@ -170,6 +175,8 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
         chains=relay_chains(inputs.hosts, s.relay),
         restarts=s.restarts,
         min_nodes=s.min_nodes,
+        command=tuple(launch.command.argv()),
+        launcher=launch.launcher,
     )
 
 

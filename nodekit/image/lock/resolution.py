@@ -20,6 +20,7 @@ from packaging.utils import canonicalize_name
 
 from nodekit.config.settings import Settings
 from nodekit.errors import ConfigError
+from nodekit.image.lock import cuda
 from nodekit.image.lock import pip as pipcmd
 from nodekit.image.lock.format import BuiltWheel, Lock, LockedPackage, normalize_inputs, target_environment
 from nodekit.image.lock.newest import checked, newest_versions, settle, versions
@@ -235,6 +236,9 @@ def resolve(
     held = {c.split("==")[0] for c in used}
     report = settle(report, inputs, newest, held=held, rerun=rerun, reporter=reporter, where=where)
     wheels, sdists = read_report(report, provided)
+    heavy = cuda.check(report, [p.name for p in (*wheels, *sdists)])
+    if heavy is not None:
+        reporter.warn(heavy)  # before the build downloads any of it
     from_source, built = build_sdists(
         sdists,
         Builder(src, where),

@@ -45,6 +45,14 @@ POLL_S = 0.02
 # matters when one of them died right after arriving.
 ACK_TIMEOUT_S = 15.0
 REACH_FAST_S, REACH_FAST_FOR_S = 0.05, 10.0  # wait_reachable's retry step, and for how long it is that short
+# One connect attempt toward main. Longer than the kernel's neighbour resolution (3 probes, 1 s apart): a shorter
+# attempt times out before the kernel can say "no route to host", and a wrong address looks like a slow main.
+PROBE_S = 4.0
+# Main unreachable (no route to host, network unreachable) for this long, with nothing else seen in between: the
+# address is wrong or main's machine is down, and waiting out rdzv_timeout would only hide it. A refused
+# connection (main's machine is there, its launcher not yet) or a timeout (a firewall) is still waited for.
+UNREACHABLE_S = 3.0
+UNREACHABLE = frozenset({"no route to host", "network unreachable"})
 # After a refusal main keeps serving the verdict this long (at most; less if rdzv_timeout is shorter) for nodes
 # that had not arrived yet: they get the verdict and exit 17 instead of retrying an absent main until their own
 # rdzv_timeout. The report is printed before this wait, so the "report within 5 s" promise holds.
@@ -128,17 +136,31 @@ def wait_reachable(cfg: LaunchConfig, deadline: float, clock: Clock) -> str:
     """Retry :func:`probe` against main's preflight port until it answers; return this node's local address.
 
     Main usually starts later than some workers (``nodekit up`` runs per node, by hand), so a refusal is normal
-    at first; only the deadline turns it into an error, carrying the last reason seen.
+    at first; only the deadline turns it into an error, carrying the last reason seen. An address the kernel
+    cannot reach at all (no route to host, network unreachable) for :data:`UNREACHABLE_S` is an error at once: a
+    wrong ``--main``, or main's machine down, named within seconds rather than at the deadline.
     """
     start = clock.now()
     last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
     target = f"{cfg.master_addr}:{cfg.preflight_port}"
+    unreachable_since: float | None = None
     while True:
         remaining = deadline - clock.now()
-        reason, local = probe(cfg.master_addr, cfg.preflight_port, max(0.05, min(2.0, remaining)))
+        reason, local = probe(cfg.master_addr, cfg.preflight_port, max(0.05, min(PROBE_S, remaining)))
         if reason is None and local is not None:
             return local
         now = clock.now()
+        if reason not in UNREACHABLE:
+            unreachable_since = None
+        elif unreachable_since is None:
+            unreachable_since = now
+        elif now - unreachable_since >= UNREACHABLE_S:
+            raise PreflightError(
+                f"main {target} is unreachable from this node ({reason}, {now - start:.0f} s after the first try): "
+                f"the main address is wrong, or main's machine is down or not on this network. Fix: pass --main "
+                f"with node 0's address as this node reaches it (check: `ip route get {cfg.master_addr}`; "
+                f"`nodekit doctor --main {cfg.master_addr} --node-rank {cfg.node_rank}`)"
+            )
         if now >= deadline:
             raise PreflightError(
                 f"cannot reach main {target} ({reason}); gave up after NODEKIT_RDZV_TIMEOUT={cfg.rdzv_timeout:g} s. "

@@ -20,7 +20,15 @@ from __future__ import annotations
 
 from nodekit.errors import BuildError
 from nodekit.system.docker.calls import ENGINE_FIX, check_engine, client, engine_facts, runtimes
-from nodekit.system.docker.compose import compose_down, compose_logs, compose_ps, compose_stop, compose_up, compose_wait
+from nodekit.system.docker.compose import (
+    compose_down,
+    compose_logs,
+    compose_projects,
+    compose_ps,
+    compose_stop,
+    compose_up,
+    compose_wait,
+)
 from nodekit.system.docker.containers import probe_image, run_as_job, run_in_image
 from nodekit.system.docker.images import (
     history_sizes,
@@ -54,6 +62,7 @@ __all__ = [
     "client",
     "compose_down",
     "compose_logs",
+    "compose_projects",
     "compose_ps",
     "compose_stop",
     "compose_up",

@@ -78,7 +78,11 @@ def compose_logs(
     compose_file: Path | None, project: str, *, follow: bool, tail: str | None = None, host: str | None = None
 ) -> Iterator[str]:
     """The job's output line by line; with ``follow`` it ends when the container stops. EngineError when the
-    stream is lost (over ssh://, a host that stops answering ends it within the connection's keepalive)."""
+    stream is lost (over ssh://, a host that stops answering ends it within the connection's keepalive).
+
+    A line the job ended with a carriage return alone (a progress bar that redraws itself: tqdm) keeps that "\r" at
+    its end, so the printer can show it as one updating line (nodekit.system.bars); every other line comes without
+    its ending. Empty redraws are left out."""
     args = [
         "logs",
         "--no-color",
@@ -92,9 +96,16 @@ def compose_logs(
     assert child.stderr is not None
     stderr = Drain(child.stderr)
     try:
-        for line in child.lines():
+        for raw in child.lines(keep_ends=True):
             # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
-            yield _ANSI.sub("", line).rstrip("\n")
+            line = _ANSI.sub("", raw)
+            if line.endswith("\n"):
+                yield line.rstrip("\r\n")
+            elif line.endswith("\r"):
+                if line.strip():
+                    yield line.rstrip("\r") + "\r"
+            else:
+                yield line  # the last line, without an ending
         code = child.wait()
     finally:
         if child.poll() is None:
@@ -126,6 +137,14 @@ def compose_ps(compose_file: Path | None, project: str, *, host: str | None = No
             )
         )
     return states
+
+
+def compose_projects(prefix: str, *, host: str | None = None) -> list[str]:
+    """The compose projects on ``host``'s engine whose names start with ``prefix``, running or stopped, sorted."""
+    e = Engine(host)
+    with e.calling("docker compose ls", fails(EngineError, "cannot list the compose projects", ENGINE_FIX)):
+        projects = e.docker.compose.ls(all=True, filters={"name": prefix})
+    return sorted(str(p.name) for p in projects if str(p.name).startswith(prefix))
 
 
 def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:

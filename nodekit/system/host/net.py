@@ -135,6 +135,36 @@ def interface_toward(main_ip: str, route: Route | None, links: Sequence[Link]) -
     return route
 
 
+def default_address(route_text: str, links: Sequence[Link]) -> str | None:
+    """This host's address on its default route, from ``ip -j route show default`` and its links: the address the
+    other machines most likely reach it at (its first IPv4 address there, else its first global IPv6 one); None
+    without a default route."""
+    try:
+        data = json.loads(route_text or "[]")
+    except json.JSONDecodeError:
+        return None
+    devs = [str(r["dev"]) for r in data if isinstance(r, dict) and "dev" in r] if isinstance(data, list) else []
+    for dev in devs:
+        link = link_named(dev, links)
+        addrs = [ipaddress.ip_address(a.split("%", 1)[0]) for a in (link.addrs if link else ())]
+        usable = [a for a in addrs if not (a.is_loopback or a.is_link_local)]
+        usable.sort(key=lambda a: a.version)
+        if usable:
+            return str(usable[0])
+    return None
+
+
+def default_address_here() -> str | None:
+    """:func:`default_address` of this host (``ip route show default`` sends nothing); None without ``ip``."""
+    if not shutil.which("ip"):
+        return None
+    try:
+        done = proc.run(["ip", "-j", "route", "show", "default"], deadline=TOOL_S, what="ip route show", fix="")
+    except DeadlineError:
+        return None
+    return default_address(done.stdout, links_here()) if done.returncode == 0 else None
+
+
 def link_named(name: str, links: Iterable[Link]) -> Link | None:
     return next((link for link in links if link.name == name), None)
 

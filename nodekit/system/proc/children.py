@@ -135,10 +135,12 @@ class Child:
             with contextlib.suppress(BrokenPipeError):
                 self.stdin.close()
 
-    def lines(self) -> Iterator[str]:
-        """Its standard output as text lines (universal newlines, undecodable bytes replaced)."""
+    def lines(self, *, keep_ends: bool = False) -> Iterator[str]:
+        """Its standard output as text lines (universal newlines, undecodable bytes replaced). ``keep_ends``: split
+        at "\n", "\r\n" and a lone "\r" alike, each line with its ending as written, so that a carriage return (a
+        progress bar redrawing itself) stays told apart from a new line."""
         assert self.stdout is not None
-        yield from io.TextIOWrapper(self.stdout, errors="replace")
+        yield from io.TextIOWrapper(self.stdout, errors="replace", newline="" if keep_ends else None)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator[None]:
