@@ -168,7 +168,7 @@ def _run_containers(ref: str, host: HostFacts) -> ContainerCheck:
     """
     from nodekit.system import docker
 
-    limits = [f"{k}={v['soft']}:{v['hard']}" for k, v in ulimits(host).items()]
+    limits = [f"{u.name}={u.soft}:{u.hard}" for u in ulimits(host)]
 
     def run(script: str, gpus: bool) -> tuple[str | None, str | None]:
         try:

@@ -31,7 +31,6 @@ def test_wheel_carries_the_assets_and_the_launcher(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in (
         "nodekit/_assets/images/Dockerfile",
-        "nodekit/_assets/compose/template.yaml",
         "nodekit/launcher/__main__.py",
         "nodekit/py.typed",
     ):
