@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from nodekit.backends.k8s import plan as k8s
+from nodekit.backends.k8s import render
 from nodekit.config.settings import Settings
 from tests.golden import GOLDEN, update_golden
 
@@ -70,7 +71,7 @@ def test_every_value_reaches_the_pod_as_written() -> None:
             args, env = c["args"], c["env"]
         else:
             args, env = doc["spec"]["trainer"]["args"], doc["spec"]["trainer"]["env"]
-            assert [expand(a, {}) for a in doc["spec"]["trainer"]["command"]] == list(k8s.render.ENTRYPOINT)
+            assert [expand(a, {}) for a in doc["spec"]["trainer"]["command"]] == list(render.ENTRYPOINT)
         values = {e["name"]: e["value"] for e in env if "value" in e}
         # Every variable of the pod is defined when Kubernetes expands: the worst case for a stray $(NAME).
         defined = {**values, "MASTER_PORT": "29500", "X": "x"}

@@ -12,7 +12,8 @@ import pytest
 
 from nodekit.backends.slurm.job import ImageFacts, plan_job, sbatch_value
 from nodekit.backends.slurm.render import render
-from nodekit.config.settings import Settings, SlurmSettings
+from nodekit.config.settings import Settings
+from nodekit.config.tables import SlurmSettings
 from nodekit.errors import UsageError
 
 IMAGE = ImageFacts(ref="nodekit/demo:1", id="sha256:" + "ab" * 32, entrypoint=("python", "-m", "nodekit.launcher"))
@@ -20,13 +21,15 @@ IMAGE = ImageFacts(ref="nodekit/demo:1", id="sha256:" + "ab" * 32, entrypoint=("
 
 def sbatch_words(line: str) -> list[str]:
     """The arguments sbatch takes from one ``#SBATCH`` line (its _get_argument, applied until the line ends)."""
-    words, i = [], 0
+    words: list[str] = []
+    i = 0
     while True:
         while i < len(line) and line[i].isspace():
             i += 1
         if i >= len(line):
             return words
-        word, quote, escape = [], "", False
+        word: list[str] = []
+        quote, escape = "", False
         while i < len(line) and (quote or not line[i].isspace()):
             c = line[i]
             i += 1
