@@ -34,7 +34,7 @@ from nodekit.image.blobs import BLOBS
 from nodekit.job.gather import NodeWorld, check_command
 from nodekit.job.secret import new_secret
 from nodekit.job.spec import mount_points
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET, Env
 from nodekit.system import docker, proc
 from nodekit.system.host import net
 from nodekit.system.progress import Reporter
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from nodekit.ship.relay import RelayMode
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
-RESTART_ENV = "NODEKIT_RESTART_COUNT"
+RESTART_ENV = Env.RESTART_COUNT
 
 LineFn = Callable[[int, str], None]
 

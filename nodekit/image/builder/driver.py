@@ -20,6 +20,7 @@ from nodekit.image.builder.staging import build_lock, stage_contexts
 from nodekit.image.lock import ensure_lock
 from nodekit.image.plan import LABEL_FINGERPRINT, SOURCE_DATE_EPOCH, STAGE_CODE, BuildPlan
 from nodekit.image.probe import target as probe_target
+from nodekit.launcher.contract import Env
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
 
@@ -127,7 +128,7 @@ def _append_code(plan: BuildPlan, settings: Settings, reporter: Reporter) -> doc
         history,
         diff_id,
         labels=dict(plan.labels),
-        env={"NODEKIT_FINGERPRINT": plan.fingerprint},
+        env={Env.FINGERPRINT: plan.fingerprint},
         created=append.created_at(SOURCE_DATE_EPOCH),
         created_by=f"COPY . /{append.CODE_ROOT}/ and LABEL org.nodekit.* (written by nodekit build)",
     )
