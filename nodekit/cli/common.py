@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -20,7 +20,7 @@ from nodekit import __version__
 TOPICS = ("project", "images", "ship", "doctor", "nodes", "fleet", "slurm", "k8s")
 
 
-def command_order(commands: dict[str, Any]) -> list[str]:
+def command_order(commands: Mapping[str, Any]) -> list[str]:
     """The names of ``commands`` (name -> click command, in the order they were registered) by topic module, then
     by registration."""
 

@@ -11,7 +11,6 @@ output."""
 from __future__ import annotations
 
 import contextlib
-import resource
 from concurrent.futures import ThreadPoolExecutor
 
 from nodekit.config.settings import Settings
@@ -118,7 +117,7 @@ def gather(settings: Settings, *, main: str | None, rank: int | None, probe_time
         containers=containers,
         toolkit=host_facts.nvidia_container_toolkit(),
         host_shm=host_facts.shm_bytes(),
-        host_nofile=host_facts.daemon_hard_limit("Max open files", resource.RLIMIT_NOFILE),
+        host_nofile=host.nofile_hard,
     )
 
 
