@@ -150,9 +150,12 @@ def no_secret_seen(slurm: Slurm, proj: Path) -> None:
     """While the job runs: no process's arguments, and no file another user can read, hold the job secret, as an
     unprivileged local user sees them (every virtual host shares this machine's process table and files)."""
     value = (proj / ".nodekit" / "job-secret").read_text().strip()
-    assert value in (proj / "compose" / "slurm.sbatch").read_text()  # the secret the job runs with
+    script = proj / "compose" / "slurm.sbatch"
+    assert value in script.read_text() and script.stat().st_mode & 0o077 == 0  # the job's secret, in a 0600 file
     assert snoop.processes_showing(value) == []
-    seen, found = snoop.readable_files_holding(value, [proj.parent, slurm.dir])
+    # Slurm's own copies of the script and the job's files (state, spools, logs; the project is under pytest's 0700
+    # directory, its files' modes are checked above).
+    seen, found = snoop.readable_files_holding(value, [slurm.dir])
     assert seen > 0 and found == []
 
 
