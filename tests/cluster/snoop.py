@@ -27,9 +27,9 @@ print(json.dumps(found))
 
 _FILES = """
 import json, os, sys
-needle = sys.argv[1]
+needle = sys.stdin.read()
 seen, found = 0, []
-for root in sys.argv[2:]:
+for root in sys.argv[1:]:
     for d, dirs, files in os.walk(root):
         for name in files:
             path = os.path.join(d, name)
@@ -44,9 +44,10 @@ print(json.dumps({"seen": seen, "found": found}))
 """
 
 
-def _as_user(code: str, *args: str) -> str:
+def _as_user(code: str, *args: str, stdin: str = "") -> str:
     done = subprocess.run(
         ["setpriv", f"--reuid={USER}", f"--regid={GROUP}", "--clear-groups", PYTHON, "-c", code, *args],
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=60,
@@ -67,5 +68,5 @@ def processes_showing(secret: str) -> list[str]:
 
 def readable_files_holding(secret: str, roots: Sequence[Path]) -> tuple[int, list[str]]:
     """How many files under ``roots`` user ``nobody`` can read, and those that hold ``secret``."""
-    got = json.loads(_as_user(_FILES, secret, *map(str, roots)))
+    got = json.loads(_as_user(_FILES, *map(str, roots), stdin=secret))  # never an argument itself
     return int(got["seen"]), list(got["found"])
