@@ -5,7 +5,7 @@ from __future__ import annotations
 import errno
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -14,17 +14,26 @@ from typer.core import TyperGroup
 
 from nodekit import __version__
 
-# The order a user meets the commands in: set up, build, ship, check, run.
-COMMAND_ORDER = (
-    "init", "lock", "base", "build", "inspect", "push", "save", "load", "doctor", "compose", "up", "run", "status",
-    "logs", "ps", "down", "slurm",
-)  # fmt: skip
+# The command modules in the order a user meets their commands: set up, build, ship, check, run one node, run every
+# node, Slurm, Kubernetes. `--help` lists each module's commands in the order the module defines them, so a new
+# command needs no list of its own (tests/unit/cli/test_command_order.py holds every command module here).
+TOPICS = ("project", "images", "ship", "doctor", "nodes", "fleet", "slurm", "k8s")
+
+
+def command_order(commands: Mapping[str, Any]) -> list[str]:
+    """The names of ``commands`` (name -> click command, in the order they were registered) by topic module, then
+    by registration."""
+
+    def topic(name: str) -> int:
+        module = getattr(commands[name].callback, "__module__", "").rpartition(".")[2]
+        return TOPICS.index(module) if module in TOPICS else len(TOPICS)
+
+    return sorted(commands, key=topic)  # sorted is stable: registration order within a module
 
 
 class _OrderedGroup(TyperGroup):
     def list_commands(self, ctx: Any) -> list[str]:
-        names = super().list_commands(ctx)
-        return sorted(names, key=lambda n: COMMAND_ORDER.index(n) if n in COMMAND_ORDER else len(COMMAND_ORDER))
+        return command_order(self.commands)
 
 
 app = typer.Typer(

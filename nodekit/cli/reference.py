@@ -56,11 +56,11 @@ def _default(param: Any) -> str:
 
 def cli_page() -> str:
     from nodekit.cli.app import app
-    from nodekit.cli.common import COMMAND_ORDER
+    from nodekit.cli.common import command_order
 
     group: Any = typer.main.get_command(app)
     ctx = typer.Context(group, info_name="nodekit")
-    names = sorted(group.commands, key=lambda n: (COMMAND_ORDER.index(n) if n in COMMAND_ORDER else 99, n))
+    names = command_order(group.commands)
     out = [
         "# Command line",
         "",

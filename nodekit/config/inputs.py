@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from nodekit.launcher.config import MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
+from nodekit.launcher.contract import OUTPUT_DIR, WORKDIR
 
 MAX_NODES = 10_000
 MAX_PROCS = 1024
@@ -42,7 +43,7 @@ _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 # RFC 1123 labels, plus "_": ssh's own host aliases (~/.ssh/config) and /etc/hosts names often have one.
 _LABEL = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?$")
 # Mount targets nodekit itself uses, and system directories a bind mount would replace under the job's feet.
-OWN_TARGETS = frozenset({"/outputs", "/workspace", "/opt/venv", "/opt/nodekit"})
+OWN_TARGETS = frozenset({OUTPUT_DIR, WORKDIR, "/opt/venv", "/opt/nodekit"})
 SYSTEM_TARGETS = frozenset({"/", "/opt", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64"})
 
 

@@ -30,6 +30,7 @@ from nodekit.config.tables import (
     checked,
 )
 from nodekit.errors import ConfigError
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, Env, LaunchMode
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -37,10 +38,11 @@ DEFAULT_TORCH = "torch==2.13.0"
 FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
 # Variables the launcher and torchrun own: a user value would silently break the rendezvous or the stack check.
 _RESERVED_ENV = frozenset(
-    {"WORLD_SIZE", "NODE_RANK", "NNODES", "NPROC_PER_NODE", "RANK", "LOCAL_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE"}
-)
+    {Env.WORLD_SIZE, Env.NODE_RANK, Env.NNODES, Env.NPROC_PER_NODE, Env.RANK, Env.LOCAL_RANK, Env.GROUP_RANK,
+     Env.LOCAL_WORLD_SIZE}
+)  # fmt: skip
 # nodekit variables that are the user's switches, documented for the env table.
-_USER_SWITCHES = frozenset({"NODEKIT_EXIT_GUARD"})
+_USER_SWITCHES = frozenset({Env.EXIT_GUARD})
 
 
 def reserved_env(key: str) -> bool:
@@ -86,8 +88,8 @@ class Settings(BaseSettings):
     script: str | None = Field(None, description="training script, relative to the project root")
     module: str | None = Field(None, description="or a module to run with -m")
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
-    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"] = Field(
-        "torchrun",
+    launcher: str = Field(
+        DEFAULT_LAUNCH_MODE,
         description="torchrun; fabric (what `fabric run` does); env for frameworks that start their own workers "
         "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank; mpirun for "
         "scripts that read Open MPI's OMPI_COMM_WORLD_* variables (no MPI runtime)",
@@ -154,6 +156,16 @@ class Settings(BaseSettings):
                 f"{v[:40]!r} is not a valid image name (lowercase letters, digits, '.', '_', '-'; "
                 f"at most {inputs.MAX_NAME} characters)",
                 fix='name = "my-job"',
+            )
+        return v
+
+    @field_validator("launcher")
+    @classmethod
+    def _launcher(cls, v: str) -> str:
+        # The modes are the launcher's (nodekit/launcher/contract.py): a new one is known here without an edit.
+        if v not in LAUNCH_MODES:
+            raise Bad(
+                f"{v[:40]!r} is not a launcher ({', '.join(LAUNCH_MODES)})", fix=f'launcher = "{DEFAULT_LAUNCH_MODE}"'
             )
         return v
 
@@ -224,10 +236,10 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _fabric_only(self) -> Settings:
         given = [k for k in FABRIC_SETTINGS if getattr(self, k) is not None]
-        if given and self.launcher != "fabric":
+        if given and self.launcher != LaunchMode.FABRIC:
             raise Bad(
-                f'{", ".join(given)} only apply to launcher = "fabric" (launcher is {self.launcher!r})',
-                fix=f'remove {", ".join(given)}, or set launcher = "fabric"',
+                f'{", ".join(given)} only apply to launcher = "{LaunchMode.FABRIC}" (launcher is {self.launcher!r})',
+                fix=f'remove {", ".join(given)}, or set launcher = "{LaunchMode.FABRIC}"',
                 key=given[0],
             )
         return self

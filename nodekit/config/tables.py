@@ -129,7 +129,9 @@ class SlurmSettings(BaseModel):
     time: str | None = Field(None, description='sbatch --time, e.g. "2:00:00"')
     gpus_per_node: int = Field(0, ge=0, description="sbatch --gpus-per-node, and the GPUs each node's container gets")
     sbatch_args: tuple[str, ...] = Field(
-        (), description='more sbatch options, e.g. ["--qos=high", "--exclusive", "--cpus-per-task=16"]'
+        (),
+        description='more sbatch options, one per item, e.g. ["--qos=high", "--exclusive", "--cpus-per-task=16"] '
+        "(not --nodes, --ntasks-per-node or --output: nodekit sets those)",
     )
     image_dir: Path = Field(
         Path(".nodekit/slurm"),

@@ -161,9 +161,9 @@ def _ulimits_row(f: DoctorFacts) -> CheckRow:
     if c is not None:
         memlock, stack, nofile, src = c.memlock, c.stack, c.nofile, f"in a container of {c.image}"
     else:
-        asked = ulimits(f.host)
+        asked = {u.name: u for u in ulimits(f.host)}
         memlock = None if "memlock" in asked else f.host.memlock_hard
-        stack = int(asked["stack"]["soft"])
+        stack = asked["stack"].soft
         nofile = f.host_nofile
         src = f"predicted from the host ({f.containers.note or 'no container run'})"
     detail = f"memlock {_limit(memlock)}, stack {_limit(stack)}, nofile {nofile if nofile else 'unlimited'} {src}"

@@ -11,7 +11,6 @@ output."""
 from __future__ import annotations
 
 import contextlib
-import resource
 from concurrent.futures import ThreadPoolExecutor
 
 from nodekit.config.settings import Settings
@@ -118,7 +117,7 @@ def gather(settings: Settings, *, main: str | None, rank: int | None, probe_time
         containers=containers,
         toolkit=host_facts.nvidia_container_toolkit(),
         host_shm=host_facts.shm_bytes(),
-        host_nofile=host_facts.daemon_hard_limit("Max open files", resource.RLIMIT_NOFILE),
+        host_nofile=host.nofile_hard,
     )
 
 
@@ -168,7 +167,7 @@ def _run_containers(ref: str, host: HostFacts) -> ContainerCheck:
     """
     from nodekit.system import docker
 
-    limits = [f"{k}={v['soft']}:{v['hard']}" for k, v in ulimits(host).items()]
+    limits = [f"{u.name}={u.soft}:{u.hard}" for u in ulimits(host)]
 
     def run(script: str, gpus: bool) -> tuple[str | None, str | None]:
         try:

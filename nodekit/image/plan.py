@@ -29,16 +29,17 @@ from nodekit.image.fingerprint import (
     sha256_text,
 )
 from nodekit.image.locklayers import CUDA_LIBS_PACKAGE, FRAMEWORK_PACKAGE, LockLayers, split_lock
+from nodekit.launcher.contract import Env, Label
 from nodekit.system.frozen import FROZEN
 
-LABEL_NAME = "org.nodekit.name"
-LABEL_FINGERPRINT = "org.nodekit.fingerprint"
-LABEL_LOCK = "org.nodekit.lock-sha256"
-LABEL_TORCH = "org.nodekit.torch"
-LABEL_PYTHON = "org.nodekit.python"
-LABEL_BASE = "org.nodekit.base"
-LABEL_BASE_ID = "org.nodekit.base-id"
-LABEL_VERSION = "org.nodekit.version"
+LABEL_NAME = Label.NAME
+LABEL_FINGERPRINT = Label.FINGERPRINT
+LABEL_LOCK = Label.LOCK
+LABEL_TORCH = Label.TORCH
+LABEL_PYTHON = Label.PYTHON
+LABEL_BASE = Label.BASE
+LABEL_BASE_ID = Label.BASE_ID
+LABEL_VERSION = Label.VERSION
 
 # Staging layout under <project>/.nodekit/build/: what is hashed is exactly what is sent to BuildKit. The code,
 # launcher and Dockerfile go to a directory named by the fingerprint: their mtimes are clamped to
@@ -101,16 +102,18 @@ under an old key must not be reused."""
 
 # Arguments the Dockerfile declares after the last filesystem step: metadata only, so they never invalidate a
 # layer, and they are not fingerprint inputs (they are derived from the inputs, the fingerprint among them).
-METADATA_ARGS = (
-    "NODEKIT_NAME",
-    "NODEKIT_FINGERPRINT",
-    "NODEKIT_LOCK_SHA256",
-    "NODEKIT_TORCH",
-    "NODEKIT_PYTHON",
-    "NODEKIT_BASE",
-    "NODEKIT_BASE_ID",
-    "NODEKIT_VERSION",
+# Each is the value of the label beside it, and the image's ENV of that name.
+METADATA = (
+    (Env.NAME, LABEL_NAME),
+    (Env.FINGERPRINT, LABEL_FINGERPRINT),
+    (Env.LOCK_SHA256, LABEL_LOCK),
+    (Env.TORCH, LABEL_TORCH),
+    (Env.PYTHON, LABEL_PYTHON),
+    (Env.BASE, LABEL_BASE),
+    (Env.BASE_ID, LABEL_BASE_ID),
+    (Env.VERSION, LABEL_VERSION),
 )
+METADATA_ARGS = tuple(arg for arg, _ in METADATA)
 
 
 # --- the build plan -----------------------------------------------------------------------------------------
@@ -221,16 +224,7 @@ def image_labels(
 
 
 def _metadata_args(labels: Mapping[str, str]) -> dict[str, str]:
-    return {
-        "NODEKIT_NAME": labels[LABEL_NAME],
-        "NODEKIT_FINGERPRINT": labels[LABEL_FINGERPRINT],
-        "NODEKIT_LOCK_SHA256": labels[LABEL_LOCK],
-        "NODEKIT_TORCH": labels[LABEL_TORCH],
-        "NODEKIT_PYTHON": labels[LABEL_PYTHON],
-        "NODEKIT_BASE": labels[LABEL_BASE],
-        "NODEKIT_BASE_ID": labels[LABEL_BASE_ID],
-        "NODEKIT_VERSION": labels[LABEL_VERSION],
-    }
+    return {arg: labels[label] for arg, label in METADATA}
 
 
 def plan_build(

@@ -1,12 +1,16 @@
-"""The environment one node's container runs with: rendezvous, rank, network and launcher variables."""
+"""The environment one node's container runs with: rendezvous, rank, network and launcher variables.
+
+Each variable is declared job-wide (the same on every rank) or per rank; the rank and main's address are holes the
+backend fills (nodekit/job/container.py). The names are the launcher's (nodekit/launcher/contract.py).
+"""
 
 from __future__ import annotations
 
+from nodekit.job.container import MAIN_ADDR, RANK, EnvVar, Value
 from nodekit.job.spec import LaunchSpec, NodeSpec
+from nodekit.launcher.contract import OUTPUT_DIR, Env, LaunchMode
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS
 from nodekit.system.host.facts import HostFacts
-
-OUTPUT_DIR_IN_CONTAINER = "/outputs"
 
 DEBUG_ENV = {
     "NCCL_DEBUG": "INFO",
@@ -14,61 +18,80 @@ DEBUG_ENV = {
     "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
     "TORCH_CPP_LOG_LEVEL": "INFO",
 }
+# What the user's env table may not replace: the rendezvous itself.
+PROTECTED = frozenset({Env.MASTER_ADDR, Env.MASTER_PORT, Env.NODE_RANK, Env.NNODES})
 
 
-def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[str, str]:
-    """Variables for node ``node.rank``; user-configured variables win over everything but the rank itself."""
+class _Vars:
+    """An ordered set of variables where a later value replaces an earlier one in its place."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, EnvVar] = {}
+
+    def job(self, name: str, value: Value) -> None:
+        self.items[name] = EnvVar(name, value)
+
+    def rank(self, name: str, value: Value) -> None:
+        self.items[name] = EnvVar(name, value, per_rank=True)
+
+
+def node_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> tuple[EnvVar, ...]:
+    """Variables for node ``node.rank``, in order; user-configured variables win over everything but the
+    rendezvous (:data:`PROTECTED`), and ``debug``'s over those."""
     launch = node.launch
-    env: dict[str, str] = {
-        "MASTER_ADDR": node.main_addr,
-        "MASTER_PORT": str(launch.master_port),
-        "NODE_RANK": str(node.rank),
-        "NNODES": str(launch.nnodes),
-        "NPROC_PER_NODE": str(node.nproc),
-    }
+    v = _Vars()
+    v.job(Env.MASTER_ADDR, MAIN_ADDR)
+    v.job(Env.MASTER_PORT, str(launch.master_port))
+    v.rank(Env.NODE_RANK, RANK)
+    v.job(Env.NNODES, str(launch.nnodes))
+    v.rank(Env.NPROC_PER_NODE, str(node.nproc))
     if node.world_size is not None:
-        env["WORLD_SIZE"] = str(node.world_size)
-    env |= {
-        "NODEKIT_NAME": launch.name,
-        "NODEKIT_LAUNCHER": launch.launcher,
-        "NODEKIT_MAX_RESTARTS": str(launch.max_restarts),
-        "NODEKIT_RDZV_TIMEOUT": str(launch.rdzv_timeout),
-        "NODEKIT_PEER_TIMEOUT": str(launch.peer_timeout),
-        "NODEKIT_PREFLIGHT_PORT": str(launch.preflight_port),
-        "NODEKIT_OUTPUT_DIR": OUTPUT_DIR_IN_CONTAINER,
-    }
+        v.job(Env.WORLD_SIZE, str(node.world_size))
+    v.job(Env.NAME, launch.name)
+    v.job(Env.LAUNCHER, launch.launcher)
+    v.job(Env.MAX_RESTARTS, str(launch.max_restarts))
+    v.job(Env.RDZV_TIMEOUT, str(launch.rdzv_timeout))
+    v.job(Env.PEER_TIMEOUT, str(launch.peer_timeout))
+    v.job(Env.PREFLIGHT_PORT, str(launch.preflight_port))
+    v.job(Env.OUTPUT_DIR, OUTPUT_DIR)
     if launch.nnodes > 1:
         # What the shared nodekit.toml declares per node, so the preflight accepts exactly those differences.
-        env["NODEKIT_NPROC_DECLARED"] = ",".join(f"{r}:{launch.nproc_of(r)}" for r in range(launch.nnodes))
+        v.job(Env.NPROC_DECLARED, ",".join(f"{r}:{launch.nproc_of(r)}" for r in range(launch.nnodes)))
         gpus = [(r, g) for r, g in enumerate(launch.node_gpus) if g is not None]
         if gpus:
-            env["NODEKIT_GPUS_DECLARED"] = ",".join(f"{r}:{g}" for r, g in gpus)
-    env |= health_env(launch)
+            v.job(Env.GPUS_DECLARED, ",".join(f"{r}:{g}" for r, g in gpus))
+    for key, value in health_env(launch).items():
+        v.job(key, value)
     checked = [f"{m.container}:{m.check}" for m in node.mounts if m.check != "none"]
     if checked:
         # The launcher's same-data check: a manifest of each of these mounts, compared across nodes by the preflight.
-        env["NODEKIT_DATA_CHECK"] = ",".join(checked)
-    if launch.launcher == "fabric":
+        v.job(Env.DATA_CHECK, ",".join(checked))
+    if launch.launcher == LaunchMode.FABRIC:
         # What `fabric run --accelerator/--strategy/--precision` passes on; the launcher turns them into LT_*.
-        env["NODEKIT_ACCELERATOR"] = launch.accelerator or ("cuda" if facts.gpu_count > 0 else "cpu")
-        env["NODEKIT_STRATEGY"] = launch.strategy
+        if launch.accelerator:
+            v.job(Env.ACCELERATOR, launch.accelerator)
+        else:
+            v.rank(Env.ACCELERATOR, "cuda" if facts.gpu_count > 0 else "cpu")
+        v.job(Env.STRATEGY, launch.strategy)
         if launch.precision is not None:
-            env["NODEKIT_PRECISION"] = launch.precision
+            v.job(Env.PRECISION, launch.precision)
     if node.iface:
         # Both libraries otherwise pick the first non-loopback interface (or the hostname's address), which on
         # a multi-homed node is often not the one that reaches main: the classic hang at init.
-        env["GLOO_SOCKET_IFNAME"] = node.iface
-        env["NCCL_SOCKET_IFNAME"] = node.iface
+        v.rank(Env.GLOO_SOCKET_IFNAME, node.iface)
+        v.rank(Env.NCCL_SOCKET_IFNAME, node.iface)
     if not node.infiniband:
         # Without this NCCL probes for IB verbs and, on some images, fails instead of falling back to sockets.
         # Also set when InfiniBand is present but switched off (ib = "off"): the devices are not passed then.
-        env["NCCL_IB_DISABLE"] = "1"
-    protected = {"MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES"}
-    env |= {k: v for k, v in launch.env if k not in protected}
+        v.rank("NCCL_IB_DISABLE", "1")
+    for key, value in launch.env:
+        if key not in PROTECTED:
+            v.job(key, value)
     if debug:
         # A flag outranks the configuration file, so --debug wins over a configured NCCL_DEBUG=WARN.
-        env |= DEBUG_ENV
-    return env
+        for key, value in DEBUG_ENV.items():
+            v.job(key, value)
+    return tuple(v.items.values())
 
 
 def health_env(launch: LaunchSpec) -> dict[str, str]:
@@ -77,13 +100,13 @@ def health_env(launch: LaunchSpec) -> dict[str, str]:
     h = launch.health
     env: dict[str, str] = {}
     if h.links != "warn":
-        env["NODEKIT_LINK_CHECK"] = h.links
+        env[Env.LINK_CHECK] = h.links
     if h.min_link_gbit is not None:
-        env["NODEKIT_MIN_LINK_GBIT"] = f"{h.min_link_gbit:g}"
+        env[Env.MIN_LINK_GBIT] = f"{h.min_link_gbit:g}"
     if h.link_seconds != DEFAULT_SECONDS:
-        env["NODEKIT_LINK_SECONDS"] = f"{h.link_seconds:g}"
+        env[Env.LINK_SECONDS] = f"{h.link_seconds:g}"
     if h.gpus != "warn":
-        env["NODEKIT_GPU_HEALTH"] = h.gpus
+        env[Env.GPU_HEALTH] = h.gpus
     if not h.dcgm:
-        env["NODEKIT_DCGM"] = "0"
+        env[Env.DCGM] = "0"
     return env

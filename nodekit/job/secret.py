@@ -24,9 +24,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from nodekit.errors import ConfigError
+from nodekit.launcher.contract import Env
 from nodekit.system.files import fsync_dir
 
-ENV_VAR = "NODEKIT_JOB_SECRET"
+ENV_VAR = Env.JOB_SECRET
 SECRET_FILE = Path(".nodekit") / "job-secret"
 MASKED = "********"
 _FORMAT = re.compile(r"^[A-Za-z0-9_.~+/=-]{16,256}$")

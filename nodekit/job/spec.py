@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, model_validator
 from nodekit.config.settings import Settings
 from nodekit.config.tables import HealthSettings
 from nodekit.errors import ConfigError, UsageError
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, PREFLIGHT_PORT_OFFSET
 from nodekit.system.frozen import FROZEN
 from nodekit.system.host.facts import HostFacts
 
@@ -49,7 +49,7 @@ class LaunchSpec(BaseModel):
 
     name: str
     command: Command
-    launcher: Literal["torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"] = "torchrun"
+    launcher: str = DEFAULT_LAUNCH_MODE  # one of contract.LAUNCH_MODES (settings checked it)
     accelerator: str | None = None  # launcher fabric; None: cuda on a node with GPUs, else cpu
     strategy: str = "ddp"  # launcher fabric
     precision: str | None = None  # launcher fabric; None: Fabric's default
@@ -93,12 +93,13 @@ class MountPoint(BaseModel):
 
 
 class NodeSpec(BaseModel):
-    """One node of the job: its rank, where main is, and the job."""
+    """One node of the job: its rank, where main is (None: only the backend knows, when the job starts), and the
+    job."""
 
     model_config = FROZEN
 
     rank: int = Field(ge=0)
-    main_addr: str
+    main_addr: str | None
     launch: LaunchSpec
     nproc: int = Field(ge=1, description="processes on this node, 'auto' resolved with this node's facts")
     iface: str | None = None
@@ -111,7 +112,8 @@ class NodeSpec(BaseModel):
     def _rank_in_range(self) -> NodeSpec:
         if self.rank >= self.launch.nnodes:
             raise ValueError(f"node rank {self.rank} is outside 0..{self.launch.nnodes - 1}")
-        ipaddress.ip_address(self.main_addr)
+        if self.main_addr is not None:
+            ipaddress.ip_address(self.main_addr)
         return self
 
     @property
@@ -168,18 +170,20 @@ def check_rank(launch: LaunchSpec, rank: int) -> None:
         )
 
 
-def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts) -> NodeSpec:
-    """Node ``rank`` of ``launch``; ``main_ip`` is already resolved to an IP address by the caller."""
+def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str | None, facts: HostFacts) -> NodeSpec:
+    """Node ``rank`` of ``launch``; ``main_ip`` is already resolved to an IP address by the caller, or None where
+    only the backend learns it when the job starts (Slurm's allocation, pod 0's DNS name)."""
     check_rank(launch, rank)
     override = settings.nodes.get(rank)
     nproc_setting = override.nproc_per_node if override and override.nproc_per_node else launch.nproc_per_node
     nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
-    check_main_addr(settings, main_ip)
+    if main_ip is not None:
+        check_main_addr(settings, main_ip)
     main_addr = main_ip
     # The interface and own address toward main belong to the node that runs the file: its launcher resolves them at
     # container start (nodekit/launcher/preflight/network.py). Only a pin in the config, or a loopback main (every node
     # on this machine, where the rendering host is the running host), is written into the file.
-    local = ipaddress.ip_address(main_ip).is_loopback
+    local = main_ip is not None and ipaddress.ip_address(main_ip).is_loopback
     iface = override.iface if override and override.iface else (facts.iface if local else None)
     local_addr = override.addr if override and override.addr else (facts.local_addr if local else None)
     if settings.network == "bridge":
@@ -251,9 +255,9 @@ def _is_loopback(addr: str) -> bool:
         return False
 
 
-def bridge_addresses(main_ip: str, facts: HostFacts, iface: str | None) -> tuple[str, str, None]:
+def bridge_addresses(main_ip: str | None, facts: HostFacts, iface: str | None) -> tuple[str, str, None]:
     """Main's address, the interface and the local address of a node on Docker's default bridge network."""
-    if not ipaddress.ip_address(main_ip).is_loopback:
+    if main_ip is None or not ipaddress.ip_address(main_ip).is_loopback:
         raise UsageError(
             f'network = "bridge" with main {main_ip}: NCCL and gloo advertise the container\'s own address, '
             "which the bridge network hides behind NAT, so nodes on other machines cannot reach it",

@@ -11,13 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nodekit.launcher.contract import CHECKS_ONLY_ENV, PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, OUTPUT_DIR, PREFLIGHT_PORT_OFFSET, Env
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 
-Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch", "mpirun"]
-MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch", "mpirun")
-# The modes whose workers torchrun starts (in this process after a preflight, under the peer watchdog).
-TORCHRUN_MODES = frozenset({"torchrun", "fabric", "torch.distributed.launch"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 Check = Literal["warn", "refuse", "off"]
@@ -44,7 +40,7 @@ class LaunchConfig:
     nproc_per_node: int
     world_size: int | None
     name: str
-    mode: Mode
+    mode: str  # one of contract.LAUNCH_MODES
     max_restarts: int
     rdzv_timeout: float
     peer_timeout: float  # 0: no peer watchdog
@@ -145,7 +141,7 @@ def _float(env: Mapping[str, str], key: str, lo: float, hi: float) -> float | No
 
 def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
     """``/data:sizes,/ref:hashes`` -> (("/data", "sizes"), ("/ref", "hashes"))."""
-    raw = env.get("NODEKIT_DATA_CHECK", "").strip()
+    raw = env.get(Env.DATA_CHECK, "").strip()
     out = []
     for item in filter(None, (p.strip() for p in raw.split(","))):
         path, _, mode = item.rpartition(":")
@@ -156,13 +152,13 @@ def _data_check(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
 
 
 def _master_addr(env: Mapping[str, str]) -> str:
-    addr = env.get("MASTER_ADDR", "").strip()
+    addr = env.get(Env.MASTER_ADDR, "").strip()
     if not addr:
         raise EnvError("MASTER_ADDR is not set (nodekit's compose file sets it; run `nodekit compose` again)")
     try:
         ipaddress.ip_address(addr)
     except ValueError:
-        if env.get("NODEKIT_RESOLVE_MAIN", "").strip() == "1":  # a pod: netfacts.resolve tried until the deadline
+        if env.get(Env.RESOLVE_MAIN, "").strip() == "1":  # a pod: netfacts.resolve tried until the deadline
             raise EnvError(
                 f"MASTER_ADDR={addr!r} did not resolve to a non-loopback address within NODEKIT_RDZV_TIMEOUT "
                 "(is pod 0 scheduled, and its headless Service there? `kubectl get pods,svc`)"
@@ -175,14 +171,14 @@ def _master_addr(env: Mapping[str, str]) -> str:
 
 def _timeouts(env: Mapping[str, str]) -> tuple[float, float]:
     """NODEKIT_RDZV_TIMEOUT and NODEKIT_PEER_TIMEOUT, in seconds."""
-    timeout_raw = env.get("NODEKIT_RDZV_TIMEOUT", "").strip() or "180"
+    timeout_raw = env.get(Env.RDZV_TIMEOUT, "").strip() or "180"
     try:
         rdzv_timeout = float(timeout_raw)
     except ValueError:
         raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
     if not 0 < rdzv_timeout <= MAX_TIMEOUT_S:
         raise EnvError(f"NODEKIT_RDZV_TIMEOUT={timeout_raw} must be more than 0 and at most {MAX_TIMEOUT_S} seconds")
-    peer_raw = env.get("NODEKIT_PEER_TIMEOUT", "").strip() or str(DEFAULT_PEER_TIMEOUT)
+    peer_raw = env.get(Env.PEER_TIMEOUT, "").strip() or str(DEFAULT_PEER_TIMEOUT)
     try:
         peer_timeout = float(peer_raw)
     except ValueError:
@@ -201,7 +197,7 @@ def _preflight_port(env: Mapping[str, str], master_port: int) -> int:
     """NODEKIT_PREFLIGHT_PORT, by default the port after MASTER_PORT (see contract.PREFLIGHT_PORT_OFFSET)."""
     preflight_default = master_port + PREFLIGHT_PORT_OFFSET
     default_preflight_port = preflight_default if preflight_default <= 65535 else None
-    preflight_port = _int(env, "NODEKIT_PREFLIGHT_PORT", default=default_preflight_port, lo=1, hi=65535)
+    preflight_port = _int(env, Env.PREFLIGHT_PORT, default=default_preflight_port, lo=1, hi=65535)
     if preflight_port == master_port:
         # torchrun's own store listens on MASTER_PORT; sharing it would let a late torchrun client talk to ours.
         raise EnvError(f"NODEKIT_PREFLIGHT_PORT={preflight_port} must differ from MASTER_PORT")
@@ -216,22 +212,22 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     default, listed in the package docstring.
     """
     addr = _master_addr(env)
-    master_port = _int(env, "MASTER_PORT", lo=1, hi=65535)
-    nnodes = _int(env, "NNODES", lo=1)
-    node_rank = _int(env, "NODE_RANK", lo=0)
+    master_port = _int(env, Env.MASTER_PORT, lo=1, hi=65535)
+    nnodes = _int(env, Env.NNODES, lo=1)
+    node_rank = _int(env, Env.NODE_RANK, lo=0)
     if node_rank >= nnodes:
         raise EnvError(f"NODE_RANK={node_rank} is outside 0..{nnodes - 1} (NNODES={nnodes})")
-    nproc = env.get("NPROC_PER_NODE", "").strip()
+    nproc = env.get(Env.NPROC_PER_NODE, "").strip()
     if nproc == "auto":
         raise EnvError("NPROC_PER_NODE='auto' must be resolved to an integer on the host (nodekit compose does it)")
-    nproc_per_node = _int(env, "NPROC_PER_NODE", lo=1)
-    world_size = _int(env, "WORLD_SIZE", lo=1) if env.get("WORLD_SIZE", "").strip() else None
-    mode = env.get("NODEKIT_LAUNCHER", "torchrun").strip() or "torchrun"
-    if mode not in MODES:
-        raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is not one of {', '.join(MODES)}")
+    nproc_per_node = _int(env, Env.NPROC_PER_NODE, lo=1)
+    world_size = _int(env, Env.WORLD_SIZE, lo=1) if env.get(Env.WORLD_SIZE, "").strip() else None
+    mode = env.get(Env.LAUNCHER, "").strip() or DEFAULT_LAUNCH_MODE
+    if mode not in LAUNCH_MODES:
+        raise EnvError(f"{Env.LAUNCHER}={mode!r} is not one of {', '.join(LAUNCH_MODES)}")
     rdzv_timeout, peer_timeout = _timeouts(env)
     preflight_port = _preflight_port(env, master_port)
-    iface = env.get("GLOO_SOCKET_IFNAME", "").strip() or env.get("NCCL_SOCKET_IFNAME", "").strip() or None
+    iface = env.get(Env.GLOO_SOCKET_IFNAME, "").strip() or env.get(Env.NCCL_SOCKET_IFNAME, "").strip() or None
     return LaunchConfig(
         master_addr=addr,
         master_port=master_port,
@@ -239,30 +235,30 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         nnodes=nnodes,
         nproc_per_node=nproc_per_node,
         world_size=world_size,
-        name=env.get("NODEKIT_NAME", "").strip(),
-        mode=next(m for m in MODES if m == mode),
-        max_restarts=_int(env, "NODEKIT_MAX_RESTARTS", default=0, lo=0),
+        name=env.get(Env.NAME, "").strip(),
+        mode=mode,
+        max_restarts=_int(env, Env.MAX_RESTARTS, default=0, lo=0),
         rdzv_timeout=rdzv_timeout,
         peer_timeout=peer_timeout,
-        preflight=_bool(env, "NODEKIT_PREFLIGHT", True),
+        preflight=_bool(env, Env.PREFLIGHT, True),
         preflight_port=preflight_port,
-        output_dir=env.get("NODEKIT_OUTPUT_DIR", "").strip() or "/outputs",
-        fingerprint=env.get("NODEKIT_FINGERPRINT", "").strip(),
-        image_id=env.get("NODEKIT_IMAGE_ID", "").strip(),
+        output_dir=env.get(Env.OUTPUT_DIR, "").strip() or OUTPUT_DIR,
+        fingerprint=env.get(Env.FINGERPRINT, "").strip(),
+        image_id=env.get(Env.IMAGE_ID, "").strip(),
         iface=iface,
-        allow_heterogeneous_gpus=_bool(env, "NODEKIT_ALLOW_HETEROGENEOUS_GPUS", False),
-        accelerator=env.get("NODEKIT_ACCELERATOR", "").strip() or "cpu",
-        strategy=env.get("NODEKIT_STRATEGY", "").strip() or "ddp",
-        precision=env.get("NODEKIT_PRECISION", "").strip() or None,
-        nproc_declared=_per_node(env, "NODEKIT_NPROC_DECLARED", nnodes, auto=True),
-        gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
+        allow_heterogeneous_gpus=_bool(env, Env.ALLOW_HETEROGENEOUS_GPUS, False),
+        accelerator=env.get(Env.ACCELERATOR, "").strip() or "cpu",
+        strategy=env.get(Env.STRATEGY, "").strip() or "ddp",
+        precision=env.get(Env.PRECISION, "").strip() or None,
+        nproc_declared=_per_node(env, Env.NPROC_DECLARED, nnodes, auto=True),
+        gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, Env.GPUS_DECLARED, nnodes, auto=False)),
         data_check=_data_check(env),
-        exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
-        link_check=_check(env, "NODEKIT_LINK_CHECK"),
-        min_link_gbit=_float(env, "NODEKIT_MIN_LINK_GBIT", 1e-6, 1e6),
-        link_seconds=_float(env, "NODEKIT_LINK_SECONDS", MIN_SECONDS, MAX_SECONDS) or DEFAULT_SECONDS,
-        gpu_health=_check(env, "NODEKIT_GPU_HEALTH"),
-        dcgm=_bool(env, "NODEKIT_DCGM", True),
-        checks_only=_bool(env, CHECKS_ONLY_ENV, False),
-        job_secret=env.get("NODEKIT_JOB_SECRET", "").strip(),
+        exit_guard=_bool(env, Env.EXIT_GUARD, True),
+        link_check=_check(env, Env.LINK_CHECK),
+        min_link_gbit=_float(env, Env.MIN_LINK_GBIT, 1e-6, 1e6),
+        link_seconds=_float(env, Env.LINK_SECONDS, MIN_SECONDS, MAX_SECONDS) or DEFAULT_SECONDS,
+        gpu_health=_check(env, Env.GPU_HEALTH),
+        dcgm=_bool(env, Env.DCGM, True),
+        checks_only=_bool(env, Env.CHECKS_ONLY, False),
+        job_secret=env.get(Env.JOB_SECRET, "").strip(),
     )

@@ -43,7 +43,9 @@ from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import Any, NoReturn
 
-ENV = "NODEKIT_EXIT_GUARD"
+from nodekit.launcher.contract import Env
+
+ENV = Env.EXIT_GUARD
 _RETURNS = frozenset({"RETURN_VALUE", "RETURN_CONST"})
 _WRITERS = (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)
 

@@ -17,13 +17,14 @@ from types import FrameType
 from typing import Any
 
 from nodekit.launcher import checks, ranks, runlog
-from nodekit.launcher.config import TORCHRUN_MODES, EnvError, LaunchConfig, parse_env
+from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
 from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
 from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from nodekit.launcher.contract import EXIT_RENDEZVOUS as EXIT_RENDEZVOUS
 from nodekit.launcher.contract import EXIT_STACK_MISMATCH as EXIT_STACK_MISMATCH
 from nodekit.launcher.contract import EXIT_TERMINATED as EXIT_TERMINATED
+from nodekit.launcher.contract import Env
 from nodekit.launcher.plan import (
     Command,
     CommandError,
@@ -35,6 +36,7 @@ from nodekit.launcher.plan import (
     parse_command,
     slots,
     start_line,
+    style,
 )
 from nodekit.launcher.preflight import network as netfacts
 from nodekit.launcher.preflight.exchange import (
@@ -88,8 +90,8 @@ def _cpus() -> int:
 
 
 def _local_rank(cfg: LaunchConfig, command: Command) -> str:
-    """The local-rank option the script defines (mode torch.distributed.launch only; it reads the source)."""
-    if cfg.mode != "torch.distributed.launch":
+    """The local-rank option the script defines (read from its source only for a style that asks for it)."""
+    if not style(cfg.mode).reads_script:
         return "--local-rank"
     path = command.script
     if path is None:
@@ -133,7 +135,7 @@ def _rendezvous(cfg: LaunchConfig, passed: Passed | None) -> Rendezvous | None:
     """torchrun's c10d rendezvous for a job whose workers may restart (None: static rendezvous, or no torchrun).
 
     The id is main's, from the verdict (new for every run); this node's address is the one it reached main from."""
-    if cfg.mode not in TORCHRUN_MODES or cfg.max_restarts == 0:
+    if not style(cfg.mode).torchrun or cfg.max_restarts == 0:
         return None
     mine = next((f for f in passed.verdict.facts if f.rank == cfg.node_rank), None) if passed else None
     address = cfg.master_addr if cfg.is_main else (mine.address if mine else None)
@@ -313,7 +315,7 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu
         world = sum(f.nproc_per_node for f in passed.verdict.facts)
         counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
         print(f"nodekit: world {world} ({counts} processes)", flush=True)
-        env["WORLD_SIZE"] = os.environ["WORLD_SIZE"] = str(world)
+        env[Env.WORLD_SIZE] = os.environ[Env.WORLD_SIZE] = str(world)
     return None
 
 
@@ -335,10 +337,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if environ is None:
         os.environ.update(resolved)
     # The job secret is the launcher's alone: the training processes (and whatever they print) never see it.
-    os.environ.pop("NODEKIT_JOB_SECRET", None)
+    os.environ.pop(Env.JOB_SECRET, None)
     try:
         cfg = parse_env(env)
-        env.pop("NODEKIT_JOB_SECRET", None)
+        env.pop(Env.JOB_SECRET, None)
         command = parse_command(argv)
     except (EnvError, CommandError) as e:
         _err(str(e))
@@ -370,10 +372,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if cfg.checks_only:
         print("nodekit: checks done (checks only: nodekit doctor --fleet); no training started", flush=True)
         return EXIT_OK
-    if cfg.mode == "env" and cfg.max_restarts > 0:
+    if not style(cfg.mode).torchrun and cfg.max_restarts > 0:
         print(
-            f"nodekit: note: max_restarts = {cfg.max_restarts} does nothing with launcher = env (no torchrun restarts "
-            f"the framework's workers); `nodekit run` with restarts = N restarts the whole job",
+            f"nodekit: note: max_restarts = {cfg.max_restarts} does nothing with launcher = {cfg.mode} (no torchrun "
+            "restarts the framework's workers); `nodekit run` with restarts = N restarts the whole job",
             flush=True,
         )
     rdzv = _rendezvous(cfg, passed)
@@ -382,9 +384,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command),
         rendezvous=rdzv, counts=counts,
     )  # fmt: skip
-    if cfg.mode == "mpirun":
+    if plan.per_process:  # mpirun mode: the launcher starts and watches every process itself
         return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed))
-    if cfg.mode in TORCHRUN_MODES and ("torch" in sys.modules or rdzv is not None):
+    if style(cfg.mode).torchrun and ("torch" in sys.modules or rdzv is not None):
         # torchrun's workers inherit this process's environment.
         os.environ.update(plan.set_env)
         for key, value in plan.default_env:

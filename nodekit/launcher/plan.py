@@ -6,17 +6,18 @@ Nothing here imports torch or touches the process; ``main`` carries the decision
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from nodekit.launcher.config import LaunchConfig
+from nodekit.launcher.contract import Env, LaunchMode
 
 # In ``env`` mode the framework (Lightning, LightlyTrain) starts its own per-device workers. Lightning's
 # LightningEnvironment treats a set LOCAL_RANK as "an external launcher already started every process" and then
 # starts none (one process per node joins a world that expects nnodes x devices: a hang), and with RANK,
 # GROUP_RANK, LOCAL_RANK and LOCAL_WORLD_SIZE all set it picks TorchElasticEnvironment instead. A stale value
 # (e.g. from a base image or a user's env table) must not leak in, so these are removed.
-ENV_MODE_UNSET = ("LOCAL_RANK", "RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE")
+ENV_MODE_UNSET = (Env.LOCAL_RANK, Env.RANK, Env.GROUP_RANK, Env.LOCAL_WORLD_SIZE)
 
 
 class CommandError(ValueError):
@@ -45,8 +46,8 @@ class ExecPlan:
     set_env: tuple[tuple[str, str], ...] = ()
     unset_env: tuple[str, ...] = ()
     default_env: tuple[tuple[str, str], ...] = ()  # set only where ``base`` lacks them
-    # Mode mpirun: one process of ``argv`` per entry, each with these variables on top of the rest.
     per_process: tuple[tuple[tuple[str, str], ...], ...] = ()
+    """mpirun mode: the launcher starts one process per entry, each with these variables too (``ranks.py``)."""
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with this plan's changes applied."""
@@ -167,60 +168,71 @@ def rendezvous_argv(cfg: LaunchConfig, rdzv: Rendezvous | None) -> list[str]:
     return argv
 
 
-def exec_plan(
-    cfg: LaunchConfig,
-    command: Command,
-    *,
-    python: str = "python",
-    torchrun: str = "torchrun",
-    cpus: int = 1,
-    local_rank: str = "--local-rank",
-    rendezvous: Rendezvous | None = None,
-    counts: Mapping[int, int] | None = None,
-) -> ExecPlan:
-    """The process this node's launcher becomes.
+@dataclass(frozen=True)
+class Tools:
+    """What this node gives a style, found by ``main.py`` (the plan stays pure): the programs, the CPUs, the
+    local-rank spelling the script takes (:func:`local_rank_flag`) and torchrun's c10d rendezvous when workers may
+    restart."""
 
-    ``torchrun`` mode: torchrun with :func:`rendezvous_argv` (static, or c10d when workers may restart). ``env``
-    mode: ``python`` runs the command itself with MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and
-    WORLD_SIZE when known) already in the environment, and without the per-process variables listed in
-    :data:`ENV_MODE_UNSET`; nothing restarts it (max_restarts is torchrun's; ``nodekit run``'s ``restarts``
-    restart the whole job). Both set NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment
-    said 0), which makes every Python process of the job load :mod:`nodekit.launcher.exitguard`.
+    python: str = "python"
+    torchrun: str = "torchrun"
+    cpus: int = 1
+    local_rank: str = "--local-rank"
+    rendezvous: Rendezvous | None = None
+    counts: Mapping[int, int] | None = None
+    """Every node's processes, from the preflight's facts (mpirun lays its ranks out by them)."""
 
-    ``fabric`` mode is torchrun plus :func:`fabric_env`, and OMP_NUM_THREADS defaulting to ``cpus`` as ``fabric
-    run`` does. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}`` appended to the
-    script's arguments: torch's agent substitutes each worker's local rank there, as the legacy launcher did.
 
-    ``mpirun`` mode: ``nproc_per_node`` processes of ``python`` running the command, each with the variables Open
-    MPI's mpirun sets (:func:`mpirun_env`), ranks laid out as ``-map-by slot`` (:func:`slots`; ``counts``: every
-    node's processes, from the preflight); MASTER_ADDR and MASTER_PORT are in the environment already, as the
-    guides pass them with ``-x``. The launcher starts and watches them itself (``ranks.py``); nothing restarts them.
-    """
-    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"),)
-    if cfg.mode == "env":
-        return ExecPlan(argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET)
-    if cfg.mode == "mpirun":
-        first, world = slots(cfg, counts)
-        return ExecPlan(
-            argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET,
-            per_process=mpirun_env(cfg, first, world),
-        )  # fmt: skip
-    target = command.argv()
-    if cfg.mode == "torch.distributed.launch":
-        if local_rank not in _LOCAL_RANK_FLAGS:
-            raise ValueError(f"local_rank must be one of {_LOCAL_RANK_FLAGS}")
-        target.append(f"{local_rank}=${{local_rank}}")
+@dataclass(frozen=True)
+class Style:
+    """One launch mode: the process the launcher becomes (``plan``: argv and environment; NODEKIT_EXIT_GUARD is
+    added for every style), whether torchrun starts its workers (``torchrun``: after a preflight it then runs in
+    the launcher's own process, under the peer watchdog, and restarts with c10d), and whether ``main.py`` must read
+    the training script's source for :attr:`Tools.local_rank` (``reads_script``)."""
+
+    plan: Callable[[LaunchConfig, Command, Tools], ExecPlan]
+    torchrun: bool = True
+    reads_script: bool = False
+
+
+def _torchrun_argv(cfg: LaunchConfig, target: Sequence[str], tools: Tools) -> tuple[str, ...]:
     static = ["--node-rank", str(cfg.node_rank)] if cfg.max_restarts == 0 else []
-    argv = [
-        torchrun, "--nnodes", str(cfg.nnodes), *static, "--nproc-per-node", str(cfg.nproc_per_node),
-        *rendezvous_argv(cfg, rendezvous), *target,
-    ]  # fmt: skip
-    env = guard + (FRESH_STORE if cfg.max_restarts > 0 else ())
-    if cfg.mode == "fabric":
-        return ExecPlan(
-            argv=tuple(argv), set_env=env + fabric_env(cfg), default_env=(("OMP_NUM_THREADS", str(max(1, cpus))),)
-        )
-    return ExecPlan(argv=tuple(argv), set_env=env)
+    return (
+        tools.torchrun, "--nnodes", str(cfg.nnodes), *static, "--nproc-per-node", str(cfg.nproc_per_node),
+        *rendezvous_argv(cfg, tools.rendezvous), *target,
+    )  # fmt: skip
+
+
+def _fresh_store(cfg: LaunchConfig) -> tuple[tuple[str, str], ...]:
+    return FRESH_STORE if cfg.max_restarts > 0 else ()
+
+
+def _torchrun(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
+    """torchrun with :func:`rendezvous_argv` (static, or c10d when workers may restart)."""
+    return ExecPlan(argv=_torchrun_argv(cfg, command.argv(), tools), set_env=_fresh_store(cfg))
+
+
+def _fabric(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
+    """torchrun plus :func:`fabric_env`, and OMP_NUM_THREADS defaulting to the CPUs as ``fabric run`` does."""
+    return ExecPlan(
+        argv=_torchrun_argv(cfg, command.argv(), tools),
+        set_env=_fresh_store(cfg) + fabric_env(cfg),
+        default_env=(("OMP_NUM_THREADS", str(max(1, tools.cpus))),),
+    )
+
+
+def _env(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
+    """``python`` runs the command itself, without the per-process variables of :data:`ENV_MODE_UNSET`."""
+    return ExecPlan(argv=(tools.python, *command.argv()), unset_env=ENV_MODE_UNSET)
+
+
+def _distributed_launch(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
+    """torchrun with ``<local_rank>=${local_rank}`` appended to the script's arguments: torch's agent substitutes
+    each worker's local rank there, as the legacy launcher did."""
+    if tools.local_rank not in _LOCAL_RANK_FLAGS:
+        raise ValueError(f"local_rank must be one of {_LOCAL_RANK_FLAGS}")
+    target = [*command.argv(), f"{tools.local_rank}=${{local_rank}}"]
+    return ExecPlan(argv=_torchrun_argv(cfg, target, tools), set_env=_fresh_store(cfg))
 
 
 def slots(cfg: LaunchConfig, counts: Mapping[int, int] | None = None) -> tuple[int, int]:
@@ -251,6 +263,60 @@ def mpirun_env(cfg: LaunchConfig, first: int, world: int) -> tuple[tuple[tuple[s
         )
         for local in range(cfg.nproc_per_node)
     )
+
+
+def _mpirun(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
+    """``nproc_per_node`` processes of ``python`` running the command, each with the variables Open MPI's mpirun
+    sets (:func:`mpirun_env`), ranks laid out as ``-map-by slot`` (:func:`slots`); MASTER_ADDR and MASTER_PORT are
+    in the environment already, as the guides pass them with ``-x``. The launcher starts and watches them itself
+    (``ranks.py``); nothing restarts them."""
+    first, world = slots(cfg, tools.counts)
+    return ExecPlan(argv=(tools.python, *command.argv()), unset_env=ENV_MODE_UNSET,
+                    per_process=mpirun_env(cfg, first, world))  # fmt: skip
+
+
+# Every mode of contract.LAUNCH_MODES, and nothing else (tests/unit/launcher/test_styles.py holds them equal).
+STYLES: dict[str, Style] = {
+    LaunchMode.TORCHRUN: Style(_torchrun),
+    LaunchMode.FABRIC: Style(_fabric),
+    LaunchMode.ENV: Style(_env, torchrun=False),
+    LaunchMode.DISTRIBUTED_LAUNCH: Style(_distributed_launch, reads_script=True),
+    LaunchMode.MPIRUN: Style(_mpirun, torchrun=False),
+}
+
+
+def style(mode: str) -> Style:
+    """The style of launch mode ``mode`` (parse_env has checked it is one of contract.LAUNCH_MODES)."""
+    return STYLES[mode]
+
+
+def exec_plan(
+    cfg: LaunchConfig,
+    command: Command,
+    *,
+    python: str = "python",
+    torchrun: str = "torchrun",
+    cpus: int = 1,
+    local_rank: str = "--local-rank",
+    rendezvous: Rendezvous | None = None,
+    counts: Mapping[int, int] | None = None,
+) -> ExecPlan:
+    """The process this node's launcher becomes: its mode's :class:`Style`, with NODEKIT_EXIT_GUARD set for the
+    job's processes (1 unless the node's environment said 0), which makes every Python process of the job load
+    :mod:`nodekit.launcher.exitguard`.
+
+    ``torchrun`` mode: torchrun with :func:`rendezvous_argv`. ``env`` mode: ``python`` runs the command itself with
+    MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and WORLD_SIZE when known) already in the
+    environment, and without the per-process variables listed in :data:`ENV_MODE_UNSET`; nothing restarts it
+    (max_restarts is torchrun's; ``nodekit run``'s ``restarts`` restart the whole job). ``fabric`` mode is torchrun
+    plus :func:`fabric_env`. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}``
+    appended to the script's arguments. ``mpirun`` mode: one process per local rank with Open MPI's variables.
+    """
+    tools = Tools(python=python, torchrun=torchrun, cpus=cpus, local_rank=local_rank, rendezvous=rendezvous,
+                  counts=counts)  # fmt: skip
+    plan = style(cfg.mode).plan(cfg, command, tools)
+    guard = ((Env.EXIT_GUARD, "1" if cfg.exit_guard else "0"),)
+    return replace(plan, set_env=guard + plan.set_env)
 
 
 def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | None = None) -> str | None:

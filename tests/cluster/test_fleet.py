@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.cluster import snoop
 from tests.cluster.conftest import Demo, Fleet, host_project, nodekit_argv
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
 from tests.cluster.test_ship import wipe
@@ -156,6 +157,11 @@ def test_ctrl_c_on_the_head_stops_every_node(demo_on_main: Demo, fleet: Fleet, t
     assert [(r["node"], r["state"]) for r in rows] == [(0, "running"), (1, "running"), (2, "running")], rows
     assert rows[2]["host"] == f"root@{fleet.cluster.hosts[2].addr}"
     assert rows[0]["image"] == demo_on_main.ref.rsplit(":", 1)[1][:12] and rows[0]["since"], rows
+    # The run's secret is in each node's 0600 compose file only: no process's arguments show it to another user.
+    compose = (project / "compose" / "node-0.yaml").read_text()
+    secret = next(ln.split(":", 1)[1].strip() for ln in compose.splitlines() if "NODEKIT_JOB_SECRET:" in ln)
+    assert len(secret) >= 16 and snoop.processes_showing(secret) == []
+    assert (project / "compose" / "node-0.yaml").stat().st_mode & 0o077 == 0
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, log, 60)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster import snoop
 from tests.cluster.conftest import Demo, host_project, nodekit_argv, push_image
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
 from tests.cluster.slurm import Slurm
@@ -145,13 +146,32 @@ def checksums_equal(proj: Path, out: str) -> dict[str, object]:
     return result  # type: ignore[no-any-return]
 
 
+def no_secret_seen(slurm: Slurm, proj: Path) -> None:
+    """While the job runs: no process's arguments, and no file another user can read, hold the job secret, as an
+    unprivileged local user sees them (every virtual host shares this machine's process table and files)."""
+    value = (proj / ".nodekit" / "job-secret").read_text().strip()
+    script = proj / "compose" / "slurm.sbatch"
+    assert value in script.read_text() and script.stat().st_mode & 0o077 == 0  # the job's secret, in a 0600 file
+    assert snoop.processes_showing(value) == []
+    # Slurm's own copies of the script and the job's files (state, spools, logs; the project is under pytest's 0700
+    # directory, its files' modes are checked above).
+    seen, found = snoop.readable_files_holding(value, [slurm.dir])
+    assert seen > 0 and found == []
+
+
 def test_docker_mode_runs_the_demo_on_two_slurm_nodes(
     slurm: Slurm, demo_both: Demo, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
+    """Also: the project's path holds a space and a "#" (sbatch splits #SBATCH lines there unless quoted), and
+    while the job runs no other user sees the job secret (issue 28)."""
     h0, h1 = slurm.cluster.hosts
-    proj = project(demo_both, slurm, tmp_path, container="docker", push_to=[h.docker_host for h in (h0, h1)])
+    base = tmp_path / "my proj#2"
+    proj = project(demo_both, slurm, base, container="docker", push_to=[h.docker_host for h in (h0, h1)])
     t0 = time.monotonic()
-    code, out = finish(*start(slurm, proj))
+    proc, log = start(slurm, proj)
+    wait_for(log, r"1: nodekit ddp-demo: node 1/2", proc, slurm)
+    no_secret_seen(slurm, proj)
+    code, out = finish(proc, log)
     record_property("docker_job_seconds", round(time.monotonic() - t0, 1))
     assert code == 0, out
     checksums_equal(proj, out)
@@ -162,6 +182,7 @@ def test_docker_mode_runs_the_demo_on_two_slurm_nodes(
     ), out
     assert "nodekit-slurm: every node finished (exit code 0)" in out
     assert (proj / "compose" / "slurm.sbatch").is_file()
+    assert list((proj / "outputs").glob("slurm-*.out")), "the log is not where --output put it"
     nothing_left(slurm)
 
 
@@ -180,7 +201,10 @@ def test_charliecloud_mode_runs_the_demo_on_two_slurm_nodes(
 ) -> None:
     proj = project(demo_on_main, slurm, tmp_path, container="charliecloud", image_dir=image_cache(demo_on_main))
     t0 = time.monotonic()
-    code, out = finish(*start(slurm, proj), timeout=JOB_S + 900)
+    proc, log = start(slurm, proj)
+    wait_for(log, r"1: nodekit ddp-demo: node 1/2", proc, slurm, timeout=JOB_S + 900)
+    no_secret_seen(slurm, proj)
+    code, out = finish(proc, log, timeout=JOB_S + 900)
     record_property("charliecloud_job_seconds", round(time.monotonic() - t0, 1))
     made = re.search(r"\.sqsh made in (\d+) s", out)
     if made:

@@ -45,7 +45,6 @@ def test_wheel_and_sdist_carry_the_assets_and_the_launcher(dists: dict[str, Path
     names = set(zipfile.ZipFile(dists["wheel"]).namelist())
     for needed in (
         "nodekit/_assets/images/Dockerfile",
-        "nodekit/_assets/compose/template.yaml",
         "nodekit/launcher/__main__.py",
         "nodekit/launcher/runlog.py",
         "nodekit/py.typed",

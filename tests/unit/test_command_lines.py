@@ -177,35 +177,38 @@ def test_a_push_sends_docker_save_into_docker_load_over_ssh(
     assert save.group and load.group  # a signal ends each with what it started (the docker CLI's ssh)
 
 
-def test_nvidia_smi_lists_the_gpus_within_20_s_and_a_hang_is_one_line_exit_2(fake_runner: FakeRunner) -> None:
+def test_host_facts_are_one_sh_script_and_a_hung_nvidia_smi_in_it_is_one_line_exit_2(fake_runner: FakeRunner) -> None:
+    """The facts script nodekit up runs here is the one nodekit run sends over SSH (nodekit/system/host/facts.py);
+    nvidia-smi in it has its own 20 s, the script the rest."""
     from nodekit.system.host import facts
 
-    fake_runner.on("nvidia-smi", stdout="NVIDIA H100 80GB HBM3\nNVIDIA H100 80GB HBM3\n")
-    assert facts.nvidia_smi_models() == ["NVIDIA H100 80GB HBM3"] * 2
-    call = fake_runner.only("nvidia-smi")
-    assert call.cmd == ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"] and call.deadline == 20
-    fake_runner.on("nvidia-smi", hang=True)
+    fake_runner.on("sh", stdout="gpu=NVIDIA H100 80GB HBM3\ngpu=NVIDIA H100 80GB HBM3\nmemlock_kb=unlimited\n")
+    assert facts.run_script().facts.gpu_models == ("NVIDIA H100 80GB HBM3",) * 2
+    call = fake_runner.only("sh")
+    assert call.cmd == ["sh", "-c", facts.facts_script()] and call.deadline == 30
+    fake_runner.on("sh", stdout="nvidia_smi=hung\n")
     with pytest.raises(HostToolHung) as e:
-        facts.nvidia_smi_models()
-    assert e.value.exit_code == 2 and fake_runner.calls[-1].signals == [9]
+        facts.run_script()
+    assert e.value.exit_code == 2
     assert e.value.one_line().startswith("nvidia-smi did not finish within 20 s and was stopped (it hung). Fix: ")
 
 
-def test_a_fleet_host_check_is_one_batch_mode_ssh_within_28_s(fake_runner: FakeRunner) -> None:
+def test_a_fleet_host_check_is_one_batch_mode_ssh_within_38_s(fake_runner: FakeRunner) -> None:
     from nodekit.backends.fleet import remote
     from nodekit.backends.fleet.hosts import parse_host
 
     host = parse_host("ssh://alice@10.0.0.6:2222", 1)
-    fake_runner.on("ssh", stdout="gpus=2\nmemlock_kb=unlimited\nstack_kb=8192\nhost=n6\nlisten=0100007F:1F90\n")
+    fake_runner.on("ssh", stdout="gpu=A\ngpu=A\nmemlock_kb=unlimited\nstack_kb=8192\nhost=n6\nlisten=0100007F:1F90\n")
     got = remote.gather(host, paths=["/data/x"])
     assert isinstance(got, remote.Gathered) and got.hostname == "n6" and got.facts.gpu_count == 2
     call = fake_runner.only("ssh")
     assert call.cmd[:-1] == ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=8", "-o", "ServerAliveInterval=10",
                              "-o", "ServerAliveCountMax=3", "-p", "2222", "-l", "alice", "--", "10.0.0.6"]  # fmt: skip
-    assert call.cmd[-1] == remote.facts_script(["/data/x"]) and call.deadline == 28
+    # The connection (8 s), then the facts script there: nvidia-smi's 20 s and the rest's 10.
+    assert call.cmd[-1] == remote.facts_script(["/data/x"]) and call.deadline == 38
     fake_runner.on("ssh", hang=True)
     problem = remote.gather(host)
-    assert isinstance(problem, remote.Problem) and problem.what == "SSH did not answer within 30 s"
+    assert isinstance(problem, remote.Problem) and problem.what == "SSH did not answer within 38 s"
     fake_runner.on("ssh", stderr="alice@10.0.0.6: Permission denied (publickey).\n", returncode=255)
     problem = remote.gather(host)
     assert isinstance(problem, remote.Problem) and problem.fix.startswith("ssh-copy-id alice@10.0.0.6")

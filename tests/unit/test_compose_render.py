@@ -13,6 +13,7 @@ import yaml
 
 from nodekit.backends.compose.render import render_compose, to_yaml
 from nodekit.config.settings import Settings
+from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.system.host.facts import HostFacts
 from tests.golden import GOLDEN, update_golden
@@ -39,7 +40,9 @@ def settings(**kw: object) -> Settings:
 def rendered(s: Settings, rank: int, facts: HostFacts, *, debug: bool = False) -> str:
     launch = launch_spec(s)
     node = node_spec(s, launch, rank, "10.0.0.5", facts)
-    doc = render_compose(node, "nodekit/demo:0123456789ab", facts, output_dir=PROJECT / "outputs", debug=debug)
+    doc = render_compose(
+        plan_container(node, facts, image="nodekit/demo:0123456789ab", output_dir=PROJECT / "outputs", debug=debug)
+    )
     return to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=f"compose/node-{rank}.yaml")
 
 

@@ -230,7 +230,8 @@ def test_the_heads_keepalive_follows_peer_timeout() -> None:
 
 # --- remote facts and ssh failures, parsed ------------------------------------------------------------------------
 
-FACTS = """gpus=2
+FACTS = """gpu=NVIDIA H100 80GB HBM3
+gpu=NVIDIA H100 80GB HBM3
 ib=/dev/infiniband/uverbs0
 limit=Max locked memory         8388608              8388608              bytes
 limit=Max stack size            8388608              unlimited            bytes
@@ -248,7 +249,7 @@ def test_facts_parse_with_the_engines_limits_first() -> None:
     assert g.facts.memlock_hard == 8388608 and g.facts.stack_hard is None
     assert g.hostname == "gpu-7" and g.listening == {0x7530, 22}
     assert remote.parse_facts(FACTS, gpus=0).facts.gpu_count == 0
-    bare = remote.parse_facts("gpus=0\nmemlock_kb=64\nstack_kb=unlimited\n")
+    bare = remote.parse_facts("memlock_kb=64\nstack_kb=unlimited\n")
     assert bare.facts.memlock_hard == 64 * 1024 and bare.facts.stack_hard is None
 
 

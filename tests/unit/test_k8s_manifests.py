@@ -20,6 +20,7 @@ from nodekit.backends.compose.render import render_compose
 from nodekit.backends.k8s import plan as k8s
 from nodekit.backends.k8s import render
 from nodekit.config.settings import K8sSettings, Mount, Settings
+from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher import main as launcher_main
 from nodekit.launcher.config import parse_env
@@ -207,9 +208,10 @@ def test_the_pod_environment_is_composes_but_for_rank_main_and_the_secret() -> N
     s = gpu_settings()
     facts = HostFacts(gpu_count=8)
     node = node_spec(s, launch_spec(s), 0, "10.0.0.5", facts)
-    compose_env = render_compose(node, IMAGE, facts, output_dir=Path("/o"), job_secret=SECRET)["services"]["train"][
-        "environment"
-    ]
+    compose_env = render_compose(
+        plan_container(node, facts, image=IMAGE, output_dir=Path("/o"), job_secret=True),
+        secrets={"NODEKIT_JOB_SECRET": SECRET},
+    )["services"]["train"]["environment"]
     pod_env = {e["name"]: e for e in pod_of(planned(s))["containers"][0]["env"]}
     assert set(pod_env) == set(compose_env) | {"NODEKIT_RESOLVE_MAIN"}
     by_value = {k for k, e in pod_env.items() if "value" in e}

@@ -18,6 +18,7 @@ from nodekit.config.settings import NodeOverride, Settings
 from nodekit.doctor import handshake
 from nodekit.doctor.handshake import Reach
 from nodekit.errors import UsageError
+from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.system.host import facts as host_facts
 from nodekit.system.host import net
@@ -241,7 +242,11 @@ def settings(**kw: object) -> Settings:
 
 def svc(s: Settings, rank: int, facts: HostFacts, main: str = "127.0.0.1", *, debug: bool = False) -> dict[str, object]:
     node = node_spec(s, launch_spec(s), rank, main, facts)
-    doc = render_compose(node, "nodekit/demo:0123456789ab", facts, output_dir=Path("/srv/project/outputs"), debug=debug)
+    doc = render_compose(
+        plan_container(
+            node, facts, image="nodekit/demo:0123456789ab", output_dir=Path("/srv/project/outputs"), debug=debug
+        )
+    )
     service: dict[str, object] = doc["services"]["train"]
     return service
 
@@ -319,7 +324,9 @@ def test_bridge_golden() -> None:
     s = settings(network="bridge")
     launch = launch_spec(s)
     node = node_spec(s, launch, 0, "127.0.0.1", CPU)
-    doc = render_compose(node, "nodekit/demo:0123456789ab", CPU, output_dir=Path("/srv/project/outputs"))
+    doc = render_compose(
+        plan_container(node, CPU, image="nodekit/demo:0123456789ab", output_dir=Path("/srv/project/outputs"))
+    )
     text = to_yaml(doc, rank=0, nnodes=2, path_hint="compose/node-0.yaml")
     path = GOLDEN / "node-0-bridge.yaml"
     update_golden(path, text)

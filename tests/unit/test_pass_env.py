@@ -11,6 +11,7 @@ from nodekit.backends.compose.node import unset_pass_env
 from nodekit.backends.compose.render import render_compose
 from nodekit.config.settings import load
 from nodekit.errors import ConfigError
+from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from tests.unit.test_compose_render import CPU_NODE, rendered, settings
 
@@ -33,7 +34,9 @@ def test_a_pass_env_name_never_replaces_nodekits_own_variables() -> None:
             settings(pass_env=(name,))
     s = settings(nproc_per_node=1)
     launch = launch_spec(s).model_copy(update={"pass_env": ("MASTER_ADDR",)})
-    doc = render_compose(node_spec(s, launch, 0, "10.0.0.5", CPU_NODE), "x:y", CPU_NODE, output_dir=Path("/o"))
+    doc = render_compose(
+        plan_container(node_spec(s, launch, 0, "10.0.0.5", CPU_NODE), CPU_NODE, image="x:y", output_dir=Path("/o"))
+    )
     assert doc["services"]["train"]["environment"]["MASTER_ADDR"] == "10.0.0.5"
 
 

@@ -241,6 +241,7 @@ def test_the_most_nodes_fit_in_one_environment_string() -> None:
     from nodekit.backends.compose.render import render_compose
     from nodekit.config.inputs import MAX_ARG_BYTES, MAX_NODES, MAX_PROCS
     from nodekit.config.settings import NodeOverride, Settings
+    from nodekit.job.plan import plan_container
     from nodekit.job.spec import launch_spec, node_spec
     from nodekit.system.host.facts import HostFacts
 
@@ -250,6 +251,8 @@ def test_the_most_nodes_fit_in_one_environment_string() -> None:
     )
     facts = HostFacts(iface="eth0")
     node = node_spec(s, launch_spec(s), MAX_NODES - 1, "10.0.0.5", facts)
-    env = render_compose(node, "x:y", facts, output_dir=Path("/o"))["services"]["train"]["environment"]
+    env = render_compose(plan_container(node, facts, image="x:y", output_dir=Path("/o")))["services"]["train"][
+        "environment"
+    ]
     longest = max(len(f"{k}={v}".encode()) for k, v in env.items() if v is not None)
     assert 90_000 < longest <= MAX_ARG_BYTES, longest

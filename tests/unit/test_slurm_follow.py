@@ -23,6 +23,9 @@ def test_parse_job() -> None:
     job = follow.parse_job(info("FAILED", code="19:0", log="/p/outputs/slurm-7.out"))
     assert job == follow.JobInfo("7", "FAILED", 19, 0, "/p/outputs/slurm-7.out", "h[0-1]", "None")
     assert follow.parse_job("slurm_load_jobs error: Invalid job id specified") is None
+    # A project under a path with spaces (and a "#", and an "=" after no space): the log path stays whole.
+    spaced = follow.parse_job(info("RUNNING", log="/p/my proj#2/a=b/outputs/slurm-7.out"))
+    assert spaced is not None and spaced.log == "/p/my proj#2/a=b/outputs/slurm-7.out" and spaced.nodes == "h[0-1]"
 
 
 @pytest.mark.parametrize(

@@ -65,8 +65,10 @@ def test_docker_gets_every_value_byte_for_byte(tmp_path: Path) -> None:
         assert {k: envs[k] for k in env_table} == env_table
         assert envs["NODE_RANK"] == str(rank) and envs["MASTER_ADDR"] == "10.9.0.1"
         assert envs["NODEKIT_IMAGE_ID"] == f"sha256:node{rank}"  # the image as this node's engine has it
-        assert envs["NODEKIT_JOB_SECRET"] == SECRET
-        assert "--env=FROM_SHELL" in argv  # by name: docker takes it from the task's environment
+        # The job secret and pass_env by name: docker takes them from the task's environment, never an argument.
+        assert "--env=NODEKIT_JOB_SECRET" in argv and not [a for a in argv if SECRET in a]
+        assert fake.environ(tmp_path, rank)["NODEKIT_JOB_SECRET"] == SECRET
+        assert "--env=FROM_SHELL" in argv
         assert fake.environ(tmp_path, rank)["FROM_SHELL"] == "x $y 'z'"
         assert f"--name=nodekit-demo-slurm42-node{rank}" in argv
         assert "--label=org.nodekit.slurm-job=42" in argv and f"--label=org.nodekit.rank={rank}" in argv
@@ -104,6 +106,7 @@ def test_charliecloud_gets_exactly_the_containers_environment(tmp_path: Path) ->
         assert env["A"] == "it's $HOME\nx" and env["FROM_SHELL"] == "v" and "UNSET_ONE" not in env
         assert env["NODE_RANK"] == str(rank) and env["MASTER_ADDR"] == "10.9.0.1"
         assert env["NODEKIT_IMAGE_ID"] == IMAGE.id
+        assert env["NODEKIT_JOB_SECRET"] == SECRET and not [a for a in argv if SECRET in a]
         # Nothing of the task's own environment leaks in: Slurm's variables, HOME, the fakes' PATH.
         assert not [k for k in env if k.startswith(("SLURM", "FAKE"))] and "HOME" not in env
 
@@ -208,25 +211,26 @@ def test_per_node_differences_get_their_own_case(tmp_path: Path) -> None:
     assert "\n0|1)\n" in same
 
 
-def test_every_compose_key_of_a_gpu_infiniband_node_has_a_docker_run_flag(tmp_path: Path) -> None:
-    """The compose file nodekit up writes for a node with GPUs and InfiniBand, translated key by key."""
-    from nodekit.backends.compose.render import render_compose
-    from nodekit.backends.slurm.job import node_run
+def test_every_field_of_a_gpu_infiniband_container_has_a_docker_run_flag(tmp_path: Path) -> None:
+    """The container nodekit up runs on a node with GPUs and InfiniBand, rendered field by field."""
     from nodekit.backends.slurm.modes import docker_args
+    from nodekit.job.plan import plan_container
     from nodekit.job.spec import launch_spec, node_spec
     from nodekit.system.host.facts import HostFacts
 
     s = project(tmp_path / "p", nodes={1: NodeOverride(gpus=4)})
     facts = HostFacts(gpu_count=4, infiniband=("/dev/infiniband/uverbs0",))
-    node = node_spec(s, launch_spec(s), 1, "10.0.0.5", facts)
-    doc = render_compose(node, IMAGE.ref, facts, output_dir=tmp_path / "out")
-    run = node_run(doc, 1)
-    args = [word(a) for a in docker_args(job(s), run)]
-    assert run.gpus == 4 and '--gpus="${nk_gpus}"' in args
+    spec = plan_container(node_spec(s, launch_spec(s), 1, None, facts), facts, image=IMAGE.ref, output_dir="/o")
+    args = [word(a) for a in docker_args(job(s), spec)]
+    assert spec.gpus == 4 and '--gpus="${nk_gpus}"' in args
     assert "--device=/dev/infiniband/uverbs0:/dev/infiniband/uverbs0" in args and "--cap-add=IPC_LOCK" in args
     # The limits are this node's to decide at run time (nk_ulimit), up to what nodekit up asks for.
     assert {"--stop-timeout=30", "$(nk_ulimit stack -s 67108864)", "$(nk_ulimit memlock -l -1)"} <= set(args)
 
-    doc["services"]["train"]["shm_size"] = "1g"
-    with pytest.raises(ValueError, match="shm_size"):
-        node_run(doc, 1)
+
+def test_the_secret_is_in_the_script_once_exported_and_never_in_a_task_argument(tmp_path: Path) -> None:
+    """srun and bash -c carry the task's body as an argument, which every user of the node can read in ps: the
+    secret is only in the batch shell's environment (this 0600 script), whence srun passes it to every task."""
+    for mode in ("docker", "charliecloud", "pyxis"):
+        text = render(job(project(tmp_path / mode), mode))
+        assert [ln for ln in text.splitlines() if SECRET in ln] == [f"export NODEKIT_JOB_SECRET={SECRET}"], mode

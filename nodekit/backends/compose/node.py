@@ -8,15 +8,18 @@ nothing is written until ``write_compose`` and nothing runs until ``up``. A plan
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Container, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodekit.backends.compose.render import compose_filename, project_name, render_compose, to_yaml
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NetworkError
+from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld, check_mounts
+from nodekit.job.plan import plan_container, unset_pass_env
 from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.launcher.contract import Env
 from nodekit.system import docker, proc
 from nodekit.system.files import write_atomic
 from nodekit.system.host import net
@@ -26,11 +29,13 @@ from nodekit.system.progress import Reporter
 
 @dataclass(frozen=True)
 class NodePlan:
-    """Everything ``nodekit up`` will do on this node, printable by ``--dry-run``."""
+    """Everything ``nodekit up`` will do on this node, printable by ``--dry-run``: its container (``container``) and
+    the compose file that renders it (``text``)."""
 
     node: NodeSpec
     image: str
     facts: HostFacts
+    container: ContainerSpec
     compose_path: Path
     project: str
     text: str
@@ -55,7 +60,8 @@ def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> 
 def plan_node(
     settings: Settings, rank: int, world: NodeWorld, *, debug: bool = False, out_dir: Path | None = None
 ) -> NodePlan:
-    """Pure: node ``rank``'s compose file decided from the settings and its gathered ``world``. Reads no file,
+    """Pure: node ``rank``'s container (:func:`nodekit.job.plan.plan_container`) and its compose file, decided from
+    the settings and its gathered ``world``. Reads no file,
     environment, network or engine; raises UsageError for what the settings and the world contradict (the same
     checks :func:`nodekit.job.gather.gather_node` made, so a world made by hand is held to them too)."""
     launch = launch_spec(settings)
@@ -69,20 +75,22 @@ def plan_node(
     if world.main_note:
         notes = (world.main_note, *notes)
     path = compose_path(settings, rank, out_dir)
-    doc = render_compose(
+    container = plan_container(
         node,
-        world.image,
         facts,
+        image=world.image,
         output_dir=world.cwd / settings.resolve(settings.output_dir),
         debug=debug,
         image_id=world.image_id,
-        job_secret=world.job_secret,
+        job_secret=bool(world.job_secret),
     )
+    doc = render_compose(container, secrets={Env.JOB_SECRET: world.job_secret} if world.job_secret else {})
     hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
     return NodePlan(
         node=node,
         image=world.image,
         facts=facts,
+        container=container,
         compose_path=path,
         project=project_name(launch.name, rank),
         text=to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint),
@@ -91,15 +99,6 @@ def plan_node(
         warnings=unset_pass_env(launch.pass_env, world.env_set),
         job_secret=world.job_secret,
         main_note=world.main_note,
-    )
-
-
-def unset_pass_env(names: tuple[str, ...], environ: Container[str]) -> tuple[str, ...]:
-    """A warning for each pass_env variable this shell lacks (the job would run without it)."""
-    return tuple(
-        f"pass_env {n} is not set in this shell: the job runs without it (export {n}=... before nodekit up)"
-        for n in names
-        if n not in environ
     )
 
 

@@ -1,4 +1,4 @@
-"""Render one node's compose document from its spec and this host's facts.
+"""Render one node's compose document from its container spec (nodekit/job/container.py), pure.
 
 The result is self-contained: ``docker compose -f compose/node-<rank>.yaml up`` by hand does what
 ``nodekit up`` does.
@@ -6,19 +6,13 @@ The result is self-contained: ``docker compose -f compose/node-<rank>.yaml up`` 
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import yaml
 
 from nodekit import __version__
-from nodekit.job.container import ulimits
-from nodekit.job.env import OUTPUT_DIR_IN_CONTAINER, rank_env
-from nodekit.job.spec import NodeSpec
-from nodekit.system.assets import compose_template
-from nodekit.system.host.facts import HostFacts
+from nodekit.job.container import IMAGE_ID, MAIN_ADDR, RANK, ContainerSpec, Mount, Value
 
 SERVICE = "train"
 # `docker compose up` exits 0 even when the job failed unless it is told to return the service's own code.
@@ -35,101 +29,89 @@ def compose_filename(rank: int) -> str:
     return f"node-{rank}.yaml"
 
 
-def render_compose(
-    node: NodeSpec,
-    image: str,
-    facts: HostFacts,
-    *,
-    output_dir: Path,
-    debug: bool = False,
-    template: dict[str, Any] | None = None,
-    image_id: str = "",
-    job_secret: str = "",
-) -> dict[str, Any]:
-    """The compose document for ``node`` running ``image`` on a host with ``facts``.
+def render_compose(spec: ContainerSpec, *, secrets: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The compose document of ``spec``: a pure rendering, its holes filled with what planning knew (the rank,
+    main's address, the image id; NODEKIT_IMAGE_ID is left out when the id was not looked up).
 
-    ``output_dir`` is the absolute host directory mounted at /outputs. ``image_id``, when known (the image is on
-    this host), goes to NODEKIT_IMAGE_ID so that preflight compares the image itself, not only its fingerprint.
-    ``job_secret`` goes to NODEKIT_JOB_SECRET: the launcher's store refuses nodes without it (nodekit/job/secret.py).
-    Nothing is read from the environment, and nothing in the file is substituted from one: see :func:`literal`.
+    ``secrets`` holds the values of ``spec.secrets`` (the job secret), written into the file, which is therefore
+    written 0600 (backends/compose/node.py). ``pass_env`` names are written without a value: Compose takes them from
+    the environment of whoever runs it. Nothing is read from the environment, and nothing in the file is
+    substituted from one: see :func:`literal`.
     """
-    doc = copy.deepcopy(template if template is not None else compose_template())
-    svc: dict[str, Any] = doc["services"][SERVICE]
-    launch = node.launch
-    doc = {"name": project_name(launch.name, node.rank), **doc}
-    svc["image"] = image
-    # Never pull: the image is nodekit's own build, shipped and verified by id on every node before the start; a
-    # registry holds nothing of it, and a pull would only turn "not on this node" into a confusing Docker Hub error.
-    svc["pull_policy"] = "never"
-    svc["command"] = launch.command.argv()
-    svc["environment"] = _environment(node, facts, debug=debug, image_id=image_id, job_secret=job_secret)
-    svc["labels"] = {
-        "org.nodekit.name": launch.name,
-        "org.nodekit.rank": str(node.rank),
-        "org.nodekit.nnodes": str(launch.nnodes),
-        "org.nodekit.version": __version__,
+    if spec.main_addr is None:
+        raise ValueError("a compose file needs main's address (plan the node with it)")
+    svc: dict[str, Any] = {
+        "network_mode": spec.network,
+        "ipc": spec.ipc,
+        # A finished or failed job stays finished. Retries belong to torchrun (max_restarts), which restarts every
+        # worker of every node together; a container restart would rejoin a dead rendezvous.
+        "restart": "no",
+        "stop_grace_period": f"{spec.stop_grace_s}s",
+        "init": spec.init,
+        "working_dir": spec.workdir,
+        "image": spec.image,
+        # Never pull: the image is nodekit's own build, shipped and verified by id on every node before the start; a
+        # registry holds nothing of it, and a pull would only turn "not on this node" into a confusing Docker Hub
+        # error.
+        "pull_policy": "never",
+        "command": list(spec.command),
+        "environment": _environment(spec, secrets or {}),
+        "labels": {k: _fill(spec, v) for k, v in spec.labels},
+        "volumes": [_volume(m) for m in spec.mounts],
+        "ulimits": {u.name: {"soft": u.soft, "hard": u.hard} for u in spec.ulimits},
     }
-    svc["volumes"] = _volumes(node, output_dir)
-    svc["ulimits"] = ulimits(facts)
-    if facts.gpu_count > 0:
+    if spec.gpus is not None:
         # Compose 2.26 has no service-level `gpus:` key; device reservations are the portable spelling.
         svc["deploy"] = {
             "resources": {
-                "reservations": {"devices": [{"driver": "nvidia", "count": _gpus(node), "capabilities": ["gpu"]}]}
+                "reservations": {"devices": [{"driver": "nvidia", "count": spec.gpus, "capabilities": ["gpu"]}]}
             }
         }
-    if node.infiniband:
-        svc["devices"] = [f"{d}:{d}" for d in node.infiniband]
-        svc["cap_add"] = ["IPC_LOCK"]
-    if node.network == "bridge":
-        # All-local runs only (spec refuses bridge otherwise). Node 0 publishes the rendezvous ports on the
-        # bridge gateway, which is MASTER_ADDR for every node; gloo and NCCL then connect container to container.
-        svc["network_mode"] = "bridge"
-        if node.is_main:
-            ports = (launch.master_port, launch.preflight_port)
-            svc["ports"] = [f"{node.main_addr}:{p}:{p}/tcp" for p in ports]
+    if spec.devices:
+        svc["devices"] = [f"{d}:{d}" for d in spec.devices]
+    if spec.cap_add:
+        svc["cap_add"] = list(spec.cap_add)
+    if spec.ports:
+        svc["ports"] = [f"{spec.main_addr}:{p}:{p}/tcp" for p in spec.ports]
+    doc = {"name": project_name(spec.name, spec.rank), "services": {SERVICE: svc}}
     escaped: dict[str, Any] = literal(doc)
     return escaped
 
 
-def _environment(
-    node: NodeSpec, facts: HostFacts, *, debug: bool, image_id: str, job_secret: str
-) -> dict[str, str | None]:
-    """The service's environment: the rank's variables, the image id and job secret when given, then each
-    ``pass_env`` name without a value."""
-    env: dict[str, str | None] = dict(rank_env(node, facts, debug=debug))
-    if image_id:
-        env["NODEKIT_IMAGE_ID"] = image_id
-    if job_secret:
-        env["NODEKIT_JOB_SECRET"] = job_secret
+def _fill(spec: ContainerSpec, value: Value) -> str:
+    """A hole filled with what planning knew (compose renders one node on the machine that runs it)."""
+    if value == RANK:
+        return str(spec.rank)
+    if value == MAIN_ADDR:
+        return str(spec.main_addr)
+    if value == IMAGE_ID:
+        return spec.image_id
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"compose cannot fill {value}")  # a hole this renderer does not know must not pass silently
+
+
+def _environment(spec: ContainerSpec, secrets: Mapping[str, str]) -> dict[str, str | None]:
+    """The service's environment: the variables (NODEKIT_IMAGE_ID only when the id is known), the secrets' values,
+    then each ``pass_env`` name without a value."""
+    env: dict[str, str | None] = {
+        v.name: _fill(spec, v.value) for v in spec.env if not (v.value == IMAGE_ID and not spec.image_id)
+    }
+    env |= {name: secrets[name] for name in spec.secrets}
     # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or
     # `nodekit up`), so a secret never lands in this file, a label, or nodekit's output.
-    env |= {name: None for name in node.launch.pass_env if name not in env}
+    env |= {name: None for name in spec.pass_env if name not in env}
     return env
 
 
-def _volumes(node: NodeSpec, output_dir: Path) -> list[dict[str, Any]]:
-    """The service's bind mounts: ``output_dir`` at /outputs, then the node's declared mounts."""
-    volumes: list[dict[str, Any]] = [
-        {
-            "type": "bind",
-            "source": str(output_dir),
-            "target": OUTPUT_DIR_IN_CONTAINER,
-            "bind": {"create_host_path": True},
-        }
-    ]
-    for m in node.mounts:
-        # create_host_path false: a missing dataset must be an error, not an empty directory Docker made.
-        volumes.append(
-            {
-                "type": "bind",
-                "source": m.host,
-                "target": m.container,
-                "read_only": not m.writable,
-                "bind": {"create_host_path": False},
-            }
-        )
-    return volumes
+def _volume(m: Mount) -> dict[str, Any]:
+    """A bind mount; create_host_path false for the declared mounts: a missing dataset must be an error, not an
+    empty directory Docker made."""
+    volume: dict[str, Any] = {"type": "bind", "source": m.source, "target": m.target}
+    if not m.create:
+        volume["read_only"] = m.read_only
+    volume["bind"] = {"create_host_path": m.create}
+    return volume
 
 
 def literal(value: Any) -> Any:
@@ -152,12 +134,6 @@ def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
     if isinstance(value, list):
         return [map_strings(v, fn) for v in value]
     return value
-
-
-def _gpus(node: NodeSpec) -> int | str:
-    """The GPUs the container reserves: this node's declared [nodes.R] gpus, else all of them."""
-    declared = node.launch.node_gpus[node.rank] if node.rank < len(node.launch.node_gpus) else None
-    return "all" if declared is None else declared
 
 
 def to_yaml(doc: dict[str, Any], *, rank: int, nnodes: int, path_hint: str) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from nodekit.backends.fleet import run
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.config.settings import Settings
-from nodekit.launcher.contract import CHECKS_ONLY_ENV
+from nodekit.launcher.contract import Env
 from nodekit.system.progress import Reporter
 
 
@@ -23,7 +23,7 @@ def checks_settings(settings: Settings) -> Settings:
     health = settings.health
     if health.links == "off":
         health = health.model_copy(update={"links": "warn"})
-    env = {**settings.env, CHECKS_ONLY_ENV: "1"}
+    env = {**settings.env, Env.CHECKS_ONLY: "1"}
     return settings.model_copy(update={"env": env, "restarts": 0, "max_restarts": 0, "health": health})
 
 

@@ -1,5 +1,6 @@
 """Each host's checks and facts, gathered there through the user's own OpenSSH client (``ssh`` on PATH, with the
 user's config, keys, agent, ProxyJump and known_hosts) and through the host's Docker engine. Nothing is installed.
+The facts are the ones ``nodekit up`` reads on its own host, by the same script (nodekit/system/host/facts.py).
 
 :func:`check_all` runs every host at once and raises one :class:`FleetCheckError` naming each failing host with its
 fix; nothing has been started anywhere when it does. The parsers are pure.
@@ -8,41 +9,21 @@ fix; nothing has been started anywhere when it does. The parsers are pure.
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import DeadlineError, NodekitError
-from nodekit.launcher.contract import DOCKER_PIDFILES
 from nodekit.system import docker, proc, ssh
-from nodekit.system.host.facts import HostFacts
+from nodekit.system.host import facts as host_facts
+from nodekit.system.host.facts import Gathered, HostFacts, facts_script, parse_facts
 
 SSH_TIMEOUT_S = 8
+# The connection, then the facts script there (nvidia-smi within its own deadline, a few file reads).
+SSH_DEADLINE_S = SSH_TIMEOUT_S + host_facts.NVIDIA_SMI_S + host_facts.SCRIPT_S
 MAX_PARALLEL = 64  # sshd's default MaxStartups is 10:30:100 per target; the head's own fan-out is what this bounds
-
-# POSIX sh, run with the user's login: facts as key=value lines. The engine's limits are read from its own
-# /proc/<pid>/limits where readable (the pidfiles nodekit.launcher.contract lists), else this login's hard limits.
-FACTS_SCRIPT = (
-    r"""
-echo "gpus=$(ls /proc/driver/nvidia/gpus 2>/dev/null | wc -l)"
-for f in /dev/infiniband/uverbs* /dev/infiniband/rdma_cm /dev/infiniband/umad*; do
-  [ -e "$f" ] && echo "ib=$f"
-done
-for p in """
-    + " ".join(DOCKER_PIDFILES)
-    + r"""; do
-  pid=$(cat "$p" 2>/dev/null) || continue
-  grep -E '^Max (locked memory|stack size)' "/proc/$pid/limits" 2>/dev/null | sed 's/^/limit=/' && break
-done
-echo "memlock_kb=$(ulimit -H -l)"
-echo "stack_kb=$(ulimit -H -s)"
-echo "host=$(hostname)"
-cat /proc/net/tcp /proc/net/tcp6 2>/dev/null | awk '$4 == "0A" {print "listen=" $2}'
-"""
-)
 
 
 class FleetCheckError(NodekitError):
@@ -59,16 +40,6 @@ class Problem:
 
     def line(self) -> str:
         return f"{self.host.name}: {self.what}. Fix: {self.fix}"
-
-
-@dataclass(frozen=True)
-class Gathered:
-    """What a host reported: its facts, its host name and the TCP ports listening there."""
-
-    facts: HostFacts
-    hostname: str = ""
-    listening: frozenset[int] = field(default_factory=frozenset)
-    absent: frozenset[str] = field(default_factory=frozenset)  # of the paths asked about (the job's mounts)
 
 
 def ssh_argv(host: FleetHost, command: str) -> list[str]:
@@ -93,61 +64,9 @@ def ssh_problem(host: FleetHost, stderr: str) -> Problem:
     return Problem(host, f"SSH to {target} failed: {last}", fix)
 
 
-def facts_script(paths: Sequence[str] = ()) -> str:
-    """:data:`FACTS_SCRIPT`, plus a line for each of ``paths`` (the node's mount sources) missing on the host."""
-    tests = "".join(f'[ -e {shlex.quote(p)} ] || echo "absent="{shlex.quote(p)}\n' for p in paths)
-    return FACTS_SCRIPT + tests
-
-
-def parse_facts(text: str, gpus: int | None = None) -> Gathered:
-    """The facts script's output as data; ``gpus`` (the config's ``[nodes.R] gpus``) wins over the count found."""
-    count = 0
-    ib: list[str] = []
-    memlock: int | bool | None = False
-    stack: int | bool | None = False
-    kb: dict[str, int | None] = {}
-    hostname = ""
-    listening: set[int] = set()
-    absent: set[str] = set()
-    for line in text.splitlines():
-        key, _, value = line.partition("=")
-        value = value.strip()
-        if key == "gpus" and value.isdigit():
-            count = int(value)
-        elif key == "ib":
-            ib.append(value)
-        elif key == "limit":
-            parts = value.split()
-            hard = parts[4]  # "Max locked memory SOFT HARD bytes", "Max stack size SOFT HARD bytes"
-            parsed = None if hard == "unlimited" else int(hard)
-            if value.startswith("Max locked memory"):
-                memlock = parsed
-            else:
-                stack = parsed
-        elif key in ("memlock_kb", "stack_kb"):
-            kb[key] = None if value == "unlimited" or not value.isdigit() else int(value) * 1024
-        elif key == "host":
-            hostname = value
-        elif key == "absent":
-            absent.add(line.partition("=")[2])
-        elif key == "listen":
-            port = value.rsplit(":", 1)[-1]
-            if port:
-                listening.add(int(port, 16))
-    facts = HostFacts(
-        gpu_count=count if gpus is None else gpus,
-        memlock_hard=kb.get("memlock_kb") if memlock is False else memlock,
-        stack_hard=kb.get("stack_kb") if stack is False else stack,
-        infiniband=tuple(sorted(ib)),
-    )
-    return Gathered(facts=facts, hostname=hostname, listening=frozenset(listening), absent=frozenset(absent))
-
-
 def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) -> Gathered | Problem:
     """Facts of ``host``: over SSH for ``ssh://``, here for ``unix://``, from the config alone for ``tcp://``."""
     if host.scheme == "unix":
-        from nodekit.system.host import facts as host_facts
-
         here = host_facts.gather()
         return Gathered(
             facts=here if gpus is None else here.model_copy(update={"gpu_count": gpus}),
@@ -161,14 +80,17 @@ def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) 
         )
     fix = f"check that {host.hostname} is up (ssh {host.hostname})"
     try:
-        done = proc.run(ssh_argv(host, facts_script(paths)), deadline=SSH_TIMEOUT_S + 20, what="SSH", fix=fix)
+        done = proc.run(ssh_argv(host, facts_script(paths)), deadline=SSH_DEADLINE_S, what="SSH", fix=fix)
     except DeadlineError:
-        return Problem(host, "SSH did not answer within 30 s", fix)
+        return Problem(host, f"SSH did not answer within {SSH_DEADLINE_S:g} s", fix)
     if done.returncode == 255:
         return ssh_problem(host, done.stderr)
     if done.returncode != 0:
         return Problem(host, f"the facts script failed there ({done.stderr.strip()[-200:]})", "check its login shell")
-    return parse_facts(done.stdout, gpus)
+    got = parse_facts(done.stdout, gpus)
+    if got.nvidia_smi_hung:
+        return Problem(host, f"nvidia-smi did not answer within {host_facts.NVIDIA_SMI_S:g} s", host_facts.NVIDIA_FIX)
+    return got
 
 
 @dataclass(frozen=True)

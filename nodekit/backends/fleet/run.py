@@ -34,16 +34,17 @@ from nodekit.image.blobs import BLOBS
 from nodekit.job.gather import NodeWorld, check_command
 from nodekit.job.secret import new_secret
 from nodekit.job.spec import mount_points
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET, Env
 from nodekit.system import docker, proc
 from nodekit.system.host import net
+from nodekit.system.host.facts import Gathered
 from nodekit.system.progress import Reporter
 
 if TYPE_CHECKING:
     from nodekit.ship.relay import RelayMode
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
-RESTART_ENV = "NODEKIT_RESTART_COUNT"
+RESTART_ENV = Env.RESTART_COUNT
 
 LineFn = Callable[[int, str], None]
 
@@ -84,7 +85,7 @@ def _override(nproc: int) -> Any:
 def node_worlds(
     settings: Settings,
     hosts: Sequence[FleetHost],
-    facts: Sequence[remote.Gathered],
+    facts: Sequence[Gathered],
     image: str,
     *,
     image_id: str = "",
@@ -362,7 +363,7 @@ def _attempts(
         raise _verdict(hosts, decision, culprit, unreached)
 
 
-def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> list[remote.Gathered]:
+def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> list[Gathered]:
     reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
     return remote.check_all(
         hosts,

@@ -3,9 +3,13 @@
 
 A headless Service and an Indexed Job (``completionMode: Indexed``, no operator needed), or a Kubeflow Trainer
 ``TrainJob`` for clusters that run Trainer; and the Secret holding the job secret. Every pod runs the image's own
-entrypoint (the launcher) with the environment ``nodekit/job/env.py`` gives a compose node, except the two values
-that differ per pod and are only known in the cluster: NODE_RANK (the pod's completion index, through the downward
-API) and MASTER_ADDR (pod 0's DNS name, which the launcher resolves in the pod: NODEKIT_RESOLVE_MAIN=1).
+entrypoint (the launcher) in the container the job's :class:`~nodekit.job.container.ContainerSpec` describes, its
+holes filled by the pod: NODE_RANK is the pod's completion index (through the downward API), MASTER_ADDR pod 0's
+DNS name (which the launcher resolves in the pod: NODEKIT_RESOLVE_MAIN=1), and NODEKIT_IMAGE_ID is left out (the
+pods pull the image by name; preflight still compares its fingerprint).
+
+Kubernetes expands ``$(VAR)`` in a container's command, args and env values, and turns ``$$`` into ``$``: every
+``$`` there is written ``$$`` (:func:`literal`), so each value reaches the job as written.
 """
 
 from __future__ import annotations
@@ -16,9 +20,8 @@ import yaml
 from pydantic import BaseModel
 
 from nodekit import __version__
-from nodekit.job.secret import ENV_VAR as SECRET_VAR
-from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_PEER_LOST, EXIT_STACK_MISMATCH
-from nodekit.launcher.preflight.network import RESOLVE_VAR
+from nodekit.job.container import IMAGE_ID, MAIN_ADDR, RANK, ContainerSpec
+from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_PEER_LOST, EXIT_STACK_MISMATCH, Env
 from nodekit.system.frozen import FROZEN
 
 CONTAINER = "train"
@@ -32,7 +35,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # the rendezvous still held by pod 0 (main keeps its store up to peer_timeout + 45 s), be refused as a rank claimed
 # twice (17) and hide the real cause. The pod that failed first is the one to read (its own code counts).
 FAIL_JOB_EXIT_CODES = (EXIT_BAD_ENV, EXIT_STACK_MISMATCH, EXIT_PEER_LOST)
-TERMINATION_GRACE_S = 30  # as compose's stop_grace_period: torchrun forwards SIGTERM, workers checkpoint
+# The image's ENTRYPOINT (images/Dockerfile), spelled out where a runtime's own command would replace it.
+ENTRYPOINT = ("/opt/venv/bin/python", "-m", "nodekit.launcher")
 
 
 class Volume(BaseModel):
@@ -51,7 +55,7 @@ class K8sJob(BaseModel):
     """Everything the manifests say, validated: names are DNS labels, counts in range
     (``nodekit/backends/k8s/plan.py``)."""
 
-    model_config = FROZEN
+    model_config = FROZEN | {"arbitrary_types_allowed": True}
 
     name: str  # the Job, its headless Service (the pods' subdomain) and the TrainJob
     namespace: str | None
@@ -60,9 +64,7 @@ class K8sJob(BaseModel):
     nnodes: int
     nproc: int
     gpus: int
-    args: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]  # render/env.py's, MASTER_ADDR and NODE_RANK excepted
-    pass_env: tuple[str, ...]
+    container: ContainerSpec  # node 0's, its holes filled by each pod
     ports: tuple[int, int]  # master_port, preflight_port
     volumes: tuple[Volume, ...]
     host_network: bool = False
@@ -98,18 +100,36 @@ def _meta(job: K8sJob, name: str, *, annotate: bool = False) -> dict[str, Any]:
     return meta
 
 
+def literal(value: str) -> str:
+    """``value`` as Kubernetes reads it back from a container's command, args or env: ``$$`` is one ``$``, so
+    nothing of the form ``$(VAR)`` is expanded."""
+    return value.replace("$", "$$")
+
+
 def pod_env(job: K8sJob, main: str) -> list[dict[str, Any]]:
-    """The container's environment: secrets and the pod's rank by reference, never by value."""
-    env: list[dict[str, Any]] = [{"name": "MASTER_ADDR", "value": main}]
-    for key, value in job.env:
-        env.append({"name": key, "value": value})
-        if key == "MASTER_PORT":
+    """The container's environment, its holes filled by the pod: main by ``main`` (pod 0's DNS name, resolved in
+    the pod), the rank by the pod's completion index; secrets by reference, never by value."""
+    env: list[dict[str, Any]] = []
+    for v in job.container.env:
+        if v.value == MAIN_ADDR:
+            env.append({"name": v.name, "value": main})
+        elif v.value == RANK:
             rank = {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}
-            env.append({"name": "NODE_RANK", "valueFrom": rank})
-    env.append({"name": RESOLVE_VAR, "value": "1"})
-    env.append({"name": SECRET_VAR, "valueFrom": {"secretKeyRef": {"name": job.secret_name, "key": SECRET_KEY}}})
+            env.append({"name": v.name, "valueFrom": rank})
+        elif v.value == IMAGE_ID:
+            continue  # the pods pull the image by name: its id is not known here
+        elif isinstance(v.value, str):
+            env.append({"name": v.name, "value": literal(v.value)})
+        else:
+            raise ValueError(f"a pod cannot fill {v.value}")  # a new hole must not pass silently
+    env.append({"name": Env.RESOLVE_MAIN, "value": "1"})
+    keys = {Env.JOB_SECRET: SECRET_KEY}
+    env += [
+        {"name": n, "valueFrom": {"secretKeyRef": {"name": job.secret_name, "key": keys[n]}}}
+        for n in job.container.secrets
+    ]
     ref = {"name": job.env_secret_name, "optional": True}
-    env += [{"name": n, "valueFrom": {"secretKeyRef": ref | {"key": n}}} for n in job.pass_env]
+    env += [{"name": n, "valueFrom": {"secretKeyRef": ref | {"key": n}}} for n in job.container.pass_env]
     return env
 
 
@@ -160,8 +180,8 @@ def indexed_job(job: K8sJob) -> dict[str, Any]:
         "image": job.image,
         "imagePullPolicy": "IfNotPresent",
         # No command: the image's ENTRYPOINT is the launcher, as under compose; these are its arguments.
-        "args": list(job.args),
-        "workingDir": "/workspace",
+        "args": [literal(a) for a in job.container.command],
+        "workingDir": job.container.workdir,
         # Pod 0's DNS name: ``<job>-<index>`` is an indexed pod's hostname, the headless Service its subdomain.
         "env": pod_env(job, f"{job.name}-0.{job.name}"),
         "volumeMounts": mounts,
@@ -173,8 +193,8 @@ def indexed_job(job: K8sJob) -> dict[str, Any]:
         "restartPolicy": "Never",
         # The pause container becomes PID 1 and reaps orphans, as compose's `init: true` does with tini; the
         # launcher (or the user's script in launcher "env") would otherwise ignore SIGTERM as PID 1.
-        "shareProcessNamespace": True,
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "shareProcessNamespace": job.container.init,
+        "terminationGracePeriodSeconds": job.container.stop_grace_s,
     }
     if job.host_network:
         # ClusterFirstWithHostNet: a pod on the node's network still resolves the cluster's names (pod 0's).
@@ -221,8 +241,8 @@ def train_job(job: K8sJob) -> dict[str, Any]:
     trainer: dict[str, Any] = {
         "image": job.image,
         # The image's ENTRYPOINT, spelled out: a runtime's own command (torchrun) would replace it otherwise.
-        "command": ["/opt/venv/bin/python", "-m", "nodekit.launcher"],
-        "args": list(job.args),
+        "command": [literal(a) for a in ENTRYPOINT],
+        "args": [literal(a) for a in job.container.command],
         "numNodes": job.nnodes,
         "numProcPerNode": job.nproc,
         # Pod 0's DNS name: JobSet names pods ``<jobset>-<replicated job>-<job index>-<pod index>``.
@@ -230,7 +250,7 @@ def train_job(job: K8sJob) -> dict[str, Any]:
     }
     if job.gpus:
         trainer["resourcesPerNode"] = _resources(job)
-    pod: dict[str, Any] = {"terminationGracePeriodSeconds": TERMINATION_GRACE_S}
+    pod: dict[str, Any] = {"terminationGracePeriodSeconds": job.container.stop_grace_s}
     if job.pull_secret:
         pod["imagePullSecrets"] = [{"name": job.pull_secret}]
     pod |= {"volumes": vols, "containers": [{"name": TRAINJOB_CONTAINER, "volumeMounts": mounts}]}

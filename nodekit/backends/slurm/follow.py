@@ -8,6 +8,7 @@ arguments, so its decisions are tested without a Slurm.
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import threading
 import time
@@ -27,6 +28,9 @@ POLL_S = 1.0
 CANCEL_WAIT_S = 120.0  # after scancel: Slurm's KillWait (30 s by default) and the epilog
 
 
+_FIELD_START = re.compile(r"\s+(?=[A-Z][A-Za-z0-9_/:]*=)")
+
+
 @dataclass(frozen=True)
 class JobInfo:
     job_id: str
@@ -44,7 +48,9 @@ class JobInfo:
 
 def parse_job(text: str) -> JobInfo | None:
     """A JobInfo from ``scontrol show job -o <id>``'s one line; None when Slurm no longer knows the job."""
-    fields = dict(item.split("=", 1) for item in text.split() if "=" in item)
+    # One "Key=value" after another, separated by a space; a value may hold spaces itself (StdOut, WorkDir and
+    # Command of a project under "my proj"), so a field ends only where the next "Key=" begins.
+    fields = dict(item.split("=", 1) for item in _FIELD_START.split(text.strip()) if "=" in item)
     if "JobId" not in fields:
         return None
     code, _, sig = fields.get("ExitCode", "0:0").partition(":")

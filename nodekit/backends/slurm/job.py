@@ -1,13 +1,10 @@
 """What a Slurm job of the project is, decided before anything is written or submitted.
 
-:func:`plan_job` is pure but for whether the training script exists (and the working directory, for a comment it
-drops): it takes the settings and the facts gathered beforehand (the image's configuration, the job secret, the
-path of the converted image) and returns a frozen :class:`SlurmJob`, which ``render`` turns into the sbatch script.
-Each rank's container is what ``nodekit up`` would run on that node: the same node world
-(:func:`nodekit.job.gather.gather_node`, here from given values only) and planning
-(:func:`nodekit.backends.compose.node.plan_node`),
-parsed back into a typed :class:`NodeRun`. Main's address and the rank are left to the job (only Slurm knows which
-hosts it gets): the script fills them in per task.
+:func:`plan_job` is pure but for whether the training script exists: it takes the settings and the facts gathered
+beforehand (the image's configuration, the job secret, the path of the converted image) and returns a frozen
+:class:`SlurmJob`, which ``render`` turns into the sbatch script. Each rank's container is the one ``nodekit up``
+would run on that node: the same planning (:func:`nodekit.job.plan.plan_container`), with main's address left a
+hole (only Slurm knows which hosts the job gets): the script fills it, and the rank, per task.
 """
 
 from __future__ import annotations
@@ -18,53 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-import yaml
-
-from nodekit.backends.compose.render import SERVICE, map_strings
 from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
+from nodekit.job.container import ContainerSpec
+from nodekit.job.gather import check_command
+from nodekit.job.plan import plan_container, unset_pass_env
+from nodekit.job.spec import node_facts, node_spec
 from nodekit.system.host.facts import HostFacts
 
 Mode = Literal["docker", "charliecloud", "pyxis"]
 MODES: tuple[str, ...] = get_args(Mode)
-# Stands for main's address while planning (TEST-NET-1, RFC 5737: never a real host). The job resolves the first
-# host of its allocation and each task puts that address where this one was.
-PLACEHOLDER_MAIN = "192.0.2.1"
-# Variables whose value each task decides at run time (render.py maps them to the task's shell variables).
-RANK_ENV = "NODE_RANK"
-MAIN_ENV = "MASTER_ADDR"
-IMAGE_ID_ENV = "NODEKIT_IMAGE_ID"
-RANK_LABEL = "org.nodekit.rank"
 LOG_NAME = "slurm-%j.out"
-
-
-@dataclass(frozen=True)
-class Mount:
-    source: str
-    target: str
-    read_only: bool
-    create: bool  # the host directory is made when missing (the outputs directory), as compose does
-
-
-@dataclass(frozen=True)
-class NodeRun:
-    """One rank's container, as nodekit's compose rendering describes it for ``nodekit up``."""
-
-    rank: int
-    image: str
-    command: tuple[str, ...]
-    env: tuple[tuple[str, str | None], ...]  # None: passed by name from the job's environment (pass_env)
-    labels: tuple[tuple[str, str], ...]
-    mounts: tuple[Mount, ...]
-    ulimits: tuple[tuple[str, int, int], ...]
-    gpus: int | Literal["all"] | None
-    devices: tuple[str, ...]
-    cap_add: tuple[str, ...]
-    network: str
-    ipc: str
-    init: bool
-    workdir: str
-    stop_grace_s: int | None
+# sbatch's own options that nodekit sets: one given again in sbatch_args would win over nodekit's (the last one
+# counts), and the job would no longer be the one planned (one rank per node, the log where nodekit reads it).
+# Each with the shortest abbreviation getopt_long takes for it (sbatch's other options share the shorter ones: --node
+# is --nodefile, --nodelist or --nodes; --ntasks-per- five options; --o three), and the short forms.
+OWN_OPTIONS = {"--nodes": "--nodes", "--ntasks-per-node": "--ntasks-per-n", "--output": "--ou"}
+OWN_SHORT = {"-N": "--nodes", "-o": "--output"}
 
 
 @dataclass(frozen=True)
@@ -112,7 +79,7 @@ class SlurmJob:
     image: ImageFacts
     image_path: str  # charliecloud, pyxis: the SquashFS on a shared path; docker: ""
     sbatch: Sbatch
-    nodes: tuple[NodeRun, ...]
+    nodes: tuple[ContainerSpec, ...]
     output_dir: str
     docker_host: str | None = None
     job_secret: str = ""
@@ -143,35 +110,31 @@ def plan_job(
 
     ``environ`` is the submitting shell's environment, only to warn about unset ``pass_env`` variables (Slurm
     passes that environment on to the job)."""
-    from nodekit.backends.compose.node import plan_node
-    from nodekit.job.gather import gather_node
-
     check_mode(mode)
+    launch = check_command(settings)
     if settings.network != "host":
         raise UsageError(
             f'network = "{settings.network}" cannot span Slurm nodes (NCCL and gloo need the hosts\' addresses)',
             fix="remove network from nodekit.toml (host networking) for nodekit slurm",
         )
     slurm = settings.slurm
+    output_dir = settings.resolve(settings.output_dir).absolute()
     facts = HostFacts(gpu_count=slurm.gpus_per_node)
-    runs, notes = [], []
+    runs = []
     for rank in range(settings.nnodes):
-        # Gathered with everything given (facts, image, id, secret, environment): no host or engine is asked; the
-        # training script's presence is the one thing read (as nodekit up refuses a missing one).
-        world = gather_node(
-            settings, rank, PLACEHOLDER_MAIN, image=image.ref, facts=facts, mounts_checked=True,
-            image_id=lambda _ref: image.id, job_secret=lambda: job_secret, environ=environ or {},
+        node_f = node_facts(settings, rank, facts)
+        node = node_spec(settings, launch, rank, None, node_f)  # main: the allocation's first host, at run time
+        spec = plan_container(
+            node, node_f, image=image.ref, output_dir=output_dir, image_id=image.id, job_secret=bool(job_secret),
+            debug=debug,
         )  # fmt: skip
-        plan = plan_node(settings, rank, world, debug=debug)
-        runs.append(node_run(yaml.safe_load(plan.text), rank))
-        notes += [w for w in plan.warnings if w not in notes]
+        runs.append(spec)
     if mode == "pyxis" and len({r.mounts for r in runs}) > 1:
         raise UsageError(
             'container = "pyxis" mounts the same paths on every node (one srun --container-mounts), but '
             "[nodes.R] mounts gives nodes different ones",
             fix='remove the per-node mounts, or use container = "docker" or "charliecloud"',
         )
-    output_dir = settings.resolve(settings.output_dir).absolute()
     sbatch = Sbatch(
         job_name=settings.image_name,
         nodes=settings.nnodes,
@@ -182,6 +145,7 @@ def plan_job(
         time=slurm.time,
         extra=slurm.sbatch_args,
     )
+    check_sbatch(sbatch)
     return SlurmJob(
         name=settings.image_name,
         mode=mode,
@@ -192,77 +156,83 @@ def plan_job(
         output_dir=str(output_dir),
         docker_host=slurm.docker_host,
         job_secret=job_secret,
-        notes=tuple(notes),
+        notes=unset_pass_env(launch.pass_env, environ or {}),
     )
 
 
-_KNOWN = {
-    "image", "command", "environment", "labels", "volumes", "ulimits", "deploy", "devices", "cap_add",
-    "network_mode", "ipc", "restart", "stop_grace_period", "init", "working_dir", "pull_policy",
-}  # fmt: skip
+def check_sbatch(s: Sbatch) -> None:
+    """UsageError (one line) for an ``#SBATCH`` value sbatch cannot be given intact, or an ``sbatch_args`` item that
+    would override nodekit's own options."""
+    if "\\" in s.output:
+        # A backslash anywhere in --output switches Slurm's %j substitution off: every job would write one file.
+        raise UsageError(
+            f"the job's log path {s.output!r} holds a backslash, which turns off Slurm's %j in it",
+            fix="set output_dir to a path without a backslash",
+        )
+    for item in s.extra:
+        name = item.split("=", 1)[0]
+        own = next((o for o, least in OWN_OPTIONS.items() if name.startswith(least) and o.startswith(name)), None)
+        own = own or next((o for short, o in OWN_SHORT.items() if name.startswith(short) and name[1] != "-"), None)
+        if own is not None:
+            raise UsageError(
+                f"[slurm] sbatch_args {item!r} would override nodekit's own {own} (the job is planned with "
+                f"--nodes={s.nodes}, one task per node, and its log at {s.output})",
+                fix=f"remove {item!r} from sbatch_args (set nnodes, or output_dir, instead)",
+            )
+        if not item.startswith("-") or ("=" not in item and sbatch_value(item) != item):
+            raise UsageError(
+                f"[slurm] sbatch_args {item!r} is not one sbatch option",
+                fix='write each option as one item, "--name=value" (e.g. "--qos=high") or "--flag"',
+            )
+    for line in sbatch_options(s):
+        problem = sbatch_problem(line)
+        if problem is not None:
+            raise UsageError(f"#SBATCH {line}: {problem}", fix="change that value in [slurm] in nodekit.toml")
 
 
-def node_run(doc: Mapping[str, Any], rank: int) -> NodeRun:
-    """The typed container of one rank from its compose document. A key nodekit's compose rendering gained and
-    this does not know is an error, not a silently different container."""
-    svc: dict[str, Any] = _read_back(doc["services"][SERVICE])
-    unknown = sorted(set(svc) - _KNOWN)
-    if unknown:
-        raise ValueError(f"compose keys {unknown} have no translation for Slurm (nodekit/backends/slurm/job.py)")
-    if svc.get("restart", "no") != "no":
-        raise ValueError(f"restart {svc['restart']!r} has no translation for Slurm")
-    if svc.get("pull_policy", "never") != "never":
-        # every mode runs the image the job script made reachable (docker run --pull=never, a squashfs file)
-        raise ValueError(f"pull_policy {svc['pull_policy']!r} has no translation for Slurm")
-    return NodeRun(
-        rank=rank,
-        image=svc["image"],
-        command=tuple(svc.get("command") or ()),
-        env=tuple((k, None if v is None else str(v)) for k, v in (svc.get("environment") or {}).items()),
-        labels=tuple((k, str(v)) for k, v in (svc.get("labels") or {}).items()),
-        mounts=tuple(_mount(v) for v in svc.get("volumes") or ()),
-        ulimits=tuple((k, int(v["soft"]), int(v["hard"])) for k, v in (svc.get("ulimits") or {}).items()),
-        gpus=_gpus(svc.get("deploy")),
-        devices=tuple(svc.get("devices") or ()),
-        cap_add=tuple(svc.get("cap_add") or ()),
-        network=str(svc.get("network_mode", "")),
-        ipc=str(svc.get("ipc", "")),
-        init=bool(svc.get("init", False)),
-        workdir=str(svc.get("working_dir", "")),
-        stop_grace_s=_seconds(svc["stop_grace_period"]) if "stop_grace_period" in svc else None,
-    )
+def sbatch_options(s: Sbatch) -> list[str]:
+    """The job's ``#SBATCH`` options, each one word of sbatch's parser (:func:`sbatch_value`)."""
+    opts = [f"--job-name={sbatch_value(s.job_name)}", f"--nodes={s.nodes}", "--ntasks-per-node=1"]
+    if s.gpus_per_node:
+        opts.append(f"--gpus-per-node={s.gpus_per_node}")
+    opts += [
+        f"--{k}={sbatch_value(v)}" for k, v in (("partition", s.partition), ("account", s.account), ("time", s.time))
+        if v
+    ]  # fmt: skip
+    # --no-kill: a node that dies must not make Slurm kill (or requeue) the whole job before the survivors' watchdog
+    # has named it and the script has exited with their verdict. --output: "%" in the directory is Slurm's
+    # pattern character, written "%%" for a literal one.
+    log_dir, _, log_name = s.output.rpartition("/")
+    opts += [f"--output={sbatch_value(log_dir.replace('%', '%%') + '/' + log_name)}", "--no-requeue", "--no-kill"]
+    for item in s.extra:
+        name, eq, value = item.partition("=")
+        opts.append(f"{name}={sbatch_value(value)}" if eq else item)
+    return opts
 
 
-def _read_back(value: Any) -> Any:
-    """A compose value as Compose reads it: the rendering writes every ``$`` of a value as ``$$`` (literal values,
-    no interpolation from the runner's shell); the script says each value exactly once more, shell-quoted."""
-    return map_strings(value, lambda s: s.replace("$$", "$"))
+# sbatch reads an #SBATCH line without a shell (src/sbatch/opt.c, _get_argument): whitespace ends a word unless
+# quoted ('...' or "..."), a backslash takes the next character as it is (inside quotes too), an unquoted "#"
+# ends the line. A word with none of these needs no quoting.
+_SBATCH_PLAIN = re.compile(r"^[^\s\"'\\#]+$")
 
 
-def _mount(v: Mapping[str, Any]) -> Mount:
-    if v.get("type") != "bind":
-        raise ValueError(f"volume {v} is not a bind mount")
-    return Mount(
-        source=str(v["source"]),
-        target=str(v["target"]),
-        read_only=bool(v.get("read_only", False)),
-        create=bool((v.get("bind") or {}).get("create_host_path", False)),
-    )
+def sbatch_value(value: str) -> str:
+    """``value`` as one word of sbatch's ``#SBATCH`` parser that it reads back as ``value``: as it is when nothing
+    in it is special there, else double-quoted with ``\\`` and ``"`` escaped."""
+    if _SBATCH_PLAIN.match(value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _gpus(deploy: Mapping[str, Any] | None) -> int | Literal["all"] | None:
-    if not deploy:
-        return None
-    (device,) = deploy["resources"]["reservations"]["devices"]
-    count = device["count"]
-    return "all" if count == "all" else int(count)
-
-
-def _seconds(value: object) -> int:
-    found = re.fullmatch(r"(\d+)s", str(value))
-    if not found:
-        raise ValueError(f"stop_grace_period {value!r} is not in seconds")
-    return int(found.group(1))
+def sbatch_problem(option: str) -> str | None:
+    """Why ``option`` cannot be an ``#SBATCH`` line, or None: sbatch reads a line at a time, and turns the words
+    packjob and hetjob (any case) into spaces wherever they appear (they separate the parts of a heterogeneous
+    job)."""
+    if any(c in option for c in "\n\r\0"):
+        return "a value spans lines"
+    if re.search("packjob|hetjob", option, re.IGNORECASE):
+        return "sbatch reads packjob and hetjob in a line as a separator of job parts, even inside a value"
+    return None
 
 
 def squash_name(name: str, image_id: str) -> str:

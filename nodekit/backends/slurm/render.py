@@ -22,10 +22,10 @@ The script is self-contained (``sbatch`` it by hand and it does what ``nodekit s
 from __future__ import annotations
 
 from nodekit import __version__
-from nodekit.backends.slurm.job import SlurmJob
+from nodekit.backends.slurm.job import SlurmJob, sbatch_options
 from nodekit.backends.slurm.modes import JOB_LABEL, container_name, pyxis_options, rank_block
 from nodekit.backends.slurm.shell import quote, word
-from nodekit.launcher.contract import EXIT_PEER_LOST
+from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 
 # docker stop's grace in the task's trap: below Slurm's default KillWait (30 s), after which Slurm SIGKILLs the task
 # (and the trap with it).
@@ -66,16 +66,20 @@ END {
 
 
 def sbatch_lines(job: SlurmJob) -> list[str]:
-    s = job.sbatch
-    opts = [f"--job-name={s.job_name}", f"--nodes={s.nodes}", "--ntasks-per-node=1"]
-    if s.gpus_per_node:
-        opts.append(f"--gpus-per-node={s.gpus_per_node}")
-    opts += [f"--{k}={v}" for k, v in (("partition", s.partition), ("account", s.account), ("time", s.time)) if v]
-    # --no-kill: a node that dies must not make Slurm kill (or requeue) the whole job before the survivors' watchdog
-    # has named it and the script has exited with their verdict.
-    opts += [f"--output={s.output}", "--no-requeue", "--no-kill", *s.extra]
-    # sbatch reads #SBATCH lines without a shell: no quoting there, so a value with spaces stays one option.
-    return [f"#SBATCH {o}" for o in opts]
+    """The ``#SBATCH`` lines, each value quoted for sbatch's own parser, which reads them without a shell
+    (:func:`nodekit.backends.slurm.job.sbatch_value`)."""
+    return [f"#SBATCH {o}" for o in sbatch_options(job.sbatch)]
+
+
+def _secret(job: SlurmJob) -> list[str]:
+    """The job secret in the batch shell's environment, which srun hands to every task: no process ever has it in
+    its arguments (every user of a node can read those), and this script, which holds it, is written 0600."""
+    if not job.job_secret:
+        return []
+    return [
+        "# The job secret, for every task's environment (srun passes it on); never an argument of any process.",
+        f"export {Env.JOB_SECRET}={quote(job.job_secret)}",
+    ]
 
 
 def render(job: SlurmJob) -> str:
@@ -87,6 +91,7 @@ def render(job: SlurmJob) -> str:
         "# Submit it with `sbatch <this file>`; `nodekit slurm --submit` submits it and follows the job.",
         *sbatch_lines(job),
         "set -euo pipefail",
+        *_secret(job),
         "",
         "# Main is the first host of the allocation; the launcher takes its address (not a loopback one).",
         "# (awk reads to the end: an early exit would kill the writer with SIGPIPE, which pipefail reports.)",
@@ -162,8 +167,8 @@ def task_body(job: SlurmJob) -> str:
         'case "$nk_rank" in',
     ]
     groups: dict[str, list[int]] = {}
-    for run in job.nodes:
-        groups.setdefault(rank_block(job, run, "    "), []).append(run.rank)
+    for spec in job.nodes:
+        groups.setdefault(rank_block(job, spec, "    "), []).append(spec.rank)
     for block, ranks in groups.items():
         lines += [f"{'|'.join(str(r) for r in ranks)})", block, "    ;;"]
     lines += [
@@ -227,10 +232,17 @@ def _launch(job: SlurmJob) -> list[str]:
             "nk_pid=$!",
         ]
     return [
-        "# Exactly the container's environment, as Docker would give it; pass_env names from the job's own.",
-        'for nk_v in "${nk_pass[@]}"; do [ -z "${!nk_v+x}" ] || nk_env+=("$nk_v=${!nk_v}"); done',
         *(['nk_env+=("USER=${USER:-$(id -un)}")  # ch-run needs it; --unset-env drops it inside'] if job.mode ==
           "charliecloud" else []),
-        'env -i "${nk_env[@]}" "${nk_run[@]}" &',
+        "# Exactly the container's environment, as Docker would give it: nk_env, and nk_pass's names from the task's",
+        "# own (the job secret, pass_env). Set by the shell's builtins, so no value is an argument of any process.",
+        "nk_exec() {",
+        "    local nk_v nk_keep=()",
+        '    for nk_v in "${nk_pass[@]}"; do [ -z "${!nk_v+x}" ] || nk_keep+=("$nk_v=${!nk_v}"); done',
+        '    for nk_v in $(compgen -e); do unset "$nk_v" 2>/dev/null || true; done',
+        '    export -- "${nk_env[@]}" "${nk_keep[@]}"',
+        '    exec "${nk_run[@]}"',
+        "}",
+        "nk_exec &",
         "nk_pid=$!",
     ]  # fmt: skip

@@ -26,6 +26,7 @@ from nodekit.backends.slurm.render import render
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, UsageError
 from nodekit.job.secret import masked
+from nodekit.launcher.contract import OUTPUT_DIR
 from nodekit.system.files import write_atomic
 from nodekit.system.progress import Reporter
 
@@ -54,9 +55,7 @@ def gather_image(settings: Settings, image: str | None) -> ImageFacts:
 
 def mount_targets(settings: Settings) -> tuple[str, ...]:
     """Where the container mounts things: ch-run binds onto existing directories only, so the SquashFS has them."""
-    from nodekit.job.env import OUTPUT_DIR_IN_CONTAINER
-
-    return tuple(sorted({OUTPUT_DIR_IN_CONTAINER, *(m.container for m in settings.mounts)}))
+    return tuple(sorted({OUTPUT_DIR, *(m.container for m in settings.mounts)}))
 
 
 def image_file(settings: Settings, image_id: str, mode: Mode) -> Path:
@@ -64,7 +63,7 @@ def image_file(settings: Settings, image_id: str, mode: Mode) -> Path:
     serves another image."""
     short = image_id.removeprefix("sha256:")[:16]
     extra = ""
-    if mode == "charliecloud" and mount_targets(settings) != ("/outputs",):
+    if mode == "charliecloud" and mount_targets(settings) != (OUTPUT_DIR,):
         extra = "-" + hashlib.sha256("\n".join(mount_targets(settings)).encode()).hexdigest()[:8]
     suffix = "sqsh" if mode == "charliecloud" else "enroot.sqsh"
     return settings.resolve(settings.slurm.image_dir).absolute() / f"{settings.image_name}-{short}{extra}.{suffix}"

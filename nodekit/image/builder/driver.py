@@ -42,6 +42,7 @@ from nodekit.image.plan import (
     layer_key,
 )
 from nodekit.image.probe import target as probe_target
+from nodekit.launcher.contract import Env
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
 
@@ -123,7 +124,7 @@ def _assemble(
         docker.image_config(base.id),
         docker.image_history(base.id),
         [(r.diff_id, r.created_by) for r in ours],
-        Runtime(env={**IMAGE_ENV, "NODEKIT_FINGERPRINT": plan.fingerprint}, workdir=WORKDIR, entrypoint=ENTRYPOINT,
+        Runtime(env={**IMAGE_ENV, Env.FINGERPRINT: plan.fingerprint}, workdir=WORKDIR, entrypoint=ENTRYPOINT,
                 labels=dict(plan.labels)),
         created=created_at(SOURCE_DATE_EPOCH),
     )  # fmt: skip

@@ -21,9 +21,11 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from nodekit.launcher.contract import Env
+
 SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's IPv4 address
-IFACE_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-RESOLVE_VAR = "NODEKIT_RESOLVE_MAIN"
+IFACE_VARS = (Env.GLOO_SOCKET_IFNAME, Env.NCCL_SOCKET_IFNAME)
+RESOLVE_VAR = Env.RESOLVE_MAIN
 RESOLVE_POLL_S = 1.0
 RESOLVE_REPORT_S = 15.0
 DEFAULT_RDZV_TIMEOUT_S = 180.0
@@ -116,7 +118,7 @@ def _say(line: str) -> None:
 
 def _timeout(env: Mapping[str, str]) -> float:
     try:
-        value = float(env.get("NODEKIT_RDZV_TIMEOUT", "").strip() or DEFAULT_RDZV_TIMEOUT_S)
+        value = float(env.get(Env.RDZV_TIMEOUT, "").strip() or DEFAULT_RDZV_TIMEOUT_S)
     except ValueError:
         return DEFAULT_RDZV_TIMEOUT_S  # parse_env reports the bad value
     return value if value > 0 else DEFAULT_RDZV_TIMEOUT_S
@@ -129,12 +131,12 @@ def resolve(env: Mapping[str, str], *, find: Callable[[str], list[str]] | None =
     value) or MASTER_ADDR is not an IP address. Empty when nothing can be resolved: the libraries then choose.
     ``find`` and ``clock`` (``now``, ``sleep``, ``log`` of :func:`resolve_main`) are for tests."""
     out: dict[str, str] = {}
-    master = env.get("MASTER_ADDR", "").strip()
+    master = env.get(Env.MASTER_ADDR, "").strip()
     if master and not is_address(master) and env.get(RESOLVE_VAR, "").strip() == "1":
         found = resolve_main(master, _timeout(env), find=find or lookup, **clock)
         if found is None:
             return {}
-        out["MASTER_ADDR"] = master = found
+        out[Env.MASTER_ADDR] = master = found
     pinned = next((env[k].strip() for k in IFACE_VARS if env.get(k, "").strip()), None)
     if pinned is not None:
         return out | {k: pinned for k in IFACE_VARS if not env.get(k, "").strip()}

@@ -17,6 +17,7 @@ from typing import Any
 
 import nodekit
 from nodekit.launcher.config import LaunchConfig
+from nodekit.launcher.contract import Env
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None
         hostname=socket.gethostname(),
         address=address,
         fingerprint=cfg.fingerprint,
-        image_id=cfg.image_id or env.get("NODEKIT_IMAGE_ID", ""),
+        image_id=cfg.image_id or env.get(Env.IMAGE_ID, ""),
         python=platform.python_version(),
         torch=str(torch.__version__),
         cuda=cuda,

@@ -1,5 +1,11 @@
 """Gather HostFacts: GPUs, ulimits the Docker daemon can grant, InfiniBand devices, the route to main.
 
+One gatherer for a host's facts, wherever nodekit runs it: :data:`FACTS_SCRIPT` (POSIX sh) prints them as
+``key=value`` lines and :func:`parse_facts` reads them. ``nodekit up`` runs it here (:func:`gather`, through
+``sh``), ``nodekit run`` on each host over SSH (nodekit/backends/fleet/remote.py), so both see a host's GPUs,
+devices and limits the same way. What only this machine's network stack says (the route toward main, Docker's
+bridge) is added here, in Python; the launcher finds the rest on the node at container start.
+
 Also the smaller facts only ``nodekit doctor`` looks at (shared memory, host name, firewall); each returns data.
 """
 
@@ -8,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import resource
+import shlex
 import shutil
 import socket
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -24,12 +31,19 @@ from nodekit.system.host import net
 
 NVIDIA_SMI_S = 20.0
 """nvidia-smi answers in well under a second; a driver that does not in this long has hung."""
+SCRIPT_S = 10.0
+"""The facts script but nvidia-smi: a few file reads."""
 TOOL_S = 3.0
 """ufw and iptables: each call is bounded to this."""
+NVIDIA_FIX = (
+    "check the NVIDIA driver: nvidia-smi must answer at once (a hung one needs the driver reloaded or the host "
+    "rebooted)"
+)
 
 
 class HostFacts(BaseModel):
-    """What this machine offers: gathered here (:func:`gather`) on the node itself, handed to the planners as data."""
+    """What this machine offers: gathered on the node itself (:func:`gather`, or over SSH), handed to the planners as
+    data."""
 
     model_config = FROZEN
 
@@ -38,39 +52,152 @@ class HostFacts(BaseModel):
     # Hard limits in bytes as the Docker daemon will see them; None means unlimited.
     memlock_hard: int | None = None
     stack_hard: int | None = None
+    nofile_hard: int | None = Field(None, description="open files the daemon's containers may have; None: unlimited")
     infiniband: tuple[str, ...] = ()
     iface: str | None = Field(None, description="interface that routes toward main")
     local_addr: str | None = Field(None, description="this node's source address toward main")
     bridge_gateway: str | None = Field(None, description="address of Docker's default bridge (docker0) here")
 
 
+# POSIX sh, run with the user's login here or over SSH: facts as key=value lines. $R is the root the paths are read
+# under ("" on a real host; a directory laid out like one in tests). The engine's limits are read from its own
+# /proc/<pid>/limits where readable (the pidfiles nodekit.launcher.contract lists), else this login's hard limits.
+# GPUs are the driver's list (/proc/driver/nvidia), else what nvidia-smi says within NVIDIA_SMI_S.
+FACTS_SCRIPT = r"""
+gpus=$(for f in "$R"/proc/driver/nvidia/gpus/*/information; do
+  [ -r "$f" ] && sed -n 's/^Model:[[:space:]]*\(.*[^[:space:]]\)[[:space:]]*$/gpu=\1/p' "$f"
+done)
+if [ -n "$gpus" ]; then
+  printf '%s\n' "$gpus"
+elif [ -z "$R" ] && command -v nvidia-smi >/dev/null 2>&1; then
+  t=""; command -v timeout >/dev/null 2>&1 && t="timeout -s KILL $NK_SMI_S"
+  out=$($t nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null); rc=$?
+  case $rc in
+    0) printf '%s\n' "$out" | sed -n 's/^[[:space:]]*\(.*[^[:space:]]\)[[:space:]]*$/gpu=\1/p' ;;
+    124|137) echo "nvidia_smi=hung" ;;
+  esac
+fi
+# The RDMA device nodes a container needs for InfiniBand: verbs, the connection manager, management datagrams.
+for f in "$R"/dev/infiniband/uverbs* "$R"/dev/infiniband/rdma_cm "$R"/dev/infiniband/umad*; do
+  [ -e "$f" ] && echo "ib=${f#"$R"}"
+done
+for p in $PIDFILES; do
+  pid=$(cat "$R$p" 2>/dev/null) || continue
+  grep -E '^Max (locked memory|stack size|open files)' "$R/proc/$pid/limits" 2>/dev/null | sed 's/^/limit=/' && break
+done
+echo "memlock_kb=$(ulimit -H -l)"
+echo "stack_kb=$(ulimit -H -s)"
+echo "nofile=$(ulimit -H -n)"
+echo "host=$(hostname)"
+cat "$R"/proc/net/tcp "$R"/proc/net/tcp6 2>/dev/null | awk '$4 == "0A" {print "listen=" $2}'
+"""
+
+
+def facts_script(paths: Sequence[str] = (), *, root: str = "", nvidia_smi_s: float | None = None) -> str:
+    """:data:`FACTS_SCRIPT` for a host whose files are under ``root`` ("" for a real one), plus a line for each of
+    ``paths`` (the node's mount sources) missing there."""
+    smi = NVIDIA_SMI_S if nvidia_smi_s is None else nvidia_smi_s
+    head = (
+        f"R={shlex.quote(root.rstrip('/'))}\nNK_SMI_S={smi:g}\n"
+        f"PIDFILES={shlex.quote(' '.join(contract.DOCKER_PIDFILES))}\n"
+    )
+    tests = "".join(f'[ -e "$R"{shlex.quote(p)} ] || echo "absent="{shlex.quote(p)}\n' for p in paths)
+    return head + FACTS_SCRIPT + tests
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What a host reported: its facts, its host name and the TCP ports listening there."""
+
+    facts: HostFacts
+    hostname: str = ""
+    listening: frozenset[int] = field(default_factory=frozenset)
+    absent: frozenset[str] = field(default_factory=frozenset)  # of the paths asked about (the job's mounts)
+    nvidia_smi_hung: bool = False
+
+
+def parse_facts(text: str, gpus: int | None = None) -> Gathered:
+    """The facts script's output as data; ``gpus`` (the config's ``[nodes.R] gpus``) wins over the count found."""
+    models: list[str] = []
+    ib: list[str] = []
+    daemon: dict[str, int | None] = {}
+    login: dict[str, int | None] = {}
+    hostname = ""
+    listening: set[int] = set()
+    absent: set[str] = set()
+    hung = False
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        value = value.strip()
+        if key == "gpu" and value:
+            models.append(value)
+        elif key == "nvidia_smi":
+            hung = value == "hung"
+        elif key == "ib":
+            ib.append(value)
+        elif key == "limit":
+            label = next(
+                (k for k in ("Max locked memory", "Max stack size", "Max open files") if value.startswith(k)), ""
+            )
+            if label:
+                hard = value[len(label) :].split()[1]  # "Max locked memory SOFT HARD bytes"
+                daemon[label] = None if hard == "unlimited" else int(hard)
+        elif key in ("memlock_kb", "stack_kb"):
+            login[key] = None if value == "unlimited" or not value.isdigit() else int(value) * 1024
+        elif key == "nofile":
+            login[key] = None if value == "unlimited" or not value.isdigit() else int(value)
+        elif key == "host":
+            hostname = value
+        elif key == "absent":
+            absent.add(line.partition("=")[2])
+        elif key == "listen":
+            port = value.rsplit(":", 1)[-1]
+            if port:
+                listening.add(int(port, 16))
+
+    def limit(label: str, fallback: str) -> int | None:
+        return daemon[label] if label in daemon else login.get(fallback)
+
+    facts = HostFacts(
+        gpu_count=len(models) if gpus is None else gpus,
+        gpu_models=tuple(models) if gpus is None or gpus == len(models) else (),
+        memlock_hard=limit("Max locked memory", "memlock_kb"),
+        stack_hard=limit("Max stack size", "stack_kb"),
+        nofile_hard=limit("Max open files", "nofile"),
+        infiniband=tuple(sorted(ib)),
+    )
+    return Gathered(
+        facts=facts, hostname=hostname, listening=frozenset(listening), absent=frozenset(absent), nvidia_smi_hung=hung
+    )
+
+
+def run_script(root: Path = Path("/")) -> Gathered:
+    """:data:`FACTS_SCRIPT` run here, under ``root``; HostToolHung (one line, exit 2) when nvidia-smi hangs."""
+    local = "" if root == Path("/") else str(root)
+    done = proc.run(
+        ["sh", "-c", facts_script(root=local)],
+        deadline=NVIDIA_SMI_S + SCRIPT_S,
+        what="the host facts script (sh)",
+        fix=NVIDIA_FIX,
+        error=HostToolHung,
+    )
+    got = parse_facts(done.stdout)
+    if got.nvidia_smi_hung:
+        raise proc.hung("nvidia-smi", NVIDIA_SMI_S, NVIDIA_FIX, error=HostToolHung)
+    return got
+
+
 def gather(main_ip: str | None = None, *, root: Path = Path("/")) -> HostFacts:
-    """Everything render needs to know about this host. ``main_ip`` adds the route toward main."""
-    gpus = gpu_models(root)
-    memlock = daemon_hard_limit("Max locked memory", resource.RLIMIT_MEMLOCK, root)
-    stack = daemon_hard_limit("Max stack size", resource.RLIMIT_STACK, root)
+    """Everything planning needs to know about this host: :data:`FACTS_SCRIPT`'s facts, and here the route toward
+    main (with ``main_ip``) and Docker's bridge."""
+    facts = run_script(root).facts
     links = net.links_here() if root == Path("/") else []
     iface = local_addr = None
     if main_ip is not None:
         route = net.route_to(main_ip, links)
         if route is not None:
             iface, local_addr = route.iface, route.src or None
-    return HostFacts(
-        gpu_count=len(gpus),
-        gpu_models=tuple(gpus),
-        memlock_hard=memlock,
-        stack_hard=stack,
-        infiniband=infiniband_devices(root),
-        iface=iface,
-        local_addr=local_addr,
-        bridge_gateway=bridge_gateway(links),
-    )
-
-
-def infiniband_devices(root: Path = Path("/")) -> tuple[str, ...]:
-    """The RDMA device nodes a container needs (uverbs, rdma_cm, umad), sorted; empty without InfiniBand."""
-    ib_dir = root / "dev" / "infiniband"
-    return tuple(sorted(f"/dev/infiniband/{p.name}" for p in ib_dir.iterdir())) if ib_dir.is_dir() else ()
+    return facts.model_copy(update={"iface": iface, "local_addr": local_addr, "bridge_gateway": bridge_gateway(links)})
 
 
 def bridge_gateway(links: list[net.Link], name: str = "docker0") -> str | None:
@@ -81,66 +208,6 @@ def bridge_gateway(links: list[net.Link], name: str = "docker0") -> str | None:
             if ipaddress.ip_address(addr).version == 4:
                 return addr
     return None
-
-
-def gpu_models(root: Path = Path("/")) -> list[str]:
-    """NVIDIA GPUs as the driver lists them (no CUDA, no torch needed); empty on a CPU-only node."""
-    proc_dir = root / "proc" / "driver" / "nvidia" / "gpus"
-    if proc_dir.is_dir():
-        models = []
-        for info in sorted(proc_dir.glob("*/information")):
-            for line in info.read_text().splitlines():
-                if line.startswith("Model:"):
-                    models.append(line.split(":", 1)[1].strip())
-        if models:
-            return models
-    if root == Path("/") and shutil.which("nvidia-smi"):
-        return nvidia_smi_models()
-    return []
-
-
-def nvidia_smi_models() -> list[str]:
-    """The GPUs ``nvidia-smi`` lists (none when it fails); HostToolHung (one line, exit 2) when it hangs."""
-    done = proc.run(
-        ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-        deadline=NVIDIA_SMI_S,
-        what="nvidia-smi",
-        fix="check the NVIDIA driver: nvidia-smi must answer at once (a hung one needs the driver reloaded or the "
-        "host rebooted)",
-        error=HostToolHung,
-    )
-    if done.returncode == 0:
-        return [ln.strip() for ln in done.stdout.splitlines() if ln.strip()]
-    return []
-
-
-def daemon_hard_limit(label: str, which: int, root: Path = Path("/")) -> int | None:
-    """The hard limit the Docker daemon runs with (containers cannot exceed it); None = unlimited.
-
-    Read from the daemon's /proc/<pid>/limits when its pidfile is readable, else this process's own limit,
-    which a daemon started from the same session inherits.
-    """
-    for pidfile in contract.DOCKER_PIDFILES:
-        path = root / pidfile.lstrip("/")
-        try:
-            pid = path.read_text().strip()
-            limits = (root / "proc" / pid / "limits").read_text()
-        except OSError:
-            continue
-        parsed = parse_proc_limit(limits, label)
-        if parsed is not False:
-            return parsed
-    hard = resource.getrlimit(which)[1]
-    return None if hard == resource.RLIM_INFINITY else hard
-
-
-def parse_proc_limit(text: str, label: str) -> int | bool | None:
-    """The hard limit for ``label`` in /proc/PID/limits text: bytes, None (unlimited) or False (absent)."""
-    for line in text.splitlines():
-        if line.startswith(label):
-            hard = line[len(label) :].split()[1]
-            return None if hard == "unlimited" else int(hard)
-    return False
 
 
 def shm_bytes(root: Path = Path("/")) -> int | None:
