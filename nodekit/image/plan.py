@@ -29,7 +29,7 @@ from nodekit.image.fingerprint import (
     sha256_text,
 )
 from nodekit.image.locklayers import CUDA_LIBS_PACKAGE, FRAMEWORK_PACKAGE, LockLayers, split_lock
-from nodekit.launcher.contract import Env, Label
+from nodekit.launcher.contract import WORKDIR, Env, Label
 from nodekit.system.frozen import FROZEN
 
 LABEL_NAME = Label.NAME
@@ -70,7 +70,6 @@ IMAGE_ENV = {
     "NVIDIA_VISIBLE_DEVICES": "all",
     "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
 }
-WORKDIR = "/workspace"
 ENTRYPOINT = ("/opt/venv/bin/python", "-m", "nodekit.launcher")
 
 

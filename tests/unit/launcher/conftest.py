@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from nodekit.config.settings import Settings
-from nodekit.job.env import rank_env
+from nodekit.job.container import MAIN_ADDR, RANK
+from nodekit.job.env import node_env as rendered_env
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.system.host.facts import HostFacts
 
@@ -17,4 +18,7 @@ def node_env(rank: int = 1, **kw: object) -> dict[str, str]:
     base: dict[str, object] = {"name": "demo", "script": "train.py", "nnodes": 2}
     s = Settings(project_dir=Path("/srv/demo"), **(base | kw))  # type: ignore[arg-type]
     launch = launch_spec(s)
-    return rank_env(node_spec(s, launch, rank, "10.0.0.5", CPU), CPU)
+    node = node_spec(s, launch, rank, "10.0.0.5", CPU)
+    holes = {RANK: str(rank), MAIN_ADDR: "10.0.0.5"}
+    return {v.name: holes.get(v.value, v.value) if not isinstance(v.value, str) else v.value
+            for v in rendered_env(node, CPU) if isinstance(v.value, str) or v.value in holes}  # fmt: skip

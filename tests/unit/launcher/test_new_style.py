@@ -18,7 +18,7 @@ CONTRACT_EDIT = (
     '    DISTRIBUTED_LAUNCH = "torch.distributed.launch"',
     '    THROWAWAY = "throwaway"  # a style made by tests/unit/launcher/test_new_style.py',
 )
-MODES_EDIT = ("LaunchMode.DISTRIBUTED_LAUNCH)", "LaunchMode.DISTRIBUTED_LAUNCH, LaunchMode.THROWAWAY)")
+MODES_EDIT = ("LaunchMode.MPIRUN)", "LaunchMode.MPIRUN, LaunchMode.THROWAWAY)")
 PLAN_EDIT = """
 
 def _throwaway(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from nodekit.backends.fleet.doctor import checks_settings
 from nodekit.config.settings import Settings
-from nodekit.job.env import rank_env
+from nodekit.job.container import MAIN_ADDR, RANK
+from nodekit.job.env import node_env
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher.config import LaunchConfig, parse_env
 from nodekit.system.host.facts import HostFacts
@@ -16,7 +17,11 @@ CPU = HostFacts(gpu_count=0, memlock_hard=None, stack_hard=None)
 
 def _launcher_config(s: Settings) -> LaunchConfig:
     launch = launch_spec(s)
-    return parse_env(rank_env(node_spec(s, launch, 1, "10.0.0.5", CPU), CPU))
+    holes = {RANK: "1", MAIN_ADDR: "10.0.0.5"}
+    rendered = node_env(node_spec(s, launch, 1, "10.0.0.5", CPU), CPU)
+    env = {v.name: holes[v.value] if not isinstance(v.value, str) else v.value
+           for v in rendered if isinstance(v.value, str) or v.value in holes}  # fmt: skip
+    return parse_env(env)
 
 
 def test_the_checks_run_stops_after_the_checks_and_never_restarts() -> None:
