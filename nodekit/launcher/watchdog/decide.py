@@ -3,7 +3,10 @@ rounds timed on its own clock), whether to stop its job (:func:`alarm`), how it 
 (:func:`conclude`), and the lines it prints. Observations and times in, decisions out; :mod:`watchdog` runs them.
 
 A node is *lost* when it has not marked itself done and its counter has not moved for the peer timeout, measured
-over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself.
+over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself. A
+node whose store connection ended without a done mark is lost sooner: at once when it closed between calls (its
+launcher's process is gone: a killed container), and once its counter has also stood still for :data:`CONFIRM_S`
+when the end was less clear (a reset, a close mid-frame), since a node beats through that one connection only.
 A node that marked itself done with a non-zero code and not ``stopped`` has *failed*. A node whose torchrun is
 restarting workers (max_restarts) is neither: its launcher, torchrun's agent, keeps beating throughout.
 """
@@ -49,23 +52,32 @@ class Done:
         )
 
 
+CONFIRM_S = 3.0
+"""A node whose store connection ended unclearly is lost once its counter has stood still this long (three beats)."""
+CLOSED, CUT = "closed", "cut"
+
+
 @dataclass(frozen=True)
 class Reading:
-    """One round of store reads: each watched node's counter, and the done and bye marks found."""
+    """One round of store reads: each watched node's counter, the done and bye marks found, and how the store
+    connection of a node ended when it did (:data:`CLOSED` or :data:`CUT`, main's will for it)."""
 
     at: float
     counts: Mapping[int, int]
     done: Mapping[int, Done] = field(default_factory=dict)
     bye: frozenset[int] = frozenset()
+    gone: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Lost:
-    """Node ``rank`` has been silent for ``silent_s``; ``store``: it is main and its store stopped answering."""
+    """Node ``rank`` has been silent for ``silent_s``; ``store``: it is main and its store stopped answering;
+    ``gone``: how its store connection ended (empty: it did not, as far as is known)."""
 
     rank: int
     silent_s: float
     store: bool = False
+    gone: str = ""
 
 
 @dataclass(frozen=True)
@@ -91,14 +103,16 @@ class _Peer:
     moves: tuple[float, ...] = ()  # read times of the last two changes
     done: Done | None = None
     bye: bool = False
+    gone: str = ""
 
 
 class Watch:
     """What node ``rank`` knows of the others, from readings timed on its own clock. Pure: times are arguments."""
 
-    def __init__(self, rank: int, nnodes: int, timeout: float, start: float) -> None:
+    def __init__(self, rank: int, nnodes: int, timeout: float, start: float, confirm_s: float = CONFIRM_S) -> None:
         self.rank = rank
         self.timeout = timeout
+        self.confirm_s = min(confirm_s, timeout)
         self.last_ok = start  # when a round of store calls last completed
         self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
         self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
@@ -118,6 +132,9 @@ class Watch:
         for rank in reading.bye:
             if rank in self.peers:
                 self.peers[rank].bye = True
+        for rank, how in reading.gone.items():
+            if rank in self.peers:
+                self.peers[rank].gone = how
 
     def store_silence(self, now: float) -> float:
         return now - self.last_ok
@@ -135,9 +152,14 @@ class Watch:
                 continue
             if rank == 0 and self.store_silence(now) >= self.timeout:
                 out.append(Lost(0, self.store_silence(now), store=True))
-            elif self.silence(rank) >= self.timeout:
-                out.append(Lost(rank, self.silence(rank)))
+            elif self._lost(rank, peer):
+                out.append(Lost(rank, self.silence(rank), gone=peer.gone))
         return tuple(out)
+
+    def _lost(self, rank: int, peer: _Peer) -> bool:
+        """Silent for the timeout; or its connection closed (it ended); or cut, and silent for ``confirm_s``."""
+        silent = self.silence(rank)
+        return silent >= self.timeout or peer.gone == CLOSED or (bool(peer.gone) and silent >= self.confirm_s)
 
     def failed(self) -> tuple[tuple[int, Done], ...]:
         return tuple((r, p.done) for r, p in sorted(self.peers.items()) if p.done is not None and p.done.failed)
@@ -156,7 +178,8 @@ class Watch:
         if self.rank == 0:
             if self.store_gone:
                 return True  # its own store failing (never seen): nobody can read or write anything anyway
-            return all(peer.bye or self.silence(rank) >= self.timeout for rank, peer in self.peers.items())
+            # A node whose connection ended cannot say bye any more.
+            return all(peer.bye or peer.gone or self.silence(rank) >= self.timeout for rank, peer in self.peers.items())
         if 0 in lost or (self.store_gone and self.peers[0].done is not None):
             return True  # nothing more can be learned without the store
         return all(
@@ -199,10 +222,18 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
 def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> str:
     """``nodekit: node 2 (172.31.250.12, host h2) lost: no heartbeat for 15 s; <then>``"""
     main = [x for x in lost if x.store]
-    silent = [x for x in lost if not x.store]
+    closed = [x for x in lost if not x.store and x.gone]
+    silent = [x for x in lost if not x.store and not x.gone]
     parts = []
     if main:
         parts.append(f"{who([0], names)} lost: main's store unreachable for {main[0].silent_s:.0f} s")
+    if closed:
+        how = (
+            "store connection closed without a done mark (the launcher ended: its container killed or stopped)"
+            if all(x.gone == CLOSED for x in closed)
+            else "store connection broke and the heartbeat stopped"
+        )
+        parts.append(f"{who([x.rank for x in closed], names)} lost: {how}")
     if silent:
         parts.append(
             f"{who([x.rank for x in silent], names)} lost: no heartbeat for {min(x.silent_s for x in silent):.0f} s"

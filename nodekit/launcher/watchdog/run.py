@@ -11,6 +11,9 @@ The channel is preflight's TCPStore, which node 0 keeps hosting for the whole jo
                its own watchdog stopped it (another node was lost or failed), so it is not the cause; ``failure``:
                the worker its torchrun gave up on (rank, exit code or signal), when it named one
     bye/<r>    node r no longer needs the store; node 0 hosts it until every node said bye or went silent
+    gone/<r>   set by main's store when node r's connection ends (its will: ``closed`` or ``cut``); read before
+               the done marks, so a node that ended normally (done, then its connection closed) is never taken
+               for lost
 
 The decisions are pure (:mod:`nodekit.launcher.watchdog.decide`: who is lost or failed, when to stop, how to end, the
 lines). :class:`Watchdog` runs them in two daemon threads: one does the store calls, one judges.
@@ -171,6 +174,9 @@ class Watchdog:
         others = sorted(r for r in range(self.nnodes) if r != me)
         done_sent = False
         try:
+            leave_will = getattr(store, "will", None)  # a worker's connection to main (main's store is local)
+            if leave_will is not None:
+                leave_will(_key("gone", me))
             while not self._quit.is_set():
                 self._wake.clear()  # before reading the flags: a wake-up set after this is not lost
                 with self._lock:
@@ -185,9 +191,10 @@ class Watchdog:
                     store.set(_key("bye", me), "1")
                     break
                 counts = {r: int(store.add(_key("hb", r), 0)) for r in others}
+                gone = {r: store.get(_key("gone", r)).decode() for r in unread if store.check([_key("gone", r)])}
                 done = {r: Done.from_json(store.get(_key("done", r))) for r in unread if store.check([_key("done", r)])}
                 bye = frozenset(r for r in byes if me == 0 and store.check([_key("bye", r)]))
-                reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye)
+                reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye, gone=gone)
                 with self._lock:
                     self.watch.see(reading)
                 self._wake.wait(self.beat_s if own is None else min(self.beat_s, SETTLE_POLL_S))
