@@ -82,6 +82,7 @@ def handled(fn: F) -> F:
         from nodekit.system import proc
 
         try:
+            _check_image(kwargs.get("image"))
             with proc.stopping():
                 return fn(*args, **kwargs)
         except NodekitError as e:
@@ -108,6 +109,19 @@ def handled(fn: F) -> F:
             raise typer.Exit(code) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _check_image(image: object) -> None:
+    """``--image`` (or an IMAGE argument) of any command: refused in one line before anything is planned, written or
+    started when Docker could not take it as a reference (it is copied into compose files, argv and manifests)."""
+    if not isinstance(image, str):
+        return
+    from nodekit.config.inputs import image_ref_problem
+    from nodekit.errors import UsageError
+
+    problem = image_ref_problem(image)
+    if problem is not None:
+        raise UsageError(problem, fix="--image registry.example.com/team/demo:1.0 (or an image id)")
 
 
 # A path that is wrong or not the user's to write: bad input, like a bad setting. Anything else (a full disk, an
