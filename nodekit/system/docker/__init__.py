@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from nodekit.errors import BuildError
 from nodekit.system.docker.calls import ENGINE_FIX, check_engine, client, engine_facts, runtimes
-from nodekit.system.docker.compose import compose_down, compose_logs, compose_ps, compose_stop, compose_up, compose_wait
+from nodekit.system.docker.compose import (
+    compose_down,
+    compose_logs,
+    compose_ps,
+    compose_stop,
+    compose_up,
+    compose_wait,
+    running,
+)
 from nodekit.system.docker.containers import probe_image, run_as_job, run_in_image
 from nodekit.system.docker.images import (
     buildx_build,
@@ -72,6 +80,7 @@ __all__ = [
     "require_image",
     "run_as_job",
     "run_in_image",
+    "running",
     "runtimes",
     "tag_image",
 ]
