@@ -93,7 +93,13 @@ def handled(fn: F) -> F:
         except proc.Interrupted as e:
             from nodekit.cli import ui
 
-            ui.stopped(f"{e.name} received: stopped, and everything it had started was ended")
+            # Every child was sent its signal and waited for; one that outlived even SIGKILL (stuck in the kernel)
+            # is named rather than said to be ended.
+            left = [f"{c.what} (pid {c.pid})" for c in proc.live() if c.poll() is None]
+            if left:
+                ui.stopped(f"{e.name} received: stopped; still ending: {', '.join(left)}")
+            else:
+                ui.stopped(f"{e.name} received: stopped, and everything it had started was ended")
             if e.name == "SIGHUP":
                 ui.detach_from_terminal()
             raise typer.Exit(e.exit_code) from None

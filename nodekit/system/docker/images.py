@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 from nodekit.errors import BuildError, EngineError, ImageError
+from nodekit.system import proc
 from nodekit.system.docker.calls import (
     ENGINE_FIX,
     LASTS_AS_LONG_AS_THE_JOB,
     LOAD_S,
     Engine,
+    docker_argv,
     fails,
     inspect_listed,
     query,
@@ -152,35 +154,30 @@ def buildx_build(
 
     RUN steps get no network at all (``--network=none``): a build that tries to download fails instead of
     silently depending on an index. Raises BuildError, with BuildKit's error line, when the build fails.
+
+    The build is nodekit's own child (nodekit.system.proc), in a process group of its own: a signal to nodekit ends
+    it, and nodekit exits only once it is gone. Before, python-on-whales started it outside that registry, and
+    after Ctrl-C to nodekit alone the build ran on for seconds after nodekit had said everything was ended.
     """
-    e = Engine(deadline=LASTS_AS_LONG_AS_THE_JOB)
-    logs = e.docker.buildx.build(
-        context,
-        file=dockerfile,
-        tags=[tag],
-        build_contexts={k: str(v) for k, v in build_contexts.items()},
-        build_args=dict(build_args),
-        metadata_file=metadata_file,
-        target=target,
-        cache=not no_cache,
-        network="none",
-        provenance=False,
-        progress="plain",
-        load=True,
-        stream_logs=True,
-    )
-    assert isinstance(logs, Iterator)
+    args = ["buildx", "build", "--progress", "plain"]
+    args += [a for k, v in build_args.items() for a in ("--build-arg", f"{k}={v}")]
+    args += [a for k, v in build_contexts.items() for a in ("--build-context", f"{k}={v}")]
+    args += ["--provenance=false", "--load", "--metadata-file", str(metadata_file), "--file", str(dockerfile)]
+    args += ["--network", "none", "--tag", tag, *(["--target", target] if target else [])]
+    args += [*(["--no-cache"] if no_cache else []), str(context)]
+    fix = f"see the build output above; rerun with docker buildx build -f {dockerfile} ... {context}"
+    build = proc.start(docker_argv(None, *args), deadline=LASTS_AS_LONG_AS_THE_JOB, what="docker buildx build",
+                       fix=fix, stdin="devnull", stdout="pipe", stderr="stdout", group=True)  # fmt: skip
     tail: list[str] = []
-
-    def failed(last: str) -> BuildError:
+    try:
+        for line in build.lines():
+            line = line.rstrip("\n")
+            tail = [*tail[-39:], line]
+            yield line
+    finally:
+        if build.poll() is None:  # the consumer stopped reading (an error of its own): the build stops too
+            build.end(proc.signals.GRACE_S)
+    if build.wait() != 0:
         errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
-        return BuildError(
-            f"image build failed: {errors[-1].strip() if errors else last}",
-            fix=f"see the build output above; rerun with docker buildx build -f {dockerfile} ... {context}",
-        )
-
-    with e.calling("docker buildx build", failed):
-        for chunk in logs:
-            for line in chunk.splitlines():
-                tail = [*tail[-39:], line]
-                yield line
+        last = errors[-1].strip() if errors else (tail[-1].strip() if tail else "no output")
+        raise BuildError(f"image build failed: {last}", fix=fix)
