@@ -7,8 +7,10 @@ over successful reads; a worker that cannot complete a store call for that long 
 node whose store connection ended without a done mark is lost sooner: at once when it closed between calls (its
 launcher's process is gone: a killed container), and once its counter has also stood still for :data:`CONFIRM_S`
 when the end was less clear (a reset, a close mid-frame), since a node beats through that one connection only.
-A node that marked itself done with a non-zero code and not ``stopped`` has *failed*. A node whose torchrun is
-restarting workers (max_restarts) is neither: its launcher, torchrun's agent, keeps beating throughout.
+A node that marked itself done with a non-zero code and not ``stopped`` has *failed*, unless a signal from outside
+stopped it (``docker stop``, ``docker kill -s HUP|INT|TERM``, an administrator): then it was *stopped by that
+signal*, which the others name as such, before any failure its stop caused (theirs included). A node whose torchrun
+is restarting workers (max_restarts) is none of these: its launcher, torchrun's agent, keeps beating throughout.
 """
 
 from __future__ import annotations
@@ -19,7 +21,14 @@ from dataclasses import dataclass, field
 
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
 from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
-from nodekit.launcher.watchdog.failure import WorkerFailure, failed_line, first_failed, node_failed, who
+from nodekit.launcher.watchdog.failure import (
+    WorkerFailure,
+    failed_line,
+    first_failed,
+    node_failed,
+    signal_name,
+    who,
+)
 
 
 @dataclass(frozen=True)
@@ -29,16 +38,19 @@ class Done:
     code: int
     stopped: bool = False
     failure: WorkerFailure | None = None  # the worker torchrun gave up on, when it named one
+    signal: int = 0  # the signal from outside that stopped it (its code is then 128 + it); 0: none
 
     @property
     def failed(self) -> bool:
-        """It failed on its own: a non-zero code that its watchdog did not cause."""
-        return self.code != 0 and not self.stopped
+        """It failed on its own: a non-zero code that neither its watchdog nor a signal from outside caused."""
+        return self.code != 0 and not self.stopped and not self.signal
 
     def to_json(self) -> str:
         data: dict[str, object] = {"code": self.code, "stopped": self.stopped}
         if self.failure is not None:
             data["failure"] = self.failure.to_json_dict()
+        if self.signal:
+            data["signal"] = self.signal
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -49,6 +61,7 @@ class Done:
             code=int(data["code"]),
             stopped=bool(data.get("stopped", False)),
             failure=WorkerFailure.from_json_dict(failure) if isinstance(failure, dict) else None,
+            signal=int(data.get("signal", 0)),
         )
 
 
@@ -82,10 +95,11 @@ class Lost:
 
 @dataclass(frozen=True)
 class Alarm:
-    """Why a node stops its own job: nodes lost, else nodes that failed."""
+    """Why a node stops its own job: nodes lost, else nodes a signal stopped, else nodes that failed."""
 
     lost: tuple[Lost, ...] = ()
     failed: tuple[tuple[int, Done], ...] = ()
+    signalled: tuple[tuple[int, Done], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -164,6 +178,10 @@ class Watch:
     def failed(self) -> tuple[tuple[int, Done], ...]:
         return tuple((r, p.done) for r, p in sorted(self.peers.items()) if p.done is not None and p.done.failed)
 
+    def signalled(self) -> tuple[tuple[int, Done], ...]:
+        """The nodes a signal from outside stopped."""
+        return tuple((r, p.done) for r, p in sorted(self.peers.items()) if p.done is not None and p.done.signal)
+
     def alive_since(self, rank: int, since: float) -> bool:
         """``rank`` beat after ``since``: two changes read after it (the first can be a beat sent before)."""
         moves = self.peers[rank].moves
@@ -188,9 +206,9 @@ class Watch:
 
 
 def alarm(watch: Watch, now: float) -> Alarm | None:
-    """While this node's torchrun runs: stop it when another node is lost or has failed, else None."""
-    lost, failed = watch.lost(now), watch.failed()
-    return Alarm(lost=lost, failed=failed) if lost or failed else None
+    """While this node's torchrun runs: stop it when another node is lost, was stopped or has failed, else None."""
+    lost, failed, signalled = watch.lost(now), watch.failed(), watch.signalled()
+    return Alarm(lost=lost, failed=failed, signalled=signalled) if lost or failed or signalled else None
 
 
 def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str]) -> Ending:
@@ -203,9 +221,14 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
     19 when that first failure was another node's, else with its own code.
     """
     lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
+    if own.signal:  # this node was stopped from outside: its own line was printed when the signal came
+        return Ending(own.code)
     if raised is not None:
         code = EXIT_OK if own.code == 0 else EXIT_PEER_LOST
         return Ending(code, lost_line(lost, names, f"this node had stopped (exit {code})") if lost else None)
+    stopped = watch.signalled()
+    if not lost and stopped and own.code != 0:
+        return Ending(EXIT_PEER_LOST, stopped_line(stopped, names, f"this node exits {EXIT_PEER_LOST}"))
     if not lost:
         peers = watch.failed()
         if own.code == 0 or (own.failure is None and not peers):
@@ -241,10 +264,21 @@ def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> st
     return f"nodekit: {'; '.join(parts)}; {then}"
 
 
+SIGNAL_FROM = "a signal to its container: docker stop, docker kill or an administrator"
+
+
+def stopped_line(stopped: tuple[tuple[int, Done], ...], names: Mapping[int, str], then: str) -> str:
+    """``nodekit: node 1 (10.0.0.6, host b) was stopped by SIGHUP (a signal to its container: ...); <then>``"""
+    parts = [f"{who([r], names)} was stopped by {signal_name(d.signal)}" for r, d in stopped]
+    return f"nodekit: {'; '.join(parts)} ({SIGNAL_FROM}); {then}"
+
+
 def alarm_line(found: Alarm, names: Mapping[int, str]) -> str:
     """The one line a node prints when its watchdog stops it."""
     if found.lost:
         return lost_line(found.lost, names, "stopping this node")
+    if found.signalled:
+        return stopped_line(found.signalled, names, "stopping this node")
     if len(found.failed) == 1:
         rank, done = found.failed[0]
         return f"nodekit: {node_failed(rank, done.code, done.failure, names)}; stopping this node"

@@ -117,6 +117,7 @@ class Watchdog:
         self._alarm: Alarm | None = None
         self._alarm_at = 0.0
         self._own: Done | None = None
+        self._outside = 0  # a signal from outside that is stopping this node (set from a signal handler)
         self._leaving = False
         self.broken: str | None = None  # the store error that ended the I/O thread
         self._threads = [
@@ -135,14 +136,25 @@ class Watchdog:
         for t in self._threads:
             t.start()
 
-    def finish(self, code: int, failure: WorkerFailure | None = None) -> Ending:
-        """This node's torchrun returned ``code`` (``failure``: the worker it gave up on): publish it, wait until the
-        other nodes are settled (not at all for a worker that succeeded), say bye, print the ending's line if any and
-        return the ending."""
+    def stopping(self, signum: int) -> None:
+        """A signal from outside is stopping this node (torchrun is ending its workers): publish its done mark now,
+        as it will be (128 + the signal), so that the others name this stop before they take the failures it
+        causes in their own workers for a crash. Safe in a signal handler: it sets a number and wakes the I/O
+        thread."""
+        if not self._outside and self._alarm is None:
+            self._outside = signum
+            self._wake.set()
+
+    def finish(self, code: int, failure: WorkerFailure | None = None, *, signal: int = 0) -> Ending:
+        """This node's torchrun returned ``code`` (``failure``: the worker it gave up on; ``signal``: the signal from
+        outside that stopped it): publish it, wait until the other nodes are settled (not at all for a worker that
+        succeeded), say bye, print the ending's line if any and return the ending."""
         since = self.clock.now()
         with self._lock:
             raised = self._alarm
-            own = Done(code, stopped=raised is not None, failure=failure if raised is None else None)
+            signal = signal if raised is None else 0
+            stopped = raised is not None
+            own = Done(code, stopped=stopped, failure=failure if raised is None else None, signal=signal)
             self._own = own
         self._wake.set()
         margin = HOST_MARGIN_S if self.rank == 0 else WORKER_MARGIN_S
@@ -172,7 +184,7 @@ class Watchdog:
     def _io(self) -> None:
         store, me = self.store, self.rank
         others = sorted(r for r in range(self.nnodes) if r != me)
-        done_sent = False
+        sent: Done | None = None
         try:
             leave_will = getattr(store, "will", None)  # a worker's connection to main (main's store is local)
             if leave_will is not None:
@@ -181,11 +193,13 @@ class Watchdog:
                 self._wake.clear()  # before reading the flags: a wake-up set after this is not lost
                 with self._lock:
                     own, leaving = self._own, self._leaving
+                    if own is None and self._outside:
+                        own = Done(128 + self._outside, signal=self._outside)
                     unread = [r for r in others if self.watch.peers[r].done is None]
                     byes = [r for r in others if self.watch.peers[r].done is not None and not self.watch.peers[r].bye]
-                if own is not None and not done_sent:
+                if own is not None and own != sent:
                     store.set(_key("done", me), own.to_json())
-                    done_sent = True
+                    sent = own
                 store.add(_key("hb", me), 1)
                 if leaving:
                     store.set(_key("bye", me), "1")
