@@ -14,9 +14,9 @@ import pytest
 from nodekit.system import docker, proc
 
 FAKE_DOCKER = """#!/bin/sh
+trap 'trap "" TERM INT; sleep 1; echo ended > {ended}; exit 143' TERM INT
 echo $$ > {pidfile}
 echo "#1 [internal] load build definition"
-trap 'trap "" TERM INT; sleep 1; echo ended > {ended}; exit 143' TERM INT
 sleep 30 &
 wait
 """
