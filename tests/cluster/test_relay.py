@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -351,15 +352,8 @@ def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expire
     expiry-time has passed, even while its line is still there (a push whose head died)."""
     h0, h1, h2 = fleet.cluster.hosts
     life = 12
-    setup = subprocess.Popen(h0.argv(sys.executable, "-c", ACCESS_SCRIPT, str(life), fleet.url(h1), fleet.url(h2)),
-                             env=h0.env(push_env(fleet)), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert setup.stdout is not None and setup.stdin is not None
-        first = setup.stdout.readline()
-        assert first, setup.communicate(timeout=30)
+    with chain_access(fleet, life) as dirs:
         opened = time.time()
-        dirs = {name: d for name, (d, _) in json.loads(first).items()}
         key = Path(dirs["h1"]) / "key"  # made on h1 (the hosts share this machine's /tmp)
         [line] = nodekit_lines(h2)
         assert nodekit_lines(h1) == []
@@ -379,18 +373,10 @@ def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expire
         name = base64.b64encode(b"h2").decode()
         assert f"nodekit-relay load {name} " in ran.stderr, ran.stderr
         assert nodekit_lines(h2) == [], "the relay step left its line behind"
-        # As after a head that died and a step that never ran: the line still there, past its expiry.
-        keys = h2.home / ".ssh" / "authorized_keys"
-        keys.write_text(keys.read_text() + line + "\n")
+        put_back(h2, line)  # as after a step SIGKILLed before its exit trap: the line still there, past its expiry
         time.sleep(max(0.0, expires + 2 - time.time()))
         late = login(h1)
         assert late.returncode == 255 and "Permission denied" in late.stderr, late.stderr
-        out, err = setup.communicate("", timeout=60)
-        assert "closed" in out, out + err
-    finally:
-        if setup.poll() is None:
-            setup.kill()
-            setup.wait()
     assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
     assert not any(Path(d).exists() for d in dirs.values())
 
@@ -442,6 +428,33 @@ def test_a_killed_push_leaves_no_line_the_relay_steps_remove_their_own(fleet: Fl
     assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
 
 
+@contextlib.contextmanager
+def chain_access(fleet: Fleet, life: int) -> Iterator[dict[str, str]]:
+    """nodekit's own setup of the chain h1 -> h2 (ACCESS_SCRIPT, from the head), each node's relay directory by
+    name; closed (and checked closed) when the block ends."""
+    h0, h1, h2 = fleet.cluster.hosts
+    setup = subprocess.Popen(h0.argv(sys.executable, "-c", ACCESS_SCRIPT, str(life), fleet.url(h1), fleet.url(h2)),
+                             env=h0.env(push_env(fleet)), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert setup.stdout is not None and setup.stdin is not None
+        first = setup.stdout.readline()
+        assert first, setup.communicate(timeout=30)
+        yield {name: d for name, (d, _) in json.loads(first).items()}
+        out, err = setup.communicate("", timeout=60)
+        assert "closed" in out, out + err
+    finally:
+        if setup.poll() is None:
+            setup.kill()
+            setup.wait()
+
+
+def put_back(host: Host, line: str) -> None:
+    """``line`` into the login user's authorized_keys on ``host`` again."""
+    keys = host.home / ".ssh" / "authorized_keys"
+    keys.write_text(keys.read_text() + line + "\n")
+
+
 def hop_login(frm: Host, to: Host, key: Path, command: str = "true") -> subprocess.CompletedProcess[str]:
     """ssh from ``frm`` to ``to`` with ``key`` alone, as a relay hop would (or root on ``frm`` holding it)."""
     return frm.run("ssh", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
@@ -457,41 +470,29 @@ def test_another_local_user_cannot_make_a_hop_key_run_their_file(fleet: Fleet) -
     unprivileged user on h2 made the directory again with a relay of their own, which the next login with h1's hop
     key ran as root. Now the step removes its line first (the login is refused), and a line that does stay (a step
     SIGKILLed, a head that died) runs nothing from a directory that is not the login user's own, mode 0700."""
-    h0, h1, h2 = fleet.cluster.hosts
+    _, h1, h2 = fleet.cluster.hosts
     marker = Path(f"/tmp/nodekit-takeover-{os.getpid()}")  # what the planted relay writes: the uid it ran as
     marker.unlink(missing_ok=True)
-    setup = subprocess.Popen(h0.argv(sys.executable, "-c", ACCESS_SCRIPT, "300", fleet.url(h1), fleet.url(h2)),
-                             env=h0.env(push_env(fleet)), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    planted = None
+    planted: Path | None = None
     try:
-        assert setup.stdout is not None and setup.stdin is not None
-        first = setup.stdout.readline()
-        assert first, setup.communicate(timeout=30)
-        dirs = {name: d for name, (d, _) in json.loads(first).items()}
-        key = Path(dirs["h1"]) / "key"
-        [line] = nodekit_lines(h2)
-        ran = hop_login(h1, h2, key)  # the chain's one hop: h2's relay step runs, with nothing to load, and ends
-        assert "nodekit-relay load" in ran.stderr, ran.stderr
-        assert not Path(dirs["h2"]).exists()
-        planted = Path(dirs["h2"])
-        plant = f'mkdir -m 700 {planted} && printf "id -u > {marker}\\n" > {planted}/relay'
-        made = h2.run(*NOBODY, "sh", "-c", plant)
-        assert made.returncode == 0, made.stderr
-        again = hop_login(h1, h2, key)
-        assert not marker.exists(), f"the hop key ran another user's file, as uid {marker.read_text().strip()}"
-        assert again.returncode == 255 and "Permission denied" in again.stderr, again.stderr
-        keys = h2.home / ".ssh" / "authorized_keys"
-        keys.write_text(keys.read_text() + line + "\n")  # as a step SIGKILLed before its exit trap leaves it
-        kept = hop_login(h1, h2, key)
-        assert not marker.exists(), f"the hop key ran another user's file, as uid {marker.read_text().strip()}"
-        assert kept.returncode == 126 and "is not a mode 0700 directory of this user" in kept.stderr, kept.stderr
-        out, err = setup.communicate("", timeout=60)
-        assert "closed" in out, out + err
+        with chain_access(fleet, 300) as dirs:
+            key = Path(dirs["h1"]) / "key"
+            [line] = nodekit_lines(h2)
+            ran = hop_login(h1, h2, key)  # the chain's one hop: h2's relay step runs, with nothing to load, and ends
+            assert "nodekit-relay load" in ran.stderr, ran.stderr
+            planted = Path(dirs["h2"])
+            assert not planted.exists()
+            plant = f'mkdir -m 700 {planted} && printf "id -u > {marker}\\n" > {planted}/relay'
+            made = h2.run(*NOBODY, "sh", "-c", plant)
+            assert made.returncode == 0, made.stderr
+            again = hop_login(h1, h2, key)
+            assert not marker.exists(), f"the hop key ran another user's file, as uid {marker.read_text().strip()}"
+            assert again.returncode == 255 and "Permission denied" in again.stderr, again.stderr
+            put_back(h2, line)  # as a step SIGKILLed before its exit trap leaves it
+            kept = hop_login(h1, h2, key)
+            assert not marker.exists(), f"the hop key ran another user's file, as uid {marker.read_text().strip()}"
+            assert kept.returncode == 126 and "is not a mode 0700 directory of this user" in kept.stderr, kept.stderr
     finally:
-        if setup.poll() is None:
-            setup.kill()
-            setup.wait()
         if planted is not None:
             shutil.rmtree(planted, ignore_errors=True)
         marker.unlink(missing_ok=True)
