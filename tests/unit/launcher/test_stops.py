@@ -94,3 +94,4 @@ def test_a_stop_is_published_the_moment_it_comes_and_the_others_stop_naming_it()
         "nodekit: node 1 (10.0.0.6, host b) was stopped by SIGHUP (a signal to its container: docker stop, docker "
         "kill or an administrator); stopping this node"
     ]
+
