@@ -193,7 +193,7 @@ def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0)
             for s in STOP_SIGNALS:
                 signal.signal(s, _after)
         code = EXIT_OK
-    except BaseException as e:  # ChildFailedError, SignalException: exit 1 with a traceback, as torchrun's script
+    except BaseException as e:  # a stop from outside; SystemExit; else (ChildFailedError) exit 1 with a traceback
         outside = outside_signal(e) if dog.alarm is None else None
         if outside is not None:
             code = 128 + outside
