@@ -118,6 +118,7 @@ def handled(fn: F) -> F:
         from nodekit.system import proc
 
         try:
+            _check_image(kwargs.get("image"))
             with proc.stopping():
                 return fn(*args, **kwargs)
         except NodekitError as e:
@@ -128,7 +129,13 @@ def handled(fn: F) -> F:
         except proc.Interrupted as e:
             from nodekit.cli import ui
 
-            ui.stopped(f"{e.name} received: stopped, and everything it had started was ended")
+            # Every child was sent its signal and waited for; one that outlived even SIGKILL (stuck in the kernel)
+            # is named rather than said to be ended.
+            left = [f"{c.what} (pid {c.pid})" for c in proc.live() if c.poll() is None]
+            if left:
+                ui.stopped(f"{e.name} received: stopped; still ending: {', '.join(left)}")
+            else:
+                ui.stopped(f"{e.name} received: stopped, and everything it had started was ended")
             if e.name == "SIGHUP":
                 ui.detach_from_terminal()
             raise typer.Exit(e.exit_code) from None
@@ -144,6 +151,19 @@ def handled(fn: F) -> F:
             raise typer.Exit(code) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _check_image(image: object) -> None:
+    """``--image`` (or an IMAGE argument) of any command: refused in one line before anything is planned, written or
+    started when Docker could not take it as a reference (it is copied into compose files, argv and manifests)."""
+    if not isinstance(image, str):
+        return
+    from nodekit.config.inputs import image_ref_problem
+    from nodekit.errors import UsageError
+
+    problem = image_ref_problem(image)
+    if problem is not None:
+        raise UsageError(problem, fix="--image registry.example.com/team/demo:1.0 (or an image id)")
 
 
 # A path that is wrong or not the user's to write: bad input, like a bad setting. Anything else (a full disk, an

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
 from nodekit.config import keys
 from nodekit.errors import ConfigError
+from nodekit.system.files import NotReadable, read_bounded
 
 CONFIG_FILE = "nodekit.toml"
 STATE_DIR = ".nodekit"
@@ -30,24 +31,39 @@ def config_path(explicit: Path | None, environ: Mapping[str, str]) -> Path:
     return Path(CONFIG_FILE)
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """The file's tables; a ConfigError naming the file when it cannot be read, is not UTF-8 or not TOML."""
+def read_text(path: Path, what: str, fix: str) -> str:
+    """The UTF-8 text of the small regular file ``path`` (``what`` names it in messages: "hostfile /p/hosts"), or
+    one ConfigError: it cannot be read (``fix`` goes with that), is not a regular file (a directory, a FIFO, a
+    device: never read, so nothing hangs), is larger than :data:`~nodekit.system.files.READ_CAP`, or is not UTF-8
+    (the byte and its line named)."""
     try:
-        raw = path.read_bytes()
+        raw = read_bounded(path)
+    except NotReadable as e:
+        raise ConfigError(f"{what} {e}", fix=fix) from None
     except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}", fix=f"check {path} and its permissions") from None
+        raise ConfigError(f"cannot read {what}: {e.strerror}", fix=fix) from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
         raise ConfigError(
-            f"{path} is not UTF-8 (byte {raw[e.start]:#04x} on line {line})",
-            fix=f"save {path.name} as UTF-8 (TOML files must be)",
+            f"{what} is not UTF-8 (byte {raw[e.start]:#04x} on line {line})",
+            fix=f"save {path.name} as UTF-8",
         ) from None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """The file's tables; a ConfigError naming the file when it cannot be read, is not a regular file, not UTF-8,
+    not TOML, or nests deeper than the parser can go."""
+    text = read_text(path, str(path), f"make {path} a regular UTF-8 file you can read (nodekit init writes one)")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML: {e}", fix=f"edit {path}") from None
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(
+            f"{path} nests arrays or tables deeper than nodekit reads (hundreds of levels)", fix=f"edit {path}"
+        ) from None
 
 
 class TomlSource(PydanticBaseSettingsSource):
@@ -56,8 +72,8 @@ class TomlSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], path: Path | None) -> None:
         super().__init__(settings_cls)
         self._data: dict[str, Any] = {}
-        if path is not None and path.is_file():
-            self._data = read_toml(path)
+        if path is not None and (path.exists() or path.is_symlink()):
+            self._data = read_toml(path)  # a directory, FIFO or dangling link there is refused, never skipped
 
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return self._data.get(field_name), field_name, False
@@ -144,7 +160,19 @@ def _line_in(path: Path, loc: Sequence[int | str]) -> int | None:
 def check_paths(project: Path, compose_dir: Path, output_dir: Path) -> None:
     """A ConfigError when something other than a directory stands where nodekit keeps a directory: ``.nodekit``,
     ``compose_dir``, ``output_dir`` or one of their parents. Read-only: whether a directory is writable shows when
-    nodekit writes (an OSError the CLI reports in one line), since commands that only read must still work."""
+    nodekit writes (an OSError the CLI reports in one line), since commands that only read must still work. Also
+    refused: an ``output_dir`` that is the project directory or above it (``""``, ``.``, ``..``, ``/``), which the
+    job would get read-write at /outputs, the project's code, its job secret and more with it."""
+    try:
+        above = project.resolve().is_relative_to(output_dir.resolve())
+    except OSError:
+        above = False
+    if above:
+        raise ConfigError(
+            f"output_dir {output_dir} is the project directory or one above it: the job would get it read-write "
+            "at /outputs",
+            fix='output_dir = "outputs" (a directory of its own)',
+        )
     for key, path in ((STATE_DIR, project / STATE_DIR), ("compose_dir", compose_dir), ("output_dir", output_dir)):
         here = path
         try:

@@ -26,6 +26,7 @@ import unicodedata
 from collections.abc import Iterator
 from pathlib import PurePath
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
@@ -159,6 +160,54 @@ def hostname_problem(host: str) -> str | None:
     if 0 < len(name) <= 253 and all(_LABEL.match(label) for label in name.split(".")):
         return None
     return f"{host!r} is neither an IP address nor a host name (letters, digits, '-', '_' and '.')"
+
+
+# Docker's image reference grammar (distribution/reference, regexp.go): [domain[:port]/]path[:tag][@digest], the
+# path's components lowercase, joined by ".", "_", "__" or dashes; the tag word characters, "." and "-".
+_DOMAIN_PART = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_PART}(?:\.{_DOMAIN_PART})*|\[[0-9A-Fa-f:]+\])(?::[0-9]+)?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REFERENCE = re.compile(
+    rf"(?P<name>(?:{_DOMAIN}/)?{_PATH_PART}(?:/{_PATH_PART})*)(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?"
+)
+
+
+def image_ref_problem(ref: str) -> str | None:
+    """An image reference Docker and Kubernetes accept (``registry:5000/team/demo:tag``, ``demo@sha256:...``, an
+    image id), or why not: a space, an upper-case path, ``::``, a second tag. Checked before anything is written,
+    since a reference is copied into compose files, argv and manifests, where a space would split it."""
+    m = _REFERENCE.fullmatch(ref)
+    if m is None or len(m.group("name")) > 255:
+        return (
+            f"{ref[:60]!r} is not an image reference (registry/name:tag: lowercase name parts, no spaces, at most "
+            "one tag)"
+        )
+    return None
+
+
+DOCKER_SCHEMES = ("unix", "tcp", "ssh")
+
+
+def docker_host_problem(url: str) -> str | None:
+    """A Docker endpoint as DOCKER_HOST takes it: ``unix:///path``, ``tcp://host:port`` or ``ssh://[user@]host``
+    with a plain host, or why not."""
+    bad = text_problem(url)
+    if bad is not None or any(c.isspace() for c in url):
+        return f"{url[:60]!r} is not a Docker endpoint ({bad or 'it has spaces'})"
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises ValueError on a bad port)
+    except ValueError as e:
+        return f"{url[:60]!r} is not a Docker endpoint URL ({e})"
+    if parts.scheme not in DOCKER_SCHEMES:
+        return f"{url[:60]!r} is not a Docker endpoint (unix:///var/run/docker.sock, tcp://host:2376, ssh://me@host)"
+    if parts.scheme == "unix":
+        ok = not parts.netloc and parts.path.startswith("/")
+    else:
+        host = parts.hostname or ""
+        ok = bool(host) and hostname_problem(host) is None and parts.username != ""
+    return None if ok else f"{url[:60]!r} is not a Docker endpoint (a plain host name or socket path)"
 
 
 def same_host_key(host: str) -> str:

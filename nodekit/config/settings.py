@@ -169,6 +169,12 @@ class Settings(BaseSettings):
             )
         return v
 
+    @field_validator("base_image")
+    @classmethod
+    def _base_image(cls, v: str) -> str:
+        checked(v, inputs.image_ref_problem, 'base_image = "nvcr.io/nvidia/pytorch:24.05-py3" (pin it by digest)')
+        return v
+
     @field_validator("python_version", "wheel_platform")
     @classmethod
     def _target(cls, v: str | None, info: ValidationInfo) -> str | None:
@@ -387,6 +393,11 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
         ) from None
     except ValidationError as e:
         raise config_file.refusal(e, path, Settings, lambda top: _source(top, given)) from None
+    except RecursionError:  # the file's own depth is read_toml's refusal; this is json.loads on a NODEKIT_* value
+        raise ConfigError(
+            "a NODEKIT_* value nests lists or tables deeper than nodekit reads (hundreds of levels)",
+            fix="write that NODEKIT_* value as flat JSON, or unset it",
+        ) from None
     finally:
         config_file.current.reset(token)
     config_file.check_paths(

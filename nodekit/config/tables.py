@@ -9,7 +9,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from nodekit.config.inputs import MAX_PROCS, iface_problem, ip_problem, path_problem, target_problem
+from nodekit.config.inputs import (
+    MAX_PROCS,
+    docker_host_problem,
+    iface_problem,
+    image_ref_problem,
+    ip_problem,
+    path_problem,
+    target_problem,
+)
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 
 
@@ -142,6 +150,18 @@ class SlurmSettings(BaseModel):
     )
     docker_host: str | None = Field(None, description="docker: the nodes' engine (default: each node's own default)")
 
+    @field_validator("docker_host")
+    @classmethod
+    def _docker_host(cls, v: str | None) -> str | None:
+        return checked(v, docker_host_problem, 'docker_host = "unix:///var/run/docker.sock" (or tcp://host:2376)')
+
+    @field_validator("push_to")
+    @classmethod
+    def _push_to(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for url in v:
+            checked(url, docker_host_problem, 'push_to = ["ssh://me@node1", "ssh://me@node2"]')
+        return v
+
 
 class K8sSettings(BaseModel):
     """``[k8s]``: what ``nodekit k8s`` needs beyond the job itself (nodekit/backends/k8s/render.py); names are checked
@@ -157,6 +177,12 @@ class K8sSettings(BaseModel):
         "(default: the last image built here, which only nodes that have it preloaded can run)",
     )
     image_pull_secret: str | None = Field(None, description="Secret with the registry's credentials")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return checked(v, image_ref_problem, 'image = "registry.example.com/team/demo:1.0"')
+
     gpus: int | None = Field(
         None, ge=0, le=64, description="nvidia.com/gpu per pod (default: [nodes.R] gpus when every node agrees, else 0)"
     )

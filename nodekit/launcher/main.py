@@ -53,6 +53,16 @@ from nodekit.launcher.preflight.exchange import (
 )
 from nodekit.launcher.preflight.stack import gather
 from nodekit.launcher.preflight.verdict import Verdict, render
+from nodekit.launcher.stops import (
+    SIGNAL_FROM,
+    STOP_SIGNALS,
+    Stopped,
+    on_stop,
+    outside_signal,
+    say_stopped,
+    signal_name,
+    tell_watchdog,
+)
 from nodekit.launcher.watchdog.failure import worker_failure
 from nodekit.launcher.watchdog.run import Watchdog, node_names
 
@@ -60,20 +70,6 @@ from nodekit.launcher.watchdog.run import Watchdog, node_names
 def _err(line: str) -> None:
     sys.stdout.flush()
     print(f"nodekit: error: {line}", file=sys.stderr, flush=True)
-
-
-class _Terminated(SystemExit):
-    """SIGTERM before workers exist. A SystemExit, so that if it lands inside torchrun's start-up (before torchrun
-    installs its own handlers) the process still exits quietly with 143."""
-
-    def __init__(self) -> None:
-        super().__init__(EXIT_TERMINATED)
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    # As PID 1 in a container a signal without a handler is ignored, so `docker compose down` during preflight
-    # would wait out the grace period and then SIGKILL. exec resets this handler; torchrun installs its own.
-    raise _Terminated
 
 
 def _torchrun() -> str:
@@ -161,6 +157,23 @@ def _distinct_node(node_rank: int) -> None:
         pass
 
 
+def _torchrun_alone(argv: Sequence[str], max_restarts: int, log: Path) -> int:
+    """:func:`_torchrun_in_process` without a watchdog (one node, or peer_timeout = 0): a stop from outside is
+    still a stop, exit 128 + the signal with one line, not a crash with torchrun's traceback; a failure is one line
+    here and its traceback in the run log."""
+    try:
+        return _torchrun_in_process(argv)
+    except BaseException as e:
+        signum = outside_signal(e)
+        if signum is not None:
+            say_stopped(signum, 128 + signum)
+            return 128 + signum
+        if not isinstance(e, Exception):
+            raise
+        _err(runlog.torchrun_failed(e, log, worker_failed=worker_failure(e, max_restarts) is not None))
+        return 1
+
+
 def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path | None = None) -> int:
     """:func:`_torchrun_in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
     stopped it, or found after torchrun failed that a node was lost (then 19) or failed first (19 too).
@@ -175,22 +188,29 @@ def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0,
         # torchrun leaves its handler installed, which would raise its SignalException anywhere below. The
         # watchdog's own signal can land after torchrun returned: it was already acted on.
         if dog.alarm is None:
-            raise _Terminated
+            raise Stopped(signum)
 
+    tell_watchdog(dog)
     dog.start()
     error: BaseException | None = None
+    outside: int | None = None
     try:
         try:
             _torchrun_in_process(argv)
         finally:
-            signal.signal(signal.SIGTERM, _after)
+            for s in STOP_SIGNALS:
+                signal.signal(s, _after)
         code = EXIT_OK
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else 1)
-    except KeyboardInterrupt:
-        code = 130
-    except BaseException as e:  # ChildFailedError, SignalException: exit 1 with a traceback, as torchrun's script
-        code, error = 1, e
+    except BaseException as e:  # a stop from outside; SystemExit; else (ChildFailedError) exit 1, said in one line
+        outside = outside_signal(e) if dog.alarm is None else None
+        if outside is not None:
+            code = 128 + outside
+        elif isinstance(e, SystemExit):
+            code = e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else 1)
+        else:
+            code, error = 1, e
+    if outside is not None:  # a stop, not a crash: no traceback; torchrun already ended the workers with it
+        say_stopped(outside, code)
     failure = worker_failure(error, max_restarts) if error is not None and dog.alarm is None else None
     if error is not None and dog.alarm is None:
         # Said now, as an uncaught exception would be, not after the wait for the other nodes below.
@@ -200,10 +220,10 @@ def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0,
             _err(runlog.torchrun_failed(error, log, worker_failed=failure is not None))
         sys.stderr.flush()
     try:
-        return dog.finish(code, failure).code
-    except _Terminated:
-        _err("terminated (SIGTERM) while waiting for the other nodes to end")
-        return EXIT_TERMINATED
+        return dog.finish(code, failure, signal=outside or 0).code
+    except Stopped as e:
+        _err(f"stopped by {signal_name(e.signum)} while waiting for the other nodes to end")
+        return 128 + e.signum if outside is None else code
 
 
 @dataclass(frozen=True)
@@ -282,7 +302,7 @@ def _serve_verdict(store: Any, cfg: LaunchConfig, verdict: Verdict, clock: Clock
     """Main after an early refusal: the report is out; keep the verdict readable for the nodes still to come."""
     try:
         linger(store, cfg, verdict, clock)
-    except _Terminated:
+    except Stopped:
         pass  # `nodekit down` while lingering: the verdict stands, exit with it
     except RuntimeError:
         pass  # the store failed under us: nothing more to serve
@@ -353,15 +373,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     gpu = checks.GpuCheck(cfg, env)  # runs beside the preflight
     passed: Passed | None = None
     if cfg.preflight and cfg.nnodes > 1:
-        signal.signal(signal.SIGTERM, _on_sigterm)  # stays for in-process torchrun; exec resets it
+        for s in STOP_SIGNALS:
+            signal.signal(s, on_stop)  # stays for in-process torchrun; exec resets it
         try:
             code, passed = preflight(cfg)
-        except KeyboardInterrupt:
-            _err("interrupted during preflight")
-            return 130
-        except _Terminated:
-            _err("terminated (SIGTERM) during preflight; no worker was started")
-            return EXIT_TERMINATED
+        except (Stopped, KeyboardInterrupt) as e:
+            signum = outside_signal(e) or int(signal.SIGINT)
+            _err(f"stopped by {signal_name(signum)} during preflight ({SIGNAL_FROM}); no worker was started")
+            return 128 + signum
         if code != EXIT_OK:
             return code
     if passed is not None and (stop := _after_preflight(cfg, passed, env, gpu)) is not None:
@@ -386,7 +405,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )  # fmt: skip
     if plan.per_process:  # mpirun mode: the launcher starts and watches every process itself
         return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed))
-    if style(cfg.mode).torchrun and ("torch" in sys.modules or rdzv is not None):
+    # torchrun runs in this process whenever torch is here: after preflight torch is imported already, and on one
+    # node importing it here costs what exec'ing torchrun would, while a signal to the container is then this
+    # process's to report as a stop (stops.py). Without torch, exec says what is missing.
+    in_process = "torch" in sys.modules or rdzv is not None or importlib.util.find_spec("torch") is not None
+    if style(cfg.mode).torchrun and in_process:
         # torchrun's workers inherit this process's environment.
         os.environ.update(plan.set_env)
         for key, value in plan.default_env:
@@ -398,11 +421,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if (dog := _watchdog(cfg, passed)) is not None:
             return _torchrun_watched(plan.argv, dog, cfg.max_restarts, log)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
-        try:
-            return _torchrun_in_process(plan.argv)
-        except Exception as e:  # ChildFailedError and torchrun's own: one line here, the traceback in the run log
-            _err(runlog.torchrun_failed(e, log, worker_failed=worker_failure(e, cfg.max_restarts) is not None))
-            return 1
+        return _torchrun_alone(plan.argv, cfg.max_restarts, log)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -33,6 +33,7 @@ from nodekit.ship.stream import (
     zstd_here,
 )
 from nodekit.system import docker
+from nodekit.system.files import not_a_file
 from nodekit.system.progress import Reporter
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -131,8 +132,11 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
     """``docker load`` a file written by ``nodekit save`` (or ``docker save``, plain or compressed) into the
     engine at ``endpoint``. A corrupt or truncated file changes no image there."""
     where = endpoint or "this engine"
-    if not path.is_file():
-        raise UsageError(f"{path} does not exist", fix="nodekit save it on the node that has the image")
+    why = not_a_file(path)
+    if why is not None:
+        raise UsageError(
+            f"{path} {why}", fix="pass a file nodekit save wrote (nodekit save it on the node that has the image)"
+        )
     docker.engine_facts(endpoint)
     size = path.stat().st_size
     reporter.step(f"loading {path} ({size_text(size)}) into {where}")

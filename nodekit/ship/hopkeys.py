@@ -8,23 +8,43 @@ The head reaches every node of a chain over its own, already authenticated conne
    name and, on every node but the last, what the head says about the next node (address, port, the one host key
    to accept) and a key pair made on that node by ``ssh-keygen`` (its private half never travels). The node says
    the addresses it will dial the next node from (``ip route get``, and the one the head reached it at).
-2. **authorize**, on every node but the first: one line in ``~/.ssh/authorized_keys`` for the node before it::
+2. **authorize**, on every node but the first: the node before's key is noted in this node's directory, then one
+   line goes into ``~/.ssh/authorized_keys`` for it::
 
        expiry-time="<its own clock + KEY_LIFETIME_S>",restrict,from="<the node before's addresses>",
-       command="exec sh <this node's directory>/relay" ssh-ed25519 <the node before's key> nodekit-relay
+       command="<entry_command(this node's directory)>" ssh-ed25519 <the node before's key> nodekit-relay
 
    ``restrict``: no pty, no agent, port or X11 forwarding, no ``~/.ssh/rc``. ``command=``: whatever the client
    asks for, this node's own relay step runs (SSH_ORIGINAL_COMMAND is never read); what it relays to next is in
-   the directory the head wrote. ``from=``: only from the node before. ``expiry-time`` (OpenSSH >= 7.7): the hops
-   log in at the chain's start, seconds after this; it only bounds a line whose removal never came (the head died).
-3. **end**, on every node, when the chain ends: after an abort, first the process group that *this node's own*
-   relay step recorded in its directory, and only while that group still runs that step (never a number another
-   node reported); then the directory; then the line, found by its key, so that concurrent pushes keep theirs (and
-   any nodekit line whose expiry has passed goes too). authorized_keys is rewritten under ``flock`` into a
-   temporary file that replaces it, so a reader never sees half of it and two pushes never lose each other's lines.
+   the directory the head wrote. ``from=``: only from the addresses the node before said it dials from (see
+   below). ``expiry-time`` (OpenSSH >= 7.7): the hops log in at the chain's start, seconds after this; it only
+   bounds a line whose removal never came (the head died).
+3. **end**: the relay step itself, as it exits, removes its line (the key it noted) and then its directory; and on
+   every node, when the chain ends, the head: after an abort, first the process group that *this node's own* relay
+   step recorded in its directory, and only while that group still runs that step (never a number another node
+   reported); then the line, found by its key, so that concurrent pushes keep theirs (and any nodekit line whose
+   expiry has passed goes too); then the directory. authorized_keys is rewritten under ``flock`` into a temporary
+   file that replaces it, so a reader never sees half of it and two pushes never lose each other's lines.
 
-Root on a relay node can therefore use the hop key only to run the relay step on the next node, from its own
-address, for minutes; no key of the user's reaches any node. Why not the alternatives: ``ssh-add -h`` destination
+**The command path no other user can make or replace.** The directory is made by ``mktemp -d`` (mode 0700, a fresh
+name) in the node's /tmp, which any local user can write to. The line's command (:func:`entry_command`) enters the
+directory first and runs ``./relay`` only when the directory it entered is a directory owned by the login user with
+mode 0700: only that user (or root) can then have put or replaced anything in it, and while it exists nobody else
+can remove or rename it (/tmp's sticky bit). The script is opened relative to the directory entered, so a directory
+removed and made again under the same name by someone else between the check and the run is never the one read
+(before, another user recreated the removed directory with their own ``relay``, and a login with the hop key ran it
+as the login user: root). And a line is never left pointing at a directory that is gone: it is removed before the
+directory, by the step and by the head alike; only a relay step SIGKILLed, or a head that died, leaves a line, which
+then names a directory that still exists and is still the user's, until the line's expiry or the next push.
+
+**from=** holds what the node before said about itself: the address the head reached it at (SSH_CONNECTION there)
+and the source address of its route to this node. The head cannot check the second (a route of the node's own), so
+the guarantee is the looser one: a key is accepted only from the addresses its holder named. A node that is not
+compromised names its real ones; a compromised node holds the key anyway, and can use it from where it named, to
+run this node's relay step and nothing else.
+
+Root on a relay node can therefore use the hop key only to run the relay step on the next node, from addresses it
+named, for minutes; no key of the user's reaches any node. Why not the alternatives: ``ssh-add -h`` destination
 constraints (OpenSSH >= 8.9 on head and nodes) would still forward a key of the user's, with which root on a node
 gets a full login on every constrained host while the push runs; carrying every stream through the head's own
 connections (ProxyJump-style) lends nothing but gives up the relay's point, the head sending the image once.
@@ -109,16 +129,20 @@ f=$HOME/.ssh/authorized_keys
 ) 9>> "$HOME/.ssh/.nodekit-relay.lock"
 """
 
-# $1 the line without its expiry (base64), $2 its lifetime in seconds.
+# $1 the line without its expiry (base64), $2 its lifetime in seconds, $3 this node's relay directory, $4 the key
+# the line holds: noted in the directory first, so that the relay step, ending, removes the line before the directory.
 _AUTHORIZE = r"""
 umask 077
 unset TZ
+case $3 in */nodekit-relay.*) ;; *) exit 2 ;; esac
+[ -d "$3" ] && [ -O "$3" ] && [ ! -L "$3" ] && printf %s "$4" > "$3/authorized" || exit 1
 exp=$(date -d "+$2 seconds" +%Y%m%d%H%M%S) && now=$(date +%Y%m%d%H%M%S) || exit 1
 line="expiry-time=\"$exp\",$(printf %s "$1" | base64 -d)" drop=
 """
 AUTHORIZE_SCRIPT = _AUTHORIZE + _EDIT
 
-# $1 the key whose line goes ("-": none), $2 this node's relay directory, $3 1 to end its relay step first.
+# $1 the key whose line goes ("-": none), $2 this node's relay directory, $3 1 to end its relay step first. The line
+# goes before the directory (the module docstring says why); the directory goes whatever became of the line.
 _END = r"""
 umask 077
 unset TZ
@@ -129,14 +153,24 @@ case $d in */nodekit-relay.*) ;; *) exit 2 ;; esac
 if [ "$3" = 1 ] && [ -f "$d/pgid" ]; then
   pg=$(cat "$d/pgid")
   case $pg in '' | *[!0-9]*) pg=0 ;; esac
-  if [ "$pg" -gt 1 ] && tr '\0' ' ' < "/proc/$pg/cmdline" 2> /dev/null | grep -qF "$d/relay"; then
+  if [ "$pg" -gt 1 ] && [ "$(readlink "/proc/$pg/cwd")" = "$d" ] \
+      && tr '\0' ' ' < "/proc/$pg/cmdline" 2> /dev/null | grep -qF "./relay $d"; then
     kill -TERM "-$pg" 2> /dev/null
   fi
 fi
-rm -rf "$d"
+trap 'rm -rf "$d"' EXIT
 [ -n "$drop" ] || exit 0
 """
 END_SCRIPT = _END + _EDIT
+
+UNAUTHORIZE = r"""
+unauthorize() {
+  [ -f "$d/authorized" ] || return 0
+  drop=$(cat "$d/authorized") line= now=$(date +%Y%m%d%H%M%S) || return 0
+  ( umask 077; unset TZ; @EDIT@ )
+}
+""".replace("@EDIT@", _EDIT)
+"""The shell function the relay step calls as it exits: removes the line the authorize step noted the key of."""
 
 _DIR = re.compile(r"/[A-Za-z0-9._/-]*/nodekit-relay\.[A-Za-z0-9]+")
 _ED25519 = re.compile(r"AAAAC3NzaC1lZDI1NTE5AAAAI[A-Za-z0-9+/]{43}")
@@ -205,12 +239,21 @@ def authorized_line(before: Prepared, here: Prepared) -> str:
 
 
 def entry_command(relay_dir: str) -> str:
-    """What runs a node's relay step: the script setup wrote into its directory."""
-    return f"exec sh {relay_dir}/relay"
+    """What runs a node's relay step: the script setup wrote into its directory, once the directory entered is the
+    login user's own, mode 0700 (see the module docstring). One line for any login shell (sh, bash, csh, fish): no
+    double quotes, so it sits in ``command="..."`` as it is. The directory follows ``./relay`` as its argument,
+    which the step reads as its own directory and the head's end matches its process by."""
+    if not _DIR.fullmatch(relay_dir):
+        raise ValueError("not a checked setup")
+    check = "[ x$(stat -c %u.%a.%F .) = x$(id -u).700.directory ]"
+    refuse = f"echo nodekit-relay: {relay_dir} is not a mode 0700 directory of this user >&2; exit 126"
+    return f"exec sh -c 'cd {relay_dir} && {check} && exec sh ./relay {relay_dir}; {refuse}'"
 
 
-def authorize_command(line: str, lifetime_s: int) -> str:
-    return _sh(AUTHORIZE_SCRIPT, "nodekit-relay-authorize", _b64(line), str(int(lifetime_s)))
+def authorize_command(line: str, lifetime_s: int, relay_dir: str, key: str) -> str:
+    if not _DIR.fullmatch(relay_dir) or not _ED25519.fullmatch(key):
+        raise ValueError("not a checked setup")
+    return _sh(AUTHORIZE_SCRIPT, "nodekit-relay-authorize", _b64(line), str(int(lifetime_s)), relay_dir, key)
 
 
 def end_command(relay_dir: str, key: str, *, kill: bool) -> str:
@@ -281,7 +324,8 @@ class ChainAccess:
         def authorize(i: int) -> tuple[bool, str]:
             before, here = self.prepared[hops[i - 1].name], self.prepared[hops[i].name]
             line = authorized_line(before, here)
-            ok, out = _on(hops[i], authorize_command(line, self._lifetime), "authorising the relay's hop key")
+            command = authorize_command(line, self._lifetime, here.dir, before.key)
+            ok, out = _on(hops[i], command, "authorising the relay's hop key")
             if ok:
                 self.authorized[hops[i].name] = before.key
             return ok, out

@@ -40,6 +40,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from nodekit.errors import DeadlineError, ShipError
+from nodekit.ship import hopkeys
 from nodekit.ship.hopkeys import ChainAccess, node_argv
 from nodekit.system import proc, ssh
 
@@ -75,12 +76,15 @@ def split_chains(n: int, most: int | None = None) -> list[range]:
 CONNECT_S = 10
 _TAG = "nodekit-relay"
 
-# Run as `sh DIR/relay` (DIR: the node's own directory, made and filled by hopkeys' setup over the head's own
-# connection): everything it needs is in DIR, nothing is read from its arguments or from SSH_ORIGINAL_COMMAND.
+# Run as `sh ./relay DIR` in DIR (the node's own directory, made and filled by hopkeys' setup over the head's own
+# connection; hopkeys.entry_command, the authorized_keys line's command, checks it is the user's own first):
+# everything it needs is in DIR, nothing is read from SSH_ORIGINAL_COMMAND. Ending, it removes its own
+# authorized_keys line before the directory the line points at.
 _SCRIPT = r"""
-d=${0%/*}
+d=$1
 me=$(cat "$d/name")
-trap 'rm -rf "$d"' EXIT
+@UNAUTHORIZE@
+trap 'unauthorize; rm -rf "$d"' EXIT
 trap 'exit 143' TERM HUP INT
 trap '' PIPE
 unset SSH_AUTH_SOCK
@@ -103,7 +107,7 @@ if [ -n "$next" ]; then
 fi
 exit 0
 """
-RELAY_SCRIPT = _SCRIPT.replace(
+RELAY_SCRIPT = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
     "@SSH@",
     ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned('"$d/known_hosts"', '"$alias"'), identity='"$d/key"'),
 )

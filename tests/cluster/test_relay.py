@@ -21,11 +21,13 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from benchmarks._shipnet import tbf_argv, tx_bytes
+from nodekit.ship import hopkeys
 from tests.cluster.conftest import Fleet, SshKeys, nodekit_argv
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
 from tests.cluster.test_ship import REF, ids, make_image, wipe
@@ -350,29 +352,19 @@ def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expire
     expiry-time has passed, even while its line is still there (a push whose head died)."""
     h0, h1, h2 = fleet.cluster.hosts
     life = 12
-    setup = subprocess.Popen(h0.argv(sys.executable, "-c", ACCESS_SCRIPT, str(life), fleet.url(h1), fleet.url(h2)),
-                             env=h0.env(push_env(fleet)), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-    try:
-        assert setup.stdout is not None and setup.stdin is not None
-        first = setup.stdout.readline()
-        assert first, setup.communicate(timeout=30)
+    with chain_access(fleet, life) as dirs:
         opened = time.time()
-        dirs = {name: d for name, (d, _) in json.loads(first).items()}
         key = Path(dirs["h1"]) / "key"  # made on h1 (the hosts share this machine's /tmp)
         [line] = nodekit_lines(h2)
         assert nodekit_lines(h1) == []
-        assert f'restrict,from="{h1.addr}",command="exec sh {dirs["h2"]}/relay" ssh-ed25519 ' in line, line
+        assert f'restrict,from="{h1.addr}",command="{hopkeys.entry_command(dirs["h2"])}" ssh-ed25519 ' in line, line
         stamp = re.match(r'expiry-time="(\d{14})",', line)
         assert stamp is not None, line
         expires = time.mktime(time.strptime(stamp.group(1), "%Y%m%d%H%M%S"))
         assert opened - 5 <= expires - life <= opened + 1, (line, opened)
 
         def login(frm: Host) -> subprocess.CompletedProcess[str]:
-            return frm.run("ssh", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o",
-                           "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o",
-                           "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5", f"root@{h2.addr}",
-                           "echo ASKED; id", timeout=60)  # fmt: skip
+            return hop_login(frm, h2, key, "echo ASKED; id")
 
         refused = login(h0)  # another address than h1's
         assert refused.returncode == 255 and "Permission denied" in refused.stderr, refused.stderr
@@ -380,16 +372,11 @@ def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expire
         assert "ASKED" not in ran.stdout and "uid=" not in ran.stdout, ran.stdout
         name = base64.b64encode(b"h2").decode()
         assert f"nodekit-relay load {name} " in ran.stderr, ran.stderr
+        assert nodekit_lines(h2) == [], "the relay step left its line behind"
+        put_back(h2, line)  # as after a step SIGKILLed before its exit trap: the line still there, past its expiry
         time.sleep(max(0.0, expires + 2 - time.time()))
-        assert nodekit_lines(h2) == [line]  # still there, as after a head that died
         late = login(h1)
         assert late.returncode == 255 and "Permission denied" in late.stderr, late.stderr
-        out, err = setup.communicate("", timeout=60)
-        assert "closed" in out, out + err
-    finally:
-        if setup.poll() is None:
-            setup.kill()
-            setup.wait()
     assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
     assert not any(Path(d).exists() for d in dirs.values())
 
@@ -407,23 +394,24 @@ with ship.SharedSsh():
 """
 
 
-def test_a_killed_push_leaves_only_a_line_that_expires_and_the_next_push_removes_it(fleet: Fleet) -> None:
-    """SIGKILL to the head mid-stream: nothing removes the hop key's line on h2, but it carries the push's expiry
-    (its refusal after that is tested above), the relay steps end with the stream, and the next push removes it."""
+def test_a_killed_push_leaves_no_line_the_relay_steps_remove_their_own(fleet: Fleet) -> None:
+    """SIGKILL to the head mid-stream: the relay steps end with the stream, and each removes its own hop key's line
+    before its directory (issue 28: before, h2's line stayed until its expiry, pointing at a directory that was gone,
+    which another local user could make again); the next push goes through."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
-    life = 10
+    dirs = relay_dirs()
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
     try:
-        head = subprocess.Popen(h0.argv(sys.executable, "-c", KILLED_SCRIPT, str(life), REF, fleet.url(h1),
+        head = subprocess.Popen(h0.argv(sys.executable, "-c", KILLED_SCRIPT, "300", REF, fleet.url(h1),
                                         fleet.url(h2)), env=h0.env(push_env(fleet)), cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         deadline = time.monotonic() + 60
         while not (loading(h1) and loading(h2)):
             assert head.poll() is None and time.monotonic() < deadline, "the relay never reached h2"
             time.sleep(0.1)
-        killed = time.time()  # the line was written before this (both nodes were loading)
+        assert len(nodekit_lines(h2)) == 1
         head.kill()  # nsenter execs python: this is the head itself
         head.wait(timeout=10)
         deadline = time.monotonic() + 60
@@ -432,15 +420,83 @@ def test_a_killed_push_leaves_only_a_line_that_expires_and_the_next_push_removes
             time.sleep(0.2)
     finally:
         sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
-    [line] = nodekit_lines(h2)
-    stamp = re.match(r'expiry-time="(\d{14})",', line)
-    assert stamp is not None and nodekit_lines(h1) == [], line
-    assert time.mktime(time.strptime(stamp.group(1), "%Y%m%d%H%M%S")) <= killed + life + 1, line
-    time.sleep(max(0.0, killed + life + 2 - time.time()))
+    assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+    assert relay_dirs() == dirs
     wipe(h1, h2)
     done = h0.run(*push_argv(fleet, h1, h2), env=push_env(fleet), timeout=300)
     assert done.returncode == 0 and "relayed by h1" in done.stderr, done.stdout + done.stderr
     assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
+
+
+@contextlib.contextmanager
+def chain_access(fleet: Fleet, life: int) -> Iterator[dict[str, str]]:
+    """nodekit's own setup of the chain h1 -> h2 (ACCESS_SCRIPT, from the head), each node's relay directory by
+    name; closed (and checked closed) when the block ends."""
+    h0, h1, h2 = fleet.cluster.hosts
+    setup = subprocess.Popen(h0.argv(sys.executable, "-c", ACCESS_SCRIPT, str(life), fleet.url(h1), fleet.url(h2)),
+                             env=h0.env(push_env(fleet)), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert setup.stdout is not None and setup.stdin is not None
+        first = setup.stdout.readline()
+        assert first, setup.communicate(timeout=30)
+        yield {name: d for name, (d, _) in json.loads(first).items()}
+        out, err = setup.communicate("", timeout=60)
+        assert "closed" in out, out + err
+    finally:
+        if setup.poll() is None:
+            setup.kill()
+            setup.wait()
+
+
+def put_back(host: Host, line: str) -> None:
+    """``line`` into the login user's authorized_keys on ``host`` again."""
+    keys = host.home / ".ssh" / "authorized_keys"
+    keys.write_text(keys.read_text() + line + "\n")
+
+
+def hop_login(frm: Host, to: Host, key: Path, command: str = "true") -> subprocess.CompletedProcess[str]:
+    """ssh from ``frm`` to ``to`` with ``key`` alone, as a relay hop would (or root on ``frm`` holding it)."""
+    return frm.run("ssh", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+                   "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+                   "-o", "ConnectTimeout=5", f"root@{to.addr}", command, timeout=60)  # fmt: skip
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+
+
+def test_another_local_user_cannot_make_a_hop_key_run_their_file(fleet: Fleet) -> None:
+    """Issue 28, as found: the relay step's exit removed its directory in /tmp, the line naming it stayed, and an
+    unprivileged user on h2 made the directory again with a relay of their own, which the next login with h1's hop
+    key ran as root. Now the step removes its line first (the login is refused), and a line that does stay (a step
+    SIGKILLed, a head that died) runs nothing from a directory that is not the login user's own, mode 0700."""
+    _, h1, h2 = fleet.cluster.hosts
+    marker = Path(f"/tmp/nodekit-takeover-{os.getpid()}")  # what the planted relay writes: the uid it ran as
+    marker.unlink(missing_ok=True)
+    planted: Path | None = None
+    try:
+        with chain_access(fleet, 300) as dirs:
+            key = Path(dirs["h1"]) / "key"
+            [line] = nodekit_lines(h2)
+            ran = hop_login(h1, h2, key)  # the chain's one hop: h2's relay step runs, with nothing to load, and ends
+            assert "nodekit-relay load" in ran.stderr, ran.stderr
+            planted = Path(dirs["h2"])
+            assert not planted.exists()
+            plant = f'mkdir -m 700 {planted} && printf "id -u > {marker}\\n" > {planted}/relay'
+            made = h2.run(*NOBODY, "sh", "-c", plant)
+            assert made.returncode == 0, made.stderr
+            again = hop_login(h1, h2, key)
+            assert not marker.exists(), f"the hop key ran another user's file, as uid {marker.read_text().strip()}"
+            assert again.returncode == 255 and "Permission denied" in again.stderr, again.stderr
+            put_back(h2, line)  # as a step SIGKILLed before its exit trap leaves it
+            kept = hop_login(h1, h2, key)
+            assert not marker.exists(), f"the hop key ran another user's file, as uid {marker.read_text().strip()}"
+            assert kept.returncode == 126 and "is not a mode 0700 directory of this user" in kept.stderr, kept.stderr
+    finally:
+        if planted is not None:
+            shutil.rmtree(planted, ignore_errors=True)
+        marker.unlink(missing_ok=True)
+    assert nodekit_lines(h2) == []
 
 
 STALL_SCRIPT = """

@@ -33,7 +33,7 @@ def containers(config: Path, rank: int) -> list[str]:
     return out.split()
 
 
-def test_up_asks_the_engine_four_times_and_never_for_versions(ddp_project: Path, tmp_path: Path) -> None:
+def test_up_asks_the_engine_five_times_and_never_for_versions(ddp_project: Path, tmp_path: Path) -> None:
     config = ddp_project / "nodekit.toml"
     env, log = logging_docker(tmp_path)
     try:
@@ -51,11 +51,13 @@ def test_up_asks_the_engine_four_times_and_never_for_versions(ddp_project: Path,
     calls = log.read_text().splitlines()
     assert not [c for c in calls if "version" in c.split()], calls
     # The base (for the project's fingerprint), the project's images (a list, then one inspect of them all, which
-    # also gives the chosen image's id), and compose up: each once.
+    # also gives the chosen image's id), whether the node already runs here (one node per rank and host, issue 28),
+    # and compose up: each once.
     assert len([c for c in calls if c.startswith("image inspect")]) == 2, calls
     assert len([c for c in calls if c.startswith("image ls")]) == 1, calls
+    assert len([c for c in calls if c.startswith("ps --filter label=com.docker.compose.project=")]) == 1, calls
     assert len([c for c in calls if c.startswith("compose ") and " up " in f" {c} "]) == 1, calls
-    assert len(calls) == 4, calls
+    assert len(calls) == 5, calls
 
 
 def test_up_without_an_engine_is_one_line_and_exit_2(ddp_project: Path) -> None:

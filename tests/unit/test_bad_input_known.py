@@ -6,6 +6,8 @@ why they passed over these. Each test prints how many inputs it tried."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_bad_input_property import _MADE, BOUNDED, ENV_TEXT, Setup, _count, _refused, _remove_projects
+from nodekit.cli.app import app
+from tests.unit.test_bad_input_property import (
+    _MADE,
+    BOUNDED,
+    ENV_TEXT,
+    RUNNER,
+    Setup,
+    _count,
+    _refused,
+    _remove_projects,
+)
 
 __all__ = ["_remove_projects"]  # the fixture that removes the projects the examples make
 
@@ -36,6 +48,7 @@ BAD_ENV_KEY = st.one_of(
 SEGMENT = st.text(alphabet="abcxyz09_-", min_size=1, max_size=6)
 BIG_TIMEOUT = st.one_of(st.integers(604801, 10**18), st.sampled_from([1e14, 1e300, float("inf")]))
 NOT_UTF8 = st.binary(min_size=1, max_size=4).filter(lambda b: not _utf8(b))
+BAD_IMAGE = st.sampled_from(["no such/IMAGE::x", "r/x:1 --privileged", "x::y", "a b", "x:y:z", "-x", "x@sha256:z"])
 SPELLINGS = st.sampled_from(
     [str, lambda ip: str(int(ip)), lambda ip: hex(int(ip)), lambda ip: f"[::ffff:{ip}]", lambda ip: f"{ip}."]
 )
@@ -57,6 +70,23 @@ def _utf8(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def _special(name: str, what: str) -> Setup:
+    """``name`` in the project as something other than a regular file: a directory, a FIFO nobody writes to, a
+    link to nothing."""
+
+    def setup(project: Path) -> None:
+        path = project / name
+        path.unlink(missing_ok=True)
+        if what in ("dir", "directory"):
+            path.mkdir()
+        elif what == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to(project / "nowhere")
+
+    return setup
 
 
 def _file(name: str, text: str) -> Setup:
@@ -190,7 +220,75 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "build_target": st.sampled_from(
         [("python_version", "3"), ("python_version", "abc"), ("wheel_platform", "x y")]
     ).flatmap(lambda kv: _node(kv[0], **{kv[0]: kv[1]})),
+    # Issue 28: tracebacks, inputs that hung or read for ever, and inputs accepted that failed later.
+    "toml_deep": st.integers(1_000, 6_000).map(
+        lambda n: (
+            ["compose", "--node-rank", "0", "--main", "127.0.0.1", "--image", "x:y"],
+            b'script = "train.py"\nx = ' + b"[" * n + b"1" + b"]" * n + b"\n",
+            "nests arrays or tables deeper",
+            None,
+        )
+    ),
+    "hostfile_not_utf8": st.tuples(
+        st.just(["run", "--dry-run", "--hostfile", "hostfile"]),
+        st.just(BASE),
+        st.just("not UTF-8 (byte"),
+        NOT_UTF8.map(
+            lambda raw: lambda project: (project / "hostfile").write_bytes(b"10.0.0.1\n10.0.0." + raw + b"\n")
+        ),
+    ),
+    "hostfile_not_a_file": st.sampled_from(["dir", "fifo", "/dev/zero"]).map(
+        lambda what: (
+            ["run", "--dry-run", "--hostfile", what if what.startswith("/") else "hostfile"],
+            BASE,
+            "hostfile",
+            None if what.startswith("/") else _special("hostfile", what),
+        )
+    ),
+    "hosts_url": st.sampled_from(["ssh://u@[::1", "ssh://@host", "ssh://u@[::1:22", "ssh://@10.0.0.1:22"]).map(
+        lambda url: (["run", "--dry-run"], {**BASE, "hosts": [url, "ssh://x@h2"]}, "host 0", None)
+    ),
+    "image_flag": st.tuples(NODE_ARGV, BAD_IMAGE).map(
+        lambda ai: ([*ai[0][:-1], ai[1]], BASE, "is not an image reference", None)
+    ),
+    "k8s_image": BAD_IMAGE.map(lambda i: (["k8s", "--dry-run"], {**BASE, "k8s": {"image": i}}, "k8s.image", None)),
+    "base_image": BAD_IMAGE.flatmap(lambda i: _node("base_image", base_image=i)),
+    "slurm_docker_host": st.sampled_from(["not a url", "http://x", "ssh://@h", "unix://rel", "tcp://"]).map(
+        lambda u: (["slurm", "--dry-run"], {**BASE, "slurm": {"docker_host": u}}, "slurm.docker_host", None)
+    ),
+    "output_dir_project": st.sampled_from(["", ".", "..", "/", "./"]).flatmap(
+        lambda o: _node("output_dir", output_dir=o)
+    ),
 }
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "dangling link"])
+def test_a_nodekit_toml_that_is_not_a_file_is_refused_where_it_is_found(kind: str) -> None:
+    """Issue 28: ./nodekit.toml as a directory was skipped (defaults used, exit 0); a FIFO there would hang a read.
+    Found without --config, it is refused in one line naming what it is."""
+    project = Path(tempfile.mkdtemp(prefix="nodekit-prop-"))
+    _MADE.append(project)
+    (project / "train.py").write_text("print('hi')\n")
+    _special("nodekit.toml", kind)(project)
+    cwd = os.getcwd()
+    os.chdir(project)
+    try:
+        clean = {k: None for k in os.environ if k.startswith("NODEKIT_")}
+        argv = ["compose", "--node-rank", "0", "--main", "127.0.0.1", "--image", "x:y", "--script", "train.py"]
+        result = RUNNER.invoke(app, argv, env=clean)
+    finally:
+        os.chdir(cwd)
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.stdout + result.stderr
+    assert "nodekit.toml" in lines[0] and "Fix:" in lines[0], lines
+    assert not (project / "compose").exists()
+
+
+def test_nodekit_load_of_a_directory_says_it_is_one() -> None:
+    """Issue 28: `nodekit load /tmp` said "does not exist"."""
+    result = RUNNER.invoke(app, ["load", tempfile.gettempdir()])
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "is a directory" in lines[0], result.stderr
 
 
 @pytest.mark.parametrize("kind", sorted(HOSTILE))

@@ -78,10 +78,22 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "pass_env": st.lists(st.sampled_from(["HF_TOKEN", "A B", "", "NODE_RANK", "NCCL_DEBUG"]), max_size=2),
     "compose_dir": st.sampled_from(["compose", "train.py/x", "nodekit.toml", "c\u0000d"]),
     "main": st.one_of(st.sampled_from(["10.0.0.5", "a b", "", "main.local"]), ANY_TEXT),
+    # The kinds issue 28 found (tests/unit/test_bad_input_known.py draws each strictly).
+    "base_image": st.one_of(st.sampled_from(["nodekit/base:bookworm", "no such/IMAGE::x", "x::y"]), ANY_TEXT),
+    "hosts": st.lists(
+        st.one_of(st.sampled_from(["ssh://u@[::1", "ssh://@host", "ssh://u@h", "tcp://h:2375"]), ANY_TEXT), max_size=3
+    ),
+    "k8s": st.fixed_dictionaries({}, optional={"image": st.sampled_from(["r/x:1", "r/x:1 --privileged", "A B", ""])}),
+    "slurm": st.fixed_dictionaries(
+        {}, optional={"docker_host": st.sampled_from(["not a url", "unix:///run/docker.sock", "ssh://@h", ""])}
+    ),
 }
+# Arrays nested deeper than a parser's recursion (a RecursionError traceback before issue 28).
+DEEP = st.integers(1, 6_000).map(lambda n: 'script = "train.py"\nx = ' + "[" * n + "]" * n + "\n")
 TOML = st.one_of(
     st.fixed_dictionaries({}, optional=FIELDS),
     st.text(max_size=40),  # anything at all, including broken TOML
+    DEEP,
 )
 # What a shell can hold: no NUL.
 ENV_TEXT = st.text(
@@ -101,7 +113,10 @@ NODEKIT_ENV = st.dictionaries(
             "NODEKIT_NETWORK",
         ]
     ),
-    st.one_of(st.sampled_from(["2", "65535", "-1", "[]", '{"RANK": "1"}', "nowhere.toml", "{"]), ENV_TEXT),
+    st.one_of(
+        st.sampled_from(["2", "65535", "-1", "[]", '{"RANK": "1"}', "nowhere.toml", "{", "[" * 5000 + "]" * 5000]),
+        ENV_TEXT,
+    ),
     max_size=3,
 )
 # No unresolvable names: a DNS lookup can take seconds here (test_cli_errors.py covers that refusal).
@@ -111,7 +126,7 @@ NODE_FLAGS = st.fixed_dictionaries(
     {
         "--node-rank": st.integers(-2, 4),
         "--main": MAINS,
-        "--image": st.sampled_from(["nodekit/prop:0123456789ab", "x:y", "Bad Image"]),
+        "--image": st.sampled_from(["nodekit/prop:0123456789ab", "x:y", "Bad Image", "no such/IMAGE::x", "x::y"]),
     },
     optional={
         "--nnodes": st.integers(-1, 4),

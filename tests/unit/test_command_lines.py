@@ -4,6 +4,7 @@ and its deadline, recorded by the fake runner (tests/fake_runner.py) with nothin
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,9 +40,11 @@ def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_e
     shown: list[str] = []
     assert node.up(plan, RecordingReporter(), detach=False, on_line=shown.append) == 0
     assert shown == ["step 1", "step 2"]
+    RUNNING = "{{.Names}} ({{.Status}})"
     project = ["docker", "compose", "--file", str(tmp_path / "compose" / "node-1.yaml"), "--project-name",
                "nodekit-demo-node1"]  # fmt: skip
     assert [c.cmd for c in fake_runner.calls] == [
+        ["docker", "ps", "--filter", "label=com.docker.compose.project=nodekit-demo-node1", "--format", RUNNING],
         [*project, "up", "--detach", "--force-recreate"],
         [*project, "logs", "--no-color", "--follow", "--no-log-prefix"],
         [*project, "ps", "--quiet", "--all"],
@@ -49,10 +52,10 @@ def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_e
     ]
     # The runner starts each in a process group of its own (a signal ends compose and what it started, before
     # down), with its deadline; following and waiting last as long as the job.
-    deadlines = [c.deadline for c in fake_runner.calls]
+    deadlines = [c.deadline for c in fake_runner.calls][1:]
     assert deadlines[0] == 600 and deadlines[2] == 120
     assert all(isinstance(d, proc.Unbounded) for d in (deadlines[1], deadlines[3]))
-    assert all(c.by == "nodekit" and c.group for c in fake_runner.calls)
+    assert all(c.by == "nodekit" and c.group for c in fake_runner.calls[1:])
 
 
 def test_down_for_a_node_on_its_host_waits_for_the_stop_timeout_plus_the_query_deadline(
@@ -139,16 +142,56 @@ def test_the_base_probe_is_one_offline_docker_run_of_sh_with_the_script_in_its_e
     assert probe.probe_base(settings, base=base, refresh=True).kind == "none"
     run = fake_runner.only("run")
     name = run.cmd[4]
-    assert run.cmd == ["docker", "run", "--rm", "--name", name, "--network", "none", "--pull", "never", "--env",
-                       "NODEKIT_PROBE", "--entrypoint", "sh", base.id, "-c", probe.PROBE_SHELL]  # fmt: skip
+    assert run.cmd == ["docker", "run", "--rm", "--name", name, "--label", f"org.nodekit.probe={name}", "--network",
+                       "none", "--pull", "never", "--env", "NODEKIT_PROBE", "--entrypoint", "sh", base.id, "-c",
+                       probe.PROBE_SHELL]  # fmt: skip
     assert name.startswith("nodekit-probe-") and run.deadline == probe.PROBE_TIMEOUT == 60
     assert run.env is not None and run.env["NODEKIT_PROBE"] == probe.PROBE_SCRIPT
-    # A probe its deadline stops: its container is removed (under the engine's query deadline), one line says so.
+    # A probe its deadline stops: its container is removed (under the engine's query deadline), one line says so;
+    # then once more by its label, for a create the engine finished after its client was killed.
     fake_runner.on("run", hang=True)
     with pytest.raises(ImageError, match=r"^probing sha256:b+ did not finish within 60 s"):
         probe.probe_base(settings, base=base, refresh=True)
-    rm = fake_runner.calls[-1]
-    assert rm.cmd[:4] == ["docker", "rm", "-f", fake_runner.calls[-2].cmd[4]] and rm.deadline == 120
+    run, rm, ps = fake_runner.calls[-3:]
+    assert rm.cmd == ["docker", "rm", "-f", run.cmd[4]] and rm.deadline == 120
+    assert ps.cmd == ["docker", "ps", "--all", "--quiet", "--filter", f"label=org.nodekit.probe={run.cmd[4]}"]
+
+
+def test_a_signal_during_the_base_probe_removes_its_container(
+    fake_runner: FakeRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: Ctrl-C during `nodekit build`'s base probe left a `Created` container with no label to find it
+    by (the killed docker client never started it, so --rm never applied). Now any signal removes it."""
+    import os
+    import signal
+    import time
+
+    from nodekit.config.settings import Settings
+    from nodekit.image import probe
+    from nodekit.system import docker, proc
+    from nodekit.system.docker import containers
+
+    base = docker.ImageInfo(id="sha256:" + "b" * 64, tags=("nodekit/base:bookworm",), labels={}, size=1)
+    settings = Settings(project_dir=tmp_path, name="p", script="train.py")
+    fake_runner.on("ps", stdout="c0ffee\n")  # the create the engine finished after its client was killed
+    real_run = proc.run
+
+    def interrupted_run(argv: list[str], **kw: Any) -> proc.Result:
+        done = real_run(argv, **kw)
+        if "run" in argv:  # Ctrl-C while `docker run` creates the container
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+        return done
+
+    monkeypatch.setattr(containers.proc, "run", interrupted_run)
+    with pytest.raises(proc.Interrupted), proc.stopping():
+        probe.probe_base(settings, base=base, refresh=True)
+    run = fake_runner.only("run")
+    name = run.cmd[4]
+    assert [c.cmd[1:] for c in fake_runner.calls[1:]] == [
+        ["rm", "-f", name], ["ps", "--all", "--quiet", "--filter", f"label=org.nodekit.probe={name}"],
+        ["rm", "-f", "c0ffee"],
+    ]  # fmt: skip
 
 
 def test_a_push_sends_docker_save_into_docker_load_over_ssh(
@@ -240,10 +283,12 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
         assert c.cmd[1:-2] == [*lend_nothing, *where] and c.deadline == hopkeys.CALL_S
     n1 = next(c for c in setups if c.cmd[-2] == "n1")
     assert n1.cmd[-1] == hopkeys.setup_command(hops[0], hops[1], relay.RELAY_SCRIPT)
-    line = f'restrict,from="10.0.0.7",command="exec sh /tmp/nodekit-relay.Ab12Cd/relay" ssh-ed25519 {key} nodekit-relay'
-    assert authorize.cmd[-1] == hopkeys.authorize_command(line, hopkeys.KEY_LIFETIME_S)
+    entry = hopkeys.entry_command("/tmp/nodekit-relay.Ab12Cd")
+    line = f'restrict,from="10.0.0.7",command="{entry}" ssh-ed25519 {key} nodekit-relay'
+    command = hopkeys.authorize_command(line, hopkeys.KEY_LIFETIME_S, "/tmp/nodekit-relay.Ab12Cd", key)
+    assert authorize.cmd[-1] == command
     assert stream.cmd == ["ssh", *lend_nothing, "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
-                          *where, "n1", "exec sh /tmp/nodekit-relay.Ab12Cd/relay"]  # fmt: skip
+                          *where, "n1", entry]  # fmt: skip
     assert isinstance(stream.deadline, relay.proc.Unbounded) and bytes(stream.written) == b"image bytes"
     assert sorted((c.cmd[-2], c.cmd[-1]) for c in ends) == [
         ("n1", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", "", kill=False)),

@@ -54,7 +54,9 @@ def test_a_setup_answer_is_checked_as_untrusted_text() -> None:
 def test_the_line_restricts_the_key_to_the_next_nodes_relay_step_from_the_node_before() -> None:
     line = authorized_line(Prepared(dir="/tmp/nodekit-relay.Zz9", key=KEY, addrs=("10.0.0.7", "fd00::7")),
                            Prepared(dir=DIR))  # fmt: skip
-    assert line == (f'restrict,from="10.0.0.7,fd00::7",command="exec sh {DIR}/relay" ssh-ed25519 {KEY} nodekit-relay')
+    command = hopkeys.entry_command(DIR)
+    assert line == f'restrict,from="10.0.0.7,fd00::7",command="{command}" ssh-ed25519 {KEY} nodekit-relay'
+    assert '"' not in command
     for before in (Prepared(dir=DIR, key=KEY + "\nssh-ed25519", addrs=("10.0.0.7",)),
                    Prepared(dir=DIR, key=KEY, addrs=("*",)), Prepared(dir=DIR, key=KEY)):  # fmt: skip
         with pytest.raises(ValueError):
@@ -80,8 +82,8 @@ class Node:
         assert isinstance(got, Prepared), (done.stdout, done.stderr)
         return got
 
-    def authorize(self, line: str, lifetime: int = hopkeys.KEY_LIFETIME_S) -> None:
-        done = self.run(hopkeys.authorize_command(line, lifetime))
+    def authorize(self, before: Prepared, here: Prepared, lifetime: int = hopkeys.KEY_LIFETIME_S) -> None:
+        done = self.run(hopkeys.authorize_command(authorized_line(before, here), lifetime, here.dir, before.key))
         assert done.returncode == 0, done.stderr
 
     def end(self, relay_dir: str, key: str, *, kill: bool = False) -> None:
@@ -116,8 +118,10 @@ def test_concurrent_pushes_keep_each_others_lines_and_the_users_lines_stay_as_th
     heres = [node.setup(None) for _ in range(2)]
     lines = [authorized_line(b, h) for b, h in zip(before, heres, strict=True)]
     # Two pushes authorise at the same moment (flock keeps the read-and-replace of one from losing the other's line).
-    procs = [subprocess.Popen(["sh", "-c", hopkeys.authorize_command(line, 300)], env={
-        "HOME": str(tmp_path), "PATH": os.environ["PATH"]}) for line in lines]  # fmt: skip
+    commands = [hopkeys.authorize_command(line, 300, h.dir, b.key) for line, b, h in zip(lines, before, heres,
+                                                                                         strict=True)]  # fmt: skip
+    procs = [subprocess.Popen(["sh", "-c", c], env={"HOME": str(tmp_path), "PATH": os.environ["PATH"]})
+             for c in commands]  # fmt: skip
     assert [p.wait(timeout=30) for p in procs] == [0, 0]
     text = node.keys.read_text()
     assert text.startswith(USER_LINES) and len(text.splitlines()) == 4
@@ -146,7 +150,7 @@ def test_expired_lines_of_earlier_pushes_go_with_the_next_push(tmp_path: Path) -
     with node.keys.open("a") as f:
         f.write(f'expiry-time="20200101000000",{old}\n')
     before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
-    node.authorize(authorized_line(before, here))
+    node.authorize(before, here)
     assert "20200101000000" not in node.keys.read_text() and node.keys.read_text().startswith(USER_LINES)
     node.end(here.dir, before.key)
     node.end(before.dir, "")
@@ -161,14 +165,16 @@ def test_authorized_keys_is_written_through_a_link_and_a_read_only_one_is_left_a
     real.write_text(USER_LINES)
     node.keys.symlink_to(real)
     before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
-    node.authorize(authorized_line(before, here))
+    node.authorize(before, here)
     assert node.keys.is_symlink() and real.read_text().startswith(USER_LINES) and KEY[:10] in real.read_text()
     node.end(here.dir, before.key)
     assert real.read_text() == USER_LINES
     real.chmod(0o444)  # read-only by its owner's choice (root could write it: the script checks the mode)
-    done = node.run(hopkeys.authorize_command(authorized_line(before, Prepared(dir=DIR)), 300))
+    again = node.setup(None)
+    done = node.run(hopkeys.authorize_command(authorized_line(before, again), 300, again.dir, before.key))
     assert done.returncode != 0 and real.read_text() == USER_LINES
     node.end(before.dir, "")
+    node.end(again.dir, "")
 
 
 @needs_tools
@@ -177,8 +183,8 @@ def test_ending_kills_only_the_relay_step_this_node_recorded(tmp_path: Path) -> 
     that group still runs the relay step there: a stale or forged number names nobody it will kill."""
     node = Node(tmp_path)
     step, other = node.setup(None), node.setup(None)
-    # A stand-in for the relay step: its command line holds the directory's relay script, as `sh DIR/relay` does.
-    relay = subprocess.Popen(["sh", "-c", "sleep 60", f"{step.dir}/relay"], start_new_session=True)
+    # A stand-in for the relay step: in its directory, its command line `sh ./relay DIR`, as entry_command runs it.
+    relay = subprocess.Popen(["sh", "-c", "sleep 60", "./relay", step.dir], cwd=step.dir, start_new_session=True)
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         (Path(other.dir) / "pgid").write_text(f"{bystander.pid}\n")  # a number that is not this node's relay step
@@ -193,3 +199,62 @@ def test_ending_kills_only_the_relay_step_this_node_recorded(tmp_path: Path) -> 
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _as_nobody() -> list[str]:
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
+
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root (a second user) and setpriv"
+)
+
+
+@needs_tools
+@needs_root
+def test_the_entry_command_runs_only_a_relay_in_the_users_own_private_directory(tmp_path: Path) -> None:
+    """Issue 28: the line's command was `exec sh DIR/relay`, and DIR, once its step had removed it, could be made
+    again in /tmp by any local user with a relay of their own, which the next login with the hop key ran as root.
+    Now the command enters DIR and runs ./relay only when what it entered is the login user's, mode 0700."""
+    node = Node(tmp_path)
+    mine = node.setup(None)
+    (Path(mine.dir) / "relay").write_text('echo "ran $(id -u) $1"\n')
+    ran = node.run(hopkeys.entry_command(mine.dir))
+    assert ran.stdout == f"ran 0 {mine.dir}\n", ran.stderr
+    node.end(mine.dir, "")
+    # Another user makes the same path again, with their own relay (and a mode that would pass).
+    planted = subprocess.run([*_as_nobody(), "sh", "-c", f'mkdir -m 700 {mine.dir} && echo "echo ran \\$(id -u)" > '
+                              f"{mine.dir}/relay"], capture_output=True, text=True)  # fmt: skip
+    assert planted.returncode == 0, planted.stderr
+    try:
+        ran = node.run(hopkeys.entry_command(mine.dir))
+        assert ran.returncode == 126 and "ran" not in ran.stdout, ran.stdout
+        assert "is not a mode 0700 directory of this user" in ran.stderr
+        os.chown(mine.dir, 0, 0)
+        os.chmod(mine.dir, 0o770)  # the user's own, but others in its group could write into it
+        ran = node.run(hopkeys.entry_command(mine.dir))
+        assert ran.returncode == 126 and "ran" not in ran.stdout, ran.stdout
+    finally:
+        shutil.rmtree(mine.dir, ignore_errors=True)
+
+
+@needs_tools
+def test_a_relay_step_removes_its_line_before_its_directory(tmp_path: Path) -> None:
+    """The relay step on the last node, run as sshd runs the line's command (a `docker` here that takes the stream
+    and says nothing): when it exits, the line for the node before's key is gone, then its directory."""
+    node = Node(tmp_path)
+    node.keys.parent.mkdir(mode=0o700)
+    node.keys.write_text(USER_LINES)
+    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    node.authorize(before, here)
+    assert KEY[:0] + before.key in node.keys.read_text()
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\ncat > /dev/null\n")
+    (fake / "docker").chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{fake}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", hopkeys.entry_command(here.dir)], input=b"stream", env=env,
+                          capture_output=True, timeout=30)  # fmt: skip
+    assert done.returncode == 0 and b"nodekit-relay load" in done.stderr, done.stderr
+    assert node.keys.read_text() == USER_LINES and not Path(here.dir).exists()
+    node.end(before.dir, "")

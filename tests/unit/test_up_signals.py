@@ -29,6 +29,7 @@ CODES = [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     monkeypatch.setattr(docker, "require_image", lambda *a, **k: None)
+    monkeypatch.setattr(docker, "running", lambda project: [])
     monkeypatch.setattr(node, "check_master_port", lambda plan: None)
     monkeypatch.setattr(docker, "compose_down", lambda path, project, timeout: seen.append("down"))
     monkeypatch.setattr(docker, "compose_stop", lambda path, project, timeout: seen.append("stop"))

@@ -7,20 +7,23 @@ nothing is written until ``write_compose`` and nothing runs until ``up``. A plan
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodekit.backends.compose.render import compose_filename, project_name, render_compose, to_yaml
 from nodekit.config.settings import Settings
-from nodekit.errors import JobFailed, NetworkError
+from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
 from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
 from nodekit.launcher.contract import Env
-from nodekit.system import docker, proc
+from nodekit.system import docker, hostlock, proc
 from nodekit.system.files import write_atomic
 from nodekit.system.host import net
 from nodekit.system.host.facts import HostFacts
@@ -154,6 +157,11 @@ def check_master_port(plan: NodePlan) -> None:
 def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool = False) -> int:
     """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
 
+    One node per rank and project per host (engine): under :func:`one_up_here` a second ``up`` of the same node is
+    refused at once, naming the first (its pid while it starts or follows, its container once it runs), and the
+    first goes on untouched. Before, the second force-recreated the first's container ("No such container") or
+    both failed, and the other nodes waited out the rendezvous.
+
     Returns the job's exit code (0 when detached). Ctrl-C, or SIGTERM/SIGHUP under :func:`nodekit.system.proc.stopping`
     (the CLI's), stops and removes the container (with ``debug``: stops it and keeps it for inspection), then the
     interrupt goes on (the CLI exits 128 + the signal). ``compose up`` runs in a process group of its own, which
@@ -163,6 +171,45 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
         reporter.warn(warning)
     if plan.main_note:
         reporter.step(plan.main_note)
+    with one_up_here(plan):
+        return _up(plan, reporter, detach=detach, on_line=on_line, debug=debug)
+
+
+def up_lock_name(project: str, endpoint: str | None) -> str:
+    """The host lock of one node: its compose project on one Docker engine (two virtual hosts on one machine, or
+    one host's two engines, do not exclude each other)."""
+    return hostlock.key_name(project, endpoint or "unix:///var/run/docker.sock", socket.gethostname())
+
+
+@contextlib.contextmanager
+def one_up_here(plan: NodePlan) -> Iterator[None]:
+    """Hold this node's host lock while ``up`` starts and follows it, and refuse (UsageError) when another ``up``
+    holds it or the node's container already runs. A crash releases the lock (flock); a detached node is found by
+    its running container."""
+    rank = plan.node.rank
+    about = f"pid {os.getpid()} (nodekit up -r {rank} in {Path.cwd()}, since {time.strftime('%H:%M:%S')})"
+    stop = f"nodekit down --node-rank {rank}"
+    try:
+        with hostlock.exclusive(up_lock_name(plan.project, proc.environ().get("DOCKER_HOST")), about):
+            here = docker.running(plan.project)
+            if here:
+                raise UsageError(
+                    f"node {rank} of this project already runs on this host: container {', '.join(here)}",
+                    fix=f"nodekit logs --node-rank {rank} -f to follow it, or {stop} first",
+                )
+            yield
+    except hostlock.Held as e:
+        raise UsageError(
+            f"node {rank} of this project is already being started or run on this host by {e.holder}",
+            fix=f"wait for it, or stop it ({stop})",
+        ) from None
+    except hostlock.NoLockDir as e:
+        raise UsageError(f"cannot lock node {rank} on this host: {e}", fix="remove it, or set XDG_RUNTIME_DIR") from (
+            None
+        )
+
+
+def _up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool) -> int:
     if not plan.image_id:  # planning did not look the image up here
         docker.require_image(plan.image, node=f"node {plan.node.rank}")
     check_master_port(plan)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from nodekit.config.file import read_text
 from nodekit.config.inputs import MAX_NODES, MAX_PROCS, hostname_problem, same_host_key, text_problem
 from nodekit.errors import UsageError
 
@@ -62,7 +63,10 @@ def parse_host(url: str, rank: int, slots: int | None = None) -> FleetHost:
     raw = url.strip()
     if text_problem(raw) is not None or any(c.isspace() for c in raw):
         raise UsageError(f"host {rank} {url!r} has spaces or control characters", fix=_FORMS)
-    parts = urlsplit(raw)
+    try:
+        parts = urlsplit(raw)
+    except ValueError as e:  # "Invalid IPv6 URL": a bracket not closed
+        raise UsageError(f"host {rank} {url!r} is not a URL ({e})", fix=_FORMS) from None
     if parts.scheme not in SCHEMES or (parts.scheme != "unix" and not parts.hostname):
         raise UsageError(f"host {rank} {url!r} is not an ssh://, tcp:// or unix:// Docker endpoint", fix=_FORMS)
     try:
@@ -77,6 +81,8 @@ def parse_host(url: str, rank: int, slots: int | None = None) -> FleetHost:
         return FleetHost(rank=rank, url=raw, scheme="unix", hostname=parts.path, slots=slots)
     hostname = str(parts.hostname)
     problem = hostname_problem(hostname)
+    if parts.username == "" or "@" in (parts.username or ""):
+        raise UsageError(f"host {rank} {url!r} has an empty or odd user name before its '@'", fix=_FORMS)
     extra = parts.password is not None or parts.path not in ("", "/") or parts.query or parts.fragment
     if problem is not None or extra or (parts.scheme == "tcp" and parts.username):
         why = problem or "has a password, a path or a query, which a Docker endpoint does not take"
@@ -153,8 +159,8 @@ def main_address(host0: FleetHost, main: str | None) -> str:
 
 
 def read_hostfile(path: Path, *, user: str | None = None) -> list[tuple[str, int | None]]:
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise UsageError(f"cannot read hostfile {path}: {e.strerror}", fix="pass an existing --hostfile") from None
-    return parse_hostfile(text, user=user)
+    """Read as nodekit.toml is (``config.file.read_text``): a regular file of at most 4 MiB, UTF-8, or one line
+    saying which it is not (``--hostfile /dev/zero`` or a FIFO is refused, never read)."""
+    return parse_hostfile(
+        read_text(path, f"hostfile {path}", "pass a regular UTF-8 file you can read as --hostfile"), user=user
+    )

@@ -17,9 +17,19 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nodekit.launcher.contract import EXIT_PEER_LOST
+from nodekit.launcher.stops import STOP_SIGNALS
 
 SETTLE_S = 3.0
 LOST = -1  # exit code reported for a node whose host was lost
+STOPPED_BY = {128 + int(s): s.name for s in STOP_SIGNALS}
+"""A node's exit codes that mean a signal from outside stopped it (its launcher says so; nodekit/launcher/stops.py)."""
+
+
+def ended_how(code: int) -> str:
+    """``failed with exit code 1``, or ``was stopped by SIGHUP (exit 129)`` for a stop from outside."""
+    name = STOPPED_BY.get(code)
+    return f"was stopped by {name} (exit {code})" if name else f"failed with exit code {code}"
+
 
 Action = Literal["wait", "stop", "done", "restart", "fail"]
 
@@ -96,7 +106,7 @@ def decide(
             return Decision("done", reason="every node finished")
         return Decision("wait")
     code = LOST if blamed.lost else int(blamed.code or 0)
-    what = "was lost" if blamed.lost else f"failed with exit code {code}"
+    what = "was lost" if blamed.lost else ended_how(code)
     at = blamed.at if blamed.at is not None else now
     also = tuple(
         r.rank

@@ -29,10 +29,17 @@ GET_POLL_S = 0.02  # a get() of a key not yet there asks again this often (a LAN
 RETRY_S = 0.05  # between connection attempts while main's port is not answering the handshake
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    """Exactly ``n`` bytes from ``sock`` (its timeout applies to each read); EOFError when the peer closes first."""
+def recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """Exactly ``n`` bytes from ``sock``; EOFError when the peer closes first. Without ``deadline`` the socket's
+    timeout applies to each read; with one (``time.monotonic()``), to all of them together: a peer that sends a
+    byte now and then cannot stretch the wait (TimeoutError once it passes)."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{len(buf)} of {n} bytes came before the deadline")
+            sock.settimeout(left)
         chunk = sock.recv(min(n - len(buf), 1 << 20))
         if not chunk:
             raise EOFError(f"connection closed after {len(buf)} of {n} bytes")
@@ -56,6 +63,7 @@ class Client:
         cls, addr: str, port: int, secret: str, *, timeout_s: float, connect_s: float, limits: Limits = LIMITS
     ) -> Client:
         """Connect and run the handshake, retrying a refused, reset or unfinished one until ``connect_s`` passes.
+        Each attempt, its handshake included, ends by then: a port that answers a byte at a time holds it no longer.
 
         Raises ``auth.WrongSecret`` when main's proof does not verify (no retry: main holds another secret),
         ``auth.NotNodekit`` when the port speaks something else, :class:`NoHandshake` when main's port took
@@ -65,6 +73,7 @@ class Client:
         connected = False
         while True:
             step = max(0.05, min(limits.handshake_s, deadline - time.monotonic()))
+            ends = time.monotonic() + step
             try:
                 sock = socket.create_connection((addr, port), timeout=step)
             except OSError as e:
@@ -72,7 +81,7 @@ class Client:
             else:
                 connected = True
                 try:
-                    return cls._handshake(sock, secret, timeout_s, limits)
+                    return cls._handshake(sock, secret, timeout_s, limits, ends)
                 except (OSError, EOFError) as e:
                     reason = str(e) or type(e).__name__
             if time.monotonic() >= deadline:
@@ -81,15 +90,16 @@ class Client:
             time.sleep(RETRY_S)
 
     @classmethod
-    def _handshake(cls, sock: socket.socket, secret: str, timeout_s: float, limits: Limits) -> Client:
+    def _handshake(cls, sock: socket.socket, secret: str, timeout_s: float, limits: Limits, ends: float) -> Client:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = secrets.token_bytes(NONCE_LEN)
             sock.sendall(client_hello(nonce))
-            hs = read_server_hello(recv_exact(sock, SERVER_HELLO_LEN), secret, nonce)
+            hs = read_server_hello(recv_exact(sock, SERVER_HELLO_LEN, ends), secret, nonce)
+            sock.settimeout(max(0.001, ends - time.monotonic()))
             sock.sendall(hs.client_tag(secret))
             client = cls(sock, hs.session_key(secret), hs.run_id, timeout_s, limits)
-            if client._recv() != ADMIT:
+            if client._recv(ends) != ADMIT:
                 raise EOFError("main did not admit this connection")
             sock.settimeout(timeout_s)
             return client
@@ -97,12 +107,12 @@ class Client:
             sock.close()
             raise
 
-    def _recv(self) -> bytes:
-        header = recv_exact(self._sock, HEADER_LEN)
+    def _recv(self, deadline: float | None = None) -> bytes:
+        header = recv_exact(self._sock, HEADER_LEN, deadline)
         n = frame_length(header)
         if n > self.limits.max_frame:
             raise StoreError(f"main sent a frame of {n} bytes (cap {self.limits.max_frame})")
-        payload = unseal(self._key, TO_CLIENT, self._rseq, header, recv_exact(self._sock, n + TAG_LEN))
+        payload = unseal(self._key, TO_CLIENT, self._rseq, header, recv_exact(self._sock, n + TAG_LEN, deadline))
         if payload is None:
             raise StoreError("a frame from main failed its check (changed on the way?)")
         self._rseq += 1
@@ -151,6 +161,11 @@ class Client:
 
     def check(self, keys: list[str]) -> bool:
         return self._call(b"C" + pack_keys([k.encode() for k in keys])) == b"B\x01"
+
+    def will(self, key: str) -> None:
+        """Ask main to set ``key`` when this connection ends: ``closed`` when this process closed it between calls
+        (it ended), ``cut`` otherwise (``server.py``). The peer watchdog names a node whose key is set."""
+        self._call(b"W" + key.encode())
 
     def close(self) -> None:
         with self._lock:

@@ -13,7 +13,11 @@ Caps (:class:`Limits`), enforced by main on every write and on every frame befor
 - 1 GiB stored in all (keys and values): every node's manifest of such a mount, for 64 nodes and more;
 - at most 64 connections in the handshake at once (a new one pushes out the oldest), each with 5 s to finish it;
   a client that has not proven the secret can make main hold at most 36 bytes of its input;
-- at most ``max(64, 2 * nnodes)`` admitted connections (one per worker is used).
+- at most ``max(64, 2 * nnodes)`` admitted connections (one per worker is used);
+- a frame on its way counts against the 1 GiB from its header on (its declared length is held back until its last
+  byte), so a member cannot make main buffer unfinished frames beside the cap; one that does not fit is read and
+  dropped without being kept (its MAC still checked) and answered "store is full"; a frame whose next byte does
+  not come within ``frame_idle_s`` (30 s) ends its connection.
 
 Standard library only: preflight does not wait for torch's import to host or join the store.
 """
@@ -43,6 +47,10 @@ class Limits:
     max_pending: int = 64
     max_sessions: int = 64
     handshake_s: float = 5.0
+    frame_idle_s: float = 30.0
+    """An admitted connection in the middle of a frame is dropped when no byte of it came for this long: a LAN
+    delivers the next byte of a 64 MiB value within milliseconds, and a stalled sender would otherwise hold its
+    share of the total cap for ever."""
 
     @property
     def max_frame(self) -> int:

@@ -6,7 +6,18 @@ bytes the current step needs: the 36-byte hello, the 32-byte proof, then for an 
 header, checked against the frame cap before the body is read. It reads nothing more from a connection while its
 answer is still being sent, so a client that does not read its answers cannot make main queue them. A
 connection in the handshake is dropped after ``handshake_s``, on a wrong hello or proof, or when it is the oldest
-of ``max_pending`` and another arrives; an admitted one on an oversized, forged or malformed frame.
+of ``max_pending`` and another arrives; an admitted one on an oversized, forged or malformed frame, or when a frame
+it started stalls for ``frame_idle_s``.
+
+Frames on their way count against the store's total: a frame's declared length is held back from its header to its
+last byte, and one that does not fit beside what is stored and held is read without being kept (its MAC checked
+piece by piece) and answered "store is full". Requests of at most :data:`SMALL_FRAME` bytes (every get, add,
+check and heartbeat) always fit: with ``max_sessions`` connections that is at most a few MiB beside the cap.
+
+A connection may leave a *will* (the ``W`` request, :meth:`nodekit.launcher.store.client.Client.will`): a key main
+sets when that connection ends, to ``closed`` when the peer closed it between frames (its process ended: the kernel
+closes its sockets) and to ``cut`` for anything less clear (a reset, a close mid-frame, a connection main dropped).
+The peer watchdog reads it to name a node whose container was killed at once, instead of a peer timeout later.
 
 :func:`host` gives main's launcher a ``store.Hosted``: main's own calls go to the table directly, and the port is
 served for as long as that object lives (the peer watchdog keeps it for the whole job) or until it is closed.
@@ -21,6 +32,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from nodekit.launcher.store.auth import (
     CLIENT_HELLO_LEN,
@@ -34,18 +46,22 @@ from nodekit.launcher.store.auth import (
     Handshake,
     NotNodekit,
     frame_length,
+    frame_mac,
     proof_ok,
     read_client_hello,
     seal,
     server_hello,
+    tag_ok,
     unseal,
 )
-from nodekit.launcher.store.kv import ADMIT, LIMITS, Hosted, Limits, Table
+from nodekit.launcher.store.kv import ADMIT, LIMITS, Hosted, Limits, StoreError, Table
 
 HELLO, PROOF, HEADER, BODY = range(4)
 SWEEP_S = 0.25  # how often expired handshakes are dropped when nothing else happens
 ACCEPT_BATCH = 16  # connections taken per wake-up, so that a flood cannot starve the reads of those accepted
 READ_CHUNK = 1 << 20
+SMALL_FRAME = 64 << 10  # a request this small is never held back by the total (see the module docstring)
+CLOSED, CUT = b"closed", b"cut"  # what a will says: the peer closed between frames, or anything less clear
 
 
 @dataclass(frozen=True)
@@ -61,6 +77,7 @@ class Stats:
     evicted: int = 0  # pushed out of the handshake by newer connections, or out of time
     keys: int = 0
     stored: int = 0
+    held: int = 0  # bytes of frames on their way, counted against the total cap
 
 
 @dataclass(eq=False)
@@ -77,6 +94,16 @@ class _Conn:
     header: bytes = b""
     rseq: int = 0
     wseq: int = 0
+    last: float = 0.0  # when a byte last arrived
+    held: int = 0  # this frame's length, held back from the total until it is applied
+    skim: Any = None  # the MAC of a frame read without being kept (it does not fit), else None
+    got: int = 0  # bytes of that frame read so far
+    tail: bytearray = field(default_factory=bytearray)  # its tag
+    will: bytes = b""  # the key set when this connection ends
+
+    @property
+    def mid_frame(self) -> bool:
+        return self.phase == BODY or bool(self.inbuf)
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -104,6 +131,7 @@ class Server:
         self._stop = threading.Event()
         self._stats = Stats()
         self._refused = self._evicted = self._peak_pending = 0
+        self._held = 0
         self._counted_at = 0.0
         self._thread = threading.Thread(target=self._serve, name="nodekit-store", daemon=True)
 
@@ -167,6 +195,8 @@ class Server:
             if now - conn.born < self.limits.handshake_s:
                 break
             self._evict(conn)
+        for conn in [c for c in self._sessions if c.mid_frame and now - c.last >= self.limits.frame_idle_s]:
+            self._evict(conn)
 
     def _count(self, now: float) -> None:
         if now - self._counted_at < 0.05 and not self._stop.is_set():
@@ -185,14 +215,24 @@ class Server:
             evicted=self._evicted,
             keys=len(self.table),
             stored=self.table.stored,
+            held=self._held,
         )
 
-    def _drop(self, conn: _Conn) -> None:
+    def _drop(self, conn: _Conn, how: bytes = CUT) -> None:
         self._pending.pop(conn, None)
         self._sessions.discard(conn)
+        self._release(conn)
         with contextlib.suppress(KeyError, ValueError):
             self._sel.unregister(conn.sock)
         conn.sock.close()
+        if conn.will and not self._stop.is_set():
+            will, conn.will = conn.will, b""
+            with contextlib.suppress(StoreError):  # a full store keeps its data; the heartbeat still tells
+                self.table.set(will, how)
+
+    def _release(self, conn: _Conn) -> None:
+        self._held -= conn.held
+        conn.held = 0
 
     def _evict(self, conn: _Conn) -> None:
         self._evicted += 1
@@ -207,14 +247,19 @@ class Server:
             if conn.out:
                 self._flush(conn)
                 return
-            chunk = conn.sock.recv(min(conn.need - len(conn.inbuf), READ_CHUNK))
+            have = conn.got if conn.skim is not None else len(conn.inbuf)
+            chunk = conn.sock.recv(min(conn.need - have, READ_CHUNK))
         except BlockingIOError:
             return
         except OSError:
             self._drop(conn)
             return
         if not chunk:
-            self._drop(conn)
+            self._drop(conn, CUT if conn.mid_frame else CLOSED)
+            return
+        conn.last = time.monotonic()
+        if conn.skim is not None:
+            self._skim(conn, chunk)
             return
         conn.inbuf += chunk
         if len(conn.inbuf) == conn.need:
@@ -261,6 +306,7 @@ class Server:
                 return
             self._sessions.add(conn)
             conn.key, conn.phase, conn.need = conn.hs.session_key(self.secret), HEADER, HEADER_LEN
+            conn.last = time.monotonic()
             self._reply(conn, ADMIT)
         elif conn.phase == HEADER:
             n = frame_length(unit)
@@ -268,20 +314,51 @@ class Server:
                 self._refuse(conn)
                 return
             conn.header, conn.phase, conn.need = unit, BODY, n + TAG_LEN
+            if n > SMALL_FRAME and self.table.stored + self._held + n > self.limits.max_total:
+                conn.skim, conn.got = frame_mac(conn.key, TO_SERVER, conn.rseq, unit), 0
+            else:
+                conn.held = n
+                self._held += n
         else:
             self._request(conn, unit)
 
+    def _skim(self, conn: _Conn, chunk: bytes) -> None:
+        """A piece of a frame that does not fit: fed to its MAC and dropped; at its end, "store is full"."""
+        payload_left = max(0, conn.need - TAG_LEN - conn.got)
+        conn.skim.update(chunk[:payload_left])
+        conn.tail += chunk[payload_left:]
+        conn.got += len(chunk)
+        if conn.got < conn.need:
+            return
+        ok = tag_ok(conn.skim, bytes(conn.tail))
+        n = conn.need - TAG_LEN
+        conn.skim, conn.tail, conn.got = None, bytearray(), 0
+        if not ok:
+            self._refuse(conn)
+            return
+        conn.rseq += 1
+        conn.phase, conn.need = HEADER, HEADER_LEN
+        held = f"{self.table.stored} of {self.limits.max_total} bytes stored, {self._held} on their way"
+        self._reply(conn, f"Estore is full: a request of {n} bytes does not fit ({held})".encode())
+
     def _request(self, conn: _Conn, body: bytes) -> None:
+        self._release(conn)
         payload = unseal(conn.key, TO_SERVER, conn.rseq, conn.header, body)
         if payload is None:
             self._refuse(conn)
             return
         conn.rseq += 1
-        try:
-            response = self.table.apply(payload)
-        except ValueError:
-            self._refuse(conn)
-            return
+        if payload[:1] == b"W":  # this connection's will (see the module docstring)
+            will = payload[1:]
+            ok = 0 < len(will) <= self.limits.max_key
+            response = b"O" if ok else f"Estore refused a will key of {len(will)} bytes".encode()
+            conn.will = will if ok else conn.will
+        else:
+            try:
+                response = self.table.apply(payload)
+            except ValueError:
+                self._refuse(conn)
+                return
         conn.phase, conn.need = HEADER, HEADER_LEN
         self._reply(conn, response)
 

@@ -3,9 +3,14 @@ rounds timed on its own clock), whether to stop its job (:func:`alarm`), how it 
 (:func:`conclude`), and the lines it prints. Observations and times in, decisions out; :mod:`watchdog` runs them.
 
 A node is *lost* when it has not marked itself done and its counter has not moved for the peer timeout, measured
-over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself.
-A node that marked itself done with a non-zero code and not ``stopped`` has *failed*. A node whose torchrun is
-restarting workers (max_restarts) is neither: its launcher, torchrun's agent, keeps beating throughout.
+over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself. A
+node whose store connection ended without a done mark is lost sooner: at once when it closed between calls (its
+launcher's process is gone: a killed container), and once its counter has also stood still for :data:`CONFIRM_S`
+when the end was less clear (a reset, a close mid-frame), since a node beats through that one connection only.
+A node that marked itself done with a non-zero code and not ``stopped`` has *failed*, unless a signal from outside
+stopped it (``docker stop``, ``docker kill -s HUP|INT|TERM``, an administrator): then it was *stopped by that
+signal*, which the others name as such, before any failure its stop caused (theirs included). A node whose torchrun
+is restarting workers (max_restarts) is none of these: its launcher, torchrun's agent, keeps beating throughout.
 """
 
 from __future__ import annotations
@@ -16,7 +21,14 @@ from dataclasses import dataclass, field
 
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
 from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
-from nodekit.launcher.watchdog.failure import WorkerFailure, failed_line, first_failed, node_failed, who
+from nodekit.launcher.watchdog.failure import (
+    WorkerFailure,
+    failed_line,
+    first_failed,
+    node_failed,
+    signal_name,
+    who,
+)
 
 
 @dataclass(frozen=True)
@@ -26,16 +38,19 @@ class Done:
     code: int
     stopped: bool = False
     failure: WorkerFailure | None = None  # the worker torchrun gave up on, when it named one
+    signal: int = 0  # the signal from outside that stopped it (its code is then 128 + it); 0: none
 
     @property
     def failed(self) -> bool:
-        """It failed on its own: a non-zero code that its watchdog did not cause."""
-        return self.code != 0 and not self.stopped
+        """It failed on its own: a non-zero code that neither its watchdog nor a signal from outside caused."""
+        return self.code != 0 and not self.stopped and not self.signal
 
     def to_json(self) -> str:
         data: dict[str, object] = {"code": self.code, "stopped": self.stopped}
         if self.failure is not None:
             data["failure"] = self.failure.to_json_dict()
+        if self.signal:
+            data["signal"] = self.signal
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -46,34 +61,45 @@ class Done:
             code=int(data["code"]),
             stopped=bool(data.get("stopped", False)),
             failure=WorkerFailure.from_json_dict(failure) if isinstance(failure, dict) else None,
+            signal=int(data.get("signal", 0)),
         )
+
+
+CONFIRM_S = 3.0
+"""A node whose store connection ended unclearly is lost once its counter has stood still this long (three beats)."""
+CLOSED, CUT = "closed", "cut"
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One round of store reads: each watched node's counter, and the done and bye marks found."""
+    """One round of store reads: each watched node's counter, the done and bye marks found, and how the store
+    connection of a node ended when it did (:data:`CLOSED` or :data:`CUT`, main's will for it)."""
 
     at: float
     counts: Mapping[int, int]
     done: Mapping[int, Done] = field(default_factory=dict)
     bye: frozenset[int] = frozenset()
+    gone: Mapping[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Lost:
-    """Node ``rank`` has been silent for ``silent_s``; ``store``: it is main and its store stopped answering."""
+    """Node ``rank`` has been silent for ``silent_s``; ``store``: it is main and its store stopped answering;
+    ``gone``: how its store connection ended (empty: it did not, as far as is known)."""
 
     rank: int
     silent_s: float
     store: bool = False
+    gone: str = ""
 
 
 @dataclass(frozen=True)
 class Alarm:
-    """Why a node stops its own job: nodes lost, else nodes that failed."""
+    """Why a node stops its own job: nodes lost, else nodes a signal stopped, else nodes that failed."""
 
     lost: tuple[Lost, ...] = ()
     failed: tuple[tuple[int, Done], ...] = ()
+    signalled: tuple[tuple[int, Done], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -91,14 +117,16 @@ class _Peer:
     moves: tuple[float, ...] = ()  # read times of the last two changes
     done: Done | None = None
     bye: bool = False
+    gone: str = ""
 
 
 class Watch:
     """What node ``rank`` knows of the others, from readings timed on its own clock. Pure: times are arguments."""
 
-    def __init__(self, rank: int, nnodes: int, timeout: float, start: float) -> None:
+    def __init__(self, rank: int, nnodes: int, timeout: float, start: float, confirm_s: float = CONFIRM_S) -> None:
         self.rank = rank
         self.timeout = timeout
+        self.confirm_s = min(confirm_s, timeout)
         self.last_ok = start  # when a round of store calls last completed
         self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
         self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
@@ -118,6 +146,9 @@ class Watch:
         for rank in reading.bye:
             if rank in self.peers:
                 self.peers[rank].bye = True
+        for rank, how in reading.gone.items():
+            if rank in self.peers:
+                self.peers[rank].gone = how
 
     def store_silence(self, now: float) -> float:
         return now - self.last_ok
@@ -135,12 +166,21 @@ class Watch:
                 continue
             if rank == 0 and self.store_silence(now) >= self.timeout:
                 out.append(Lost(0, self.store_silence(now), store=True))
-            elif self.silence(rank) >= self.timeout:
-                out.append(Lost(rank, self.silence(rank)))
+            elif self._lost(rank, peer):
+                out.append(Lost(rank, self.silence(rank), gone=peer.gone))
         return tuple(out)
+
+    def _lost(self, rank: int, peer: _Peer) -> bool:
+        """Silent for the timeout; or its connection closed (it ended); or cut, and silent for ``confirm_s``."""
+        silent = self.silence(rank)
+        return silent >= self.timeout or peer.gone == CLOSED or (bool(peer.gone) and silent >= self.confirm_s)
 
     def failed(self) -> tuple[tuple[int, Done], ...]:
         return tuple((r, p.done) for r, p in sorted(self.peers.items()) if p.done is not None and p.done.failed)
+
+    def signalled(self) -> tuple[tuple[int, Done], ...]:
+        """The nodes a signal from outside stopped."""
+        return tuple((r, p.done) for r, p in sorted(self.peers.items()) if p.done is not None and p.done.signal)
 
     def alive_since(self, rank: int, since: float) -> bool:
         """``rank`` beat after ``since``: two changes read after it (the first can be a beat sent before)."""
@@ -156,7 +196,8 @@ class Watch:
         if self.rank == 0:
             if self.store_gone:
                 return True  # its own store failing (never seen): nobody can read or write anything anyway
-            return all(peer.bye or self.silence(rank) >= self.timeout for rank, peer in self.peers.items())
+            # A node whose connection ended cannot say bye any more.
+            return all(peer.bye or peer.gone or self.silence(rank) >= self.timeout for rank, peer in self.peers.items())
         if 0 in lost or (self.store_gone and self.peers[0].done is not None):
             return True  # nothing more can be learned without the store
         return all(
@@ -165,9 +206,9 @@ class Watch:
 
 
 def alarm(watch: Watch, now: float) -> Alarm | None:
-    """While this node's torchrun runs: stop it when another node is lost or has failed, else None."""
-    lost, failed = watch.lost(now), watch.failed()
-    return Alarm(lost=lost, failed=failed) if lost or failed else None
+    """While this node's torchrun runs: stop it when another node is lost, was stopped or has failed, else None."""
+    lost, failed, signalled = watch.lost(now), watch.failed(), watch.signalled()
+    return Alarm(lost=lost, failed=failed, signalled=signalled) if lost or failed or signalled else None
 
 
 def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str]) -> Ending:
@@ -180,9 +221,14 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
     19 when that first failure was another node's, else with its own code.
     """
     lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
+    if own.signal:  # this node was stopped from outside: its own line was printed when the signal came
+        return Ending(own.code)
     if raised is not None:
         code = EXIT_OK if own.code == 0 else EXIT_PEER_LOST
         return Ending(code, lost_line(lost, names, f"this node had stopped (exit {code})") if lost else None)
+    stopped = watch.signalled()
+    if not lost and stopped and own.code != 0:
+        return Ending(EXIT_PEER_LOST, stopped_line(stopped, names, f"this node exits {EXIT_PEER_LOST}"))
     if not lost:
         peers = watch.failed()
         if own.code == 0 or (own.failure is None and not peers):
@@ -199,10 +245,18 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
 def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> str:
     """``nodekit: node 2 (172.31.250.12, host h2) lost: no heartbeat for 15 s; <then>``"""
     main = [x for x in lost if x.store]
-    silent = [x for x in lost if not x.store]
+    closed = [x for x in lost if not x.store and x.gone]
+    silent = [x for x in lost if not x.store and not x.gone]
     parts = []
     if main:
         parts.append(f"{who([0], names)} lost: main's store unreachable for {main[0].silent_s:.0f} s")
+    if closed:
+        how = (
+            "store connection closed without a done mark (the launcher ended: its container killed or stopped)"
+            if all(x.gone == CLOSED for x in closed)
+            else "store connection broke and the heartbeat stopped"
+        )
+        parts.append(f"{who([x.rank for x in closed], names)} lost: {how}")
     if silent:
         parts.append(
             f"{who([x.rank for x in silent], names)} lost: no heartbeat for {min(x.silent_s for x in silent):.0f} s"
@@ -210,10 +264,21 @@ def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> st
     return f"nodekit: {'; '.join(parts)}; {then}"
 
 
+SIGNAL_FROM = "a signal to its container: docker stop, docker kill or an administrator"
+
+
+def stopped_line(stopped: tuple[tuple[int, Done], ...], names: Mapping[int, str], then: str) -> str:
+    """``nodekit: node 1 (10.0.0.6, host b) was stopped by SIGHUP (a signal to its container: ...); <then>``"""
+    parts = [f"{who([r], names)} was stopped by {signal_name(d.signal)}" for r, d in stopped]
+    return f"nodekit: {'; '.join(parts)} ({SIGNAL_FROM}); {then}"
+
+
 def alarm_line(found: Alarm, names: Mapping[int, str]) -> str:
     """The one line a node prints when its watchdog stops it."""
     if found.lost:
         return lost_line(found.lost, names, "stopping this node")
+    if found.signalled:
+        return stopped_line(found.signalled, names, "stopping this node")
     if len(found.failed) == 1:
         rank, done = found.failed[0]
         return f"nodekit: {node_failed(rank, done.code, done.failure, names)}; stopping this node"

@@ -11,6 +11,9 @@ The channel is preflight's TCPStore, which node 0 keeps hosting for the whole jo
                its own watchdog stopped it (another node was lost or failed), so it is not the cause; ``failure``:
                the worker its torchrun gave up on (rank, exit code or signal), when it named one
     bye/<r>    node r no longer needs the store; node 0 hosts it until every node said bye or went silent
+    gone/<r>   set by main's store when node r's connection ends (its will: ``closed`` or ``cut``); read before
+               the done marks, so a node that ended normally (done, then its connection closed) is never taken
+               for lost
 
 The decisions are pure (:mod:`nodekit.launcher.watchdog.decide`: who is lost or failed, when to stop, how to end, the
 lines). :class:`Watchdog` runs them in two daemon threads: one does the store calls, one judges.
@@ -114,6 +117,7 @@ class Watchdog:
         self._alarm: Alarm | None = None
         self._alarm_at = 0.0
         self._own: Done | None = None
+        self._outside = 0  # a signal from outside that is stopping this node (set from a signal handler)
         self._leaving = False
         self.broken: str | None = None  # the store error that ended the I/O thread
         self._threads = [
@@ -132,14 +136,25 @@ class Watchdog:
         for t in self._threads:
             t.start()
 
-    def finish(self, code: int, failure: WorkerFailure | None = None) -> Ending:
-        """This node's torchrun returned ``code`` (``failure``: the worker it gave up on): publish it, wait until the
-        other nodes are settled (not at all for a worker that succeeded), say bye, print the ending's line if any and
-        return the ending."""
+    def stopping(self, signum: int) -> None:
+        """A signal from outside is stopping this node (torchrun is ending its workers): publish its done mark now,
+        as it will be (128 + the signal), so that the others name this stop before they take the failures it
+        causes in their own workers for a crash. Safe in a signal handler: it sets a number and wakes the I/O
+        thread."""
+        if not self._outside and self._alarm is None:
+            self._outside = signum
+            self._wake.set()
+
+    def finish(self, code: int, failure: WorkerFailure | None = None, *, signal: int = 0) -> Ending:
+        """This node's torchrun returned ``code`` (``failure``: the worker it gave up on; ``signal``: the signal from
+        outside that stopped it): publish it, wait until the other nodes are settled (not at all for a worker that
+        succeeded), say bye, print the ending's line if any and return the ending."""
         since = self.clock.now()
         with self._lock:
             raised = self._alarm
-            own = Done(code, stopped=raised is not None, failure=failure if raised is None else None)
+            signal = signal if raised is None else 0
+            stopped = raised is not None
+            own = Done(code, stopped=stopped, failure=failure if raised is None else None, signal=signal)
             self._own = own
         self._wake.set()
         margin = HOST_MARGIN_S if self.rank == 0 else WORKER_MARGIN_S
@@ -169,25 +184,31 @@ class Watchdog:
     def _io(self) -> None:
         store, me = self.store, self.rank
         others = sorted(r for r in range(self.nnodes) if r != me)
-        done_sent = False
+        sent: Done | None = None
         try:
+            leave_will = getattr(store, "will", None)  # a worker's connection to main (main's store is local)
+            if leave_will is not None:
+                leave_will(_key("gone", me))
             while not self._quit.is_set():
                 self._wake.clear()  # before reading the flags: a wake-up set after this is not lost
                 with self._lock:
                     own, leaving = self._own, self._leaving
+                    if own is None and self._outside:
+                        own = Done(128 + self._outside, signal=self._outside)
                     unread = [r for r in others if self.watch.peers[r].done is None]
                     byes = [r for r in others if self.watch.peers[r].done is not None and not self.watch.peers[r].bye]
-                if own is not None and not done_sent:
+                if own is not None and own != sent:
                     store.set(_key("done", me), own.to_json())
-                    done_sent = True
+                    sent = own
                 store.add(_key("hb", me), 1)
                 if leaving:
                     store.set(_key("bye", me), "1")
                     break
                 counts = {r: int(store.add(_key("hb", r), 0)) for r in others}
+                gone = {r: store.get(_key("gone", r)).decode() for r in unread if store.check([_key("gone", r)])}
                 done = {r: Done.from_json(store.get(_key("done", r))) for r in unread if store.check([_key("done", r)])}
                 bye = frozenset(r for r in byes if me == 0 and store.check([_key("bye", r)]))
-                reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye)
+                reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye, gone=gone)
                 with self._lock:
                     self.watch.see(reading)
                 self._wake.wait(self.beat_s if own is None else min(self.beat_s, SETTLE_POLL_S))

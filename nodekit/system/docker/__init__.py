@@ -28,6 +28,7 @@ from nodekit.system.docker.compose import (
     compose_stop,
     compose_up,
     compose_wait,
+    running,
 )
 from nodekit.system.docker.containers import probe_image, run_as_job, run_in_image
 from nodekit.system.docker.images import (
@@ -81,6 +82,7 @@ __all__ = [
     "require_image",
     "run_as_job",
     "run_in_image",
+    "running",
     "runtimes",
     "tag_image",
 ]

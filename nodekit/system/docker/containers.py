@@ -1,5 +1,6 @@
 """Throw-away containers of an image: the probes that read what an image holds, and ``nodekit doctor``'s test
-container set up as a node's job is. Each is removed, also when its deadline stops it."""
+container set up as a node's job is. Each is removed, also when its deadline stops it or a signal stops nodekit,
+and labelled so that one left by a nodekit killed outright can be found (:data:`PROBE_LABEL`)."""
 
 from __future__ import annotations
 
@@ -9,40 +10,74 @@ from collections.abc import Mapping
 from nodekit.errors import DeadlineError, EngineError, ImageError
 from nodekit.system import proc
 from nodekit.system.docker import calls
-from nodekit.system.docker.calls import CONTAINER_START_S, Engine, client, docker_argv, fails, stderr_tail
+from nodekit.system.docker.calls import CONTAINER_START_S, docker_argv, stderr_tail
+
+PROBE_LABEL = "org.nodekit.probe"
+"""Every throw-away container carries it, valued with its own name: ``docker ps -a --filter label=org.nodekit.probe``
+finds one whatever became of nodekit (SIGKILL), and nodekit finds its own again after an interrupt."""
+
+
+def _throwaway(
+    host: str | None, run_args: list[str], *, deadline: float, what: str, fix: str, env: Mapping[str, str] | None = None
+) -> proc.Result:
+    """``docker run --rm --name N --label org.nodekit.probe=N <run_args>`` to its end. Whatever ends the wait
+    first (its deadline: DeadlineError; Ctrl-C or a stop signal: that exception) removes the container before it
+    goes on: killing the docker client leaves a container running, or ``Created`` and never started (``--rm``
+    removes only one that ran), with nothing but its label to find it by."""
+    import secrets
+
+    name = f"nodekit-probe-{secrets.token_hex(6)}"
+    argv = docker_argv(host, "run", "--rm", "--name", name, "--label", f"{PROBE_LABEL}={name}", *run_args)
+    try:
+        return proc.run(argv, deadline=deadline, what=what, fix=fix, env=None if env is None else proc.environ(env))
+    except BaseException:
+        _remove(host, name)
+        raise
+
+
+def _remove(host: str | None, name: str) -> None:
+    """Remove the throw-away container ``name``; once more by its label a moment later, for a create the engine was
+    still carrying out when its client was killed. Never raises: the caller's exception is what the user sees."""
+    import time
+
+    def rm(*refs: str) -> None:
+        with contextlib.suppress(OSError, DeadlineError):
+            proc.run(docker_argv(host, "rm", "-f", *refs), deadline=calls.ENGINE_CALL_S, what="docker rm", fix="")
+
+    rm(name)
+    time.sleep(0.5)
+    with contextlib.suppress(OSError, DeadlineError):
+        listed = proc.run(docker_argv(host, "ps", "--all", "--quiet", "--filter", f"label={PROBE_LABEL}={name}"),
+                          deadline=calls.ENGINE_CALL_S, what="docker ps", fix="").stdout.split()  # fmt: skip
+        if listed:
+            rm(*listed)
 
 
 def run_in_image(ref: str, command: list[str], *, entrypoint: str | None = None, host: str | None = None) -> str:
     """Run ``command`` in a throw-away container of ``ref`` with no network; its standard output."""
-    import uuid
-
-    name = f"nodekit-probe-{uuid.uuid4().hex[:12]}"
-    e = Engine(host, deadline=CONTAINER_START_S)
-    failed, fix = f"running {command[0]} in {ref} failed", f"docker run --rm {ref}"
-    # A container its deadline stopped the client of is still running: removed, not left behind.
-    with e.calling(f"running {command[0]} in {ref}", fails(ImageError, failed, fix),
-                   undo=lambda: client(host).container.remove(name, force=True)):  # fmt: skip
-        out = e.docker.container.run(ref, command, entrypoint=entrypoint, remove=True, networks=["none"], name=name)
-    return str(out)
+    args = ["--network", "none", "--pull", "never", *(["--entrypoint", entrypoint] if entrypoint else []), ref]
+    fix = f"docker run --rm {ref}"
+    try:
+        done = _throwaway(host, [*args, *command], deadline=CONTAINER_START_S, what=f"running {command[0]} in {ref}",
+                          fix=fix)  # fmt: skip
+    except DeadlineError:
+        hung = f"running {command[0]} in {ref} did not finish within {CONTAINER_START_S:.0f} s"
+        raise ImageError(hung, fix=fix) from None
+    if done.returncode != 0:
+        raise ImageError(f"running {command[0]} in {ref} failed: {_docker_run_error(done.stderr)}", fix=fix)
+    return done.stdout
 
 
 def probe_image(ref: str, script: str, *, env: Mapping[str, str], timeout: float, host: str | None = None) -> str:
     """``sh -c script`` in a throw-away container of ``ref``: no network, the image's own user and PATH, ``env``
     added; its standard output. ImageError with Docker's reason when it cannot start (an image without ``sh``),
-    fails, or outlives ``timeout`` seconds (the container is then removed)."""
-    import uuid
-
-    name = f"nodekit-probe-{uuid.uuid4().hex[:12]}"
-    argv = docker_argv(
-        host, "run", "--rm", "--name", name, "--network", "none", "--pull", "never",
-        *(a for k in sorted(env) for a in ("--env", k)), "--entrypoint", "sh", ref, "-c", script,
-    )  # fmt: skip
+    fails, or outlives ``timeout`` seconds (the container is then removed, as after Ctrl-C)."""
+    args = ["--network", "none", "--pull", "never", *(a for k in sorted(env) for a in ("--env", k)),
+            "--entrypoint", "sh", ref, "-c", script]  # fmt: skip
     fix = f"docker run --rm --network none --entrypoint sh {ref} -c 'python3 -V'"
     try:
-        done = proc.run(argv, deadline=timeout, what=f"probing {ref}", fix=fix, env=proc.environ(env))
+        done = _throwaway(host, args, deadline=timeout, what=f"probing {ref}", fix=fix, env=env)
     except DeadlineError:
-        with contextlib.suppress(DeadlineError):  # the engine hung: the error below says so
-            proc.run(docker_argv(host, "rm", "-f", name), deadline=calls.ENGINE_CALL_S, what="docker rm", fix="")
         raise ImageError(f"probing {ref} did not finish within {timeout:.0f} s", fix=fix) from None
     if done.returncode != 0:
         why = _docker_run_error(done.stderr)
@@ -75,23 +110,13 @@ def run_as_job(
     or it takes longer than ``timeout`` seconds. python-on-whales builds the command line; the process is ours
     so that stderr is captured (its ``run`` lets it through to the terminal) and the wait is bounded.
     """
-    import secrets
-
-    name = f"nodekit-probe-{secrets.token_hex(4)}"
-    argv = docker_argv(
-        host,
-        "run", "--rm", "--name", name, "--network", "host", "--ipc", "host",
-        *(f"--ulimit={u}" for u in ulimits or []),
-        *(["--gpus", "all"] if gpus else []),
-        "--entrypoint", "sh", ref, "-c", script,
-    )  # fmt: skip
+    args = ["--network", "host", "--ipc", "host", *(f"--ulimit={u}" for u in ulimits or []),
+            *(["--gpus", "all"] if gpus else []), "--entrypoint", "sh", ref, "-c", script]  # fmt: skip
     fix = f"docker run --rm --network host --ipc host{' --gpus all' if gpus else ''} --entrypoint true {ref}"
     try:
-        done = proc.run(argv, deadline=timeout, what=f"a test container of {ref}", fix=fix)
+        done = _throwaway(host, args, deadline=timeout, what=f"a test container of {ref}", fix=fix)
     except DeadlineError:
-        # Killing the client leaves the container running: remove it, or it would hold the ports and GPUs.
-        with contextlib.suppress(OSError, DeadlineError):
-            proc.run(docker_argv(host, "rm", "-f", name), deadline=30, what="docker rm", fix="")
+        # Killing the client left the container running: removed (above), or it would hold the ports and GPUs.
         raise EngineError(
             f"a test container of {ref} did not finish within {timeout} s (it hung); it was removed", fix=fix
         ) from None

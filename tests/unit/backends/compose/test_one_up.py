@@ -1,0 +1,108 @@
+"""One node per rank and project per host (issue 28): a second `nodekit up` of the same node is refused at once,
+naming the first, and the first goes on; a crash of the first frees the node at once. The first is a real process
+holding the node's host lock; the engine is a stand-in that records what `up` asked of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodekit.backends.compose import node
+from nodekit.config.settings import Settings
+from nodekit.errors import UsageError
+from nodekit.system import docker
+from nodekit.system.host.facts import HostFacts
+from nodekit.system.progress import RecordingReporter
+from tests.unit.planning import plan_here
+
+ROOT = Path(__file__).resolve().parents[4]
+FACTS = HostFacts(gpu_count=0, memlock_hard=None, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
+
+FIRST = """
+import sys, time
+from pathlib import Path
+from nodekit.backends.compose import node
+from nodekit.config.settings import Settings
+from nodekit.system import docker
+from nodekit.system.host.facts import HostFacts
+from tests.unit.planning import plan_here
+docker.running = lambda project: []
+facts = HostFacts(gpu_count=0, memlock_hard=None, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
+s = Settings(project_dir=Path(sys.argv[1]), name="once", script="train.py", nnodes=2)
+plan = plan_here(s, 0, "10.0.0.5", image="nodekit/once:0123456789ab", facts=facts)
+with node.one_up_here(plan):
+    print("holding", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def engine(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What `up` asked of the engine (nothing runs): its containers are those in ``running``."""
+    asked: list[str] = []
+    monkeypatch.setattr(docker, "require_image", lambda *a, **k: None)
+    monkeypatch.setattr(node, "check_master_port", lambda plan: None)
+    monkeypatch.setattr(docker, "running", lambda project: asked.append("ps") or list(RUNNING))
+    monkeypatch.setattr(docker, "compose_up", lambda path, project: asked.append("up"))
+    return asked
+
+
+RUNNING: list[str] = []
+
+
+def plan(project: Path) -> node.NodePlan:
+    (project / "train.py").write_text("print(1)\n")
+    s = Settings(project_dir=project, name="once", script="train.py", nnodes=2)
+    return plan_here(s, 0, "10.0.0.5", image="nodekit/once:0123456789ab", facts=FACTS)
+
+
+def test_a_second_up_of_the_same_node_is_refused_naming_the_first_which_goes_on(
+    tmp_path: Path, engine: list[str]
+) -> None:
+    p = plan(tmp_path)
+    first = subprocess.Popen([sys.executable, "-c", FIRST, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "holding\n"
+        with pytest.raises(UsageError) as refused:
+            node.up(p, RecordingReporter(), detach=True, on_line=print)
+        assert f"pid {first.pid} (nodekit up -r 0 in " in str(refused.value), refused.value
+        assert "Fix: wait for it, or stop it (nodekit down --node-rank 0)" in refused.value.one_line()
+        assert engine == [] and not p.compose_path.exists(), "the refused up touched the engine or the file"
+        assert first.poll() is None, "the first up was disturbed"
+        os.kill(first.pid, signal.SIGKILL)  # the first crashes: the kernel releases its lock
+        first.wait()
+        assert node.up(p, RecordingReporter(), detach=True, on_line=print) == 0
+        assert engine == ["ps", "up"]
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_an_up_while_the_node_s_container_runs_is_refused_naming_it(tmp_path: Path, engine: list[str]) -> None:
+    """A detached `up` holds no lock once it returned: its running container is what a second `up` finds (which
+    would otherwise force-recreate it under the first's job)."""
+    RUNNING[:] = ["nodekit-once-node0-train-1 (Up 3 minutes)"]
+    try:
+        with pytest.raises(UsageError, match=r"already runs on this host: container nodekit-once-node0-train-1"):
+            node.up(plan(tmp_path), RecordingReporter(), detach=True, on_line=print)
+    finally:
+        RUNNING.clear()
+    assert engine == ["ps"]
+
+
+def test_other_ranks_projects_and_engines_do_not_exclude_each_other() -> None:
+    names = {
+        node.up_lock_name("nodekit-once-node0", None),
+        node.up_lock_name("nodekit-once-node1", None),
+        node.up_lock_name("nodekit-other-node0", None),
+        node.up_lock_name("nodekit-once-node0", "unix:///run/nodekit-cluster/nkt/h1/docker.sock"),
+    }
+    assert len(names) == 4
+    assert node.up_lock_name("nodekit-once-node0", None) == node.up_lock_name(
+        "nodekit-once-node0", "unix:///var/run/docker.sock"
+    )
