@@ -251,10 +251,10 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "image_flag": st.tuples(NODE_ARGV, BAD_IMAGE).map(
         lambda ai: ([*ai[0][:-1], ai[1]], BASE, "is not an image reference", None)
     ),
-    "k8s_image": BAD_IMAGE.map(lambda i: (["k8s", "--dry-run"], {**BASE, "k8s": {"image": i}}, "k8s.image", None)),
+    "k8s_image": BAD_IMAGE.map(lambda i: (["k8s", "--dry-run"], {**BASE, "k8s": {"image": i}}, "[k8s] image", None)),
     "base_image": BAD_IMAGE.flatmap(lambda i: _node("base_image", base_image=i)),
     "slurm_docker_host": st.sampled_from(["not a url", "http://x", "ssh://@h", "unix://rel", "tcp://"]).map(
-        lambda u: (["slurm", "--dry-run"], {**BASE, "slurm": {"docker_host": u}}, "slurm.docker_host", None)
+        lambda u: (["slurm", "--dry-run"], {**BASE, "slurm": {"docker_host": u}}, "[slurm] docker_host", None)
     ),
     "output_dir_project": st.sampled_from(["", ".", "..", "/", "./"]).flatmap(
         lambda o: _node("output_dir", output_dir=o)

@@ -199,9 +199,8 @@ def buildx_export(
         reader.join(timeout=10)  # its pipe closed with the process: what is left is already in the queue
         drain()
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        if child.poll() is None:  # the consumer stopped reading (a signal, an error of its own): the build stops
+            child.end(proc.signals.GRACE_S)
     if code != 0:
         errors = [ln for ln in tail if "ERROR" in ln or "error:" in ln.lower()]
         raise BuildError(
