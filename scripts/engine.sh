@@ -22,8 +22,10 @@
 #                      containerd 2.1, Compose 2.40, Buildx 0.29). Default: $NODEKIT_ENGINE, else trixie. sid lives
 #                      apart (prefix /opt/nodekit-engine-sid, cache /var/cache/nodekit-engine-sid) and runs as an
 #                      extra daemon: its socket, data root, exec root, pidfile and log default to per-store paths
-#                      (/run/nodekit-engine-sid/STORE/docker.sock, /var/lib/nodekit-engine-sid/STORE, ...), in the
-#                      root namespace with --bridge=none --iptables=false unless --netns or a --bridge is given.
+#                      (/run/nodekit-engine-sid/STORE/docker.sock, /var/lib/nodekit-engine-sid/STORE, ...). In the
+#                      root namespace it gets a bridge of its own (nksid-classic 10.213.0.1/24, nksid-ctrd
+#                      10.213.1.1/24; made by up, removed by stop) and --iptables=false, unless --netns or a
+#                      --bridge/-b after -- is given: never docker0, never --bridge=none (which deletes docker0).
 #                      Its clients need sid's docker CLI and plugins: `eval "$(bash scripts/engine.sh --engine sid
 #                      [--store S] env)"` sets DOCKER_HOST, PATH and DOCKER_CONFIG. Give status, stop and env the
 #                      --store that up had. It never touches the trixie engine, its prefix or its linked plugins.
@@ -62,6 +64,9 @@ ENGINE=${NODEKIT_ENGINE:-trixie}
 EXTRA_ARGS=()
 # sid only: the docker CLI config directory whose config.json names sid's plugin directory (cliPluginsExtraDirs).
 CLIENT_CONFIG=
+# sid in the root namespace only: the bridge this script makes for it, and the bridge's address.
+SID_BRIDGE=
+SID_BRIDGE_ADDR=
 
 T0=${EPOCHREALTIME/,/.}
 # Progress lines carry the seconds since the script started, so a slow step shows itself.
@@ -118,10 +123,15 @@ select_engine() {
             LOG=${LOG:-/var/log/nodekit-engine-sid-$STORE.log}
             CLIENT_CONFIG="$CACHE/client"
             # A second daemon in the root namespace must not share docker0 and the DOCKER iptables chains with the
-            # main engine (both would hand out 172.17.0.0/16 and rewrite each other's rules): host networking only,
-            # unless the caller chose a namespace or a bridge of its own.
+            # main engine (both would hand out 172.17.0.0/16 and rewrite each other's rules), and must not run with
+            # --bridge=none either: dockerd then deletes docker0 at start (moby's removeDefaultBridgeInterface),
+            # under the main engine. So it gets a bridge of its own, which dockerd requires to exist already.
             if [ -z "$NETNS" ] && [[ " ${EXTRA_ARGS[*]} " != *" --bridge"* ]] && [[ " ${EXTRA_ARGS[*]} " != *" -b "* ]]; then
-                EXTRA_ARGS+=(--bridge=none --iptables=false)
+                case "$STORE" in
+                    classic) SID_BRIDGE=nksid-classic SID_BRIDGE_ADDR=10.213.0.1/24 ;;
+                    containerd) SID_BRIDGE=nksid-ctrd SID_BRIDGE_ADDR=10.213.1.1/24 ;;
+                esac
+                EXTRA_ARGS+=(--bridge "$SID_BRIDGE" --iptables=false)
             fi
             export PATH="$PREFIX/usr/bin:$PATH" DOCKER_CONFIG="$CLIENT_CONFIG"
             ;;
@@ -191,16 +201,19 @@ our_pid() {
     echo "$pid"
 }
 
-# dockerd creates docker0 once at start and never again; if something deletes it (network-namespace tooling
-# has), bridge-mode containers fail with "adding interface vethX to bridge docker0 failed: Device does not
-# exist" while `docker info` looks healthy. Host-network containers are unaffected, so this only warns.
+# dockerd creates docker0 once at start and never again; if something deletes it (any other dockerd started with
+# --bridge=none in this namespace does, at its start), bridge-mode containers fail with "adding interface vethX to
+# bridge docker0 failed: Device does not exist" while `docker info` looks healthy. Host-network containers are
+# unaffected, so this only warns.
 warn_missing_bridge() {
-    local pid
+    local pid bridge=${SID_BRIDGE:-docker0}
     [ -z "$NETNS" ] || return 0
+    # sid with a bridge the caller passed after --: the caller's to look after.
+    [ "$ENGINE" != sid ] || [ -n "$SID_BRIDGE" ] || return 0
     pid=$(our_pid) || return 0
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE -- '--bridge[= ]none' && return 0
-    [ -e /sys/class/net/docker0 ] && return 0
-    printf 'engine: warning: docker0 is gone (deleted after dockerd started); bridge-mode containers will fail.\n' >&2
+    [ -e "/sys/class/net/$bridge" ] && return 0
+    printf 'engine: warning: %s is gone (deleted after dockerd started); bridge-mode containers will fail.\n' "$bridge" >&2
     printf 'engine: warning: restore it with: bash %s stop && bash %s\n' "$0" "$0" >&2
 }
 
@@ -394,6 +407,28 @@ stop_orphan_containerd() {
     fi
 }
 
+# dockerd takes a bridge with a name other than docker0 only if it exists, with the address it is to use.
+ensure_sid_bridge() {
+    [ -n "$SID_BRIDGE" ] || return 0
+    [ -e "/sys/class/net/$SID_BRIDGE" ] && return 0
+    say "making bridge $SID_BRIDGE ($SID_BRIDGE_ADDR) for sid's $STORE daemon"
+    ip link add "$SID_BRIDGE" type bridge || die "cannot make bridge $SID_BRIDGE (ip link add)"
+    ip addr add "$SID_BRIDGE_ADDR" dev "$SID_BRIDGE" || die "cannot give $SID_BRIDGE the address $SID_BRIDGE_ADDR"
+    ip link set "$SID_BRIDGE" up || die "cannot bring $SID_BRIDGE up"
+}
+
+# After stop: the bridge goes with the last live dockerd that names it (another sid daemon of the same store, started
+# with its own --socket/--pidfile, may still use it).
+remove_sid_bridge() {
+    local f pid
+    [ -n "$SID_BRIDGE" ] && [ -e "/sys/class/net/$SID_BRIDGE" ] || return 0
+    for f in /proc/[0-9]*/cmdline; do
+        pid=${f#/proc/}; pid=${pid%/cmdline}
+        is_dockerd "$pid" && tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "--bridge $SID_BRIDGE " && return 0
+    done
+    ip link del "$SID_BRIDGE" && say "removed bridge $SID_BRIDGE"
+}
+
 start_daemon() {
     local pid
     if pid=$(our_pid); then
@@ -410,6 +445,7 @@ start_daemon() {
             rm -f "$SOCKET"
         fi
         mkdir -p "$(dirname "$LOG")" "$(dirname "$PIDFILE")" "$(dirname "$SOCKET")"
+        ensure_sid_bridge
         # The containerd store picks its snapshotter itself: --storage-driver overlay2 there names a snapshotter
         # that does not exist ("snapshotter not loaded: overlay2"), so it is given to the classic store only.
         local store_args=(--storage-driver overlay2)
@@ -507,6 +543,16 @@ do_env() {
     printf 'export NODEKIT_DOCKERD=%q\n' "$PREFIX/usr/sbin/dockerd"
 }
 
+# dockerd 26.1 and 28.5 leave the nsfs mount of their default sandbox behind when they stop; it keeps the exec
+# root busy ("Device or resource busy" on rm -rf). Only called once our daemon is gone.
+unmount_leftovers() {
+    local m="$EXEC_ROOT/netns/default"
+    if grep -qF " $m nsfs " /proc/mounts 2>/dev/null; then
+        umount "$m" 2>/dev/null && say "unmounted $m (left by dockerd)"
+    fi
+    return 0
+}
+
 do_stop() {
     local pid _
     if ! pid=$(our_pid); then
@@ -520,7 +566,7 @@ do_stop() {
     say "stopping dockerd pid $pid (SIGTERM; it stops its containers and containerd)"
     kill -TERM "$pid"
     for _ in $(seq 1 300); do
-        is_dockerd "$pid" || { say "dockerd pid $pid stopped"; rm -f "$PIDFILE"; return 0; }
+        is_dockerd "$pid" || { say "dockerd pid $pid stopped"; rm -f "$PIDFILE"; unmount_leftovers; return 0; }
         sleep 0.1
     done
     say "dockerd pid $pid still running after 30s; sending SIGKILL"
@@ -533,7 +579,7 @@ main() {
     case "$ACTION" in
         up) do_up ;;
         status) do_status ;;
-        stop) do_stop ;;
+        stop) do_stop; remove_sid_bridge ;;
         env) do_env ;;
     esac
 }
