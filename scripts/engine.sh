@@ -4,6 +4,7 @@
 #   bash scripts/engine.sh [up]     ensure an engine with Compose v2 and Buildx answers (default)
 #   bash scripts/engine.sh status   print what answers on the socket; exit 1 if nothing usable
 #   bash scripts/engine.sh stop     stop the dockerd this script started (PID from its pidfile)
+#   bash scripts/engine.sh env      print the shell exports that point a client at this engine (sid: its CLI too)
 #
 # Options (for extra daemons, e.g. one per network namespace):
 #   --socket PATH      unix socket               (default /var/run/docker.sock)
@@ -17,6 +18,17 @@
 #   --store STORE      the image store: classic (overlay2 graphdriver, the default) or containerd (Docker's
 #                      containerd image store, what Engine 29 uses on fresh installs: the containerd-snapshotter
 #                      feature, written to a daemon.json beside the pidfile)
+#   --engine ENGINE    which Debian suite's engine: trixie (Engine 26.1, the default) or sid (Engine 28.5,
+#                      containerd 2.1, Compose 2.40, Buildx 0.29). Default: $NODEKIT_ENGINE, else trixie. sid lives
+#                      apart (prefix /opt/nodekit-engine-sid, cache /var/cache/nodekit-engine-sid) and runs as an
+#                      extra daemon: its socket, data root, exec root, pidfile and log default to per-store paths
+#                      (/run/nodekit-engine-sid/STORE/docker.sock, /var/lib/nodekit-engine-sid/STORE, ...). In the
+#                      root namespace it gets a bridge of its own (nksid-classic 10.213.0.1/24, nksid-ctrd
+#                      10.213.1.1/24; made by up, removed by stop) and --iptables=false, unless --netns or a
+#                      --bridge/-b after -- is given: never docker0, never --bridge=none (which deletes docker0).
+#                      Its clients need sid's docker CLI and plugins: `eval "$(bash scripts/engine.sh --engine sid
+#                      [--store S] env)"` sets DOCKER_HOST, PATH and DOCKER_CONFIG. Give status, stop and env the
+#                      --store that up had. It never touches the trixie engine, its prefix or its linked plugins.
 #   -- ARGS...         passed to dockerd unchanged
 #
 # Contract: exit 0 only when `docker info`, `docker compose version` (v2) and `docker buildx version` all work
@@ -27,7 +39,8 @@
 # docker.io, containerd, docker-compose (a v2 CLI plugin) and docker-buildx only need glibc >= 2.34, so they run
 # here unpacked with `dpkg -x`; trixie's runc needs glibc 2.38, so runc (and iptables, tini) come from the
 # system's own suite through plain apt-get. The trixie index lives in its own lists directory so the system's
-# apt configuration never mixes suites.
+# apt configuration never mixes suites. sid (docker.io 28.5) unpacks the same way; only its runc needs glibc 2.38
+# as trixie's does, so bookworm's runc 1.1.5 serves both (docs/engine-notes.md, section 6).
 set -euo pipefail
 
 PREFIX=/opt/nodekit-engine
@@ -38,15 +51,22 @@ SIDE_PACKAGES=(docker.io containerd docker-compose docker-buildx)
 SYSTEM_PACKAGES=(runc iptables tini libsystemd0 libcap2)
 MIN_ENGINE_MAJOR=23
 
-SOCKET=/var/run/docker.sock
-DATA_ROOT=/var/lib/docker
-EXEC_ROOT=/var/run/docker
-PIDFILE=/var/run/nodekit-dockerd.pid
-LOG=/var/log/nodekit-dockerd.log
+# Empty until parse_args: each engine has its own defaults (select_engine).
+SOCKET=
+DATA_ROOT=
+EXEC_ROOT=
+PIDFILE=
+LOG=
 NETNS=
 TIMEOUT=60
 STORE=classic
+ENGINE=${NODEKIT_ENGINE:-trixie}
 EXTRA_ARGS=()
+# sid only: the docker CLI config directory whose config.json names sid's plugin directory (cliPluginsExtraDirs).
+CLIENT_CONFIG=
+# sid in the root namespace only: the bridge this script makes for it, and the bridge's address.
+SID_BRIDGE=
+SID_BRIDGE_ADDR=
 
 T0=${EPOCHREALTIME/,/.}
 # Progress lines carry the seconds since the script started, so a slow step shows itself.
@@ -59,7 +79,7 @@ parse_args() {
     ACTION=up
     while [ $# -gt 0 ]; do
         case "$1" in
-            up|stop|status) ACTION=$1 ;;
+            up|stop|status|env) ACTION=$1 ;;
             --socket) SOCKET=${2:?--socket needs a path}; shift ;;
             --data-root) DATA_ROOT=${2:?--data-root needs a directory}; shift ;;
             --exec-root) EXEC_ROOT=${2:?--exec-root needs a directory}; shift ;;
@@ -69,13 +89,54 @@ parse_args() {
             --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift ;;
             --store) STORE=${2:?--store needs classic or containerd}; shift
                      case "$STORE" in classic|containerd) ;; *) die "--store is classic or containerd, not '$STORE'" ;; esac ;;
+            --engine) ENGINE=${2:?--engine needs trixie or sid}; shift ;;
             -h|--help) usage; exit 0 ;;
             --) shift; EXTRA_ARGS=("$@"); break ;;
             *) die "unknown argument '$1' (try --help)" ;;
         esac
         shift
     done
+    select_engine
     export DOCKER_HOST="unix://$SOCKET"
+}
+
+select_engine() {
+    case "$ENGINE" in
+        trixie)
+            SOCKET=${SOCKET:-/var/run/docker.sock}
+            DATA_ROOT=${DATA_ROOT:-/var/lib/docker}
+            EXEC_ROOT=${EXEC_ROOT:-/var/run/docker}
+            PIDFILE=${PIDFILE:-/var/run/nodekit-dockerd.pid}
+            LOG=${LOG:-/var/log/nodekit-dockerd.log}
+            ;;
+        sid)
+            PREFIX=/opt/nodekit-engine-sid
+            CACHE=/var/cache/nodekit-engine-sid
+            SIDE_SUITE=sid
+            # Always sid's own client: the CLI on PATH may be older than the engine, and the plugins must be sid's.
+            SIDE_PACKAGES+=(docker-cli)
+            local run="/run/nodekit-engine-sid/$STORE"
+            SOCKET=${SOCKET:-$run/docker.sock}
+            DATA_ROOT=${DATA_ROOT:-/var/lib/nodekit-engine-sid/$STORE}
+            EXEC_ROOT=${EXEC_ROOT:-$run/exec}
+            PIDFILE=${PIDFILE:-$run/dockerd.pid}
+            LOG=${LOG:-/var/log/nodekit-engine-sid-$STORE.log}
+            CLIENT_CONFIG="$CACHE/client"
+            # A second daemon in the root namespace must not share docker0 and the DOCKER iptables chains with the
+            # main engine (both would hand out 172.17.0.0/16 and rewrite each other's rules), and must not run with
+            # --bridge=none either: dockerd then deletes docker0 at start (moby's removeDefaultBridgeInterface),
+            # under the main engine. So it gets a bridge of its own, which dockerd requires to exist already.
+            if [ -z "$NETNS" ] && [[ " ${EXTRA_ARGS[*]} " != *" --bridge"* ]] && [[ " ${EXTRA_ARGS[*]} " != *" -b "* ]]; then
+                case "$STORE" in
+                    classic) SID_BRIDGE=nksid-classic SID_BRIDGE_ADDR=10.213.0.1/24 ;;
+                    containerd) SID_BRIDGE=nksid-ctrd SID_BRIDGE_ADDR=10.213.1.1/24 ;;
+                esac
+                EXTRA_ARGS+=(--bridge "$SID_BRIDGE" --iptables=false)
+            fi
+            export PATH="$PREFIX/usr/bin:$PATH" DOCKER_CONFIG="$CLIENT_CONFIG"
+            ;;
+        *) die "--engine is trixie or sid, not '$ENGINE'" ;;
+    esac
 }
 
 # --- checks (fast, no side effects) ------------------------------------------------------------------------
@@ -87,12 +148,26 @@ server_version() {
 compose_version() { docker compose version --short 2>/dev/null; }
 buildx_version() { docker buildx version 2>/dev/null | awk '{print $2; exit}'; }
 
+# The engine version the unpacked docker.io reports (sid: "28.5.2+dfsg4"), or nothing before it is unpacked.
+packaged_version() {
+    [ -x "$PREFIX/usr/sbin/dockerd" ] || return 1
+    "$PREFIX/usr/sbin/dockerd" --version 2>/dev/null | sed -n 's/^Docker version \([^,]*\),.*/\1/p'
+}
+
+# sid's client is its own docker CLI with the plugin directory its config names; any other is not sid's engine.
+sid_client_ready() {
+    [ "$(command -v docker)" = "$PREFIX/usr/bin/docker" ] && [ -f "$CLIENT_CONFIG/config.json" ]
+}
+
 # Prints "engine X, compose Y, buildx Z" and returns 0 only if all three are usable.
 check_all() {
     local engine compose buildx
     command -v docker >/dev/null 2>&1 || return 1
+    if [ "$ENGINE" = sid ]; then sid_client_ready || return 1; fi
     engine=$(server_version) || return 1
     [ "${engine%%.*}" -ge "$MIN_ENGINE_MAJOR" ] 2>/dev/null || return 1
+    # Another engine on sid's socket (a trixie daemon an earlier command left there) is not sid's engine.
+    if [ "$ENGINE" = sid ]; then [ "$engine" = "$(packaged_version)" ] || return 1; fi
     compose=$(compose_version) || return 1
     case "$compose" in v2.*|2.*) ;; *) return 1 ;; esac
     buildx=$(buildx_version) || return 1
@@ -126,16 +201,19 @@ our_pid() {
     echo "$pid"
 }
 
-# dockerd creates docker0 once at start and never again; if something deletes it (network-namespace tooling
-# has), bridge-mode containers fail with "adding interface vethX to bridge docker0 failed: Device does not
-# exist" while `docker info` looks healthy. Host-network containers are unaffected, so this only warns.
+# dockerd creates docker0 once at start and never again; if something deletes it (any other dockerd started with
+# --bridge=none in this namespace does, at its start), bridge-mode containers fail with "adding interface vethX to
+# bridge docker0 failed: Device does not exist" while `docker info` looks healthy. Host-network containers are
+# unaffected, so this only warns.
 warn_missing_bridge() {
-    local pid
+    local pid bridge=${SID_BRIDGE:-docker0}
     [ -z "$NETNS" ] || return 0
+    # sid with a bridge the caller passed after --: the caller's to look after.
+    [ "$ENGINE" != sid ] || [ -n "$SID_BRIDGE" ] || return 0
     pid=$(our_pid) || return 0
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE -- '--bridge[= ]none' && return 0
-    [ -e /sys/class/net/docker0 ] && return 0
-    printf 'engine: warning: docker0 is gone (deleted after dockerd started); bridge-mode containers will fail.\n' >&2
+    [ -e "/sys/class/net/$bridge" ] && return 0
+    printf 'engine: warning: %s is gone (deleted after dockerd started); bridge-mode containers will fail.\n' "$bridge" >&2
     printf 'engine: warning: restore it with: bash %s stop && bash %s\n' "$0" "$0" >&2
 }
 
@@ -274,7 +352,21 @@ install_system_packages() {
     fi
 }
 
+# sid's plugins are not linked into $PLUGIN_DIR, which the trixie engine's clients share: sid's docker CLI finds
+# them through cliPluginsExtraDirs (searched before every other plugin directory) in its own DOCKER_CONFIG.
+write_sid_client_config() {
+    local plugins="$PREFIX/usr/libexec/docker/cli-plugins"
+    mkdir -p "$CLIENT_CONFIG"
+    printf '{"cliPluginsExtraDirs": ["%s"]}\n' "$plugins" >"$CLIENT_CONFIG/config.json.new"
+    mv "$CLIENT_CONFIG/config.json.new" "$CLIENT_CONFIG/config.json"
+    say "sid client: $PREFIX/usr/bin/docker, DOCKER_CONFIG=$CLIENT_CONFIG (plugins from $plugins)"
+}
+
 link_client_and_plugins() {
+    if [ "$ENGINE" = sid ]; then
+        write_sid_client_config
+        return
+    fi
     mkdir -p "$PLUGIN_DIR"
     local plugin
     for plugin in docker-compose docker-buildx; do
@@ -315,6 +407,28 @@ stop_orphan_containerd() {
     fi
 }
 
+# dockerd takes a bridge with a name other than docker0 only if it exists, with the address it is to use.
+ensure_sid_bridge() {
+    [ -n "$SID_BRIDGE" ] || return 0
+    [ -e "/sys/class/net/$SID_BRIDGE" ] && return 0
+    say "making bridge $SID_BRIDGE ($SID_BRIDGE_ADDR) for sid's $STORE daemon"
+    ip link add "$SID_BRIDGE" type bridge || die "cannot make bridge $SID_BRIDGE (ip link add)"
+    ip addr add "$SID_BRIDGE_ADDR" dev "$SID_BRIDGE" || die "cannot give $SID_BRIDGE the address $SID_BRIDGE_ADDR"
+    ip link set "$SID_BRIDGE" up || die "cannot bring $SID_BRIDGE up"
+}
+
+# After stop: the bridge goes with the last live dockerd that names it (another sid daemon of the same store, started
+# with its own --socket/--pidfile, may still use it).
+remove_sid_bridge() {
+    local f pid
+    [ -n "$SID_BRIDGE" ] && [ -e "/sys/class/net/$SID_BRIDGE" ] || return 0
+    for f in /proc/[0-9]*/cmdline; do
+        pid=${f#/proc/}; pid=${pid%/cmdline}
+        is_dockerd "$pid" && tr '\0' ' ' <"$f" 2>/dev/null | grep -qF -- "--bridge $SID_BRIDGE " && return 0
+    done
+    ip link del "$SID_BRIDGE" && say "removed bridge $SID_BRIDGE"
+}
+
 start_daemon() {
     local pid
     if pid=$(our_pid); then
@@ -331,6 +445,7 @@ start_daemon() {
             rm -f "$SOCKET"
         fi
         mkdir -p "$(dirname "$LOG")" "$(dirname "$PIDFILE")" "$(dirname "$SOCKET")"
+        ensure_sid_bridge
         # The containerd store picks its snapshotter itself: --storage-driver overlay2 there names a snapshotter
         # that does not exist ("snapshotter not loaded: overlay2"), so it is given to the classic store only.
         local store_args=(--storage-driver overlay2)
@@ -376,7 +491,9 @@ do_up() {
     preflight_provision
     say "provisioning Docker engine ($SIDE_SUITE packages, prefix $PREFIX, cache $CACHE)"
     mkdir -p "$CACHE"
-    command -v docker >/dev/null 2>&1 || SIDE_PACKAGES+=(docker-cli)
+    if ! command -v docker >/dev/null 2>&1 && [[ " ${SIDE_PACKAGES[*]} " != *" docker-cli "* ]]; then
+        SIDE_PACKAGES+=(docker-cli)
+    fi
     # The system's apt-get install (dpkg lock, system lists) and the trixie fetch/unpack (own lists, own cache,
     # no dpkg database) touch disjoint state, so they overlap: about 4 s less on a fresh 2-core machine.
     install_system_packages &
@@ -390,6 +507,9 @@ do_up() {
         v=$(server_version)
         [ "${v%%.*}" -ge "$MIN_ENGINE_MAJOR" ] 2>/dev/null \
             || cannot_provision "an engine $v (older than $MIN_ENGINE_MAJOR) not started by nodekit already answers on $SOCKET"
+        if [ "$ENGINE" = sid ] && [ "$v" != "$(packaged_version)" ]; then
+            die "engine $v, not sid's $(packaged_version), answers on $SOCKET; stop it or give sid another --socket"
+        fi
         say "an engine already answers on $SOCKET; not starting another"
     else
         start_daemon
@@ -403,10 +523,34 @@ do_status() {
     if line=$(check_all); then
         echo "engine: ready: $line"
         warn_missing_bridge
+    elif [ "$ENGINE" = sid ] && ! sid_client_ready; then
+        echo "engine: not ready: sid's engine is not provisioned in $PREFIX (run: bash $0 --engine sid --store $STORE up)"
+        return 1
     else
         echo "engine: not ready on $SOCKET (server: $(server_version || echo none), compose: $(compose_version || echo none), buildx: $(buildx_version || echo none))"
         return 1
     fi
+}
+
+# Shell exports for a client of this engine: eval "$(bash scripts/engine.sh --engine sid --store containerd env)".
+# NODEKIT_DOCKERD makes the virtual cluster of tests/cluster start its per-host daemons from the same prefix.
+do_env() {
+    printf 'export DOCKER_HOST=%q\n' "unix://$SOCKET"
+    [ "$ENGINE" = sid ] || return 0
+    # shellcheck disable=SC2016
+    printf 'export PATH=%q:"$PATH"\n' "$PREFIX/usr/bin"
+    printf 'export DOCKER_CONFIG=%q\n' "$CLIENT_CONFIG"
+    printf 'export NODEKIT_DOCKERD=%q\n' "$PREFIX/usr/sbin/dockerd"
+}
+
+# dockerd 26.1 and 28.5 leave the nsfs mount of their default sandbox behind when they stop; it keeps the exec
+# root busy ("Device or resource busy" on rm -rf). Only called once our daemon is gone.
+unmount_leftovers() {
+    local m="$EXEC_ROOT/netns/default"
+    if grep -qF " $m nsfs " /proc/mounts 2>/dev/null; then
+        umount "$m" 2>/dev/null && say "unmounted $m (left by dockerd)"
+    fi
+    return 0
 }
 
 do_stop() {
@@ -422,7 +566,7 @@ do_stop() {
     say "stopping dockerd pid $pid (SIGTERM; it stops its containers and containerd)"
     kill -TERM "$pid"
     for _ in $(seq 1 300); do
-        is_dockerd "$pid" || { say "dockerd pid $pid stopped"; rm -f "$PIDFILE"; return 0; }
+        is_dockerd "$pid" || { say "dockerd pid $pid stopped"; rm -f "$PIDFILE"; unmount_leftovers; return 0; }
         sleep 0.1
     done
     say "dockerd pid $pid still running after 30s; sending SIGKILL"
@@ -435,7 +579,8 @@ main() {
     case "$ACTION" in
         up) do_up ;;
         status) do_status ;;
-        stop) do_stop ;;
+        stop) do_stop; remove_sid_bridge ;;
+        env) do_env ;;
     esac
 }
 
