@@ -8,13 +8,12 @@ NODEKIT := $(VENV)/bin/nodekit
 DEMO := examples/ddp
 # The image store of the engine `make demo` uses: classic (overlay2, what an upgraded host keeps) or containerd
 # (Docker's containerd image store, the default of Engine 29 on fresh installs). `make demo STORE=containerd` starts
-# a second engine with that store beside the default one (its own socket, data root, no bridge) and runs the demo
-# there; `make test` starts it too, for the real-engine tests that run on both stores.
+# a second engine with that store beside the default one and runs the demo there: Debian sid's Engine 28.5
+# (containerd 2.1, Buildx 0.29, Compose 2.40; docs/engine-notes.md sections 6 and 7), on its own socket, data root
+# and bridge. `make test` starts it too, for the real-engine tests that run on both stores (and on the newer engine).
 STORE ?= classic
-CONTAINERD_SOCKET := /var/run/nodekit-containerd.sock
-CONTAINERD_ENGINE := --store containerd --socket $(CONTAINERD_SOCKET) --data-root /var/lib/nodekit-containerd \
-	--exec-root /var/run/nodekit-containerd --pidfile /var/run/nodekit-containerd.pid \
-	--log /var/log/nodekit-containerd.log -- --bridge=none --iptables=false --ip6tables=false
+CONTAINERD_SOCKET := /run/nodekit-engine-sid/containerd/docker.sock
+CONTAINERD_ENGINE := --engine sid --store containerd
 ifeq ($(STORE),containerd)
 export DOCKER_HOST := unix://$(CONTAINERD_SOCKET)
 else ifneq ($(STORE),classic)

@@ -49,9 +49,10 @@ def docker_engine() -> None:
     unavailable("real-Docker tests", f"{problem} (run `make engine`)")
 
 
-CONTAINERD_HOST = os.environ.get("NODEKIT_CONTAINERD_HOST", "unix:///var/run/nodekit-containerd.sock")
+CONTAINERD_HOST = os.environ.get("NODEKIT_CONTAINERD_HOST", "unix:///run/nodekit-engine-sid/containerd/docker.sock")
 """The engine with Docker's containerd image store that `make test` starts beside the default one
-(`make engine-containerd`): the real-engine tests that run on both stores use it as their second engine."""
+(`make engine-containerd`: Debian sid's Engine 28.5): the real-engine tests that run on both stores use it as their
+second engine."""
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -88,9 +89,10 @@ def test_a_code_change_on_the_containerd_store_loads_one_small_layer(both: tuple
     _, on_ctd, host = both
     train = on_ctd / "train.py"
     text = train.read_text()
-    train.write_text(text + "# a one-line change\n")
+    line = f"# a one-line change {uuid.uuid4().hex}"  # new every run: an image left by an earlier run is not reused
+    train.write_text(text + line + "\n")
     try:
-        built = nodekit("build", config=on_ctd / "nodekit.toml", env={"DOCKER_HOST": host})
+        built = nodekit("build", "--verbose", config=on_ctd / "nodekit.toml", env={"DOCKER_HOST": host})
         assert built.returncode == 0, built.stdout + built.stderr
         out = built.stdout + built.stderr
         # Only the code layer was new to the engine; no package layer was built again.
@@ -99,6 +101,6 @@ def test_a_code_change_on_the_containerd_store_loads_one_small_layer(both: tuple
         tag = record(on_ctd)["tag"]
         shown = subprocess.run(["docker", "-H", host, "run", "--rm", "--network", "none", "--entrypoint", "tail",
                                 tag, "-n1", "/workspace/train.py"], capture_output=True, text=True)  # fmt: skip
-        assert shown.stdout.strip() == "# a one-line change"
+        assert shown.stdout.strip() == line
     finally:
         train.write_text(text)

@@ -191,8 +191,9 @@ def buildx_export(
             tail[:] = [*tail[-39:], line]
             on_line(line)
 
+    read = getattr(child.stdout, "read1", child.stdout.read)  # what has arrived, not a full chunk's wait
     try:
-        while chunk := child.stdout.read(CHUNK):
+        while chunk := read(CHUNK):
             drain()
             yield chunk
         code = child.wait()
