@@ -305,7 +305,7 @@ def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Pat
 
 def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet: Fleet) -> None:
     """Two pushes of two images to h1 and h2 at the same moment: each sets up its own hop key and directories and,
-    ending, removes only its own line (found by its key, under flock; tests/unit/test_hopkeys.py checks the
+    ending, removes only its own line (found by its key, under flock; tests/unit/ship/test_hopkeys.py checks the
     interleaving itself): both chains deliver, and neither push's line is left."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)

@@ -1,4 +1,4 @@
-"""The bad-input property (tests/unit/test_bad_input_property.py) for the commands that ask the engine:
+"""The bad-input property (tests/unit/cli/test_bad_input_property.py) for the commands that ask the engine:
 ``build --dry-run`` (resolves the lock, looks up the base image) and ``doctor``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_bad_input_property import BOUNDED, FIELDS, NODEKIT_ENV, TOML, _check, _count, _remove_projects
+from tests.unit.cli.test_bad_input_property import BOUNDED, FIELDS, NODEKIT_ENV, TOML, _check, _count, _remove_projects
 
 pytestmark = pytest.mark.docker
 __all__ = ["_remove_projects"]  # the fixture that removes the projects the examples make

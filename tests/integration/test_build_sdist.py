@@ -21,7 +21,7 @@ from nodekit.image.plan import LABEL_NAME
 from nodekit.system import docker
 from nodekit.system.progress import RecordingReporter
 from tests.conftest import unavailable
-from tests.unit.test_lock_sdist import make_sdist, setuptools_wheel  # noqa: F401  (fixture)
+from tests.unit.image.lock.test_sdist import make_sdist, setuptools_wheel  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.docker
 
