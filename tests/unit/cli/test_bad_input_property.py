@@ -104,7 +104,7 @@ NODEKIT_ENV = st.dictionaries(
     st.one_of(st.sampled_from(["2", "65535", "-1", "[]", '{"RANK": "1"}', "nowhere.toml", "{"]), ENV_TEXT),
     max_size=3,
 )
-# No unresolvable names: a DNS lookup can take seconds here (test_cli_errors.py covers that refusal).
+# No unresolvable names: a DNS lookup can take seconds here (test_errors.py beside this file covers that refusal).
 MAINS = st.sampled_from(["127.0.0.1", "10.0.0.5", "::1", "300.1.2.3", "198.51.100.7", "localhost"])
 NODE_FLAGS = st.fixed_dictionaries(
     # --image always: without it the image is looked up in the engine (build and doctor cover the engine here).

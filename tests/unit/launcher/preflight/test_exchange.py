@@ -1,6 +1,6 @@
 """The preflight protocol against an in-memory store (threads stand in for nodes), reachability against real
 loopback sockets, and the launcher's early exits. The store itself (nodekit's, on a real port) is tested in
-test_store.py and test_job_secret.py; here it is an in-memory one."""
+tests/unit/launcher/store/test_store.py and tests/unit/job/test_secret.py; here it is an in-memory one."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The preflight store's protocol on real loopback sockets: main's server and workers' clients in this process.
 
 Only a holder of the job secret gets in, main proves itself to every worker, and bytes recorded from a good
-connection (its handshake or its frames) are refused on any other. The floods are in test_store_flood.py.
+connection (its handshake or its frames) are refused on any other. The floods are in test_flood.py.
 """
 
 from __future__ import annotations
