@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+HOST_ENV = dict(os.environ)  # before any test replaces the pip configuration
 
 
 def _engine_problem() -> str | None:
@@ -94,3 +98,33 @@ def logging_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
     env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     return env, log
+
+
+@pytest.fixture(scope="session")
+def setuptools_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """setuptools' wheel from the host's pip sources, once per session, for pip's isolated build environments in
+    the offline indexes of the sdist tests (unit: tests/unit/image/lock/test_sdist.py; engine: test_build_sdist.py)."""
+    dest = tmp_path_factory.mktemp("backend")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+         "--dest", str(dest), "setuptools>=70.1"],
+        env=HOST_ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = dest.glob("setuptools-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def bad_input_projects() -> Iterator[None]:
+    """The projects the bad-input harness made (tests/bad_input.py, ``MADE``), removed when the module's tests are
+    done."""
+    from tests.bad_input import MADE
+
+    yield
+    while MADE:
+        made = MADE.pop()
+        if made.is_dir():
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            made.unlink(missing_ok=True)

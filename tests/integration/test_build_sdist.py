@@ -21,7 +21,7 @@ from nodekit.image.plan import LABEL_NAME
 from nodekit.system import docker
 from nodekit.system.progress import RecordingReporter
 from tests.conftest import unavailable
-from tests.unit.image.lock.test_sdist import make_sdist, setuptools_wheel  # noqa: F401  (fixture)
+from tests.factories import make_sdist
 
 pytestmark = pytest.mark.docker
 
@@ -37,7 +37,7 @@ def _remove_images() -> None:
 def test_an_image_installs_a_wheel_built_from_an_sdist_offline_with_hashes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    setuptools_wheel: Path,  # noqa: F811
+    setuptools_wheel: Path,
 ) -> None:
     try:
         docker.check_engine()

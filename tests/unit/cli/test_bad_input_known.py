@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.cli.test_bad_input_property import _MADE, BOUNDED, ENV_TEXT, Setup, _count, _refused, _remove_projects
+from tests.bad_input import BOUNDED, ENV_TEXT, MADE, Setup, assert_refused, report_count
 
-__all__ = ["_remove_projects"]  # the fixture that removes the projects the examples make
+pytestmark = pytest.mark.usefixtures("bad_input_projects")
 
 BASE: dict[str, Any] = {"name": "hostile", "script": "train.py", "nnodes": 2, "nproc_per_node": 1}
 NODE_ARGV = st.sampled_from(
@@ -69,7 +69,7 @@ def _outside(via: str) -> Setup:
     def setup(project: Path) -> None:
         outside = project.parent / f"{project.name}-outside.py"
         outside.write_text("print('not in the image')\n")
-        _MADE.append(outside)
+        MADE.append(outside)
         (project / "sub").mkdir()
         text = (project / "nodekit.toml").read_text().replace('"train.py"', f'"{via}/{outside.name}"')
         (project / "nodekit.toml").write_text(text)
@@ -202,7 +202,7 @@ def test_known_bad_input_is_one_line_exit_2(kind: str, record_property: Callable
     def check(case: tuple[list[str], dict[str, Any] | bytes, str, Setup | None]) -> None:
         seen.append(1)
         argv, doc, key, setup = case
-        _refused(list(argv), doc, key, setup)
+        assert_refused(list(argv), doc, key, setup)
 
     check()
-    _count(f"known_bad_{kind}", seen, record_property)
+    report_count(f"known_bad_{kind}", seen, record_property)

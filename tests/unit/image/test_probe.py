@@ -2,7 +2,7 @@
 refused, which image `nodekit base` may name, resolving for the image's Python (markers included), package
 sources without credentials in anything written, and locking against what the base already provides.
 
-Resolution runs the real pip offline against fake wheels (see test_lock.py's ``index`` fixture)."""
+Resolution runs the real pip offline against fake wheels (the ``index`` fixture of tests/unit/image/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from nodekit.image.debian import choose_base, own_suite
 from nodekit.image.lock import parse_lock, redact, resolve_argv, source_options
 from nodekit.image.probe import BaseStack, WheelTarget, check_usable, derive_target, parse_probe
 from nodekit.system.progress import RecordingReporter
-from tests.unit.image.lock.test_lock import fake_wheel, index, no_engine, project  # noqa: F401  (fixtures)
+from tests.factories import fake_wheel, project
+
+pytestmark = pytest.mark.usefixtures("no_engine")
 
 CONDA = {
     "python": "/opt/conda/bin/python3",
@@ -113,7 +115,7 @@ def _target(pv: str, platform: str, s: BaseStack | None = None) -> WheelTarget:
     return WheelTarget(python_version=pv, wheel_platform=platform, stack=s, source="settings")
 
 
-def test_markers_are_evaluated_for_the_image_python_not_the_host(tmp_path: Path, index: Path) -> None:  # noqa: F811
+def test_markers_are_evaluated_for_the_image_python_not_the_host(tmp_path: Path, index: Path) -> None:
     fake_wheel(index, "mark", "1.0", ('oldy; python_version < "3.12"', 'newy; python_version >= "3.12"'))
     fake_wheel(index, "oldy", "1.0")
     fake_wheel(index, "newy", "1.0")
@@ -128,7 +130,7 @@ def test_markers_are_evaluated_for_the_image_python_not_the_host(tmp_path: Path,
     assert names == {"3.11": ["mark", "oldy"], "3.13": ["gamma", "mark", "newy"]}
 
 
-def test_credentials_in_sources_never_reach_the_lock_or_the_error(tmp_path: Path, index: Path) -> None:  # noqa: F811
+def test_credentials_in_sources_never_reach_the_lock_or_the_error(tmp_path: Path, index: Path) -> None:
     (tmp_path / "nodekit.toml").write_text(
         'name = "t"\npackages = ["alpha==1.0"]\nextra_index_urls = ["http://user:hunter2@127.0.0.1:9/simple"]\n'
     )
@@ -148,7 +150,7 @@ def test_credentials_in_sources_never_reach_the_lock_or_the_error(tmp_path: Path
     assert "hunter2" not in e.value.one_line()
 
 
-def test_what_the_base_provides_is_kept_not_locked_and_conflicts_name_both(tmp_path: Path, index: Path) -> None:  # noqa: F811
+def test_what_the_base_provides_is_kept_not_locked_and_conflicts_name_both(tmp_path: Path, index: Path) -> None:
     # The base's torch is a version no index carries (as NGC's are): it resolves against a stub and stays out.
     fake_wheel(index, "lightish", "1.0", ("torch>=2.0", "beta>=1"))
     base = stack(dists={"torch": "2.5.0a0+nv24.10", "beta": "1.0"})

@@ -24,9 +24,8 @@ from nodekit.config.settings import Mount, NodeOverride, Settings
 from nodekit.errors import ImageError, UsageError
 from nodekit.job.gather import NodeWorld, gather_node
 from nodekit.system.host.facts import HostFacts
+from tests.factories import CPU_NODE, GPU_NODE, plan_here
 from tests.golden import GOLDEN, update_golden
-from tests.unit.backends.compose.test_render import CPU_NODE, GPU_NODE
-from tests.unit.planning import plan_here
 
 PROJECT = Path("/srv/project")
 SECRET = "s3cr3t-" * 5

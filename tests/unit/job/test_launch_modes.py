@@ -11,8 +11,7 @@ from nodekit.config.settings import load
 from nodekit.errors import ConfigError
 from nodekit.launcher.config import parse_env
 from nodekit.launcher.plan import exec_plan, local_rank_flag, parse_command
-from tests.unit.backends.compose.test_render import CPU_NODE, GPU_NODE, rendered, settings
-from tests.unit.launcher.test_config import BASE
+from tests.factories import CPU_NODE, GPU_NODE, LAUNCH_ENV, rendered, settings
 
 
 def _env(s_kw: dict[str, object], facts: object = CPU_NODE, rank: int = 0) -> dict[str, str]:
@@ -34,7 +33,7 @@ def test_fabric_settings_render_and_auto_accelerator_follows_the_nodes_gpus() ->
 
 
 def test_fabric_mode_sets_what_fabric_run_sets_and_runs_torchrun() -> None:
-    env = {**BASE, "NODEKIT_LAUNCHER": "fabric", "NODEKIT_ACCELERATOR": "cpu", "NODEKIT_STRATEGY": "ddp"}
+    env = {**LAUNCH_ENV, "NODEKIT_LAUNCHER": "fabric", "NODEKIT_ACCELERATOR": "cpu", "NODEKIT_STRATEGY": "ddp"}
     plan = exec_plan(parse_env(env), parse_command(["train.py", "--x"]), torchrun="torchrun", cpus=16)
     assert plan.argv[0] == "torchrun" and plan.argv[-2:] == ("train.py", "--x")
     assert plan.argv[plan.argv.index("--nproc-per-node") + 1] == "4"
@@ -67,7 +66,7 @@ def test_legacy_local_rank_spelling_follows_the_script(source: str | None, flag:
 
 
 def test_legacy_mode_appends_the_local_rank_per_worker() -> None:
-    cfg = parse_env({**BASE, "NODEKIT_LAUNCHER": "torch.distributed.launch"})
+    cfg = parse_env({**LAUNCH_ENV, "NODEKIT_LAUNCHER": "torch.distributed.launch"})
     plan = exec_plan(cfg, parse_command(["train.py", "--lr", "1"]), local_rank="--local_rank")
     # torch's agent substitutes ${local_rank} in each worker's arguments.
     assert plan.argv[-4:] == ("train.py", "--lr", "1", "--local_rank=${local_rank}")

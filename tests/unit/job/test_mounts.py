@@ -9,8 +9,7 @@ import yaml
 
 from nodekit.config.settings import Mount, NodeOverride, Settings, load
 from nodekit.errors import ConfigError, UsageError
-from tests.unit.backends.compose.test_render import CPU_NODE, rendered, settings
-from tests.unit.planning import plan_here
+from tests.factories import CPU_NODE, plan_here, rendered, settings
 
 DATA = Mount(host="/srv/data", container="/data", check="sizes")
 CACHE = Mount(host="/srv/cache", container="/root/.cache", writable=True)

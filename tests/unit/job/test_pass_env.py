@@ -12,7 +12,7 @@ from nodekit.backends.compose.render import render_compose
 from nodekit.config.settings import load
 from nodekit.errors import ConfigError
 from nodekit.job.spec import launch_spec, node_spec
-from tests.unit.backends.compose.test_render import CPU_NODE, rendered, settings
+from tests.factories import CPU_NODE, rendered, settings
 
 SECRET = "s3cr3t-value-0123456789"
 

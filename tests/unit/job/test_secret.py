@@ -23,9 +23,7 @@ from nodekit.errors import ConfigError
 from nodekit.job import secret
 from nodekit.launcher.config import LaunchConfig
 from nodekit.launcher.preflight.exchange import SecretMismatch, open_store
-from tests.unit.launcher.preflight.test_exchange import cfg, facts, quiet
-from tests.unit.launcher.store.test_flood import BEHAVIOURS, hostile
-from tests.unit.launcher.store.test_store import wait_for
+from tests.factories import BEHAVIOURS, cfg, facts, hostile, quiet, wait_for
 
 S1 = "a" * 32
 S2 = "b" * 32

@@ -5,29 +5,11 @@ from __future__ import annotations
 import pytest
 
 from nodekit.launcher.config import EnvError, parse_env
-
-BASE = {
-    "MASTER_ADDR": "10.0.0.5",
-    "MASTER_PORT": "29500",
-    "NODE_RANK": "1",
-    "NNODES": "2",
-    "NPROC_PER_NODE": "4",
-    "WORLD_SIZE": "8",
-    "NODEKIT_NAME": "ddp-demo",
-    "NODEKIT_LAUNCHER": "torchrun",
-    "NODEKIT_MAX_RESTARTS": "0",
-    "NODEKIT_RDZV_TIMEOUT": "180",
-    "NODEKIT_PREFLIGHT_PORT": "29501",
-    "NODEKIT_OUTPUT_DIR": "/outputs",
-    "GLOO_SOCKET_IFNAME": "eth0",
-    "NCCL_SOCKET_IFNAME": "eth0",
-    "NCCL_IB_DISABLE": "1",
-    "NODEKIT_FINGERPRINT": "3f2a9c1b0d4e5566",
-}
+from tests.factories import LAUNCH_ENV
 
 
 def test_the_rendered_environment_parses() -> None:
-    cfg = parse_env(BASE)
+    cfg = parse_env(LAUNCH_ENV)
     assert (cfg.master_addr, cfg.master_port, cfg.node_rank, cfg.nnodes) == ("10.0.0.5", 29500, 1, 2)
     assert (cfg.nproc_per_node, cfg.world_size, cfg.mode, cfg.max_restarts) == (4, 8, "torchrun", 0)
     assert (cfg.rdzv_timeout, cfg.preflight, cfg.preflight_port) == (180.0, True, 29501)
@@ -41,7 +23,7 @@ def test_the_rendered_environment_parses() -> None:
 
 
 def test_defaults_for_everything_optional() -> None:
-    required = {k: BASE[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE")}
+    required = {k: LAUNCH_ENV[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE")}
     cfg = parse_env(required)
     assert cfg.world_size is None and cfg.mode == "torchrun" and cfg.preflight_port == 29501
     assert cfg.rdzv_timeout == 180.0 and cfg.output_dir == "/outputs" and cfg.iface is None and cfg.fingerprint == ""
@@ -49,7 +31,7 @@ def test_defaults_for_everything_optional() -> None:
 
 @pytest.mark.parametrize("key", ["MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE"])
 def test_a_missing_required_variable_is_named(key: str) -> None:
-    env = {k: v for k, v in BASE.items() if k != key}
+    env = {k: v for k, v in LAUNCH_ENV.items() if k != key}
     with pytest.raises(EnvError, match=rf"^{key} is not set"):
         parse_env(env)
 
@@ -76,20 +58,20 @@ def test_a_missing_required_variable_is_named(key: str) -> None:
 )
 def test_a_bad_value_is_named_in_one_line(key: str, value: str, message: str) -> None:
     with pytest.raises(EnvError, match=message) as info:
-        parse_env({**BASE, key: value})
+        parse_env({**LAUNCH_ENV, key: value})
     assert "\n" not in str(info.value)
 
 
 def test_switches() -> None:
     cfg = parse_env(
-        {**BASE, "NODEKIT_PREFLIGHT": "0", "NODEKIT_ALLOW_HETEROGENEOUS_GPUS": "1", "NODEKIT_LAUNCHER": "env"}
+        {**LAUNCH_ENV, "NODEKIT_PREFLIGHT": "0", "NODEKIT_ALLOW_HETEROGENEOUS_GPUS": "1", "NODEKIT_LAUNCHER": "env"}
     )
     assert not cfg.preflight and cfg.allow_heterogeneous_gpus and cfg.mode == "env"
-    assert parse_env({**BASE, "MASTER_ADDR": "fd00::5"}).master_addr == "fd00::5"
-    assert parse_env({**BASE, "NODEKIT_RDZV_TIMEOUT": "2.5"}).rdzv_timeout == 2.5
+    assert parse_env({**LAUNCH_ENV, "MASTER_ADDR": "fd00::5"}).master_addr == "fd00::5"
+    assert parse_env({**LAUNCH_ENV, "NODEKIT_RDZV_TIMEOUT": "2.5"}).rdzv_timeout == 2.5
 
 
 def test_peer_timeout_defaults_to_15_s_and_0_turns_the_watchdog_off() -> None:
-    assert parse_env(BASE).peer_timeout == 15.0
-    assert parse_env({**BASE, "NODEKIT_PEER_TIMEOUT": "0"}).peer_timeout == 0.0
-    assert parse_env({**BASE, "NODEKIT_PEER_TIMEOUT": "7.5"}).peer_timeout == 7.5
+    assert parse_env(LAUNCH_ENV).peer_timeout == 15.0
+    assert parse_env({**LAUNCH_ENV, "NODEKIT_PEER_TIMEOUT": "0"}).peer_timeout == 0.0
+    assert parse_env({**LAUNCH_ENV, "NODEKIT_PEER_TIMEOUT": "7.5"}).peer_timeout == 7.5

@@ -14,9 +14,7 @@ from nodekit.launcher.plan import fallback_run_id
 from nodekit.launcher.preflight.verdict import Verdict
 from nodekit.launcher.watchdog.failure import WorkerFailure, first_failed, worker_failure
 from nodekit.launcher.watchdog.run import EXIT_PEER_LOST, Alarm, Done, Ending, Watch, alarm_line, conclude
-from tests.unit.launcher.preflight.test_exchange import MemStore, cfg, facts, run_nodes
-from tests.unit.launcher.test_config import BASE
-from tests.unit.launcher.watchdog.test_watchdog import NAMES, Node, beat
+from tests.factories import LAUNCH_ENV, NAMES, MemStore, Node, beat, cfg, facts, run_nodes
 
 
 def test_main_chooses_one_run_id_that_every_node_gets_and_a_new_one_each_run() -> None:
@@ -34,14 +32,14 @@ def _passed(run_id: str) -> Passed:
 
 
 def test_each_node_joins_with_main_s_id_and_its_own_address_toward_main() -> None:
-    restarts = {**BASE, "NODEKIT_MAX_RESTARTS": "2"}
+    restarts = {**LAUNCH_ENV, "NODEKIT_MAX_RESTARTS": "2"}
     worker = _rendezvous(parse_env(restarts), _passed("abc"))
     assert worker is not None and (worker.run_id, worker.local_addr) == ("abc", "10.0.0.9")
     main = _rendezvous(parse_env({**restarts, "NODE_RANK": "0"}), _passed("abc"))
     assert main is not None and (main.run_id, main.local_addr) == ("abc", "10.0.0.5")
     alone = _rendezvous(parse_env({**restarts, "NODE_RANK": "0"}), None)  # preflight off
     assert alone is not None and alone.run_id == fallback_run_id(parse_env(restarts))
-    assert _rendezvous(parse_env(BASE), _passed("abc")) is None  # max_restarts = 0: static, as before
+    assert _rendezvous(parse_env(LAUNCH_ENV), _passed("abc")) is None  # max_restarts = 0: static, as before
     assert _rendezvous(parse_env({**restarts, "NODEKIT_LAUNCHER": "env"}), _passed("abc")) is None
 
 

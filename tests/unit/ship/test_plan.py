@@ -14,18 +14,11 @@ from nodekit.errors import ShipError, UsageError
 from nodekit.ship import fanout
 from nodekit.system import docker
 from nodekit.system.progress import RecordingReporter
+from tests.factories import SRC, state
 
 GiB = 1 << 30
 NEW = "sha256:" + "a" * 64
 OLD = "sha256:" + "b" * 64
-SRC = ship.Source(ref="nodekit/demo:abc123", image_id=NEW, size=2 * GiB, engine_id="engine-src")
-
-
-def state(name: str, endpoint: str | None = None, **kw: object) -> ship.TargetState:
-    t = ship.Target(name=name, endpoint=endpoint or f"ssh://root@{name}")
-    kw.setdefault("engine_id", f"engine-{name}")
-    kw.setdefault("server_version", "26.1.5")
-    return ship.TargetState(target=t, **kw)  # type: ignore[arg-type]
 
 
 def actions(plan: ship.PushPlan) -> dict[str, str]:

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from nodekit.errors import HostToolHung, ImageError
+from tests.factories import plan_here
 from tests.fake_runner import FakeRunner
-from tests.unit.planning import plan_here
 
 TIMEOUT = ["timeout", "--foreground", "--kill-after=5"]  # GNU timeout(1): the deadline of what python-on-whales runs
 
 
 def node_plan(tmp_path: Path) -> object:
     from nodekit.config.settings import Settings
-    from tests.unit.backends.compose.test_render import CPU_NODE
+    from tests.factories import CPU_NODE
 
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)
@@ -157,7 +157,7 @@ def test_a_push_sends_docker_save_into_docker_load_over_ssh(
     from nodekit.ship import fanout
     from nodekit.system import docker
     from nodekit.system.progress import RecordingReporter
-    from tests.unit.ship.test_plan import SRC, state
+    from tests.factories import SRC, state
 
     monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
     archive = b"an image archive " * 1000

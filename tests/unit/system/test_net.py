@@ -336,7 +336,7 @@ def test_debug_env_wins_over_configured_values() -> None:
 def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path) -> None:
     from nodekit.backends.compose.node import check_master_port
     from nodekit.errors import NetworkError
-    from tests.unit.planning import plan_here
+    from tests.factories import plan_here
 
     (tmp_path / "train.py").write_text("")
     with socket.socket() as held:

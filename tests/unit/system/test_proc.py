@@ -11,20 +11,7 @@ import pytest
 
 from nodekit.errors import DeadlineError
 from nodekit.system import proc
-
-
-def gone(pid: int, within: float = 5.0) -> bool:
-    """Whether ``pid`` has ended (no such process, or a zombie nobody reaped yet) within ``within`` seconds."""
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.02)
-    return False
+from tests.factories import gone
 
 
 def test_run_captures_and_passes_the_environment_it_is_given() -> None:

@@ -11,37 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodekit.backends.compose.render import render_compose, to_yaml
 from nodekit.config.settings import Settings
-from nodekit.job.spec import launch_spec, node_spec
 from nodekit.system.host.facts import HostFacts
+from tests.factories import CPU_NODE, GPU_NODE, rendered, settings
 from tests.golden import GOLDEN, update_golden
-
-PROJECT = Path("/srv/project")
-
-CPU_NODE = HostFacts(gpu_count=0, memlock_hard=8 * 1024 * 1024, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
-GPU_NODE = HostFacts(
-    gpu_count=8,
-    gpu_models=("NVIDIA H100 80GB HBM3",) * 8,
-    memlock_hard=None,
-    stack_hard=None,
-    infiniband=("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"),
-    iface="ens5",
-    local_addr="10.0.0.6",
-)
-
-
-def settings(**kw: object) -> Settings:
-    base: dict[str, object] = {"name": "demo", "script": "train.py", "args": ("--epochs", "3"), "nnodes": 2}
-    return Settings(project_dir=PROJECT, **(base | kw))  # type: ignore[arg-type]
-
-
-def rendered(s: Settings, rank: int, facts: HostFacts, *, debug: bool = False) -> str:
-    launch = launch_spec(s)
-    node = node_spec(s, launch, rank, "10.0.0.5", facts)
-    doc = render_compose(node, "nodekit/demo:0123456789ab", facts, output_dir=PROJECT / "outputs", debug=debug)
-    return to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=f"compose/node-{rank}.yaml")
-
 
 # Values Compose would substitute from the shell of whoever runs it, were they not written $$ (issue 19).
 DOLLARS = {
@@ -137,7 +110,7 @@ def test_a_dotted_image_name_makes_a_project_name_compose_accepts() -> None:
 def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
     """Preflight compares NODEKIT_IMAGE_ID; before, nothing ever set it, so the compared id was always empty."""
     from nodekit.launcher.config import parse_env
-    from tests.unit.planning import plan_here
+    from tests.factories import plan_here
 
     (tmp_path / "train.py").write_text("print(1)\n")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2)

@@ -18,9 +18,7 @@ from nodekit.config.settings import Settings
 from nodekit.system import docker, proc
 from nodekit.system.docker import compose
 from nodekit.system.progress import RecordingReporter
-from tests.unit.backends.compose.test_render import CPU_NODE
-from tests.unit.planning import plan_here
-from tests.unit.system.test_proc import gone
+from tests.factories import CPU_NODE, gone, plan_here
 
 CODES = [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
 

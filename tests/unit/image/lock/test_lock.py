@@ -6,16 +6,13 @@ configuration is replaced by PIP_* variables so nothing reaches an index.
 
 from __future__ import annotations
 
-import base64
 import difflib
 import hashlib
 import re
-import zipfile
 from pathlib import Path
 
 import pytest
 
-from nodekit.config.settings import Settings, load
 from nodekit.errors import BuildError, ConfigError
 from nodekit.image import lock as locking
 from nodekit.image.lock import (
@@ -29,20 +26,11 @@ from nodekit.image.lock import (
     unsatisfied,
 )
 from nodekit.system.progress import RecordingReporter
+from tests.factories import fake_wheel, project
+
+pytestmark = pytest.mark.usefixtures("no_engine")
 
 H1, H2, H3 = "1" * 64, "2" * 64, "3" * 64
-
-
-@pytest.fixture(autouse=True)
-def no_engine(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Resolve as on a host without a Docker engine: nodekit's own base is known without probing it."""
-    from nodekit.errors import EngineError
-    from nodekit.image import probe
-
-    def absent(settings: Settings, **_: object) -> probe.BaseStack:
-        raise EngineError("no Docker engine in unit tests")
-
-    monkeypatch.setattr(probe, "probe_base", absent)
 
 
 def sample() -> Lock:
@@ -106,14 +94,6 @@ def test_unsatisfied_names_each_problem() -> None:
     assert "direct URL" in unsatisfied(lk, ["foo @ https://example.com/foo.whl"])[0]
 
 
-def project(tmp_path: Path, packages: list[str], lock_text: str | None = None) -> Settings:
-    quoted = ", ".join(f'"{p}"' for p in packages)
-    (tmp_path / "nodekit.toml").write_text(f'name = "t"\nscript = "train.py"\npackages = [{quoted}]\n')
-    if lock_text is not None:
-        (tmp_path / "nodekit.lock").write_text(lock_text)
-    return load(tmp_path / "nodekit.toml")
-
-
 def test_check_lock_refuses_missing_drifted_or_foreign_locks(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no nodekit\.lock") as e:
         check_lock(project(tmp_path, ["torch==2.13.0"]))
@@ -175,50 +155,6 @@ def test_compatible_platforms_include_older_glibc_and_legacy_names() -> None:
     opts = target_options("3.11", "manylinux_2_36_x86_64")
     assert opts[0] == "--only-binary=:all:"
     assert opts[-6:] == ["--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"]
-
-
-def fake_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
-    """A minimal valid pure-Python wheel (metadata only), enough for pip to resolve and download it."""
-    dist = f"{name}-{version}"
-    path = directory / f"{dist}-py3-none-any.whl"
-    files = {
-        f"{name}/__init__.py": "",
-        f"{dist}.dist-info/METADATA": "\n".join(
-            [
-                "Metadata-Version: 2.1",
-                f"Name: {name}",
-                f"Version: {version}",
-                *(f"Requires-Dist: {r}" for r in requires),
-            ]
-        )
-        + "\n",
-        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record = []
-    with zipfile.ZipFile(path, "w") as z:
-        for arc, content in files.items():
-            z.writestr(arc, content)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(content.encode()).digest()).rstrip(b"=").decode()
-            record.append(f"{arc},sha256={digest},{len(content)}")
-        record.append(f"{dist}.dist-info/RECORD,,")
-        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
-    return path
-
-
-@pytest.fixture
-def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An offline find-links directory standing in for the user's package index."""
-    links = tmp_path / "links"
-    links.mkdir()
-    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
-    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
-    fake_wheel(links, "alpha", "1.0", ("beta>=1",))
-    fake_wheel(links, "beta", "1.0")
-    fake_wheel(links, "gamma", "1.0")
-    fake_wheel(links, "gamma", "2.0")
-    return links
 
 
 def changed_lines(before: str, after: str) -> list[str]:

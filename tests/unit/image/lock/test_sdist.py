@@ -3,20 +3,19 @@
 Source distributions are built into wheels on the host, reproducibly, and locked by hash; compiled ones are
 refused by name; a top-level requirement never settles silently below its newest release. The tests run the real
 pip and the real setuptools, offline, against real sdists and wheels made here in a find-links directory (see
-test_lock.py's ``index``); only the setuptools wheel for pip's isolated build environments comes from the host's
-pip sources, once per session, as tests/integration/test_packaging.py gets hatchling.
+``index`` in tests/unit/image/conftest.py); only the setuptools wheel for pip's isolated build environments comes
+from the host's pip sources, once per session (``setuptools_wheel`` in tests/conftest.py), as
+tests/integration/test_packaging.py gets hatchling.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import re
 import shutil
 import subprocess
 import sys
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,66 +25,20 @@ from nodekit.errors import BuildError, ConfigError
 from nodekit.image import lock as locking
 from nodekit.image.lock import BuiltWheel, parse_lock
 from nodekit.system.progress import RecordingReporter
-from tests.unit.image.lock.test_lock import fake_wheel, index, no_engine, project  # noqa: F401  (fixtures)
+from tests.factories import fake_wheel, make_sdist, project
 
-HOST_ENV = dict(os.environ)  # before any test replaces the pip configuration
+pytestmark = pytest.mark.usefixtures("no_engine")
+
 WHERE = "Python 3.11 on manylinux_2_36_x86_64"  # nodekit's own base, known without an engine
-C_MODULE = (
-    "#include <Python.h>\n"
-    'static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "cext", NULL, -1, NULL};\n'
-    "PyMODINIT_FUNC PyInit_cext(void) { return PyModule_Create(&def); }\n"
-)
 
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make_sdist(
-    directory: Path, name: str, version: str, requires: tuple[str, ...] = (), *, c_ext: bool = False
-) -> Path:
-    """A real source distribution built by setuptools: a pure module, or a C extension (``c_ext``)."""
-    deps = ", ".join(f'"{r}"' for r in requires)
-    pyproject = (
-        '[build-system]\nrequires = ["setuptools>=70.1"]\nbuild-backend = "setuptools.build_meta"\n\n'
-        f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = [{deps}]\n'
-    )
-    files = {"PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"}
-    if c_ext:
-        files["setup.py"] = (
-            f'from setuptools import Extension, setup\nsetup(ext_modules=[Extension("{name}", ["{name}.c"])])\n'
-        )
-        files[f"{name}.c"] = C_MODULE.replace("cext", name)
-        files["pyproject.toml"] = pyproject + "\n[tool.setuptools]\npy-modules = []\n"
-    else:
-        files["pyproject.toml"] = pyproject + f'\n[tool.setuptools]\npy-modules = ["{name}"]\n'
-        files[f"{name}.py"] = f'VERSION = "{version}"\n'
-    path = directory / f"{name}-{version}.tar.gz"
-    with tarfile.open(path, "w:gz") as t:
-        for rel, content in sorted(files.items()):
-            data = content.encode()
-            info = tarfile.TarInfo(f"{name}-{version}/{rel}")
-            info.size, info.mode, info.mtime = len(data), 0o644, 1700000000
-            t.addfile(info, io.BytesIO(data))
-    return path
-
-
-@pytest.fixture(scope="session")
-def setuptools_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    dest = tmp_path_factory.mktemp("backend")
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-         "--dest", str(dest), "setuptools>=70.1"],
-        env=HOST_ENV, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    (wheel,) = dest.glob("setuptools-*.whl")
-    return wheel
-
-
 @pytest.fixture
-def sdindex(index: Path, setuptools_wheel: Path) -> Path:  # noqa: F811
-    """test_lock.py's offline index, with setuptools for pip's isolated build environments."""
+def sdindex(index: Path, setuptools_wheel: Path) -> Path:
+    """The offline index, with setuptools for pip's isolated build environments."""
     shutil.copy(setuptools_wheel, index)
     return index
 
@@ -207,7 +160,7 @@ def test_a_top_level_package_whose_newest_release_is_an_sdist_gets_that_release(
 
 def test_a_pin_that_forces_an_older_release_fails_naming_both_versions_and_the_pin(
     tmp_path: Path,
-    index: Path,  # noqa: F811
+    index: Path,
 ) -> None:
     fake_wheel(index, "foo", "1.0", ("bar>=1",))
     fake_wheel(index, "foo", "2.0", ("bar>=2",))
@@ -225,7 +178,7 @@ def test_a_pin_that_forces_an_older_release_fails_naming_both_versions_and_the_p
     assert locking.lock(project(tmp_path, ["bar==1.0", "foo<2"]), RecordingReporter()).lock.get("foo").version == "1.0"  # type: ignore[union-attr]
 
 
-def test_a_previous_pin_below_the_newest_is_kept_and_reported(tmp_path: Path, index: Path) -> None:  # noqa: F811
+def test_a_previous_pin_below_the_newest_is_kept_and_reported(tmp_path: Path, index: Path) -> None:
     fake_wheel(index, "delta", "1.0")
     locking.lock(project(tmp_path, ["delta", "gamma==1.0"]), RecordingReporter())
     fake_wheel(index, "delta", "2.0")

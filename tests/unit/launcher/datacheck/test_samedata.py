@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nodekit.launcher.config import parse_env
 from nodekit.launcher.datacheck import compare as samedata
-from tests.unit.launcher.test_config import BASE
+from tests.factories import LAUNCH_ENV
 
 
 class MemoryStore:
@@ -90,5 +90,5 @@ def test_content_hashes_catch_an_equal_size_change(tmp_path: Path) -> None:
 
 
 def test_the_checked_mounts_parse() -> None:
-    cfg = parse_env({**BASE, "NODEKIT_DATA_CHECK": "/data:sizes,/ref:hashes"})
+    cfg = parse_env({**LAUNCH_ENV, "NODEKIT_DATA_CHECK": "/data:sizes,/ref:hashes"})
     assert cfg.data_check == (("/data", "sizes"), ("/ref", "hashes"))

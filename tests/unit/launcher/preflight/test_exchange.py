@@ -8,13 +8,10 @@ import errno
 import socket
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from nodekit.launcher.config import LaunchConfig, parse_env
 from nodekit.launcher.main import EXIT_BAD_ENV, main
 from nodekit.launcher.preflight.exchange import (
     Clock,
@@ -26,75 +23,8 @@ from nodekit.launcher.preflight.exchange import (
     run_worker,
     wait_reachable,
 )
-from nodekit.launcher.preflight.stack import NodeFacts
 from nodekit.launcher.preflight.verdict import render
-from tests.unit.launcher.preflight.test_verdict import NODE0
-from tests.unit.launcher.test_config import BASE
-
-
-class MemStore:
-    """A thread-safe stand-in for the preflight store (set/get/add/check)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.lock = threading.Lock()
-        self.broken = False
-
-    def _alive(self) -> None:
-        if self.broken:
-            raise RuntimeError("Connection reset by peer\nmore detail")
-
-    def set(self, key: str, value: str) -> None:
-        self._alive()
-        with self.lock:
-            self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        self._alive()
-        with self.lock:
-            return self.data[key]
-
-    def add(self, key: str, amount: int) -> int:
-        self._alive()
-        with self.lock:
-            value = int(self.data.get(key, b"0")) + amount
-            self.data[key] = str(value).encode()
-            return value
-
-    def check(self, keys: list[str]) -> bool:
-        self._alive()
-        with self.lock:
-            return all(k in self.data for k in keys)
-
-
-def cfg(rank: int, nnodes: int = 2, timeout: float = 5.0, **env: str) -> LaunchConfig:
-    return parse_env({**BASE, "NODE_RANK": str(rank), "NNODES": str(nnodes), "NODEKIT_RDZV_TIMEOUT": str(timeout),
-                      **env})  # fmt: skip
-
-
-def quiet() -> Clock:
-    lines: list[str] = []
-    return Clock(log=lines.append)
-
-
-def facts(rank: int, **changes: Any) -> NodeFacts:
-    identity: dict[str, Any] = {"rank": rank, "hostname": f"host-{rank}", "address": f"10.0.0.{5 + rank}"}
-    return replace(NODE0, **(identity | changes))
-
-
-def run_nodes(store: MemStore, nodes: list[tuple[LaunchConfig, NodeFacts]]) -> list[Outcome]:
-    """Run node 0 (first in ``nodes``) and the workers concurrently; return their outcomes in order."""
-    results: list[Any] = [None] * len(nodes)
-
-    def go(i: int, c: LaunchConfig, f: NodeFacts) -> None:
-        results[i] = (run_main if c.is_main else run_worker)(store, c, f, quiet())
-
-    threads = [threading.Thread(target=go, args=(i, c, f)) for i, (c, f) in enumerate(nodes)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=20)
-    return results
+from tests.factories import LAUNCH_ENV, MemStore, cfg, facts, quiet, run_nodes
 
 
 def test_identical_nodes_all_get_the_same_ok_verdict_and_confirm_it() -> None:
@@ -191,12 +121,12 @@ def test_a_worker_that_cannot_reach_main_says_so_within_the_timeout() -> None:
 def test_bad_environment_and_missing_script_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
     monkeypatch.chdir(tmp_path)
-    assert main(["train.py"], {k: v for k, v in BASE.items() if k != "NNODES"}) == EXIT_BAD_ENV
+    assert main(["train.py"], {k: v for k, v in LAUNCH_ENV.items() if k != "NNODES"}) == EXIT_BAD_ENV
     assert capsys.readouterr().err.strip().startswith("nodekit: error: NNODES is not set")
-    assert main(["train.py"], BASE) == EXIT_BAD_ENV
+    assert main(["train.py"], LAUNCH_ENV) == EXIT_BAD_ENV
     out, err = capsys.readouterr()
     assert out.startswith("nodekit ddp-demo: node 1/2 |") and "'train.py' not found in" in err
-    assert main(["-m", "no_such_pkg_nodekit.train"], BASE) == EXIT_BAD_ENV
+    assert main(["-m", "no_such_pkg_nodekit.train"], LAUNCH_ENV) == EXIT_BAD_ENV
     assert "no package 'no_such_pkg_nodekit'" in capsys.readouterr().err
 
 

@@ -12,7 +12,7 @@ import pytest
 from nodekit.launcher.config import parse_env
 from nodekit.launcher.preflight import stack as facts
 from nodekit.launcher.preflight.stack import parse_nvidia_smi, parse_proc_driver
-from tests.unit.launcher.test_config import BASE
+from tests.factories import LAUNCH_ENV
 
 
 def test_nvidia_smi_rows() -> None:
@@ -55,6 +55,6 @@ def test_without_nvidia_smi_the_launcher_never_touches_torch_cuda(
         (tmp_path / "gpus" / bus / "information").write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ: 1\n")
     real = facts._gpus_from_proc
     monkeypatch.setattr(facts, "_gpus_from_proc", lambda: real(str(tmp_path / "dev"), str(tmp_path / "gpus")))
-    got = facts.gather(parse_env(BASE), "10.0.0.6")
+    got = facts.gather(parse_env(LAUNCH_ENV), "10.0.0.6")
     assert [n for n in touched if n != "nccl"] == []
     assert (got.gpu_model, got.gpu_count, got.cuda, got.cudnn) == ("NVIDIA H100 80GB HBM3", 2, "12.4", "90100")

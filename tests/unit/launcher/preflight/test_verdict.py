@@ -3,40 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from nodekit.launcher.preflight.stack import NodeFacts
 from nodekit.launcher.preflight.verdict import Verdict, compare, decide, missing_message, render
-
-NODE0 = NodeFacts(
-    rank=0,
-    hostname="gpu-a",
-    address="10.0.0.5",
-    fingerprint="3f2a9c1b0d4e55667788",
-    image_id="sha256:aaaabbbbccccddddeeee",
-    python="3.11.2",
-    torch="2.13.0+cu128",
-    cuda="12.8",
-    cudnn="91002",
-    nccl="2.27.3",
-    driver="570.133.20",
-    gpu_model="NVIDIA H100 80GB HBM3",
-    gpu_count=8,
-    nodekit="0.1.0",
-    nnodes=2,
-    nproc_per_node=8,
-    world_size="16",
-    master_port=29500,
-    mode="torchrun",
-    name="ddp-demo",
-)
-NODE1 = replace(NODE0, rank=1, hostname="gpu-b", address="10.0.0.6")
-KW: dict[str, Any] = {"nnodes": 2, "timeout_s": 180.0, "main": "10.0.0.5:29501"}
+from tests.factories import NODE0, NODE1, VERDICT_KW
 
 
 def test_identical_stacks_are_ok() -> None:
     assert compare([NODE0, NODE1]) == []
-    verdict = decide([NODE1, NODE0], **KW)
+    verdict = decide([NODE1, NODE0], **VERDICT_KW)
     assert verdict.status == "ok" and verdict.arrived == (0, 1) and verdict.missing == ()
     assert render(verdict) == (
         "nodekit preflight: ok, 2/2 nodes, identical stacks (image 3f2a9c1b0d4e, torch 2.13.0+cu128, cuda 12.8, "
@@ -46,7 +21,7 @@ def test_identical_stacks_are_ok() -> None:
 
 def test_a_different_torch_is_an_error_naming_node_and_field() -> None:
     other = replace(NODE1, torch="2.12.0+cu128", fingerprint="99aa00112233445566")
-    verdict = decide([NODE0, other], **KW)
+    verdict = decide([NODE0, other], **VERDICT_KW)
     assert verdict.status == "mismatch"
     assert [(d.field, d.severity) for d in verdict.differences] == [("fingerprint", "error"), ("torch", "error")]
     torch = verdict.differences[1]
@@ -58,11 +33,11 @@ def test_gpu_count_is_a_note_when_heterogeneous_gpus_are_allowed_and_an_error_ot
     # nproc_per_node = "auto": each node resolved it from its own GPUs, so WORLD_SIZE is unknown on both.
     big = replace(NODE0, world_size="")
     small = replace(NODE1, gpu_count=4, nproc_per_node=4, world_size="")
-    allowed = decide([big, small], allow_heterogeneous_gpus=True, **KW)
+    allowed = decide([big, small], allow_heterogeneous_gpus=True, **VERDICT_KW)
     assert allowed.status == "ok"
     assert [(d.field, d.severity) for d in allowed.differences] == [("gpu_count", "note"), ("nproc_per_node", "note")]
     assert render(allowed).splitlines()[0] == "nodekit preflight: ok, 2/2 nodes, identical stacks, 2 note(s)"
-    strict = decide([big, small], **KW)
+    strict = decide([big, small], **VERDICT_KW)
     assert strict.status == "mismatch"
     assert {d.severity for d in strict.differences} == {"error"}
 
@@ -78,7 +53,9 @@ def test_launch_settings_must_agree() -> None:
 
 
 def test_the_mismatch_table() -> None:
-    verdict = decide([NODE0, replace(NODE1, torch="2.12.0+cu128", gpu_count=4)], allow_heterogeneous_gpus=True, **KW)
+    verdict = decide(
+        [NODE0, replace(NODE1, torch="2.12.0+cu128", gpu_count=4)], allow_heterogeneous_gpus=True, **VERDICT_KW
+    )
     assert render(verdict) == "\n".join(
         [
             "nodekit preflight: STACK MISMATCH, 1 error(s): no node starts training (exit 17)",
@@ -113,7 +90,7 @@ def test_a_mismatch_wins_over_a_missing_node() -> None:
 
 def test_a_rank_claimed_twice() -> None:
     dup = replace(NODE1, hostname="gpu-c", address="10.0.0.7")
-    verdict = decide([NODE0, NODE1], duplicates=[dup], **KW)
+    verdict = decide([NODE0, NODE1], duplicates=[dup], **VERDICT_KW)
     assert verdict.status == "mismatch"
     text = render(verdict)
     assert "  1 (dup)  gpu-c" in text

@@ -4,7 +4,6 @@ and grow main's memory by no more than its caps allow."""
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -13,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.launcher.store import auth
-from nodekit.launcher.store.client import recv_exact
 from nodekit.launcher.store.kv import Hosted
 from nodekit.launcher.store.server import host
-from tests.unit.launcher.store.test_store import FAST, S1, join, wait_for
-
-BEHAVIOURS = ("close", "garbage", "length", "partial", "guess", "silent")
+from tests.factories import BEHAVIOURS, S1, STORE_LIMITS, hostile, join, wait_for
 
 
 def rss() -> int:
@@ -30,36 +25,9 @@ def rss() -> int:
     raise AssertionError("no VmRSS")
 
 
-def hostile(port: int, behaviour: str, held: list[socket.socket]) -> None:
-    """One connection of a client without the secret; the ones meant to linger are kept open in ``held``."""
-    try:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
-    except OSError:
-        return
-    try:
-        if behaviour == "garbage":
-            sock.sendall(os.urandom(64 << 10))
-        elif behaviour == "length":  # what a length-prefixed protocol would read as a 4 GiB frame, and then some
-            sock.sendall(b"\xff\xff\xff\xff" * 16)
-        elif behaviour == "partial":  # slowloris: a hello that never finishes
-            sock.sendall(auth.MAGIC + b"\x00" * 10)
-        elif behaviour == "guess":  # a well-formed hello, then a proof made up without the secret
-            sock.sendall(auth.client_hello(os.urandom(auth.NONCE_LEN)))
-            recv_exact(sock, auth.SERVER_HELLO_LEN)
-            sock.sendall(os.urandom(auth.PROOF_LEN) + b"\x00\x00\x00\x10" + os.urandom(48))
-    except (OSError, EOFError):  # EOFError: recv_exact's word for a connection closed mid-read
-        pass  # main cut it off: what it should do (the attacker goes on with its next connection)
-    if behaviour in ("partial", "silent", "length"):
-        held.append(sock)
-        if len(held) > 200:  # the client's own descriptors: keep its latest 200 open
-            held.pop(0).close()
-    else:
-        sock.close()
-
-
 @pytest.fixture
 def main() -> Iterator[Hosted]:
-    hosted = host(S1, 0, timeout_s=5, host="127.0.0.1", limits=FAST)
+    hosted = host(S1, 0, timeout_s=5, host="127.0.0.1", limits=STORE_LIMITS)
     yield hosted
     hosted.close()
 
@@ -109,10 +77,10 @@ def test_thousands_of_hostile_connections_change_nothing_and_grow_no_memory(main
         "nodekit/claim/2", "nodekit/facts/1", "nodekit/hb/1", "nodekit/verdict",
     ]  # fmt: skip
     assert late is not None and late.add("nodekit/claim/2", 0) == 1
-    assert wait_for(lambda: main.stats().pending == 0, within=FAST.handshake_s + 2)
+    assert wait_for(lambda: main.stats().pending == 0, within=STORE_LIMITS.handshake_s + 2)
     stats = main.stats()
     assert stats.sessions == 2 and stats.refused > 0 and stats.evicted > 0
-    assert stats.peak_pending <= FAST.max_pending
+    assert stats.peak_pending <= STORE_LIMITS.max_pending
     # Per connection in the handshake main holds at most the 36-byte hello and its own 84-byte answer.
     assert stats.peak_buffered < 64 << 10
     assert peak[0] - before < 16 << 20, f"main's process grew by {(peak[0] - before) >> 20} MiB under the flood"
@@ -125,7 +93,7 @@ def test_handshakes_that_never_finish_expire_and_keep_no_worker_out(main: Hosted
     for _ in range(100):
         hostile(main.port, "partial", held)
     assert wait_for(lambda: main.stats().peak_pending > 0)
-    assert main.stats().peak_pending <= FAST.max_pending
+    assert main.stats().peak_pending <= STORE_LIMITS.max_pending
     stop = threading.Event()
 
     def keep_flooding() -> None:
@@ -142,7 +110,7 @@ def test_handshakes_that_never_finish_expire_and_keep_no_worker_out(main: Hosted
         stop.set()
         flood.join()
     assert main.get("nodekit/facts/1") == b"ok"
-    assert wait_for(lambda: main.stats().pending == 0, within=FAST.handshake_s + 2)
-    assert main.stats().peak_pending <= FAST.max_pending and main.stats().sessions == 1
+    assert wait_for(lambda: main.stats().pending == 0, within=STORE_LIMITS.handshake_s + 2)
+    assert main.stats().peak_pending <= STORE_LIMITS.max_pending and main.stats().sessions == 1
     for sock in held:
         sock.close()

@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,21 +23,14 @@ from nodekit.launcher.store.auth import SERVER_HELLO_LEN, TO_CLIENT, TO_SERVER, 
 from nodekit.launcher.store.client import Client, recv_exact
 from nodekit.launcher.store.kv import ADMIT, I64, Hosted, Limits, StoreError
 from nodekit.launcher.store.server import host
-from tests.unit.launcher.preflight.test_exchange import cfg
-
-S1, S2 = "a" * 32, "b" * 32
-FAST = Limits(handshake_s=0.5, max_pending=16)
+from tests.factories import S1, S2, STORE_LIMITS, cfg, join, wait_for
 
 
 @pytest.fixture
 def main() -> Iterator[Hosted]:
-    hosted = host(S1, 0, timeout_s=5, host="127.0.0.1", limits=FAST)
+    hosted = host(S1, 0, timeout_s=5, host="127.0.0.1", limits=STORE_LIMITS)
     yield hosted
     hosted.close()
-
-
-def join(hosted: Hosted, secret: str = S1, connect_s: float = 5.0) -> Client:
-    return Client.connect("127.0.0.1", hosted.port, secret, timeout_s=5, connect_s=connect_s, limits=FAST)
 
 
 def closed_by_peer(sock: socket.socket, within: float = 5.0) -> int | None:
@@ -130,7 +123,7 @@ def test_a_client_without_the_secret_is_refused_and_changes_nothing(main: Hosted
 
 def test_a_recorded_handshake_and_its_frames_are_refused_when_replayed(main: Hosted) -> None:
     spy = Recorder(main.port)
-    worker = Client.connect("127.0.0.1", spy.port, S1, timeout_s=5, connect_s=5, limits=FAST)
+    worker = Client.connect("127.0.0.1", spy.port, S1, timeout_s=5, connect_s=5, limits=STORE_LIMITS)
     worker.set("nodekit/verdict", "mismatch")
     assert worker.add("nodekit/claim/1", 1) == 1
     worker.close()
@@ -158,13 +151,13 @@ def test_a_frame_replayed_within_or_across_connections_is_refused(main: Hosted) 
 
 
 def test_an_authenticated_client_cannot_make_main_read_an_oversized_frame(main: Hosted) -> None:
-    for length in (FAST.max_frame + 1, 0xFFFFFFFF, 0):
+    for length in (STORE_LIMITS.max_frame + 1, 0xFFFFFFFF, 0):
         sock, _ = raw_session(main.port)
         sock.sendall(length.to_bytes(4, "big"))  # the header alone: main must refuse before any body arrives
         assert closed_by_peer(sock, within=2.0) == 0
     worker = join(main)
     with pytest.raises(StoreError, match="store refused a key of 3 or a value of"):
-        worker.set("big", b"x" * (FAST.max_value + 1))
+        worker.set("big", b"x" * (STORE_LIMITS.max_value + 1))
     assert len(main.table) == 0
 
 
@@ -189,7 +182,7 @@ def test_the_caps_on_keys_and_total_bytes_hold_for_members_too() -> None:
 
 def test_a_fake_main_without_the_secret_is_detected_by_the_worker() -> None:
     # Main with another secret (another job on the port), and an impostor replaying a real main's recorded hello.
-    other = host(S2, 0, timeout_s=5, host="127.0.0.1", limits=FAST)
+    other = host(S2, 0, timeout_s=5, host="127.0.0.1", limits=STORE_LIMITS)
     try:
         with pytest.raises(WrongSecret):
             join(other, S1)
@@ -216,7 +209,7 @@ def test_a_fake_main_without_the_secret_is_detected_by_the_worker() -> None:
 
 
 def record_hello(secret: str) -> bytes:
-    hosted = host(secret, 0, timeout_s=5, host="127.0.0.1", limits=FAST)
+    hosted = host(secret, 0, timeout_s=5, host="127.0.0.1", limits=STORE_LIMITS)
     try:
         sock = socket.create_connection(("127.0.0.1", hosted.port), timeout=5)
         sock.sendall(auth.client_hello(os.urandom(auth.NONCE_LEN)))
@@ -252,12 +245,3 @@ def test_a_manifest_of_100000_files_fits_the_value_cap(main: Hosted) -> None:
     view = samedata.Published(**json.loads(main.get("nodekit/data//data/1")))
     assert view.files == 100_000 and not view.error
     assert 10 << 20 < main.table.stored < main.table.limits.max_value  # ~13 MB: about a fifth of the cap
-
-
-def wait_for(condition: Callable[[], bool], within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return False

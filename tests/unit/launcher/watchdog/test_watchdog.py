@@ -10,30 +10,22 @@ from collections.abc import Callable
 
 import pytest
 
-from nodekit.launcher.preflight.exchange import Clock
 from nodekit.launcher.watchdog.run import (
     EXIT_PEER_LOST,
     Alarm,
     Done,
     Ending,
     Lost,
-    Reading,
     Watch,
-    Watchdog,
     alarm,
     alarm_line,
     conclude,
     lost_line,
     node_names,
 )
-from tests.unit.launcher.preflight.test_exchange import MemStore, facts
+from tests.factories import NAMES, MemStore, Node, beat, facts
 
-NAMES = {0: "10.0.0.5, host gpu-a", 1: "10.0.0.6, host gpu-b", 2: "172.31.250.12, host h2"}
 T = 15.0  # the peer timeout
-
-
-def beat(watch: Watch, at: float, counts: dict[int, int], **kw: object) -> None:
-    watch.see(Reading(at=at, counts=counts, **kw))  # type: ignore[arg-type]
 
 
 def run_beats(watch: Watch, until: float, *, silent_from: dict[int, float] | None = None, start: int = 0) -> None:
@@ -242,29 +234,6 @@ def test_the_lines() -> None:
 
 
 # ---- the threads, against an in-memory store --------------------------------------------------------------------
-
-FAST = {"beat_s": 0.02, "judge_s": 0.01}
-
-
-class Node:
-    """One node's watchdog, with what it printed and whether it was told to stop."""
-
-    def __init__(self, store: MemStore, rank: int, nnodes: int, timeout: float, **kw: object) -> None:
-        self.lines: list[str] = []
-        self.stopped = threading.Event()
-        self.exits: list[int] = []
-        self.dog = Watchdog(
-            store,
-            rank,
-            nnodes,
-            timeout,
-            NAMES,
-            stop=self.stopped.set,
-            clock=Clock(log=self.lines.append),
-            err=self.lines.append,
-            hard_exit=self.exits.append,
-            **{**FAST, **kw},  # type: ignore[arg-type]
-        )
 
 
 def run_all(nodes: list[Node], work: Callable[[Node], int]) -> list[Ending]:
