@@ -9,30 +9,18 @@ into a host once stays there; namespaces, daemons, containers and mounts are new
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from nodekit.job import secret
 from tests import wheelcache
-from tests.cluster.harness import SSHD, Cluster, Host, problem, ssh_client
+from tests.cluster.harness import SSHD, Cluster, problem, ssh_client
+from tests.cluster.helpers import EXAMPLE, Demo, Fleet, SshKeys, nodekit_argv, push_image
 from tests.conftest import unavailable
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "ddp"
-NODEKIT = [sys.executable, "-m", "nodekit"]
-
-
-def nodekit_argv(*args: str) -> list[str]:
-    """The real CLI, as a user runs it."""
-    return [*NODEKIT, *args]
 
 
 @pytest.fixture(scope="session")
@@ -56,15 +44,6 @@ def _fresh(n: int, name: str) -> Iterator[Cluster]:
 def cluster(cluster_ready: None) -> Iterator[Cluster]:
     """Three fresh hosts (nkt-h0..2, 172.31.250.10-12, each with a decoy default route), torn down after the test."""
     yield from _fresh(3, "nkt")
-
-
-@dataclass(frozen=True)
-class Demo:
-    """examples/ddp, copied and built on the default engine; ``ref`` is its image."""
-
-    project: Path
-    ref: str
-    image_id: str
 
 
 def _run(argv: list[str], timeout: float = 1800, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -101,16 +80,6 @@ def demo_on_main(demo: Demo, cluster_ready: None) -> Demo:
     return demo
 
 
-def push_image(ref: str, source: str | None, hosts: list[Host]) -> None:
-    """nodekit push through its Python API (the CLI is tested on its own): skips hosts that have the image."""
-    from nodekit import ship
-    from nodekit.system.progress import NullReporter
-
-    src = ship.source_of(ref, source)
-    targets = [ship.Target(name=h.name, endpoint=h.docker_host) for h in hosts]
-    ship.push(ship.plan_push(src, ship.survey(src, targets)), NullReporter())
-
-
 @pytest.fixture
 def demo_everywhere(demo_on_main: Demo, cluster: Cluster) -> Demo:
     """The demo image on every host of this test's cluster (pushed from host 0 where missing)."""
@@ -118,27 +87,7 @@ def demo_everywhere(demo_on_main: Demo, cluster: Cluster) -> Demo:
     return demo_on_main
 
 
-def host_project(demo: Demo, host: Host, base: Path) -> Path:
-    """The demo project as this host's own checkout (each machine has its own files, outputs and compose dir)."""
-    dest = base / host.name / "ddp"
-    # The job secret travels with the project (.nodekit/job-secret), as a user's copy to each machine carries it.
-    secret.load_or_create(demo.project)
-    shutil.copytree(demo.project, dest, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
-    return dest
-
-
 # --- real SSH: an OpenSSH server in every host, keys made here ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SshKeys:
-    dir: Path
-    host_key: Path
-    client_key: Path
-    wrong_key: Path
-
-    def public(self, key: Path) -> str:
-        return key.with_suffix(".pub").read_text()
 
 
 def _keygen(path: Path) -> Path:
@@ -160,46 +109,6 @@ def ssh_keys(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> S
         client_key=_keygen(d / "id_ed25519"),
         wrong_key=_keygen(d / "wrong"),
     )
-
-
-@dataclass
-class Fleet:
-    """The cluster with an sshd on every host, and the head's OpenSSH set up for it: ``env`` puts an ``ssh`` first
-    on PATH that reads the test's ssh_config (IdentityFile, UserKnownHostsFile, StrictHostKeyChecking), as a user's
-    own ~/.ssh/config would; nodekit and the docker CLI (its ssh:// transport) both run that ``ssh``."""
-
-    cluster: Cluster
-    keys: SshKeys
-    config: Path
-    bin: Path
-
-    def url(self, host: Host, user: str = "root") -> str:
-        return f"ssh://{user}@{host.addr}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        # No user ssh-agent, as in CI: a relay chain then logs in through the private agent nodekit starts.
-        return {"PATH": f"{self.bin}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": ""}
-
-    def project(self, demo: Demo, base: Path, *, hosts: list[str] | None = None, **settings: object) -> Path:
-        """The demo project, checked out on the head (host 0), with ``hosts`` and ``settings`` in its nodekit.toml."""
-        dest = host_project(demo, self.cluster.main, base)
-        urls = hosts if hosts is not None else [self.url(h) for h in self.cluster.hosts]
-        extra = {"hosts": urls, "nnodes": len(urls), **settings}
-        toml = (dest / "nodekit.toml").read_text()
-        lines = [ln for ln in toml.splitlines() if not ln.startswith(tuple(f"{k} =" for k in extra))]
-        lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
-        (dest / "nodekit.toml").write_text("\n".join(lines) + "\n")
-        return dest
-
-    def run(self, project: Path, *args: str, log: Path) -> subprocess.Popen[str]:
-        """``nodekit run`` on the head (host 0), as a user there would type it."""
-        argv = nodekit_argv("run", "--config", str(project / "nodekit.toml"), *args)
-        return self.cluster.main.popen(*argv, env=self.env, cwd=project, log=log)
-
-    def nodekit(self, project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        argv = nodekit_argv(*args, "--config", str(project / "nodekit.toml"))
-        return self.cluster.main.run(*argv, env=self.env, cwd=project, timeout=timeout)
 
 
 @pytest.fixture

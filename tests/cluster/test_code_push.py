@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import Demo, nodekit_argv
 from tests.cluster.harness import Cluster
+from tests.cluster.helpers import Demo, nodekit_argv
 from tests.conftest import logging_docker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]

@@ -21,11 +21,22 @@ from pathlib import Path
 import pytest
 
 from benchmarks._shipnet import tbf_argv
-from tests.cluster.conftest import Demo, Fleet, push_image
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh
-from tests.cluster.test_fleet import finish, nothing_left, wait_for
-from tests.cluster.test_relay import MIB, loading, push_argv, push_env, relay_dirs
-from tests.cluster.test_ship import REF, make_image
+from tests.cluster.helpers import (
+    MIB,
+    REF,
+    Demo,
+    Fleet,
+    finish,
+    loading,
+    make_image,
+    nothing_left,
+    push_argv,
+    push_env,
+    push_image,
+    relay_dirs,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 

@@ -25,46 +25,27 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._shipnet import tbf_argv, tx_bytes
-from tests.cluster.conftest import Fleet, SshKeys, nodekit_argv
+from benchmarks._shipnet import tbf_argv
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
-from tests.cluster.test_ship import REF, ids, make_image, wipe
+from tests.cluster.helpers import (
+    MIB,
+    REF,
+    Fleet,
+    SshKeys,
+    head_tx,
+    ids,
+    loading,
+    make_image,
+    nodekit_argv,
+    push_argv,
+    push_env,
+    relay_dirs,
+    wipe,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-MIB = 24  # random bytes: gzip cannot shrink them, so the stream is about this size
-
-
-def head_tx(h0: Host) -> int:
-    return tx_bytes(sh("ip", "-n", h0.netns, "-s", "-j", "link").stdout, h0.iface)
-
-
-def push_env(fleet: Fleet) -> dict[str, str]:
-    return {**fleet.env, "DOCKER_HOST": fleet.cluster.main.docker_host}  # no user agent, as in CI
-
-
-def push_argv(fleet: Fleet, *targets: Host, relay: str = "always") -> list[str]:
-    to = [arg for h in targets for arg in ("--to", f"{h.name}={fleet.url(h)}")]
-    return nodekit_argv("push", REF, *to, "--relay", relay)
-
-
-def relay_dirs() -> set[Path]:
-    """The relay's temporary directories (the hosts share this machine's /tmp)."""
-    return set(Path("/tmp").glob("nodekit-relay.*"))
-
-
-def loading(host: Host) -> bool:
-    """Whether a ``docker load`` runs in ``host`` (the relay's stream has reached it)."""
-    for pid in pids_in_netns(os.stat(host.netns_path).st_ino):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"load" in argv and any(a.endswith(b"docker") for a in argv):
-            return True
-    return False
 
 
 def test_a_relay_chain_loads_every_node_and_the_head_sends_the_stream_once(fleet: Fleet) -> None:

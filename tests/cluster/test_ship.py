@@ -20,39 +20,10 @@ import pytest
 from nodekit import ship
 from nodekit.errors import ShipError
 from nodekit.system.progress import RecordingReporter
-from tests.cluster.conftest import nodekit_argv
 from tests.cluster.harness import Cluster, Host, clean
+from tests.cluster.helpers import REF, ids, make_image, nodekit_argv, wipe
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
-
-REF = "nodekit/shiptest:current"
-
-
-def make_image(host: Host, ref: str, *, seed: int, mib: int = 8) -> str:
-    """A one-layer image of ``mib`` MiB of (incompressible) random bytes, imported into ``host``'s engine."""
-    rnd = random.Random(seed)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("etc/seed", str(seed).encode()), ("data/blob", rnd.randbytes(mib << 20))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    proc = subprocess.run(
-        ["docker", "-H", host.docker_host, "import", "-", ref], input=buf.getvalue(), capture_output=True
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return proc.stdout.decode().strip()
-
-
-def ids(host: Host) -> set[str]:
-    return set(host.docker("images", "-q", "--no-trunc", "-a").stdout.split())
-
-
-def wipe(*hosts: Host) -> None:
-    """Every image on these hosts' engines removed."""
-    for h in hosts:
-        for image_id in ids(h):
-            h.docker("rmi", "-f", image_id, check=False)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import Demo, host_project, nodekit_argv, push_image
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
+from tests.cluster.helpers import Demo, host_project, nodekit_argv, push_image
 from tests.cluster.slurm import Slurm
 from tests.cluster.slurm import problem as slurm_problem
 from tests.conftest import unavailable
@@ -195,7 +195,7 @@ def test_charliecloud_mode_runs_the_demo_on_two_slurm_nodes(
 
 def test_a_different_image_on_one_node_is_refused_naming_it(slurm: Slurm, demo_both: Demo, tmp_path: Path) -> None:
     """The stack proof compares every node: node 1's engine holds another image under the same tag."""
-    from tests.cluster.test_e2e import tampered_image
+    from tests.cluster.helpers import tampered_image
 
     h1 = slurm.cluster.hosts[1]
     other = tampered_image(h1, demo_both.ref)

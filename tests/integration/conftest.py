@@ -2,31 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests import wheelcache
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "ddp"
-
-
-def nodekit(
-    *args: str, config: Path, env: dict[str, str] | None = None, timeout: int = 600
-) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would."""
-    return subprocess.run(
-        [sys.executable, "-m", "nodekit", *args, "--config", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=os.environ | (env or {}),
-    )
+from tests.integration.helpers import EXAMPLE, nodekit
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from nodekit.ship import chain_ids, plan_layers
 from nodekit.ship.plan import Layer
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
 

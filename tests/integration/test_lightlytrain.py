@@ -21,7 +21,7 @@ import pytest
 
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import ROOT, nodekit
+from tests.integration.helpers import ROOT, nodekit
 
 pytestmark = pytest.mark.docker
 

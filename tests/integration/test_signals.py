@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import nodekit
-from tests.integration.test_up_path import containers
+from tests.integration.helpers import containers, nodekit
 
 pytestmark = pytest.mark.docker
 CODES = [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]

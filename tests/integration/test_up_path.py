@@ -12,25 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.backends.compose.node import project_for
-from nodekit.config.settings import load
 from tests.conftest import logging_docker
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import containers, nodekit
 
 pytestmark = pytest.mark.docker
 FLAGS = ["--main", "127.0.0.1", "--master-port", "29650", "--detach"]
-
-
-def containers(config: Path, rank: int) -> list[str]:
-    """The ids of node ``rank``'s containers, running or not, as the docker client lists them."""
-    project = project_for(load(config), rank)
-    out = subprocess.run(
-        ["docker", "ps", "-a", "--quiet", "--filter", f"label=com.docker.compose.project={project}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()
 
 
 def test_up_asks_the_engine_four_times_and_never_for_versions(ddp_project: Path, tmp_path: Path) -> None:
