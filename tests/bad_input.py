@@ -51,8 +51,8 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     ),
     "output_dir": st.sampled_from(["outputs", "/tmp/nodekit-prop-out", ""]),
     "bogus_key": SCALAR,
-    # The shapes issue 19 found holes in, drawn loosely here (any outcome but 0 or one line + 2 fails); the
-    # known-bad ones are drawn strictly by test_every_known_bad_input_is_one_line_exit_2 below.
+    # Shapes that once had holes, drawn loosely here (any outcome but 0 or one line + 2 fails); the known-bad ones
+    # are drawn strictly by tests/unit/cli/test_bad_input_known.py.
     "nodes": st.dictionaries(
         st.sampled_from(["0", "1", "7"]),
         st.fixed_dictionaries(

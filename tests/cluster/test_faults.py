@@ -1,6 +1,6 @@
 """Faults on the head's side of the fleet, over real SSH (Debian's sshd in every host): signals to `nodekit run`
 and `nodekit push`, a host that vanishes mid-run, a `docker save` that stalls, a target that takes every byte and
-never answers, and fleet `down`/`logs` with a host that cannot be reached (issue 19, items 5, 6 and 7).
+never answers, and fleet `down`/`logs` with a host that cannot be reached.
 
 Each ends with a named failure (or a clean stop) and nothing left anywhere: no container on any host, no ssh,
 docker or relay process in any host, no private agent, no temporary directory. The times from the fault to the

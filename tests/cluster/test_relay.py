@@ -206,7 +206,7 @@ def test_four_nodes_with_chains_of_two_make_two_chains(ssh_keys: SshKeys, tmp_pa
         c.down(purge=True)
 
 
-# --- what a relay lends the nodes: nothing of the user's (issue 19 item 4) -----------------------------------------
+# --- what a relay lends the nodes: nothing of the user's ---------------------------------------------------------
 
 
 def relay_steps(host: Host) -> dict[int, dict[str, str]]:

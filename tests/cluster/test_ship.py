@@ -90,9 +90,9 @@ def test_a_target_with_the_image_under_another_name_is_only_tagged(fresh: Cluste
 
 def test_two_engines_that_share_an_engine_id_are_still_two_engines(cluster_ready: None) -> None:
     """Docker >= 23 keeps an engine's ID in its data root's ``engine-id`` file (copied from /etc/docker/key.json
-    when that exists as the data root is made); cloned VMs share the file too. Before, a target reporting the
-    source's ID was skipped as "the source engine itself" without the image, and `nodekit run` then said the image
-    was on every host and the start failed on the node without it (issue 19, "a false already there")."""
+    when that exists as the data root is made); cloned VMs share the file too. A target reporting the source's ID
+    is still pushed to: skipped as "the source engine itself" without the image, `nodekit run` would say the image
+    is on every host and the start would fail on the node without it ("a false already there")."""
     c = Cluster(2, name="nkid", owner=os.getpid(), decoy=False)
     clean(c.name, purge=True)  # data roots of an earlier run would keep their own IDs
     shared = str(uuid.uuid4())

@@ -1,4 +1,4 @@
-"""A real image whose lock holds a wheel nodekit built from a source distribution (issue 21 item 5).
+"""A real image whose lock holds a wheel nodekit built from a source distribution.
 
 The image still installs offline with ``--require-hashes``: the built wheel travels in the wheelhouse, its hash in
 the lock. The project has no torch, so the build takes seconds; the package index is offline (a find-links

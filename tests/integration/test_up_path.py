@@ -1,6 +1,6 @@
 """The way from `nodekit up` to the container's start: what it asks the engine, and what it says when the engine or
-the Compose plugin is missing. It asks no versions first (issue 13: that check cost 0.7 s on every `up`, twice);
-a failed call diagnoses instead, so a missing engine or plugin still gets its one line and its fix."""
+the Compose plugin is missing. It asks no versions first (a version check costs 0.7 s on every `up`, twice); a
+failed call diagnoses instead, so a missing engine or plugin still gets its one line and its fix."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Known-bad input (issue 19), drawn by hypothesis: each kind, alone in an otherwise good project, must be refused
-with exit 2 and one line naming the setting with its fix, and no file changed (no compose file, no job secret), so
-nothing was shipped or started. Before issue 19 each kind was accepted (exit 0), replaced silently, or ended in a
-traceback; the general properties beside this file (test_bad_input_property.py) accept any exit 0 or 2, which is
-why they passed over these. Each test prints how many inputs it tried."""
+"""Known-bad input, drawn by hypothesis: each kind, alone in an otherwise good project, must be refused with exit 2
+and one line naming the setting with its fix, and no file changed (no compose file, no job secret), so nothing was
+shipped or started: never accepted (exit 0), replaced silently, or ended in a traceback. The general properties
+beside this file (test_bad_input_property.py) accept any exit 0 or 2, so they cannot tell these apart. Each test
+prints how many inputs it tried."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def _same_host(ip: Any, a: Any, b: Any, port: bool) -> dict[str, Any]:
 
 
 HOSTILE: dict[str, st.SearchStrategy[Any]] = {
-    # The inputs issue 19 lists, by name.
+    # Each kind of known-bad input, by name.
     "nproc_per_node": BAD_NPROC.flatmap(lambda n: _node("nproc_per_node", nproc_per_node=n)),
     "nodes_nproc": st.tuples(st.integers(0, 1), BAD_NPROC).flatmap(
         lambda rn: _node(f"[nodes.{rn[0]}] nproc_per_node", nodes={str(rn[0]): {"nproc_per_node": rn[1]}})

@@ -165,7 +165,7 @@ def test_a_bad_relay_setting_is_refused(project: Path) -> None:
 
 
 def test_a_path_nodekit_cannot_write_is_one_line_exit_2(project: Path) -> None:
-    """An OSError reaching the command's edge is one line naming the path (issue 19: it was a traceback). /proc
+    """An OSError reaching the command's edge is one line naming the path, not a traceback. /proc
     refuses a new directory even to root, as a read-only or foreign directory refuses a user."""
     (project / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\ncompose_dir = "/proc/nodekit-x"\n')
     code, err = run("compose", "--node-rank", "0", "--main", "127.0.0.1", "--image", "x:y")
@@ -192,8 +192,8 @@ def test_an_os_error_that_is_not_the_users_path_exits_1() -> None:
 def test_a_hung_nvidia_smi_is_one_line_and_exit_2(
     project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A GPU driver whose nvidia-smi never answers: before, `nodekit compose` ended in a TimeoutExpired traceback
-    after 20 s. A real hung nvidia-smi (first on PATH) is stopped at its deadline and named in one line."""
+    """A GPU driver whose nvidia-smi never answers: a real hung nvidia-smi (first on PATH) is stopped at its deadline
+    and named in one line, not a TimeoutExpired traceback."""
     from nodekit.system.host import facts
 
     if any(Path("/proc/driver/nvidia/gpus").glob("*/information")):

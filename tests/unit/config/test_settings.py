@@ -115,7 +115,7 @@ def test_starter_file_loads_and_matches_the_defaults(tmp_path: Path, monkeypatch
     assert s.packages == ("torch==2.13.0",) and s.script == "train.py"
 
 
-# --- the whole input space (issue 19) ---------------------------------------------------------------------------
+# --- the whole input space ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Bring your own base (issue 11), the parts that need no engine: what the probe's answer means, which bases are
+"""Bring your own base, the parts that need no engine: what the probe's answer means, which bases are
 refused, which image `nodekit base` may name, resolving for the image's Python (markers included), package
 sources without credentials in anything written, and locking against what the base already provides.
 

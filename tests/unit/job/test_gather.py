@@ -1,9 +1,7 @@
-"""Gather, then plan (issue 22): :func:`nodekit.job.gather.gather_node` does every read a node's plan needs, once, into
-a frozen :class:`NodeWorld`; :func:`nodekit.backends.compose.node.plan_node` is a pure function of the settings and that
-value.
-
-Before, ``plan_node`` itself resolved main's name, gathered host facts, stat'ed the mount sources, chose the image on
-the engine, looked its id up, asked for the job secret and read ``os.environ`` and the working directory.
+"""Gather, then plan: :func:`nodekit.job.gather.gather_node` does every read a node's plan needs, once, into a frozen
+:class:`NodeWorld` (main's address, host facts, the mount sources, the image on the engine and its id, the job
+secret, ``os.environ`` and the working directory); :func:`nodekit.backends.compose.node.plan_node` is a pure function
+of the settings and that value.
 """
 
 from __future__ import annotations

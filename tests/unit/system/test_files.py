@@ -1,5 +1,5 @@
 """write_atomic: the whole file or the old one, never half; modes kept, symbolic links written through, the
-directory synced (issue 19)."""
+directory synced."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from nodekit.system.host.facts import HostFacts
 from tests.factories import CPU_NODE, GPU_NODE, rendered, settings
 from tests.golden import GOLDEN, update_golden
 
-# Values Compose would substitute from the shell of whoever runs it, were they not written $$ (issue 19).
+# Values Compose would substitute from the shell of whoever runs it, were they not written $$.
 DOLLARS = {
     "args": ("--name", "exp-$USER-${RUN:-default}", "cost=$HOME", "$$", "a'b\"c d", "ünï", "tail\\"),
     "env": {"EXPERIMENT": "exp-$USER-${RUN:-default}", "PRICE": "$5 and $$"},
@@ -108,7 +108,7 @@ def test_a_dotted_image_name_makes_a_project_name_compose_accepts() -> None:
 
 
 def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -> None:
-    """Preflight compares NODEKIT_IMAGE_ID; before, nothing ever set it, so the compared id was always empty."""
+    """Preflight compares NODEKIT_IMAGE_ID: `up` sets it, so the compared id is the image's, never empty."""
     from nodekit.launcher.config import parse_env
     from tests.factories import plan_here
 
@@ -131,7 +131,7 @@ def test_the_image_id_reaches_the_stack_check_when_up_knows_it(tmp_path: Path) -
 
 def test_a_start_never_pulls() -> None:
     """The image is nodekit's own build, shipped and checked by id before any start: a pull could only fail, later
-    and from Docker Hub, where the missing image should have been named (issue 19, "a false already there")."""
+    and from Docker Hub, where the missing image should be named ("a false already there")."""
     for rank, facts in ((0, CPU_NODE), (1, GPU_NODE)):
         assert svc(rendered(settings(), rank, facts))["pull_policy"] == "never"
 

@@ -1,4 +1,4 @@
-"""Every real library resolves, or the lock says why (issue 21 item 5).
+"""Every real library resolves, or the lock says why.
 
 Source distributions are built into wheels on the host, reproducibly, and locked by hash; compiled ones are
 refused by name; a top-level requirement never settles silently below its newest release. The tests run the real
@@ -131,7 +131,7 @@ def test_a_rebuild_that_gives_other_bytes_than_the_lock_is_refused(
 
 def test_the_newest_release_is_locked_when_a_dependency_has_only_an_sdist(tmp_path: Path, sdindex: Path) -> None:
     """The lightly-train shape: its newest release needs a dependency published only as a source distribution
-    (hydra-core -> antlr4-python3-runtime==4.9.*); pip used to settle silently on the empty release 0.0.0."""
+    (hydra-core -> antlr4-python3-runtime==4.9.*); left to itself, pip settles silently on the empty release 0.0.0."""
     fake_wheel(sdindex, "toplib", "0.0.0")
     fake_wheel(sdindex, "toplib", "1.0", ("midlib>=1",))
     fake_wheel(sdindex, "midlib", "1.0", ("leaf==4.9.*",))
