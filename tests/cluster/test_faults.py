@@ -125,8 +125,8 @@ def line_at(log: Path, text: str, proc: subprocess.Popen[str], timeout: float) -
 def test_a_signal_to_nodekit_run_stops_every_node_and_leaves_nothing(
     demo_here: Demo, fleet: Fleet, tmp_path: Path, signum: int, code: int, record_property: pytest.RecordProperty
 ) -> None:
-    """Before, SIGHUP (the SSH session to the head closed) ended nodekit run at once and every node kept training,
-    unsupervised."""
+    """SIGHUP (the SSH session to the head closed) stops every node, as SIGTERM does: none keeps training,
+    unsupervised, after nodekit run has gone."""
     before = scratch()
     project = fleet.project(demo_here, tmp_path, args=["--epochs", "100000", "--epoch-delay", "0.2"])
     log = tmp_path / "run.log"
@@ -150,8 +150,8 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
     fleet: Fleet, signum: int, record_property: pytest.RecordProperty
 ) -> None:
     """A relay chain in the middle of its stream (the head's link slowed to 40 Mbit/s): the push's private
-    ssh-agent, its shared-connection directory, the relays' processes and directories on the nodes, every load.
-    Before, SIGTERM and SIGHUP killed nodekit where it stood and left all of them behind."""
+    ssh-agent, its shared-connection directory, the relays' processes and directories on the nodes, every load: a
+    signal that ended nodekit where it stood would leave all of them behind."""
     h0, h1, h2 = fleet.cluster.hosts
     forget(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -185,8 +185,8 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
 def test_a_host_cut_off_mid_run_is_named_lost_about_peer_timeout_later(
     demo_here: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    """Every packet to and from host 2 dropped (TCP hangs, nothing resets) while the job trains. Before, the head
-    blamed a survivor's exit 19 and then waited for host 2's `docker wait` for about two hours."""
+    """Every packet to and from host 2 dropped (TCP hangs, nothing resets) while the job trains. The head names
+    host 2, not a survivor's exit 19, and does not wait for host 2's `docker wait` (about two hours)."""
     c = fleet.cluster
     h2 = c.hosts[2]
     project = fleet.project(demo_here, tmp_path, peer_timeout=10,
@@ -221,7 +221,7 @@ def test_a_stalled_docker_save_on_the_head_is_named_within_its_stall_deadline(
     fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     """`docker save` gives 1 MiB, then nothing (a wedged engine): a stall deadline of 5 s here (60 s in
-    production). Before, the push read from it forever."""
+    production), so the push does not read from it forever."""
     h0, h1, _ = fleet.cluster.hosts
     forget(h0, h1)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -255,7 +255,7 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
 ) -> None:
     """h1, the first node of a relay chain, runs a `docker load` that reads everything and never exits (a wrapper
     first on its sshd sessions' PATH). The answer deadline (5 s here, 120 s in production) cuts it off and names
-    it; every node of the chain that did not answer gets the image straight from the head. Before: forever."""
+    it; every node of the chain that did not answer gets the image straight from the head. Nothing waits forever."""
     h0, h1, h2 = fleet.cluster.hosts
     forget(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -291,8 +291,8 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
 
 
 def test_fleet_down_and_logs_name_an_unreachable_host_and_exit_1(demo: Demo, fleet: Fleet, tmp_path: Path) -> None:
-    """Before, `down` exited 0 although host 2's container may still run, and `logs` printed a thread's traceback
-    and exited 0."""
+    """`down` does not exit 0 while host 2's container may still run, and `logs` prints no thread's traceback and
+    does not exit 0."""
     h2 = fleet.cluster.hosts[2]
     project = fleet.project(demo, tmp_path)
     h2.stop_sshd(wait=10)

@@ -233,10 +233,10 @@ def nodekit_lines(host: Host) -> list[str]:
 
 
 def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Path) -> None:
-    """The user runs an ssh-agent holding the key every node accepts. Before, the chain forwarded it (``ssh -A``)
-    hop to hop: inside the relay step on a node, SSH_AUTH_SOCK named it, and root there could log in anywhere with
-    it while the push ran. Now no relay process on any node has an agent, and the push's own hop keys are gone from
-    every node when it ends."""
+    """The user runs an ssh-agent holding the key every node accepts. Forwarded hop to hop (``ssh -A``), it would
+    be named by SSH_AUTH_SOCK inside the relay step on a node, and root there could log in anywhere with it while
+    the push ran. No relay process on any node has an agent, and the push's own hop keys are gone from every node
+    when it ends."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -441,9 +441,9 @@ with ship.SharedSsh():
 
 def test_a_node_lying_about_process_groups_cannot_make_the_head_kill_on_another(fleet: Fleet) -> None:
     """Root on h1 writes, on its relay's stderr, that h2's relay runs as the process group of a bystander on h2.
-    Before, when the push was cut (here: h1 stops reading, the stall deadline passes), the head killed every
-    process group the chain's stderr named, on the node named: the bystander. Now it ends on each node only what
-    that node's own relay step recorded there."""
+    When the push is cut (here: h1 stops reading, the stall deadline passes), the head ends on each node only what
+    that node's own relay step recorded there, never a process group the chain's stderr names: the bystander
+    lives."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)

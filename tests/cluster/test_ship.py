@@ -396,9 +396,9 @@ def test_an_incremental_save_loads_where_its_layers_are(fresh: Cluster, tmp_path
 
 
 def test_a_hung_engine_is_named_within_its_deadline(fresh: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dockerd that stops answering (here: SIGSTOP, as a wedged daemon) used to keep every nodekit command that
-    asked it anything waiting forever. Each engine call now ends on its deadline with one line naming the host, and
-    no docker or compose process is left behind."""
+    """A dockerd that stops answering (here: SIGSTOP, as a wedged daemon) keeps no nodekit command that asks it
+    anything waiting forever: each engine call ends on its deadline with one line naming the host, and no docker or
+    compose process is left behind."""
     import signal
     import time
 

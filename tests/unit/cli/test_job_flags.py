@@ -1,6 +1,6 @@
 """The job's shape flags (--nnodes, --nproc-per-node, --master-port, --script) are declared once
-(nodekit/cli/common.py ``job_flags``) and every command that plans the job takes all four: ``nodekit run`` and
-``nodekit slurm`` took --nnodes only before, and ``up --build`` built with --nproc-per-node dropped."""
+(nodekit/cli/common.py ``job_flags``) and every command that plans the job takes all four, ``nodekit run`` and
+``nodekit slurm`` included, and ``up --build`` builds with --nproc-per-node kept."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_the_world_decides_and_the_settings_are_still_checked_against_it() -> No
 
 def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -> None:
     """The shell's values stay in the shell (names only in the world); a failed image lookup asks for no secret
-    (before, the secret came first and could create the project's secret file for a node that then failed)."""
+    (asked first, it could create the project's secret file for a node that then fails)."""
     (tmp_path / "train.py").write_text("")
     (tmp_path / "data").mkdir()
     s = Settings(

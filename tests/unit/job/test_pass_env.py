@@ -26,8 +26,8 @@ def test_names_are_rendered_without_values(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_a_pass_env_name_never_replaces_nodekits_own_variables() -> None:
-    """Refused in the settings, as in env (it used to be accepted and silently ignored, or, for a name nodekit
-    does not always write such as WORLD_SIZE, taken from the shell); and render keeps nodekit's value anyway."""
+    """Refused in the settings, as in env (never accepted and silently ignored, nor, for a name nodekit does not
+    always write such as WORLD_SIZE, taken from the shell); and render keeps nodekit's value anyway."""
     for name in ("MASTER_ADDR", "WORLD_SIZE", "NODEKIT_JOB_SECRET", "NODEKIT_PREFLIGHT"):
         with pytest.raises(ValueError, match=f"{name} is set by nodekit itself"):
             settings(pass_env=(name,))

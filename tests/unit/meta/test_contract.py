@@ -1,8 +1,8 @@
 """The values host side and launcher must agree on are written once, in nodekit/launcher/contract.py.
 
-Before, the launcher's exit codes, the preflight port offset and the Docker pidfiles were each written out in several
-modules (``EXIT_PEER_LOST = 19`` three times, ``master_port + 1`` by hand); a change made in one place would have
-left the others disagreeing with the launcher in the image.
+The launcher's exit codes, the preflight port offset and the Docker pidfiles are named, never written out again
+(``EXIT_PEER_LOST = 19`` in a second module, ``master_port + 1`` by hand): a change made in one place would leave the
+others disagreeing with the launcher in the image.
 """
 
 from __future__ import annotations

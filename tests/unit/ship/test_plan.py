@@ -49,8 +49,8 @@ def test_the_source_engine_itself_is_skipped() -> None:
 
 
 def test_an_engine_id_shared_with_the_source_is_not_the_source_engine() -> None:
-    """Before, a target whose engine reported the source's ID was skipped as "the source engine itself", image or
-    not: two engines share an ID when a data root was cloned or /etc/docker/key.json existed as both were made."""
+    """A target whose engine reports the source's ID is not skipped as "the source engine itself", image or not:
+    two engines share an ID when a data root was cloned or /etc/docker/key.json existed as both were made."""
     plan = ship.plan_push(SRC, [state("clone", engine_id="engine-src"),
                                 state("clone-old", engine_id="engine-src", ref_id=OLD, has_image=False)])  # fmt: skip
     assert actions(plan) == {"clone": "load", "clone-old": "load"}
@@ -287,7 +287,7 @@ class StalledSink(FakeSink):
 
 
 def test_a_target_that_stops_reading_is_cut_off_and_the_others_finish(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before, one stalled target stalled every target, forever."""
+    """One stalled target must not stall every target, forever."""
     sinks = {"ssh://a": FakeSink(), "ssh://s": StalledSink(), "ssh://c": FakeSink()}
     monkeypatch.setattr(fanout, "_verify", lambda src, step: None)
     plan = ship.plan_push(SRC, [state("a", "ssh://a"), state("s", "ssh://s"), state("c", "ssh://c")], compress="none")
@@ -325,7 +325,7 @@ class SilentSink(FakeSink):
 def test_a_target_that_takes_every_byte_and_never_answers_is_cut_off_and_named(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Before, the push waited for that target's answer forever."""
+    """The push does not wait for that target's answer forever."""
     from nodekit.ship import outcome
 
     sinks = {"ssh://a": FakeSink(), "ssh://s": SilentSink()}

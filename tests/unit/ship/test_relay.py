@@ -134,8 +134,8 @@ def test_only_ssh_targets_sharing_a_big_enough_stream_relay() -> None:
 
 
 def test_a_process_group_a_node_names_on_stderr_is_only_text() -> None:
-    """Before, a line ``nodekit-relay pgid NODE N`` on the chain's stderr (which any node can write, for any node)
-    told the head to kill process group N on NODE when the push was cut. Now the report has no such field."""
+    """A line ``nodekit-relay pgid NODE N`` on the chain's stderr (which any node can write, for any node) is text:
+    the report has no such field, so nothing on it can tell the head to kill process group N on NODE."""
     r = parse_report(f"nodekit-relay pgid {b64('b')} 4242\nnodekit-relay load {b64('a')} 0 {b64('ok')}")
     assert r.loads == {"a": (0, "ok")} and not hasattr(r, "pgids")
     assert r.other == [f"nodekit-relay pgid {b64('b')} 4242"]

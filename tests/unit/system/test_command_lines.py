@@ -74,8 +74,8 @@ def test_a_start_on_a_host_without_the_image_names_it_and_the_push_that_fixes_it
     fake_runner: FakeRunner, tmp_path: Path
 ) -> None:
     """Rendered files say ``pull_policy: never``, so Compose asks the engine and stops at "No such image" instead of
-    trying Docker Hub; nodekit makes that one line naming the image, the engine and the push. Before: "docker compose
-    up failed for ...: pull access denied for nodekit/ddp-demo, repository does not exist"."""
+    trying Docker Hub; nodekit makes that one line naming the image, the engine and the push, not "docker compose up
+    failed for ...: pull access denied for nodekit/ddp-demo, repository does not exist"."""
     from nodekit.system import docker
 
     path = tmp_path / "compose" / "node-1.yaml"
@@ -213,9 +213,9 @@ def test_a_fleet_host_check_is_one_batch_mode_ssh_within_28_s(fake_runner: FakeR
 def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_the_push_key(
     fake_runner: FakeRunner,
 ) -> None:
-    """Before, the head's session ran ``ssh -A`` (the user's agent forwarded along the chain) on a connection of its
-    own. Now every ssh of a relay says ForwardAgent=no, and before the stream each node is set up (its directory
-    and hop key) and the second node authorises the first node's key; when the stream ends, both are cleaned."""
+    """No ``ssh -A`` (the user's agent forwarded along the chain): every ssh of a relay says ForwardAgent=no, and
+    before the stream each node is set up (its directory and hop key) and the second node authorises the first
+    node's key; when the stream ends, both are cleaned."""
     from nodekit.ship import hopkeys, relay
 
     key = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
@@ -260,7 +260,7 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
 def test_a_push_shares_ssh_connections_through_the_childrens_environment_not_os_environ(
     fake_runner: FakeRunner,
 ) -> None:
-    """Before, nodekit/ship/mux.py rewrote this process's PATH for the length of a push."""
+    """nodekit/ship/mux.py leaves this process's PATH alone for the length of a push."""
     import os
 
     from nodekit import ship

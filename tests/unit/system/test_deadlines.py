@@ -16,7 +16,7 @@ from nodekit.system import docker, proc
 
 
 def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before, `nodekit lock`/`build` waited on a stalled pip (an index that stopped answering) forever."""
+    """`nodekit lock`/`build` do not wait forever on a stalled pip (an index that stopped answering)."""
     monkeypatch.setattr(lock_pip, "resolve_argv", lambda *a, **k: ["sleep", "30"])
     monkeypatch.setattr(lock_pip, "PIP_TIMEOUT_S", 0.5)
     started = time.monotonic()
@@ -28,7 +28,7 @@ def test_a_hung_pip_is_stopped_and_named(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_a_streamed_process_that_hangs_is_killed_and_named() -> None:
-    """mmdebstrap's output is streamed line by line; a stalled mirror used to keep `nodekit base` waiting."""
+    """mmdebstrap's output is streamed line by line; a stalled mirror does not keep `nodekit base` waiting."""
     started = time.monotonic()
     child = proc.start(["sh", "-c", "echo fetching; exec sleep 30"], deadline=0.5, what="mmdebstrap",
                        fix="check the mirror", stdout="pipe")  # fmt: skip

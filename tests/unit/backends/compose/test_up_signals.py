@@ -69,8 +69,8 @@ def test_a_signal_while_following_removes_the_container(
 def test_a_signal_during_compose_up_ends_its_process_group_before_down(
     tmp_path: Path, calls: list[str], monkeypatch: pytest.MonkeyPatch, signum: int, code: int
 ) -> None:
-    """Before, SIGTERM killed only the `timeout` wrapper python-on-whales ran compose under: the orphaned
-    `docker compose up` created the container after `down` had run."""
+    """SIGTERM ends `docker compose up` itself, not only the `timeout` wrapper python-on-whales runs compose under:
+    an orphaned `docker compose up` would create the container after `down` had run."""
     pidfile = tmp_path / "grandchild.pid"
     real_argv = compose.compose_argv
 

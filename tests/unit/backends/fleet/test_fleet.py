@@ -99,7 +99,7 @@ def test_a_host_that_is_not_a_plain_endpoint_is_one_line(url: str, says: str) ->
 
 @pytest.mark.parametrize("opt", ["slots=0", "slots=-1", "slots=x", "slots=", "slots=1025", "max_slots=x", "gpus=4"])
 def test_a_hostfile_count_that_is_not_1_to_1024_is_refused(opt: str) -> None:
-    """slots=0 used to be replaced silently by the node's own count."""
+    """slots=0 is refused, not replaced silently by the node's own count."""
     with pytest.raises(UsageError, match="hostfile line 2"):
         parse_hostfile(f"a slots=2\nb {opt}\n")
     assert parse_hostfile("a slots=1024 max_slots=2048\n") == [("ssh://a", 1024)]
@@ -200,8 +200,8 @@ def test_a_lost_host_restarts_without_it_only_when_min_nodes_allows() -> None:
 
 def test_a_host_that_vanished_is_blamed_not_the_survivors_that_noticed_it_first() -> None:
     """The survivors' watchdogs exit 19 after peer_timeout; the head's own connection to the vanished host ends a
-    few seconds later (its keepalive). Before, the head blamed the first 19 after the 3 s settle and marked the
-    vanished node "stopped", so it could never be named."""
+    few seconds later (its keepalive). The head must not blame the first 19 after the 3 s settle and mark the
+    vanished node "stopped", or it could never be named."""
     from nodekit.backends.fleet.alive import alive_interval, loss_window
 
     cause_s = loss_window(alive_interval(15))
@@ -322,8 +322,8 @@ def _fleet_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *, script: b
 def test_nodekit_run_refuses_a_missing_script_before_any_host_is_checked_or_shipped_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before, the script was checked when the compose files were planned: after every host was checked and the
-    image shipped to every one of them."""
+    """The script is checked first, not when the compose files are planned (after every host is checked and the
+    image shipped to every one of them)."""
     from typer.testing import CliRunner
 
     from nodekit.backends.fleet import run
@@ -346,8 +346,8 @@ def test_nodekit_run_refuses_a_missing_script_before_any_host_is_checked_or_ship
 def test_fleet_down_and_logs_name_each_host_they_could_not_reach_and_exit_1(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before, `down` printed the failure among the "down" lines and exited 0 (a container may still run there),
-    and `logs` printed a thread's traceback and exited 0."""
+    """Not a failure among the "down" lines and exit 0 for `down` (a container may still run there), nor a
+    thread's traceback and exit 0 for `logs`."""
     from typer.testing import CliRunner
 
     from nodekit.cli.app import app

@@ -37,7 +37,7 @@ def _dry_run(*argv: str) -> str:
 def test_the_dry_run_prints_every_ranks_plan_the_ship_plan_and_the_relay_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Before, it printed the host list only (``#   node 1: ssh://...``)."""
+    """The whole plan, not the host list only (``#   node 1: ssh://...``)."""
     _project(tmp_path, monkeypatch, 'main = "192.168.8.5"\nnnodes = 3\nrestarts = 1\n[nodes.2]\nnproc_per_node = 2\n')
     text = _dry_run("--image", "nodekit/t:0123456789ab")
     path = GOLDEN / "run-dry-run-3-hosts.txt"
@@ -69,7 +69,7 @@ def test_the_dry_run_starts_no_process_resolves_no_name_and_writes_nothing(
 
 
 def test_a_configured_main_is_printed_not_host_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Before, the dry run printed ``main 10.0.0.5`` (host 0) whatever ``main`` said."""
+    """The dry run prints the configured ``main``, not host 0's address (``main 10.0.0.5``)."""
     _project(tmp_path, monkeypatch, 'main = "192.168.8.5"\n')
     text = _dry_run("--image", "nodekit/t:1")
     assert "main: 192.168.8.5:29500" in text and "10.0.0.5:29500" not in text

@@ -161,8 +161,8 @@ def test_probe_names_why_main_is_unreachable(monkeypatch: pytest.MonkeyPatch, er
 def test_a_node_arriving_after_an_early_mismatch_gets_the_verdict_not_an_absent_main(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The CI flake: node 0 decided early (node 2 differs) and used to leave at once, so node 1, arriving later,
-    found no store and retried until its own rdzv_timeout. Main now reports at once and keeps serving."""
+    """Node 0 decides early (node 2 differs): it reports at once and keeps serving, so node 1, arriving later,
+    still finds the store and reads the verdict instead of retrying until its own rdzv_timeout."""
     import nodekit.launcher.main as launcher_main
 
     store = MemStore()
@@ -184,7 +184,7 @@ def test_a_node_arriving_after_an_early_mismatch_gets_the_verdict_not_an_absent_
     while not store.check(["nodekit/verdict"]):
         time.sleep(0.01)
     reported = time.monotonic() - started
-    time.sleep(0.5)  # node 1 is late: main has reported and, before the fix, left
+    time.sleep(0.5)  # node 1 is late: main has reported, and must still be there
     assert main_thread.is_alive(), "main left before every node had read the verdict"
     node(1)
     main_thread.join(timeout=10)
