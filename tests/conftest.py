@@ -59,11 +59,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]
 
 
-# `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 2 --dist loadgroup):
-# each tier's tests stay in one worker, in file order, because a tier shares state between its tests (the default
-# engine's fixed ports and compose projects; the cluster's namespace names and data roots), while the two tiers
-# share nothing but the default engine's build cache. Most of both is waiting (rendezvous, timeouts, sshd, sleeps).
+# `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 3 --dist loadgroup),
+# the cluster tier as two groups: each group's tests stay in one worker, in file order, because they share state
+# (the default engine's fixed ports and compose projects; a cluster's namespace names and data roots), while the
+# groups share nothing but the default engine's build cache. Most of all three is waiting (rendezvous, timeouts,
+# sshd, sleeps), not the CPU.
 TIERS = {"integration": "engine", "cluster": "cluster"}
+# The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay chains): they
+# count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
+# which only their own tests make, so they are one group. The other cluster tests are the other.
+SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py"})
+# Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
+# so neither ever sees the other's hosts; the data roots, and the demo image in them, persist between runs.
+CLUSTER_NAMES = {"cluster-ssh": "nkt", "cluster": "nku"}
 
 
 def tier_of(nodeid: str) -> str | None:
@@ -71,17 +79,32 @@ def tier_of(nodeid: str) -> str | None:
     return next((TIERS[part] for part in nodeid.split("::", 1)[0].split("/") if part in TIERS), None)
 
 
+def group_of(nodeid: str) -> str | None:
+    """The group a test runs in under ``make test``: its tier, except that the cluster tier's SSH_GROUP files are
+    "cluster-ssh"."""
+    tier = tier_of(nodeid)
+    if tier == "cluster" and nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SSH_GROUP:
+        return "cluster-ssh"
+    return tier
+
+
+def cluster_name(nodeid: str) -> str:
+    """The name of the virtual cluster a cluster test's fixtures bring up: its group's (CLUSTER_NAMES)."""
+    return CLUSTER_NAMES[group_of(nodeid) or "cluster"]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup, a test's tier is its group. (pytest-xdist 3.8 groups by an ``xdist_group`` mark by
-    suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope is chosen here instead.)"""
+    """Under --dist loadgroup, a test's group is ``group_of`` it. (pytest-xdist 3.8 groups by an ``xdist_group`` mark
+    by suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope is chosen here
+    instead.)"""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     class TierScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return tier_of(nodeid) or super()._split_scope(nodeid)
+            return group_of(nodeid) or super()._split_scope(nodeid)
 
     return TierScheduling(config, log)
 

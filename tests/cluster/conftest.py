@@ -20,7 +20,7 @@ import pytest
 from tests import wheelcache
 from tests.cluster.harness import SSHD, Cluster, problem, ssh_client
 from tests.cluster.helpers import EXAMPLE, Demo, Fleet, SshKeys, nodekit_argv, push_image
-from tests.conftest import unavailable
+from tests.conftest import cluster_name, unavailable
 
 
 @pytest.fixture(scope="session")
@@ -41,9 +41,12 @@ def _fresh(n: int, name: str) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def cluster(cluster_ready: None) -> Iterator[Cluster]:
-    """Three fresh hosts (nkt-h0..2, 172.31.250.10-12, each with a decoy default route), torn down after the test."""
-    yield from _fresh(3, "nkt")
+def cluster(cluster_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Three fresh hosts (NAME-h0..2, 172.31.250.10-12, each with a decoy default route; NAME is the test's group's,
+    tests.conftest.cluster_name), torn down after the test."""
+    if "demo_on_main" in request.fixturenames:
+        request.getfixturevalue("demo_on_main")  # it brings up a cluster of this name briefly: before this one
+    yield from _fresh(3, cluster_name(request.node.nodeid))
 
 
 def _run(argv: list[str], timeout: float = 1800, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -73,10 +76,20 @@ def demo(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> Demo:
 
 
 @pytest.fixture(scope="session")
-def demo_on_main(demo: Demo, cluster_ready: None) -> Demo:
-    """The demo image in host 0's engine (as if built there), loaded once per session; later tests find it."""
-    with Cluster(3, name="nkt", owner=os.getpid()) as c:
-        push_image(demo.ref, None, [c.main])
+def demo_loaded() -> set[str]:
+    """The cluster names whose host 0 got the demo image in this session."""
+    return set()
+
+
+@pytest.fixture
+def demo_on_main(demo: Demo, demo_loaded: set[str], request: pytest.FixtureRequest) -> Demo:
+    """The demo image in host 0's engine of the test's cluster name (as if built there), loaded once per session and
+    name (a skip when the data root kept it from an earlier run); later tests find it."""
+    name = cluster_name(request.node.nodeid)
+    if name not in demo_loaded:
+        with Cluster(3, name=name, owner=os.getpid()) as c:
+            push_image(demo.ref, None, [c.main])
+        demo_loaded.add(name)
     return demo
 
 

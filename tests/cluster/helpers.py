@@ -188,13 +188,14 @@ def nothing_left(cluster: Cluster) -> None:
         assert left == [], f"{h.name} still has containers {left}"
 
 
-def finish(proc: subprocess.Popen[str], log: Path, timeout: float) -> tuple[int, str]:
+def finish(proc: subprocess.Popen[str], log: Path, timeout: float, what: str = "nodekit run") -> tuple[int, str]:
+    """``proc``'s exit code and its log, once it ends; killed, and the test failed, after ``timeout`` seconds."""
     try:
         code = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise AssertionError(f"nodekit run did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}") from None
+        raise AssertionError(f"{what} did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}") from None
     return code, log.read_text(errors="replace")
 
 
