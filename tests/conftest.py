@@ -59,11 +59,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]
 
 
-# `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 3 --dist loadgroup),
-# the cluster tier as two groups: each group's tests stay in one worker, in file order, because they share state
-# (the default engine's fixed ports and compose projects; a cluster's namespace names and data roots), while the
-# groups share nothing but the default engine's build cache. Most of all three is waiting (rendezvous, timeouts,
-# sshd, sleeps), not the CPU.
+# `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 2 --dist loadgroup):
+# each group's tests stay in one worker, in file order, because they share state (the default engine's fixed ports
+# and compose projects; a cluster's namespace names and data roots), while the groups share nothing but the default
+# engine's build cache. With 3 workers or more (`make test-smoke`, or `make test HEAVY_WORKERS=3`) the cluster tier
+# runs as two groups (``group_of``), so three run side by side.
 TIERS = {"integration": "engine", "cluster": "cluster"}
 # The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay chains): they
 # count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
@@ -80,8 +80,8 @@ def tier_of(nodeid: str) -> str | None:
 
 
 def group_of(nodeid: str) -> str | None:
-    """The group a test runs in under ``make test``: its tier, except that the cluster tier's SSH_GROUP files are
-    "cluster-ssh"."""
+    """The group a test runs in when the cluster tier is split: its tier, except that the cluster tier's SSH_GROUP
+    files are "cluster-ssh"."""
     tier = tier_of(nodeid)
     if tier == "cluster" and nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SSH_GROUP:
         return "cluster-ssh"
@@ -95,16 +95,20 @@ def cluster_name(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup, a test's group is ``group_of`` it. (pytest-xdist 3.8 groups by an ``xdist_group`` mark
-    by suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope is chosen here
-    instead.)"""
+    """Under --dist loadgroup, a test's group is its tier (``tier_of``), or with 3 workers or more ``group_of`` it:
+    fewer workers than groups would give one worker two groups from the start while another finishes early.
+    (pytest-xdist 3.8 groups by an ``xdist_group`` mark by suffixing the test's node id, which pytest 9's node ids
+    no longer let it do; the scope is chosen here instead.)"""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
+    workers = config.getoption("numprocesses", None)
+    group = group_of if isinstance(workers, int) and workers >= 3 else tier_of
+
     class TierScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return group_of(nodeid) or super()._split_scope(nodeid)
+            return group(nodeid) or super()._split_scope(nodeid)
 
     return TierScheduling(config, log)
 
