@@ -68,6 +68,7 @@ def test_files_rendered_on_host0_run_by_hand_on_every_host(
         h.docker("compose", "-f", str(files[cluster.hosts.index(h)]), "down", check=False)
 
 
+@pytest.mark.smoke
 def test_three_nodes_from_the_head_over_ssh(
     demo_on_main: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:

@@ -15,6 +15,7 @@ from tests.integration.helpers import down, nodekit, wait_node
 pytestmark = pytest.mark.docker
 
 
+@pytest.mark.smoke
 def test_two_nodes_train_to_identical_parameters(ddp_project: Path) -> None:
     config = ddp_project / "nodekit.toml"
     flags = ["--main", "127.0.0.1", "--master-port", "29620"]
