@@ -20,12 +20,13 @@ else ifneq ($(STORE),classic)
 $(error STORE is classic or containerd, not '$(STORE)')
 endif
 
-.PHONY: help venv engine engine-containerd sshd slurm base demo test test-unit test-docker lint format docs bench clean
+.PHONY: help venv engine engine-containerd sshd slurm base demo test test-smoke test-unit test-docker lint format docs bench clean
 
 help:
 	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
 	@echo "                  (STORE=containerd: on an engine with Docker's containerd image store, Engine 29's default)"
 	@echo "make test         lint, then unit + real-Docker + multi-host tests (what CI runs)"
+	@echo "make test-smoke   before the full suite: one 2-node up, one code-change push, one 3-host run, one Slurm job (~2.5 min)"
 	@echo "make test-unit    the unit tier only (no Docker)"
 	@echo "make test-docker  the real-Docker tier only (tests/integration; fails, never skips, without an engine)"
 	@echo "make lint         ruff + mypy --strict"
@@ -91,20 +92,30 @@ format: venv
 test-unit: venv
 	$(VENV)/bin/pytest tests/unit -q -n 4
 
+# The quick real subset (the tests marked smoke): one 2-node `nodekit up` on the real engine, one code-change push,
+# one 3-host `nodekit run` over SSH and one Slurm job on the virtual cluster, in three groups side by side (-n 3).
+# 137 and 147 s under the heavy lock on 2 busy cores (2026-11-26). Fails instead of skipping without an engine, as
+# `make test` does.
+test-smoke: venv engine sshd slurm base
+	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -m smoke -q -n 3 --dist loadgroup --durations=4
+
 # The real-engine tier alone (builds, 2-node jobs, preflight refusals, packaging): fails instead of skipping when the
 # engine is missing, as in `make test`.
-test-docker: venv engine base
+test-docker: venv engine engine-containerd base
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration -q --durations=15
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
 # The unit tier runs on 4 workers (pytest-xdist): its tests are isolated (tmp_path, no engine, no fixed port) and
 # a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker tier and the cluster tier run
 # side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
-# serial, in file order, as they share one engine's fixed ports or one set of namespace names.
+# serial, in file order, as they share one engine's fixed ports or one cluster's namespace names.
+# HEAVY_WORKERS=3 splits the cluster tier in two groups (the tests over real SSH, and the rest; two cluster names),
+# three side by side: on 2 busy cores it was no faster (docs/architecture.md, "Test tiers"); on more cores it is.
+HEAVY_WORKERS ?= 2
 test: lint engine engine-containerd sshd slurm base
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$site" && rm -rf "$$site"
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
-	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n 2 --dist loadgroup --durations=15
+	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n $(HEAVY_WORKERS) --dist loadgroup --durations=15
 
 # make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,
 # about 8 minutes) included. make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 150 --write-docs"]: only that one.

@@ -2,7 +2,7 @@
 
 benchmarks/decide.py gathers the inputs (monotonic times around the command, the step-times file that
 ``examples/ddp/train.py --step-times`` writes, the container's cgroup CPU counters, its start time and its log);
-this module turns them into numbers, and tests/unit/test_bench_phases.py pins it on sample text.
+this module turns them into numbers, and tests/unit/bench/test_phases.py pins it on sample text.
 
 Every time is ``time.monotonic()`` seconds (CLOCK_MONOTONIC). Docker gives containers no time namespace, so a
 process inside a container reads the same monotonic clock as the benchmark on the host: the training loop's

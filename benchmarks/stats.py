@@ -1,6 +1,6 @@
 """Statistics that hold on a noisy machine: medians, bootstrap 95% intervals, and a verdict that can say "undecided".
 
-Pure and standard library only (benchmarks/decide.py uses it; tests/unit/test_bench_stats.py pins it).
+Pure and standard library only (benchmarks/decide.py uses it; tests/unit/bench/test_stats.py pins it).
 
 The unit of repetition is one run of a job: each side (bare torchrun "a", nodekit "b") gives one number per run.
 An interval comes from the percentile bootstrap: both samples are resampled with replacement, independently,

@@ -9,10 +9,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+HOST_ENV = dict(os.environ)  # before any test replaces the pip configuration
 
 
 def _engine_problem() -> str | None:
@@ -77,10 +81,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 2 --dist loadgroup):
-# each tier's tests stay in one worker, in file order, because a tier shares state between its tests (the default
-# engine's fixed ports and compose projects; the cluster's namespace names and data roots), while the two tiers
-# share nothing but the default engine's build cache. Most of both is waiting (rendezvous, timeouts, sshd, sleeps).
+# each group's tests stay in one worker, in file order, because they share state (the default engine's fixed ports
+# and compose projects; a cluster's namespace names and data roots), while the groups share nothing but the default
+# engine's build cache. With 3 workers or more (`make test-smoke`, or `make test HEAVY_WORKERS=3`) the cluster tier
+# runs as two groups (``group_of``), so three run side by side.
 TIERS = {"integration": "engine", "cluster": "cluster"}
+# The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay chains): they
+# count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
+# which only their own tests make, so they are one group. The other cluster tests are the other.
+SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py"})
+# Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
+# so neither ever sees the other's hosts; the data roots, and the demo image in them, persist between runs.
+CLUSTER_NAMES = {"cluster-ssh": "nkt", "cluster": "nku"}
 
 
 def tier_of(nodeid: str) -> str | None:
@@ -88,17 +100,36 @@ def tier_of(nodeid: str) -> str | None:
     return next((TIERS[part] for part in nodeid.split("::", 1)[0].split("/") if part in TIERS), None)
 
 
+def group_of(nodeid: str) -> str | None:
+    """The group a test runs in when the cluster tier is split: its tier, except that the cluster tier's SSH_GROUP
+    files are "cluster-ssh"."""
+    tier = tier_of(nodeid)
+    if tier == "cluster" and nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SSH_GROUP:
+        return "cluster-ssh"
+    return tier
+
+
+def cluster_name(nodeid: str) -> str:
+    """The name of the virtual cluster a cluster test's fixtures bring up: its group's (CLUSTER_NAMES)."""
+    return CLUSTER_NAMES[group_of(nodeid) or "cluster"]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup, a test's tier is its group. (pytest-xdist 3.8 groups by an ``xdist_group`` mark by
-    suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope is chosen here instead.)"""
+    """Under --dist loadgroup, a test's group is its tier (``tier_of``), or with 3 workers or more ``group_of`` it:
+    fewer workers than groups would give one worker two groups from the start while another finishes early.
+    (pytest-xdist 3.8 groups by an ``xdist_group`` mark by suffixing the test's node id, which pytest 9's node ids
+    no longer let it do; the scope is chosen here instead.)"""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
+    workers = config.getoption("numprocesses", None)
+    group = group_of if isinstance(workers, int) and workers >= 3 else tier_of
+
     class TierScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return tier_of(nodeid) or super()._split_scope(nodeid)
+            return group(nodeid) or super()._split_scope(nodeid)
 
     return TierScheduling(config, log)
 
@@ -115,3 +146,33 @@ def logging_docker(tmp_path: Path) -> tuple[dict[str, str], Path]:
     env = {k: v for k, v in os.environ.items() if k not in ("DOCKER_HOST", "DOCKER_CONTEXT")}
     env["PATH"] = f"{bin_dir}:{env.get('PATH', '')}"
     return env, log
+
+
+@pytest.fixture(scope="session")
+def setuptools_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """setuptools' wheel from the host's pip sources, once per session, for pip's isolated build environments in
+    the offline indexes of the sdist tests (unit: tests/unit/image/lock/test_sdist.py; engine: test_build_sdist.py)."""
+    dest = tmp_path_factory.mktemp("backend")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
+         "--dest", str(dest), "setuptools>=70.1"],
+        env=HOST_ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = dest.glob("setuptools-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def bad_input_projects() -> Iterator[None]:
+    """The projects the bad-input harness made (tests/bad_input.py, ``MADE``), removed when the module's tests are
+    done."""
+    from tests.bad_input import MADE
+
+    yield
+    while MADE:
+        made = MADE.pop()
+        if made.is_dir():
+            shutil.rmtree(made, ignore_errors=True)
+        else:
+            made.unlink(missing_ok=True)

@@ -3,7 +3,7 @@
 A golden test renders text and compares it with a file under ``tests/unit/golden/``. After an intended change,
 ``NODEKIT_UPDATE_GOLDEN=1`` rewrites the files with what the code renders now (review the diff before committing).
 In CI (``CI=true``) that flag is an error: a run there must compare, never rewrite the very thing it checks, or every
-golden test would pass whatever the code renders. tests/unit/test_golden_rule.py holds every test to this helper.
+golden test would pass whatever the code renders. tests/unit/meta/test_golden_rule.py holds every test to this helper.
 """
 
 from __future__ import annotations

@@ -9,30 +9,18 @@ into a host once stays there; namespaces, daemons, containers and mounts are new
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from nodekit.job import secret
 from tests import wheelcache
-from tests.cluster.harness import SSHD, Cluster, Host, problem, ssh_client
-from tests.conftest import unavailable
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "ddp"
-NODEKIT = [sys.executable, "-m", "nodekit"]
-
-
-def nodekit_argv(*args: str) -> list[str]:
-    """The real CLI, as a user runs it."""
-    return [*NODEKIT, *args]
+from tests.cluster.harness import SSHD, Cluster, problem
+from tests.cluster.helpers import EXAMPLE, Demo, Fleet, SshKeys, fleet_on, nodekit_argv, push_image
+from tests.conftest import cluster_name, unavailable
 
 
 @pytest.fixture(scope="session")
@@ -53,18 +41,12 @@ def _fresh(n: int, name: str) -> Iterator[Cluster]:
 
 
 @pytest.fixture
-def cluster(cluster_ready: None) -> Iterator[Cluster]:
-    """Three fresh hosts (nkt-h0..2, 172.31.250.10-12, each with a decoy default route), torn down after the test."""
-    yield from _fresh(3, "nkt")
-
-
-@dataclass(frozen=True)
-class Demo:
-    """examples/ddp, copied and built on the default engine; ``ref`` is its image."""
-
-    project: Path
-    ref: str
-    image_id: str
+def cluster(cluster_ready: None, request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """Three fresh hosts (NAME-h0..2, 172.31.250.10-12, each with a decoy default route; NAME is the test's group's,
+    tests.conftest.cluster_name), torn down after the test."""
+    if "demo_on_main" in request.fixturenames:
+        request.getfixturevalue("demo_on_main")  # it brings up a cluster of this name briefly: before this one
+    yield from _fresh(3, cluster_name(request.node.nodeid))
 
 
 def _run(argv: list[str], timeout: float = 1800, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -94,21 +76,21 @@ def demo(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> Demo:
 
 
 @pytest.fixture(scope="session")
-def demo_on_main(demo: Demo, cluster_ready: None) -> Demo:
-    """The demo image in host 0's engine (as if built there), loaded once per session; later tests find it."""
-    with Cluster(3, name="nkt", owner=os.getpid()) as c:
-        push_image(demo.ref, None, [c.main])
+def demo_loaded() -> set[str]:
+    """The cluster names whose host 0 got the demo image in this session."""
+    return set()
+
+
+@pytest.fixture
+def demo_on_main(demo: Demo, demo_loaded: set[str], request: pytest.FixtureRequest) -> Demo:
+    """The demo image in host 0's engine of the test's cluster name (as if built there), loaded once per session and
+    name (a skip when the data root kept it from an earlier run); later tests find it."""
+    name = cluster_name(request.node.nodeid)
+    if name not in demo_loaded:
+        with Cluster(3, name=name, owner=os.getpid()) as c:
+            push_image(demo.ref, None, [c.main])
+        demo_loaded.add(name)
     return demo
-
-
-def push_image(ref: str, source: str | None, hosts: list[Host]) -> None:
-    """nodekit push through its Python API (the CLI is tested on its own): skips hosts that have the image."""
-    from nodekit import ship
-    from nodekit.system.progress import NullReporter
-
-    src = ship.source_of(ref, source)
-    targets = [ship.Target(name=h.name, endpoint=h.docker_host) for h in hosts]
-    ship.push(ship.plan_push(src, ship.survey(src, targets)), NullReporter())
 
 
 @pytest.fixture
@@ -118,27 +100,7 @@ def demo_everywhere(demo_on_main: Demo, cluster: Cluster) -> Demo:
     return demo_on_main
 
 
-def host_project(demo: Demo, host: Host, base: Path) -> Path:
-    """The demo project as this host's own checkout (each machine has its own files, outputs and compose dir)."""
-    dest = base / host.name / "ddp"
-    # The job secret travels with the project (.nodekit/job-secret), as a user's copy to each machine carries it.
-    secret.load_or_create(demo.project)
-    shutil.copytree(demo.project, dest, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
-    return dest
-
-
 # --- real SSH: an OpenSSH server in every host, keys made here ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SshKeys:
-    dir: Path
-    host_key: Path
-    client_key: Path
-    wrong_key: Path
-
-    def public(self, key: Path) -> str:
-        return key.with_suffix(".pub").read_text()
 
 
 def _keygen(path: Path) -> Path:
@@ -162,63 +124,8 @@ def ssh_keys(tmp_path_factory: pytest.TempPathFactory, cluster_ready: None) -> S
     )
 
 
-@dataclass
-class Fleet:
-    """The cluster with an sshd on every host, and the head's OpenSSH set up for it: ``env`` puts an ``ssh`` first
-    on PATH that reads the test's ssh_config (IdentityFile, UserKnownHostsFile, StrictHostKeyChecking), as a user's
-    own ~/.ssh/config would; nodekit and the docker CLI (its ssh:// transport) both run that ``ssh``."""
-
-    cluster: Cluster
-    keys: SshKeys
-    config: Path
-    bin: Path
-
-    def url(self, host: Host, user: str = "root") -> str:
-        return f"ssh://{user}@{host.addr}"
-
-    @property
-    def env(self) -> dict[str, str]:
-        # No user ssh-agent, as in CI: a relay chain then logs in through the private agent nodekit starts.
-        return {"PATH": f"{self.bin}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": ""}
-
-    def project(self, demo: Demo, base: Path, *, hosts: list[str] | None = None, **settings: object) -> Path:
-        """The demo project, checked out on the head (host 0), with ``hosts`` and ``settings`` in its nodekit.toml."""
-        dest = host_project(demo, self.cluster.main, base)
-        urls = hosts if hosts is not None else [self.url(h) for h in self.cluster.hosts]
-        extra = {"hosts": urls, "nnodes": len(urls), **settings}
-        toml = (dest / "nodekit.toml").read_text()
-        lines = [ln for ln in toml.splitlines() if not ln.startswith(tuple(f"{k} =" for k in extra))]
-        lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
-        (dest / "nodekit.toml").write_text("\n".join(lines) + "\n")
-        return dest
-
-    def run(self, project: Path, *args: str, log: Path) -> subprocess.Popen[str]:
-        """``nodekit run`` on the head (host 0), as a user there would type it."""
-        argv = nodekit_argv("run", "--config", str(project / "nodekit.toml"), *args)
-        return self.cluster.main.popen(*argv, env=self.env, cwd=project, log=log)
-
-    def nodekit(self, project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        argv = nodekit_argv(*args, "--config", str(project / "nodekit.toml"))
-        return self.cluster.main.run(*argv, env=self.env, cwd=project, timeout=timeout)
-
-
 @pytest.fixture
 def fleet(cluster: Cluster, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet]:
     """``cluster`` with Debian's sshd on port 22 of every host (its own config, the session's host key, our client
     key authorised), stopped by PID after the test."""
     yield from fleet_on(cluster, ssh_keys, tmp_path)
-
-
-def fleet_on(cluster: Cluster, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet]:
-    """A :class:`Fleet` of any cluster (see :func:`fleet`)."""
-    d = tmp_path / "ssh"
-    authorized = ssh_keys.public(ssh_keys.client_key)
-    bin_dir = ssh_client(d, cluster.hosts, ssh_keys.client_key, ssh_keys.public(ssh_keys.host_key))
-    config = d / "ssh_config"
-    try:
-        for h in cluster.hosts:
-            h.start_sshd(authorized, ssh_keys.host_key)
-        yield Fleet(cluster=cluster, keys=ssh_keys, config=config, bin=bin_dir)
-    finally:
-        for h in cluster.hosts:
-            h.stop_sshd()

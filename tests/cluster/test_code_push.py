@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import Demo, nodekit_argv
 from tests.cluster.harness import Cluster
+from tests.cluster.helpers import Demo, nodekit_argv
 from tests.conftest import logging_docker
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
@@ -28,6 +28,7 @@ def saves(log: Path) -> list[str]:
     return [ln for ln in lines if " image save " in f" {ln} "]
 
 
+@pytest.mark.smoke
 def test_a_code_change_travels_from_the_blob_store_without_docker_save(
     demo_on_main: Demo, cluster: Cluster, tmp_path: Path
 ) -> None:

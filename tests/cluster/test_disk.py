@@ -13,10 +13,8 @@ import random
 
 import pytest
 
-from tests.cluster.conftest import Fleet
 from tests.cluster.harness import find_dockerd, sh
-from tests.cluster.test_relay import head_tx, push_argv, push_env
-from tests.cluster.test_ship import REF, ids, make_image
+from tests.cluster.helpers import REF, Fleet, head_tx, ids, make_image, push_argv, push_env
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 

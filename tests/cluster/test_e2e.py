@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.cluster.conftest import Demo, host_project, nodekit_argv
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
+from tests.cluster.helpers import Demo, host_project, nodekit_argv, tampered_image
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -148,22 +148,6 @@ def test_image_pushed_from_host0_then_a_three_node_job(
         assert f"| iface {n.host.iface} |" in n.output(), report([n])
         assert "decoy0" not in json.dumps(n.compose()) and "decoy0" not in n.output()
         assert n.host.running_containers() == []
-
-
-def tampered_image(host: Host, ref: str) -> str:
-    """On ``host``, an image like ``ref`` but built from other inputs: another fingerprint and one more file."""
-    other = "f" * 64
-    name = f"{ref.rsplit(':', 1)[0]}:tampered"
-    cid = host.docker("create", ref).stdout.strip()
-    try:
-        extra = Path(host.run_dir) / "extra.txt"
-        extra.write_text("an extra package\n")
-        host.docker("cp", str(extra), f"{cid}:/extra.txt")
-        host.docker("commit", "--change", f"ENV NODEKIT_FINGERPRINT={other}", "--change",
-                    f"LABEL org.nodekit.fingerprint={other}", cid, name)  # fmt: skip
-    finally:
-        host.docker("rm", "-f", cid, check=False)
-    return name
 
 
 def test_a_different_image_on_one_host_is_refused_on_every_node(

@@ -1,6 +1,6 @@
 """Faults on the head's side of the fleet, over real SSH (Debian's sshd in every host): signals to `nodekit run`
 and `nodekit push`, a host that vanishes mid-run, a `docker save` that stalls, a target that takes every byte and
-never answers, and fleet `down`/`logs` with a host that cannot be reached (issue 19, items 5, 6 and 7).
+never answers, and fleet `down`/`logs` with a host that cannot be reached.
 
 Each ends with a named failure (or a clean stop) and nothing left anywhere: no container on any host, no ssh,
 docker or relay process in any host, no private agent, no temporary directory. The times from the fault to the
@@ -21,11 +21,22 @@ from pathlib import Path
 import pytest
 
 from benchmarks._shipnet import tbf_argv
-from tests.cluster.conftest import Demo, Fleet, push_image
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh
-from tests.cluster.test_fleet import finish, nothing_left, wait_for
-from tests.cluster.test_relay import MIB, loading, push_argv, push_env, relay_dirs
-from tests.cluster.test_ship import REF, make_image
+from tests.cluster.helpers import (
+    MIB,
+    REF,
+    Demo,
+    Fleet,
+    finish,
+    loading,
+    make_image,
+    nothing_left,
+    push_argv,
+    push_env,
+    push_image,
+    relay_dirs,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -114,8 +125,8 @@ def line_at(log: Path, text: str, proc: subprocess.Popen[str], timeout: float) -
 def test_a_signal_to_nodekit_run_stops_every_node_and_leaves_nothing(
     demo_here: Demo, fleet: Fleet, tmp_path: Path, signum: int, code: int, record_property: pytest.RecordProperty
 ) -> None:
-    """Before, SIGHUP (the SSH session to the head closed) ended nodekit run at once and every node kept training,
-    unsupervised."""
+    """SIGHUP (the SSH session to the head closed) stops every node, as SIGTERM does: none keeps training,
+    unsupervised, after nodekit run has gone."""
     before = scratch()
     project = fleet.project(demo_here, tmp_path, args=["--epochs", "100000", "--epoch-delay", "0.2"])
     log = tmp_path / "run.log"
@@ -139,8 +150,8 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
     fleet: Fleet, signum: int, record_property: pytest.RecordProperty
 ) -> None:
     """A relay chain in the middle of its stream (the head's link slowed to 40 Mbit/s): the push's private
-    ssh-agent, its shared-connection directory, the relays' processes and directories on the nodes, every load.
-    Before, SIGTERM and SIGHUP killed nodekit where it stood and left all of them behind."""
+    ssh-agent, its shared-connection directory, the relays' processes and directories on the nodes, every load: a
+    signal that ended nodekit where it stood would leave all of them behind."""
     h0, h1, h2 = fleet.cluster.hosts
     forget(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -174,8 +185,8 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
 def test_a_host_cut_off_mid_run_is_named_lost_about_peer_timeout_later(
     demo_here: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    """Every packet to and from host 2 dropped (TCP hangs, nothing resets) while the job trains. Before, the head
-    blamed a survivor's exit 19 and then waited for host 2's `docker wait` for about two hours."""
+    """Every packet to and from host 2 dropped (TCP hangs, nothing resets) while the job trains. The head names
+    host 2, not a survivor's exit 19, and does not wait for host 2's `docker wait` (about two hours)."""
     c = fleet.cluster
     h2 = c.hosts[2]
     project = fleet.project(demo_here, tmp_path, peer_timeout=10,
@@ -210,7 +221,7 @@ def test_a_stalled_docker_save_on_the_head_is_named_within_its_stall_deadline(
     fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     """`docker save` gives 1 MiB, then nothing (a wedged engine): a stall deadline of 5 s here (60 s in
-    production). Before, the push read from it forever."""
+    production), so the push does not read from it forever."""
     h0, h1, _ = fleet.cluster.hosts
     forget(h0, h1)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -244,7 +255,7 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
 ) -> None:
     """h1, the first node of a relay chain, runs a `docker load` that reads everything and never exits (a wrapper
     first on its sshd sessions' PATH). The answer deadline (5 s here, 120 s in production) cuts it off and names
-    it; every node of the chain that did not answer gets the image straight from the head. Before: forever."""
+    it; every node of the chain that did not answer gets the image straight from the head. Nothing waits forever."""
     h0, h1, h2 = fleet.cluster.hosts
     forget(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -280,8 +291,8 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
 
 
 def test_fleet_down_and_logs_name_an_unreachable_host_and_exit_1(demo: Demo, fleet: Fleet, tmp_path: Path) -> None:
-    """Before, `down` exited 0 although host 2's container may still run, and `logs` printed a thread's traceback
-    and exited 0."""
+    """`down` does not exit 0 while host 2's container may still run, and `logs` prints no thread's traceback and
+    does not exit 0."""
     h2 = fleet.cluster.hosts[2]
     project = fleet.project(demo, tmp_path)
     h2.stop_sshd(wait=10)

@@ -16,9 +16,8 @@ import pytest
 import yaml
 
 from tests.cluster import snoop
-from tests.cluster.conftest import Demo, Fleet, host_project, nodekit_argv
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
-from tests.cluster.test_ship import wipe
+from tests.cluster.helpers import Demo, Fleet, finish, host_project, nodekit_argv, nothing_left, wait_for, wipe
 from tests.joblog import bars
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
@@ -34,22 +33,6 @@ def assert_equal_checksums(project: Path, world: int = 3) -> None:
     r = result(project)
     assert r["world_size"] == world and r["checksums_equal"] is True, r
     assert isinstance(r["checksums"], list) and len(set(r["checksums"])) == 1, r
-
-
-def nothing_left(cluster: Cluster) -> None:
-    for h in cluster.hosts:
-        left = h.docker("ps", "-aq").stdout.split()
-        assert left == [], f"{h.name} still has containers {left}"
-
-
-def finish(proc: subprocess.Popen[str], log: Path, timeout: float) -> tuple[int, str]:
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise AssertionError(f"nodekit run did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}") from None
-    return code, log.read_text(errors="replace")
 
 
 def test_files_rendered_on_host0_run_by_hand_on_every_host(
@@ -87,6 +70,7 @@ def test_files_rendered_on_host0_run_by_hand_on_every_host(
         h.docker("compose", "-f", str(files[cluster.hosts.index(h)]), "down", check=False)
 
 
+@pytest.mark.smoke
 def test_three_nodes_from_the_head_over_ssh(
     demo_on_main: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
@@ -136,13 +120,6 @@ def test_a_failing_rank_stops_every_node_and_names_it(demo_on_main: Demo, fleet:
     assert f"failed with exit code {code}" in verdict and f"node 2 (root@{h2.addr})" in verdict, out[-5000:]
     nothing_left(fleet.cluster)
     assert not (project / "outputs" / "result.json").exists()
-
-
-def wait_for(log: Path, text: str, proc: subprocess.Popen[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in log.read_text(errors="replace"):
-        assert proc.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-4000:]
-        time.sleep(0.3)
 
 
 def test_ctrl_c_on_the_head_stops_every_node(demo_on_main: Demo, fleet: Fleet, tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import Demo, Fleet, SshKeys, nodekit_argv, push_image
 from tests.cluster.harness import Cluster, sh, ssh_client
+from tests.cluster.helpers import Demo, Fleet, SshKeys, nodekit_argv, push_image
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 RATE = "100mbit"  # host 3's link; the veths between the others carry gigabits

@@ -26,47 +26,28 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._shipnet import tbf_argv, tx_bytes
+from benchmarks._shipnet import tbf_argv
 from nodekit.ship import hopkeys
-from tests.cluster.conftest import Fleet, SshKeys, nodekit_argv
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
-from tests.cluster.test_ship import REF, ids, make_image, wipe
+from tests.cluster.helpers import (
+    MIB,
+    REF,
+    Fleet,
+    SshKeys,
+    head_tx,
+    ids,
+    loading,
+    make_image,
+    nodekit_argv,
+    push_argv,
+    push_env,
+    relay_dirs,
+    wipe,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-MIB = 24  # random bytes: gzip cannot shrink them, so the stream is about this size
-
-
-def head_tx(h0: Host) -> int:
-    return tx_bytes(sh("ip", "-n", h0.netns, "-s", "-j", "link").stdout, h0.iface)
-
-
-def push_env(fleet: Fleet) -> dict[str, str]:
-    return {**fleet.env, "DOCKER_HOST": fleet.cluster.main.docker_host}  # no user agent, as in CI
-
-
-def push_argv(fleet: Fleet, *targets: Host, relay: str = "always") -> list[str]:
-    to = [arg for h in targets for arg in ("--to", f"{h.name}={fleet.url(h)}")]
-    return nodekit_argv("push", REF, *to, "--relay", relay)
-
-
-def relay_dirs() -> set[Path]:
-    """The relay's temporary directories (the hosts share this machine's /tmp)."""
-    return set(Path("/tmp").glob("nodekit-relay.*"))
-
-
-def loading(host: Host) -> bool:
-    """Whether a ``docker load`` runs in ``host`` (the relay's stream has reached it)."""
-    for pid in pids_in_netns(os.stat(host.netns_path).st_ino):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"load" in argv and any(a.endswith(b"docker") for a in argv):
-            return True
-    return False
 
 
 def test_a_relay_chain_loads_every_node_and_the_head_sends_the_stream_once(fleet: Fleet) -> None:
@@ -227,7 +208,7 @@ def test_four_nodes_with_chains_of_two_make_two_chains(ssh_keys: SshKeys, tmp_pa
         c.down(purge=True)
 
 
-# --- what a relay lends the nodes: nothing of the user's (issue 19 item 4) -----------------------------------------
+# --- what a relay lends the nodes: nothing of the user's ---------------------------------------------------------
 
 
 def relay_steps(host: Host) -> dict[int, dict[str, str]]:
@@ -254,10 +235,10 @@ def nodekit_lines(host: Host) -> list[str]:
 
 
 def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Path) -> None:
-    """The user runs an ssh-agent holding the key every node accepts. Before, the chain forwarded it (``ssh -A``)
-    hop to hop: inside the relay step on a node, SSH_AUTH_SOCK named it, and root there could log in anywhere with
-    it while the push ran. Now no relay process on any node has an agent, and the push's own hop keys are gone from
-    every node when it ends."""
+    """The user runs an ssh-agent holding the key every node accepts. Forwarded hop to hop (``ssh -A``), it would
+    be named by SSH_AUTH_SOCK inside the relay step on a node, and root there could log in anywhere with it while
+    the push ran. No relay process on any node has an agent, and the push's own hop keys are gone from every node
+    when it ends."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -307,7 +288,7 @@ def test_a_relay_lends_the_nodes_no_key_of_the_users(fleet: Fleet, tmp_path: Pat
 
 def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet: Fleet) -> None:
     """Two pushes of two images to h1 and h2 at the same moment: each sets up its own hop key and directories and,
-    ending, removes only its own line (found by its key, under flock; tests/unit/test_hopkeys.py checks the
+    ending, removes only its own line (found by its key, under flock; tests/unit/ship/test_hopkeys.py checks the
     interleaving itself): both chains deliver, and neither push's line is left."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
@@ -516,9 +497,9 @@ with ship.SharedSsh():
 
 def test_a_node_lying_about_process_groups_cannot_make_the_head_kill_on_another(fleet: Fleet) -> None:
     """Root on h1 writes, on its relay's stderr, that h2's relay runs as the process group of a bystander on h2.
-    Before, when the push was cut (here: h1 stops reading, the stall deadline passes), the head killed every
-    process group the chain's stderr named, on the node named: the bystander. Now it ends on each node only what
-    that node's own relay step recorded there."""
+    When the push is cut (here: h1 stops reading, the stall deadline passes), the head ends on each node only what
+    that node's own relay step recorded there, never a process group the chain's stderr names: the bystander
+    lives."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)

@@ -21,39 +21,10 @@ import pytest
 from nodekit import ship
 from nodekit.errors import ShipError
 from nodekit.system.progress import RecordingReporter
-from tests.cluster.conftest import Demo, SshKeys, fleet_on, nodekit_argv, push_image
 from tests.cluster.harness import Cluster, Host, clean
+from tests.cluster.helpers import REF, Demo, SshKeys, fleet_on, ids, make_image, nodekit_argv, push_image, wipe
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
-
-REF = "nodekit/shiptest:current"
-
-
-def make_image(host: Host, ref: str, *, seed: int, mib: int = 8) -> str:
-    """A one-layer image of ``mib`` MiB of (incompressible) random bytes, imported into ``host``'s engine."""
-    rnd = random.Random(seed)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("etc/seed", str(seed).encode()), ("data/blob", rnd.randbytes(mib << 20))):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    proc = subprocess.run(
-        ["docker", "-H", host.docker_host, "import", "-", ref], input=buf.getvalue(), capture_output=True
-    )
-    assert proc.returncode == 0, proc.stderr.decode()
-    return proc.stdout.decode().strip()
-
-
-def ids(host: Host) -> set[str]:
-    return set(host.docker("images", "-q", "--no-trunc", "-a").stdout.split())
-
-
-def wipe(*hosts: Host) -> None:
-    """Every image on these hosts' engines removed."""
-    for h in hosts:
-        for image_id in ids(h):
-            h.docker("rmi", "-f", image_id, check=False)
 
 
 @pytest.fixture(scope="module")
@@ -120,9 +91,9 @@ def test_a_target_with_the_image_under_another_name_is_only_tagged(fresh: Cluste
 
 def test_two_engines_that_share_an_engine_id_are_still_two_engines(cluster_ready: None) -> None:
     """Docker >= 23 keeps an engine's ID in its data root's ``engine-id`` file (copied from /etc/docker/key.json
-    when that exists as the data root is made); cloned VMs share the file too. Before, a target reporting the
-    source's ID was skipped as "the source engine itself" without the image, and `nodekit run` then said the image
-    was on every host and the start failed on the node without it (issue 19, "a false already there")."""
+    when that exists as the data root is made); cloned VMs share the file too. A target reporting the source's ID
+    is still pushed to: skipped as "the source engine itself" without the image, `nodekit run` would say the image
+    is on every host and the start would fail on the node without it ("a false already there")."""
     c = Cluster(2, name="nkid", owner=os.getpid(), decoy=False)
     clean(c.name, purge=True)  # data roots of an earlier run would keep their own IDs
     shared = str(uuid.uuid4())
@@ -426,9 +397,9 @@ def test_an_incremental_save_loads_where_its_layers_are(fresh: Cluster, tmp_path
 
 
 def test_a_hung_engine_is_named_within_its_deadline(fresh: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dockerd that stops answering (here: SIGSTOP, as a wedged daemon) used to keep every nodekit command that
-    asked it anything waiting forever. Each engine call now ends on its deadline with one line naming the host, and
-    no docker or compose process is left behind."""
+    """A dockerd that stops answering (here: SIGSTOP, as a wedged daemon) keeps no nodekit command that asks it
+    anything waiting forever: each engine call ends on its deadline with one line naming the host, and no docker or
+    compose process is left behind."""
     import signal
     import time
 

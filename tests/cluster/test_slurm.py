@@ -21,11 +21,12 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import snoop
-from tests.cluster.conftest import Demo, host_project, nodekit_argv, push_image
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
+from tests.cluster.helpers import Demo, host_project, nodekit_argv, push_image, tampered_image
+from tests.cluster.helpers import finish as run_finished
 from tests.cluster.slurm import Slurm
 from tests.cluster.slurm import problem as slurm_problem
-from tests.conftest import unavailable
+from tests.conftest import cluster_name, unavailable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -46,10 +47,11 @@ def slurm_ready(cluster_ready: None) -> None:
 
 
 @pytest.fixture
-def slurm(slurm_ready: None, demo_on_main: Demo) -> Iterator[Slurm]:
-    """Two fresh hosts (nkt-h0, nkt-h1) with munged, slurmctld (on h0) and a slurmd on each; stopped by PID and torn
-    down after the test. (After demo_on_main, which briefly uses the same cluster name to load the image.)"""
-    c = Cluster(2, name="nkt", owner=os.getpid())
+def slurm(slurm_ready: None, demo_on_main: Demo, request: pytest.FixtureRequest) -> Iterator[Slurm]:
+    """Two fresh hosts (NAME-h0, NAME-h1, the group's cluster name) with munged, slurmctld (on h0) and a slurmd on
+    each; stopped by PID and torn down after the test. (After demo_on_main, which briefly uses the same cluster name
+    to load the image.)"""
+    c = Cluster(2, name=cluster_name(request.node.nodeid), owner=os.getpid())
     c.up()
     s = Slurm(c)
     try:
@@ -85,13 +87,7 @@ def start(
 
 
 def finish(proc: subprocess.Popen[str], log: Path, timeout: float = JOB_S) -> tuple[int, str]:
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise AssertionError(f"nodekit slurm did not end within {timeout:.0f} s:\n{log.read_text()[-4000:]}") from None
-    return code, log.read_text(errors="replace")
+    return run_finished(proc, log, timeout, what="nodekit slurm")
 
 
 def wait_for(log: Path, pattern: str, proc: subprocess.Popen[str], slurm: Slurm, timeout: float = JOB_S) -> None:
@@ -159,6 +155,7 @@ def no_secret_seen(slurm: Slurm, proj: Path) -> None:
     assert seen > 0 and found == []
 
 
+@pytest.mark.smoke
 def test_docker_mode_runs_the_demo_on_two_slurm_nodes(
     slurm: Slurm, demo_both: Demo, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
@@ -219,8 +216,6 @@ def test_charliecloud_mode_runs_the_demo_on_two_slurm_nodes(
 
 def test_a_different_image_on_one_node_is_refused_naming_it(slurm: Slurm, demo_both: Demo, tmp_path: Path) -> None:
     """The stack proof compares every node: node 1's engine holds another image under the same tag."""
-    from tests.cluster.test_e2e import tampered_image
-
     h1 = slurm.cluster.hosts[1]
     other = tampered_image(h1, demo_both.ref)
     h1.docker("tag", other, demo_both.ref)

@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests import wheelcache
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "ddp"
-
-
-def nodekit(
-    *args: str, config: Path, env: dict[str, str] | None = None, timeout: int = 600, script_args: tuple[str, ...] = ()
-) -> subprocess.CompletedProcess[str]:
-    """Run the real CLI in a subprocess, as a user would; ``script_args`` go last, after ``--``."""
-    after = ["--", *script_args] if script_args else []
-    return subprocess.run(
-        [sys.executable, "-m", "nodekit", *args, "--config", str(config), *after],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=os.environ | (env or {}),
-    )
+from tests.integration.helpers import EXAMPLE, nodekit
 
 
 @pytest.fixture(scope="session")

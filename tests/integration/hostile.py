@@ -31,7 +31,7 @@ def _stop(signum: int, frame: FrameType | None) -> None:
 
 
 def tcpstore_attack(port: int) -> None:
-    """What broke every honest node before: once in, the challenge overwritten again and again, the verdict
+    """What would break every honest node, were it let in: the challenge overwritten again and again, the verdict
     forged, main's memory filled. Prints "tcpstore in" when a TCPStore connection was accepted."""
     from datetime import timedelta
 

@@ -1,4 +1,5 @@
-"""The bad-input property (tests/unit/test_bad_input_property.py) for the commands that ask the engine:
+"""The bad-input property (tests/unit/cli/test_bad_input_property.py, harness tests/bad_input.py) for the commands
+that ask the engine:
 ``build --dry-run`` (resolves the lock, looks up the base image) and ``doctor``."""
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.test_bad_input_property import BOUNDED, FIELDS, NODEKIT_ENV, TOML, _check, _count, _remove_projects
+from tests.bad_input import BOUNDED, FIELDS, NODEKIT_ENV, TOML, assert_contract, report_count
 
-pytestmark = pytest.mark.docker
-__all__ = ["_remove_projects"]  # the fixture that removes the projects the examples make
+pytestmark = [pytest.mark.docker, pytest.mark.usefixtures("bad_input_projects")]
 
 
 def test_build_dry_run_and_doctor_never_traceback(record_property: Callable[[str, object], None]) -> None:
@@ -32,7 +32,7 @@ def test_build_dry_run_and_doctor_never_traceback(record_property: Callable[[str
         argv = ["doctor"] if doctor else ["build", "--dry-run"]
         if doctor and rank is not None:
             argv += ["--node-rank", str(rank)]
-        _check(argv, doc, env, allow_1=doctor)  # doctor exits 1 when a check FAILs: a finding, not bad input
+        assert_contract(argv, doc, env, allow_1=doctor)  # doctor exits 1 when a check FAILs: a finding, not bad input
 
     check()
-    _count("build_doctor", seen, record_property)
+    report_count("build_doctor", seen, record_property)

@@ -1,4 +1,4 @@
-"""Bring your own base (issue 11) on the real engine, with bases made here (no registry).
+"""Bring your own base on the real engine, with bases made here (no registry).
 
 - ``nodekit base`` never tags Debian under another image's name (``nvidia/cuda:...`` missing: refused).
 - Bases that cannot work are refused with one line: no Python at all (an image ``FROM scratch`` with one file),
@@ -25,7 +25,7 @@ import pytest
 
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import ROOT, nodekit
+from tests.integration.helpers import ROOT, nodekit
 
 pytestmark = pytest.mark.docker
 

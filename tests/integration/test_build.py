@@ -180,7 +180,7 @@ def test_dry_run_prints_the_plan_and_changes_nothing(built: Built) -> None:
 
 
 def test_two_no_cache_builds_give_the_same_image_id(built: Built, tmp_path: Path) -> None:
-    """Reproducible builds (issue 3 item 5), on a small package so that it takes seconds, not minutes."""
+    """Reproducible builds, on a small package so that it takes seconds, not minutes."""
     (tmp_path / "nodekit.toml").write_text(f'name = "{NAME}-repro"\nscript = "t.py"\npackages = ["mpmath==1.3.0"]\n')
     (tmp_path / "t.py").write_text("print(1)\n")
     settings = load(tmp_path / "nodekit.toml")

@@ -1,4 +1,4 @@
-"""A real image whose lock holds a wheel nodekit built from a source distribution (issue 21 item 5).
+"""A real image whose lock holds a wheel nodekit built from a source distribution.
 
 The image still installs offline with ``--require-hashes``: the built wheel travels in the wheelhouse, its hash in
 the lock. The project has no torch, so the build takes seconds; the package index is offline (a find-links
@@ -21,7 +21,7 @@ from nodekit.image.plan import LABEL_NAME
 from nodekit.system import docker
 from nodekit.system.progress import RecordingReporter
 from tests.conftest import unavailable
-from tests.unit.test_lock_sdist import make_sdist, setuptools_wheel  # noqa: F401  (fixture)
+from tests.factories import make_sdist
 
 pytestmark = pytest.mark.docker
 
@@ -37,7 +37,7 @@ def _remove_images() -> None:
 def test_an_image_installs_a_wheel_built_from_an_sdist_offline_with_hashes(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    setuptools_wheel: Path,  # noqa: F811
+    setuptools_wheel: Path,
 ) -> None:
     try:
         docker.check_engine()

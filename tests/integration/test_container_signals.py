@@ -22,7 +22,7 @@ import pytest
 
 from nodekit.config.settings import load
 from nodekit.image.builder import current_image
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
 

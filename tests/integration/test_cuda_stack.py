@@ -1,4 +1,4 @@
-"""The real GPU stack at its real size (issue 21): examples/cuda, PyPI's CUDA build of torch 2.14.1 and torchvision
+"""The real GPU stack at its real size: examples/cuda, PyPI's CUDA build of torch 2.14.1 and torchvision
 0.29.1 (torch + the nvidia-* and cuda-* wheels + triton: about 3 GB of wheels, a 6 GB image), on a real engine.
 
 - the lock pins the CUDA build on purpose: torch 2.14.1 with PyPI's hash, no ``+cpu``, and the CUDA libraries;
@@ -30,7 +30,7 @@ from nodekit.ship import chain_ids, plan_layers
 from nodekit.ship.plan import Layer
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
 

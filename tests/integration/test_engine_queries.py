@@ -65,7 +65,7 @@ def test_images_labelled_finds_exactly_the_labelled_images_with_their_facts(
 
 def test_running_a_job_does_not_need_buildx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A node that only runs pushed images needs the engine and Compose, not Buildx; `nodekit up` and the fleet's
-    checks no longer ask for it (its call was the slowest of the three). Building still does."""
+    checks do not ask for it (its call is the slowest of the three). Building does."""
     real = shutil.which("docker")
     assert real is not None
     shim = tmp_path / "bin" / "docker"

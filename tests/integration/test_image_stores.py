@@ -16,7 +16,7 @@ import pytest
 
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import EXAMPLE, nodekit
+from tests.integration.helpers import EXAMPLE, nodekit
 
 pytestmark = pytest.mark.docker
 

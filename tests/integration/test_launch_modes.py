@@ -17,7 +17,7 @@ from nodekit.backends.compose.node import compose_path, project_for
 from nodekit.config.settings import load
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

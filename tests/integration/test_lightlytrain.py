@@ -1,4 +1,4 @@
-"""A real library on the CUDA stack (issue 21, item 4): examples/lightlytrain, LightlyTrain 0.18 pretraining on two
+"""A real library on the CUDA stack: examples/lightlytrain, LightlyTrain 0.18 pretraining on two
 nodes (``lightly_train.pretrain(..., num_nodes=2, devices=1, accelerator="cpu")``, ``launcher = "env"``), each node
 with its own copy of a small generated image folder, checked with ``[[mounts]] check = "hashes"`` before training.
 
@@ -21,7 +21,7 @@ import pytest
 
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import ROOT, nodekit
+from tests.integration.helpers import ROOT, nodekit
 
 pytestmark = pytest.mark.docker
 

@@ -1,4 +1,4 @@
-"""Values reach the job byte for byte (issue 19): Compose substitutes ``$VAR`` and ``${VAR:-default}`` from the
+"""Values reach the job byte for byte: Compose substitutes ``$VAR`` and ``${VAR:-default}`` from the
 shell of whoever runs it, so nodekit writes every ``$`` as ``$$``. Proved on the real engine twice: what
 ``docker compose config`` makes of a file ``nodekit compose`` wrote, and what a container started by
 ``nodekit up`` sees (its argv, its environment, its mounts), with a shell full of decoys for every name."""

@@ -1,7 +1,6 @@
-"""The lightly-train tree against the real PyPI (issue 21 item 5): it used to lock "successfully" with
-lightly-train 0.0.0, an empty placeholder, because hydra-core needs antlr4-python3-runtime==4.9.*, published only
-as a source distribution, and pip backtracked without a word. Now the newest lightly-train is locked and antlr4 is
-built into a pure wheel on this host, reproducibly.
+"""The lightly-train tree against the real PyPI: the newest lightly-train is locked, not lightly-train 0.0.0 (an
+empty placeholder pip backtracks to without a word, because hydra-core needs antlr4-python3-runtime==4.9.*,
+published only as a source distribution), and antlr4 is built into a pure wheel on this host, reproducibly.
 
 It resolves the CUDA torch stack (about twenty nvidia-* wheels) with the host's pip configuration, so it needs
 PyPI (or a mirror in pip's configuration) and takes minutes: see the report in docs for its measured time.

@@ -13,7 +13,7 @@ from nodekit.backends.compose.node import compose_path, project_for
 from nodekit.config.settings import load
 from nodekit.system import docker
 from tests import wheelcache
-from tests.integration.conftest import ROOT, nodekit
+from tests.integration.helpers import ROOT, nodekit
 
 pytestmark = pytest.mark.docker
 PORT = 29790

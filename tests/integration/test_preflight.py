@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
 

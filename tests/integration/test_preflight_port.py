@@ -22,8 +22,7 @@ import pytest
 
 from nodekit.config.settings import load
 from nodekit.image.builder import current_image
-from tests.integration.conftest import nodekit
-from tests.integration.test_two_node import down, wait_node
+from tests.integration.helpers import down, nodekit, wait_node
 
 pytestmark = pytest.mark.docker
 HERE = Path(__file__).resolve().parent

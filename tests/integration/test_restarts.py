@@ -18,7 +18,7 @@ import pytest
 from nodekit.backends.compose.node import project_for
 from nodekit.config.settings import load
 from tests import wheelcache
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

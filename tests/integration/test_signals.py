@@ -1,9 +1,9 @@
-"""`nodekit up` stopped by a real signal, against the real engine: nothing it started is left (issue 19, item 5).
+"""`nodekit up` stopped by a real signal, against the real engine: nothing it started is left.
 
-The dangerous moment is `docker compose up` itself: before, a signal killed only the `timeout` wrapper that
-python-on-whales ran compose under, `down` ran at once (nothing to remove yet), and the orphaned `compose up`
-created the container a moment later, which then ran with nobody following it. A `docker` first on PATH makes
-that moment last 3 s (it sleeps, then runs the real client), so the signal lands in it every time.
+The dangerous moment is `docker compose up` itself: a signal that ended only the `timeout` wrapper python-on-whales
+runs compose under would let `down` run at once (nothing to remove yet) and the orphaned `compose up` create the
+container a moment later, to run with nobody following it. A `docker` first on PATH makes that moment last 3 s (it
+sleeps, then runs the real client), so the signal lands in it every time.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import nodekit
-from tests.integration.test_up_path import containers
+from tests.integration.helpers import containers, nodekit
 
 pytestmark = pytest.mark.docker
 CODES = [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]

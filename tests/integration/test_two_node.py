@@ -10,27 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.backends.compose.node import compose_path, project_for
-from nodekit.config.settings import load
-from nodekit.system import docker
 from nodekit.system.host import net
 from tests.golden import GOLDEN
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import down, nodekit, wait_node
 from tests.joblog import bars
 
 pytestmark = pytest.mark.docker
 
 
-def wait_node(config: Path, rank: int) -> int:
-    settings = load(config)
-    return docker.compose_wait(compose_path(settings, rank), project_for(settings, rank))
-
-
-def down(config: Path) -> None:
-    for rank in (0, 1):
-        nodekit("down", "--node-rank", str(rank), config=config)
-
-
+@pytest.mark.smoke
 def test_two_nodes_train_to_identical_parameters(ddp_project: Path) -> None:
     """The tour as written (issue 32), folded into the one 2-node job: node 0 without --main (its default route's
     address), the script's arguments after `--` (nodekit.toml says 5 epochs), a tqdm-like bar as one line per node

@@ -1,6 +1,6 @@
 """The way from `nodekit up` to the container's start: what it asks the engine, and what it says when the engine or
-the Compose plugin is missing. It asks no versions first (issue 13: that check cost 0.7 s on every `up`, twice);
-a failed call diagnoses instead, so a missing engine or plugin still gets its one line and its fix."""
+the Compose plugin is missing. It asks no versions first (a version check costs 0.7 s on every `up`, twice); a
+failed call diagnoses instead, so a missing engine or plugin still gets its one line and its fix."""
 
 from __future__ import annotations
 
@@ -12,25 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.backends.compose.node import project_for
-from nodekit.config.settings import load
 from tests.conftest import logging_docker
-from tests.integration.conftest import nodekit
+from tests.integration.helpers import containers, nodekit
 
 pytestmark = pytest.mark.docker
 FLAGS = ["--main", "127.0.0.1", "--master-port", "29650", "--detach"]
-
-
-def containers(config: Path, rank: int) -> list[str]:
-    """The ids of node ``rank``'s containers, running or not, as the docker client lists them."""
-    project = project_for(load(config), rank)
-    out = subprocess.run(
-        ["docker", "ps", "-a", "--quiet", "--filter", f"label=com.docker.compose.project={project}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return out.split()
 
 
 def test_up_asks_the_engine_five_times_and_never_for_versions(ddp_project: Path, tmp_path: Path) -> None:

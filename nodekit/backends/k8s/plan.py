@@ -27,7 +27,7 @@ from nodekit.system.files import write_atomic
 from nodekit.system.host.facts import HostFacts
 
 Kind = Literal["job", "trainjob"]
-# Validated against these schemas in tests/unit/test_k8s_manifests.py (no API server runs there): the oldest
+# Validated against these schemas in tests/unit/backends/k8s/test_manifests.py (no API server runs there): the oldest
 # release where podFailurePolicy is GA, and the newest kubernetes-validate knows.
 K8S_VERSIONS = ("1.31.0", "1.37.0")
 TRAINER_CHECK = "Validated with the kubeflow-trainer-api 2.3.0 models (Trainer v2.3)"

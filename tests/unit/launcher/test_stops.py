@@ -16,7 +16,7 @@ from nodekit.launcher.stops import Stopped, outside_signal
 from nodekit.launcher.watchdog.decide import Alarm, Done, Ending, Reading, Watch, alarm, alarm_line, conclude
 from nodekit.launcher.watchdog.failure import WorkerFailure
 from nodekit.launcher.watchdog.run import Watchdog
-from tests.unit.test_launcher_preflight import MemStore
+from tests.factories import MemStore
 
 NAMES = {0: "10.0.0.5, host a", 1: "10.0.0.6, host b"}
 HUP, INT, TERM = int(signal.SIGHUP), int(signal.SIGINT), int(signal.SIGTERM)

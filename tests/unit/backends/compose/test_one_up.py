@@ -18,7 +18,7 @@ from nodekit.errors import UsageError
 from nodekit.system import docker
 from nodekit.system.host.facts import HostFacts
 from nodekit.system.progress import RecordingReporter
-from tests.unit.planning import plan_here
+from tests.factories import plan_here
 
 ROOT = Path(__file__).resolve().parents[4]
 FACTS = HostFacts(gpu_count=0, memlock_hard=None, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
@@ -30,7 +30,7 @@ from nodekit.backends.compose import node
 from nodekit.config.settings import Settings
 from nodekit.system import docker
 from nodekit.system.host.facts import HostFacts
-from tests.unit.planning import plan_here
+from tests.factories import plan_here
 docker.running = lambda project: []
 facts = HostFacts(gpu_count=0, memlock_hard=None, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
 s = Settings(project_dir=Path(sys.argv[1]), name="once", script="train.py", nnodes=2)

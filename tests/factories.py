@@ -1,0 +1,380 @@
+"""Shared builders of the test tiers: plain constants and functions, no fixtures and no test.
+
+A value or builder used by more than one test module lives here, so that no test module imports another (the rule
+tests/unit/meta/test_test_imports.py holds). A builder used by one module stays in it; shared pytest fixtures live in
+the conftest.py of the folder whose tests use them. Grouped by the part of nodekit the values describe.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import socket
+import tarfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from nodekit import ship
+from nodekit.backends.compose.node import NodePlan, plan_node
+from nodekit.backends.compose.render import render_compose, to_yaml
+from nodekit.config.settings import Settings, load
+from nodekit.job.gather import gather_node
+from nodekit.job.plan import plan_container
+from nodekit.job.spec import launch_spec, node_spec
+from nodekit.launcher.config import LaunchConfig, parse_env
+from nodekit.launcher.preflight.exchange import Clock, Outcome, run_main, run_worker
+from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.store import auth
+from nodekit.launcher.store.client import Client, recv_exact
+from nodekit.launcher.store.kv import Hosted, Limits
+from nodekit.launcher.watchdog.run import Reading, Watch, Watchdog
+from nodekit.system.host.facts import HostFacts
+
+# --- the compose backend: settings, host facts, a rendered node ------------------------------------------------
+
+PROJECT = Path("/srv/project")
+
+CPU_NODE = HostFacts(gpu_count=0, memlock_hard=8 * 1024 * 1024, stack_hard=None, iface="eth0", local_addr="10.0.0.5")
+GPU_NODE = HostFacts(
+    gpu_count=8,
+    gpu_models=("NVIDIA H100 80GB HBM3",) * 8,
+    memlock_hard=None,
+    stack_hard=None,
+    infiniband=("/dev/infiniband/rdma_cm", "/dev/infiniband/uverbs0"),
+    iface="ens5",
+    local_addr="10.0.0.6",
+)
+
+
+def settings(**kw: object) -> Settings:
+    """The demo project's settings at PROJECT (2 nodes, train.py --epochs 3), with ``kw`` on top."""
+    base: dict[str, object] = {"name": "demo", "script": "train.py", "args": ("--epochs", "3"), "nnodes": 2}
+    return Settings(project_dir=PROJECT, **(base | kw))  # type: ignore[arg-type]
+
+
+def rendered(s: Settings, rank: int, facts: HostFacts, *, debug: bool = False) -> str:
+    """Node ``rank``'s compose file as text, main at 10.0.0.5, with ``facts`` for its host."""
+    launch = launch_spec(s)
+    node = node_spec(s, launch, rank, "10.0.0.5", facts)
+    doc = render_compose(
+        plan_container(node, facts, image="nodekit/demo:0123456789ab", output_dir=PROJECT / "outputs", debug=debug)
+    )
+    return to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=f"compose/node-{rank}.yaml")
+
+
+def plan_here(
+    settings: Settings, rank: int, main: str, *, debug: bool = False, out_dir: Path | None = None, **gather: Any
+) -> NodePlan:
+    """The one-call form of planning a node: :func:`nodekit.job.gather.gather_node` on this machine (``gather``:
+    its keyword arguments), then :func:`nodekit.backends.compose.node.plan_node`."""
+    return plan_node(settings, rank, gather_node(settings, rank, main, **gather), debug=debug, out_dir=out_dir)
+
+
+# --- the launcher: its environment, node facts, an in-memory store ---------------------------------------------
+
+# What nodekit/job/env.py renders for node 1 of a 2-node job (the launcher's environment contract).
+LAUNCH_ENV = {
+    "MASTER_ADDR": "10.0.0.5",
+    "MASTER_PORT": "29500",
+    "NODE_RANK": "1",
+    "NNODES": "2",
+    "NPROC_PER_NODE": "4",
+    "WORLD_SIZE": "8",
+    "NODEKIT_NAME": "ddp-demo",
+    "NODEKIT_LAUNCHER": "torchrun",
+    "NODEKIT_MAX_RESTARTS": "0",
+    "NODEKIT_RDZV_TIMEOUT": "180",
+    "NODEKIT_PREFLIGHT_PORT": "29501",
+    "NODEKIT_OUTPUT_DIR": "/outputs",
+    "GLOO_SOCKET_IFNAME": "eth0",
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "NCCL_IB_DISABLE": "1",
+    "NODEKIT_FINGERPRINT": "3f2a9c1b0d4e5566",
+}
+
+NODE0 = NodeFacts(
+    rank=0,
+    hostname="gpu-a",
+    address="10.0.0.5",
+    fingerprint="3f2a9c1b0d4e55667788",
+    image_id="sha256:aaaabbbbccccddddeeee",
+    python="3.11.2",
+    torch="2.13.0+cu128",
+    cuda="12.8",
+    cudnn="91002",
+    nccl="2.27.3",
+    driver="570.133.20",
+    gpu_model="NVIDIA H100 80GB HBM3",
+    gpu_count=8,
+    nodekit="0.1.0",
+    nnodes=2,
+    nproc_per_node=8,
+    world_size="16",
+    master_port=29500,
+    mode="torchrun",
+    name="ddp-demo",
+)
+NODE1 = replace(NODE0, rank=1, hostname="gpu-b", address="10.0.0.6")
+# The verdict's other arguments for NODE0 and NODE1.
+VERDICT_KW: dict[str, Any] = {"nnodes": 2, "timeout_s": 180.0, "main": "10.0.0.5:29501"}
+
+
+class MemStore:
+    """A thread-safe stand-in for the preflight store (set/get/add/check)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.broken = False
+
+    def _alive(self) -> None:
+        if self.broken:
+            raise RuntimeError("Connection reset by peer\nmore detail")
+
+    def set(self, key: str, value: str) -> None:
+        self._alive()
+        with self.lock:
+            self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        self._alive()
+        with self.lock:
+            return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        self._alive()
+        with self.lock:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            return value
+
+    def check(self, keys: list[str]) -> bool:
+        self._alive()
+        with self.lock:
+            return all(k in self.data for k in keys)
+
+
+def cfg(rank: int, nnodes: int = 2, timeout: float = 5.0, **env: str) -> LaunchConfig:
+    """LAUNCH_ENV parsed for node ``rank`` of ``nnodes``, with ``timeout`` as the rendezvous timeout."""
+    return parse_env({**LAUNCH_ENV, "NODE_RANK": str(rank), "NNODES": str(nnodes),
+                      "NODEKIT_RDZV_TIMEOUT": str(timeout), **env})  # fmt: skip
+
+
+def quiet() -> Clock:
+    lines: list[str] = []
+    return Clock(log=lines.append)
+
+
+def facts(rank: int, **changes: Any) -> NodeFacts:
+    """NODE0's stack as node ``rank`` (its own host name and address), with ``changes``."""
+    identity: dict[str, Any] = {"rank": rank, "hostname": f"host-{rank}", "address": f"10.0.0.{5 + rank}"}
+    return replace(NODE0, **(identity | changes))
+
+
+def run_nodes(store: MemStore, nodes: list[tuple[LaunchConfig, NodeFacts]]) -> list[Outcome]:
+    """Run node 0 (first in ``nodes``) and the workers concurrently; return their outcomes in order."""
+    results: list[Any] = [None] * len(nodes)
+
+    def go(i: int, c: LaunchConfig, f: NodeFacts) -> None:
+        results[i] = (run_main if c.is_main else run_worker)(store, c, f, quiet())
+
+    threads = [threading.Thread(target=go, args=(i, c, f)) for i, (c, f) in enumerate(nodes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=20)
+    return results
+
+
+# --- the launcher's preflight store on loopback -----------------------------------------------------------------
+
+S1, S2 = "a" * 32, "b" * 32  # two job secrets
+STORE_LIMITS = Limits(handshake_s=0.5, max_pending=16)
+
+
+def join(hosted: Hosted, secret: str = S1, connect_s: float = 5.0) -> Client:
+    return Client.connect("127.0.0.1", hosted.port, secret, timeout_s=5, connect_s=connect_s, limits=STORE_LIMITS)
+
+
+def wait_for(condition: Callable[[], bool], within: float = 5.0) -> bool:
+    """Whether ``condition`` holds within ``within`` seconds (polled every 20 ms)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+BEHAVIOURS = ("close", "garbage", "length", "partial", "guess", "silent")
+
+
+def hostile(port: int, behaviour: str, held: list[socket.socket]) -> None:
+    """One connection of a client without the secret; the ones meant to linger are kept open in ``held``."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+    except OSError:
+        return
+    try:
+        if behaviour == "garbage":
+            sock.sendall(os.urandom(64 << 10))
+        elif behaviour == "length":  # what a length-prefixed protocol would read as a 4 GiB frame, and then some
+            sock.sendall(b"\xff\xff\xff\xff" * 16)
+        elif behaviour == "partial":  # slowloris: a hello that never finishes
+            sock.sendall(auth.MAGIC + b"\x00" * 10)
+        elif behaviour == "guess":  # a well-formed hello, then a proof made up without the secret
+            sock.sendall(auth.client_hello(os.urandom(auth.NONCE_LEN)))
+            recv_exact(sock, auth.SERVER_HELLO_LEN)
+            sock.sendall(os.urandom(auth.PROOF_LEN) + b"\x00\x00\x00\x10" + os.urandom(48))
+    except (OSError, EOFError):  # EOFError: recv_exact's word for a connection closed mid-read
+        pass  # main cut it off: what it should do (the attacker goes on with its next connection)
+    if behaviour in ("partial", "silent", "length"):
+        held.append(sock)
+        if len(held) > 200:  # the client's own descriptors: keep its latest 200 open
+            held.pop(0).close()
+    else:
+        sock.close()
+
+
+# --- the launcher's peer watchdog -------------------------------------------------------------------------------
+
+NAMES = {0: "10.0.0.5, host gpu-a", 1: "10.0.0.6, host gpu-b", 2: "172.31.250.12, host h2"}
+WATCHDOG_FAST = {"beat_s": 0.02, "judge_s": 0.01}  # real time scaled down: a beat of 20 ms
+
+
+def beat(watch: Watch, at: float, counts: dict[int, int], **kw: object) -> None:
+    watch.see(Reading(at=at, counts=counts, **kw))  # type: ignore[arg-type]
+
+
+class Node:
+    """One node's watchdog, with what it printed and whether it was told to stop."""
+
+    def __init__(self, store: MemStore, rank: int, nnodes: int, timeout: float, **kw: object) -> None:
+        self.lines: list[str] = []
+        self.stopped = threading.Event()
+        self.exits: list[int] = []
+        self.dog = Watchdog(
+            store,
+            rank,
+            nnodes,
+            timeout,
+            NAMES,
+            stop=self.stopped.set,
+            clock=Clock(log=self.lines.append),
+            err=self.lines.append,
+            hard_exit=self.exits.append,
+            **{**WATCHDOG_FAST, **kw},  # type: ignore[arg-type]
+        )
+
+
+# --- processes ----------------------------------------------------------------------------------------------------
+
+
+def gone(pid: int, within: float = 5.0) -> bool:
+    """Whether ``pid`` has ended (no such process, or a zombie nobody reaped yet) within ``within`` seconds."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.02)
+    return False
+
+
+# --- shipping images --------------------------------------------------------------------------------------------
+
+SRC = ship.Source(ref="nodekit/demo:abc123", image_id="sha256:" + "a" * 64, size=2 << 30, engine_id="engine-src")
+
+
+def state(name: str, endpoint: str | None = None, **kw: object) -> ship.TargetState:
+    """What the survey found on target ``name`` (reached over ssh:// unless ``endpoint``), with ``kw``."""
+    t = ship.Target(name=name, endpoint=endpoint or f"ssh://root@{name}")
+    kw.setdefault("engine_id", f"engine-{name}")
+    kw.setdefault("server_version", "26.1.5")
+    return ship.TargetState(target=t, **kw)  # type: ignore[arg-type]
+
+
+# --- the lock: projects, wheels and source distributions for an offline pip ---------------------------------------
+
+
+def project(tmp_path: Path, packages: list[str], lock_text: str | None = None) -> Settings:
+    """A project in ``tmp_path`` asking for ``packages`` (and holding ``lock_text`` as its lock), loaded."""
+    quoted = ", ".join(f'"{p}"' for p in packages)
+    (tmp_path / "nodekit.toml").write_text(f'name = "t"\nscript = "train.py"\npackages = [{quoted}]\n')
+    if lock_text is not None:
+        (tmp_path / "nodekit.lock").write_text(lock_text)
+    return load(tmp_path / "nodekit.toml")
+
+
+def fake_wheel(directory: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A minimal valid pure-Python wheel (metadata only), enough for pip to resolve and download it."""
+    dist = f"{name}-{version}"
+    path = directory / f"{dist}-py3-none-any.whl"
+    files = {
+        f"{name}/__init__.py": "",
+        f"{dist}.dist-info/METADATA": "\n".join(
+            [
+                "Metadata-Version: 2.1",
+                f"Name: {name}",
+                f"Version: {version}",
+                *(f"Requires-Dist: {r}" for r in requires),
+            ]
+        )
+        + "\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    with zipfile.ZipFile(path, "w") as z:
+        for arc, content in files.items():
+            z.writestr(arc, content)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(content.encode()).digest()).rstrip(b"=").decode()
+            record.append(f"{arc},sha256={digest},{len(content)}")
+        record.append(f"{dist}.dist-info/RECORD,,")
+        z.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
+    return path
+
+
+C_MODULE = (
+    "#include <Python.h>\n"
+    'static struct PyModuleDef def = {PyModuleDef_HEAD_INIT, "cext", NULL, -1, NULL};\n'
+    "PyMODINIT_FUNC PyInit_cext(void) { return PyModule_Create(&def); }\n"
+)
+
+
+def make_sdist(
+    directory: Path, name: str, version: str, requires: tuple[str, ...] = (), *, c_ext: bool = False
+) -> Path:
+    """A real source distribution built by setuptools: a pure module, or a C extension (``c_ext``)."""
+    deps = ", ".join(f'"{r}"' for r in requires)
+    pyproject = (
+        '[build-system]\nrequires = ["setuptools>=70.1"]\nbuild-backend = "setuptools.build_meta"\n\n'
+        f'[project]\nname = "{name}"\nversion = "{version}"\ndependencies = [{deps}]\n'
+    )
+    files = {"PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"}
+    if c_ext:
+        files["setup.py"] = (
+            f'from setuptools import Extension, setup\nsetup(ext_modules=[Extension("{name}", ["{name}.c"])])\n'
+        )
+        files[f"{name}.c"] = C_MODULE.replace("cext", name)
+        files["pyproject.toml"] = pyproject + "\n[tool.setuptools]\npy-modules = []\n"
+    else:
+        files["pyproject.toml"] = pyproject + f'\n[tool.setuptools]\npy-modules = ["{name}"]\n'
+        files[f"{name}.py"] = f'VERSION = "{version}"\n'
+    path = directory / f"{name}-{version}.tar.gz"
+    with tarfile.open(path, "w:gz") as t:
+        for rel, content in sorted(files.items()):
+            data = content.encode()
+            info = tarfile.TarInfo(f"{name}-{version}/{rel}")
+            info.size, info.mode, info.mtime = len(data), 0o644, 1700000000
+            t.addfile(info, io.BytesIO(data))
+    return path

@@ -1,0 +1,33 @@
+"""The heavy tiers' grouping for `make test` (tests/conftest.py): every real-engine test in one group, the cluster
+tests in two others (those over real SSH, and the rest), each with its own cluster name, so the three run side by
+side while the tests inside each stay serial."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import CLUSTER_NAMES, SSH_GROUP, cluster_name, group_of, tier_of
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def test_each_heavy_test_file_has_its_tier_and_unit_tests_have_none() -> None:
+    for tier, folder in (("engine", "integration"), ("cluster", "cluster")):
+        files = sorted((ROOT / "tests" / folder).glob("test_*.py"))
+        assert files
+        assert {tier_of(f"{f.relative_to(ROOT).as_posix()}::test_x[a@b]") for f in files} == {tier}
+    assert (
+        tier_of("tests/unit/meta/test_tiers.py::test_each_heavy_test_file_has_its_tier_and_unit_tests_have_none")
+        is None
+    )
+
+
+def test_the_cluster_tier_runs_as_two_groups_each_with_its_own_cluster_name() -> None:
+    files = sorted((ROOT / "tests" / "cluster").glob("test_*.py"))
+    groups = {f.name: group_of(f"{f.relative_to(ROOT).as_posix()}::test_x") for f in files}
+    assert set(groups.values()) == {"cluster", "cluster-ssh"}
+    assert {name for name, group in groups.items() if group == "cluster-ssh"} == SSH_GROUP
+    assert group_of("tests/integration/test_two_node.py::test_x") == "engine"
+    assert group_of("tests/unit/meta/test_tiers.py::test_x") is None
+    names = {cluster_name(f"tests/cluster/{name}::test_x") for name in groups}
+    assert names == set(CLUSTER_NAMES.values()) and len(names) == 2
