@@ -33,6 +33,8 @@ def rank_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> dict[s
         "NODEKIT_MAX_RESTARTS": str(launch.max_restarts),
         "NODEKIT_RDZV_TIMEOUT": str(launch.rdzv_timeout),
         "NODEKIT_PEER_TIMEOUT": str(launch.peer_timeout),
+        "NODEKIT_STALL_TIMEOUT": str(launch.stall_timeout),
+        "NODEKIT_STALL_ACTION": launch.stall_action,
         "NODEKIT_PREFLIGHT_PORT": str(launch.preflight_port),
         "NODEKIT_OUTPUT_DIR": OUTPUT_DIR_IN_CONTAINER,
     }

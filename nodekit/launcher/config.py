@@ -21,6 +21,11 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 DEFAULT_PEER_TIMEOUT = 15.0
 MIN_PEER_TIMEOUT = 3.0
+DEFAULT_STALL_TIMEOUT = 300.0
+# Ranks record their progress once a second and nodes publish it once a second: a shorter window would be noise.
+MIN_STALL_TIMEOUT = 5.0
+StallAction = Literal["stop", "warn"]
+STALL_ACTIONS: tuple[StallAction, ...] = ("stop", "warn")
 # Timeouts the launcher's arithmetic and Python's waits can hold (timedelta, threading.TIMEOUT_MAX), with room to
 # spare; nodekit.toml is held to the same bound (nodekit/config/inputs.py), this guards a hand-edited compose file.
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -59,6 +64,8 @@ class LaunchConfig:
     gpus_declared: tuple[tuple[int, int], ...] = ()  # NODEKIT_GPUS_DECLARED: (rank, N) where declared
     data_check: tuple[tuple[str, str], ...] = ()  # NODEKIT_DATA_CHECK: (container path, "sizes" or "hashes")
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # NODEKIT_STALL_TIMEOUT; 0: no stall watch
+    stall_action: StallAction = "stop"  # NODEKIT_STALL_ACTION
     # NODEKIT_JOB_SECRET: what this node presents to main's store (launcher/auth.py); never printed.
     job_secret: str = field(default="", repr=False)
 
@@ -165,6 +172,22 @@ def _timeouts(env: Mapping[str, str]) -> tuple[float, float]:
     return rdzv_timeout, peer_timeout
 
 
+def _stall(env: Mapping[str, str]) -> tuple[float, StallAction]:
+    """NODEKIT_STALL_TIMEOUT (seconds; 0: off) and NODEKIT_STALL_ACTION."""
+    raw = env.get("NODEKIT_STALL_TIMEOUT", "").strip() or str(DEFAULT_STALL_TIMEOUT)
+    try:
+        timeout = float(raw)
+    except ValueError:
+        raise EnvError(f"NODEKIT_STALL_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not (timeout == 0 or MIN_STALL_TIMEOUT <= timeout <= MAX_TIMEOUT_S):
+        bounds = f"{MIN_STALL_TIMEOUT:g} to {MAX_TIMEOUT_S} seconds"
+        raise EnvError(f"NODEKIT_STALL_TIMEOUT={raw} must be 0 (no stall watch) or {bounds}")
+    action = env.get("NODEKIT_STALL_ACTION", "").strip() or "stop"
+    if action not in STALL_ACTIONS:
+        raise EnvError(f"NODEKIT_STALL_ACTION={action!r} is not one of {', '.join(STALL_ACTIONS)}")
+    return timeout, next(a for a in STALL_ACTIONS if a == action)
+
+
 def _preflight_port(env: Mapping[str, str], master_port: int) -> int:
     """NODEKIT_PREFLIGHT_PORT, by default the port after MASTER_PORT (see contract.PREFLIGHT_PORT_OFFSET)."""
     preflight_default = master_port + PREFLIGHT_PORT_OFFSET
@@ -198,6 +221,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     if mode not in MODES:
         raise EnvError(f"NODEKIT_LAUNCHER={mode!r} is not one of {', '.join(MODES)}")
     rdzv_timeout, peer_timeout = _timeouts(env)
+    stall_timeout, stall_action = _stall(env)
     preflight_port = _preflight_port(env, master_port)
     iface = env.get("GLOO_SOCKET_IFNAME", "").strip() or env.get("NCCL_SOCKET_IFNAME", "").strip() or None
     return LaunchConfig(
@@ -226,5 +250,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         gpus_declared=tuple((r, int(c)) for r, c in _per_node(env, "NODEKIT_GPUS_DECLARED", nnodes, auto=False)),
         data_check=_data_check(env),
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
+        stall_timeout=stall_timeout,
+        stall_action=stall_action,
         job_secret=env.get("NODEKIT_JOB_SECRET", "").strip(),
     )

@@ -17,6 +17,7 @@ EXIT_BAD_ENV = 2  # bad environment or command: missing variable, script not fou
 EXIT_STACK_MISMATCH = 17  # stack or launch mismatch between nodes, or a node rank claimed twice
 EXIT_RENDEZVOUS = 18  # a node never arrived, main unreachable or lost, or the preflight port taken
 EXIT_PEER_LOST = 19  # another node was lost or failed, and this node stopped its own part of the job
+EXIT_STALLED = 20  # no rank made progress for NODEKIT_STALL_TIMEOUT (stall_action = stop): every node stops
 EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the other nodes after torchrun
 
 # --- ports on main, relative to MASTER_PORT ------------------------------------------------------------------
@@ -38,6 +39,7 @@ __all__ = [
     "EXIT_PEER_LOST",
     "EXIT_RENDEZVOUS",
     "EXIT_STACK_MISMATCH",
+    "EXIT_STALLED",
     "EXIT_TERMINATED",
     "PREFLIGHT_PORT_OFFSET",
 ]

@@ -50,7 +50,7 @@ from nodekit.launcher.preflight.exchange import (
 from nodekit.launcher.preflight.stack import gather
 from nodekit.launcher.preflight.verdict import Verdict, render
 from nodekit.launcher.watchdog.failure import worker_failure
-from nodekit.launcher.watchdog.run import Watchdog, node_names
+from nodekit.launcher.watchdog.run import StallConfig, Watchdog, node_names
 
 
 def _err(line: str) -> None:
@@ -361,7 +361,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             _distinct_node(cfg.node_rank)
         if passed is not None and cfg.peer_timeout > 0:
             names = node_names(passed.verdict.facts)
-            dog = Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
+            stall = StallConfig(cfg.stall_timeout, cfg.stall_action == "stop") if cfg.stall_timeout > 0 else None
+            dog = Watchdog(
+                passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self, stall=stall
+            )
             return _torchrun_watched(plan.argv, dog, cfg.max_restarts)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_in_process(plan.argv)

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nodekit.launcher.config import LaunchConfig
+from nodekit.launcher.stacks.collect import DEFAULT_DIR as WORKER_DIR
+from nodekit.launcher.stacks.hook import ENV as WORKER_DIR_ENV
 
 # In ``env`` mode the framework (Lightning, LightlyTrain) starts its own per-device workers. Lightning's
 # LightningEnvironment treats a set LOCAL_RANK as "an external launcher already started every process" and then
@@ -182,13 +184,15 @@ def exec_plan(
     WORLD_SIZE when known) already in the environment, and without the per-process variables listed in
     :data:`ENV_MODE_UNSET`; nothing restarts it (max_restarts is torchrun's; ``nodekit run``'s ``restarts``
     restart the whole job). Both set NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment
-    said 0), which makes every Python process of the job load :mod:`nodekit.launcher.exitguard`.
+    said 0), which makes every Python process of the job load :mod:`nodekit.launcher.exitguard`, and
+    NODEKIT_WORKER_DIR, where that hook keeps each process's stack dump and progress
+    (:mod:`nodekit.launcher.stacks.hook`; ``nodekit stacks`` and the stall watch read them).
 
     ``fabric`` mode is torchrun plus :func:`fabric_env`, and OMP_NUM_THREADS defaulting to ``cpus`` as ``fabric
     run`` does. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}`` appended to the
     script's arguments: torch's agent substitutes each worker's local rank there, as the legacy launcher did.
     """
-    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"),)
+    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"), (WORKER_DIR_ENV, WORKER_DIR))
     if cfg.mode == "env":
         return ExecPlan(argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET)
     target = command.argv()

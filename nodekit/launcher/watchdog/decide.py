@@ -5,7 +5,9 @@ rounds timed on its own clock), whether to stop its job (:func:`alarm`), how it 
 A node is *lost* when it has not marked itself done and its counter has not moved for the peer timeout, measured
 over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself.
 A node that marked itself done with a non-zero code and not ``stopped`` has *failed*. A node whose torchrun is
-restarting workers (max_restarts) is neither: its launcher, torchrun's agent, keeps beating throughout.
+restarting workers (max_restarts) is neither: its launcher, torchrun's agent, keeps beating throughout. A job that
+main's stall watch found stalled (:mod:`stall`) stops every node too, after lost and failed nodes: a lost node
+explains a stall, not the other way round.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
 from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
+from nodekit.launcher.contract import EXIT_STALLED as EXIT_STALLED
 from nodekit.launcher.watchdog.failure import WorkerFailure, failed_line, first_failed, node_failed, who
 
 
@@ -70,10 +73,11 @@ class Lost:
 
 @dataclass(frozen=True)
 class Alarm:
-    """Why a node stops its own job: nodes lost, else nodes that failed."""
+    """Why a node stops its own job: nodes lost, else nodes that failed, else the job stalled (main's line)."""
 
     lost: tuple[Lost, ...] = ()
     failed: tuple[tuple[int, Done], ...] = ()
+    stalled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,7 @@ class Watch:
         self.timeout = timeout
         self.last_ok = start  # when a round of store calls last completed
         self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
+        self.stalled: str | None = None  # main's line when it found the job stalled and stalls stop the job
         self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
 
     def see(self, reading: Reading) -> None:
@@ -165,9 +170,11 @@ class Watch:
 
 
 def alarm(watch: Watch, now: float) -> Alarm | None:
-    """While this node's torchrun runs: stop it when another node is lost or has failed, else None."""
+    """While this node's torchrun runs: stop it when another node is lost or has failed, or the job stalled."""
     lost, failed = watch.lost(now), watch.failed()
-    return Alarm(lost=lost, failed=failed) if lost or failed else None
+    if lost or failed:
+        return Alarm(lost=lost, failed=failed)
+    return Alarm(stalled=watch.stalled) if watch.stalled is not None else None
 
 
 def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str]) -> Ending:
@@ -177,9 +184,12 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
     usually ends the others first, "Connection closed by peer", before the heartbeat says who). A node that
     succeeded still exits 0: every node had passed torchrun's exit barrier. A job that failed with no node lost
     names every node whose torchrun failed, the first failure first (:func:`failure.first_failed`); this node exits
-    19 when that first failure was another node's, else with its own code.
+    19 when that first failure was another node's, else with its own code. A node stopped because the job stalled
+    exits 20 (its line was printed when it stopped).
     """
     lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
+    if raised is not None and raised.stalled is not None and not raised.lost and not raised.failed:
+        return Ending(EXIT_OK if own.code == 0 else EXIT_STALLED)
     if raised is not None:
         code = EXIT_OK if own.code == 0 else EXIT_PEER_LOST
         return Ending(code, lost_line(lost, names, f"this node had stopped (exit {code})") if lost else None)
@@ -212,6 +222,8 @@ def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> st
 
 def alarm_line(found: Alarm, names: Mapping[int, str]) -> str:
     """The one line a node prints when its watchdog stops it."""
+    if found.stalled is not None and not found.lost and not found.failed:
+        return found.stalled
     if found.lost:
         return lost_line(found.lost, names, "stopping this node")
     if len(found.failed) == 1:
