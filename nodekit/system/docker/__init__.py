@@ -4,7 +4,7 @@ command line (it starts the docker CLI itself; the processes nodekit runs itself
 - :mod:`~nodekit.system.docker.calls`: the client, the deadlines, the one way a call fails (``Engine.calling``), the
   batched queries, and the engine's own facts (:func:`check_engine`, :func:`runtimes`, :func:`engine_facts`).
 - :mod:`~nodekit.system.docker.models`: what Docker's JSON is parsed into.
-- :mod:`~nodekit.system.docker.compose`: a node's compose project: up, logs, ps, wait, stop, down.
+- :mod:`~nodekit.system.docker.compose`: a node's compose project: up, logs, ps, wait, exec, stop, down.
 - :mod:`~nodekit.system.docker.images`: inspect, list, tag, remove, load an archive, build.
 - :mod:`~nodekit.system.docker.containers`: throw-away containers (probes, doctor's test container).
 - :mod:`~nodekit.system.docker.streams`: ``docker save`` and ``docker load`` as byte streams (shipping).
@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from nodekit.errors import BuildError
 from nodekit.system.docker.calls import ENGINE_FIX, check_engine, client, engine_facts, runtimes
-from nodekit.system.docker.compose import compose_down, compose_logs, compose_ps, compose_stop, compose_up, compose_wait
+from nodekit.system.docker.compose import (
+    compose_down,
+    compose_exec,
+    compose_logs,
+    compose_ps,
+    compose_stop,
+    compose_up,
+    compose_wait,
+)
 from nodekit.system.docker.containers import probe_image, run_as_job, run_in_image
 from nodekit.system.docker.images import (
     buildx_build,
@@ -53,6 +61,7 @@ __all__ = [
     "check_engine",
     "client",
     "compose_down",
+    "compose_exec",
     "compose_logs",
     "compose_ps",
     "compose_stop",

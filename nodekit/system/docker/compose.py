@@ -1,4 +1,4 @@
-"""A node's compose project on an engine: up, logs, ps, wait, stop, down.
+"""A node's compose project on an engine: up, logs, ps, wait, exec, stop, down.
 
 Everything but ``ps`` runs as nodekit's own process (the command line built by python-on-whales, as for every call)
 in a process group of its own, listed in nodekit.system.proc's registry: a signal to nodekit ends ``docker compose up``
@@ -143,6 +143,23 @@ def compose_wait(compose_file: Path | None, project: str, *, host: str | None = 
     if done.returncode != 0 or not done.stdout.split():
         raise EngineError(f"{lost}: {stderr_tail(done.stderr)}", fix=ENGINE_FIX)
     return int(done.stdout.split()[0])
+
+
+def compose_exec(
+    compose_file: Path | None, project: str, argv: list[str], *, host: str | None = None, deadline: float = 60.0
+) -> proc.Result | None:
+    """``argv`` run inside the node's running container (``docker exec``), under ``deadline``: its result (the caller
+    judges the exit code), or None when the project has no running container on that engine. EngineError when the
+    engine cannot be asked; DeadlineError once the deadline stopped the call."""
+    ps = compose_argv(host, compose_file, project, "ps", "--quiet")
+    listed = _run(ps, f"docker compose ps of {project}", host, calls.ENGINE_CALL_S)
+    if listed.returncode != 0:
+        raise EngineError(f"cannot list the containers of {project} on {where(host)}: {stderr_tail(listed.stderr)}",
+                          fix=ENGINE_FIX)  # fmt: skip
+    ids = listed.stdout.split()
+    if not ids:
+        return None
+    return _run(docker_argv(host, "exec", ids[0], *argv), f"docker exec in {project}", host, deadline)
 
 
 def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
