@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.stacks.hook import DEFAULT_DIR as DEFAULT_WORKER_DIR
 
 Mode = Literal["torchrun", "fabric", "env", "torch.distributed.launch"]
 MODES: tuple[Mode, ...] = ("torchrun", "fabric", "env", "torch.distributed.launch")
@@ -66,6 +67,7 @@ class LaunchConfig:
     exit_guard: bool = True  # NODEKIT_EXIT_GUARD for the job's processes (nodekit/launcher/exitguard.py)
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # NODEKIT_STALL_TIMEOUT; 0: no stall watch
     stall_action: StallAction = "stop"  # NODEKIT_STALL_ACTION
+    worker_dir: str = DEFAULT_WORKER_DIR  # NODEKIT_WORKER_DIR: each job process's stack and progress (stacks/hook.py)
     # NODEKIT_JOB_SECRET: what this node presents to main's store (launcher/auth.py); never printed.
     job_secret: str = field(default="", repr=False)
 
@@ -252,5 +254,6 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         exit_guard=_bool(env, "NODEKIT_EXIT_GUARD", True),
         stall_timeout=stall_timeout,
         stall_action=stall_action,
+        worker_dir=env.get("NODEKIT_WORKER_DIR", "").strip() or DEFAULT_WORKER_DIR,
         job_secret=env.get("NODEKIT_JOB_SECRET", "").strip(),
     )

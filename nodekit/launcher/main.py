@@ -361,7 +361,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             _distinct_node(cfg.node_rank)
         if passed is not None and cfg.peer_timeout > 0:
             names = node_names(passed.verdict.facts)
-            stall = StallConfig(cfg.stall_timeout, cfg.stall_action == "stop") if cfg.stall_timeout > 0 else None
+            stop = cfg.stall_action == "stop"
+            stall = StallConfig(cfg.stall_timeout, stop, cfg.worker_dir) if cfg.stall_timeout > 0 else None
             dog = Watchdog(
                 passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self, stall=stall
             )

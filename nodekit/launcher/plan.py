@@ -10,7 +10,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from nodekit.launcher.config import LaunchConfig
-from nodekit.launcher.stacks.collect import DEFAULT_DIR as WORKER_DIR
 from nodekit.launcher.stacks.hook import ENV as WORKER_DIR_ENV
 
 # In ``env`` mode the framework (Lightning, LightlyTrain) starts its own per-device workers. Lightning's
@@ -192,7 +191,7 @@ def exec_plan(
     run`` does. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}`` appended to the
     script's arguments: torch's agent substitutes each worker's local rank there, as the legacy launcher did.
     """
-    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"), (WORKER_DIR_ENV, WORKER_DIR))
+    guard = (("NODEKIT_EXIT_GUARD", "1" if cfg.exit_guard else "0"), (WORKER_DIR_ENV, cfg.worker_dir))
     if cfg.mode == "env":
         return ExecPlan(argv=(python, *command.argv()), set_env=guard, unset_env=ENV_MODE_UNSET)
     target = command.argv()

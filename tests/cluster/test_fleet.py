@@ -147,6 +147,13 @@ def test_ctrl_c_on_the_head_stops_every_node(demo_on_main: Demo, fleet: Fleet, t
     assert [(r["node"], r["state"]) for r in rows] == [(0, "running"), (1, "running"), (2, "running")], rows
     assert rows[2]["host"] == f"root@{fleet.cluster.hosts[2].addr}"
     assert rows[0]["image"] == demo_on_main.ref.rsplit(":", 1)[1][:12] and rows[0]["since"], rows
+    # And every rank's Python stack, read from each host's container over the same ssh:// as `nodekit run`.
+    stacks = fleet.nodekit(project, "stacks", "--all")
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    assert stacks.stdout.startswith("3 rank(s) on 3 node(s), "), stacks.stdout
+    for rank in range(3):
+        assert f"rank {rank} (node {rank}, pid " in stacks.stdout, stacks.stdout
+    assert 'File "train.py", line ' in stacks.stdout, stacks.stdout
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, log, 60)

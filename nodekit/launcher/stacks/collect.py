@@ -19,9 +19,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 
 from nodekit.launcher.stacks.dump import complete
+from nodekit.launcher.stacks.hook import DEFAULT_DIR as DEFAULT_DIR
 from nodekit.launcher.stacks.hook import start_time
 
-DEFAULT_DIR = "/tmp/nodekit-workers"
 FORMAT = 1  # of the JSON `python -m nodekit.launcher.stacks` prints; the host refuses another
 COLLECT_S = 3.0  # the whole read: a process that wrote nothing by then is reported without a stack
 QUIET_S = 0.3  # a dump that stopped growing this long is taken even when the main thread's stack looks unfinished

@@ -20,9 +20,15 @@ In ``<dir>`` (mode 0700), per process:
     once this process has joined a process group, one JSON line rewritten (atomically) when it changes, checked
     every :data:`PROGRESS_S`: ``{"rank", "world", "calls", "moves"}``. ``calls``: the collectives this process
     has issued, summed over its process groups (the groups' sequence numbers, which gloo and NCCL both keep);
-    ``moves``: how many checks found the main thread's Python position (code and instruction of every frame) other
-    than at the check before. A rank stuck in a collective, or in any one call, moves neither; a rank that trains,
-    computes in Python, or saves a checkpoint moves one or both. The launcher's stall watch reads these.
+    ``moves``: how many checks found the main thread running Python code, or somewhere else in it (code and
+    instruction of every frame) than at the check before. A rank stuck in a collective, or in any one call, moves
+    neither; a rank that trains, computes in Python, or saves a checkpoint moves one or both. The launcher's stall
+    watch reads these.
+
+*Running* is read from the instruction the main thread's innermost frame is at, because of where the interpreter
+hands the GIL to another thread: only at a function's start (RESUME) and at a loop's backward jump, so a thread
+found there was executing bytecode; one blocked in a call (a collective's wait, ``time.sleep``) is always found at
+the calling instruction. Without it, a pure-Python loop would be found at the same backward jump at every check.
 
 Why faulthandler and not py-spy: it is in every CPython, needs no package in the image and no ptrace capability in
 the container, and dumps from a C signal handler, so it answers while the main thread is blocked in C (a gloo or
@@ -43,6 +49,7 @@ from collections.abc import Iterator
 from types import FrameType, ModuleType
 
 ENV = "NODEKIT_WORKER_DIR"
+DEFAULT_DIR = "/tmp/nodekit-workers"  # what the launcher sets ENV to, unless its own environment names another
 SIGNAL = signal.SIGRTMIN + 7
 PROGRESS_S = 1.0
 
@@ -68,6 +75,22 @@ def position(frame: FrameType | None) -> tuple[tuple[int, int], ...]:
     return tuple((id(f.f_code), f.f_lasti) for f in _frames(frame))
 
 
+_RUNNING = frozenset({"RESUME", "JUMP_BACKWARD", "JUMP_ABSOLUTE"})  # JUMP_ABSOLUTE: Python 3.10's backward jump
+
+
+def running(frame: FrameType | None) -> bool:
+    """Whether a thread whose innermost frame is ``frame`` was caught executing bytecode (see the module docstring)."""
+    if frame is None:
+        return False
+    import dis
+
+    code, at = frame.f_code.co_code, frame.f_lasti
+    if not 0 <= at < len(code):
+        return False
+    name = dis.opname[code[at]]
+    return name in _RUNNING or name.startswith("POP_JUMP_BACKWARD")
+
+
 def calls(c10d: ModuleType | None) -> int:
     """Collectives issued so far over every process group of this process (their sequence numbers)."""
     groups = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}
@@ -88,9 +111,10 @@ def _report(path: str, main: int) -> None:
         try:
             if dist is None or not dist.is_available() or not dist.is_initialized():
                 continue
-            here = position(sys._current_frames().get(main))
-            moves += last is not None and here != last
-            last = here
+            frame = sys._current_frames().get(main)
+            here = position(frame)
+            moves += (last is not None and here != last) or running(frame)
+            last, frame = here, None  # no frame kept: it would keep its locals (tensors) alive
             c10d = sys.modules.get("torch.distributed.distributed_c10d")
             line = (
                 f'{{"rank": {int(dist.get_rank())}, "world": {int(dist.get_world_size())}, '

@@ -135,7 +135,7 @@ class Group:
 
     def text(self) -> str:
         ranks = self.ranks
-        return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranks_text(ranks)} {self.place.text()}"
+        return f"{'rank' if len(set(ranks)) == 1 else 'ranks'} {ranks_text(ranks)} {self.place.text()}"
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -212,7 +212,7 @@ def report(stacks: Sequence[RankStack], *, every: bool = False, workdir: str = W
     for g in found:
         shown_stacks = g.stacks if every else g.stacks[:1]
         for s in shown_stacks:
-            same = "" if every or len(g.stacks) == 1 else f" (the stack of rank {s.rank}; {g.text()})"
+            same = "" if every or len(set(g.ranks)) == 1 else f" (the stack of rank {s.rank}; {g.text()})"
             lines += ["", f"rank {s.rank} ({_who(s)}) {g.place.text()}{same}, most recent call last:"]
             if s.main is not None:
                 lines += _traceback(s.main, workdir)

@@ -42,20 +42,28 @@ def _key(*parts: object) -> str:
     return PREFIX + "/".join(str(p) for p in parts)
 
 
-@dataclass(frozen=True)
-class StallConfig:
-    """``timeout`` seconds without progress; ``stop``: end the job (else only report); ``directory``: the hook's."""
-
-    timeout: float
-    stop: bool = True
-    directory: str = collect.DEFAULT_DIR
-
-
 def local_progress(directory: str) -> NodeProgress:
     """This node's ranks, from their progress records."""
     found = collect.progress(directory)
     worlds = [p.world for p in found.values()]
     return NodeProgress(max(worlds) if worlds else None, {p.rank: (p.calls, p.moves) for p in found.values()})
+
+
+def local_stacks(directory: str) -> str:
+    """This node's processes' stacks, as ``python -m nodekit.launcher.stacks`` prints them."""
+    return collect.to_json(collect.dump_all(directory))
+
+
+@dataclass(frozen=True)
+class StallConfig:
+    """``timeout`` seconds without progress; ``stop``: end the job (else only report); ``directory``: the hook's.
+    ``progress`` and ``stacks`` read this node's ranks (the seams tests replace)."""
+
+    timeout: float
+    stop: bool = True
+    directory: str = collect.DEFAULT_DIR
+    progress: Callable[[str], NodeProgress] = local_progress
+    stacks: Callable[[str], str] = local_stacks
 
 
 class StallIO:
@@ -70,11 +78,9 @@ class StallIO:
         *,
         err: Callable[[str], None],
         wake: Callable[[], None] = lambda: None,
-        progress: Callable[[str], NodeProgress] = local_progress,
-        dump: Callable[[str], str] = lambda d: collect.to_json(collect.dump_all(d)),
     ) -> None:
         self.config, self.rank, self.nnodes = config, rank, nnodes
-        self._err, self._wake, self._progress, self._dump = err, wake, progress, dump
+        self._err, self._wake = err, wake
         self.watch = StallWatch(config.timeout, start) if rank == 0 else None
         self._published = ""
         self._answered = 0
@@ -91,7 +97,7 @@ class StallIO:
         self._rounds += 1
         if self._rounds % PRUNE_EVERY == 0:
             collect.prune(self.config.directory)
-        mine = self._progress(self.config.directory)
+        mine = self.config.progress(self.config.directory)
         raw = mine.to_json()
         if raw != self._published:
             store.set(_key("progress", self.rank), raw)
@@ -118,7 +124,7 @@ class StallIO:
 
     def _dump_for(self, ask: int) -> None:
         try:
-            text = self._dump(self.config.directory)
+            text = self.config.stacks(self.config.directory)
         except Exception as e:  # an unreadable directory: the answer says so, main reports the node without stacks
             text = json.dumps({"format": collect.FORMAT, "processes": [], "error": str(e)})
         self._dumped, self._dumping = (ask, text), None
@@ -150,28 +156,27 @@ class StallIO:
         watch.reported = watch.episode
         still = watch.still(now)
         stacks, silent = self._rank_stacks()
-        summary = places.summary(stacks)
-        if silent:
-            summary += f"; node(s) {', '.join(map(str, silent))} sent no stacks"
+        summary = "; ".join([places.summary(stacks), *silent])
         self._err(report_head(still, self.config.stop) + "\n" + places.report(stacks))
         then = f"stopping this node (exit {EXIT_STALLED})" if self.config.stop else 'not stopped (stall_action "warn")'
         notice = Notice(watch.episode, stall_line(still, summary, then), self.config.stop)
         self._set(store, state, notice=json.loads(notice.to_json()))
 
-    def _rank_stacks(self) -> tuple[list[places.RankStack], list[int]]:
+    def _rank_stacks(self) -> tuple[list[places.RankStack], list[str]]:
+        """Every node's answer read into stacks, and a phrase for each node that sent none (or a reader's error)."""
         stacks: list[places.RankStack] = []
-        silent = []
-        for node in range(self.nnodes):
-            raw = self._stacks.get(node)
+        silent = [r for r in range(self.nnodes) if r not in self._stacks]
+        problems = [f"node(s) {', '.join(map(str, silent))} sent no stacks"] if silent else []
+        for node, raw in sorted(self._stacks.items()):
             try:
-                processes = collect.from_json(raw) if raw is not None else None
-            except (ValueError, TypeError, KeyError):
-                processes = None
-            if processes is None:
-                silent.append(node)
-                continue
+                error = json.loads(raw).get("error")
+                processes = collect.from_json(raw)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                error, processes = "an answer in another format", []
+            if error:
+                problems.append(f"node {node} could not read its stacks ({error})")
             stacks += [places.RankStack.of(p, node) for p in processes]
-        return stacks, silent
+        return stacks, problems
 
     def _set(self, store: Store, state: dict[str, object], **changes: object) -> None:
         state.update(changes)
