@@ -10,10 +10,11 @@ Three phases, each announced by one line:
    rank alive, as when nodes resume from snapshots of different epochs. Without it every rank ends (exit 0).
 
 Phases 1 and 2 make progress, quietly; only phase 3 is a stall. With nodekit's default ``stall_timeout`` (300 s)
-the watch reports it after five minutes; try ``NODEKIT_STALL_TIMEOUT=20``::
+the watch reports it after five minutes; try 20 s, on one machine::
 
-    NODEKIT_STALL_TIMEOUT=20 NODEKIT_ARGS='["--mismatch"]' nodekit up --node-rank 1 --main 127.0.0.1 --script stall.py -d
-    NODEKIT_STALL_TIMEOUT=20 NODEKIT_ARGS='["--mismatch"]' nodekit up --node-rank 0 --main 127.0.0.1 --script stall.py
+    export NODEKIT_STALL_TIMEOUT=20 NODEKIT_ARGS='["--mismatch"]'
+    nodekit up --node-rank 1 --main 127.0.0.1 --script stall.py --detach
+    nodekit up --node-rank 0 --main 127.0.0.1 --script stall.py     # nodekit stacks, from a third shell
 """
 
 from __future__ import annotations
