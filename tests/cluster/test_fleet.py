@@ -148,7 +148,9 @@ def test_ctrl_c_on_the_head_stops_every_node(demo_on_main: Demo, fleet: Fleet, t
     assert rows[2]["host"] == f"root@{fleet.cluster.hosts[2].addr}"
     assert rows[0]["image"] == demo_on_main.ref.rsplit(":", 1)[1][:12] and rows[0]["since"], rows
     # And every rank's Python stack, read from each host's container over the same ssh:// as `nodekit run`.
+    t0 = time.monotonic()
     stacks = fleet.nodekit(project, "stacks", "--all")
+    print(f"nodekit stacks --all over ssh:// on 3 hosts: {time.monotonic() - t0:.1f} s")
     assert stacks.returncode == 0, stacks.stdout + stacks.stderr
     assert stacks.stdout.startswith("3 rank(s) on 3 node(s), "), stacks.stdout
     for rank in range(3):

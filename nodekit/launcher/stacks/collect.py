@@ -157,10 +157,10 @@ def dump_all(directory: str, timeout_s: float = COLLECT_S) -> list[Process]:
     with _turn(directory, deadline) as turn:
         if not turn:
             return [Process(h.pid, h.main, error="another reader held the lock") for h in heads]
-        return _read(directory, heads, deadline)
+        return _read(directory, heads, deadline, timeout_s)
 
 
-def _read(directory: str, heads: list[Header], deadline: float) -> list[Process]:
+def _read(directory: str, heads: list[Header], deadline: float, timeout_s: float) -> list[Process]:
     offsets: dict[int, int] = {}
     errors: dict[int, str] = {}
     for h in heads:
@@ -196,7 +196,7 @@ def _read(directory: str, heads: list[Header], deadline: float) -> list[Process]
     for h in heads:
         p = _progress(directory, h.pid)
         text = texts.get(h.pid, "")
-        error = errors.get(h.pid) or (None if text else f"no stack within {COLLECT_S:g} s")
+        error = errors.get(h.pid) or (None if text else f"no stack within {timeout_s:g} s")
         out.append(Process(h.pid, h.main, p.rank if p else None, p.world if p else None, _command(h.pid), text, error))
     return out
 
