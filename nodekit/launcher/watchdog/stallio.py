@@ -118,7 +118,7 @@ class StallIO:
             self._dumped = None
             store.set(_key("stacks", done[0], self.rank), done[1])
             self._answered = max(self._answered, done[0])
-        if ask > self._answered and self._dumping is None:
+        if ask > self._answered and self._dumping is None and self._dumped is None:
             self._dumping = ask
             threading.Thread(target=self._dump_for, args=(ask,), name="nodekit-stacks", daemon=True).start()
 
