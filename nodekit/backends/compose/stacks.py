@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodekit.backends.compose.node import compose_path, project_for
+from nodekit.backends.compose.render import SERVICE
 from nodekit.config.settings import Settings
 from nodekit.errors import NodekitError, UsageError
 from nodekit.launcher.stacks import collect
@@ -63,7 +64,7 @@ class Stacks:
 
 def read_node(target: Target) -> list[RankStack] | None:
     """One node's processes; None when no container of the job runs there. NodekitError when it cannot be read."""
-    done = docker.compose_exec(target.compose_file, target.project, READER, host=target.host, deadline=READ_S)
+    done = docker.compose_exec(target.compose_file, target.project, SERVICE, READER, host=target.host, deadline=READ_S)
     if done is None:
         return None
     if done.returncode != 0:

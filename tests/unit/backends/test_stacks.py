@@ -22,23 +22,37 @@ def answer(node: int) -> str:
     return (FIXTURES / f"mismatch-node{node}.json").read_text()
 
 
-def test_a_node_is_read_through_its_own_engine_by_the_images_reader(fake_runner: FakeRunner) -> None:
-    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
-    fake_runner.on("exec", "c0ffee", stdout=answer(1))
+def test_a_node_is_read_through_its_own_engine_by_the_images_reader_in_one_call(fake_runner: FakeRunner) -> None:
+    fake_runner.on("exec", stdout=answer(1))
     found = read_node(Target(1, "nodekit-demo-node1", "ssh://root@n1", None, "root@n1"))
     assert found is not None and [(s.rank, s.node) for s in found] == [(1, 1)]
     assert [c.cmd for c in fake_runner.calls] == [
-        ["docker", "--host", "ssh://root@n1", "compose", "--project-name", "nodekit-demo-node1", "ps", "--quiet"],
-        ["docker", "--host", "ssh://root@n1", "exec", "c0ffee",
+        ["docker", "--host", "ssh://root@n1", "exec", "nodekit-demo-node1-train-1",
          "/opt/venv/bin/python", "-m", "nodekit.launcher.stacks"],
     ]  # fmt: skip
     assert fake_runner.only("exec").deadline == 60.0 and READER[-1] == "nodekit.launcher.stacks"
 
 
-def test_a_node_without_a_running_container_is_absent_not_an_error(fake_runner: FakeRunner) -> None:
+def test_a_container_named_otherwise_is_found_through_its_project(fake_runner: FakeRunner) -> None:
+    fake_runner.on("exec", stderr="Error response from daemon: No such container: x\n", returncode=1)
+    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
+    fake_runner.on("exec", "c0ffee", stdout=answer(0))
+    found = read_node(Target(0, "nodekit-demo-node0"))
+    assert found is not None and [s.rank for s in found] == [0]
+    assert [c.cmd[:4] for c in fake_runner.calls] == [
+        ["docker", "exec", "nodekit-demo-node0-train-1", "/opt/venv/bin/python"],
+        ["docker", "compose", "--project-name", "nodekit-demo-node0"],
+        ["docker", "exec", "c0ffee", "/opt/venv/bin/python"],
+    ]
+    assert fake_runner.calls[1].cmd[-3:] == ["ps", "--quiet", "train"]
+
+
+@pytest.mark.parametrize("why", ["No such container: nodekit-demo-node0-train-1", "container 1f2e is not running"])
+def test_a_node_without_a_running_container_is_absent_not_an_error(fake_runner: FakeRunner, why: str) -> None:
+    fake_runner.on("exec", stderr=f"Error response from daemon: {why}\n", returncode=1)
     fake_runner.on("ps", "--quiet", stdout="")
     assert read_node(Target(0, "nodekit-demo-node0")) is None
-    assert [c.cmd[-2:] for c in fake_runner.calls] == [["ps", "--quiet"]]
+    assert [c.cmd[-3:] for c in fake_runner.calls][1] == ["ps", "--quiet", "train"]
 
 
 @pytest.mark.parametrize(
@@ -46,7 +60,7 @@ def test_a_node_without_a_running_container_is_absent_not_an_error(fake_runner: 
     [
         ("", "/opt/venv/bin/python: No module named nodekit.launcher.stacks\n", 1, "No module named",
          "nodekit build, then start the job again: its image predates nodekit stacks"),
-        ("", "OCI runtime exec failed: container is not running\n", 126, "container is not running",
+        ("", "OCI runtime exec failed: exec failed: unable to start container process\n", 126, "unable to start",
          "docker exec into nodekit-demo-node0's container on this host and run /opt/venv/bin/python -m "
          "nodekit.launcher.stacks"),
         ("Traceback (most recent call last):\n", "", 0, "answered something other than nodekit's stack format",
@@ -56,7 +70,6 @@ def test_a_node_without_a_running_container_is_absent_not_an_error(fake_runner: 
 def test_a_node_that_cannot_be_read_is_one_line_with_its_fix(
     fake_runner: FakeRunner, stdout: str, stderr: str, code: int, says: str, fix: str
 ) -> None:
-    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
     fake_runner.on("exec", stdout=stdout, stderr=stderr, returncode=code)
     with pytest.raises(NodekitError) as e:
         read_node(Target(0, "nodekit-demo-node0"))
@@ -96,7 +109,8 @@ def engines(monkeypatch: pytest.MonkeyPatch, answers: dict[str, proc.Result | No
     """docker.compose_exec answering per compose project; the calls made."""
     asked: list[tuple[str, object]] = []
 
-    def exec_(file: object, name: str, argv: list[str], *, host: str | None = None, deadline: float) -> object:
+    def exec_(file: object, name: str, service: str, argv: list[str], *, host: str | None = None,
+              deadline: float) -> object:  # fmt: skip
         asked.append((name, host))
         return answers[name]
 
