@@ -25,12 +25,16 @@ from nodekit import ship
 from nodekit.backends.compose.node import NodePlan, plan_node
 from nodekit.backends.compose.render import render_compose, to_yaml
 from nodekit.config.settings import Settings, load
+from nodekit.job.container import MAIN_ADDR, RANK
+from nodekit.job.env import node_env as rendered_env
 from nodekit.job.gather import gather_node
 from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher.config import LaunchConfig, parse_env
 from nodekit.launcher.preflight.exchange import Clock, Outcome, run_main, run_worker
 from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.stacks import collect
+from nodekit.launcher.stacks.places import RankStack
 from nodekit.launcher.store import auth
 from nodekit.launcher.store.client import Client, recv_exact
 from nodekit.launcher.store.kv import Hosted, Limits
@@ -159,6 +163,38 @@ class MemStore:
         self._alive()
         with self.lock:
             return all(k in self.data for k in keys)
+
+
+LAUNCHER_CPU = HostFacts(gpu_count=0, memlock_hard=None, stack_hard=None, iface="eth0", local_addr="10.0.0.6")
+
+
+def node_env(rank: int = 1, **kw: object) -> dict[str, str]:
+    """Node ``rank``'s environment for a 2-node job (main 10.0.0.5) with settings ``kw``, as the compose file has it."""
+    base: dict[str, object] = {"name": "demo", "script": "train.py", "nnodes": 2}
+    s = Settings(project_dir=Path("/srv/demo"), **(base | kw))  # type: ignore[arg-type]
+    launch = launch_spec(s)
+    node = node_spec(s, launch, rank, "10.0.0.5", LAUNCHER_CPU)
+    holes = {RANK: str(rank), MAIN_ADDR: "10.0.0.5"}
+    return {v.name: holes.get(v.value, v.value) if not isinstance(v.value, str) else v.value
+            for v in rendered_env(node, LAUNCHER_CPU) if isinstance(v.value, str) or v.value in holes}  # fmt: skip
+
+
+# fixtures/*-node<R>.json are what ``python -m nodekit.launcher.stacks`` printed on node R of real runs:
+# ``training`` and ``mismatch`` from tests/integration/test_stall.py (``NODEKIT_STACKS_CAPTURE=<dir>``: two nodes of
+# examples/ddp/stall.py in the image, Python 3.11, gloo) while the job trained and once its ranks had issued
+# different collectives; ``py313-threads`` from a process with a second thread under Debian trixie's Python 3.13
+# (the hook armed by hand, see the test that uses it).
+STACK_FIXTURES = Path(__file__).parent / "unit" / "launcher" / "fixtures"
+
+
+def captured(name: str) -> list[RankStack]:
+    """Every node's processes of one capture, as the host reads them."""
+    stacks = []
+    for path in sorted(STACK_FIXTURES.glob(f"{name}-node*.json")):
+        node = int(path.stem.rsplit("-node", 1)[1])
+        stacks += [RankStack.of(p, node) for p in collect.from_json(path.read_text())]
+    assert stacks, f"no fixture {name}"
+    return stacks
 
 
 def cfg(rank: int, nnodes: int = 2, timeout: float = 5.0, **env: str) -> LaunchConfig:

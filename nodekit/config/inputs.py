@@ -10,9 +10,10 @@ The bounds, and why they are where they are:
   it takes milliseconds; ``nnodes = 10**7`` took 49 s and 1 GB before it failed.
 - :data:`MAX_PROCS` (1,024) processes or GPUs per node: more than the hardware threads of any two-socket server
   (one worker per core is the most anyone runs); each worker is a full Python process.
-- :data:`MAX_TIMEOUT_S` (7 days) for ``rdzv_timeout`` and ``peer_timeout``: the launcher adds to them and hands
-  them to ``timedelta`` (at most 8.6e13 s), to torch's stores (int64 milliseconds, 9.2e12 s) and to Python's
-  waits (``threading.TIMEOUT_MAX``, 9.2e9 s); a week is far inside all three, and no rendezvous waits a week.
+- :data:`MAX_TIMEOUT_S` (7 days) for ``rdzv_timeout``, ``peer_timeout`` and ``stall_timeout``: the launcher adds
+  to them and hands them to ``timedelta`` (at most 8.6e13 s), to torch's stores (int64 milliseconds, 9.2e12 s)
+  and to Python's waits (``threading.TIMEOUT_MAX``, 9.2e9 s); a week is far inside all three, and no rendezvous
+  waits a week.
 - :data:`MAX_ARG_BYTES`: one argument or ``KEY=value`` string, Linux's MAX_ARG_STRLEN less its NUL.
 """
 
@@ -30,14 +31,16 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from nodekit.launcher.config import MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
+from nodekit.launcher.config import MAX_TIMEOUT_S, MIN_PEER_TIMEOUT, MIN_STALL_TIMEOUT
 from nodekit.launcher.contract import OUTPUT_DIR, WORKDIR
 
 MAX_NODES = 10_000
 MAX_PROCS = 1024
 MAX_ARG_BYTES = 128 * 1024 - 1
 MAX_NAME = 128  # image names: Docker refuses references over 255 characters; nodekit/<name>:<tag> must fit
-__all__ = ["MAX_ARG_BYTES", "MAX_NAME", "MAX_NODES", "MAX_PROCS", "MAX_TIMEOUT_S", "MIN_PEER_TIMEOUT"]
+__all__ = [
+    "MAX_ARG_BYTES", "MAX_NAME", "MAX_NODES", "MAX_PROCS", "MAX_TIMEOUT_S", "MIN_PEER_TIMEOUT", "MIN_STALL_TIMEOUT",
+]  # fmt: skip
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")

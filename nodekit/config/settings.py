@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from nodekit.config import file as config_file
 from nodekit.config import inputs
 from nodekit.config.file import CONFIG_FILE, config_path
-from nodekit.config.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT
+from nodekit.config.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT, MIN_STALL_TIMEOUT
 from nodekit.config.tables import (
     Bad,
     HealthSettings,
@@ -30,7 +30,7 @@ from nodekit.config.tables import (
     checked,
 )
 from nodekit.errors import ConfigError
-from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, Env, LaunchMode
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES, Env, LaunchMode
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -110,6 +110,16 @@ class Settings(BaseSettings):
         15,
         ge=0,
         description="seconds without a node's heartbeat before the others stop, naming it; 0: never",
+    )
+    stall_timeout: int = Field(
+        300,
+        ge=0,
+        description="seconds in which no rank issues a collective and no rank's main thread moves before nodekit "
+        "prints every rank's stack grouped by where it waits (and stops the job, see stall_action); 0: never",
+    )
+    stall_action: Literal["stop", "warn"] = Field(
+        "stop",
+        description=f"after stall_timeout: stop ends every node with exit code {EXIT_STALLED}; warn only prints",
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the job")
     pass_env: tuple[str, ...] = Field(
@@ -305,7 +315,7 @@ class Settings(BaseSettings):
             )
         return v
 
-    @field_validator("rdzv_timeout", "peer_timeout")
+    @field_validator("rdzv_timeout", "peer_timeout", "stall_timeout")
     @classmethod
     def _week(cls, v: int) -> int:
         if v > MAX_TIMEOUT_S:  # why this bound: nodekit/config/inputs.py
@@ -319,6 +329,16 @@ class Settings(BaseSettings):
             raise Bad(
                 f"must be 0 (no peer watchdog) or at least {MIN_PEER_TIMEOUT:g} seconds, not {v}",
                 fix="peer_timeout = 15",
+            )
+        return v
+
+    @field_validator("stall_timeout")
+    @classmethod
+    def _stall(cls, v: int) -> int:
+        if 0 < v < MIN_STALL_TIMEOUT:  # progress is read once a second; the launcher refuses less (launcher/config.py)
+            raise Bad(
+                f"must be 0 (no stall watch) or at least {MIN_STALL_TIMEOUT:g} seconds, not {v}",
+                fix="stall_timeout = 300",
             )
         return v
 

@@ -177,6 +177,10 @@ rdzv_timeout = 180
 max_restarts = 0
 # Seconds without a node's heartbeat before the other nodes stop and name it (0: no watchdog).
 peer_timeout = 15
+# Seconds in which no rank issues a collective and no rank's main thread moves: nodekit then prints every rank's
+# stack grouped by where it waits and stops the job (exit 22), or only prints with stall_action = "warn" (0: never).
+stall_timeout = 300
+# stall_action = "stop"
 # Host directory mounted at /outputs in the job (checkpoints, results).
 output_dir = "outputs"
 # Host networking (default) is what lets NCCL and gloo reach other machines; "bridge" only for all-local runs.

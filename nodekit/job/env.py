@@ -52,6 +52,8 @@ def node_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> tuple[
     v.job(Env.MAX_RESTARTS, str(launch.max_restarts))
     v.job(Env.RDZV_TIMEOUT, str(launch.rdzv_timeout))
     v.job(Env.PEER_TIMEOUT, str(launch.peer_timeout))
+    v.job(Env.STALL_TIMEOUT, str(launch.stall_timeout))
+    v.job(Env.STALL_ACTION, launch.stall_action)
     v.job(Env.PREFLIGHT_PORT, str(launch.preflight_port))
     v.job(Env.OUTPUT_DIR, OUTPUT_DIR)
     if launch.nnodes > 1:

@@ -59,6 +59,8 @@ class LaunchSpec(BaseModel):
     max_restarts: int = Field(0, ge=0)
     rdzv_timeout: int = Field(180, ge=1)
     peer_timeout: int = Field(15, ge=0)
+    stall_timeout: int = Field(300, ge=0)
+    stall_action: Literal["stop", "warn"] = "stop"
     env: tuple[tuple[str, str], ...] = ()
     pass_env: tuple[str, ...] = ()  # names only: compose takes the values from the shell that runs it
     # Per node, by rank: processes (an int, or "auto" for the node's GPUs) and declared GPU counts ([nodes.R]).
@@ -150,6 +152,8 @@ def launch_spec(settings: Settings) -> LaunchSpec:
         max_restarts=settings.max_restarts,
         rdzv_timeout=settings.rdzv_timeout,
         peer_timeout=settings.peer_timeout,
+        stall_timeout=settings.stall_timeout,
+        stall_action=settings.stall_action,
         env=tuple(sorted(settings.env.items())),
         pass_env=settings.pass_env,
         node_nproc=tuple(

@@ -16,9 +16,12 @@ torchrun and the peer watchdog). It turns the node's environment into the launch
    host), stops its torchrun (SIGTERM to itself, which torchrun turns into stopping its workers) and exits 19. A
    node whose torchrun failed marks itself done with its code and the worker torchrun gave up on, and the others
    stop with "node k failed: worker rank R (local rank L) was killed by SIGKILL; ..." instead. A node that ended
-   normally marks itself done too, so no one is reported for leaving. With NODEKIT_MAX_RESTARTS > 0 torchrun uses
-   the c10d rendezvous (node 0 hosting it on MASTER_PORT, main's run id from the verdict), so that a worker that
-   dies on any node restarts the workers of every node; the launcher keeps beating meanwhile (``plan.py``);
+   normally marks itself done too, so no one is reported for leaving. The same channel carries the stall watch:
+   every node publishes its ranks' progress, and when no rank progressed for NODEKIT_STALL_TIMEOUT main prints
+   every rank's stack grouped by where it waits (``stacks/``) and every node stops (exit 22) or only warns. With
+   NODEKIT_MAX_RESTARTS > 0 torchrun uses the c10d rendezvous (node 0 hosting it on MASTER_PORT, main's run id
+   from the verdict), so that a worker that dies on any node restarts the workers of every node; the launcher keeps
+   beating meanwhile (``plan.py``);
 5. otherwise exec ``torchrun`` (mode ``torchrun`` without preflight) or ``python <command>`` (mode ``env``, which
    has no watchdog) in place of itself, so the job's exit code is the container's.
 
@@ -40,7 +43,14 @@ NODEKIT_ACCELERATOR / _STRATEGY /  cpu, ddp  mode fabric: LT_ACCELERATOR, LT_STR
 NODEKIT_NPROC_DECLARED             unset     ``0:2,1:auto``: per-node processes nodekit.toml declares (preflight)
 NODEKIT_GPUS_DECLARED              unset     ``0:4,1:2``: per-node GPUs nodekit.toml declares (preflight)
 NODEKIT_DATA_CHECK                 unset     ``/data:sizes,/ref:hashes``: mounts compared across nodes (samedata.py)
-NODEKIT_EXIT_GUARD                 1         the job's processes load exitguard.py; 0 switches it off
+NODEKIT_EXIT_GUARD                 1         the job's processes load exitguard.py (which also arms the stack dump
+                                             and progress record of stacks/hook.py); 0 switches both off
+NODEKIT_STALL_TIMEOUT              300       seconds without progress of any rank (no collective issued, no main
+                                             thread moved) before main prints every rank's stack grouped by place;
+                                             0: no stall watch, else at least 5 (watchdog/stall.py)
+NODEKIT_STALL_ACTION               stop      ``stop``: then every node stops its job and exits 20; ``warn``: only print
+NODEKIT_WORKER_DIR                 /tmp/...  where each job process keeps its stack dump and progress
+                                             (/tmp/nodekit-workers; ``python -m nodekit.launcher.stacks`` reads it)
 NODEKIT_MAX_RESTARTS               0         torchrun --max-restarts; > 0: c10d rendezvous (nothing in mode env)
 NODEKIT_RDZV_TIMEOUT               180       seconds to wait for every node (preflight, and torchrun's rendezvous)
 NODEKIT_PEER_TIMEOUT               15        seconds without a node's heartbeat before it is lost; 0: no watchdog,
@@ -77,7 +87,8 @@ node was lost (no heartbeat for NODEKIT_PEER_TIMEOUT, or main's store unreachabl
 node stopped its own part of the job: the line before the exit names the node (also when this node's own job had
 already failed through gloo/NCCL, where the lost node, or the node whose worker failed first, is the cause); 20 the
 link check refused (a pair could not connect, is below NODEKIT_MIN_LINK_GBIT, or with refuse is far below the
-others); 21 the GPU health check refused (refuse, and a sick GPU on some node); 143
+others); 21 the GPU health check refused (refuse, and a sick GPU on some node); 22 no rank made progress for
+NODEKIT_STALL_TIMEOUT (NODEKIT_STALL_ACTION=stop): the lines before name where each rank waits; 143
 terminated during preflight, or while waiting for the other nodes after torchrun; anything else is the job's own
 code (torchrun's, in torchrun mode).
 

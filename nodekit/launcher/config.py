@@ -13,6 +13,7 @@ from typing import Literal
 
 from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, OUTPUT_DIR, PREFLIGHT_PORT_OFFSET, Env
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
+from nodekit.launcher.stacks.hook import DEFAULT_DIR as DEFAULT_WORKER_DIR
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -20,6 +21,11 @@ Check = Literal["warn", "refuse", "off"]
 CHECKS: tuple[Check, ...] = ("warn", "refuse", "off")
 DEFAULT_PEER_TIMEOUT = 15.0
 MIN_PEER_TIMEOUT = 3.0
+DEFAULT_STALL_TIMEOUT = 300.0
+# Ranks record their progress once a second and nodes publish it once a second: a shorter window would be noise.
+MIN_STALL_TIMEOUT = 5.0
+StallAction = Literal["stop", "warn"]
+STALL_ACTIONS: tuple[StallAction, ...] = ("stop", "warn")
 # Timeouts the launcher's arithmetic and Python's waits can hold (timedelta, threading.TIMEOUT_MAX), with room to
 # spare; nodekit.toml is held to the same bound (nodekit/config/inputs.py), this guards a hand-edited compose file.
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -66,6 +72,9 @@ class LaunchConfig:
     gpu_health: Check = "warn"
     dcgm: bool = True
     checks_only: bool = False
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # NODEKIT_STALL_TIMEOUT; 0: no stall watch
+    stall_action: StallAction = "stop"  # NODEKIT_STALL_ACTION
+    worker_dir: str = DEFAULT_WORKER_DIR  # NODEKIT_WORKER_DIR: each job process's stack and progress (stacks/hook.py)
     # NODEKIT_JOB_SECRET: what this node presents to main's store (launcher/auth.py); never printed.
     job_secret: str = field(default="", repr=False)
 
@@ -193,6 +202,22 @@ def _timeouts(env: Mapping[str, str]) -> tuple[float, float]:
     return rdzv_timeout, peer_timeout
 
 
+def _stall(env: Mapping[str, str]) -> tuple[float, StallAction]:
+    """NODEKIT_STALL_TIMEOUT (seconds; 0: off) and NODEKIT_STALL_ACTION."""
+    raw = env.get(Env.STALL_TIMEOUT, "").strip() or str(DEFAULT_STALL_TIMEOUT)
+    try:
+        timeout = float(raw)
+    except ValueError:
+        raise EnvError(f"NODEKIT_STALL_TIMEOUT={raw!r} is not a number of seconds") from None
+    if not (timeout == 0 or MIN_STALL_TIMEOUT <= timeout <= MAX_TIMEOUT_S):
+        bounds = f"{MIN_STALL_TIMEOUT:g} to {MAX_TIMEOUT_S} seconds"
+        raise EnvError(f"NODEKIT_STALL_TIMEOUT={raw} must be 0 (no stall watch) or {bounds}")
+    action = env.get(Env.STALL_ACTION, "").strip() or "stop"
+    if action not in STALL_ACTIONS:
+        raise EnvError(f"NODEKIT_STALL_ACTION={action!r} is not one of {', '.join(STALL_ACTIONS)}")
+    return timeout, next(a for a in STALL_ACTIONS if a == action)
+
+
 def _preflight_port(env: Mapping[str, str], master_port: int) -> int:
     """NODEKIT_PREFLIGHT_PORT, by default the port after MASTER_PORT (see contract.PREFLIGHT_PORT_OFFSET)."""
     preflight_default = master_port + PREFLIGHT_PORT_OFFSET
@@ -226,6 +251,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
     if mode not in LAUNCH_MODES:
         raise EnvError(f"{Env.LAUNCHER}={mode!r} is not one of {', '.join(LAUNCH_MODES)}")
     rdzv_timeout, peer_timeout = _timeouts(env)
+    stall_timeout, stall_action = _stall(env)
     preflight_port = _preflight_port(env, master_port)
     iface = env.get(Env.GLOO_SOCKET_IFNAME, "").strip() or env.get(Env.NCCL_SOCKET_IFNAME, "").strip() or None
     return LaunchConfig(
@@ -260,5 +286,8 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         gpu_health=_check(env, Env.GPU_HEALTH),
         dcgm=_bool(env, Env.DCGM, True),
         checks_only=_bool(env, Env.CHECKS_ONLY, False),
+        stall_timeout=stall_timeout,
+        stall_action=stall_action,
+        worker_dir=env.get(Env.WORKER_DIR, "").strip() or DEFAULT_WORKER_DIR,
         job_secret=env.get(Env.JOB_SECRET, "").strip(),
     )

@@ -69,6 +69,11 @@ class Env:
     EXIT_GUARD = "NODEKIT_EXIT_GUARD"
     ALLOW_HETEROGENEOUS_GPUS = "NODEKIT_ALLOW_HETEROGENEOUS_GPUS"
     RESTART_COUNT = "NODEKIT_RESTART_COUNT"  # nodekit run's attempt, for the training script
+    # the stall watch (watchdog/stall.py): no progress on any rank for this long, then stop (or warn)
+    STALL_TIMEOUT = "NODEKIT_STALL_TIMEOUT"
+    STALL_ACTION = "NODEKIT_STALL_ACTION"
+    # where each job process's stack dump and progress record live (stacks/hook.py)
+    WORKER_DIR = "NODEKIT_WORKER_DIR"
     # `nodekit doctor --fleet` starts the job's containers with this set to 1: the launcher runs the preflight, the
     # GPU health check and the link check, prints them, and exits with their verdict instead of starting any worker.
     CHECKS_ONLY = "NODEKIT_CHECKS_ONLY"
@@ -116,6 +121,7 @@ EXIT_RENDEZVOUS = 18  # a node never arrived, main unreachable or lost, or the p
 EXIT_PEER_LOST = 19  # another node was lost or failed, and this node stopped its own part of the job
 EXIT_LINK = 20  # the link check refused: a pair could not connect, is below min_link_gbit, or (links = refuse) slow
 EXIT_GPU = 21  # the GPU health check refused (gpus = "refuse"): a GPU missing, with errors, pending repair, throttled
+EXIT_STALLED = 22  # no rank made progress for NODEKIT_STALL_TIMEOUT (stall_action = stop): every node stops
 EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the other nodes after torchrun
 
 # --- ports on main, relative to MASTER_PORT ------------------------------------------------------------------
@@ -144,6 +150,7 @@ __all__ = [
     "EXIT_PEER_LOST",
     "EXIT_RENDEZVOUS",
     "EXIT_STACK_MISMATCH",
+    "EXIT_STALLED",
     "EXIT_TERMINATED",
     "LAUNCH_MODES",
     "OUTPUT_DIR",

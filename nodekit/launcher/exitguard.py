@@ -2,7 +2,9 @@
 
 Loaded into every Python process of the job by ``nodekit-exitguard.pth`` in the image's environment, only when
 ``NODEKIT_EXIT_GUARD=1`` (the launcher sets it for the job's processes unless the user set it; ``0`` switches it
-off). Standard library only; importing it has no effect beyond installing three hooks.
+off). Standard library only; importing it has no effect beyond installing three hooks, and, where the launcher
+also set NODEKIT_WORKER_DIR, arming the stack dump and progress record of :mod:`nodekit.launcher.stacks.hook` (this
+module is the image's one entry into every process of the job; NODEKIT_EXIT_GUARD=0 switches both off).
 
 The problem: with torch 2.x, gloo's (and NCCL's) process-group destructors, run during the interpreter's
 finalisation while the peers are closing their sockets, now and then call ``std::terminate`` ("terminate called
@@ -181,3 +183,7 @@ def install() -> None:
 
 if os.environ.get(ENV, "").strip() == "1":
     install()
+    if os.environ.get(Env.WORKER_DIR, "").strip():
+        from nodekit.launcher.stacks import hook
+
+        hook.arm_from_env()

@@ -64,7 +64,7 @@ from nodekit.launcher.stops import (
     tell_watchdog,
 )
 from nodekit.launcher.watchdog.failure import worker_failure
-from nodekit.launcher.watchdog.run import Watchdog, node_names
+from nodekit.launcher.watchdog.run import StallConfig, Watchdog, node_names
 
 
 def _err(line: str) -> None:
@@ -340,11 +340,14 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu
 
 
 def _watchdog(cfg: LaunchConfig, passed: Passed | None) -> Watchdog | None:
-    """The peer watchdog over the preflight's store, when there was a preflight and NODEKIT_PEER_TIMEOUT > 0."""
+    """The peer watchdog over the preflight's store, when there was a preflight and NODEKIT_PEER_TIMEOUT > 0; with
+    the stall watch when NODEKIT_STALL_TIMEOUT > 0."""
     if passed is None or cfg.peer_timeout <= 0:
         return None
     names = node_names(passed.verdict.facts)
-    return Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self)
+    stop = cfg.stall_action == "stop"
+    stall = StallConfig(cfg.stall_timeout, stop, cfg.worker_dir) if cfg.stall_timeout > 0 else None
+    return Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self, stall=stall)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

@@ -315,7 +315,10 @@ def exec_plan(
     tools = Tools(python=python, torchrun=torchrun, cpus=cpus, local_rank=local_rank, rendezvous=rendezvous,
                   counts=counts)  # fmt: skip
     plan = style(cfg.mode).plan(cfg, command, tools)
-    guard = ((Env.EXIT_GUARD, "1" if cfg.exit_guard else "0"),)
+    # Every mode: NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment said 0), which makes
+    # every Python process of the job load nodekit.launcher.exitguard, and NODEKIT_WORKER_DIR, where that hook keeps
+    # each process's stack dump and progress (nodekit.launcher.stacks.hook; `nodekit stacks` and the stall watch).
+    guard = ((Env.EXIT_GUARD, "1" if cfg.exit_guard else "0"), (Env.WORKER_DIR, cfg.worker_dir))
     return replace(plan, set_env=guard + plan.set_env)
 
 

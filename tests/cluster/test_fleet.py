@@ -139,6 +139,15 @@ def test_ctrl_c_on_the_head_stops_every_node(demo_on_main: Demo, fleet: Fleet, t
     secret = next(ln.split(":", 1)[1].strip() for ln in compose.splitlines() if "NODEKIT_JOB_SECRET:" in ln)
     assert len(secret) >= 16 and snoop.processes_showing(secret) == []
     assert (project / "compose" / "node-0.yaml").stat().st_mode & 0o077 == 0
+    # And every rank's Python stack, read from each host's container over the same ssh:// as `nodekit run`.
+    t0 = time.monotonic()
+    stacks = fleet.nodekit(project, "stacks", "--all")
+    print(f"nodekit stacks --all over ssh:// on 3 hosts: {time.monotonic() - t0:.1f} s")
+    assert stacks.returncode == 0, stacks.stdout + stacks.stderr
+    assert stacks.stdout.startswith("3 rank(s) on 3 node(s), "), stacks.stdout
+    for rank in range(3):
+        assert f"rank {rank} (node {rank}, pid " in stacks.stdout, stacks.stdout
+    assert 'File "train.py", line ' in stacks.stdout, stacks.stdout
     t0 = time.monotonic()
     proc.send_signal(signal.SIGINT)
     code, out = finish(proc, log, 60)

@@ -1,4 +1,4 @@
-"""The fleet from the head, between runs: ``status``, ``logs`` and ``down`` of every node (or one), each host asked
+"""The fleet from the head: ``status``, ``logs``, ``stacks`` and ``down`` of every node (or one), each host asked
 in parallel through its own engine. A host that cannot be asked is never passed over in silence: ``status`` shows
 it as a row, ``logs`` and ``down`` return it as a remote :class:`Problem` (one line naming it and the fix; the CLI
 exits non-zero), because a host whose ``down`` failed may still run its container."""
@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from nodekit.backends.compose import stacks as node_stacks
 from nodekit.backends.compose.render import project_name
 from nodekit.backends.fleet.alive import alive_interval, kept_alive
 from nodekit.backends.fleet.hosts import FleetHost
@@ -95,6 +96,16 @@ def logs(
     with kept_alive(alive_interval(settings.peer_timeout)):
         failures = merged({h.rank: one(h) for h in chosen}, on_line)
     return [_failure(h, failures[h.rank], _reach_fix(h, failures[h.rank])) for h in chosen if h.rank in failures]
+
+
+def stacks(settings: Settings, hosts: Sequence[FleetHost], node: int | None = None) -> node_stacks.Stacks:
+    """Every rank's stack on every host (or one): each host's container read through its engine."""
+    targets = [
+        node_stacks.Target(h.rank, project_name(settings.image_name, h.rank), h.url, None, h.where)
+        for h in pick(hosts, node)
+    ]
+    with kept_alive(alive_interval(settings.peer_timeout)):
+        return node_stacks.gather(targets)
 
 
 def down(

@@ -7,7 +7,9 @@ blames the earliest 19. Nodes the head stopped itself are never blamed. A failur
 before anyone is stopped, so that peers failing with it at the same moment (their collectives break when one rank
 dies) are reported as failing on their own and named with it (``also``), not as stopped by the head.
 Then: stop whoever still runs; once nobody runs, restart the whole job while restarts are left (without lost hosts
-when ``min_nodes`` allows), else fail with the culprit's code. Tested on a fake clock (``now`` is an argument).
+when ``min_nodes`` allows), else fail with the culprit's code. A refusal the same job would meet again (:data:`FINAL`:
+bad input, a stack mismatch, the link or GPU health check) fails at once, whatever restarts are left. Tested on a
+fake clock (``now`` is an argument).
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nodekit.launcher.contract import EXIT_PEER_LOST
+from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_GPU, EXIT_LINK, EXIT_PEER_LOST, EXIT_STACK_MISMATCH
 from nodekit.launcher.stops import STOP_SIGNALS
 
 SETTLE_S = 3.0
 LOST = -1  # exit code reported for a node whose host was lost
+# The launcher's refusals that the same job on the same hosts would meet again: bad input (2), a stack mismatch (17),
+# a link check (20) or GPU health check (21) that refused. Restarting would spend the budget on the same refusal.
+FINAL = {EXIT_BAD_ENV: "bad input", EXIT_STACK_MISMATCH: "a stack mismatch", EXIT_LINK: "the link check",
+         EXIT_GPU: "the GPU health check"}  # fmt: skip
 STOPPED_BY = {128 + int(s): s.name for s in STOP_SIGNALS}
 """A node's exit codes that mean a signal from outside stopped it (its launcher says so; nodekit/launcher/stops.py)."""
 
@@ -124,13 +130,16 @@ def decide(
         return Decision("wait", culprit=blamed.rank, code=code, reason="stopping")
     lost = tuple(r.rank for r in reports if r.lost)
     keep = len(reports) - len(lost)
-    if budget.used < budget.restarts:
+    final = FINAL.get(code) if not blamed.lost else None
+    if budget.used < budget.restarts and final is None:
         if not lost:
             return Decision("restart", culprit=blamed.rank, code=code, reason=f"node {blamed.rank} {what}", also=also)
         if budget.min_nodes is not None and keep >= budget.min_nodes:
             return Decision("restart", culprit=blamed.rank, code=code, drop=lost, reason=f"node {blamed.rank} {what}")
     times = budget.failures.get(blamed.rank, 0) + 1
     again = f" (in {times} of {budget.used + 1} attempts)" if times > 1 else ""
+    if final is not None and budget.used < budget.restarts:
+        again += f"; not restarted: {final} refused, and would refuse the same job again"
     return Decision(
         "fail",
         culprit=blamed.rank,

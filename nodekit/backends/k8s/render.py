@@ -21,7 +21,15 @@ from pydantic import BaseModel
 
 from nodekit import __version__
 from nodekit.job.container import IMAGE_ID, MAIN_ADDR, RANK, ContainerSpec
-from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_PEER_LOST, EXIT_STACK_MISMATCH, Env
+from nodekit.launcher.contract import (
+    EXIT_BAD_ENV,
+    EXIT_GPU,
+    EXIT_LINK,
+    EXIT_PEER_LOST,
+    EXIT_STACK_MISMATCH,
+    EXIT_STALLED,
+    Env,
+)
 from nodekit.system.frozen import FROZEN
 
 CONTAINER = "train"
@@ -31,10 +39,11 @@ SECRET_KEY = "job-secret"
 LABEL_PREFIX = "nodekit/"
 GPU_RESOURCE = "nvidia.com/gpu"
 # The launcher's exit codes (nodekit/launcher/__init__.py) that a retry of one pod cannot fix: 2 bad input, 17 stack
-# mismatch; and 19 (another node was lost or failed): Kubernetes would replace only that pod, which would rejoin
-# the rendezvous still held by pod 0 (main keeps its store up to peer_timeout + 45 s), be refused as a rank claimed
-# twice (17) and hide the real cause. The pod that failed first is the one to read (its own code counts).
-FAIL_JOB_EXIT_CODES = (EXIT_BAD_ENV, EXIT_STACK_MISMATCH, EXIT_PEER_LOST)
+# mismatch, 20 the link check and 21 the GPU health check refused (the same nodes refuse again); and 19 (another
+# node was lost or failed) and 22 (the job stalled, every node stops): Kubernetes would replace only that pod, which
+# would rejoin the rendezvous still held by pod 0 (main keeps its store up to peer_timeout + 45 s), be refused as a
+# rank claimed twice (17) and hide the real cause. The pod that failed first is the one to read (its own code counts).
+FAIL_JOB_EXIT_CODES = (EXIT_BAD_ENV, EXIT_STACK_MISMATCH, EXIT_PEER_LOST, EXIT_LINK, EXIT_GPU, EXIT_STALLED)
 # The image's ENTRYPOINT (images/Dockerfile), spelled out where a runtime's own command would replace it.
 ENTRYPOINT = ("/opt/venv/bin/python", "-m", "nodekit.launcher")
 

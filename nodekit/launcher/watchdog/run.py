@@ -15,6 +15,9 @@ The channel is preflight's TCPStore, which node 0 keeps hosting for the whole jo
                the done marks, so a node that ended normally (done, then its connection closed) is never taken
                for lost
 
+and, with the stall watch on, those of :mod:`nodekit.launcher.watchdog.stallio` (every node's progress, main's asks
+for stacks and its notice that the job stalled).
+
 The decisions are pure (:mod:`nodekit.launcher.watchdog.decide`: who is lost or failed, when to stop, how to end, the
 lines). :class:`Watchdog` runs them in two daemon threads: one does the store calls, one judges.
 They are separate because a call to a main that vanished without a FIN can block for many minutes (TCPStore bounds
@@ -44,10 +47,11 @@ from nodekit.launcher.watchdog.decide import (
     lost_line,
 )
 from nodekit.launcher.watchdog.failure import WorkerFailure, node_names
+from nodekit.launcher.watchdog.stallio import StallConfig, StallIO
 
 __all__ = [
-    "EXIT_OK", "EXIT_PEER_LOST", "Alarm", "Done", "Ending", "Lost", "Reading", "Watch", "Watchdog", "alarm",
-    "alarm_line", "conclude", "lost_line", "node_names",
+    "EXIT_OK", "EXIT_PEER_LOST", "Alarm", "Done", "Ending", "Lost", "Reading", "StallConfig", "Watch", "Watchdog",
+    "alarm", "alarm_line", "conclude", "lost_line", "node_names",
 ]  # fmt: skip
 BEAT_S = 1.0
 JUDGE_S = 0.25
@@ -84,7 +88,9 @@ class Watchdog:
 
     ``stop`` is called once, from the judging thread, when another node is lost or failed (main passes "SIGTERM to
     this process", which torchrun turns into stopping its workers); if :meth:`finish` has not been called
-    ``stop_grace_s`` later, ``hard_exit(19)`` ends the process. Only the I/O thread touches the store.
+    ``stop_grace_s`` later, ``hard_exit(19)`` ends the process. Only the I/O thread touches the store. With
+    ``stall``, the I/O thread also runs the stall watch's round (:class:`StallIO`) while torchrun runs; a notice
+    that stops the job raises the alarm like a lost node does, one that only warns is printed.
     """
 
     def __init__(
@@ -102,6 +108,7 @@ class Watchdog:
         beat_s: float = BEAT_S,
         judge_s: float = JUDGE_S,
         stop_grace_s: float = STOP_GRACE_S,
+        stall: StallConfig | None = None,
     ) -> None:
         self.store = store
         self.rank, self.nnodes, self.timeout = rank, nnodes, timeout
@@ -120,6 +127,9 @@ class Watchdog:
         self._outside = 0  # a signal from outside that is stopping this node (set from a signal handler)
         self._leaving = False
         self.broken: str | None = None  # the store error that ended the I/O thread
+        self._stall = (
+            StallIO(stall, rank, nnodes, self.clock.now(), err=err, wake=self._wake.set) if stall is not None else None
+        )
         self._threads = [
             threading.Thread(target=self._io, name="nodekit-heartbeat", daemon=True),
             threading.Thread(target=self._judge, name="nodekit-watchdog", daemon=True),
@@ -211,6 +221,8 @@ class Watchdog:
                 reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye, gone=gone)
                 with self._lock:
                     self.watch.see(reading)
+                if self._stall is not None and own is None:
+                    self._stall_round(store)
                 self._wake.wait(self.beat_s if own is None else min(self.beat_s, SETTLE_POLL_S))
         except Exception as e:  # torch's DistNetworkError; the client never reconnects, so this is final
             text = str(e).strip()
@@ -219,6 +231,23 @@ class Watchdog:
                 self.watch.store_gone = True
         finally:
             self._published.set()
+
+    def _stall_round(self, store: Store) -> None:
+        """The stall watch's round; a fault of its own (not the store's) switches it off, never the peer watchdog."""
+        assert self._stall is not None
+        try:
+            notice = self._stall.round(store, self.clock.now())
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            self._stall = None
+            self._err(f"nodekit: warning: the stall watch stopped ({type(e).__name__}: {e}); the peer watchdog goes on")
+            return
+        if notice is None:
+            return
+        if notice.stop:
+            with self._lock:
+                self.watch.stalled = notice.line
+        elif self.rank != 0:  # main printed the whole report
+            self._err(notice.line)
 
     def _judge(self) -> None:
         while not self._quit.wait(self.judge_s):

@@ -4,7 +4,7 @@ command line (it starts the docker CLI itself; the processes nodekit runs itself
 - :mod:`~nodekit.system.docker.calls`: the client, the deadlines, the one way a call fails (``Engine.calling``), the
   batched queries, and the engine's own facts (:func:`check_engine`, :func:`runtimes`, :func:`engine_facts`).
 - :mod:`~nodekit.system.docker.models`: what Docker's JSON is parsed into.
-- :mod:`~nodekit.system.docker.compose`: a node's compose project: up, logs, ps, wait, stop, down.
+- :mod:`~nodekit.system.docker.compose`: a node's compose project: up, logs, ps, wait, exec, stop, down.
 - :mod:`~nodekit.system.docker.images`: inspect, list, tag, remove, load an archive.
 - :mod:`~nodekit.system.docker.containers`: throw-away containers (probes, doctor's test container).
 - :mod:`~nodekit.system.docker.streams`: ``docker save``, ``docker load`` and a build's exported files as byte
@@ -22,6 +22,7 @@ from nodekit.errors import BuildError
 from nodekit.system.docker.calls import ENGINE_FIX, check_engine, client, engine_facts, runtimes
 from nodekit.system.docker.compose import (
     compose_down,
+    compose_exec,
     compose_logs,
     compose_projects,
     compose_ps,
@@ -62,6 +63,7 @@ __all__ = [
     "check_engine",
     "client",
     "compose_down",
+    "compose_exec",
     "compose_logs",
     "compose_projects",
     "compose_ps",

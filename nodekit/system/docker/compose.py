@@ -1,4 +1,4 @@
-"""A node's compose project on an engine: up, logs, ps, wait, stop, down.
+"""A node's compose project on an engine: up, logs, ps, wait, exec, stop, down.
 
 Everything but ``ps`` runs as nodekit's own process (the command line built by python-on-whales, as for every call)
 in a process group of its own, listed in nodekit.system.proc's registry: a signal to nodekit ends ``docker compose up``
@@ -169,6 +169,42 @@ def compose_wait(compose_file: Path | None, project: str, *, host: str | None = 
     if done.returncode != 0 or not done.stdout.split():
         raise EngineError(f"{lost}: {stderr_tail(done.stderr)}", fix=ENGINE_FIX)
     return int(done.stdout.split()[0])
+
+
+_NOT_THERE = re.compile(r"No such container|is not running")
+
+
+def compose_exec(
+    compose_file: Path | None,
+    project: str,
+    service: str,
+    argv: list[str],
+    *,
+    host: str | None = None,
+    deadline: float = 60.0,
+) -> proc.Result | None:
+    """``argv`` run inside the project's running ``service`` container (``docker exec``), under ``deadline``: its result
+    (the caller judges the exit code), or None when that container does not run on the engine. EngineError when the
+    engine cannot be asked; DeadlineError once the deadline stopped the call.
+
+    One call where Compose named the container as it does (``<project>-<service>-1``): over ssh:// every call is a
+    connection of its own, the slow part. Else (COMPOSE_COMPATIBILITY's ``_`` names) the project's container is
+    listed first. Not ``docker compose exec``: without ``--file`` it reads any compose file in the working directory
+    and refuses a service that file lacks."""
+    what = f"docker exec in {project}"
+    done = _run(docker_argv(host, "exec", f"{project}-{service}-1", *argv), what, host, deadline)
+    if done.returncode == 0 or not _NOT_THERE.search(done.stderr):
+        return done
+    ps = compose_argv(host, compose_file, project, "ps", "--quiet", service)
+    listed = _run(ps, f"docker compose ps of {project}", host, calls.ENGINE_CALL_S)
+    if listed.returncode != 0:
+        raise EngineError(f"cannot list the containers of {project} on {where(host)}: {stderr_tail(listed.stderr)}",
+                          fix=ENGINE_FIX)  # fmt: skip
+    ids = listed.stdout.split()
+    if not ids:
+        return None
+    done = _run(docker_argv(host, "exec", ids[0], *argv), what, host, deadline)
+    return None if done.returncode != 0 and _NOT_THERE.search(done.stderr) else done
 
 
 def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:

@@ -9,7 +9,7 @@ import pytest
 from nodekit.config.settings import load
 from nodekit.errors import ConfigError
 from nodekit.launcher.config import EnvError, parse_env
-from tests.unit.launcher.conftest import node_env
+from tests.factories import node_env
 
 
 def test_the_defaults_render_nothing_and_parse_to_warn() -> None:

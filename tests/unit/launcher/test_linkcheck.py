@@ -182,7 +182,7 @@ def test_each_node_listens_where_it_is_reached_and_main_behind_a_translation_lis
     from nodekit.launcher.checks import link_job
     from nodekit.launcher.config import parse_env
     from nodekit.launcher.preflight.stack import NodeFacts
-    from tests.unit.launcher.conftest import node_env
+    from tests.factories import node_env
 
     facts = NodeFacts.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
     worker = link_job(parse_env({**node_env(1), "MASTER_ADDR": "127.0.0.1"}), facts)

@@ -15,7 +15,7 @@ import pytest
 from nodekit.launcher.config import parse_env
 from nodekit.launcher.plan import ExecPlan, exec_plan, parse_command, slots
 from nodekit.launcher.ranks import run_group
-from tests.unit.launcher.conftest import node_env
+from tests.factories import node_env
 
 
 def mpi_env(rank: int, **kw: object) -> dict[str, str]:

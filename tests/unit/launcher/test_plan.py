@@ -33,7 +33,8 @@ def test_torchrun_argv_for_a_script() -> None:
         "--rdzv-conf", "timeout=180",
         "train.py", "--epochs", "3",
     ]  # fmt: skip
-    assert plan.set_env == (("NODEKIT_EXIT_GUARD", "1"),) and plan.unset_env == ()
+    assert plan.set_env == (("NODEKIT_EXIT_GUARD", "1"), ("NODEKIT_WORKER_DIR", "/tmp/nodekit-workers"))
+    assert plan.unset_env == ()
 
 
 def test_torchrun_argv_for_a_module() -> None:

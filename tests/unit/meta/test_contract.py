@@ -50,7 +50,7 @@ def test_both_sides_read_the_same_values() -> None:
     from nodekit.launcher.watchdog import run as watchdog
 
     assert main.EXIT_PEER_LOST == watchdog.EXIT_PEER_LOST == supervise.EXIT_PEER_LOST == render.EXIT_PEER_LOST == 19
-    assert k8s.FAIL_JOB_EXIT_CODES == (2, 17, 19)
+    assert k8s.FAIL_JOB_EXIT_CODES == (2, 17, 19, 20, 21, 22)
     assert f"PIDFILES='{' '.join(contract.DOCKER_PIDFILES)}'" in remote.facts_script()
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "NODE_RANK": "0", "NNODES": "2", "NPROC_PER_NODE": "1"}
     assert config.parse_env(env).preflight_port == 29500 + contract.PREFLIGHT_PORT_OFFSET == 29501

@@ -189,6 +189,20 @@ def test_restarts_while_budget_is_left_then_names_a_host_that_keeps_failing() ->
     assert d.action == "fail" and "in 2 of 2 attempts" in d.reason
 
 
+@pytest.mark.parametrize(("code", "what"), [(2, "bad input"), (17, "a stack mismatch"), (20, "the link check"),
+                                            (21, "the GPU health check")])  # fmt: skip
+def test_a_refusal_the_same_job_would_meet_again_is_never_restarted(code: int, what: str) -> None:
+    """Every node of a refused job exits with the refusal (a sick GPU, a slow link, a different stack): a restart on
+    the same hosts would be refused again, so the budget is kept and the refusal is the run's end, said so."""
+    reports = [Report(0, code, 10.0), Report(1, code, 10.1), Report(2, code, 10.1)]
+    d = decide(reports, 14.0, Budget(restarts=3))
+    assert (d.action, d.culprit, d.code) == ("fail", 0, code)
+    assert d.reason.endswith(f"not restarted: {what} refused, and would refuse the same job again"), d.reason
+    # A stalled job (22) and a job's own failure are restarted while restarts are left.
+    for other in (22, 1):
+        assert decide([Report(0, other, 10.0), Report(1, other, 10.1)], 14.0, Budget(restarts=3)).action == "restart"
+
+
 def test_a_lost_host_restarts_without_it_only_when_min_nodes_allows() -> None:
     reports = [Report(0, 143, 5.0, stopped=True), Report(1, 143, 5.0, stopped=True), Report(2, lost=True, at=4.0)]
     d = decide(reports, 6.0, Budget(restarts=2, min_nodes=2))

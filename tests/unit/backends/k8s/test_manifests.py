@@ -22,6 +22,7 @@ from nodekit.backends.k8s import render
 from nodekit.config.settings import K8sSettings, Mount, Settings
 from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
+from nodekit.launcher import contract
 from nodekit.launcher import main as launcher_main
 from nodekit.launcher.config import parse_env
 from nodekit.launcher.preflight import network as netfacts
@@ -191,7 +192,9 @@ def test_mounts_are_claims_or_host_paths_as_configured() -> None:
 def test_exit_codes_map_to_the_launchers() -> None:
     (rule,) = job_of(planned(cpu_settings()))["spec"]["podFailurePolicy"]["rules"]
     assert rule["action"] == "FailJob"
-    codes = {launcher_main.EXIT_BAD_ENV, launcher_main.EXIT_STACK_MISMATCH, watchdog.EXIT_PEER_LOST}
+    # Every refusal a retried pod would meet again, and the codes of a node that stopped with the others (19, 22).
+    codes = {launcher_main.EXIT_BAD_ENV, launcher_main.EXIT_STACK_MISMATCH, watchdog.EXIT_PEER_LOST,
+             contract.EXIT_LINK, contract.EXIT_GPU, contract.EXIT_STALLED}  # fmt: skip
     assert rule["onExitCodes"] == {"containerName": "train", "operator": "In", "values": sorted(codes)}
     assert job_of(planned(cpu_settings()))["spec"]["backoffLimit"] == 0
     assert job_of(planned(gpu_settings()))["spec"]["backoffLimit"] == 1
