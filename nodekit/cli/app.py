@@ -6,10 +6,10 @@ Heavy modules (python-on-whales, rich, the build pipeline) are imported inside t
 
 from __future__ import annotations
 
-from nodekit.cli import doctor, fleet, images, k8s, nodes, project, ship, slurm
+from nodekit.cli import doctor, fleet, images, k8s, live, nodes, project, runs, ship, slurm
 from nodekit.cli.common import app
 
-__all__ = ["app", "doctor", "fleet", "images", "k8s", "main", "nodes", "project", "ship", "slurm"]
+__all__ = ["app", "doctor", "fleet", "images", "k8s", "live", "main", "nodes", "project", "runs", "ship", "slurm"]
 
 
 def main() -> None:

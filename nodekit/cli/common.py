@@ -17,7 +17,7 @@ from nodekit import __version__
 # The order a user meets the commands in: set up, build, ship, check, run.
 COMMAND_ORDER = (
     "init", "lock", "base", "build", "inspect", "push", "save", "load", "doctor", "compose", "up", "run", "status",
-    "logs", "ps", "down", "slurm",
+    "logs", "exec", "top", "runs", "ps", "down", "slurm",
 )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""What the host side and the launcher must agree on, written once: exit codes, ports, pidfiles.
+"""What the host side and the launcher must agree on, written once: exit codes, ports, pidfiles, phase lines.
 
 Standard library only, and nothing imported: this module lives in nodekit/launcher/ because only
 ``nodekit/__init__.py`` and ``nodekit/launcher/`` are copied into the image (see
@@ -31,6 +31,11 @@ PREFLIGHT_PORT_OFFSET = 1
 # by the remote facts script over SSH (nodekit.backends.fleet.remote).
 DOCKER_PIDFILES = ("/var/run/docker.pid", "/run/docker.pid", "/var/run/nodekit-dockerd.pid")
 
+# --- lines the launcher prints that the head reads as phases (nodekit/runs/ records when each node reached them) ----
+PREFLIGHT_OK = "nodekit preflight: ok"  # the start of the report every node prints when preflight passed
+RENDEZVOUS_DONE = "nodekit: rendezvous done"  # torchrun's agent finished its rendezvous on this node
+OWN_LINES = "nodekit"  # the launcher's own lines start so; the first other line is the job's first output
+
 __all__ = [
     "DOCKER_PIDFILES",
     "EXIT_BAD_ENV",
@@ -39,5 +44,8 @@ __all__ = [
     "EXIT_RENDEZVOUS",
     "EXIT_STACK_MISMATCH",
     "EXIT_TERMINATED",
+    "OWN_LINES",
+    "PREFLIGHT_OK",
     "PREFLIGHT_PORT_OFFSET",
+    "RENDEZVOUS_DONE",
 ]

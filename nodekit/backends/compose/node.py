@@ -17,6 +17,7 @@ from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NetworkError
 from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, proc
 from nodekit.system.files import write_atomic
 from nodekit.system.host import net
@@ -146,8 +147,17 @@ def check_master_port(plan: NodePlan) -> None:
             )
 
 
-def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool = False) -> int:
-    """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
+def up(
+    plan: NodePlan,
+    reporter: Reporter,
+    *,
+    detach: bool,
+    on_line: Callable[[str], None],
+    debug: bool = False,
+    events: RunEvents = NO_EVENTS,
+) -> int:
+    """Write the compose file, start the node's container, and unless ``detach`` follow it to its end. ``events``
+    hears the image, the container's start and the node's end (nodekit/runs/).
 
     Returns the job's exit code (0 when detached). Ctrl-C, or SIGTERM/SIGHUP under :func:`nodekit.system.proc.stopping`
     (the CLI's), stops and removes the container (with ``debug``: stops it and keeps it for inspection), then the
@@ -156,13 +166,19 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     """
     for warning in plan.warnings:
         reporter.warn(warning)
+    rank = plan.node.rank
     if not plan.image_id:  # planning did not look the image up here
-        docker.require_image(plan.image, node=f"node {plan.node.rank}")
+        info = docker.require_image(plan.image, node=f"node {rank}")
+        events.image(plan.image, info.id, info.labels)
+    else:
+        events.image(plan.image, plan.image_id, {})
+    events.phase(rank, "image")
     check_master_port(plan)
     path = write_compose(plan)
     reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
     try:
         docker.compose_up(path, plan.project)
+        events.phase(rank, "started")
         if detach:
             reporter.done(
                 f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
@@ -171,6 +187,7 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
         for line in follow(path, plan.project):
             on_line(line)
         code = docker.compose_wait(path, plan.project)
+        events.exited(rank, code)
     except KeyboardInterrupt as e:
         what = f"{e.name} received" if isinstance(e, proc.Interrupted) else "interrupted"
         if debug:

@@ -145,8 +145,10 @@ def compose_wait(compose_file: Path | None, project: str, *, host: str | None = 
     return int(done.stdout.split()[0])
 
 
-def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
-    _stopping("stop", compose_file, project, timeout, None)
+def compose_stop(
+    compose_file: Path | None, project: str, *, timeout: int | None = None, host: str | None = None
+) -> None:
+    _stopping("stop", compose_file, project, timeout, host)
 
 
 def compose_down(
