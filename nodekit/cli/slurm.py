@@ -79,6 +79,7 @@ def slurm(
 
     nnodes = prepared.job.sbatch.nodes
     with recording(settings, "slurm", [(r, "") for r in range(nnodes)], warn=rep.warn) as rec:
+        rec.image(prepared.job.image.ref, prepared.job.image.id, {})
 
         def on_line(line: str) -> None:
             rank, text = labelled(line)

@@ -200,7 +200,10 @@ class NotifySettings(BaseModel):
     @field_validator("url_env")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        return checked(v, env_name_problem, 'url_env = "SLACK_WEBHOOK_URL" (the variable\'s name, not the URL)')
+        fix = 'url_env = "SLACK_WEBHOOK_URL" (the variable\'s name; export the URL in it)'
+        if v is not None and ("://" in v or "/" in v):  # a pasted URL: never repeat it back (it is a secret)
+            raise Bad("holds a URL, not the name of the variable that holds it", fix=fix)
+        return checked(v, env_name_problem, fix)
 
     @property
     def configured(self) -> bool:

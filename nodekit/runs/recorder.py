@@ -1,7 +1,8 @@
 """The live side of a run record: :func:`recording` makes the run's directory (pruning the oldest beyond
-``runs_keep``), says "start" to the webhook, hands the command a :class:`Recorder` (the backend's
+``runs_keep``), hands the command a :class:`Recorder` (the backend's
 :class:`~nodekit.runs.events.RunEvents`, and a tee for the merged log), and when the command ends, however it ends,
-writes how (exit code, failing node, rank and signal, its last lines) and says "finish" or "failure".
+writes how (exit code, failing node, rank and signal, its last lines). The webhook hears "start" once the image
+is known, and "finish" or "failure" at the end.
 
 run.json is rewritten whole (atomically) at most once a second while the run goes on, and at its end; log.txt is
 appended to as lines come. Nothing here may fail the job: a record that cannot be written is reported once.
@@ -27,7 +28,7 @@ from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_LOCK
 from nodekit.runs import store
 from nodekit.runs.events import Phase
 from nodekit.runs.model import Command, NodeRecord, RunRecord, phase_of_line, signal_of
-from nodekit.runs.notify import TAIL_LINES, Notifier, payload, webhook
+from nodekit.runs.notify import TAIL_LINES, Event, Notifier, payload, webhook
 from nodekit.system.proc import Interrupted
 
 SAVE_EVERY_S = 1.0
@@ -51,6 +52,7 @@ class Recorder:
         self._logged = 0
         self._saved = 0.0
         self.problem = ""
+        self._told: set[Event] = set()
 
     # --- RunEvents -------------------------------------------------------------------------------------------
 
@@ -63,6 +65,7 @@ class Recorder:
             r.fingerprint = labels.get(LABEL_FINGERPRINT, short)  # nodekit's tags carry its first 12 digits
             r.lock_digest = labels.get(LABEL_LOCK, r.lock_digest)
             self._save(force=True)
+        self._tell("start")
 
     def phase(self, rank: int, phase: Phase) -> None:
         with self._lock:
@@ -176,11 +179,17 @@ class Recorder:
                     self._log.close()
                 self._log = None
             self._save(force=True)
-        if self.notifier is not None and not r.detached:
-            self.notifier.send(
-                "finish" if code == 0 else "failure",
-                payload("finish" if code == 0 else "failure", r, self.notifier.hook.settings.format, r.ended or 0),
-            )
+        if not r.detached:
+            self._tell("finish" if code == 0 else "failure")
+
+    def _tell(self, event: Event) -> None:
+        """The webhook's message for ``event``, once each (start: once the image, and so the run, is known)."""
+        if self.notifier is None or event in self._told:
+            return
+        self._told.add(event)
+        with self._lock:
+            body = payload(event, self.record, self.notifier.hook.settings.format, self._clock())
+        self.notifier.send(event, body)
 
     def flush(self) -> None:
         with self._lock:
@@ -226,7 +235,7 @@ def begin(
     warn: Warn = lambda _: None,
 ) -> Recorder:
     """A new record for a run of ``command`` on ``hosts`` ((rank, where) pairs): its directory made, the oldest
-    beyond ``runs_keep`` pruned, the webhook told it started."""
+    beyond ``runs_keep`` pruned. The webhook hears "start" once the backend names the image."""
     now = clock()
     root = store.runs_dir(settings.project_dir)
     run_id = store.new_id(now)
@@ -248,8 +257,6 @@ def begin(
         rec.problem = f"cannot write a run record in {root}: {e.strerror}"
     if rec.problem:
         warn(f"{rec.problem}; the run goes on unrecorded")
-    if rec.notifier is not None:
-        rec.notifier.send("start", payload("start", record, rec.notifier.hook.settings.format, now))
     return rec
 
 
@@ -278,11 +285,12 @@ def recording(
     *,
     warn: Warn,
     environ: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Iterator[Recorder]:
     """A :class:`Recorder` for the block; however the block ends (a returned exit code is set with
     :meth:`Recorder.finish` by the caller, an exception here), the record is closed and the webhook's last
     message waited for, within its deadline. The block's exception goes on unchanged."""
-    rec = begin(settings, command, hosts, environ=environ, warn=warn)
+    rec = begin(settings, command, hosts, environ=environ, warn=warn, clock=clock)
     try:
         yield rec
     except BaseException as e:

@@ -179,7 +179,9 @@ def violations(imports: list[Import]) -> list[str]:
         # The launcher's and the CLI's own rules below say more for their imports.
         own_rule = _within(imp.module, "nodekit.launcher") or _within(imp.target, "nodekit.cli")
         if here is not None and there is not None and there < here and not own_rule:
-            bad.append(f"{where} (a lower floor imports a higher one: {LAYERS[here][0]} may not use {LAYERS[there][0]})")
+            bad.append(
+                f"{where} (a lower floor imports a higher one: {LAYERS[here][0]} may not use {LAYERS[there][0]})"
+            )
         cli_user = _within(imp.module, "nodekit.cli") or imp.module == "nodekit.__main__"
         if _within(imp.target, "nodekit.cli") and not cli_user:
             bad.append(f"{where} (nothing below the CLI imports it)")

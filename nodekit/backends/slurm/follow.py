@@ -60,14 +60,14 @@ def parse_job(text: str) -> JobInfo | None:
     )
 
 
-_LABEL = re.compile(r"^\s*([0-9]{1,5}): ?(.*)$", re.S)
+_LABEL = re.compile(r"^\s*([0-9]{1,5}):(?: (.*))?$", re.S)
 
 
 def labelled(line: str) -> tuple[int | None, str]:
     """``srun --label``'s ``R: text`` (one task per node, so R is the node's rank) as (R, text); (None, line) for a
     line no task printed (the script's own)."""
     m = _LABEL.match(line)
-    return (int(m.group(1)), m.group(2)) if m else (None, line)
+    return (int(m.group(1)), m.group(2) or "") if m else (None, line)
 
 
 def hostnames(nodelist: str) -> list[str]:
