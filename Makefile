@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 NODEKIT := $(VENV)/bin/nodekit
 DEMO := examples/ddp
 
-.PHONY: help venv engine sshd slurm base demo test test-unit test-docker lint format bench clean
+.PHONY: help venv engine sshd slurm chromium base demo test test-unit test-docker lint format bench clean
 
 help:
 	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
@@ -21,6 +21,7 @@ help:
 	@echo "make engine       make a Docker engine with Compose v2 and Buildx reachable (installs one on Debian as root)"
 	@echo "make sshd         install Debian's sshd binary for the multi-host tests (never a service)"
 	@echo "make slurm        install Slurm, munge and charliecloud's runtime for the Slurm tests (never a service)"
+	@echo "make chromium     install Debian's Chromium and chromedriver for the run report's browser test"
 	@echo "make base         build nodekit/base:bookworm when it is missing"
 	@echo "make clean        remove .venv, .nodekit and the demo's generated files"
 
@@ -42,6 +43,11 @@ sshd:
 # munge, charliecloud-runtime, squashfs-tools, squashfuse), never a service.
 slurm:
 	bash scripts/slurm.sh
+
+# The run report's browser test (tests/integration/test_report_browser.py) starts a headless Chromium through
+# chromedriver; this only installs Debian's chromium and chromium-driver.
+chromium:
+	bash scripts/chromium.sh
 
 base: venv engine
 	$(NODEKIT) base --if-missing --config $(DEMO)/nodekit.toml
@@ -71,7 +77,7 @@ test-docker: venv engine base
 # a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker tier and the cluster tier run
 # side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
 # serial, in file order, as they share one engine's fixed ports or one set of namespace names.
-test: lint engine sshd slurm base
+test: lint engine sshd slurm chromium base
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n 2 --dist loadgroup --durations=15
 
