@@ -146,27 +146,15 @@ class _Live:
     host: FleetHost
 
 
-def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> list[FleetHost]:
-    """Every node's container stopped and removed, in parallel; the hosts where that failed (a lost host: its
-    container may still run there, unreachable from here)."""
+def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S, *, keep: bool = False) -> list[FleetHost]:
+    """Every node's container stopped and removed, in parallel (with ``keep``, for ``keep_containers``: stopped and
+    kept, so that nodekit exec and logs still reach it; nodekit down removes it); the hosts where that failed (a lost
+    host: its container may still run there, unreachable from here)."""
+    end = docker.compose_stop if keep else docker.compose_down
 
     def one(n: _Live) -> FleetHost | None:
         try:
-            docker.compose_down(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
-        except NodekitError:
-            return n.host
-        return None
-
-    return [h for h in _parallel(one, live) if h is not None]
-
-
-def _stop(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> list[FleetHost]:
-    """``keep_containers``: every node's container stopped but kept (nodekit exec and logs still reach it; nodekit
-    down removes it); the hosts where that failed."""
-
-    def one(n: _Live) -> FleetHost | None:
-        try:
-            docker.compose_stop(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+            end(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
         except NodekitError:
             return n.host
         return None
@@ -373,7 +361,7 @@ def _attempts(
             _down(live)
             raise
         final = decision.action != "restart"
-        unreached = _stop(live) if final and settings.keep_containers else _down(live)
+        unreached = _down(live, keep=final and settings.keep_containers)
         if decision.action == "done":
             reporter.done(f"the job finished on {n} node(s) in {clock() - t0:.1f} s")
             return 0
