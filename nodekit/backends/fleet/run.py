@@ -234,9 +234,11 @@ def _attempt(
     clock: Callable[[], float],
     cause_s: float = 0.0,
     events: RunEvents = NO_EVENTS,
+    keep: bool = False,
 ) -> Decision:
     """Run one attempt to its end: the decision that ended it (done, restart or fail). ``cause_s``: how long the
-    supervisor waits for a node the others report lost (:func:`nodekit.backends.fleet.supervise.culprit`)."""
+    supervisor waits for a node the others report lost (:func:`nodekit.backends.fleet.supervise.culprit`);
+    ``keep``: the nodes it stops keep their containers (``keep_containers``)."""
     inbox: queue.Queue[tuple[str, int, Any]] = queue.Queue()
     _watch(live, inbox)
     reports = {n.plan.node.rank: Report(n.plan.node.rank) for n in live}
@@ -267,7 +269,8 @@ def _attempt(
             reporter.warn(f"{who} failed ({code}): stopping node(s) {', '.join(map(str, decision.stop))}")
             for r in decision.stop:
                 reports[r] = replace(reports[r], stopped=True)
-            t = threading.Thread(target=_down, args=([live[r] for r in decision.stop],), daemon=True)
+            t = threading.Thread(target=_down, args=([live[r] for r in decision.stop],), kwargs={"keep": keep},
+                                 daemon=True)  # fmt: skip
             t.start()
             stopping.append(t)
         elif decision.action in ("done", "restart", "fail"):
@@ -350,7 +353,7 @@ def _attempts(
             _start(live, reporter, events)
             reporter.done(f"{n} node(s) started ({clock() - t0:.1f} s since the command)")
             budget = Budget(restarts=settings.restarts, used=used, min_nodes=settings.min_nodes, failures=failures)
-            decision = _attempt(live, budget, reporter, on_line, clock, cause_s, events)
+            decision = _attempt(live, budget, reporter, on_line, clock, cause_s, events, settings.keep_containers)
         except KeyboardInterrupt as e:
             why = f"; {e.name} received" if isinstance(e, proc.Interrupted) else ""
             reporter.warn(f"interrupted: stopping every node ({n}){why}")
