@@ -91,6 +91,7 @@ else
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/decide.py
 	$(PY) benchmarks/fleet_bench.py
+	$(PY) benchmarks/top_cost.py
 	$(PY) benchmarks/ship_bench.py
 	$(PY) benchmarks/base_bench.py
 	$(PY) benchmarks/cuda_bench.py --phase all
