@@ -35,6 +35,10 @@ DOCKER_PIDFILES = ("/var/run/docker.pid", "/run/docker.pid", "/var/run/nodekit-d
 PREFLIGHT_OK = "nodekit preflight: ok"  # the start of the report every node prints when preflight passed
 RENDEZVOUS_DONE = "nodekit: rendezvous done"  # torchrun's agent finished its rendezvous on this node
 OWN_LINES = "nodekit"  # the launcher's own lines start so; the first other line is the job's first output
+# ... and its multi-line reports (preflight's table and notes, the data check): a head line starting with one of
+# OWN_REPORTS, then lines indented by two spaces, and preflight's timing line "(preflight 1.2 s, ...)".
+OWN_REPORTS = ("nodekit preflight:", "nodekit data check:")
+OWN_CONTINUED = ("  ", "(preflight ")
 
 __all__ = [
     "DOCKER_PIDFILES",
@@ -44,7 +48,9 @@ __all__ = [
     "EXIT_RENDEZVOUS",
     "EXIT_STACK_MISMATCH",
     "EXIT_TERMINATED",
+    "OWN_CONTINUED",
     "OWN_LINES",
+    "OWN_REPORTS",
     "PREFLIGHT_OK",
     "PREFLIGHT_PORT_OFFSET",
     "RENDEZVOUS_DONE",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from nodekit.launcher.contract import OWN_LINES, PREFLIGHT_OK, RENDEZVOUS_DONE
+from nodekit.launcher.contract import OWN_CONTINUED, OWN_LINES, OWN_REPORTS, PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.runs.events import PHASES, Phase
 
 SCHEMA = 1
@@ -110,8 +110,9 @@ def signal_of(code: int | None) -> str:
 
 
 def phase_of_line(text: str) -> Phase | None:
-    """The phase a line of a node's output marks: the launcher's preflight report and rendezvous line (their
-    wording is the contract's), else the job's own output; None for the launcher's other lines."""
+    """The phase a line of a node's output marks on its own: the launcher's preflight report and rendezvous line
+    (their wording is the contract's), else the job's own output; None for the launcher's other lines. A line that
+    continues one of the launcher's multi-line reports needs what came before: :class:`Lines`."""
     if text.startswith(PREFLIGHT_OK):
         return "preflight"
     if text.startswith(RENDEZVOUS_DONE):
@@ -119,6 +120,21 @@ def phase_of_line(text: str) -> Phase | None:
     if text.startswith(OWN_LINES):
         return None
     return "output"
+
+
+class Lines:
+    """Reads each node's lines in order: :func:`phase_of_line`, except that the lines of one of the launcher's
+    multi-line reports (``contract.OWN_REPORTS``' head, then ``OWN_CONTINUED`` lines) are the launcher's, not the
+    job's first output."""
+
+    def __init__(self) -> None:
+        self._in_report: dict[int, bool] = {}
+
+    def phase(self, rank: int, text: str) -> Phase | None:
+        if self._in_report.get(rank, False) and text.startswith(OWN_CONTINUED):
+            return None
+        self._in_report[rank] = text.startswith(OWN_REPORTS)
+        return phase_of_line(text)
 
 
 def ordered(phases: Mapping[str, float]) -> list[tuple[Phase, float]]:

@@ -27,7 +27,7 @@ from nodekit.image.fingerprint import TAG_LENGTH
 from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_LOCK
 from nodekit.runs import store
 from nodekit.runs.events import Phase
-from nodekit.runs.model import Command, NodeRecord, RunRecord, phase_of_line, signal_of
+from nodekit.runs.model import Command, Lines, NodeRecord, RunRecord, signal_of
 from nodekit.runs.notify import TAIL_LINES, Event, Notifier, payload, webhook
 from nodekit.system.proc import Interrupted
 
@@ -53,6 +53,7 @@ class Recorder:
         self._saved = 0.0
         self.problem = ""
         self._told: set[Event] = set()
+        self._lines = Lines()
 
     # --- RunEvents -------------------------------------------------------------------------------------------
 
@@ -117,8 +118,8 @@ class Recorder:
 
     def line(self, rank: int, text: str) -> None:
         """One line of node ``rank``'s output: into the merged log, its phase (if it marks one) noted."""
-        phase = phase_of_line(text)
         with self._lock:
+            phase = self._lines.phase(rank, text)
             self._tails[rank].append(text)
             if phase is not None:
                 self.phase(rank, phase)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nodekit.launcher.contract import PREFLIGHT_OK, RENDEZVOUS_DONE
-from nodekit.runs.model import NodeRecord, RunRecord, ordered, phase_of_line, signal_of
+from nodekit.runs.model import Lines, NodeRecord, RunRecord, ordered, phase_of_line, signal_of
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,39 @@ def test_states() -> None:
 
 def test_phases_come_in_their_order_and_only_those_reached() -> None:
     assert ordered({"output": 3.0, "image": 1.0, "started": 2.0}) == [("image", 1.0), ("started", 2.0), ("output", 3.0)]
+
+
+def _facts(rank: int, gpus: int) -> object:
+    from nodekit.launcher.preflight.stack import NodeFacts
+
+    return NodeFacts(rank=rank, hostname=f"h{rank}", address=f"10.0.0.{rank}", fingerprint="f" * 64, image_id="i",
+                     python="3.11", torch="2.13.0", cuda="", cudnn="", nccl="", driver="", gpu_model="", gpu_count=gpus,
+                     nodekit="1", nnodes=3, nproc_per_node=1, world_size="3", master_port=29500, mode="torchrun",
+                     name="demo")  # fmt: skip
+
+
+def test_the_launchers_multi_line_reports_are_not_the_jobs_first_output() -> None:
+    """What the launcher prints, rendered by its own code: a preflight report with notes (a table and note lines,
+    then its timing line) and a data check report; the job's first line comes after them."""
+    from nodekit.launcher.datacheck.compare import Published, compare_nodes
+    from nodekit.launcher.preflight.verdict import decide, render
+
+    verdict = decide([_facts(r, r) for r in range(3)], nnodes=3, timeout_s=60, main="10.0.0.0:29501",
+                     allow_heterogeneous_gpus=True)  # fmt: skip
+    report = render(verdict)
+    assert verdict.status == "ok" and verdict.notes and report.count("\n") >= 4
+    same = Published(text="a 1\n", files=1, digest="d" * 64, error="")
+    _, data = compare_nodes([("/data", "sizes")], {r: {"/data": same} for r in range(3)})
+    printed = [
+        "nodekit demo: node 1/3 | 1 proc/node",
+        *f"{report}\n(preflight 1.1 s, 20 ms once every node was there)".splitlines(),
+        *data.splitlines(),
+        RENDEZVOUS_DONE,
+        "  epoch 0: indented output of the job's own",
+        "Traceback (most recent call last):",
+    ]
+    lines = Lines()
+    phases = [lines.phase(1, text) for text in printed]
+    assert [p for p in phases if p] == ["preflight", "rendezvous", "output", "output"]
+    assert phases.index("output") == len(printed) - 2
+    assert lines.phase(2, "  a node's own first line, indented") == "output", "each node is read on its own"
