@@ -117,10 +117,15 @@ class Recorder:
     # --- lines ----------------------------------------------------------------------------------------------
 
     def line(self, rank: int, text: str) -> None:
-        """One line of node ``rank``'s output: into the merged log, its phase (if it marks one) noted."""
+        """One line of node ``rank``'s output: into the merged log, its phase (if it marks one) noted. The job's
+        first output is its first line after torchrun's rendezvous where there is one (torchrun starts the workers
+        only then; what came before is torch's own, such as c10d's warnings), else after the launcher's lines."""
         with self._lock:
             phase = self._lines.phase(rank, text)
             self._tails[rank].append(text)
+            node = self.record.node(rank)
+            if phase == "rendezvous" and node is not None and "rendezvous" not in node.phases:
+                node.phases.pop("output", None)
             if phase is not None:
                 self.phase(rank, phase)
             self._write(f"[node {rank}] {text}\n")

@@ -14,34 +14,38 @@ from nodekit.errors import JobFailed
 from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_LOCK
 from nodekit.launcher.contract import PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.runs import store
-from nodekit.runs.recorder import begin, recording
+from nodekit.runs.recorder import Recorder, begin, recording
 from nodekit.system.proc import Interrupted
 from tests.unit.runs.conftest import Clock, project_settings
 
 HOSTS = [(0, "root@10.0.0.1"), (1, "root@10.0.0.2"), (2, "root@10.0.0.3")]
 
 
-def play_three_nodes(rec: object, clock: Clock, *, kill: int | None = None) -> None:
+C10D = "[W1126 02:27:34.056443259 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+
+
+def play_three_nodes(rec: Recorder, clock: Clock, *, kill: int | None = None) -> None:
     """What the fleet backend and the log follower tell a recorder during a 3-node run."""
-    rec.image("nodekit/recdemo:0123456789ab", "sha256:" + "a" * 64, {LABEL_FINGERPRINT: "f" * 64, LABEL_LOCK: "1" * 64})  # type: ignore[attr-defined]
+    rec.image("nodekit/recdemo:0123456789ab", "sha256:" + "a" * 64, {LABEL_FINGERPRINT: "f" * 64, LABEL_LOCK: "1" * 64})
     for rank in range(3):
         clock.tick(0.5)
-        rec.phase(rank, "image")  # type: ignore[attr-defined]
+        rec.phase(rank, "image")
     for rank in range(3):
         clock.tick(1.0)
-        rec.phase(rank, "started")  # type: ignore[attr-defined]
+        rec.phase(rank, "started")
     for rank in range(3):
         clock.tick(0.2)
-        rec.line(rank, f"nodekit recdemo: node {rank}/3 | 1 proc/node")  # type: ignore[attr-defined]
-        rec.line(rank, f"{PREFLIGHT_OK}, 3/3 nodes, identical stacks")  # type: ignore[attr-defined]
-        rec.line(rank, RENDEZVOUS_DONE)  # type: ignore[attr-defined]
+        rec.line(rank, f"nodekit recdemo: node {rank}/3 | 1 proc/node")
+        rec.line(rank, f"{PREFLIGHT_OK}, 3/3 nodes, identical stacks")
+        rec.line(rank, C10D)  # torch's own, in the launcher's process before the workers start: not the job's
+        rec.line(rank, RENDEZVOUS_DONE)
     for step in range(30):
         for rank in range(3):
             clock.tick(0.1)
-            rec.line(rank, f"step {step} on rank {rank}")  # type: ignore[attr-defined]
+            rec.line(rank, f"step {step} on rank {rank}")
     for rank in range(3):
         clock.tick(0.3)
-        rec.exited(rank, 137 if rank == kill else (143 if kill is not None else 0))  # type: ignore[attr-defined]
+        rec.exited(rank, 137 if rank == kill else (143 if kill is not None else 0))
 
 
 def test_a_failed_run_is_recorded_with_its_phases_failure_and_merged_log(tmp_path: Path, clean_env: None) -> None:
@@ -61,11 +65,12 @@ def test_a_failed_run_is_recorded_with_its_phases_failure_and_merged_log(tmp_pat
         assert list(node.phases) == ["image", "started", "preflight", "rendezvous", "output", "end"], node
         times = list(node.phases.values())
         assert times == sorted(times) and times[0] > r.started
+        assert node.phases["output"] > node.phases["rendezvous"], "c10d's warning before it is not the job's"
     assert [n.exit_code for n in r.nodes] == [143, 143, 137]
     assert r.log_tail[-1] == "step 29 on rank 2" and len(r.log_tail) == 20
     log = (rec.dir / store.LOG).read_text().splitlines()
     assert log[0] == "[node 0] nodekit recdemo: node 0/3 | 1 proc/node" and log[-1] == "[node 2] step 29 on rank 2"
-    assert len(log) == 9 + 90
+    assert len(log) == 12 + 90
     assert r.ended == clock.now and r.duration(0) == pytest.approx(clock.now - r.started)
     # The user's alone: the merged log is what the job printed.
     assert stat.S_IMODE(rec.dir.stat().st_mode) == 0o700
