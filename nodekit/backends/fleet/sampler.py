@@ -4,35 +4,40 @@ which node has gone quiet.
 
 The script costs the node next to nothing (``benchmarks/top_cost.py`` measures it): each tick reads a few
 counters with shell builtins (``read`` of the job container's cgroup files and of ``/proc/<pid>/net/dev``), then
-sleeps; ``docker inspect`` runs only when the container changes or every ``recheck`` ticks, ``docker logs --tail 1``
-every ``logs`` ticks, and ``nvidia-smi`` once for the whole session in its own loop mode (``-l``). Counters are
+sleeps. The docker CLI (a Go program: tens of milliseconds of CPU a start, which every few seconds would be percents
+of a core) runs only when the container's process is gone or, while there is none, every ``recheck`` ticks. The
+last line is ``tail -n 1`` of the container's own log file (json-file, Docker's default) every ``logs`` ticks, where
+this login may read it (root, usually); else ``docker logs --tail 1`` every ``slow`` ticks. ``nvidia-smi`` runs once
+for the whole session, in its own loop mode (``-l``). Counters are
 cumulative (CPU nanoseconds, bytes); the head divides the difference of two ticks by their distance on the node's
 own clock (``/proc/uptime``), so neither the link's latency nor the clocks' skew enter the rates.
 
 Lines, each tick ending with ``end``: ``clock <unix s> <uptime s>`` (once), ``host <name> <MemTotal kB>`` (once),
 ``state <status> <started> <finished> <exit>``, ``t <uptime>``, ``cpu <ns>``, ``mem <bytes> <inactive file bytes>``,
-``net <rx bytes> <tx bytes>``, ``log <docker's timestamp> <the line>``, ``gpu <index>, <util %>, <MiB used>,
-<MiB total>, <W>`` (whenever nvidia-smi prints).
+``net <rx bytes> <tx bytes>``, ``logjson <json-file's last record>`` or ``log <docker's timestamp> <the line>``,
+``gpu <index>, <util %>, <MiB used>, <MiB total>, <W>`` (whenever nvidia-smi prints).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 SCRIPT = r"""
-p=$1; every=$2; logs=$3; recheck=$4; counters=$5
-tick=0; pid=0; cid=; cpu1=; cpu2=; mem=; mstat=
+p=$1; every=$2; logs=$3; recheck=$4; slow=$5; counters=$6
+tick=0; pid=0; cid=; lp=; cpu1=; cpu2=; mem=; mstat=  # printf, not echo, for text: dash's echo reads backslashes
 read -r up _ < /proc/uptime; echo "clock $(date +%s) $up"
 read -r hn < /proc/sys/kernel/hostname; total=0
 while read -r k v _; do [ "$k" = MemTotal: ] && total=$v && break; done < /proc/meminfo
 echo "host $hn $total"
 if [ "$counters" = 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
   nvidia-smi --query-gpu=index,utilization.gpu,memory.used,memory.total,power.draw \
-    --format=csv,noheader,nounits -l "$every" 2>/dev/null | while IFS= read -r l; do echo "gpu $l"; done &
+    --format=csv,noheader,nounits -l "$every" 2>/dev/null | while IFS= read -r l; do printf 'gpu %s\n' "$l"; done &
 fi
 cgroups() {
   cpu1=; cpu2=; mem=; mstat=
@@ -50,18 +55,20 @@ cgroups() {
 find_job() {
   cid=$(docker ps -a -q --no-trunc --filter "label=com.docker.compose.project=$p" 2>/dev/null |
         { read -r c _; echo "$c"; })
-  pid=0
+  pid=0; lp=
   if [ -n "$cid" ]; then
-    f='{{.State.Pid}} {{.State.Status}} {{.State.StartedAt}} {{.State.FinishedAt}} {{.State.ExitCode}}'
+    f='{{.State.Pid}} {{.State.Status}} {{.State.StartedAt}} {{.State.FinishedAt}} {{.State.ExitCode}} {{.LogPath}}'
     set -- $(docker inspect -f "$f" "$cid" 2>/dev/null)
-    pid=${1:-0}; echo "state ${2:-absent} ${3:--} ${4:--} ${5:--}"
+    pid=${1:-0}; lp=${6:-}; echo "state ${2:-absent} ${3:--} ${4:--} ${5:--}"
   else
     echo "state absent - - -"
   fi
-  if [ "$counters" = 1 ] && [ "$pid" -gt 0 ] && [ -r "/proc/$pid/cgroup" ]; then cgroups; else cpu1=; cpu2=; mem=; fi
+  if [ "$counters" = 1 ] && [ "$pid" -gt 0 ] && [ -r "/proc/$pid/cgroup" ]; then cgroups; else pid=0; lp=; fi
+  [ -n "$lp" ] && [ -r "$lp" ] || lp=
 }
 while :; do
-  if [ $((tick % recheck)) = 0 ] || { [ "$pid" -gt 0 ] && [ ! -d "/proc/$pid" ]; }; then find_job; fi
+  if [ "$pid" -gt 0 ]; then [ -d "/proc/$pid" ] || find_job
+  elif [ $((tick % recheck)) = 0 ]; then find_job; fi
   read -r up _ < /proc/uptime; echo "t $up"
   if [ "$pid" -gt 0 ] && [ -d "/proc/$pid" ]; then
     if [ -n "$cpu1" ]; then read -r v < "$cpu1" && echo "cpu $v"
@@ -80,15 +87,20 @@ while :; do
     done < "/proc/$pid/net/dev"
     echo "net $rx $tx"
   fi
-  if [ -n "$cid" ] && [ $((tick % logs)) = 0 ]; then
-    echo "log $(docker logs --tail 1 --timestamps "$cid" 2>&1 |
-                { l=; while IFS= read -r x; do l=$x; done; echo "$l"; })"
+  if [ -n "$lp" ] && [ $((tick % logs)) = 0 ]; then
+    printf 'logjson %s\n' "$(tail -n 1 "$lp" 2>/dev/null)"
+  elif [ -n "$cid" ] && [ $((tick % slow)) = 0 ]; then
+    printf 'log %s\n' "$(docker logs --tail 1 --timestamps "$cid" 2>&1 |
+                        { l=; while IFS= read -r x; do l=$x; done; printf '%s\n' "$l"; })"
   fi
   echo end
   tick=$((tick + 1))
   sleep "$every"
 done
 """
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 @dataclass(frozen=True)
@@ -154,6 +166,8 @@ class NodeView:
                 self._pending["rx"], self._pending["tx"] = int(words[0]), int(words[1])
             elif key == "log":
                 self._log(rest)
+            elif key == "logjson":
+                self._logjson(rest)
             elif key == "gpu":
                 self._gpu(rest)
             elif key == "end" and "uptime" in self._pending:
@@ -169,6 +183,17 @@ class NodeView:
         at = docker_time(stamp)
         if at is not None:
             self.last_line, self.last_line_at = text, at
+
+    def _logjson(self, rest: str) -> None:
+        """json-file's record: ``{"log": "text\\n", "stream": "stdout", "time": "2026-...Z"}`` (a torn or foreign
+        line is passed over)."""
+        try:
+            item = json.loads(rest)
+        except ValueError:
+            return
+        at = docker_time(str(item.get("time", ""))) if isinstance(item, dict) else None
+        if at is not None and isinstance(item.get("log"), str):
+            self.last_line, self.last_line_at = _ANSI.sub("", item["log"]).rstrip("\r\n"), at
 
     def _gpu(self, rest: str) -> None:
         parts = [p.strip() for p in rest.split(",")]
@@ -288,11 +313,19 @@ def sample_of(r: Row, now: float) -> dict[str, Any]:
     return {"t": round(now, 3), "rank": r.rank, **{k: v for k, v in d.items() if k != "node"}}
 
 
+RECHECK_S = 10.0  # while the node has no running container: how often to look for one
+SLOW_LOGS_S = 30.0  # where the log file cannot be read: how often docker logs reads the last line
+
+
 def samplers_args(project: str, every: float, logs_every_s: float, counters: bool) -> list[str]:
-    """The script's arguments: project, seconds between ticks, ticks between log reads, ticks between container
-    rechecks, whether this host's /proc and cgroups are the node's (not for a tcp:// engine)."""
-    ticks = max(1, round(logs_every_s / every))
-    return [project, f"{every:g}", str(ticks), str(max(5, ticks)), "1" if counters else "0"]
+    """The script's arguments: project, seconds between ticks, ticks between log reads (from the file), ticks
+    between looks for a container, ticks between ``docker logs``, whether this host's /proc and cgroups are the
+    node's (not for a tcp:// engine)."""
+
+    def ticks(seconds: float) -> str:
+        return str(max(1, round(seconds / every)))
+
+    return [project, f"{every:g}", ticks(logs_every_s), ticks(RECHECK_S), ticks(SLOW_LOGS_S), "1" if counters else "0"]
 
 
 def totals(rows: Iterable[Row]) -> Mapping[str, float]:

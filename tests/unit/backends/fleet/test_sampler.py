@@ -17,21 +17,25 @@ from nodekit.backends.fleet.targets import Target
 from nodekit.backends.fleet.top import session_argv
 
 
-def fake_docker(bin_dir: Path, pid: int, status: str = "running") -> None:
+def fake_docker(bin_dir: Path, pid: int, log_path: str) -> Path:
+    """A ``docker`` that knows one container (``pid``'s, its json-file at ``log_path``) and logs each call."""
     bin_dir.mkdir(exist_ok=True)
+    calls = bin_dir / "calls"
     script = f"""#!/bin/sh
+echo "$1" >> {calls}
 case "$1" in
   ps) echo 0123abc ;;
-  inspect) echo "{pid} {status} 2026-11-24T15:30:12.5Z 0001-01-01T00:00:00Z 0" ;;
+  inspect) echo "{pid} running 2026-11-24T15:30:12.5Z 0001-01-01T00:00:00Z 0 {log_path}" ;;
   logs) echo "2026-11-24T15:30:40.25Z step 41"; echo "2026-11-24T15:30:41.000000001Z step 42" ;;
 esac
 """
     (bin_dir / "docker").write_text(script)
     (bin_dir / "docker").chmod(0o755)
+    return calls
 
 
-def sample(tmp_path: Path, ticks: int, pid: int) -> sampler.NodeView:
-    fake_docker(tmp_path / "bin", pid)
+def sample(tmp_path: Path, ticks: int, pid: int, log_path: str = "") -> sampler.NodeView:
+    fake_docker(tmp_path / "bin", pid, log_path)
     env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
     args = sampler.samplers_args("proj", 0.2, 0.2, counters=True)
     child = subprocess.Popen(["sh", "-c", sampler.SCRIPT, "nodekit-top", *args], stdout=subprocess.PIPE, env=env,
@@ -51,7 +55,10 @@ def sample(tmp_path: Path, ticks: int, pid: int) -> sampler.NodeView:
 
 
 def test_the_script_reads_a_real_processs_counters_here(tmp_path: Path) -> None:
-    view = sample(tmp_path, 3, os.getpid())
+    log = tmp_path / "c-json.log"
+    log.write_text('{"log":"step 41\\n","stream":"stdout","time":"2026-11-24T15:30:40.25Z"}\n'
+                   '{"log":"step 42\\r\\n","stream":"stderr","time":"2026-11-24T15:30:41.000000001Z"}\n')  # fmt: skip
+    view = sample(tmp_path, 4, os.getpid(), str(log))
     r = sampler.row(view)
     assert r.state == "running" and r.since == "2026-11-24T15:30:12"
     assert r.host == Path("/proc/sys/kernel/hostname").read_text().strip()
@@ -66,6 +73,14 @@ def test_the_script_reads_a_real_processs_counters_here(tmp_path: Path) -> None:
     ]
     has_mem = any(Path(f).is_file() for f in files)
     assert (r.mem_bytes is not None) == has_mem
+    # The docker CLI ran twice in four ticks (finding the container), never per tick: the last line is the file's.
+    assert (tmp_path / "bin" / "calls").read_text().split() == ["ps", "inspect"]
+
+
+def test_without_a_readable_log_file_docker_logs_reads_the_last_line_now_and_then(tmp_path: Path) -> None:
+    view = sample(tmp_path, 2, os.getpid(), "/nonexistent/c-json.log")
+    assert view.last_line == "step 42"
+    assert (tmp_path / "bin" / "calls").read_text().split() == ["ps", "inspect", "logs"]
 
 
 def test_a_container_that_ended_reports_its_state_and_no_counters(tmp_path: Path) -> None:
@@ -147,7 +162,7 @@ def test_each_kind_of_host_gets_its_own_command_line() -> None:
     assert argv[-2:-1] == ["10.0.0.7"]
     remote = shlex.split(argv[-1])
     assert remote[:2] == ["sh", "-c"] and remote[2] == sampler.SCRIPT
-    assert remote[3:] == ["nodekit-top", "nodekit-demo-node2", "2", "2", "5", "1"]
+    assert remote[3:] == ["nodekit-top", "nodekit-demo-node2", "2", "2", "5", "15", "1"]
     argv, env = session_argv(Target(0, "p0"), 1.0)
     assert argv[:3] == ["sh", "-c", sampler.SCRIPT] and argv[-1] == "1" and env == {}
     argv, env = session_argv(Target(1, "p1", parse_host("tcp://10.0.0.8:2375", 1)), 1.0)
