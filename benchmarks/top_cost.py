@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import stats
 from nodekit.backends.fleet.sampler import SCRIPT, samplers_args
+from nodekit.launcher.contract import DOCKER_PIDFILES
 
 JOB = (
     "import time\nwhile True:\n    t = time.time(); n = 0\n    while time.time() - t < 1.0:\n        n += 1\n"
@@ -43,7 +44,9 @@ IMAGE = "nodekit/base:bookworm"
 
 def dockerd_cpu() -> float:
     """The default engine's dockerd: its CPU seconds so far (user + system), from /proc."""
-    pid = int(Path("/var/run/docker.pid").read_text().split()[0])  # the default engine's (not a test cluster's)
+    # The default engine's (not a test cluster's): the first pidfile a dockerd writes.
+    found = next(Path(f) for f in DOCKER_PIDFILES if Path(f).is_file())
+    pid = int(found.read_text().split()[0])
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
