@@ -9,7 +9,8 @@ alternate, --pairs times: without the sampler, then with the script `nodekit top
 
 - the job's slowdown (its median rate in bare windows over sampled ones) with a bootstrap 95 % interval, against
   1.01 (met only when the whole interval is below);
-- the sampler's own CPU time (its sh, sleep and docker logs; rusage of the reaped process tree) per second;
+- the sampler's own CPU time in steady state (its sh and the children it reaped: sleep, tail, the docker CLI; from
+  /proc, after a warm-up that ``nodekit top`` pays once per session) per second;
 - dockerd's CPU time in sampled windows less in bare ones (what the sampler's docker calls cost the engine; noisy
   where other work shares the engine).
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,13 +42,17 @@ PROJECT = "nodekit-topcost"
 IMAGE = "nodekit/base:bookworm"
 
 
-def dockerd_cpu() -> float:
-    """The default engine's dockerd: its CPU seconds so far (user + system), from /proc."""
-    # The default engine's (not a test cluster's): the first pidfile a dockerd writes.
-    found = next(Path(f) for f in DOCKER_PIDFILES if Path(f).is_file())
-    pid = int(found.read_text().split()[0])
+def cpu_of(pid: int, *, children: bool = False) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, with ``children`` those of its reaped children too."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def dockerd_cpu() -> float:
+    """The default engine's dockerd (not a test cluster's): its CPU seconds so far."""
+    found = next(Path(f) for f in DOCKER_PIDFILES if Path(f).is_file())
+    return cpu_of(int(found.read_text().split()[0]))
 
 
 class Rates:
@@ -69,21 +73,27 @@ class Rates:
         return [n for t, n in self.seen if a <= t <= b]
 
 
+WARM_S = 3.0
+
+
 def window(rates: Rates, seconds: float, sampler: list[str] | None) -> tuple[float, float, float]:
-    """(the job's median rate, the sampler's CPU seconds, dockerd's CPU seconds) over one window."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    engine = dockerd_cpu()
+    """(the job's median rate, the sampler's CPU seconds, dockerd's CPU seconds) over one window. A sampler is
+    started ``WARM_S`` before the window (its start-up, paid once per session by nodekit top, is not counted) and
+    measured from /proc: its sh and every child it reaped (sleep, tail, the docker CLI)."""
     child = subprocess.Popen(sampler, stdout=subprocess.DEVNULL) if sampler else None
+    time.sleep(WARM_S)
+    own = cpu_of(child.pid, children=True) if child else 0.0
+    engine = dockerd_cpu()
     start = time.monotonic()
     time.sleep(seconds)
     end = time.monotonic()
+    engine = dockerd_cpu() - engine
     if child is not None:
+        own = cpu_of(child.pid, children=True) - own
         child.terminate()
         child.wait()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    own = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     got = rates.between(start + 1.5, end)  # the first count may straddle the switch
-    return statistics.median(got), own, dockerd_cpu() - engine
+    return statistics.median(got), own, engine
 
 
 def main() -> None:
