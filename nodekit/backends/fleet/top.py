@@ -23,7 +23,8 @@ from nodekit.system.docker.streams import Drain
 
 UNTIL_STOPPED = proc.Unbounded("nodekit top samples until Ctrl-C, or until its node's session ends")
 LOGS_EVERY_S = 5.0
-"""How often a node's last line is read (``docker logs --tail 1``: the only process the sampler starts per tick)."""
+"""How often a node's last line is read (``tail -n 1`` of its log file: with ``sleep``, the only processes a tick
+starts; see nodekit.backends.fleet.sampler)."""
 
 
 def session_argv(t: Target, every: float, logs_every_s: float = LOGS_EVERY_S) -> tuple[list[str], dict[str, str]]:
