@@ -20,7 +20,7 @@ else ifneq ($(STORE),classic)
 $(error STORE is classic or containerd, not '$(STORE)')
 endif
 
-.PHONY: help venv engine engine-containerd sshd slurm base demo test test-smoke test-unit test-docker lint format docs bench clean
+.PHONY: help venv engine engine-containerd sshd slurm chromium base demo test test-smoke test-unit test-docker lint format docs bench clean
 
 help:
 	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
@@ -38,6 +38,7 @@ help:
 	@echo "make engine-containerd  a second engine with the containerd image store on $(CONTAINERD_SOCKET)"
 	@echo "make sshd         install Debian's sshd binary for the multi-host tests (never a service)"
 	@echo "make slurm        install Slurm, munge and charliecloud's runtime for the Slurm tests (never a service)"
+	@echo "make chromium     install Debian's Chromium and chromedriver for the run report's browser test"
 	@echo "make base         build nodekit/base:bookworm when it is missing"
 	@echo "make clean        remove .venv, .nodekit and the demo's generated files"
 
@@ -67,6 +68,11 @@ sshd:
 # munge, charliecloud-runtime, squashfs-tools, squashfuse), never a service.
 slurm:
 	bash scripts/slurm.sh
+
+# The run report's browser test (tests/integration/test_report_browser.py) starts a headless Chromium through
+# chromedriver; this only installs Debian's chromium and chromium-driver.
+chromium:
+	bash scripts/chromium.sh
 
 base: venv engine
 	$(NODEKIT) base --if-missing --config $(DEMO)/nodekit.toml
@@ -112,7 +118,7 @@ test-docker: venv engine engine-containerd base
 # HEAVY_WORKERS=3 splits the cluster tier in two groups (the tests over real SSH, and the rest; two cluster names),
 # three side by side: on 2 busy cores it was no faster (docs/architecture.md, "Test tiers"); on more cores it is.
 HEAVY_WORKERS ?= 2
-test: lint engine engine-containerd sshd slurm base
+test: lint engine engine-containerd sshd slurm chromium base
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$site" && rm -rf "$$site"
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n $(HEAVY_WORKERS) --dist loadgroup --durations=15
@@ -128,6 +134,7 @@ else
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/decide.py
 	$(PY) benchmarks/fleet_bench.py
+	$(PY) benchmarks/top_cost.py
 	$(PY) benchmarks/ship_bench.py
 	$(PY) benchmarks/base_bench.py
 	$(PY) benchmarks/cuda_bench.py --phase all

@@ -17,7 +17,7 @@ import threading
 import time
 import zipfile
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,14 @@ from nodekit import ship
 from nodekit.backends.compose.node import NodePlan, plan_node
 from nodekit.backends.compose.render import render_compose, to_yaml
 from nodekit.config.settings import Settings, load
+from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_LOCK
 from nodekit.job.container import MAIN_ADDR, RANK
 from nodekit.job.env import node_env as rendered_env
 from nodekit.job.gather import gather_node
 from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher.config import LaunchConfig, parse_env
+from nodekit.launcher.contract import PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.launcher.preflight.exchange import Clock, Outcome, run_main, run_worker
 from nodekit.launcher.preflight.stack import NodeFacts
 from nodekit.launcher.stacks import collect
@@ -39,6 +41,7 @@ from nodekit.launcher.store import auth
 from nodekit.launcher.store.client import Client, recv_exact
 from nodekit.launcher.store.kv import Hosted, Limits
 from nodekit.launcher.watchdog.run import Reading, Watch, Watchdog
+from nodekit.runs.recorder import Recorder
 from nodekit.system.host.facts import HostFacts
 
 # --- the compose backend: settings, host facts, a rendered node ------------------------------------------------
@@ -414,3 +417,56 @@ def make_sdist(
             info.size, info.mode, info.mtime = len(data), 0o644, 1700000000
             t.addfile(info, io.BytesIO(data))
     return path
+
+
+# --- run records (nodekit/runs/): a project, a clock a test moves, a 3-node run as the backends tell it -------------
+
+
+def project_settings(path: Path, extra: str = "") -> Settings:
+    (path / "nodekit.toml").write_text(f'name = "recdemo"\nscript = "train.py"\nnnodes = 3\n{extra}')
+    (path / "train.py").write_text("print(1)\n")
+    return load(path / "nodekit.toml")
+
+
+@dataclass
+class RunClock:
+    """Wall-clock time a test moves (a run record's timestamps)."""
+
+    now: float = 1_795_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def tick(self, s: float) -> float:
+        self.now += s
+        return self.now
+
+
+HOSTS = [(0, "root@10.0.0.1"), (1, "root@10.0.0.2"), (2, "root@10.0.0.3")]
+
+
+C10D = "[W1126 02:27:34.056443259 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved. err=-3"
+
+
+def play_three_nodes(rec: Recorder, clock: RunClock, *, kill: int | None = None) -> None:
+    """What the fleet backend and the log follower tell a recorder during a 3-node run."""
+    rec.image("nodekit/recdemo:0123456789ab", "sha256:" + "a" * 64, {LABEL_FINGERPRINT: "f" * 64, LABEL_LOCK: "1" * 64})
+    for rank in range(3):
+        clock.tick(0.5)
+        rec.phase(rank, "image")
+    for rank in range(3):
+        clock.tick(1.0)
+        rec.phase(rank, "started")
+    for rank in range(3):
+        clock.tick(0.2)
+        rec.line(rank, f"nodekit recdemo: node {rank}/3 | 1 proc/node")
+        rec.line(rank, f"{PREFLIGHT_OK}, 3/3 nodes, identical stacks")
+        rec.line(rank, C10D)  # torch's own, in the launcher's process before the workers start: not the job's
+        rec.line(rank, RENDEZVOUS_DONE)
+    for step in range(30):
+        for rank in range(3):
+            clock.tick(0.1)
+            rec.line(rank, f"step {step} on rank {rank}")
+    for rank in range(3):
+        clock.tick(0.3)
+        rec.exited(rank, 137 if rank == kill else (143 if kill is not None else 0))

@@ -59,7 +59,8 @@ def run(
     """Run the job on every host from this (head) node: check every host, ship the image where missing, write
     compose/node-<rank>.yaml per rank, start every node, stream one log. The first node to fail is named and every
     other node stopped; Ctrl-C, SIGTERM and SIGHUP stop every node (exit 128 + the signal); the exit code is the
-    failing node's. With --build the project's image is built first (a no-op when it is up to date)."""
+    failing node's. With --build the project's image is built first (a no-op when it is up to date). Each run is
+    recorded in .nodekit/runs/ (nodekit runs) and told to the webhook nodekit.toml names (its notify table)."""
     from nodekit.backends.fleet import run as fleet
     from nodekit.cli.ui import RichReporter
 
@@ -74,11 +75,16 @@ def run(
 
         out.print(plan_fleet(gather(settings, hosts, image=image)).to_text(), markup=False)
         return
+    from nodekit.runs.recorder import recording
+
     rep = RichReporter(verbose=True)
     # SIGHUP (a closed SSH session to the head), SIGTERM and Ctrl-C stop every node: handled(), proc.stopping.
     log = line_printer(node)
     try:
-        code = fleet.run(settings, hosts, rep, log, image=image, debug=debug)
+        # The run's record (.nodekit/runs/) and its webhook messages: nodekit/runs/recorder.py.
+        with recording(settings, "run", [(h.rank, h.where) for h in hosts], warn=rep.warn) as rec:
+            code = fleet.run(settings, hosts, rep, rec.tee(log), image=image, debug=debug, events=rec)
+            rec.finish(code)
     finally:
         log.close()
     raise typer.Exit(code)

@@ -26,7 +26,7 @@ OutDirOpt = Annotated[Path | None, typer.Option("--out-dir", help="where node-<r
 
 
 def _plan(
-    config: Path | None,
+    settings: Any,
     rank: int,
     main: str | None,
     image: str | None,
@@ -35,15 +35,12 @@ def _plan(
     image_id: Any = None,
     *,
     dry_run: bool = False,
-    **flags: Any,
 ) -> Any:
     import os
 
     from nodekit.backends.compose.node import plan_node
     from nodekit.job import secret
     from nodekit.job.gather import gather_node
-
-    settings = load_settings(config, **flags)
 
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
@@ -84,7 +81,7 @@ def compose(
     """
     from nodekit.backends.compose.node import write_compose
 
-    plan = _plan(config, node_rank, main, image, debug, out_dir, dry_run=dry_run, **job)
+    plan = _plan(load_settings(config, **job), node_rank, main, image, debug, out_dir, dry_run=dry_run)
     if dry_run:
         _print_plan(plan)
         return
@@ -109,9 +106,13 @@ def up(
     **job: Any,
 ) -> None:
     """Write this node's compose file and run it: logs stream with a node prefix, the exit code is the job's."""
+    import socket
+
     from nodekit.backends.compose import node
     from nodekit.cli.ui import JobLog
+    from nodekit.runs.recorder import recording
 
+    settings = load_settings(config, **job)
     if build and image is None:
         from nodekit.cli.images import base_when_missing
         from nodekit.image import builder as building
@@ -121,13 +122,24 @@ def up(
             base_when_missing(settings, rep)
         image = building.build(settings, rep, dry_run=dry_run).tag
     image_id = None if dry_run else node.image_id_here(node_rank)
-    plan = _plan(config, node_rank, main, image, debug, out_dir, image_id, dry_run=dry_run, **job)
+    plan = _plan(settings, node_rank, main, image, debug, out_dir, image_id, dry_run=dry_run)
     if dry_run:
         _print_plan(plan)
         return
+    rep = reporter()
     log = JobLog()
     try:
-        code = node.up(plan, reporter(), detach=detach, on_line=lambda line: log(node_rank, line), debug=debug)
+        with recording(settings, "up", [(node_rank, socket.gethostname())], warn=rep.warn) as rec:
+
+            def on_line(line: str) -> None:
+                rec.line(node_rank, line)
+                log(node_rank, line)
+
+            code = node.up(plan, rep, detach=detach, on_line=on_line, debug=debug, events=rec)
+            if detach:
+                rec.detach()
+            else:
+                rec.finish(code)
     finally:
         log.close()
     raise typer.Exit(code)

@@ -74,4 +74,21 @@ def slurm(
     if not submit:
         typer.echo(path)
         return
-    raise typer.Exit(slurm_submit.run_job(path, rep, typer.echo))
+    from nodekit.backends.slurm.follow import labelled
+    from nodekit.runs.recorder import recording
+
+    nnodes = prepared.job.sbatch.nodes
+    with recording(settings, "slurm", [(r, "") for r in range(nnodes)], warn=rep.warn) as rec:
+        rec.image(prepared.job.image.ref, prepared.job.image.id, {})
+
+        def on_line(line: str) -> None:
+            rank, text = labelled(line)
+            if rank is None:
+                rec.raw(line)
+            else:
+                rec.line(rank, text)
+            typer.echo(line)
+
+        code = slurm_submit.run_job(path, rep, on_line, nnodes=nnodes, events=rec)
+        rec.finish(code)
+    raise typer.Exit(code)

@@ -25,6 +25,7 @@ from nodekit.config.tables import (
     K8sSettings,
     Mount,
     NodeOverride,
+    NotifySettings,
     NProc,
     SlurmSettings,
     checked,
@@ -148,7 +149,19 @@ class Settings(BaseSettings):
         description="nodekit run and push: ssh:// nodes pass the image on to each other (a key per push and hop, no "
         "agent forwarded, host keys pinned by the head) so the head sends it once; auto = when 64 MiB or more travels",
     )
+    keep_containers: bool = Field(
+        False,
+        description="nodekit run: when the job ends, stop every node's container but keep it (nodekit exec and logs "
+        "still reach it; nodekit down removes it)",
+    )
     mounts: tuple[Mount, ...] = Field((), description="host directories mounted into the job ([[mounts]])")
+    # records and alerts
+    runs_keep: int = Field(
+        50, ge=1, le=100_000, description="how many run records .nodekit/runs keeps (the oldest go as a run starts)"
+    )
+    notify: NotifySettings = Field(
+        default_factory=NotifySettings, description="a webhook told of each run's start, failure and finish ([notify])"
+    )
     slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="nodekit slurm ([slurm])")
     k8s: K8sSettings = Field(default_factory=K8sSettings, description="nodekit k8s: the Kubernetes manifests ([k8s])")
     health: HealthSettings = Field(

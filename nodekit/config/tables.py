@@ -12,6 +12,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 from nodekit.config.inputs import (
     MAX_PROCS,
     docker_host_problem,
+    env_name_problem,
     iface_problem,
     image_ref_problem,
     ip_problem,
@@ -220,3 +221,45 @@ class HealthSettings(BaseModel):
         "with its index and the fix; refuse stops the job (exit 21)",
     )
     dcgm: bool = Field(True, description="run dcgmi diag -r 1 where DCGM is installed in the image (seconds)")
+
+
+NotifyEvent = Literal["start", "failure", "finish"]
+
+
+class NotifySettings(BaseModel):
+    """``[notify]``: a webhook told when a run starts, fails and finishes (nodekit/runs/notify.py). The URL is a
+    secret (a Slack webhook URL lets anyone post): it is named here, never written here; it is never printed, never
+    put in a compose file or a process's arguments."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url_env: str | None = Field(
+        None, description="the environment variable that holds the webhook URL on the machine that starts the run"
+    )
+    url_file: Path | None = Field(
+        None, description="or a file (chmod 600) whose first line is the webhook URL, e.g. ~/.config/nodekit/webhook"
+    )
+    format: Literal["slack", "json"] = Field(
+        "slack", description='slack: {"text": ...} (Slack, Mattermost, Rocket.Chat, Teams workflows); json: every field'
+    )
+    on: tuple[NotifyEvent, ...] = Field(("start", "failure", "finish"), description="which events send a message")
+    timeout_s: float = Field(5.0, gt=0, le=60, description="seconds one attempt may take")
+    retries: int = Field(3, ge=0, le=10, description="attempts after the first (on errors, timeouts, 429 and 5xx)")
+    deadline_s: float = Field(
+        15.0,
+        gt=0,
+        le=300,
+        description="seconds a message may take in all; the command waits at most this long for it after the job",
+    )
+
+    @field_validator("url_env")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        fix = 'url_env = "SLACK_WEBHOOK_URL" (the variable\'s name; export the URL in it)'
+        if v is not None and ("://" in v or "/" in v):  # a pasted URL: never repeat it back (it is a secret)
+            raise Bad("holds a URL, not the name of the variable that holds it", fix=fix)
+        return checked(v, env_name_problem, fix)
+
+    @property
+    def configured(self) -> bool:
+        return self.url_env is not None or self.url_file is not None

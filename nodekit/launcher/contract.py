@@ -1,5 +1,5 @@
 """What the host side and the launcher must agree on, written once: launch modes, variable names, labels, exit
-codes, ports, pidfiles.
+codes, ports, pidfiles, phase lines.
 
 Standard library only, and nothing imported: this module lives in nodekit/launcher/ because only
 ``nodekit/__init__.py`` and ``nodekit/launcher/`` are copied into the image (see
@@ -140,6 +140,15 @@ WORKDIR = "/workspace"  # the project's code in the image, and the launcher's wo
 # SSH alike (nodekit.system.host.facts).
 DOCKER_PIDFILES = ("/var/run/docker.pid", "/run/docker.pid", "/var/run/nodekit-dockerd.pid")
 
+# --- lines the launcher prints that the head reads as phases (nodekit/runs/ records when each node reached them) ----
+PREFLIGHT_OK = "nodekit preflight: ok"  # the start of the report every node prints when preflight passed
+RENDEZVOUS_DONE = "nodekit: rendezvous done"  # torchrun's agent finished its rendezvous on this node
+OWN_LINES = "nodekit"  # the launcher's own lines start so; the first other line is the job's first output
+# ... and its multi-line reports (preflight's table and notes, the data check): a head line starting with one of
+# OWN_REPORTS, then lines indented by two spaces, and preflight's timing line "(preflight 1.2 s, ...)".
+OWN_REPORTS = ("nodekit preflight:", "nodekit data check:")
+OWN_CONTINUED = ("  ", "(preflight ")
+
 __all__ = [
     "DEFAULT_LAUNCH_MODE",
     "DOCKER_PIDFILES",
@@ -154,7 +163,12 @@ __all__ = [
     "EXIT_TERMINATED",
     "LAUNCH_MODES",
     "OUTPUT_DIR",
+    "OWN_CONTINUED",
+    "OWN_LINES",
+    "OWN_REPORTS",
+    "PREFLIGHT_OK",
     "PREFLIGHT_PORT_OFFSET",
+    "RENDEZVOUS_DONE",
     "WORKDIR",
     "Env",
     "Label",

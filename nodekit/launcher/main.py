@@ -117,6 +117,9 @@ def _torchrun_in_process(argv: Sequence[str]) -> int:
     """
     from torch.distributed.run import main as torchrun_main  # type: ignore[import-not-found, unused-ignore]
 
+    from nodekit.launcher.phases import mark_rendezvous
+
+    mark_rendezvous()
     sys.argv = list(argv)
     sys.stdout.flush()
     torchrun_main(list(argv[1:]))

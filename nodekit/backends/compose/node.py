@@ -23,6 +23,7 @@ from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
 from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
 from nodekit.launcher.contract import Env
+from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, hostlock, proc
 from nodekit.system.files import write_atomic
 from nodekit.system.host import net
@@ -154,8 +155,17 @@ def check_master_port(plan: NodePlan) -> None:
             )
 
 
-def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool = False) -> int:
-    """Write the compose file, start the node's container, and unless ``detach`` follow it to its end.
+def up(
+    plan: NodePlan,
+    reporter: Reporter,
+    *,
+    detach: bool,
+    on_line: Callable[[str], None],
+    debug: bool = False,
+    events: RunEvents = NO_EVENTS,
+) -> int:
+    """Write the compose file, start the node's container, and unless ``detach`` follow it to its end. ``events``
+    hears the image, the container's start and the node's end (nodekit/runs/).
 
     One node per rank and project per host (engine): under :func:`one_up_here` a second ``up`` of the same node is
     refused at once, naming the first (its pid while it starts or follows, its container once it runs), and the
@@ -172,7 +182,7 @@ def up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[s
     if plan.main_note:
         reporter.step(plan.main_note)
     with one_up_here(plan):
-        return _up(plan, reporter, detach=detach, on_line=on_line, debug=debug)
+        return _up(plan, reporter, detach=detach, on_line=on_line, debug=debug, events=events)
 
 
 def up_lock_name(project: str, endpoint: str | None) -> str:
@@ -209,14 +219,28 @@ def one_up_here(plan: NodePlan) -> Iterator[None]:
         )
 
 
-def _up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[str], None], debug: bool) -> int:
+def _up(
+    plan: NodePlan,
+    reporter: Reporter,
+    *,
+    detach: bool,
+    on_line: Callable[[str], None],
+    debug: bool,
+    events: RunEvents,
+) -> int:
+    rank = plan.node.rank
     if not plan.image_id:  # planning did not look the image up here
-        docker.require_image(plan.image, node=f"node {plan.node.rank}")
+        info = docker.require_image(plan.image, node=f"node {rank}")
+        events.image(plan.image, info.identity, info.labels)
+    else:
+        events.image(plan.image, plan.image_id, {})
+    events.phase(rank, "image")
     check_master_port(plan)
     path = write_compose(plan)
     reporter.step(f"starting node {plan.node.rank} ({plan.project}) from {path}")
     try:
         docker.compose_up(path, plan.project)
+        events.phase(rank, "started")
         if detach:
             reporter.done(
                 f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
@@ -225,6 +249,7 @@ def _up(plan: NodePlan, reporter: Reporter, *, detach: bool, on_line: Callable[[
         for line in follow(path, plan.project):
             on_line(line)
         code = docker.compose_wait(path, plan.project)
+        events.exited(rank, code)
     except KeyboardInterrupt as e:
         what = f"{e.name} received" if isinstance(e, proc.Interrupted) else "interrupted"
         if debug:

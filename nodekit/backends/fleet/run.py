@@ -35,6 +35,7 @@ from nodekit.job.gather import NodeWorld, check_command
 from nodekit.job.secret import new_secret
 from nodekit.job.spec import mount_points
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET, Env
+from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, proc
 from nodekit.system.host import net
 from nodekit.system.host.facts import Gathered
@@ -146,13 +147,15 @@ class _Live:
     host: FleetHost
 
 
-def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S) -> list[FleetHost]:
-    """Every node's container stopped and removed, in parallel; the hosts where that failed (a lost host: its
-    container may still run there, unreachable from here)."""
+def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S, *, keep: bool = False) -> list[FleetHost]:
+    """Every node's container stopped and removed, in parallel (with ``keep``, for ``keep_containers``: stopped and
+    kept, so that nodekit exec and logs still reach it; nodekit down removes it); the hosts where that failed (a lost
+    host: its container may still run there, unreachable from here)."""
+    end = docker.compose_stop if keep else docker.compose_down
 
     def one(n: _Live) -> FleetHost | None:
         try:
-            docker.compose_down(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+            end(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
         except NodekitError:
             return n.host
         return None
@@ -169,7 +172,7 @@ def left_running(hosts: Sequence[FleetHost]) -> str:
     return f"; could not reach {names} to remove its container (it may still run there): {cmds} once it answers"
 
 
-def _start(live: Sequence[_Live], reporter: Reporter) -> None:
+def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVENTS) -> None:
     """``compose up`` on every host in parallel; the first error (every node then removed). However this ends (a
     signal included), every ``compose up`` has ended before it returns, so no ``down`` can run before an ``up``."""
 
@@ -181,6 +184,7 @@ def _start(live: Sequence[_Live], reporter: Reporter) -> None:
         except NodekitError as e:
             e.node = n.host.name
             return e
+        events.phase(n.host.rank, "started")
         return None
 
     pool = ThreadPoolExecutor(max_workers=min(remote.MAX_PARALLEL, max(1, len(live))))
@@ -230,17 +234,20 @@ def _attempt(
     on_line: LineFn,
     clock: Callable[[], float],
     cause_s: float = 0.0,
+    events: RunEvents = NO_EVENTS,
+    keep: bool = False,
 ) -> Decision:
     """Run one attempt to its end: the decision that ended it (done, restart or fail). ``cause_s``: how long the
-    supervisor waits for a node the others report lost (:func:`nodekit.backends.fleet.supervise.culprit`)."""
-    events: queue.Queue[tuple[str, int, Any]] = queue.Queue()
-    _watch(live, events)
+    supervisor waits for a node the others report lost (:func:`nodekit.backends.fleet.supervise.culprit`);
+    ``keep``: the nodes it stops keep their containers (``keep_containers``)."""
+    inbox: queue.Queue[tuple[str, int, Any]] = queue.Queue()
+    _watch(live, inbox)
     reports = {n.plan.node.rank: Report(n.plan.node.rank) for n in live}
     eofs: set[int] = set()
     stopping: list[threading.Thread] = []
     while True:
         try:
-            kind, rank, value = events.get(timeout=0.25)
+            kind, rank, value = inbox.get(timeout=0.25)
         except queue.Empty:
             kind, rank, value = "tick", -1, None
         if kind == "line":
@@ -250,8 +257,10 @@ def _attempt(
             eofs.add(rank)
         elif kind == "exit":
             reports[rank] = replace(reports[rank], code=int(value), at=clock())
+            events.exited(rank, int(value))
         elif kind == "lost":
             reports[rank] = replace(reports[rank], lost=True, at=clock())
+            events.exited(rank, None)
             if not reports[rank].stopped:
                 reporter.warn(f"lost {live[rank].host.name}: {value}")
         decision = decide(list(reports.values()), clock(), budget, cause_s=cause_s)
@@ -261,7 +270,8 @@ def _attempt(
             reporter.warn(f"{who} failed ({code}): stopping node(s) {', '.join(map(str, decision.stop))}")
             for r in decision.stop:
                 reports[r] = replace(reports[r], stopped=True)
-            t = threading.Thread(target=_down, args=([live[r] for r in decision.stop],), daemon=True)
+            t = threading.Thread(target=_down, args=([live[r] for r in decision.stop],), kwargs={"keep": keep},
+                                 daemon=True)  # fmt: skip
             t.start()
             stopping.append(t)
         elif decision.action in ("done", "restart", "fail"):
@@ -269,7 +279,7 @@ def _attempt(
             deadline = clock() + 5
             while len(eofs) < len(live) and clock() < deadline:
                 try:
-                    kind, rank, value = events.get(timeout=0.25)
+                    kind, rank, value = inbox.get(timeout=0.25)
                 except queue.Empty:
                     continue
                 if kind == "line":
@@ -290,18 +300,23 @@ def run(
     image: str | None = None,
     debug: bool = False,
     clock: Callable[[], float] = time.monotonic,
+    events: RunEvents = NO_EVENTS,
 ) -> int:
     """Check, ship, write, start, supervise; restart up to ``settings.restarts`` times. Returns 0, or raises
     JobFailed with the failing node's exit code. Ctrl-C (or nodekit.system.proc.Interrupted: SIGTERM, SIGHUP) stops
-    every node, then goes on (the CLI exits 128 + the signal)."""
+    every node, then goes on (the CLI exits 128 + the signal). ``events`` hears the image, when each node reached
+    each phase the head sees (image there, container started, ended) and the verdict (nodekit/runs/)."""
     from nodekit.image.builder import current_image
 
     check_command(settings)  # a missing script is refused before any host is checked or shipped to
     interval = alive_interval(settings.peer_timeout)
     with kept_alive(interval):
         ref = image or current_image(settings)
-        image_id = docker.require_image(ref).identity
-        return _attempts(settings, list(hosts), reporter, on_line, ref, image_id, debug, clock, loss_window(interval))
+        info = docker.require_image(ref)
+        events.image(ref, info.identity, info.labels)
+        return _attempts(
+            settings, list(hosts), reporter, on_line, ref, info.identity, debug, clock, loss_window(interval), events
+        )
 
 
 def _attempts(
@@ -314,6 +329,7 @@ def _attempts(
     debug: bool,
     clock: Callable[[], float],
     cause_s: float,
+    events: RunEvents = NO_EVENTS,
 ) -> int:
     t0 = clock()
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
@@ -324,6 +340,8 @@ def _attempts(
         facts = _check(settings, hosts, reporter)
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
+        for h in hosts:
+            events.phase(h.rank, "image")
         job = job_settings(settings, hosts, restart=used)
         worlds = node_worlds(job, hosts, facts, ref, image_id=image_id, secret=secret)
         plans = plan_nodes(job, hosts, worlds, debug=debug)
@@ -333,10 +351,10 @@ def _attempts(
         attempt = f" (restart {used} of {settings.restarts})" if used else ""
         reporter.step(f"starting {n} node(s){attempt}: {', '.join(str(p.compose_path) for p in plans[:4])}")
         try:
-            _start(live, reporter)
+            _start(live, reporter, events)
             reporter.done(f"{n} node(s) started ({clock() - t0:.1f} s since the command)")
             budget = Budget(restarts=settings.restarts, used=used, min_nodes=settings.min_nodes, failures=failures)
-            decision = _attempt(live, budget, reporter, on_line, clock, cause_s)
+            decision = _attempt(live, budget, reporter, on_line, clock, cause_s, events, settings.keep_containers)
         except KeyboardInterrupt as e:
             why = f"; {e.name} received" if isinstance(e, proc.Interrupted) else ""
             reporter.warn(f"interrupted: stopping every node ({n}){why}")
@@ -346,7 +364,8 @@ def _attempts(
         except BaseException:
             _down(live)
             raise
-        unreached = _down(live)
+        final = decision.action != "restart"
+        unreached = _down(live, keep=final and settings.keep_containers)
         if decision.action == "done":
             reporter.done(f"the job finished on {n} node(s) in {clock() - t0:.1f} s")
             return 0
@@ -359,7 +378,9 @@ def _attempts(
                 reporter.warn(f"going on without {', '.join(dropped)} (min_nodes = {settings.min_nodes})")
                 hosts = [replace(h, rank=i) for i, h in enumerate(h for h in hosts if h.rank not in decision.drop)]
             reporter.warn(f"{decision.reason}: restarting the whole job ({used} of {settings.restarts})")
+            events.attempt(used, [(h.rank, h.where) for h in hosts])
             continue
+        events.failed(culprit.rank, decision.code, decision.reason)
         raise _verdict(hosts, decision, culprit, unreached)
 
 

@@ -65,6 +65,35 @@ def parse_job(text: str) -> JobInfo | None:
     )
 
 
+_LABEL = re.compile(r"^\s*([0-9]{1,5}):(?: (.*))?$", re.S)
+
+
+def labelled(line: str) -> tuple[int | None, str]:
+    """``srun --label``'s ``R: text`` (one task per node, so R is the node's rank) as (R, text); (None, line) for a
+    line no task printed (the script's own)."""
+    m = _LABEL.match(line)
+    return (int(m.group(1)), m.group(2) or "") if m else (None, line)
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """Slurm's compressed host list (``h[0-2,5],gpu7``) written out, in order; [] for none (``(null)``)."""
+    names: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?", nodelist):
+        prefix, ranges = m.group(1), m.group(2)
+        if prefix in ("(null)", "None"):
+            continue
+        if ranges is None:
+            names.append(prefix)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                names.append(f"{prefix}[{part}]")
+                continue
+            names += [f"{prefix}{n:0{len(lo)}d}" for n in range(int(lo), int(hi or lo) + 1)]
+    return names
+
+
 def exit_code(info: JobInfo) -> int:
     """The job's exit code as a shell gives it: the batch script's code, 128 + the signal that ended it, or 1 for a
     job that ended badly without either (a node failure before the script ran)."""

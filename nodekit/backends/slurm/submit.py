@@ -27,6 +27,7 @@ from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, UsageError
 from nodekit.job.secret import masked
 from nodekit.launcher.contract import OUTPUT_DIR
+from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system.files import write_atomic
 from nodekit.system.progress import Reporter
 
@@ -177,16 +178,30 @@ def submit(path: Path) -> str:
 
 
 def run_job(
-    path: Path, reporter: Reporter, on_line: follow.LineFn, *, sleep: Callable[[float], None] | None = None
+    path: Path,
+    reporter: Reporter,
+    on_line: follow.LineFn,
+    *,
+    sleep: Callable[[float], None] | None = None,
+    nnodes: int = 1,
+    events: RunEvents = NO_EVENTS,
 ) -> int:
-    """Submit the script and follow the job to its end; the job's exit code. Ctrl-C/SIGTERM/SIGHUP cancel it."""
+    """Submit the script and follow the job to its end; the job's exit code. Ctrl-C/SIGTERM/SIGHUP cancel it.
+    ``events`` hears the job id, its hosts, when its ``nnodes`` ranks started (Slurm: RUNNING) and ended."""
     job_id = submit(path)
     reporter.done(f"submitted job {job_id} ({path})")
+    events.placed(job_id, [])
+    for rank in range(nnodes):
+        events.phase(rank, "image")  # converted or pushed before the submission
 
     def on_state(info: follow.JobInfo) -> None:
         where = f" on {info.nodes}" if info.nodes and info.nodes != "(null)" else ""
         why = f" ({info.reason})" if info.reason not in ("", "None") else ""
         reporter.step(f"job {job_id}: {info.state}{where}{why}")
+        if info.state == "RUNNING" or info.done:
+            events.placed(job_id, list(enumerate(follow.hostnames(info.nodes)))[:nnodes])
+            for rank in range(nnodes):
+                events.phase(rank, "started" if info.state == "RUNNING" else "end")
 
     kw = {"sleep": sleep} if sleep else {}
     try:

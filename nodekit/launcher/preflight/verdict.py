@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from nodekit.launcher.contract import PREFLIGHT_OK
 from nodekit.launcher.preflight.stack import NodeFacts
 
 Severity = Literal["error", "note"]
@@ -271,7 +272,7 @@ def render(verdict: Verdict) -> str:
     errors, notes = verdict.errors, verdict.notes
     n_arrived = len(verdict.facts)
     if verdict.status == "ok":
-        head = f"nodekit preflight: ok, {n_arrived}/{verdict.nnodes} nodes, identical stacks"
+        head = f"{PREFLIGHT_OK}, {n_arrived}/{verdict.nnodes} nodes, identical stacks"
         if not notes:
             f0 = verdict.facts[0]
             cuda = f"cuda {f0.cuda}" if f0.cuda else "cpu"

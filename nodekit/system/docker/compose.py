@@ -207,8 +207,10 @@ def compose_exec(
     return None if done.returncode != 0 and _NOT_THERE.search(done.stderr) else done
 
 
-def compose_stop(compose_file: Path | None, project: str, *, timeout: int | None = None) -> None:
-    _stopping("stop", compose_file, project, timeout, None)
+def compose_stop(
+    compose_file: Path | None, project: str, *, timeout: int | None = None, host: str | None = None
+) -> None:
+    _stopping("stop", compose_file, project, timeout, host)
 
 
 def compose_down(

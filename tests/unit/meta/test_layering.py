@@ -136,6 +136,7 @@ def cycles(imports: list[Import], known: Mapping[str, Path]) -> list[list[str]]:
 LAYERS = (
     ("nodekit.cli",),
     ("nodekit.backends",),
+    ("nodekit.runs",),
     ("nodekit.doctor",),
     ("nodekit.job",),
     ("nodekit.ship",),

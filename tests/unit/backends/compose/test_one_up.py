@@ -45,7 +45,8 @@ with node.one_up_here(plan):
 def engine(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """What `up` asked of the engine (nothing runs): its containers are those in ``running``."""
     asked: list[str] = []
-    monkeypatch.setattr(docker, "require_image", lambda *a, **k: None)
+    image = docker.ImageInfo(id="sha256:" + "0" * 64, tags=(), labels={}, size=0, identity="sha256:" + "0" * 64)
+    monkeypatch.setattr(docker, "require_image", lambda *a, **k: image)
     monkeypatch.setattr(node, "check_master_port", lambda plan: None)
     monkeypatch.setattr(docker, "running", lambda project: asked.append("ps") or list(RUNNING))
     monkeypatch.setattr(docker, "compose_up", lambda path, project: asked.append("up"))

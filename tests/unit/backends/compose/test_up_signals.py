@@ -26,7 +26,8 @@ CODES = [(signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGINT, 130)]
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    monkeypatch.setattr(docker, "require_image", lambda *a, **k: None)
+    image = docker.ImageInfo(id="sha256:" + "0" * 64, tags=(), labels={}, size=0)
+    monkeypatch.setattr(docker, "require_image", lambda *a, **k: image)
     monkeypatch.setattr(docker, "running", lambda project: [])
     monkeypatch.setattr(node, "check_master_port", lambda plan: None)
     monkeypatch.setattr(docker, "compose_down", lambda path, project, timeout: seen.append("down"))

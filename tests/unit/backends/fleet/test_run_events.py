@@ -1,0 +1,120 @@
+"""What a fleet run tells its record (nodekit/runs/): the backend's few calls and the lines the nodes print, from a
+`nodekit run` whose engines are stand-ins (no process starts): every node's phases, the failing node, rank and
+signal, and with keep_containers every container stopped and kept instead of removed."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodekit.backends.fleet import remote, run
+from nodekit.backends.fleet.hosts import fleet_hosts
+from nodekit.config import settings as config
+from nodekit.errors import JobFailed
+from nodekit.image.plan import LABEL_FINGERPRINT
+from nodekit.launcher.contract import PREFLIGHT_OK, RENDEZVOUS_DONE
+from nodekit.runs import store
+from nodekit.runs.recorder import begin
+from nodekit.system import docker
+from nodekit.system.host import net
+from nodekit.system.host.facts import HostFacts
+
+IMAGE = "nodekit/evdemo:0123456789ab"
+
+
+class Engines:
+    """Three nodes' engines: each node prints its launcher's lines, node 2 then dies with SIGKILL (137); the others
+    run until stopped (143)."""
+
+    def __init__(self) -> None:
+        self.stopped = {r: threading.Event() for r in range(3)}
+        self.ended: list[tuple[str, int]] = []
+
+    @staticmethod
+    def rank(project: str) -> int:
+        return int(project.rsplit("node", 1)[1])
+
+    def up(self, path: Path, project: str, *, host: str | None = None) -> None:
+        pass
+
+    def logs(self, path: Path | None, project: str, *, follow: bool, tail: str | None = None,
+             host: str | None = None) -> Iterator[str]:  # fmt: skip
+        r = self.rank(project)
+        yield from (f"nodekit evdemo: node {r}/3", f"{PREFLIGHT_OK}, 3/3 nodes", RENDEZVOUS_DONE, f"step 1 on {r}")
+        self.stopped[r].wait(30) if r != 2 else None
+
+    def wait(self, path: Path | None, project: str, *, host: str | None = None) -> int:
+        r = self.rank(project)
+        if r == 2:
+            return 137
+        self.stopped[r].wait(30)
+        return 143
+
+    def end(self, verb: str) -> object:
+        def stop(path: Path | None, project: str, *, timeout: int | None = None, host: str | None = None) -> None:
+            self.ended.append((verb, self.rank(project)))
+            self.stopped[self.rank(project)].set()
+
+        return stop
+
+
+@pytest.fixture
+def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Engines:
+    e = Engines()
+    info = docker.ImageInfo(
+        id="sha256:" + "e" * 64,
+        tags=(IMAGE,),
+        labels={LABEL_FINGERPRINT: "0123456789ab" + "0" * 52},
+        size=1,
+        identity="sha256:" + "e" * 64,
+    )
+    monkeypatch.setattr(docker, "require_image", lambda *a, **k: info)
+    monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [remote.Gathered(facts=HostFacts()) for _ in hosts])
+    monkeypatch.setattr(run, "ship_image", lambda *a, **k: None)
+    monkeypatch.setattr(net, "resolve", lambda name: "10.0.0.1")
+    monkeypatch.setattr(docker, "compose_up", e.up)
+    monkeypatch.setattr(docker, "compose_logs", e.logs)
+    monkeypatch.setattr(docker, "compose_wait", e.wait)
+    monkeypatch.setattr(docker, "compose_down", e.end("down"))
+    monkeypatch.setattr(docker, "compose_stop", e.end("stop"))
+    for var in ("NODEKIT_CONFIG", "NODEKIT_NNODES", "NODEKIT_NAME", "NODEKIT_KEEP_CONTAINERS"):
+        monkeypatch.delenv(var, raising=False)
+    return e
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_fleet_run_tells_its_record_each_phase_and_the_failure(engines: Engines, tmp_path: Path, keep: bool) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "nodekit.toml").write_text(
+        f'name = "evdemo"\nscript = "train.py"\nhosts = ["ssh://root@10.0.0.1", "ssh://root@10.0.0.2", '
+        f'"ssh://root@10.0.0.3"]\nkeep_containers = {"true" if keep else "false"}\n'
+    )
+    settings = config.load(tmp_path / "nodekit.toml")
+    hosts = fleet_hosts(settings.hosts, 3)
+    rec = begin(settings, "run", [(h.rank, h.where) for h in hosts], environ={})
+    ticks = itertools.count()
+    with pytest.raises(JobFailed) as failed:
+        run.run(settings, hosts, _Quiet(), rec.tee(lambda r, t: None), image=IMAGE, events=rec,
+                clock=lambda: next(ticks) * 0.5)  # fmt: skip
+    rec.finish(failed.value.exit_code, reason=failed.value.message)
+    r = store.load(rec.dir)
+    assert (r.exit_code, r.failed_rank, r.failed_host, r.signal) == (137, 2, "root@10.0.0.3", "SIGKILL")
+    assert r.image == IMAGE and r.fingerprint.startswith("0123456789ab") and r.image_id.startswith("sha256:e")
+    for n in r.nodes:
+        assert list(n.phases) == ["image", "started", "preflight", "rendezvous", "output", "end"], n
+    assert [n.exit_code for n in r.nodes] == [143, 143, 137]
+    assert r.log_tail == ["nodekit evdemo: node 2/3", f"{PREFLIGHT_OK}, 3/3 nodes", RENDEZVOUS_DONE, "step 1 on 2"]
+    assert {v for v, _ in engines.ended} == ({"stop"} if keep else {"down"}), "kept only with keep_containers"
+    assert {rank for _, rank in engines.ended} == {0, 1, 2}
+
+
+class _Quiet:
+    def step(self, message: str) -> None: ...
+    def detail(self, line: str) -> None: ...
+    def done(self, message: str) -> None: ...
+    def warn(self, message: str) -> None: ...
+    def fail(self) -> None: ...
