@@ -140,7 +140,7 @@ def ship_part(rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any], b: Ma
         "",
         "Issue 27's targets, per store, against these rows:",
         "",
-        *(line for s in stores for line in verdicts(objs, store=s, mbit=mbit, against_registry=True)),
+        *(line for s in stores for line in verdicts(objs, store=s, mbit=mbit, against_registry=True, missing=True)),
         "",
     ]
     for s in stores:

@@ -68,7 +68,7 @@ def render(state: Mapping[str, Any]) -> str:
         ]
         a1 = find(rows, "a", "layers", 1, mbit, stores[0])
         for s in stores:
-            lines += verdicts(rows, store=s, mbit=mbit, image_wire=a1.nodekit_bytes if a1 else None)
+            lines += verdicts(rows, store=s, mbit=mbit, image_wire=a1.nodekit_bytes if a1 else None, missing=True)
         lines += ["", *why(rows, facts, mbit)]
     lines += _wire.part(_wire.rows_of(state.get("wire", [])), state.get("wire_facts", {}), "demo image")
     lines += reproduce()

@@ -121,28 +121,46 @@ def wire_seconds(n_bytes: int, mbit: int) -> float:
 
 
 def verdicts(
-    rows: Sequence[Row], *, store: str, mbit: int, image_wire: int | None = None, against_registry: bool = False
+    rows: Sequence[Row],
+    *,
+    store: str,
+    mbit: int,
+    image_wire: int | None = None,
+    against_registry: bool = False,
+    missing: bool = False,
 ) -> list[str]:
     """Issue 27's targets for the rows of one ``store``, one line each: met or not, with the numbers; a target whose
-    rows were not measured is left out. The code change's wire time is its bytes on the head's link to 4 nodes at
-    ``mbit``. ``against_registry``: the package change (c) to 1 and 4 nodes against the registry anchor of the same
-    run (the CUDA image's target). ``image_wire``: the image's compressed size, for issue 10's bound on the head's
-    bytes."""
+    rows were not measured is left out, or with ``missing`` said to be undecided. The code change's wire time is its
+    bytes on the head's link to 4 nodes at ``mbit``. ``against_registry``: the package change (c) to 1 and 4 nodes
+    against the registry anchor of the same run (the CUDA image's target). ``image_wire``: the image's compressed
+    size, for issue 10's bound on the head's bytes."""
     out = []
+
+    def absent(target: str, needs: str) -> None:
+        if missing:
+            out.append(f"- {store}: {target}: not decided, this run has no {needs}.")
+
     b4 = find(rows, "b", "layers", 4, mbit, store)
-    if b4 is not None:
+    if b4 is None:
+        absent("a one-line code change (b) to 4 nodes within 2 s + its wire time", "(b) to 4 nodes")
+    else:
         limit = 2 + wire_seconds(b4.link_bytes, mbit)
         ok = "met" if b4.seconds <= limit else "NOT met"
         out.append(f"- {store}: a one-line code change (b) to 4 nodes within 2 s + its wire time ({limit:.2f} s): "
                    f"**{ok}**, {b4.seconds:.1f} s.")  # fmt: skip
     for n in (1, 4) if against_registry else ():
         c, reg = find(rows, "c", "layers", n, mbit, store), find(rows, "c", "registry", n, mbit, store)
-        if c is not None and reg is not None:
+        if c is None or reg is None:
+            absent(f"the package change (c) to {n} node(s) faster than the registry anchor", f"(c) to {n} node(s) "
+                   "with its registry row")  # fmt: skip
+        else:
             ok = "met" if c.seconds < reg.seconds else "NOT met"
             out.append(f"- {store}: the package change (c) to {n} node{'s' if n > 1 else ''} faster than the registry "
                        f"anchor: **{ok}**, {c.seconds:.1f} s vs {reg.seconds:.1f} s.")  # fmt: skip
     a1, a4 = find(rows, "a", "layers", 1, mbit, store), find(rows, "a", "layers", 4, mbit, store)
-    if a1 is not None and a4 is not None:
+    if a1 is None or a4 is None:
+        absent("the whole image (a) to 4 nodes within 1.3x the time to 1 node", "(a) to both 1 and 4 nodes")
+    else:
         ratio = a4.seconds / a1.seconds
         ok = "met" if ratio <= 1.3 else "NOT met"
         out.append(f"- {store}: the whole image (a) to 4 nodes within 1.3x the time to 1 node (relayed): **{ok}**, "
