@@ -294,15 +294,21 @@ def registry_config(regdir: Path) -> Path:
 
 
 def registry_push(regdir: Path, source: str, tags: dict[str, str], repo: str) -> dict[str, float]:
-    """The source engine pushes each version once to a registry over ``regdir`` (served here, in this machine's
-    namespace, for the length of the pushes), as a registry user does after each build: seconds per version."""
+    """The source engine pushes each version once to an empty registry over ``regdir`` (served here, in this
+    machine's namespace, for the length of the pushes), as a registry user does after each build: seconds per
+    version."""
+    import shutil
+
     if not REGISTRY.is_file():
         raise SystemExit(f"{REGISTRY} is missing: apt-get install -y docker-registry")
+    shutil.rmtree(regdir / "data", ignore_errors=True)  # an empty registry: a blob left from before would be skipped
     config = registry_config(regdir)
+    here = [sys.executable, "-c", PROBE]
+    if subprocess.run(here, capture_output=True).returncode == 0:
+        raise SystemExit(f"127.0.0.1:{REG_PORT} is taken on this machine: the registry anchor needs it for its pushes")
     with open(regdir / "log", "a") as log:
         server = subprocess.Popen([str(REGISTRY), "serve", str(config)], stdout=log, stderr=log)
     try:
-        here = [sys.executable, "-c", PROBE]
         _wait(lambda: subprocess.run(here, capture_output=True).returncode == 0, server, "the registry")
         pushes = {}
         for case, tag in tags.items():

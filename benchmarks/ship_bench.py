@@ -157,7 +157,7 @@ def phase_ship(state: dict[str, Any], store: str, counts: list[int], opts: argpa
     identity = {case: docker.require_image(tag, source).identity for case, tag in tags.items()}
     regdir = WORK / f"registry-{store}"
     reg_ref = {case: f"localhost:5000/{REPO}:{case}" for case in tags}
-    if opts.registry and not (regdir / "data" / "docker").is_dir():
+    if opts.registry and ("registry_push_s" not in facts or not (regdir / "data" / "docker").is_dir()):
         facts["registry_push_s"] = registry_push(regdir, source, tags, REPO)
         facts["registry_bytes_all_versions"] = registry_bytes(regdir)
         save(state)
