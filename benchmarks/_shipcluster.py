@@ -78,6 +78,17 @@ def remove_refs(refs: Sequence[str], engine: str) -> None:
         subprocess.run(["docker", "-H", engine, "rmi", ref], capture_output=True, timeout=600)
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a process this bench started, SIGKILL if it is still there 10 s later."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _answers(host: Host) -> bool:
     """Whether localhost:5000 answers in ``host``'s namespace."""
     return host.run("python3", "-c", PROBE).returncode == 0
@@ -174,13 +185,7 @@ class ShipCluster:
         from tests.cluster.harness import sh
 
         for proc in reversed(self.started):  # tunnels, then the registries: only what this run started, by PID
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            _stop(proc)
         self.started.clear()
         for ns, dev in self.shaped:
             sh("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
@@ -321,12 +326,7 @@ def registry_push(regdir: Path, source: str, tags: dict[str, str], repo: str) ->
             print(f"registry push {case} ({source}): {pushes[case]:.1f} s", flush=True)
         return pushes
     finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        _stop(server)
 
 
 def registry_bytes(regdir: Path) -> int:
