@@ -101,16 +101,20 @@ def table(rows: Sequence[WireRow]) -> list[str]:
 
 
 def bound(push: WireRow, rows: Sequence[WireRow], cipher: str = "") -> str:
-    """What bounds ``push``, from its rate against the compressor's alone (same codec, same store) and the raw
-    copy's: the slowest stage it nearly reaches, else the rest of the pipeline (the node's decompression and
-    ``docker load``, which no other row times alone)."""
+    """What bounds ``push``, from its rate against the stages timed alone in its run: the compressor (same codec)
+    and SSH (the raw copy's rate of bytes into SSH, times this codec's ratio: a compressed stream carries more image
+    per byte); the slowest stage it nearly reaches (:data:`NEAR`), else the rest of the pipeline (the node's
+    decompression and ``docker load``, which no row times alone)."""
     mine = rate(push)
     raw = raw_rate(rows, push.store, push.run)
     same = (push.store, "compress", push.codec, push.run)
     comp = next((rate(r) for r in rows if (r.store, r.how, r.codec, r.run) == same), None)
     cipher_text = f"ssh's cipher ({cipher})" if cipher else "ssh's cipher"
     stages = [(f"the head's {push.codec} compressor ({comp:.0f} MB/s alone)", comp)] if comp else []
-    stages += [(f"{cipher_text} and the link (the raw copy: {raw:.0f} MB/s)", raw)] if raw else []
+    if raw:
+        cap = raw * push.image_bytes / push.wire_bytes if push.wire_bytes else raw
+        scaled = f", {cap:.0f} MB/s of image at this codec's ratio" if push.codec != "none" else ""
+        stages.append((f"{cipher_text} and the link (the raw copy: {raw:.0f} MB/s{scaled})", cap))
     if not stages:
         return f"{push.codec}: {mine:.0f} MB/s (nothing to compare with)"
     name, slowest = min(stages, key=lambda s: s[1])

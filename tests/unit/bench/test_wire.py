@@ -66,15 +66,26 @@ def test_the_table_shows_every_rate_and_the_ratio_of_the_pushes() -> None:
 def test_bound_names_the_stage_a_push_nearly_reaches() -> None:
     rows = _run()
     zstd, gzip, none = rows[4], rows[5], rows[6]
-    # gzip: 48 MB/s against its compressor's 50 alone: the compressor
+    # gzip: 48 MB/s against its compressor's 50 alone (SSH would carry 208 x 1000/330 = 631 MB/s of image)
     assert "bound by the head's gzip compressor (50 MB/s alone)" in bound(gzip, rows, "aes128-gcm@openssh.com")
     # none: 182 MB/s against the raw copy's 208: ssh's cipher and the link
     got = bound(none, rows, "aes128-gcm@openssh.com")
-    assert "bound by ssh's cipher (aes128-gcm@openssh.com) and the link (the raw copy: 208 MB/s)" in got
-    # zstd: 25 MB/s, far below both: the node's side
+    assert got == ("none: 182 MB/s, bound by ssh's cipher (aes128-gcm@openssh.com) and the link (the raw copy: "
+                   "208 MB/s)")  # fmt: skip
+    # zstd: 25 MB/s, far below its compressor (500) and SSH at its ratio (208 x 1000/300 = 694): the node's side
     got = bound(zstd, rows)
-    assert got.startswith("zstd: 25 MB/s, 0.12 of the slowest stage timed alone (ssh's cipher and the link")
+    assert got.startswith("zstd: 25 MB/s, 0.05 of the slowest stage timed alone (the head's zstd compressor (500")
     assert "`docker load`" in got
+
+
+def test_a_compressed_stream_is_bound_by_ssh_at_its_ratio() -> None:
+    rows = [
+        WireRow("classic", "raw", "none", 10.0, SIZE, SIZE, 0, "", "auto"),  # 100 MB/s into SSH
+        WireRow("classic", "compress", "zstd", 1.0, SIZE, SIZE // 4, 0, "", "auto"),  # 1000 MB/s alone
+        WireRow("classic", "push", "zstd", 2.6, SIZE, SIZE // 4, 0, "", "auto"),  # 385 MB/s: over the raw copy's 100
+    ]
+    assert bound(rows[2], rows) == ("zstd: 385 MB/s, bound by ssh's cipher and the link (the raw copy: 100 MB/s, "
+                                    "400 MB/s of image at this codec's ratio)")  # fmt: skip
 
 
 def test_bound_without_anything_to_compare_says_so() -> None:
