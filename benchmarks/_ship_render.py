@@ -4,7 +4,7 @@ the verdicts of issue 27 per store, the push pipeline against the raw copy rate,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from benchmarks import _wire
@@ -39,7 +39,7 @@ def render(state: Mapping[str, Any]) -> str:
             "",
             f"The virtual cluster's head (h0) sends the demo image (examples/ddp, "
             f"{int(first.get('image_bytes', 0)) / 1e6:.0f} MB, {first.get('layers', '?')} layers) to "
-            f"{', '.join(map(str, counts))} target hosts over real SSH (`ssh://root@<addr>`), from this machine's "
+            f"{', '.join(map(str, counts))} target host(s) over real SSH (`ssh://root@<addr>`), from this machine's "
             "engine of the store measured, whose unix socket h0 reaches (the source of `nodekit push` in the project, "
             "with the blob store `nodekit build` wrote); the head and every target keep images in that store. Every "
             f"host's veth is limited with `tc` tbf to {mbit} Mbit/s in both directions. One run per row.",
@@ -75,44 +75,53 @@ def render(state: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def per_count(rows: Sequence[Row], fmt: Callable[[Row], str], *, case: str, how: str, mbit: int) -> str:
+    """A figure of each store for every target count measured: "to 1 node classic 0.9 s, containerd 1.1 s; ..."."""
+    counts = sorted({r.targets for r in rows if (r.case, r.how, r.mbit) == (case, how, mbit)})
+    return "; ".join(f"to {n} node{'s' if n > 1 else ''} "
+                     + by_store(rows, fmt, case=case, how=how, targets=n, mbit=mbit) for n in counts)  # fmt: skip
+
+
 def why(rows: Sequence[Row], facts: Mapping[str, Mapping[str, Any]], mbit: int) -> list[str]:
     """The measured reasons behind the verdicts, one paragraph each (only for what was measured)."""
     out = ["Why, from these measurements:", ""]
-    secs, sent = (lambda r: f"{r.seconds:.1f} s"), (lambda r: mib(r.nodekit_bytes or 0))
-    b4 = by_store(rows, secs, case="b", how="layers", targets=4, mbit=mbit)
-    if b4:
-        b1 = by_store(rows, secs, case="b", how="layers", targets=1, mbit=mbit)
+
+    def secs(r: Row) -> str:
+        return f"{r.seconds:.1f} s"
+
+    def sent(r: Row) -> str:
+        return f"{r.seconds:.1f} s, {mib(r.nodekit_bytes or 0)} sent"
+
+    b = per_count(rows, sent, case="b", how="layers", mbit=mbit)
+    if b:
         saves = ", ".join(f"{s} {f['save_s']} s" for s, f in facts.items() if "save_s" in f)
-        reg = by_store(rows, secs, case="b", how="registry", targets=4, mbit=mbit)
+        reg = per_count(rows, secs, case="b", how="registry", mbit=mbit)
         out.append(
-            f"- (b): nodekit sends {by_store(rows, sent, case='b', how='layers', targets=4, mbit=mbit)} to 4 nodes in "
-            f"{b4} ({b1 or '?'} to one node). The code layer and the image config travel from the blob store "
-            "`nodekit build` keeps, as every layer above the base does (nodekit/image/layers.py), so the head reads "
-            f"nothing out of its engine (a `docker save` of this image takes {saves or 'a while: not timed here'}) "
-            "on either store. What remains is per target: the survey (the engine's facts, then three questions at "
-            "once), the load and the image id check, over one SSH connection per node (nodekit/ship/mux.py), each a "
-            "docker CLI process on the head and a `docker system dial-stdio` on the target. On this machine they all "
-            "share its cores, which is why the time grows with the number of targets; on a cluster each target's "
-            "side runs on its own CPU." + (f" A registry pull of the same change: {reg}." if reg else "")
+            f"- (b): {b}. The code layer and the image config travel from the blob store `nodekit build` keeps, as "
+            "every layer above the base does (nodekit/image/layers.py), so the head reads nothing out of its engine "
+            f"(a `docker save` of this image takes {saves or 'a while: not timed here'}) on either store. What "
+            "remains is per target: the survey (the engine's facts, then three questions at once), the load and the "
+            "image id check, over one SSH connection per node (nodekit/ship/mux.py), each a docker CLI process on the "
+            "head and a `docker system dial-stdio` on the target. On this machine they all share its cores, which is "
+            "why the time grows with the number of targets; on a cluster each target's side runs on its own CPU."
+            + (f" A registry pull of the same change: {reg}." if reg else "")
         )
-    a4 = by_store(rows, lambda r: f"{r.seconds:.1f} s ({mib(r.link_bytes)} on the head's link)", case="a",
-                  how="layers", targets=4, mbit=mbit)  # fmt: skip
-    if a4:
-        a1 = by_store(rows, lambda r: f"{r.seconds:.1f} s ({mib(r.link_bytes)})", case="a", how="layers", targets=1,
-                      mbit=mbit)  # fmt: skip
+    a = per_count(rows, lambda r: f"{r.seconds:.1f} s ({mib(r.link_bytes)} on the head's link)", case="a",
+                  how="layers", mbit=mbit)  # fmt: skip
+    if a:
         out.append(
-            "- (a): the targets form a relay chain (nodekit/ship/relay.py): the head streams the image once, to the "
-            f"first node, and each node passes it on over SSH while it loads it: to 4 nodes {a4}, to one {a1}. The "
-            "time is bound by CPU, not by the links: every host shares this machine's cores, which run every node's "
-            "decompression and unpacking and every hop's SSH encryption at once; on a cluster each node does its own "
-            "share on its own CPU."
+            f"- (a): {a}. From 2 targets on they form a relay chain (nodekit/ship/relay.py): the head streams the "
+            "image once, to the first node, and each node passes it on over SSH while it loads it. The time is bound "
+            "by CPU, not by the links: every host shares this machine's cores, which run every node's decompression "
+            "and unpacking and every hop's SSH encryption at once; on a cluster each node does its own share on its "
+            "own CPU."
         )
-    c1 = by_store(rows, sent, case="c", how="layers", targets=1, mbit=mbit)
-    if c1:
+    c = per_count(rows, sent, case="c", how="layers", mbit=mbit)
+    if c:
         out.append(
-            "- (c): adding a package rebuilds the packages layer (every pin but the framework's and the CUDA "
-            f"libraries') and the layers above it: nodekit sends those ({c1} to one node) from the blob store, like "
-            "the code layer; the framework layer (torch) and the base stay on the nodes."
+            f"- (c): {c}. Adding a package rebuilds the packages layer (every pin but the framework's and the CUDA "
+            "libraries') and the layers above it: nodekit sends those from the blob store, like the code layer; the "
+            "framework layer (torch) and the base stay on the nodes."
             + (
                 " What travels is under the relay's 64 MiB threshold (`--relay auto`), so the head feeds each node "
                 "itself."
@@ -120,6 +129,16 @@ def why(rows: Sequence[Row], facts: Mapping[str, Mapping[str, Any]], mbit: int) 
                 else ""
             )
         )
+    for s, f in facts.items():
+        a_reg, a_nk = find(rows, "a", "registry", 1, mbit, s), find(rows, "a", "layers", 1, mbit, s)
+        if a_reg is not None and a_nk is not None and "registry_bytes_all_versions" in f:
+            out.append(
+                f"- The registry, {s} store: its blobs of the three versions take "
+                f"{mib(int(f['registry_bytes_all_versions']))}, as that store's engine pushed them; a pull of (a) to "
+                f"one node carried {mib(a_reg.link_bytes)} on the head's link, nodekit's push {mib(a_nk.link_bytes)}."
+                + (" This engine pushed the layers uncompressed, as it holds them from nodekit's load (the containerd "
+                   "store keeps a loaded layer's blob as it came)." if a_reg.link_bytes > 2 * a_nk.link_bytes else "")
+            )  # fmt: skip
     slow = [r for r in rows if r.mbit != mbit]
     if slow:
         parts = ", ".join(f"{r.store} {r.how} {r.seconds:.1f} s ({mib(r.link_bytes)})" for r in ordered(slow))

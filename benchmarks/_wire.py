@@ -120,9 +120,10 @@ def bound(push: WireRow, rows: Sequence[WireRow], cipher: str = "") -> str:
     name, slowest = min(stages, key=lambda s: s[1])
     if mine >= NEAR * slowest:
         return f"{push.codec}: {mine:.0f} MB/s, bound by {name}"
+    node = "unpacks" if push.codec == "none" else "decompresses and unpacks"
     return (f"{push.codec}: {mine:.0f} MB/s, {mine / slowest:.2f} of the slowest stage timed alone ({name}): the "
-            "rest is the node's side, which decompresses (when compressed) and unpacks every layer (`docker load`) "
-            "as the stream arrives, here on the cores the head uses too")  # fmt: skip
+            f"rest is the node's side, which {node} every layer (`docker load`) as the stream arrives, here on the "
+            "cores the head uses too")  # fmt: skip
 
 
 def negotiated_cipher(ssh_debug: str) -> str:

@@ -201,8 +201,10 @@ def phase_clean(state: dict[str, Any]) -> None:
     if isinstance(state.get("base"), str):
         subprocess.run(["docker", "rmi", str(state["base"])], capture_output=True, env=default_engine_env())
         state.pop("base")
-    for path in [*WORK.glob("registry*"), WORK / "cuda", WORK / "bump", WORK / "base-layers"]:
+    for path in [*WORK.glob("registry*"), WORK / "cuda", WORK / "bump", WORK / "base-layers", WORK / "ssh"]:
         shutil.rmtree(path, ignore_errors=True)
+    for log in WORK.glob("tunnel-*.log"):
+        log.unlink()
 
 
 def phase_bump(state: dict[str, object]) -> None:

@@ -232,8 +232,10 @@ def phase_clean(state: dict[str, Any]) -> None:
     for store, refs in state.get("added", {}).items():
         remove_refs(refs, CONTAINERD_ENGINE if store == "containerd" else CLASSIC_ENGINE)
     state["added"] = {}
-    for path in [*WORK.glob("registry-*"), WORK / "ddp", WORK / "base-layers"]:
+    for path in [*WORK.glob("registry-*"), WORK / "ddp", WORK / "base-layers", WORK / "ssh"]:
         shutil.rmtree(path, ignore_errors=True)
+    for log in WORK.glob("tunnel-*.log"):
+        log.unlink()
     for key in ("tags", "project"):
         state.pop(key, None)
     save(state)

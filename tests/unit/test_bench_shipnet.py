@@ -119,7 +119,7 @@ def test_the_section_states_targets_reasons_and_how_to_reproduce() -> None:
     assert "classic store: 1, 4 target(s) measured 2026-11-22 19:02 UTC, load 1.0 2.0 3.0 at the start" in text
     assert "1122 MB, 5 layers" in text
     assert text.count("**NOT met**") == 2 and text.count("**met**") == 1
-    assert "the targets form a relay chain" in text and "the head streams the image once" in text
+    assert "they form a relay chain" in text and "the head streams the image once" in text
     assert "At 100 Mbit/s, case (b) to one node: classic layers 1.3 s" in text
     assert "not timed here" in text  # no save_s in facts: said, not invented
     assert "append.py" not in text and "gzip, nodekit's choice" not in text  # gone with the blob store

@@ -53,7 +53,9 @@ def test_the_demo_section_shows_both_stores_their_runs_and_verdicts() -> None:
     # the containerd run had 1 target only: its 4-node targets are said to be undecided, not left out
     assert "- containerd: a one-line code change (b) to 4 nodes within 2 s + its wire time: not decided" in text
     assert "- containerd: the whole image (a) to 4 nodes within 1.3x the time to 1 node: not decided" in text
-    assert "classic 1.8 s to 4 nodes" not in text and "in classic 1.8 s (classic 0.9 s, containerd 1.4 s" in text
+    # the reasons give each store's figure for every count it measured, and none it did not
+    assert "- (b): to 1 node classic 0.9 s, 7 KiB sent, containerd 1.4 s, 7 KiB sent; to 4 nodes classic 1.8 s" in text
+    assert "to 4 nodes classic 1.8 s, 28 KiB sent." in text
     assert "(a `docker save` of this image takes classic 9.9 s, containerd 14.2 s)" in text
     assert not [s for s in STALE if s in text]
     assert "--phase ship --stores containerd --counts 4" in text.split("Reproduce", 1)[1]
@@ -101,3 +103,19 @@ def test_the_cuda_section_judges_the_package_change_against_the_registry_per_sto
     assert "- containerd: the registry's blobs of the three versions" in text
     assert not [s for s in STALE if s in text]
     assert "--phase stage --stores containerd" in text and "--codecs gzip" in text
+
+
+def test_a_registry_that_carries_the_layers_uncompressed_is_named() -> None:
+    rows = [
+        Row("a", "layers", 1, 1000, 33.6, 318 * MIB, 317 * MIB, "zstd stream", "containerd"),
+        Row("a", "registry", 1, 1000, 31.2, 1100 * MIB, None, "push 12 s + pulls 19 s", "containerd"),
+        Row("a", "layers", 1, 1000, 30.0, 318 * MIB, 317 * MIB, "zstd stream", "classic"),
+        Row("a", "registry", 1, 1000, 40.0, 311 * MIB, None, "push 30 s + pulls 10 s", "classic"),
+    ]
+    facts = {"classic": {"registry_bytes_all_versions": 360 * MIB},
+             "containerd": {"registry_bytes_all_versions": 1270 * MIB}}  # fmt: skip
+    text = _ship_render.render({"rows": [dataclasses.asdict(r) for r in rows], "facts": facts})
+    ctd = text.split("- The registry, containerd store: ", 1)[1].split("\n", 1)[0]
+    assert ctd.startswith("its blobs of the three versions take 1270.0 MiB") and "pushed the layers uncompressed" in ctd
+    classic = text.split("- The registry, classic store: ", 1)[1].split("\n", 1)[0]
+    assert "311.0 MiB on the head's link, nodekit's push 318.0 MiB" in classic and "uncompressed" not in classic
