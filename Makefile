@@ -125,7 +125,7 @@ test: lint engine engine-containerd sshd slurm chromium base
 
 # make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,
 # about 8 minutes) included. make bench DECIDE=1 [DECIDE_ARGS="--reps 10 --epochs 150 --write-docs"]: only that one.
-bench: venv engine sshd base
+bench: venv engine engine-containerd sshd base
 ifdef DECIDE
 	$(PY) benchmarks/decide.py $(DECIDE_ARGS)
 else

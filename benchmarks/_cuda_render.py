@@ -7,8 +7,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from benchmarks import _wire
 from benchmarks._project import DOCS, replace_section
-from benchmarks._shipnet import Row, find, mib, ordered, table
+from benchmarks._shipnet import STORES, Row, find, mib, ordered, store_runs, table, verdicts
 
 TITLE = "## The CUDA image (examples/cuda): building, changing and shipping 6 GB"
 BEFORE = "## Method: the benchmark that decides (issue 13)"  # the section goes right after the small image's
@@ -111,48 +112,63 @@ def bump_part(u: Mapping[str, Any]) -> list[str]:
 
 
 def ship_part(rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The shipping rows of every store in one table, each store's runs, the verdicts of issue 27 per store."""
     objs = [Row(**{k: v for k, v in r.items() if k in Row.__dataclass_fields__}) for r in rows]
-    peaks = {(r["case"], r["targets"]): int(r.get("disk_peak", 0)) for r in rows if r.get("how") == "layers"}
+    peaks = {(r.get("store", "classic"), r["case"], r["targets"]): int(r.get("disk_peak", 0)) for r in rows
+             if r.get("how") == "layers"}  # fmt: skip
     mbit = objs[0].mbit if objs else 1000
     size = int(b["v1"]["size"])
+    stores = [s for s in STORES if any(r.store == s for r in objs)]
     counts = sorted({r.targets for r in objs})
     out = [
-        f"**Shipping** (measured {facts.get('measured')}, load {facts.get('load')} at the end; {os.cpu_count()} cores "
-        f"shared by every host). As for the demo image above: the virtual cluster's head (h0) sends to "
-        f"{', '.join(map(str, counts))} target host(s) over real SSH, every veth limited to {mbit} Mbit/s; nodekit "
-        "relays from 2 targets on (`--relay auto`); the registry anchor is Debian's `docker-registry`, pushed to once "
-        "per version from this machine's engine and pulled by every target through an `ssh -R` tunnel from the head. "
-        "The head sends from this machine's engine (the source of `nodekit push` in the project, with its blob store). "
-        "Each case starts from the previous version on the targets; the registry's pulls start from empty nodes.",
+        f"**Shipping** ({os.cpu_count()} cores shared by every host; the load is /proc/loadavg's 1, 5 and 15 minute "
+        "average at the start and end of each phase):",
+        "",
+        *(f"- {store_runs(facts, s)}." for s in stores),
+        "",
+        "As for the demo image above: the virtual cluster's head (h0) sends to "
+        f"{', '.join(map(str, counts))} target host(s) over real SSH, every veth limited to {mbit} Mbit/s, from this "
+        "machine's engine of the store measured (the source of `nodekit push` in the project, with its blob store; "
+        "the containerd store's engine got the build's images by nodekit's push); the head and every target keep "
+        "images in that store. nodekit relays from 2 targets on (`--relay auto`, its default) and picks the codec "
+        "per link (the note names it). The registry anchor is Debian's `docker-registry`, one per store, pushed to "
+        "once per version by that store's engine and pulled by every target through an `ssh -R` tunnel from the "
+        "head; its pulls are checked by the image's identity (`ImageInfo.identity`). Each nodekit case starts from "
+        "the previous version on the targets, the registry's pulls from empty nodes.",
         "",
         *table(ordered(objs), CASES),
         "",
+        "Issue 27's targets, per store, against these rows:",
+        "",
+        *(line for s in stores for line in verdicts(objs, store=s, mbit=mbit, against_registry=True, missing=True)),
+        "",
     ]
-    for n in counts:
-        a = find(objs, "a", "layers", n, mbit)
-        if a is None:
-            continue
-        peak = peaks.get(("a", n), 0)
-        out.append(f"- (a) to {n} target(s): the head's link carried {mib(a.link_bytes)}, "
-                   f"{a.link_bytes / max(size, 1):.2f} of the image's {gb(size)} (gzip: nodekit counted "
-                   f"{mib(a.nodekit_bytes or 0)}). While the targets loaded it, this machine's free disk fell by "
-                   f"{gb(peak)} at the lowest, {peak / max(n * size, 1):.2f}x the image per target (`docker load` "
-                   "unpacks the whole archive before it registers the layers; the disk is shared with other work, "
-                   "so this is an upper bound). The plan asks each target for 2.2x what it lacks before anything "
-                   "moves.")  # fmt: skip
-    b1, c1 = find(objs, "b", "layers", 1, mbit), find(objs, "c", "layers", 1, mbit)
-    if b1 is not None and c1 is not None:
-        out.append(f"- A code-only change on the 6 GB image ships like on the demo's: {mib(b1.nodekit_bytes or 0)} in "
-                   f"{b1.seconds:.1f} s to one node, from the blob store `nodekit build` keeps (no `docker save`). A "
-                   f"package change ships the packages layer and those above it ({mib(c1.nodekit_bytes or 0)} "
-                   f"gzip) in {c1.seconds:.1f} s, most of it the head's `docker save` of the whole image ("
-                   f"{b['save_s']:.0f} s alone, measured above): the packages layer is BuildKit's, not in the blob "
-                   "store, and the engine hands out no single layer. A registry serves that layer alone, which is "
-                   "why its row is faster there.")  # fmt: skip
-    if "registry_bytes_all_versions" in facts:
-        out.append(
-            f"- The registry's gzip blobs of the three versions: {mib(int(facts['registry_bytes_all_versions']))}."
-        )
+    for s in stores:
+        for n in counts:
+            a = find(objs, "a", "layers", n, mbit, s)
+            if a is None:
+                continue
+            peak = peaks.get((s, "a", n), 0)
+            out.append(f"- {s}, (a) to {n} target(s): the head's link carried {mib(a.link_bytes)}, "
+                       f"{a.link_bytes / max(size, 1):.2f} of the image's {gb(size)} (nodekit counted "
+                       f"{mib(a.nodekit_bytes or 0)}). While the targets loaded it, this machine's free disk fell by "
+                       f"{gb(peak)} at the lowest, {peak / max(n * size, 1):.2f}x the image per target (the disk is "
+                       "shared with other work, so this is an upper bound). The plan asks each target for 2.2x what "
+                       "it lacks before anything moves.")  # fmt: skip
+    for s in stores:
+        b1, c1 = find(objs, "b", "layers", 1, mbit, s), find(objs, "c", "layers", 1, mbit, s)
+        if b1 is not None and c1 is not None:
+            out.append(f"- {s}: a code-only change on the 6 GB image ships like on the demo's: "
+                       f"{mib(b1.nodekit_bytes or 0)} in {b1.seconds:.1f} s to one node. A package change ships the "
+                       f"packages layer and those above it ({mib(c1.nodekit_bytes or 0)}) in {c1.seconds:.1f} s: "
+                       "every layer above the base is in the blob store `nodekit build` keeps, so the head reads "
+                       f"nothing out of its engine (a `docker save` of the whole image took {b['save_s']:.0f} s on "
+                       "the classic engine, measured above).")  # fmt: skip
+    for s in stores:
+        reg = facts.get(s, {}).get("registry_bytes_all_versions")
+        if reg:
+            out.append(f"- {s}: the registry's blobs of the three versions, as that store's engine pushed them: "
+                       f"{mib(int(reg))}.")  # fmt: skip
     out.append("")
     return out
 
@@ -166,18 +182,25 @@ def render(state: Mapping[str, Any]) -> str:
         lines += bump_part(state["bump"])
     if state.get("ship_rows") and b:
         lines += ship_part(state["ship_rows"], state.get("ship_facts", {}), b)
+    lines += _wire.part(_wire.rows_of(state.get("wire", [])), state.get("wire_facts", {}), "CUDA image")
     lines += [
         GPU_NOTE,
         "",
-        "Reproduce (root; needs `make engine sshd`, `apt-get install -y docker-registry`, and free disk for every "
-        "target's copy while it loads: about 2.2x the image each, 13 GB, plus 8 GB left to the machine; the ship phase "
-        "refuses to start without it; each phase fits a 15-minute hold of the heavy lock; `--phase all` runs them all, "
-        "as `make bench` does):",
+        "Reproduce (root; needs `make engine engine-containerd sshd`, `apt-get install -y docker-registry`, and free "
+        "disk: each phase says what it needs and refuses to start without it, about 80 GB for 4 targets on the "
+        "containerd store; each line fits a 15-minute hold of the heavy lock; `--phase all` runs them all, as `make "
+        "bench` does):",
         "",
         "```sh",
-        "sudo .venv/bin/python benchmarks/cuda_bench.py --phase bump",
-        "sudo .venv/bin/python benchmarks/cuda_bench.py --phase build",
-        "sudo .venv/bin/python benchmarks/cuda_bench.py --phase ship --counts 1   # then --counts 2, --counts 4",
+        'C="flock /work/heavy.lock timeout 900 .venv/bin/python benchmarks/cuda_bench.py"',
+        "$C --phase bump                                        # ~6 min",
+        "$C --phase build                                       # ~6 min",
+        "$C --phase stage --stores containerd                   # ~4 min: the images onto that store's engine",
+        "$C --phase wire --stores classic --codecs auto,none    # ~8 min; then --codecs gzip (~7 min)",
+        "$C --phase ship --stores classic --counts 1            # ~5 min; --counts 2 ~7, --counts 4 ~12",
+        "$C --phase anchor --stores classic --counts 1          # ~8 min (the store's pushes, once); then 2, 4",
+        "# the same wire, ship and anchor lines with --stores containerd",
+        "$C --phase clean",
         "```",
         "",
     ]

@@ -3,6 +3,7 @@ never touch the checkout) and built on this machine's default engine; and their 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "ddp"
@@ -35,10 +37,46 @@ def default_engine_env() -> dict[str, str]:
 
 def copy_demo(prefix: str) -> Path:
     """A fresh copy of examples/ddp (without outputs, compose files, caches) in a new temp dir; returns its path."""
-    work = Path(tempfile.mkdtemp(prefix=prefix))
-    project = work / "ddp"
-    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("outputs", "compose", "__pycache__"))
+    return copy_demo_to(Path(tempfile.mkdtemp(prefix=prefix)) / "ddp")
+
+
+def copy_demo_to(project: Path) -> Path:
+    """A fresh copy of examples/ddp at ``project`` (whatever was there is replaced); returns ``project``."""
+    if project.exists():
+        shutil.rmtree(project)
+    shutil.copytree(EXAMPLE, project, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
     return project
+
+
+def read_state(path: Path) -> dict[str, object]:
+    """A benchmark's accumulated results (a JSON object), or {} before its first phase."""
+    doc: dict[str, object] = json.loads(path.read_text()) if path.is_file() else {}
+    return doc
+
+
+def write_state(path: Path, state: dict[str, object]) -> None:
+    """``state`` to ``path`` through a temporary file and a rename: a phase killed midway leaves the last one whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def kept(rows: list[dict[str, Any]], new: dict[str, Any], same: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``rows`` with ``new`` appended in place of any earlier row that agrees with it on every field of ``same``
+    (a phase run again replaces its rows, others stay) (pure)."""
+    return [*(r for r in rows if any(r.get(f) != new.get(f) for f in same)), new]
+
+
+def loadavg() -> str:
+    """This machine's load averages over 1, 5 and 15 minutes, as /proc/loadavg gives them."""
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def now_utc() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def build(project: Path, *, quiet: bool = False) -> str:
@@ -51,3 +89,16 @@ def build(project: Path, *, quiet: bool = False) -> str:
     argv = [sys.executable, "-m", "nodekit", "build", "--create-base", "--config", str(cfg)]
     subprocess.run(argv, check=True, env=default_engine_env(), capture_output=quiet)
     return nk_build.current_image(settings.load(cfg))
+
+
+def exit_on_signals() -> None:
+    """SIGTERM and SIGHUP end the benchmark as Ctrl-C does (SystemExit in the main thread), so that its ``finally``
+    blocks run: the virtual cluster comes down, the registry and tunnels stop (`timeout` of the heavy lock sends
+    SIGTERM)."""
+    import signal
+
+    def stop(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)

@@ -1,21 +1,28 @@
 """`make bench` (part): the CUDA image (examples/cuda: PyPI's CUDA torch 2.14.1 and torchvision, about 6 GB)
-built, changed and shipped, beside the demo image's figures (benchmarks/ship_bench.py). Issue 21, items 2 and 3.
+built, changed and shipped on each of Docker's image stores, beside the demo image's figures
+(benchmarks/ship_bench.py). Issues 21 and 27.
 
-Phases, each short enough for one hold of the machine's heavy lock; results accumulate in <work>/state.json and the
-docs section is written from it (``--phase render``, also after every phase):
+Phases, each short enough for one hold of the machine's heavy lock (about 15 minutes); results accumulate in
+<work>/state.json and the docs section is written from it (``--phase render``, also after every phase). Each phase
+checks the free disk first and refuses to start without enough (the whole run wants about 80 GB free at its peak:
+the image is 6 GB per copy per engine):
 
 - ``bump``: the layer split. A project at torch 2.14.0 / torchvision 0.29.0, then upgraded to 2.14.1 / 0.29.1: time
   of each build, which layers changed and their sizes, and whether the CUDA libraries' pins moved. It builds on a
-  base of its own (nodekit/base:bookworm plus a label: the same files, another image id), so BuildKit's cache of
-  other builds cannot answer for it.
+  base of its own (nodekit/base:bookworm plus a file: another image id), so BuildKit's cache of other builds cannot
+  answer for it.
 - ``build``: cold build (``--no-cache``, wheelhouse filled), image size and layers, ``docker save`` time, no-op
-  rebuild, a code-only change (one line of train.py) and a package change (``six`` added): their rebuild times.
-- ``ship --counts N``: the virtual cluster's head sends the three versions (a: whole image to empty nodes, b: the
-  code change, c: the package change) to N targets over real SSH, relayed, links limited to 1 Gbit/s; and the
-  registry anchor (docker push once per version, pulls on every target through SSH tunnels). The head's source
-  engine is this machine's (no 6 GB copy into the head's engine); the targets' data roots are purged afterwards.
+  rebuild, a code-only change (one line of train.py) and a package change (``six`` added): their rebuild times. On
+  the classic engine; the containerd store's phases put the three images on its engine with nodekit's push.
+- ``wire --stores S``: links unshaped, the whole image to one node with each codec against the raw copy of the same
+  bytes over the same SSH (issue 27, item 3).
+- ``ship --stores S --counts N``: the virtual cluster's head sends the three versions (a: whole image to empty nodes,
+  b: the code change, c: the package change) to N targets over real SSH, relayed, links limited to 1 Gbit/s.
+- ``anchor --stores S --counts N``: the registry anchor of the same run (the store's engine pushes each version once,
+  every target pulls through an SSH tunnel from the head).
+- ``clean``: the run's images on both engines, its base, the registries, the projects and their blob stores.
 
-    nk-heavy .venv/bin/python benchmarks/cuda_bench.py --phase all        # or one phase at a time
+    nk-heavy .venv/bin/python benchmarks/cuda_bench.py --phase ship --stores containerd --counts 1
 """
 
 from __future__ import annotations
@@ -29,30 +36,31 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks._project import default_engine_env  # noqa: E402
+from benchmarks._cuda_ship import check_disk  # noqa: E402
+from benchmarks._project import default_engine_env, exit_on_signals, read_state, write_state  # noqa: E402
 
 WORK = Path(os.environ.get("NODEKIT_CUDA_BENCH_DIR", "/var/tmp/nodekit-cuda-bench"))
 STATE = WORK / "state.json"
+PHASES = ["bump", "build", "stage", "wire", "ship", "anchor", "clean"]
 EXAMPLE = ROOT / "examples" / "cuda"
 RUN_BASE = "nodekit-bench/base"
 OLD_TORCH = ("torch==2.14.0", "torchvision==0.29.0")
 NEW_TORCH = ("torch==2.14.1", "torchvision==0.29.1")
 EXTRA_PACKAGE = "six==1.17.0"
+GIB = 1 << 30
+# Estimates: the image in the engine, its layers again in the project's blob store, BuildKit's cache of the installs
+# and the wheelhouse; the bump phase holds two torch versions' framework layers besides.
+BUILD_NEED = 30 * GIB
+BUMP_NEED = 35 * GIB
 
 
-def load_state() -> dict[str, object]:
-    return json.loads(STATE.read_text()) if STATE.is_file() else {}
-
-
-def save_state(state: dict[str, object]) -> None:
-    WORK.mkdir(parents=True, exist_ok=True)
-    tmp = STATE.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True))
-    os.replace(tmp, STATE)
+def save_state(state: dict[str, Any]) -> None:
+    write_state(STATE, state)
 
 
 def run(argv: list[str], *, timeout: float = 3600, quiet: bool = True) -> tuple[float, str]:
@@ -81,8 +89,7 @@ def image_size(ref: str) -> int:
 def layers(ref: str) -> list[dict[str, object]]:
     """The image's layers, base first: diff id, size and which step made it (docker history, matched to the diff
     ids as nodekit's push plan does: nodekit.ship.sized_layers)."""
-    from nodekit.image.append import EMPTY_LAYER
-
+    from nodekit.image.layers import EMPTY_LAYER
     from nodekit.ship import sized_layers
 
     out = run(["docker", "history", "--no-trunc", "--human=false", "--format", "{{.CreatedBy}}\t{{.Size}}", ref])[1]
@@ -179,18 +186,30 @@ def remove_images(name: str) -> None:
         run(["docker", "rmi", ref])
 
 
-def phase_clean(state: dict[str, object]) -> None:
-    """The run's images (6 GB each, but for what they share), its base and the registry's blobs: gone."""
+def phase_clean(state: dict[str, Any]) -> None:
+    """The run's images (6 GB each, but for what they share) on both engines, its base, the registries' blobs, the
+    projects with their blob stores (every layer above the base: 6 GB) and the base's layer files: gone. The results
+    stay in the state. BuildKit's cache of the run's installs stays: it is the engine's, shared with every other
+    build, and `docker builder prune` would empty it for everyone."""
+    from benchmarks._shipcluster import CONTAINERD_ENGINE, remove_refs
+
     for name in ("cuda-bench", "bump-bench"):
         remove_images(name)
+    remove_refs(state.get("added", {}).get("containerd", []), CONTAINERD_ENGINE)
+    state.pop("added", None)
+    state.pop("staged", None)
     if isinstance(state.get("base"), str):
         subprocess.run(["docker", "rmi", str(state["base"])], capture_output=True, env=default_engine_env())
         state.pop("base")
-    shutil.rmtree(WORK / "registry", ignore_errors=True)
+    for path in [*WORK.glob("registry*"), WORK / "cuda", WORK / "bump", WORK / "base-layers", WORK / "ssh"]:
+        shutil.rmtree(path, ignore_errors=True)
+    for log in WORK.glob("tunnel-*.log"):
+        log.unlink()
 
 
 def phase_bump(state: dict[str, object]) -> None:
     """torch 2.14.0 -> 2.14.1 with the layer split: what the upgrade rebuilds and what a push of it sends."""
+    check_disk(BUMP_NEED, "the bump phase")
     project = fresh_project("bump", OLD_TORCH, run_base(state))
     old_lock = (project / "nodekit.lock").read_text()
     try:
@@ -215,6 +234,7 @@ def phase_bump(state: dict[str, object]) -> None:
 
 def phase_build(state: dict[str, object]) -> None:
     """Cold build, size, docker save, no-op, code-only and package-change rebuilds of examples/cuda."""
+    check_disk(BUILD_NEED, "the build phase")
     project = fresh_project("cuda", NEW_TORCH, run_base(state))
     v1 = build(project, "--no-cache")
     t0 = time.monotonic()
@@ -235,29 +255,49 @@ def phase_build(state: dict[str, object]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--phase", choices=["all", "bump", "build", "ship", "clean", "render"], default="all")
-    parser.add_argument("--counts", default="1,2,4", help="ship phase: target counts (default 1,2,4)")
+    parser.add_argument("--phase", choices=["all", *PHASES, "render"], default="all")
+    parser.add_argument(
+        "--stores", default="classic,containerd", help="wire, ship, anchor: image stores (default both)"
+    )
+    parser.add_argument("--counts", default="1,2,4", help="ship, anchor: target counts (default 1,2,4)")
     parser.add_argument("--mbit", type=int, default=1000)
+    parser.add_argument("--codecs", default="auto,gzip,none", help="wire phase: --compress values (default all)")
     parser.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/")
     opts = parser.parse_args()
     from benchmarks import _cuda_render, _cuda_ship
+    from benchmarks._shipnet import parse_stores
+    from benchmarks._wirerun import parse_codecs
 
-    state = load_state()
+    try:
+        stores, codecs = parse_stores(opts.stores), parse_codecs(opts.codecs)
+    except ValueError as e:
+        parser.error(str(e))
+    exit_on_signals()
+    for var in ("DOCKER_HOST", "DOCKER_CONTEXT"):  # builds and the classic store's pushes: this machine's engine
+        os.environ.pop(var, None)
+    state: dict[str, Any] = read_state(STATE)
     state["work"] = str(WORK)
     if opts.phase == "all":
         state.pop("base", None)  # a fresh base: this run builds everything it measures
-    phases = ["bump", "build", "ship", "clean"] if opts.phase == "all" else [opts.phase]
-    for phase in phases:
+    for phase in PHASES if opts.phase == "all" else [] if opts.phase == "render" else [opts.phase]:
         print(f"cuda bench: phase {phase}", flush=True)
         if phase == "bump":
             phase_bump(state)
         elif phase == "build":
             phase_build(state)
-        elif phase == "ship":
-            for n in (int(c) for c in opts.counts.split(",")):
-                _cuda_ship.phase_ship(state, n, opts.mbit, save_state)
         elif phase == "clean":
             phase_clean(state)
+        elif phase == "stage":
+            for store in stores:
+                _cuda_ship.phase_stage(state, store, save_state)
+        elif phase == "wire":
+            for store in stores:
+                _cuda_ship.phase_wire(state, store, codecs, save_state)
+        elif phase in ("ship", "anchor"):
+            run = _cuda_ship.phase_ship if phase == "ship" else _cuda_ship.phase_anchor
+            for store in stores:
+                for n in sorted({int(c) for c in opts.counts.split(",")}):
+                    run(state, store, n, opts.mbit, save_state)
         save_state(state)
     section = _cuda_render.render(state)
     print(section)

@@ -56,8 +56,10 @@ def _rows() -> list[Row]:
 def test_table_has_one_line_per_row_with_units() -> None:
     lines = table(_rows())
     assert len(lines) == 2 + 4
+    assert lines[0].startswith("| case | targets | store | how |")
     assert lines[2].startswith(
-        "| (a) whole demo image, empty nodes | nodekit push, only missing layers (relayed when 64 MiB+ travel) | 1 |"
+        "| (a) whole demo image, empty nodes | 1 | classic | nodekit push, only missing layers (relayed when 64 MiB+ "
+        "travel) |"
     )
     assert "| 500.0 MiB | 480.0 MiB |" in lines[2]
     assert "| 200 KiB | 150 KiB | 16 layer files skipped |" in lines[4]
@@ -65,17 +67,19 @@ def test_table_has_one_line_per_row_with_units() -> None:
 
 
 def test_verdicts_say_met_or_not_with_the_numbers() -> None:
-    out = verdicts(_rows(), mbit=1000, image_wire=480 * 2**20, code_wire_s=0.01)
+    out = verdicts(_rows(), store="classic", mbit=1000, image_wire=480 * 2**20)
     assert len(out) == 3
-    assert "(b) to 4 nodes" in out[0] and "**met**" in out[0] and "2.01 s" in out[0]
+    # the code change's wire time: its 200 KiB on the head's link at 1 Gbit/s
+    assert "(b) to 4 nodes" in out[0] and "**met**" in out[0] and "(2.00 s)" in out[0]
     assert "(a) to 4 nodes within 1.3x" in out[1] and "**NOT met**" in out[1] and "3.00x" in out[1]
     assert "head's bytes" in out[2] and "**NOT met**" in out[2] and "4.17x" in out[2]
 
 
 def test_verdicts_leave_out_what_was_not_measured() -> None:
     only_b = [r for r in _rows() if r.case == "b"]
-    assert len(verdicts(only_b, mbit=1000, image_wire=None, code_wire_s=0.0)) == 1
-    assert verdicts([], mbit=1000, image_wire=1, code_wire_s=1.0) == []
+    assert len(verdicts(only_b, store="classic", mbit=1000)) == 1
+    assert verdicts([], store="classic", mbit=1000, image_wire=1) == []
+    assert verdicts(_rows(), store="containerd", mbit=1000) == []  # no row of that store
 
 
 def test_ordered_puts_the_main_speed_first_then_case_targets_and_how() -> None:
@@ -97,21 +101,26 @@ def test_ordered_puts_the_main_speed_first_then_case_targets_and_how() -> None:
 
 
 def test_the_section_states_targets_reasons_and_how_to_reproduce() -> None:
-    from benchmarks import ship_bench
+    import dataclasses
+
+    from benchmarks import _ship_render
 
     rows = [
         *_rows(),
         Row("b", "layers", 1, 1000, 1.2, 50 * 1024, 9 * 1024),
         Row("c", "layers", 1, 1000, 9.0, 260 * 2**20, 259 * 2**20),
-        Row("b", "whole", 1, 100, 40.0, 320 * 2**20, 317 * 2**20),
+        Row("b", "layers", 1, 100, 1.3, 50 * 1024, 9 * 1024),
     ]
-    facts: dict[str, object] = {"measured": "2026-11-22 19:02 UTC", "image_bytes": "1121934462", "layers": 5}
-    text = ship_bench.render(rows, facts, 1000, 100, [1, 2, 4])
-    assert text.startswith(ship_bench.TITLE + "\n")
-    assert "Measured 2026-11-22 19:02 UTC" in text and "1122 MB, 5 layers" in text
+    run = {"counts": [1, 4], "measured": "2026-11-22 19:02 UTC", "load_start": "1.0 2.0 3.0", "load_end": "4 5 6"}
+    facts = {"classic": {"image_bytes": 1121934462, "layers": 5, "mbit": 1000, "runs": [run]}}
+    state = {"rows": [dataclasses.asdict(r) for r in rows], "facts": facts}
+    text = _ship_render.render(state)
+    assert text.startswith(_ship_render.TITLE + "\n")
+    assert "classic store: 1, 4 target(s) measured 2026-11-22 19:02 UTC, load 1.0 2.0 3.0 at the start" in text
+    assert "1122 MB, 5 layers" in text
     assert text.count("**NOT met**") == 2 and text.count("**met**") == 1
-    assert "the targets form a relay chain" in text and "the head streams the image once" in text
-    assert "for 4 nodes against" in text and "Without the relay" not in text  # no direct row: not invented
-    assert "At 100 Mbit/s, case (b) to one node: whole 40.0 s (320.0 MiB)" in text
-    assert "not timed in this run" in text  # no save_s in facts: said, not invented
+    assert "they form a relay chain" in text and "the head streams the image once" in text
+    assert "At 100 Mbit/s, case (b) to one node: classic layers 1.3 s" in text
+    assert "not timed here" in text  # no save_s in facts: said, not invented
+    assert "append.py" not in text and "gzip, nodekit's choice" not in text  # gone with the blob store
     assert "benchmarks/ship_bench.py" in text.split("Reproduce", 1)[1]
