@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.backends.slurm.render import IDENTITY_FORMAT
 from nodekit.system import docker
 from tests import wheelcache
 from tests.integration.helpers import EXAMPLE, nodekit
@@ -62,6 +63,13 @@ def test_the_same_project_is_the_same_image_on_both_stores(both: tuple[Path, Pat
     classic, ctd = docker.require_image(a["tag"]), docker.require_image(b["tag"], host)
     assert classic.id == a["config_digest"] and ctd.id == b["manifest_digest"]
     assert classic.identity == ctd.identity and classic.layers == ctd.layers
+    # A Slurm task (docker mode) hashes its own engine's inspect through one template: the same on both stores.
+    argv = ["image", "inspect", "--format", IDENTITY_FORMAT, a["tag"]]
+    engines = ("unix:///var/run/docker.sock", host)
+    seen = {
+        subprocess.run(["docker", "-H", h, *argv], capture_output=True, text=True, check=True).stdout for h in engines
+    }
+    assert len(seen) == 1 and a["tag"] and '"sha256:' in seen.pop()
     # The containerd store holds every blob the manifest names: the image is complete there (listed, savable).
     listed = subprocess.run(["docker", "-H", host, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}"],
                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip

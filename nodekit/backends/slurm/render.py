@@ -182,6 +182,15 @@ def task_body(job: SlurmJob) -> str:
     return "\n".join(lines)
 
 
+# `docker image inspect`'s template for an image's identity in a Slurm task (docker mode): the fields both image stores
+# report alike (nodekit.system.docker.models.IDENTITY_KEYS, the layers, the platform), hashed by the task.
+IDENTITY_FORMAT = (
+    "{{json .RootFS.Layers}} {{json .Config.User}} {{json .Config.Env}} {{json .Config.Entrypoint}} "
+    "{{json .Config.Cmd}} {{json .Config.WorkingDir}} {{json .Config.Labels}} {{json .Config.StopSignal}} "
+    "{{.Os}}/{{.Architecture}}/{{.Variant}}"
+)
+
+
 def _prelude(job: SlurmJob) -> list[str]:
     if job.mode == "docker":
         engine = f"DOCKER_HOST={quote(job.docker_host)}" if job.docker_host else "-u DOCKER_HOST"
@@ -195,7 +204,10 @@ def _prelude(job: SlurmJob) -> list[str]:
             'every node, or choose another [slurm] container"',
             '"${nk_docker[@]}" version --format "{{.Server.Version}}" >/dev/null 2>&1 || nk_fail "this node\'s '
             'Docker engine does not answer (docker version)" "start Docker on every node, or set [slurm] docker_host"',
-            'nk_image_id=$("${nk_docker[@]}" image inspect --format "{{.Id}}" "$nk_image" 2>/dev/null) || nk_fail '
+            "# The image's identity on this node: what both of Docker's image stores report alike (the layers and",
+            "# the runtime config), so that nodes on the classic and the containerd store agree (their ids differ).",
+            f'nk_image_id=$("${{nk_docker[@]}}" image inspect --format {quote(IDENTITY_FORMAT)} "$nk_image" '
+            '2>/dev/null) && nk_image_id="sha256:$(printf %s "$nk_image_id" | sha256sum | cut -d" " -f1)" || nk_fail '
             '"image $nk_image is not in this node\'s Docker engine" "nodekit push it to every node (or set [slurm] '
             'push_to)"',
             "# --ulimit NAME=WANT (bytes, -1: unlimited) within this node's hard limit (what Slurm gave the task); "

@@ -8,6 +8,7 @@ review the diff.
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 from pathlib import Path
 
@@ -63,7 +64,10 @@ def test_docker_gets_every_value_byte_for_byte(tmp_path: Path) -> None:
         envs = dict(a.removeprefix("--env=").split("=", 1) for a in argv if a.startswith("--env=") and "=" in a[6:])
         assert {k: envs[k] for k in env_table} == env_table
         assert envs["NODE_RANK"] == str(rank) and envs["MASTER_ADDR"] == "10.9.0.1"
-        assert envs["NODEKIT_IMAGE_ID"] == f"sha256:node{rank}"  # the image as this node's engine has it
+        # The image as this node's engine has it: the sha256 of what its `docker image inspect` printed (the fake's
+        # "sha256:node<R>"; tests/integration/test_image_stores.py runs the real template on both image stores).
+        inspected = hashlib.sha256(f"sha256:node{rank}".encode()).hexdigest()
+        assert envs["NODEKIT_IMAGE_ID"] == f"sha256:{inspected}"
         # The job secret and pass_env by name: docker takes them from the task's environment, never an argument.
         assert "--env=NODEKIT_JOB_SECRET" in argv and not [a for a in argv if SECRET in a]
         assert fake.environ(tmp_path, rank)["NODEKIT_JOB_SECRET"] == SECRET
