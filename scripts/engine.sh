@@ -184,6 +184,16 @@ is_dockerd() {
     [[ "${stat##*) }" != Z* ]]
 }
 
+# Every descriptor above stderr closed, in the current (sub)shell: what a daemon started from here must not inherit.
+close_inherited_fds() {
+    local fd fds
+    fds=$(ls "/proc/$BASHPID/fd")
+    for fd in $fds; do
+        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+    done
+    return 0
+}
+
 # Running and not a zombie, whatever its name (just after launch it may still be setsid/nohup/nsenter).
 is_running() {
     local stat
@@ -462,9 +472,14 @@ start_daemon() {
         fi
         say "starting ${cmd[*]} (log $LOG)"
         # dockerd finds containerd, the shims, docker-proxy and docker-init through PATH.
-        PATH="$PREFIX/usr/sbin:$PREFIX/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
-            setsid nohup "${cmd[@]}" >>"$LOG" 2>&1 </dev/null &
-        # Without job control neither setsid nor nohup forks, so $! ends up as dockerd itself.
+        # The daemon outlives this script: it keeps none of the descriptors its caller opened (a `flock LOCK make
+        # test` holding the lock on fd 3 would otherwise stay locked for as long as dockerd and containerd run).
+        (
+            close_inherited_fds
+            PATH="$PREFIX/usr/sbin:$PREFIX/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" \
+                exec setsid nohup "${cmd[@]}"
+        ) >>"$LOG" 2>&1 </dev/null &
+        # Without job control the subshell execs, and neither setsid nor nohup forks: $! is dockerd itself.
         pid=$!
     fi
     local deadline=$((SECONDS + TIMEOUT))
