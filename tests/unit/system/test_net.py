@@ -340,6 +340,21 @@ def test_debug_env_wins_over_configured_values() -> None:
     assert env(svc(settings(env={"NCCL_DEBUG": "WARN"}), 1, CPU))["NCCL_DEBUG"] == "WARN"
 
 
+def _free_port_below(held: socket.socket) -> int:
+    """A port P that nothing listens on, with ``held`` bound to P + 1. Other tests on this machine (xdist workers)
+    take ephemeral ports too, so P is one the kernel gave out and gave back, not whatever port lies below ``held``'s."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+            try:
+                held.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no free port with a free port above it in 100 tries")
+
+
 def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path) -> None:
     from nodekit.backends.compose.node import check_master_port
     from nodekit.errors import NetworkError
@@ -347,9 +362,8 @@ def test_up_refuses_a_taken_rendezvous_port_and_names_the_holder(tmp_path: Path)
 
     (tmp_path / "train.py").write_text("")
     with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
+        port = _free_port_below(held)  # the preflight port (master + 1) is the one taken, the master port free
         held.listen()
-        port = held.getsockname()[1] - 1  # the preflight port (master + 1) is the one taken
         s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, master_port=port)
         plan = plan_here(s, 0, "127.0.0.1", image="x:y", facts=CPU)
         with pytest.raises(NetworkError, match=rf"port {port + 1} on main is already in use by .*pid {os.getpid()}"):
