@@ -10,13 +10,18 @@ hand:
 
     ssh root@HOST docker run --rm --network host --ipc host -e GLOO_SOCKET_IFNAME=IFACE -v PROJECT:/workspace \\
         -w /workspace --entrypoint /opt/venv/bin/python IMAGE -m torch.distributed.run --nnodes N --node-rank R \\
-        --nproc-per-node 1 --master-addr MAIN --master-port PORT train.py --epochs 1
+        --nproc-per-node 1 --master-addr MAIN --master-port PORT train.py --epochs 1 --step-times
 
-Both sides run the same image, script and torch. nodekit's own timestamps (``nodekit run``'s progress lines, and
-its run record when there is one) give where its extra seconds go. Needs root, a dockerd and Debian's openssh-server
-(make engine sshd).
+Both sides run the same image, script and torch. Where nodekit's seconds go (benchmarks/fleet_phases.py): its
+progress lines, stamped as they are printed, its run record (each node's phases as the head saw them) and rank 0's
+``--step-times`` (main() entered, process group initialised), the same marks as the anchor's.
 
-    .venv/bin/python benchmarks/fleet_bench.py [--pairs 5] [--hosts 1,2,4] [--no-docs]
+Results accumulate in ``--state`` (a JSON file; one entry per label and host count, a host count run again
+replaces its entry), so host counts measured in separate runs (one heavy-lock hold each) make one table.
+``--label before`` writes the "## Before" section of the doc and leaves the rest; any other label writes the top
+and keeps that section. Needs root, a dockerd and Debian's openssh-server (make engine sshd).
+
+    .venv/bin/python benchmarks/fleet_bench.py [--pairs 5] [--hosts 1,2,4] [--state F] [--label L] [--no-docs]
 """
 
 from __future__ import annotations
@@ -24,27 +29,66 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import stats  # noqa: E402
+from benchmarks import fleet_phases, stats  # noqa: E402
+from benchmarks._project import loadavg, now_utc, read_state, write_state  # noqa: E402
 
 FIRST_STEP = "ddp-demo: first step done"
 TARGET_S = 1.5
 DOC = ROOT / "docs" / "fleet-bench.md"
-PHASES = (
-    ("hosts checked", r"host\(s\) ready \(([0-9.]+) s\)"),
-    ("all started", r"node\(s\) started \(([0-9.]+) s since"),
-)
+BEFORE = "\n## Before"
+JOB = ["--epochs", "1", "--step-times"]
+
+
+class Tail:
+    """A log file read as it grows: each complete line with the seconds since ``t0`` when it was read."""
+
+    def __init__(self, path: Path, t0: float) -> None:
+        self.path, self.t0 = path, t0
+        self.lines: list[tuple[float, str]] = []
+        self._pos, self._part = 0, ""
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, errors="replace") as f:
+                f.seek(self._pos)
+                chunk = f.read()
+                self._pos = f.tell()
+        except OSError:
+            return
+        if not chunk:
+            return
+        now = time.monotonic() - self.t0
+        *done, self._part = (self._part + chunk).split("\n")
+        self.lines += [(now, ln.rstrip("\r")) for ln in done]
+
+    def first(self, marker: str) -> float:
+        return next((t for t, ln in self.lines if marker in ln), float("nan"))
+
+
+def until_end(proc: subprocess.Popen[str], tails: Sequence[Tail], timeout: float) -> None:
+    """Read ``tails`` every 20 ms until ``proc`` ends (it is killed after ``timeout`` s: SystemExit)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise SystemExit(f"a run did not end within {timeout:.0f} s: {[str(t.path) for t in tails]}")
+        for t in tails:
+            t.poll()
+        time.sleep(0.02)
+    for t in tails:
+        t.poll()
 
 
 def keygen(path: Path) -> Path:
@@ -52,173 +96,188 @@ def keygen(path: Path) -> Path:
     return path
 
 
-def until_first_step(proc: subprocess.Popen[str], logs: Sequence[Path], t0: float, timeout: float) -> float:
-    """Seconds from ``t0`` until one of ``logs`` shows rank 0's first step; the process then runs to its end."""
-    first = float("nan")
-    deadline = t0 + timeout
-    while time.monotonic() < deadline:
-        if first != first and any(FIRST_STEP in p.read_text(errors="replace") for p in logs if p.exists()):
-            first = time.monotonic() - t0
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    if first != first and any(FIRST_STEP in p.read_text(errors="replace") for p in logs if p.exists()):
-        first = time.monotonic() - t0
-    try:
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        raise SystemExit(f"a run did not end within {timeout:.0f} s: {[str(p) for p in logs]}") from None
-    return first
+def step_marks(outputs: Path, t0: float) -> dict[str, float]:
+    f = outputs / "step-times.txt"
+    return fleet_phases.train_marks(f.read_text(), t0) if f.is_file() else {}
 
 
-@dataclass
-class Side:
-    firsts: list[float] = field(default_factory=list)
-    phases: dict[str, list[float]] = field(default_factory=dict)
+def kit_run(c: Any, n: int, ref: str, project: Path, port: int, env: dict[str, str], log: Path) -> dict[str, Any]:
+    """``nodekit run`` on the first ``n`` hosts, from host 0: its first step and phases (seconds since the command)."""
+    shutil.rmtree(project / "outputs", ignore_errors=True)
+    argv = [sys.executable, "-m", "nodekit", "run", "--image", ref, "--master-port", str(port),
+            "--config", str(project / "nodekit.toml")]  # fmt: skip
+    t0_wall, t0 = time.time(), time.monotonic()
+    proc = c.main.popen(*argv, env=env, cwd=project, log=log)
+    tail = Tail(log, t0)
+    until_end(proc, [tail], 600)
+    if proc.returncode != 0:
+        raise SystemExit(f"nodekit run on {n} host(s) failed:\n{log.read_text()[-3000:]}")
+    records = sorted((project / ".nodekit" / "runs").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
+    record = json.loads(records[-1].read_text()) if records else {}
+    return {
+        "first": tail.first(FIRST_STEP),
+        "head": fleet_phases.head_phases(tail.lines),
+        "lines": fleet_phases.first_lines(tail.lines),
+        "nodes": fleet_phases.node_phases(record, t0_wall),
+        "train": step_marks(project / "outputs", t0),
+    }
 
 
-def seconds(pattern: str, text: str) -> float:
-    found = re.search(pattern, text)
-    return float(found.group(1)) if found else float("nan")
+def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, env: dict[str, str],
+             out: Path) -> dict[str, Any]:  # fmt: skip
+    """Bare torchrun on ``n`` hosts, each started over SSH from the head as the Lambda guide does (one ssh per host,
+    at once): rank 0's first step and training marks. Each host runs its own copy of the project (its own outputs)."""
+    hosts = c.hosts[:n]
+    main = hosts[0]
+    procs, logs = [], []
+    for h in hosts:
+        copy = out / h.name
+        shutil.rmtree(copy / "outputs", ignore_errors=True)
+        if not copy.exists():
+            shutil.copytree(project, copy, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit"))
+    t0 = time.monotonic()
+    for rank, h in enumerate(hosts):
+        remote = (f"docker run --rm --network host --ipc host -e GLOO_SOCKET_IFNAME={h.iface} -v {out / h.name}:"
+                  f"/workspace -w /workspace --entrypoint /opt/venv/bin/python {ref} -m torch.distributed.run "
+                  f"--nnodes {n} --node-rank {rank} --nproc-per-node 1 --master-addr {main.addr} --master-port {port} "
+                  f"train.py {' '.join(JOB)}")  # fmt: skip
+        logs.append(out / f"rank{rank}.log")
+        procs.append(main.popen(str(bin_dir / "ssh"), f"root@{h.addr}", remote, env=env, log=logs[-1]))
+    tail = Tail(logs[0], t0)
+    until_end(procs[0], [tail], 600)
+    for p in procs[1:]:
+        p.wait(timeout=600)
+    codes = [p.returncode for p in procs]
+    if any(codes):
+        raise SystemExit(f"bare torchrun on {n} host(s) failed ({codes}):\n{logs[0].read_text()[-3000:]}")
+    return {"first": tail.first(FIRST_STEP), "train": step_marks(out / main.name / "outputs", t0)}
+
+
+def configure(cfg: Path, hosts: Sequence[str]) -> None:
+    keep = [ln for ln in cfg.read_text().splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
+    cfg.write_text("\n".join([*keep, f"nnodes = {len(hosts)}", f"hosts = {json.dumps(list(hosts))}",
+                              f"args = {json.dumps(JOB)}"]) + "\n")  # fmt: skip
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5, help="interleaved pairs per host count (default 5)")
     parser.add_argument("--hosts", default="1,2,4")
+    parser.add_argument("--state", type=Path, help="accumulate results here (JSON), across runs")
+    parser.add_argument("--label", default="now", help="'before' writes the doc's Before section (default: now)")
     parser.add_argument("--no-docs", action="store_true", help="print the result, do not write docs/")
     parser.add_argument("--seed", type=int, default=1)
     opts = parser.parse_args()
-    from benchmarks._project import build, copy_demo
-    from tests.cluster.conftest import push_image
+    from benchmarks._project import build, copy_demo, exit_on_signals
     from tests.cluster.harness import Cluster, ssh_client
+    from tests.cluster.helpers import push_image
 
+    exit_on_signals()
+    state = read_state(opts.state) if opts.state else {}
+    runs: dict[str, Any] = state.setdefault(opts.label, {})
     project = copy_demo("nodekit-fleet-bench-")
     work = project.parent
-    cfg = project / "nodekit.toml"
     ref = build(project, quiet=True)
     counts = [int(n) for n in opts.hosts.split(",")]
-    results: dict[int, tuple[Side, Side]] = {}
-    t_start = time.monotonic()
-    with Cluster(max(counts), name="nkf", owner=os.getpid(), decoy=False) as c:
-        push_image(ref, None, [c.main])
-        push_image(ref, c.main.docker_host, c.hosts[1:])
-        host_key, client_key = keygen(work / "host"), keygen(work / "client")
-        bin_dir = ssh_client(work / "ssh", c.hosts, client_key, host_key.with_suffix(".pub").read_text())
-        for h in c.hosts:
-            h.start_sshd(client_key.with_suffix(".pub").read_text(), host_key)
-        env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": ""}
-        try:
-            for n in counts:
-                base = cfg.read_text().splitlines()
-                keep = [ln for ln in base if not ln.startswith(("nnodes =", "hosts =", "args ="))]
-                hosts = [f"ssh://root@{h.addr}" for h in c.hosts[:n]]
-                cfg.write_text("\n".join([*keep, f"nnodes = {n}", f"hosts = {json.dumps(hosts)}",
-                                          'args = ["--epochs", "1"]']) + "\n")  # fmt: skip
-                kit, bare = Side(), Side()
-                for i in range(opts.pairs):
-                    order = ("kit", "bare") if i % 2 == 0 else ("bare", "kit")
-                    for side in order:
-                        port = 29700 + (i * 2 + (side == "bare")) % 40
-                        if side == "kit":
-                            log = work / f"kit-{n}-{i}.log"
-                            argv = [sys.executable, "-m", "nodekit", "run", "--image", ref, "--master-port", str(port),
-                                    "--config", str(cfg)]  # fmt: skip
-                            t0 = time.monotonic()
-                            proc = c.main.popen(*argv, env=env, cwd=project, log=log)
-                            kit.firsts.append(until_first_step(proc, [log], t0, 600))
-                            if proc.returncode != 0:
-                                raise SystemExit(f"nodekit run on {n} host(s) failed:\n{log.read_text()[-3000:]}")
-                            text = log.read_text(errors="replace")
-                            for name, pattern in PHASES:
-                                kit.phases.setdefault(name, []).append(seconds(pattern, text))
-                        else:
-                            bare.firsts.append(bare_run(c, n, ref, project, port, bin_dir, env, work / f"bare-{n}-{i}"))
-                    print(f"fleet bench: {n} host(s), pair {i + 1}: nodekit {kit.firsts[-1]:.2f} s, bare "
-                          f"{bare.firsts[-1]:.2f} s", flush=True)  # fmt: skip
-                results[n] = (kit, bare)
-        finally:
+    load_start = loadavg()
+    try:
+        with Cluster(max(counts), name="nkf", owner=os.getpid(), decoy=False) as c:
+            push_image(ref, None, [c.main])
+            push_image(ref, c.main.docker_host, c.hosts[1:])
+            host_key, client_key = keygen(work / "host"), keygen(work / "client")
+            bin_dir = ssh_client(work / "ssh", c.hosts, client_key, host_key.with_suffix(".pub").read_text())
             for h in c.hosts:
-                h.stop_sshd()
-    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    text = render(results, opts, load=load, minutes=(time.monotonic() - t_start) / 60)
+                h.start_sshd(client_key.with_suffix(".pub").read_text(), host_key)
+            # Unbuffered: each progress line is written, and stamped, when it is printed; wide: never wrapped.
+            env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": "", "PYTHONUNBUFFERED": "1",
+                   "COLUMNS": "400"}  # fmt: skip
+            try:
+                for n in counts:
+                    configure(project / "nodekit.toml", [f"ssh://root@{h.addr}" for h in c.hosts[:n]])
+                    kit: list[dict[str, Any]] = []
+                    bare: list[dict[str, Any]] = []
+                    t_n = time.monotonic()
+                    for i in range(opts.pairs):
+                        for side in ("kit", "bare") if i % 2 == 0 else ("bare", "kit"):
+                            port = 29700 + (i * 2 + (side == "bare")) % 40
+                            if side == "kit":
+                                kit.append(kit_run(c, n, ref, project, port, env, work / f"kit-{n}-{i}.log"))
+                            else:
+                                bare.append(bare_run(c, n, ref, project, port, bin_dir, env, work / f"bare-{n}"))
+                        print(f"fleet bench: {n} host(s), pair {i + 1}: nodekit {kit[-1]['first']:.2f} s, bare "
+                              f"{bare[-1]['first']:.2f} s", flush=True)  # fmt: skip
+                    runs[str(n)] = {"kit": kit, "bare": bare, "measured": now_utc(), "load_start": load_start,
+                                    "load_end": loadavg(), "minutes": (time.monotonic() - t_n) / 60}  # fmt: skip
+                    if opts.state:
+                        write_state(opts.state, state)
+            finally:
+                for h in c.hosts:
+                    h.stop_sshd()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = render(runs, opts.label, seed=opts.seed)
     print(text)
     if not opts.no_docs:
-        write(text)
-    shutil.rmtree(work, ignore_errors=True)
+        write(text, before=opts.label == "before")
     return 0
 
 
-def bare_run(c: object, n: int, ref: str, project: Path, port: int, bin_dir: Path, env: dict[str, str],
-             out: Path) -> float:  # fmt: skip
-    """Bare torchrun on ``n`` hosts, each started over SSH from the head as the Lambda guide does (one ssh per host,
-    at once); seconds to rank 0's first step. Each host runs its own copy of the project (its own outputs)."""
-    hosts = c.hosts[:n]  # type: ignore[attr-defined]
-    main = hosts[0]
-    procs, logs = [], []
-    t0 = time.monotonic()
-    for rank, h in enumerate(hosts):
-        copy = out / h.name
-        if not copy.exists():
-            shutil.copytree(project, copy, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit"))
-        remote = (f"docker run --rm --network host --ipc host -e GLOO_SOCKET_IFNAME={h.iface} -v {copy}:/workspace "
-                  f"-w /workspace --entrypoint /opt/venv/bin/python {ref} -m torch.distributed.run --nnodes {n} "
-                  f"--node-rank {rank} --nproc-per-node 1 --master-addr {main.addr} --master-port {port} "
-                  "train.py --epochs 1")  # fmt: skip
-        log = out / f"rank{rank}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        logs.append(log)
-        procs.append(main.popen(str(bin_dir / "ssh"), f"root@{h.addr}", remote, env=env, log=log))
-    first = until_first_step(procs[0], logs[:1], t0, 600)
-    for p in procs[1:]:
-        p.wait(timeout=600)
-    codes = [p.returncode for p in procs]
-    if any(codes):
-        raise SystemExit(f"bare torchrun on {n} host(s) failed ({codes}):\n{logs[0].read_text()[-3000:]}")
-    return first
-
-
-def render(results: dict[int, tuple[Side, Side]], opts: argparse.Namespace, *, load: str, minutes: float) -> str:
-    rows = []
-    for n, (kit, bare) in sorted(results.items()):
-        diff = stats.difference_of_medians(bare.firsts, kit.firsts, seed=opts.seed)
-        verdict = stats.verdict(diff, TARGET_S)
-        phases = "; ".join(f"{name} {stats.median([x for x in xs if x == x]):.1f} s" for name, xs in kit.phases.items()
-                           if any(x == x for x in xs))  # fmt: skip
-        rows.append(
-            f"| {n} | {stats.median(bare.firsts):.2f} s | {stats.median(kit.firsts):.2f} s | {diff.estimate:+.2f} s "
-            f"[{diff.low:+.2f}, {diff.high:+.2f}] | {verdict.text} | {phases} |"
-        )
+def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
+    """The doc's text for one label's results: the verdict per host count, then where the seconds go."""
+    rows, phases, notes = [], [], []
+    for key in sorted(runs, key=int):
+        r = runs[key]
+        kit, bare = [x["first"] for x in r["kit"]], [x["first"] for x in r["bare"]]
+        diff = stats.difference_of_medians(bare, kit, seed=seed)
+        rows.append(f"| {key} | {stats.median(bare):.2f} s ({', '.join(f'{x:.1f}' for x in bare)}) | "
+                    f"{stats.median(kit):.2f} s ({', '.join(f'{x:.1f}' for x in kit)}) | {diff.estimate:+.2f} s "
+                    f"[{diff.low:+.2f}, {diff.high:+.2f}] | {stats.verdict(diff, TARGET_S).text} |")  # fmt: skip
+        phases.append(fleet_phases.breakdown_row(int(key), r["kit"], r["bare"]))
+        notes.append(f"{key} host(s): {len(kit)} pairs, measured {r['measured']}, load {r['load_start']} at the start "
+                     f"and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
+    title = "## Before (issue 33: as measured before its changes)" if label == "before" else (
+        "# `nodekit run`: command to first training step, against bare torchrun over SSH")  # fmt: skip
     return "\n".join([
-        "# `nodekit run`: command to first training step, against bare torchrun over SSH",
+        title,
         "",
-        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `benchmarks/fleet_bench.py` on the virtual "
-        f"cluster (one machine, {os.cpu_count()} cores, load {load} at the end; {minutes:.0f} minutes): every host a "
-        "network namespace with its own dockerd and sshd, reached over real SSH; the image already on every host; "
-        f"examples/ddp with one epoch; {opts.pairs} interleaved pairs per host count (the order alternates). The "
-        "anchor is bare torchrun started on every host over SSH as the Lambda guide does (`ssh HOST docker run ... "
-        "python -m torch.distributed.run --nnodes N --node-rank R --master-addr MAIN ...`), each host's gloo "
+        f"Measured by `benchmarks/fleet_bench.py` on the virtual cluster (one machine, {os.cpu_count()} cores shared "
+        "by every host): every host a network namespace with its own dockerd and sshd, reached over real SSH; the "
+        "image already on every host; examples/ddp with one epoch; interleaved pairs per host count (the order "
+        "alternates). "
+        "The anchor is bare torchrun started on every host over SSH as the Lambda guide does (`ssh HOST docker run "
+        "... python -m torch.distributed.run --nnodes N --node-rank R --master-addr MAIN ...`), each host's gloo "
         "interface named by hand (GLOO_SOCKET_IFNAME), which nodekit finds by itself.",
+        "",
+        *(f"- {n}" for n in notes),
         "",
         f"Target (issue 33): nodekit within +{TARGET_S:g} s of bare torchrun, decided on the 95% bootstrap interval of "
         "the difference of the medians (met only when the whole interval is at or below it).",
         "",
-        "| hosts | bare torchrun (median) | nodekit run (median) | difference [95% interval] | verdict | nodekit's own "
-        "phases (median, since the command) |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| hosts | bare torchrun: first step, median (runs) | nodekit run: first step, median (runs) | difference "
+        "[95% interval] | verdict |",
+        "| --- | --- | --- | --- | --- |",
         *rows,
         "",
-        "Reproduce: `sudo .venv/bin/python benchmarks/fleet_bench.py` (make bench runs it).",
+        "Where the seconds go (median second since the command of each phase; where each node has its own, the "
+        "earliest to the latest node). The head's steps are `nodekit run`'s progress lines; a node's phases are "
+        "those its run record holds (`nodekit runs show`: when the head saw its container started, the launcher's "
+        "preflight report, torchrun's rendezvous line, the job's first line); rank 0's marks are train.py's "
+        "`--step-times` (main() entered after the worker imported torch, the process group initialised).",
+        "",
+        fleet_phases.BREAKDOWN_HEADER,
+        *phases,
         "",
     ])  # fmt: skip
 
 
-def write(text: str) -> None:
+def write(text: str, *, before: bool) -> None:
+    """``text`` as the doc's top (the Before section kept), or as its Before section (the top kept)."""
     old = DOC.read_text() if DOC.is_file() else ""
-    keep = old.split("\n## Before", 1)
-    DOC.write_text(text + ("\n## Before" + keep[1] if len(keep) == 2 else ""))
+    top, sep, rest = old.partition(BEFORE)
+    if before:
+        DOC.write_text(top.rstrip("\n") + "\n\n" + text)
+    else:
+        DOC.write_text(text + (BEFORE + rest if sep else ""))
 
 
 if __name__ == "__main__":

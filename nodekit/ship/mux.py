@@ -1,4 +1,5 @@
-"""One SSH connection per node for a push: OpenSSH connection sharing (ControlMaster) under the docker CLI.
+"""One SSH connection per node for a push or a whole ``nodekit run``: OpenSSH connection sharing (ControlMaster)
+under the docker CLI.
 
 Over ``ssh://`` every docker call is its own ``ssh`` (the docker CLI runs ``ssh host docker system dial-stdio``),
 so a push to a node paid for six key exchanges and logins: four survey questions, the load and the image id check.
@@ -51,7 +52,9 @@ class SharedSsh:
             _depth += 1
             if _depth > 1:
                 return self
-            real = shutil.which("ssh")
+            # The ssh nodekit's children would run: under a fleet command that is the keepalive wrapper
+            # (nodekit/backends/fleet/alive.py), so the shared connection keeps alive at the job's interval.
+            real = shutil.which("ssh", path=proc.environ().get("PATH"))
             if real is None:
                 return self
             # Short: a unix socket path is at most 107 bytes, and %C is 40 of them.

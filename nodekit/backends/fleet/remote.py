@@ -145,14 +145,18 @@ def check_all(
     expect: Callable[[FleetHost], Expect],
     gpus: Callable[[FleetHost], int | None],
     on_done: Callable[[FleetHost, str | None], None] | None = None,
+    then: Callable[[FleetHost], object] | None = None,
 ) -> list[Gathered]:
     """:func:`check_host` on every host in parallel; their facts in rank order, or FleetCheckError naming every
-    failing host with its fix."""
+    failing host with its fix. ``then`` runs in a host's own thread as soon as that host passed (the next question
+    for it, over the connection its check opened, without waiting for the slowest host); it must not raise."""
 
     def one(h: FleetHost) -> Gathered | list[Problem]:
         result = check_host(h, expect(h), gpus(h))
         if on_done is not None:
             on_done(h, None if isinstance(result, Gathered) else "; ".join(p.what for p in result))
+        if then is not None and isinstance(result, Gathered):
+            then(h)
         return result
 
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:

@@ -1,13 +1,16 @@
 """``nodekit run``: the plan per rank, carried out on every host (``status``/``logs``/``down``: fleet/manage.py).
 
-Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts)
--> ship the image where it is missing -> write ``compose/node-R.yaml`` for every rank -> start every node -> one
+Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts;
+each host is asked for the image as soon as its own check passed: nodekit/backends/fleet/image.py) -> ship the image
+where it is missing -> write ``compose/node-R.yaml`` for every rank -> start every node -> one
 merged log while the supervisor's decision table (:mod:`nodekit.backends.fleet.supervise`) watches the exits -> gang
 stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through nodekit.system.proc.stopping,
 an error of ours), every node's container is removed before this returns; a host that cannot be reached for that is
 named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a host that vanishes is reported
 lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before blaming a
-survivor.
+survivor. Every ssh of the run to one host (the check's, and the docker CLI's for the image, ``compose up``, the log
+follower, the waiter, ``down``) rides one shared connection (:class:`nodekit.ship.SharedSsh`, opened by the check and
+keeping alive as above): one key exchange and login per host per run, not one per call (issue 33).
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
+from nodekit.backends.fleet.image import image_there, ship_image
 from nodekit.backends.fleet.manage import parallel as _parallel
 from nodekit.backends.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
 from nodekit.config.settings import Settings
@@ -40,9 +44,6 @@ from nodekit.system import docker, proc
 from nodekit.system.host import net
 from nodekit.system.host.facts import Gathered
 from nodekit.system.progress import Reporter
-
-if TYPE_CHECKING:
-    from nodekit.ship.relay import RelayMode
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
 RESTART_ENV = Env.RESTART_COUNT
@@ -113,32 +114,6 @@ def plan_nodes(
 ) -> list[NodePlan]:
     """Pure: one NodePlan per rank, each from that host's world (:func:`node_worlds`)."""
     return [plan_node(settings, h.rank, w, debug=debug) for h, w in zip(hosts, worlds, strict=True)]
-
-
-def ship_image(
-    ref: str,
-    hosts: Sequence[FleetHost],
-    reporter: Reporter,
-    *,
-    store: Path | None = None,
-    relay: RelayMode = "auto",
-) -> None:
-    """Put ``ref`` on every host that lacks it, through nodekit push's code (only the layers each lacks; from the
-    project's blob ``store`` alone when the hosts lack only what it holds, e.g. after a code change; relayed from
-    host to host when ``relay`` says so)."""
-    from nodekit import ship
-
-    src = ship.source_of(ref, None, store=store)
-    targets = [ship.Target(name=f"node {h.rank}", endpoint=h.url) for h in hosts]
-    with ship.SharedSsh():  # one SSH connection per host for the survey, the loads and the checks
-        plan = ship.plan_push(src, ship.survey(src, targets), here_zstd=ship.zstd_here())
-        missing = [s.target.name for s in plan.steps if s.action != "skip"]
-        if not missing:
-            reporter.done(f"{ref} is already on every host")
-            return
-        reporter.step(f"shipping {ref} to {', '.join(missing)}")
-        ship.push(plan, reporter, relay=relay)
-    reporter.done(f"{ref} is on every host (image id verified)")
 
 
 @dataclass
@@ -310,13 +285,16 @@ def run(
 
     check_command(settings)  # a missing script is refused before any host is checked or shipped to
     interval = alive_interval(settings.peer_timeout)
-    with kept_alive(interval):
+    from nodekit import ship
+
+    # One SSH connection per host for the whole run, keeping alive at the job's interval: the check opens it, and
+    # the image question, compose up, the log follower, the waiter and down ride on it without handshakes.
+    with kept_alive(interval), ship.SharedSsh():
         ref = image or current_image(settings)
         info = docker.require_image(ref)
         events.image(ref, info.identity, info.labels)
-        return _attempts(
-            settings, list(hosts), reporter, on_line, ref, info.identity, debug, clock, loss_window(interval), events
-        )
+        return _attempts(settings, list(hosts), reporter, on_line, ref, info, debug, clock, loss_window(interval),
+                         events)  # fmt: skip
 
 
 def _attempts(
@@ -325,21 +303,25 @@ def _attempts(
     reporter: Reporter,
     on_line: LineFn,
     ref: str,
-    image_id: str,
+    info: docker.ImageInfo,
     debug: bool,
     clock: Callable[[], float],
     cause_s: float,
     events: RunEvents = NO_EVENTS,
 ) -> int:
     t0 = clock()
+    image_id = info.identity
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
     failures: dict[int, int] = {}
     used = 0
     while True:
         n = len(hosts)
-        facts = _check(settings, hosts, reporter)
+        facts, there = _check(settings, hosts, reporter, ref, info)
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
-        ship_image(ref, hosts, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
+        if missing := [h for h in hosts if h.rank not in there]:
+            ship_image(ref, missing, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
+        else:
+            reporter.done(f"{ref} is already on every host")
         for h in hosts:
             events.phase(h.rank, "image")
         job = job_settings(settings, hosts, restart=used)
@@ -384,9 +366,19 @@ def _attempts(
         raise _verdict(hosts, decision, culprit, unreached)
 
 
-def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> list[Gathered]:
+def _check(
+    settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str, info: docker.ImageInfo
+) -> tuple[list[Gathered], set[int]]:
+    """Every host checked (facts, or FleetCheckError: nothing started), and the ranks whose host has the image,
+    each asked as soon as its own check passed."""
+    there: set[int] = set()
+
+    def ask(h: FleetHost) -> None:
+        if image_there(ref, info, h):
+            there.add(h.rank)
+
     reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
-    return remote.check_all(
+    facts = remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(
             ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
@@ -394,7 +386,9 @@ def _check(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -
         ),
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
         on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
+        then=ask,
     )
+    return facts, there
 
 
 def _verdict(
