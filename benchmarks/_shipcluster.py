@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIC_ENGINE = "unix:///var/run/docker.sock"
-CONTAINERD_ENGINE = os.environ.get("NODEKIT_CONTAINERD_HOST", "unix:///var/run/nodekit-containerd.sock")
+CONTAINERD_ENGINE = os.environ.get("NODEKIT_CONTAINERD_HOST", "unix:///run/nodekit-engine-sid/containerd/docker.sock")
 REGISTRY = Path("/usr/bin/docker-registry")
 REG_PORT = 5000
 PROBE = f"import socket; socket.create_connection(('127.0.0.1', {REG_PORT}), timeout=1).close()"
