@@ -37,7 +37,7 @@ def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = Non
         # An image nodekit wrote: its layers and their sizes are exact, and every layer above the base is a blob here.
         layers = tuple(Layer(d, desc.size) for d, desc in zip(image.diff_ids, image.layers, strict=True))
         cached = frozenset(d for d, desc in zip(image.diff_ids, image.layers, strict=True) if blobs.has(desc.digest))
-        base = info.labels.get(LABEL_BASE) or None
+        base = _base_here(info.labels.get(LABEL_BASE) or None, image.diff_ids[: image.base_layers], endpoint)
         return Source(blob_store=store, cached_layers=cached, ref=ref, image_id=info.id, size=info.size,
                       engine_id=facts.engine_id, endpoint=endpoint, layers=layers,
                       containerd_store=facts.containerd_store, identity=info.identity,
@@ -58,6 +58,20 @@ def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = Non
 def layers_held(endpoint: str | None = None) -> frozenset[str]:
     """Every layer chain id the engine at ``endpoint`` holds (what ``nodekit layers`` reports)."""
     return chains_of(docker.layer_lists(endpoint))
+
+
+def _base_here(base: str | None, lower: Sequence[str], endpoint: str | None) -> str | None:
+    """``base`` when the source engine holds it with exactly the image's ``lower`` layers (its base layers then come
+    out of a ``docker save`` of the base alone); else None, and a target lacking base layers gets ``docker save`` of
+    the image. An engine that received the image by a push has no base tag: the head of a fleet that is itself a node
+    is such an engine."""
+    if base is None:
+        return None
+    try:
+        got = docker.image_info(base, endpoint)
+    except NodekitError:
+        return None
+    return base if got is not None and tuple(got.layers) == tuple(lower) else None
 
 
 def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:

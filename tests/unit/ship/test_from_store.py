@@ -8,6 +8,8 @@ import json
 import tarfile
 from pathlib import Path
 
+from pytest import MonkeyPatch
+
 from nodekit import ship
 from nodekit.image.archive import Image, layer_descriptor
 from nodekit.image.blobs import BlobStore
@@ -59,3 +61,21 @@ def test_a_damaged_layer_of_nodekit_goes_through_docker_save_never_through_the_b
     assert src.blob_store is not None
     BlobStore(src.blob_store).path(code).write_bytes(b"damaged")
     assert from_store(src, frozenset({BASE_LAYER, pkg})) is None
+
+
+def test_the_base_is_read_from_the_source_engine_only_when_it_holds_that_very_base(monkeypatch: MonkeyPatch) -> None:
+    """An engine that received the image by a push (a fleet's head that is one of its nodes) has no base tag: a target
+    lacking base layers is then sent ``docker save`` of the image, not a failing save of a base that is not there."""
+    from nodekit.ship import engines
+    from nodekit.system import docker
+
+    lower = (BASE_LAYER,)
+    held = {
+        "nodekit/base:bookworm": docker.ImageInfo(id="b", tags=(), labels={}, size=1, layers=lower),
+        "nodekit/base:rebuilt": docker.ImageInfo(id="c", tags=(), labels={}, size=1, layers=("sha256:" + "c" * 64,)),
+    }
+    monkeypatch.setattr(docker, "image_info", lambda ref, host=None: held.get(ref))
+    assert engines._base_here("nodekit/base:bookworm", lower, "ssh://root@h0") == "nodekit/base:bookworm"
+    assert engines._base_here("nodekit/base:trixie", lower, "ssh://root@h0") is None  # not on that engine
+    assert engines._base_here("nodekit/base:rebuilt", lower, None) is None  # the tag names another base now
+    assert engines._base_here(None, lower, None) is None
