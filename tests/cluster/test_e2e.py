@@ -230,9 +230,14 @@ def _mesh_connected(host: Host, peers: list[Host]) -> bool:
     return {p.addr for p in peers} <= reached
 
 
-def lost_line(out: str, rank: int, addr: str) -> str | None:
-    """The watchdog's line naming node ``rank`` at ``addr`` as lost, if the output has one."""
-    pattern = rf"nodekit: node {rank} \({re.escape(addr)}, host [^)]*\) lost: no heartbeat for \d+ s; [^\n]*"
+HEARTBEAT = r"no heartbeat for \d+ s; "
+CLOSED = r"store connection closed without a done mark \(the launcher ended: its container killed or stopped\); "
+
+
+def lost_line(out: str, rank: int, addr: str, why: str = HEARTBEAT) -> str | None:
+    """The watchdog's line naming node ``rank`` at ``addr`` as lost for the reason ``why`` (a regex), if the output
+    has one."""
+    pattern = rf"nodekit: node {rank} \({re.escape(addr)}, host [^)]*\) lost: {why}[^\n]*"
     found = re.search(pattern, out)
     return found.group(0) if found else None
 
@@ -251,8 +256,8 @@ def test_a_host_killed_mid_training_ends_the_others_promptly_naming_it(
     demo_everywhere: Demo, cluster: Cluster, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
     """The host dies with its processes: its peers see the connections close, so gloo fails on the survivors at once
-    ("Connection closed by peer [172.31.250.12]"), and the watchdog names the node once its heartbeat has been
-    silent for NODEKIT_PEER_TIMEOUT (default 15 s): exit 19."""
+    ("Connection closed by peer [172.31.250.12]"), and the watchdog names the node at once too, since the kernel
+    closed its store connection without a done mark (not after NODEKIT_PEER_TIMEOUT of silence): exit 19."""
     h0, h1, h2 = cluster.hosts
     # Long enough that the kill lands in training; the process group timeout is far above what we allow below.
     env = {"NODEKIT_ARGS": json.dumps(["--epochs", "100000", "--pg-timeout", "600"])}
@@ -270,7 +275,7 @@ def test_a_host_killed_mid_training_ends_the_others_promptly_naming_it(
         assert n.code == EXIT_PEER_LOST, report(nodes)
         # Generous for a loaded 2-core machine; gloo's default timeout is 30 min, NCCL's 10.
         assert n.seconds < PEER_TIMEOUT + 45, f"node {n.rank} took {n.seconds:.0f} s"
-        line = lost_line(n.output(), 2, h2.addr)
+        line = lost_line(n.output(), 2, h2.addr, CLOSED)
         assert line, f"node {n.rank} does not name the lost node:\n{n.output()[-3000:]}"
         assert "the job exited with code 19" in n.output(), report([n])
         assert n.host.running_containers() == []
