@@ -84,6 +84,9 @@ def cuda_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: None) 
         for tag in info.tags:
             if tag != keep:
                 docker.remove_image(tag)
+    # The project's build state (wheelhouse, build contexts, the blob store: about 15 GB with the CUDA layers) would
+    # otherwise stay in tmp until the session ends, beside every later module's.
+    shutil.rmtree(project, ignore_errors=True)
 
 
 def test_the_lock_pins_pypis_cuda_build_not_a_cpu_wheel(cuda_project: Path) -> None:

@@ -60,6 +60,7 @@ def lightly_project(tmp_path_factory: pytest.TempPathFactory, docker_engine: Non
         for tag in info.tags:
             if tag != keep:
                 docker.remove_image(tag)
+    shutil.rmtree(root, ignore_errors=True)  # the build state and both nodes' data: gigabytes, until the session ends
 
 
 def test_the_lock_holds_lightly_train_0_18_and_its_sdist_built_dependency(lightly_project: Path) -> None:

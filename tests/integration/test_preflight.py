@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,7 +71,7 @@ def test_a_main_this_node_cannot_reach_is_named_within_seconds(ddp_project: Path
 
 
 @pytest.fixture(scope="module")
-def other_image(ddp_project: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+def other_image(ddp_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The same project with one extra file: another fingerprint, as a node with a stale checkout would have."""
     variant = tmp_path_factory.mktemp("variant") / "ddp"
     shutil.copytree(ddp_project, variant, ignore=shutil.ignore_patterns("outputs", "compose"))
@@ -79,7 +80,8 @@ def other_image(ddp_project: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     assert built.returncode == 0, built.stderr
     found = re.search(r"nodekit/ddp-demo:[0-9a-f]{12}", built.stdout)
     assert found, built.stdout
-    return found.group(0)
+    yield found.group(0)
+    shutil.rmtree(variant, ignore_errors=True)  # its build state (gigabytes) until the session ends otherwise
 
 
 def test_a_node_with_a_different_image_is_refused_on_both_nodes(ddp_project: Path, other_image: str) -> None:
