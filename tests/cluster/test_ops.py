@@ -17,6 +17,7 @@ import pytest
 
 from nodekit.launcher.contract import RENDEZVOUS_DONE
 from nodekit.runs.events import PHASES
+from nodekit.system import docker
 from tests.cluster.helpers import ROOT, Demo, Fleet, finish, nodekit_argv, nothing_left, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
@@ -79,7 +80,9 @@ def test_exec_top_records_and_the_webhook_during_and_after_runs(
         shown = json.loads(nodekit("runs", "show", "last", "--json").stdout)
         for n in shown["nodes"]:
             assert list(n["phases"]) == list(PHASES) and n["exit_code"] == 0, n
-        assert shown["image_id"] == demo_everywhere.image_id and len(shown["fingerprint"]) == 64
+        # The record names the image by its identity (the same on either image store), not this engine's id.
+        identity = docker.require_image(demo_everywhere.ref).identity
+        assert shown["image_id"] == identity and len(shown["fingerprint"]) == 64
         record_dir = project / ".nodekit" / "runs" / shown["id"]
         samples = (record_dir / "samples.jsonl").read_text().splitlines()
         assert {json.loads(s)["rank"] for s in samples} == {0, 1, 2}, "top --once added its samples to the run"

@@ -53,7 +53,15 @@ def test_wheel_and_sdist_carry_the_assets_and_the_launcher(dists: dict[str, Path
     assert not any(n.startswith(("tests/", "docs/")) for n in names)
     with tarfile.open(dists["sdist"]) as sdist:
         inside = {m.name.split("/", 1)[1] for m in sdist.getmembers() if "/" in m.name}
-    for needed in ("pyproject.toml", "README.md", "images/Dockerfile", "compose/template.yaml", "nodekit/cli/app.py"):
+    # (No compose template any more: every backend renders nodekit/job/container.py's ContainerSpec.)
+    needed_in_sdist = (
+        "pyproject.toml",
+        "README.md",
+        "images/Dockerfile",
+        "nodekit/job/container.py",
+        "nodekit/cli/app.py",
+    )
+    for needed in needed_in_sdist:
         assert needed in inside, f"{needed} missing from {dists['sdist'].name}"
 
 
