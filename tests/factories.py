@@ -11,6 +11,7 @@ import base64
 import hashlib
 import io
 import os
+import shutil
 import socket
 import tarfile
 import threading
@@ -470,3 +471,26 @@ def play_three_nodes(rec: Recorder, clock: RunClock, *, kill: int | None = None)
     for rank in range(3):
         clock.tick(0.3)
         rec.exited(rank, 137 if rank == kill else (143 if kill is not None else 0))
+
+
+def copy_checkout(src: Path, dest: Path, *, builds: bool = False) -> Path:
+    """A copy of the project ``src`` as another checkout of it (another machine's, or a changed one): no outputs, no
+    compose files, no build contexts; the blob store (content-addressed, never written in place) hard-linked, not
+    copied; the wheelhouse linked too when the copy ``builds``, left out otherwise. A plain copy is gigabytes for
+    the demo and every test keeps its tmp until the session ends."""
+    linked = ("blobs", "wheelhouse") if builds else ("blobs",)
+
+    def leave_out(folder: str, names: list[str]) -> set[str]:
+        skip = {"outputs", "compose", "__pycache__"}
+        if Path(folder).name == ".nodekit":
+            skip |= {"build"} if builds else {"build", "wheelhouse"}
+        return skip & set(names)
+
+    def copy(a: str, b: str) -> str:
+        if any(f"{os.sep}.nodekit{os.sep}{name}{os.sep}" in a for name in linked):
+            os.link(a, b)
+            return b
+        return str(shutil.copy2(a, b))
+
+    shutil.copytree(src, dest, ignore=leave_out, copy_function=copy)
+    return dest

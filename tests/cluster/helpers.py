@@ -10,7 +10,6 @@ import io
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from benchmarks._shipnet import tx_bytes
 from nodekit.job import secret
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
+from tests.factories import copy_checkout
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp"
@@ -57,27 +57,7 @@ def host_project(demo: Demo, host: Host, base: Path) -> Path:
     dest = base / host.name / "ddp"
     # The job secret travels with the project (.nodekit/job-secret), as a user's copy to each machine carries it.
     secret.load_or_create(demo.project)
-    shutil.copytree(demo.project, dest, ignore=_not_a_checkout, copy_function=_copy_or_link)
-    return dest
-
-
-def _not_a_checkout(folder: str, names: list[str]) -> set[str]:
-    """What a machine's own checkout lacks: the job's outputs and compose files, and the build's wheelhouse and
-    contexts (about 1 GB of the demo's; no host builds). Each test keeps its copies until the session ends, so the
-    cluster tier would otherwise hold a gigabyte per host per test in tmp (the disk filled with 23 GB free)."""
-    skip = {"outputs", "compose", "__pycache__"}
-    if Path(folder).name == ".nodekit":
-        skip |= {"wheelhouse", "build"}
-    return skip & set(names)
-
-
-def _copy_or_link(src: str, dst: str) -> object:
-    """The blob store's files are hard links (content-addressed, never written in place); the rest are copies a test
-    may change on one host alone."""
-    if f"{os.sep}.nodekit{os.sep}blobs{os.sep}" in src:
-        os.link(src, dst)
-        return dst
-    return shutil.copy2(src, dst)
+    return copy_checkout(demo.project, dest)
 
 
 # --- the fleet: real SSH, an OpenSSH server in every host ---------------------------------------------------------

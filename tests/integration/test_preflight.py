@@ -5,7 +5,6 @@ Both nodes run on this machine (main 127.0.0.1) with their own compose projects,
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.factories import copy_checkout
 from tests.integration.helpers import nodekit
 
 pytestmark = pytest.mark.docker
@@ -71,25 +71,11 @@ def test_a_main_this_node_cannot_reach_is_named_within_seconds(ddp_project: Path
     assert elapsed < 60, f"the container took {elapsed:.0f} s in all"
 
 
-def _not_copied(folder: str, names: list[str]) -> set[str]:
-    skip = {"outputs", "compose"} | ({"build"} if Path(folder).name == ".nodekit" else set())
-    return skip & set(names)
-
-
-def _link_caches(src: str, dst: str) -> str:
-    if f"{os.sep}.nodekit{os.sep}wheelhouse{os.sep}" in src or f"{os.sep}.nodekit{os.sep}blobs{os.sep}" in src:
-        os.link(src, dst)
-        return dst
-    return str(shutil.copy2(src, dst))
-
-
 @pytest.fixture(scope="module")
 def other_image(ddp_project: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The same project with one extra file: another fingerprint, as a node with a stale checkout would have."""
     variant = tmp_path_factory.mktemp("variant") / "ddp"
-    # The wheelhouse and the blob store are linked, not copied (gigabytes, never written in place); the build
-    # contexts are left out (the variant's build writes its own).
-    shutil.copytree(ddp_project, variant, ignore=_not_copied, copy_function=_link_caches)
+    copy_checkout(ddp_project, variant, builds=True)
     (variant / "extra.py").write_text("# a file main does not have\n")
     built = nodekit("build", config=variant / "nodekit.toml", timeout=900)
     assert built.returncode == 0, built.stderr
