@@ -20,7 +20,7 @@ else ifneq ($(STORE),classic)
 $(error STORE is classic or containerd, not '$(STORE)')
 endif
 
-.PHONY: help venv engine engine-containerd sshd slurm chromium base demo test test-smoke test-unit test-docker lint format docs bench clean
+.PHONY: help venv engine engine-containerd sshd slurm chromium base demo test test-smoke test-unit test-docker reclaim lint format docs bench clean
 
 help:
 	@echo "make demo         build the example image and run a 2-node DDP job on this machine"
@@ -29,6 +29,7 @@ help:
 	@echo "make test-smoke   before the full suite: one 2-node up, one code-change push, one 3-host run, one Slurm job (~2.5 min)"
 	@echo "make test-unit    the unit tier only (no Docker)"
 	@echo "make test-docker  the real-Docker tier only (tests/integration; fails, never skips, without an engine)"
+	@echo "make reclaim      give back the disk earlier test runs left (stale tags, build cache, kept blobs, cluster data)"
 	@echo "make lint         ruff + mypy --strict"
 	@echo "make docs         the reference pages from the code, then the documentation site in site/ (mkdocs, offline)"
 	@echo "make format       ruff format, then ruff's fixes"
@@ -108,6 +109,7 @@ test-smoke: venv engine sshd slurm base
 # The real-engine tier alone (builds, 2-node jobs, preflight refusals, packaging): fails instead of skipping when the
 # engine is missing, as in `make test`.
 test-docker: venv engine engine-containerd base
+	$(PY) -m tests.reclaim
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration -q --durations=15
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
@@ -117,10 +119,14 @@ test-docker: venv engine engine-containerd base
 # serial, in file order, as they share one engine's fixed ports or one cluster's namespace names.
 # HEAVY_WORKERS=3 splits the cluster tier in two groups (the tests over real SSH, and the rest; two cluster names),
 # three side by side: on 2 busy cores it was no faster (docs/architecture.md, "Test tiers"); on more cores it is.
+# Before the heavy tiers, tests/reclaim.py gives back what earlier runs left (they keep images, build cache, blobs and
+# the virtual hosts' data roots between runs, to be faster): it fails here, with the numbers, when the disk still
+# lacks the room a full run needs, instead of a test failing part-way with "no space left on device".
 HEAVY_WORKERS ?= 2
 test: lint engine engine-containerd sshd slurm chromium base
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir "$$site" && rm -rf "$$site"
 	$(VENV)/bin/pytest tests/unit -q -n 4 --durations=5
+	$(PY) -m tests.reclaim
 	NODEKIT_REQUIRE_DOCKER=1 $(VENV)/bin/pytest tests/integration tests/cluster -q -n $(HEAVY_WORKERS) --dist loadgroup --durations=15
 
 # make bench: every benchmark, the deciding one (issue 13: phases, intervals, verdicts; 10 runs a side, 30 epochs,
@@ -139,6 +145,9 @@ else
 	$(PY) benchmarks/base_bench.py
 	$(PY) benchmarks/cuda_bench.py --phase all
 endif
+
+reclaim: venv
+	$(PY) -m tests.reclaim
 
 clean:
 	rm -rf $(VENV) .nodekit site $(DEMO)/.nodekit $(DEMO)/outputs $(DEMO)/compose

@@ -18,6 +18,8 @@
 #   --store STORE      the image store: classic (overlay2 graphdriver, the default) or containerd (Docker's
 #                      containerd image store, what Engine 29 uses on fresh installs: the containerd-snapshotter
 #                      feature, written to a daemon.json beside the pidfile)
+#   The daemon.json beside the pidfile also caps the BuildKit cache: builder.gc keeps $NODEKIT_BUILD_CACHE_KEEP
+#   (default 6GB), on either store.
 #   --engine ENGINE    which Debian suite's engine: trixie (Engine 26.1, the default) or sid (Engine 28.5,
 #                      containerd 2.1, Compose 2.40, Buildx 0.29). Default: $NODEKIT_ENGINE, else trixie. sid lives
 #                      apart (prefix /opt/nodekit-engine-sid, cache /var/cache/nodekit-engine-sid) and runs as an
@@ -59,6 +61,7 @@ PIDFILE=
 LOG=
 NETNS=
 TIMEOUT=60
+BUILD_CACHE_KEEP=${NODEKIT_BUILD_CACHE_KEEP:-6GB}
 STORE=classic
 ENGINE=${NODEKIT_ENGINE:-trixie}
 EXTRA_ARGS=()
@@ -458,12 +461,16 @@ start_daemon() {
         ensure_sid_bridge
         # The containerd store picks its snapshotter itself: --storage-driver overlay2 there names a snapshotter
         # that does not exist ("snapshotter not loaded: overlay2"), so it is given to the classic store only.
-        local store_args=(--storage-driver overlay2)
+        # Both keep their BuildKit cache under BUILD_CACHE_KEEP (BuildKit collects after builds): the test suite's
+        # builds add about 14 GiB of it in a run, which used to stay until a prune.
+        local config="${PIDFILE%.pid}.daemon.json" gc features=""
+        gc="\"builder\": {\"gc\": {\"enabled\": true, \"defaultKeepStorage\": \"$BUILD_CACHE_KEEP\"}}"
+        local store_args=(--storage-driver overlay2 --config-file "$config")
         if [ "$STORE" = containerd ]; then
-            local config="${PIDFILE%.pid}.daemon.json"
-            printf '{"features": {"containerd-snapshotter": true}}\n' >"$config"
+            features='"features": {"containerd-snapshotter": true}, '
             store_args=(--config-file "$config")
         fi
+        printf '{%s%s}\n' "$features" "$gc" >"$config"
         local cmd=(dockerd --host "unix://$SOCKET" --data-root "$DATA_ROOT" --exec-root "$EXEC_ROOT"
                    --pidfile "$PIDFILE" "${store_args[@]}" "${EXTRA_ARGS[@]}")
         if [ -n "$NETNS" ]; then

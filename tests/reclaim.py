@@ -1,0 +1,255 @@
+"""Before the heavy tiers: give back the disk that earlier runs left behind, so this run starts with room for its peak.
+
+`make test` runs this between the unit tier and the real-engine and cluster tiers (``make reclaim`` runs it alone).
+The heavy tiers keep state between runs on purpose: the engines keep the base images and the demo images, the
+virtual hosts keep the demo image in their data roots, and ``/var/cache/nodekit-wheels`` keeps the big examples'
+wheels and layer blobs (``tests/wheelcache.py``). Left alone, this state grows with every run: each run adds image
+tags, build cache and blobs, and a killed run leaves its pytest folders. A full run then fails part-way with "no
+space left on device", on whichever test happens to write when the disk fills.
+
+What is always given back (nothing a run needs, or only its own cache over a cap):
+
+- the pytest base folders of earlier sessions that no live process holds (pytest keeps a killed session's);
+- the BuildKit cache of each engine above ``KEEP_BUILD_CACHE`` (the engines also collect it themselves,
+  ``scripts/engine.sh``), and dangling images;
+- the kept layer blobs above ``KEEP_BLOBS_GIB``, least recently used first.
+
+Then, only while the disk has less than ``NEED_GIB`` free (the heavy tiers' peak, measured in docs/development.md),
+in order of what costs a run least to make again: the older tags of each test image, the data roots of virtual
+clusters that are not running, the big test images (over 3 GB), and at last every test image but the base images
+(``make base`` builds those, and no registry can give them back). If the disk still lacks the room, this exits 1 with
+the numbers, before a test starts.
+
+Only what the tests make is touched: images of the repositories in ``TEST_REPOS``, the data roots under
+``/var/lib/nodekit-cluster``, the pytest folders of this user, and the kept blobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from tests.wheelcache import CACHE
+
+GIB = 1024**3
+NEED_GIB = float(os.environ.get("NODEKIT_TEST_FREE_GIB", "40"))
+KEEP_BLOBS_GIB = float(os.environ.get("NODEKIT_KEEP_BLOBS_GIB", "12"))
+KEEP_BUILD_CACHE = "6GB"
+ENGINES = {
+    "classic": "unix:///var/run/docker.sock",
+    "containerd": "unix:///run/nodekit-engine-sid/containerd/docker.sock",
+}
+TEST_REPOS = ("nodekit/", "nodekit-itest/", "nk-sid/")
+BASE_REPO = "nodekit/base"
+CLUSTER_DATA = Path("/var/lib/nodekit-cluster")
+BIG_IMAGE = 3 * 10**9
+
+
+def say(msg: str) -> None:
+    print(f"reclaim: {msg}", flush=True)
+
+
+def free_gib(path: Path = Path("/")) -> float:
+    return shutil.disk_usage(path).free / GIB
+
+
+def _docker(host: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DOCKER_HOST": host}
+    return subprocess.run(["docker", *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _answers(host: str) -> bool:
+    try:
+        return _docker(host, "version", "--format", "{{.Server.Version}}", timeout=20).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stale_pytest_folders(root: Path | None = None) -> list[Path]:
+    """This user's pytest base folders (``pytest-N``) whose session is over: no ``.lock``, or a lock whose pid is
+    gone. A session that ends removes its lock, and pytest itself removes those folders past its retention count;
+    a killed session's lock stays, and pytest keeps its folder for three days."""
+    if root is None:
+        user = os.environ.get("USER") or "root"
+        root = Path(tempfile.gettempdir()) / f"pytest-of-{user}"
+    stale = []
+    for d in sorted(root.glob("pytest-[0-9]*")) if root.is_dir() else []:
+        if d.is_symlink() or not d.is_dir():
+            continue
+        lock = d / ".lock"
+        try:
+            pid = int(lock.read_text().strip() or "0")
+        except (OSError, ValueError):
+            pid = 0
+        if not lock.exists() or pid <= 0 or not _pid_alive(pid):
+            stale.append(d)
+    return stale
+
+
+def blobs_over_cap(folder: Path, cap_bytes: float) -> list[Path]:
+    """The blobs in ``folder`` to remove to bring it under ``cap_bytes``: least recently used first. A blob's use
+    is its ctime: nodekit's store touches a blob it reads (utime), and the tests link it into a project's store
+    (its link count): both change it."""
+    files = []
+    for p in folder.iterdir() if folder.is_dir() else []:
+        with contextlib.suppress(OSError):
+            st = p.stat()
+            if p.is_file():
+                files.append((st.st_ctime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    over = []
+    for _, size, p in sorted(files):
+        if total <= cap_bytes:
+            break
+        over.append(p)
+        total -= size
+    return over
+
+
+def _test_images(host: str) -> list[dict[str, str]]:
+    out = _docker(host, "image", "ls", "--format", "{{json .}}")
+    if out.returncode != 0:
+        return []
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return [
+        r
+        for r in rows
+        if r.get("Repository", "").startswith(TEST_REPOS) and r.get("Repository") != BASE_REPO and r.get("Tag")
+    ]
+
+
+def older_tags(rows: list[dict[str, str]]) -> list[str]:
+    """Of each repository's tags, all but ``env`` and the newest other one (``docker image ls`` lists newest
+    first)."""
+    seen: dict[str, int] = {}
+    drop = []
+    for r in rows:
+        repo, tag = r["Repository"], r["Tag"]
+        if tag in ("env", "<none>"):
+            continue
+        seen[repo] = seen.get(repo, 0) + 1
+        if seen[repo] > 1:
+            drop.append(f"{repo}:{tag}")
+    return drop
+
+
+def _size_bytes(text: str) -> float:
+    units = {"B": 1, "kB": 1e3, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            with contextlib.suppress(ValueError):
+                return float(text[: -len(unit)]) * units[unit]
+    return 0.0
+
+
+def _remove_images(host: str, refs: list[str]) -> int:
+    for i in range(0, len(refs), 50):
+        _docker(host, "image", "rm", *refs[i : i + 50])
+    return len(refs)
+
+
+def _running_cluster_roots() -> set[Path]:
+    """The cluster data roots a live dockerd names on its command line (a cluster another run has up)."""
+    live = set()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            for a in args:
+                s = a.decode(errors="replace")
+                if s.startswith("--data-root="):
+                    s = s.partition("=")[2]
+                if s.startswith(str(CLUSTER_DATA) + "/"):
+                    live.add(Path(*Path(s).parts[:5]))  # /var/lib/nodekit-cluster/<name>
+    return live
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total
+
+
+def steps(engines: dict[str, str], short: Callable[[], bool]) -> Iterator[str]:
+    """What each step did, done one at a time as the caller advances: the first ones always, the rest only while
+    ``short()`` (the disk lacks the room)."""
+    for d in stale_pytest_folders():
+        shutil.rmtree(d, ignore_errors=True)
+        yield f"removed {d} (a pytest session that is over)"
+    for name, host in engines.items():
+        _docker(host, "builder", "prune", "--force", "--keep-storage", KEEP_BUILD_CACHE)
+        _docker(host, "image", "prune", "--force")
+        yield f"{name} engine: build cache down to {KEEP_BUILD_CACHE}, dangling images removed"
+    over = blobs_over_cap(CACHE / "blobs" / "sha256", KEEP_BLOBS_GIB * GIB)
+    for p in over:
+        p.unlink(missing_ok=True)
+    if over:
+        yield f"removed {len(over)} kept blobs, least recently used, to keep {KEEP_BLOBS_GIB:g} GiB"
+    for name, host in engines.items():
+        if not short():
+            return
+        yield f"{name} engine: removed {_remove_images(host, older_tags(_test_images(host)))} older test image tags"
+    live = _running_cluster_roots()
+    for root in sorted(CLUSTER_DATA.iterdir()) if CLUSTER_DATA.is_dir() else []:
+        if root.is_dir() and root not in live and root.name != "slurm-images":
+            if not short():
+                return
+            size = _du(root)
+            shutil.rmtree(root, ignore_errors=True)
+            yield f"removed {root} ({size / GIB:.1f} GiB, the data roots of a cluster that is not up)"
+    for name, host in engines.items():
+        if not short():
+            return
+        big = [f"{r['Repository']}:{r['Tag']}" for r in _test_images(host) if _size_bytes(r["Size"]) > BIG_IMAGE]
+        yield f"{name} engine: removed {_remove_images(host, big)} test images over 3 GB"
+    for name, host in engines.items():
+        if not short():
+            return
+        every = [f"{r['Repository']}:{r['Tag']}" for r in _test_images(host)]
+        _remove_images(host, every)
+        _docker(host, "builder", "prune", "--all", "--force")
+        yield f"{name} engine: removed every test image ({len(every)}) and the build cache"
+
+
+def main() -> int:
+    engines = {name: host for name, host in ENGINES.items() if _answers(host)}
+    start = free_gib()
+    say(f"{start:.1f} GiB free on /; the heavy tiers want {NEED_GIB:g} GiB")
+    t0 = time.monotonic()
+    for what in steps(engines, lambda: free_gib() < NEED_GIB):
+        say(what)
+    end = free_gib()
+    say(f"{end:.1f} GiB free ({end - start:+.1f} GiB) in {time.monotonic() - t0:.0f} s")
+    if end < NEED_GIB:
+        print(
+            f"reclaim: error: {end:.1f} GiB free on /, and a full run of the heavy tiers needs about {NEED_GIB:g} GiB"
+            " (docs/development.md). Fix: free space on / (docker system prune -a on an engine the tests do not"
+            " use, or a larger disk), then run make test again",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

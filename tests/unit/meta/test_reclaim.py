@@ -1,0 +1,54 @@
+"""What tests/reclaim.py gives back before the heavy tiers: only what is stale, least recently used first."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.reclaim import blobs_over_cap, older_tags, stale_pytest_folders
+
+
+def _session(root: Path, n: int, pid: int | None) -> Path:
+    d = root / f"pytest-{n}"
+    d.mkdir(parents=True)
+    if pid is not None:
+        (d / ".lock").write_text(str(pid))
+    return d
+
+
+def test_a_pytest_folder_is_stale_when_its_session_is_over(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(done.stdout)
+    ended = _session(tmp_path, 1, None)  # a session that ended removes its lock
+    killed = _session(tmp_path, 2, dead_pid)  # a killed one leaves its lock, naming a pid that is gone
+    live = _session(tmp_path, 3, os.getpid())  # this session's
+    (tmp_path / "pytest-current").symlink_to(live)
+    assert stale_pytest_folders(tmp_path) == [ended, killed]
+
+
+def test_blobs_over_the_cap_go_least_recently_used_first(tmp_path: Path) -> None:
+    blobs = tmp_path / "sha256"
+    blobs.mkdir()
+    for name in ["old", "mid", "new"]:
+        (blobs / name).write_bytes(b"x" * 1000)
+        time.sleep(0.01)
+    # A blob read by nodekit's store is touched, and one linked into a project gains a link: either is a use.
+    os.utime(blobs / "old")
+    time.sleep(0.01)
+    os.link(blobs / "new", tmp_path / "linked")
+    assert blobs_over_cap(blobs, 1500) == [blobs / "mid", blobs / "old"]
+    assert blobs_over_cap(blobs, 3000) == []
+
+
+def test_older_tags_keep_env_and_the_newest_of_each_repository() -> None:
+    rows = [  # docker image ls: newest first
+        {"Repository": "nodekit/ddp-demo", "Tag": "c3"},
+        {"Repository": "nodekit/ddp-demo", "Tag": "env"},
+        {"Repository": "nodekit/ddp-demo", "Tag": "b2"},
+        {"Repository": "nodekit/fabric-demo", "Tag": "f1"},
+        {"Repository": "nodekit/ddp-demo", "Tag": "a1"},
+    ]
+    assert older_tags(rows) == ["nodekit/ddp-demo:b2", "nodekit/ddp-demo:a1"]
