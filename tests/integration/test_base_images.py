@@ -215,6 +215,7 @@ def test_a_base_with_torch_keeps_it_and_a_two_node_lightning_job_runs(tmp_path: 
 TORCH_CP313_SHA256 = "c8f71aabc67bcbfc9373dc131537a5968d04edce73e88add21354a7cd0a76985"
 
 
+@pytest.mark.big  # 3.6 minutes and about 9 GB (image, blobs) when the engine lacks it: make test-big, make bench
 def test_a_trixie_base_runs_a_two_node_job_with_the_cp313_cuda_torch(tmp_path: Path) -> None:
     """CPython 3.13 (Debian trixie's), probed as such; the lock resolves for 3.13 with markers evaluated for it, and
     the CUDA build of torch (the cp313 wheels come from PyPI: about 0.8 GB beyond the cp311 stack's nvidia-* wheels,
