@@ -83,16 +83,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 2 --dist loadgroup):
 # each group's tests stay in one worker, in file order, because they share state (the default engine's fixed ports
 # and compose projects; a cluster's namespace names and data roots), while the groups share nothing but the default
-# engine's build cache. With 3 workers or more (`make test-smoke`, or `make test HEAVY_WORKERS=3`) the cluster tier
-# runs as two groups (``group_of``), so three run side by side.
+# engine's build cache. The Slurm tests are a group of their own, with a cluster name of their own: with 2 workers it
+# is the third group, which goes to whichever worker is nearly done with its first (xdist's load-scope scheduler
+# hands a worker the next group when 2 of its tests are left), so the two workers end closer together than two
+# fixed tiers did. With 3 workers or more (`make test-smoke`, or `make test HEAVY_WORKERS=3`) the rest of the cluster
+# tier runs as two groups as well (``group_of``).
 TIERS = {"integration": "engine", "cluster": "cluster"}
 # The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay chains): they
 # count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
 # which only their own tests make, so they are one group. The other cluster tests are the other.
 SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py"})
+SLURM_GROUP = frozenset({"test_slurm.py"})
 # Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
-# so neither ever sees the other's hosts; the data roots, and the demo image in them, persist between runs.
-CLUSTER_NAMES = {"cluster-ssh": "nkt", "cluster": "nku"}
+# so no group ever sees another's hosts; the data roots, and the demo image in them, persist between runs.
+CLUSTER_NAMES = {"cluster-ssh": "nkt", "cluster": "nku", "cluster-slurm": "nkw"}
 
 
 def tier_of(nodeid: str) -> str | None:
@@ -101,12 +105,24 @@ def tier_of(nodeid: str) -> str | None:
 
 
 def group_of(nodeid: str) -> str | None:
-    """The group a test runs in when the cluster tier is split: its tier, except that the cluster tier's SSH_GROUP
-    files are "cluster-ssh"."""
+    """The group a test runs in when the cluster tier is split in full (3 workers or more): its tier, except that
+    the cluster tier's SSH_GROUP files are "cluster-ssh" and its SLURM_GROUP files "cluster-slurm"."""
     tier = tier_of(nodeid)
-    if tier == "cluster" and nodeid.split("::", 1)[0].rsplit("/", 1)[-1] in SSH_GROUP:
+    name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+    if tier == "cluster" and name in SSH_GROUP:
         return "cluster-ssh"
+    if tier == "cluster" and name in SLURM_GROUP:
+        return "cluster-slurm"
     return tier
+
+
+def scheduled_group(nodeid: str, workers: int) -> str | None:
+    """The group xdist schedules a test in: ``group_of`` with 3 workers or more; with fewer, the SSH tests stay in
+    the cluster group (two cluster groups and the engine's on 2 workers would start one worker with two large groups
+    while the other finished early), and the Slurm group, the smallest, is the one that goes to the first worker
+    nearly done."""
+    group = group_of(nodeid)
+    return "cluster" if group == "cluster-ssh" and workers < 3 else group
 
 
 def cluster_name(nodeid: str) -> str:
@@ -116,20 +132,19 @@ def cluster_name(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup, a test's group is its tier (``tier_of``), or with 3 workers or more ``group_of`` it:
-    fewer workers than groups would give one worker two groups from the start while another finishes early.
-    (pytest-xdist 3.8 groups by an ``xdist_group`` mark by suffixing the test's node id, which pytest 9's node ids
-    no longer let it do; the scope is chosen here instead.)"""
+    """Under --dist loadgroup, a test's group is ``scheduled_group``'s. (pytest-xdist 3.8 groups by an
+    ``xdist_group`` mark by suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope
+    is chosen here instead.)"""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
     workers = config.getoption("numprocesses", None)
-    group = group_of if isinstance(workers, int) and workers >= 3 else tier_of
+    n = workers if isinstance(workers, int) else 2
 
     class TierScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return group(nodeid) or super()._split_scope(nodeid)
+            return scheduled_group(nodeid, n) or super()._split_scope(nodeid)
 
     return TierScheduling(config, log)
 

@@ -1,12 +1,12 @@
 """The heavy tiers' grouping for `make test` (tests/conftest.py): every real-engine test in one group, the cluster
-tests in two others (those over real SSH, and the rest), each with its own cluster name, so the three run side by
-side while the tests inside each stay serial."""
+tests in three others (those over real SSH, Slurm's, and the rest), each with its own cluster name, so they run side
+by side while the tests inside each stay serial."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import CLUSTER_NAMES, SSH_GROUP, cluster_name, group_of, tier_of
+from tests.conftest import CLUSTER_NAMES, SLURM_GROUP, SSH_GROUP, cluster_name, group_of, scheduled_group, tier_of
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -22,12 +22,20 @@ def test_each_heavy_test_file_has_its_tier_and_unit_tests_have_none() -> None:
     )
 
 
-def test_the_cluster_tier_runs_as_two_groups_each_with_its_own_cluster_name() -> None:
+def test_the_cluster_tier_runs_as_three_groups_each_with_its_own_cluster_name() -> None:
     files = sorted((ROOT / "tests" / "cluster").glob("test_*.py"))
     groups = {f.name: group_of(f"{f.relative_to(ROOT).as_posix()}::test_x") for f in files}
-    assert set(groups.values()) == {"cluster", "cluster-ssh"}
+    assert set(groups.values()) == {"cluster", "cluster-ssh", "cluster-slurm"}
     assert {name for name, group in groups.items() if group == "cluster-ssh"} == SSH_GROUP
+    assert {name for name, group in groups.items() if group == "cluster-slurm"} == SLURM_GROUP
     assert group_of("tests/integration/test_two_node.py::test_x") == "engine"
     assert group_of("tests/unit/meta/test_tiers.py::test_x") is None
     names = {cluster_name(f"tests/cluster/{name}::test_x") for name in groups}
-    assert names == set(CLUSTER_NAMES.values()) and len(names) == 2
+    assert names == set(CLUSTER_NAMES.values()) and len(names) == 3
+
+
+def test_on_two_workers_the_ssh_tests_join_the_cluster_group_and_slurm_stays_apart() -> None:
+    ssh, slurm = "tests/cluster/test_fleet.py::test_x", "tests/cluster/test_slurm.py::test_x"
+    assert (scheduled_group(ssh, 2), scheduled_group(slurm, 2)) == ("cluster", "cluster-slurm")
+    assert (scheduled_group(ssh, 3), scheduled_group(slurm, 3)) == ("cluster-ssh", "cluster-slurm")
+    assert scheduled_group("tests/integration/test_two_node.py::test_x", 2) == "engine"
