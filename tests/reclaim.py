@@ -40,7 +40,7 @@ from pathlib import Path
 from tests.wheelcache import CACHE
 
 GIB = 1024**3
-NEED_GIB = float(os.environ.get("NODEKIT_TEST_FREE_GIB", "42"))
+NEED_GIB = float(os.environ.get("NODEKIT_TEST_FREE_GIB", "40"))
 KEEP_BLOBS_GIB = float(os.environ.get("NODEKIT_KEEP_BLOBS_GIB", "12"))
 KEEP_BUILD_CACHE = "6GB"
 ENGINES = {
