@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from nodekit.runs.store import alive
 from tests.wheelcache import CACHE
 
 GIB = 1024**3
@@ -73,16 +74,6 @@ def _answers(host: str) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stale_pytest_folders(root: Path | None = None) -> list[Path]:
     """This user's pytest base folders (``pytest-N``) whose session is over: no ``.lock``, or a lock whose pid is
     gone. A session that ends removes its lock, and pytest itself removes those folders past its retention count;
@@ -99,7 +90,7 @@ def stale_pytest_folders(root: Path | None = None) -> list[Path]:
             pid = int(lock.read_text().strip() or "0")
         except (OSError, ValueError):
             pid = 0
-        if not lock.exists() or pid <= 0 or not _pid_alive(pid):
+        if not lock.exists() or pid <= 0 or not alive(pid):
             stale.append(d)
     return stale
 
