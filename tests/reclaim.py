@@ -20,7 +20,7 @@ clusters that are not running, the big test images (over 3 GB), and at last ever
 (``make base`` builds those, and no registry can give them back). If the disk still lacks the room, this exits 1 with
 the numbers, before a test starts.
 
-Only what the tests make is touched: images of the repositories in ``TEST_REPOS``, the data roots under
+Only what the tests make is touched: images of the test repositories (``is_test_repo``), the data roots under
 ``/var/lib/nodekit-cluster``, the pytest folders of this user, and the kept blobs.
 """
 
@@ -48,8 +48,16 @@ ENGINES = {
     "classic": "unix:///var/run/docker.sock",
     "containerd": "unix:///run/nodekit-engine-sid/containerd/docker.sock",
 }
-TEST_REPOS = ("nodekit/", "nodekit-itest/", "nk-sid/")
-BASE_REPO = "nodekit/base"
+# The repositories the tests and benchmarks build into: the examples' projects (``nodekit/<name>-demo``), the
+# integration tests' own (``nodekit/nodekit-itest-*``, ``nodekit-itest/*``) and the sid engine's checks (``nk-sid/*``).
+# A developer's own ``nodekit/<project>`` images on the same engine are never touched, nor the bases.
+TEST_PREFIXES = ("nodekit-itest/", "nk-sid/", "nodekit/nodekit-itest")
+
+
+def is_test_repo(repo: str) -> bool:
+    return repo.startswith(TEST_PREFIXES) or (repo.startswith("nodekit/") and repo.endswith("-demo"))
+
+
 CLUSTER_DATA = Path("/var/lib/nodekit-cluster")
 BIG_IMAGE = 3 * 10**9
 
@@ -120,11 +128,7 @@ def _test_images(host: str) -> list[dict[str, str]]:
     if out.returncode != 0:
         return []
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    return [
-        r
-        for r in rows
-        if r.get("Repository", "").startswith(TEST_REPOS) and r.get("Repository") != BASE_REPO and r.get("Tag")
-    ]
+    return [r for r in rows if is_test_repo(r.get("Repository", "")) and r.get("Tag")]
 
 
 def older_tags(rows: list[dict[str, str]]) -> list[str]:

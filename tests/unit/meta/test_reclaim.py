@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.reclaim import blobs_over_cap, older_tags, stale_pytest_folders
+from tests.reclaim import blobs_over_cap, is_test_repo, older_tags, stale_pytest_folders
 
 
 def _session(root: Path, n: int, pid: int | None) -> Path:
@@ -52,3 +52,15 @@ def test_older_tags_keep_env_and_the_newest_of_each_repository() -> None:
         {"Repository": "nodekit/ddp-demo", "Tag": "a1"},
     ]
     assert older_tags(rows) == ["nodekit/ddp-demo:b2", "nodekit/ddp-demo:a1"]
+
+
+def test_only_the_tests_repositories_are_touched() -> None:
+    ours = [
+        "nodekit/ddp-demo",
+        "nodekit/cuda-demo",
+        "nodekit/nodekit-itest-trixie",
+        "nodekit-itest/scratch",
+        "nk-sid/test",
+    ]
+    theirs = ["nodekit/base", "nodekit/myproject", "nodekit/demo-tools", "python", "nodekit"]
+    assert [r for r in ours + theirs if is_test_repo(r)] == ours
