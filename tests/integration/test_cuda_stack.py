@@ -17,7 +17,6 @@ its build steps all cached.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -52,12 +51,6 @@ def copy_example(dest: Path) -> Path:
     # Wheels and the kept blob store: an unchanged package layer is taken from the store, never built again.
     wheelcache.warm(dest)
     return dest
-
-
-def _link_unless_there(src: str, dst: str) -> str:
-    if not os.path.exists(dst):
-        os.link(src, dst)
-    return dst
 
 
 def build(project: Path) -> subprocess.CompletedProcess[str]:
@@ -180,9 +173,9 @@ def test_a_package_change_keeps_the_lower_layers_and_ships_only_the_packages_lay
     locked = nodekit("lock", config=toml, timeout=900)
     assert locked.returncode == 0, locked.stderr
     # The project's own blob store, as after its earlier builds: the package change is made in the same project.
-    # (wheelcache.warm linked the kept store's blobs in already: those are the same files.)
-    shutil.copytree(cuda_project / ".nodekit" / "blobs", project / ".nodekit" / "blobs", dirs_exist_ok=True,
-                    copy_function=_link_unless_there)  # fmt: skip
+    # Linked the way the kept store is (cuda_project/.nodekit holds blobs/ as the cache does), the blobs warm()
+    # already linked skipped by name.
+    wheelcache.prefill_blobs(project, cuda_project / ".nodekit")
     built = build(project)
     try:
         after = docker.image_layers(last_tag(project))
