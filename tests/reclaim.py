@@ -38,16 +38,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from nodekit.runs.store import alive
+from tests.cluster.harness import DATA_DIR
+from tests.conftest import CONTAINERD_HOST
 from tests.wheelcache import CACHE
 
 GIB = 1024**3
 NEED_GIB = float(os.environ.get("NODEKIT_TEST_FREE_GIB", "40"))
 KEEP_BLOBS_GIB = float(os.environ.get("NODEKIT_KEEP_BLOBS_GIB", "12"))
 KEEP_BUILD_CACHE = "6GB"
-ENGINES = {
-    "classic": "unix:///var/run/docker.sock",
-    "containerd": "unix:///run/nodekit-engine-sid/containerd/docker.sock",
-}
+ENGINES = {"default": os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"), "containerd": CONTAINERD_HOST}
 # The repositories the tests and benchmarks build into: the examples' projects (``nodekit/<name>-demo``), the
 # integration tests' own (``nodekit/nodekit-itest-*``, ``nodekit-itest/*``) and the sid engine's checks (``nk-sid/*``).
 # A developer's own ``nodekit/<project>`` images on the same engine are never touched, nor the bases.
@@ -58,7 +57,6 @@ def is_test_repo(repo: str) -> bool:
     return repo.startswith(TEST_PREFIXES) or (repo.startswith("nodekit/") and repo.endswith("-demo"))
 
 
-CLUSTER_DATA = Path("/var/lib/nodekit-cluster")
 BIG_IMAGE = 3 * 10**9
 
 
@@ -171,7 +169,7 @@ def _running_cluster_roots() -> set[Path]:
                 s = a.decode(errors="replace")
                 if s.startswith("--data-root="):
                     s = s.partition("=")[2]
-                if s.startswith(str(CLUSTER_DATA) + "/"):
+                if s.startswith(str(DATA_DIR) + "/"):
                     live.add(Path(*Path(s).parts[:5]))  # /var/lib/nodekit-cluster/<name>
     return live
 
@@ -205,7 +203,7 @@ def steps(engines: dict[str, str], short: Callable[[], bool]) -> Iterator[str]:
             return
         yield f"{name} engine: removed {_remove_images(host, older_tags(_test_images(host)))} older test image tags"
     live = _running_cluster_roots()
-    for root in sorted(CLUSTER_DATA.iterdir()) if CLUSTER_DATA.is_dir() else []:
+    for root in sorted(DATA_DIR.iterdir()) if DATA_DIR.is_dir() else []:
         if root.is_dir() and root not in live and root.name != "slurm-images":
             if not short():
                 return
