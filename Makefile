@@ -123,8 +123,8 @@ test-big: venv engine base
 # a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker tier and the cluster tier run
 # side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
 # serial, in file order, as they share one engine's fixed ports or one cluster's namespace names.
-# HEAVY_WORKERS=3 splits the cluster tier in two groups (the tests over real SSH, and the rest; two cluster names),
-# three side by side: on 2 busy cores it was no faster (docs/architecture.md, "Test tiers"); on more cores it is.
+# The Slurm tests are a third group, taken by whichever worker is nearly done first. HEAVY_WORKERS=3 also splits off
+# the tests over real SSH: on 2 busy cores that was no faster (docs/architecture.md, "Test tiers"); on more it is.
 # Before the heavy tiers, tests/reclaim.py gives back what earlier runs left (they keep images, build cache, blobs and
 # the virtual hosts' data roots between runs, to be faster): it fails here, with the numbers, when the disk still
 # lacks the room a full run needs, instead of a test failing part-way with "no space left on device".
