@@ -21,9 +21,9 @@ def text(name: str) -> str:
 
 def test_every_fixture_has_its_source_in_the_readme() -> None:
     readme = text("README.md")
-    for f in FIXTURES.glob("*.txt"):
+    for f in [*FIXTURES.glob("*.txt"), *FIXTURES.glob("*.csv")]:
         row = next((line for line in readme.splitlines() if f"`{f.name}`" in line), "")
-        assert "https://" in row, f.name
+        assert "https://" in row or "gpu_device_run.sh" in row or "the same run" in row, f.name
 
 
 def test_a100_with_a_pending_row_remap_is_named_with_its_index_bus_and_the_reset() -> None:
@@ -47,6 +47,21 @@ def test_uncorrectable_rows_pending_are_counted() -> None:
     assert (gpu.remap_uncorrectable, gpu.remap_pending) == (4, True)
     (f,) = judge(0, "h", parse_smi_q(text("smi_q_remapped_rows_uncorrectable.txt"))).findings
     assert f.sick and "4 uncorrectable row(s)" in f.what
+
+
+def test_a_whole_healthy_h200_report_agrees_with_nvidia_smis_own_csv_and_gives_no_finding() -> None:
+    """The device check's own outputs (a lent H200): the parser against the CSV query of the same GPU."""
+    smi = parse_smi_q(text("smi_q_h200_healthy_whole.txt"))
+    assert (smi.attached, smi.driver, smi.unreachable, smi.no_devices) == (1, "580.159.04", [], False)
+    (gpu,) = smi.gpus
+    (index, bus, ecc, retired, remap) = [c.strip() for c in text("smi_query_h200_healthy.csv").split(",")]
+    assert (gpu.index, gpu.bus_id.upper(), gpu.volatile_uncorrectable) == (int(index), bus.upper(), int(ecc))
+    assert (retired, gpu.retirement_pending) == ("[N/A]", None)  # Hopper remaps rows; no page retirement
+    assert (remap, gpu.remap_pending, gpu.remap_failure, gpu.remap_uncorrectable) == ("No", False, False, 0)
+    assert (gpu.product, gpu.aggregate_uncorrectable, gpu.throttle) == ("NVIDIA H200", 0, ["Idle"])
+    xids = parse_xids(text("dmesg_h200_boot.txt"))
+    assert xids == []
+    assert not judge(0, "vm", smi, xids=xids).findings
 
 
 def test_a_power_brake_on_a_v100_is_sick_and_says_where_to_look() -> None:
