@@ -58,7 +58,9 @@ NODEKIT_PEER_TIMEOUT               15        seconds without a node's heartbeat 
 NODEKIT_PREFLIGHT                  1         0 skips preflight
 NODEKIT_GPU_HEALTH                 warn      GPU health (checks.py): warn, refuse (exit 21) or off
 NODEKIT_DCGM                       1         0: no ``dcgmi diag -r 1`` even where DCGM is installed
-NODEKIT_LINK_CHECK                 warn      link check after preflight (linkcheck/): warn, refuse (exit 20) or off
+NODEKIT_LINK_CHECK                 warn      link check after preflight (linkcheck/): warn (beside the job's start
+                                             when no floor is set: checks.LinksBeside), refuse (exit 20, before any
+                                             worker) or off
 NODEKIT_MIN_LINK_GBIT              unset     a pair below this many Gbit/s refuses (exit 20)
 NODEKIT_LINK_SECONDS               0.2       bulk transfer per pair and direction, 0.05..5
 NODEKIT_CHECKS_ONLY                0         1: preflight and the checks, then exit (``nodekit doctor --fleet``)

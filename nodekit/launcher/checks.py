@@ -6,8 +6,9 @@
   node, or NODEKIT_PREFLIGHT=0) the node judges itself alone.
 - The link check (``NODEKIT_LINK_CHECK``, default warn; ``linkcheck/``): every pair of nodes measured on the
   training interface after a good preflight; exit 20 for a pair that cannot connect, is below ``min_link_gbit``,
-  or (``links = "refuse"``) is far below the others. Skipped when main is a loopback address: every node is then on
-  one machine and there is no link to measure.
+  or (``links = "refuse"``) is far below the others. In warn mode with no ``min_link_gbit`` nothing waits for its
+  verdict, so it runs beside the job's start (``LinksBeside``) rather than before it. Skipped when main is a
+  loopback address: every node is then on one machine and there is no link to measure.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ import ipaddress
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from nodekit.launcher.config import LaunchConfig
 from nodekit.launcher.contract import EXIT_GPU, EXIT_LINK
 from nodekit.launcher.gpuhealth import gather as gpus
 from nodekit.launcher.gpuhealth.judge import NodeHealth, render
 from nodekit.launcher.linkcheck import run as links
-from nodekit.launcher.linkcheck.verdict import Mode
+from nodekit.launcher.linkcheck.rounds import estimate_s
+from nodekit.launcher.linkcheck.verdict import LinkVerdict, Mode
 from nodekit.launcher.linkcheck.verdict import render as render_links
 from nodekit.launcher.preflight import network as netfacts
 from nodekit.launcher.preflight.exchange import Store
@@ -96,20 +98,83 @@ def link_job(cfg: LaunchConfig, facts: NodeFacts) -> links.LinkJob:
     )  # fmt: skip
 
 
-def after_preflight(cfg: LaunchConfig, store: Store, facts: tuple[NodeFacts, ...], check: GpuCheck) -> int | None:
-    """Every node together, after a good preflight: the GPU health of every node, then the link check. An exit
-    code to stop with (the same on every node), or None to go on. A lost store raises PreflightError."""
+def links_beside_job(cfg: LaunchConfig, launcher_stays: bool) -> bool:
+    """Whether the link check runs beside the job's start instead of before it: only when nothing waits for its
+    verdict (``links = "warn"`` with no ``min_link_gbit``: it can only print) and not for ``nodekit doctor --fleet``
+    (the verdict is the point), and only while this launcher stays to host or use the store for the whole job
+    (``launcher_stays``: torchrun in this process or mpirun's processes, under the peer watchdog). Every node decides
+    the same, from the same settings."""
+    return launcher_stays and cfg.link_check == "warn" and cfg.min_link_gbit is None and not cfg.checks_only
+
+
+class LinksBeside:
+    """The link check in a thread beside the job's start: torchrun's rendezvous and its workers' start (an import
+    of torch, seconds) overlap the check's rounds (0.5 s at 2 nodes, 1.5 s at 4, 3.5 s at 8) instead of following
+    them. Its verdict is printed when it is known, as before. A refusal (in warn mode: a pair that cannot connect,
+    which the job's own connections would not survive either) goes to the peer watchdog (:meth:`attach`), which
+    stops this node's job: every node reads the same verdict and exits 20. A check the job outlived (the store gone)
+    says so in one line."""
+
+    def __init__(self, cfg: LaunchConfig, store: Store, me: NodeFacts) -> None:
+        self.cfg = cfg
+        self.verdict: LinkVerdict | None = None
+        self._lock = threading.Lock()
+        self._refuse: Callable[[str], None] | None = None
+        self._refused: str | None = None
+        job = link_job(cfg, me)
+        self._bound_s = 2 * estimate_s(cfg.nnodes, job.seconds) + 20.0
+        run_id = getattr(store, "run_id", b"")
+
+        def work() -> None:
+            try:
+                self.verdict = links.run(store, job, run_id)
+            except Exception as e:  # a thread's failure: one line, never a traceback in the job's log
+                _say(f'nodekit link check: not finished: {e} (links = "warn": the job goes on)', True)
+                return
+            verdict = self.verdict
+            _say(render_links(verdict, matrix=cfg.is_main or bool(verdict.findings), started=True), verdict.refused)
+            if verdict.refused:  # a pair that cannot connect: the job cannot run either; stop it, exit 20
+                line = f"nodekit: the link check refused this job; stopping this node (exit {EXIT_LINK})"
+                with self._lock:
+                    self._refused, refuse = line, self._refuse
+                if refuse is not None:
+                    refuse(line)
+
+        print('nodekit link check: running beside the job\'s start (links = "warn": nothing waits for it)', flush=True)
+        self._thread = threading.Thread(target=work, name="nodekit-link-check", daemon=True)
+        self._thread.start()
+
+    def attach(self, refuse: Callable[[str], None]) -> None:
+        """Where a refusal goes: the peer watchdog's :meth:`Watchdog.refuse`, which stops this node's job."""
+        with self._lock:
+            self._refuse, line = refuse, self._refused
+        if line is not None:
+            refuse(line)
+
+    def wait(self) -> None:
+        """Let the check end before this node says it is done (the store goes when the job does); bounded."""
+        self._thread.join(self._bound_s)
+
+
+def after_preflight(
+    cfg: LaunchConfig, store: Store, facts: tuple[NodeFacts, ...], check: GpuCheck, *, beside: bool = False
+) -> tuple[int | None, LinksBeside | None]:
+    """Every node together, after a good preflight: the GPU health of every node, then the link check (started in a
+    thread when ``beside``: see :func:`links_beside_job`). An exit code to stop with (the same on every node) or
+    None to go on, and the link check running beside the job, if any. A lost store raises PreflightError."""
     mine = check.result()
     if mine is not None:
         code = _gpu_code(cfg, gpus.share(store, mine, cfg.nnodes, cfg.rdzv_timeout))
         if code is not None:
-            return code
+            return code, None
     if cfg.link_check == "off" or cfg.nnodes < 2:
-        return None
+        return None, None
     if ipaddress.ip_address(cfg.master_addr).is_loopback:
         print(f"nodekit link check: skipped (main {cfg.master_addr}: every node is on this machine)", flush=True)
-        return None
+        return None, None
     me = next(f for f in facts if f.rank == cfg.node_rank)
+    if beside:
+        return None, LinksBeside(cfg, store, me)
     verdict = links.run(store, link_job(cfg, me), getattr(store, "run_id", b""))
     _say(render_links(verdict, matrix=cfg.is_main or bool(verdict.findings)), verdict.refused)
-    return EXIT_LINK if verdict.refused else None
+    return (EXIT_LINK if verdict.refused else None), None

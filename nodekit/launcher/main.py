@@ -24,7 +24,7 @@ from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from nodekit.launcher.contract import EXIT_RENDEZVOUS as EXIT_RENDEZVOUS
 from nodekit.launcher.contract import EXIT_STACK_MISMATCH as EXIT_STACK_MISMATCH
 from nodekit.launcher.contract import EXIT_TERMINATED as EXIT_TERMINATED
-from nodekit.launcher.contract import Env
+from nodekit.launcher.contract import Env, LaunchMode
 from nodekit.launcher.plan import (
     Command,
     CommandError,
@@ -311,18 +311,26 @@ def _serve_verdict(store: Any, cfg: LaunchConfig, verdict: Verdict, clock: Clock
         pass  # the store failed under us: nothing more to serve
 
 
-def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu: checks.GpuCheck) -> int | None:
-    """After a passed preflight: every node's GPU health and the link check (checks.py), the checked mounts compared
-    across nodes (an exit code when they differ), and WORLD_SIZE set (in ``env`` and this process's environment) when
-    some node's count was 'auto'."""
+def _after_preflight(
+    cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu: checks.GpuCheck
+) -> tuple[int | None, checks.LinksBeside | None]:
+    """After a passed preflight: every node's GPU health and the link check (checks.py; returned when it runs in a
+    thread beside the job's start, where nothing waits for it), the checked mounts compared across nodes (an exit
+    code when they differ), and WORLD_SIZE set (in ``env`` and this process's environment) when some node's count
+    was 'auto'."""
+    # The launcher stays for the whole job (and node 0 hosts the store) under the peer watchdog, with torchrun in
+    # this process or mpirun's processes started by it; mode env execs the command, which would end the check.
+    stays = cfg.peer_timeout > 0 and (style(cfg.mode).torchrun or cfg.mode == LaunchMode.MPIRUN)
     try:
-        code = checks.after_preflight(cfg, passed.store, passed.verdict.facts, gpu)
+        code, beside = checks.after_preflight(
+            cfg, passed.store, passed.verdict.facts, gpu, beside=checks.links_beside_job(cfg, stays)
+        )
     except PreflightError as e:
         _err(str(e))
-        return EXIT_RENDEZVOUS
+        return EXIT_RENDEZVOUS, None
     if code is not None:
         _err(f"the health checks refused this job; not starting training (exit {code})")
-        return code
+        return code, None
     if cfg.data_check:
         from nodekit.launcher.datacheck import compare as samedata
 
@@ -331,7 +339,7 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu
             sys.stdout.flush()
             print(report, file=sys.stderr, flush=True)
             _err("the checked mounts differ between nodes; not starting training")
-            return EXIT_STACK_MISMATCH
+            return EXIT_STACK_MISMATCH, beside
         print(report, flush=True)
     if cfg.world_size is None:
         # Some node's count was 'auto': now every node has reported it, the world is known.
@@ -339,18 +347,25 @@ def _after_preflight(cfg: LaunchConfig, passed: Passed, env: dict[str, str], gpu
         counts = " + ".join(str(f.nproc_per_node) for f in passed.verdict.facts)
         print(f"nodekit: world {world} ({counts} processes)", flush=True)
         env[Env.WORLD_SIZE] = os.environ[Env.WORLD_SIZE] = str(world)
-    return None
+    return None, beside
 
 
-def _watchdog(cfg: LaunchConfig, passed: Passed | None) -> Watchdog | None:
+def _watchdog(cfg: LaunchConfig, passed: Passed | None, beside: checks.LinksBeside | None = None) -> Watchdog | None:
     """The peer watchdog over the preflight's store, when there was a preflight and NODEKIT_PEER_TIMEOUT > 0; with
-    the stall watch when NODEKIT_STALL_TIMEOUT > 0."""
+    the stall watch when NODEKIT_STALL_TIMEOUT > 0; letting the link check running ``beside`` end before this node
+    says it is done."""
     if passed is None or cfg.peer_timeout <= 0:
         return None
     names = node_names(passed.verdict.facts)
     stop = cfg.stall_action == "stop"
     stall = StallConfig(cfg.stall_timeout, stop, cfg.worker_dir) if cfg.stall_timeout > 0 else None
-    return Watchdog(passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self, stall=stall)
+    settle = beside.wait if beside is not None else None
+    dog = Watchdog(
+        passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self, stall=stall, settle=settle
+    )
+    if beside is not None:
+        beside.attach(dog.refuse)
+    return dog
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -389,8 +404,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             return 128 + signum
         if code != EXIT_OK:
             return code
-    if passed is not None and (stop := _after_preflight(cfg, passed, env, gpu)) is not None:
-        return stop
+    beside: checks.LinksBeside | None = None
+    if passed is not None:
+        stop, beside = _after_preflight(cfg, passed, env, gpu)
+        if stop is not None:
+            return stop
     if passed is None and (stop := checks.alone(cfg, gpu)) is not None:
         _err(f"the GPU health check refused this node; not starting training (exit {stop})")
         return stop
@@ -410,7 +428,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         rendezvous=rdzv, counts=counts,
     )  # fmt: skip
     if plan.per_process:  # mpirun mode: the launcher starts and watches every process itself
-        return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed))
+        return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed, beside))
     # torchrun runs in this process whenever torch is here: after preflight torch is imported already, and on one
     # node importing it here costs what exec'ing torchrun would, while a signal to the container is then this
     # process's to report as a stop (stops.py). Without torch, exec says what is missing.
@@ -424,7 +442,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             _distinct_node(cfg.node_rank)
         log = runlog.log_path(cfg.output_dir, cfg.node_rank)
         runlog.quiet_exit_barrier(log)
-        if (dog := _watchdog(cfg, passed)) is not None:
+        if (dog := _watchdog(cfg, passed, beside)) is not None:
             return _torchrun_watched(plan.argv, dog, cfg.max_restarts, log)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return _torchrun_alone(plan.argv, cfg.max_restarts, log)

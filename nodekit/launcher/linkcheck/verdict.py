@@ -240,9 +240,10 @@ def fix_for(verdict: LinkVerdict) -> str:
     )
 
 
-def render(verdict: LinkVerdict, *, matrix: bool) -> str:
+def render(verdict: LinkVerdict, *, matrix: bool, started: bool = False) -> str:
     """The report: a headline, the findings with the fix, and (``matrix``) every pair's figures. No trailing
-    newline. Every node prints the headline and findings; node 0 (and ``nodekit doctor --fleet``) the matrix."""
+    newline. Every node prints the headline and findings; node 0 (and ``nodekit doctor --fleet``) the matrix.
+    ``started``: the check ran beside the job's start, which a refusal now stops."""
     n = len(verdict.endpoints)
     ref = f", pairs reach {_g(verdict.reference_gbit)} Gbit/s" if verdict.reference_gbit is not None else ""
     how = f"{len(verdict.pairs)} pair(s), {verdict.seconds:g} s each way, {verdict.took_s:.1f} s"
@@ -252,9 +253,11 @@ def render(verdict: LinkVerdict, *, matrix: bool) -> str:
             head += f" ({_figures(verdict.pairs[0])})"
     elif verdict.refused:
         named = len(verdict.findings)
-        head = f"nodekit link check: REFUSED, {named} pair(s) named: no node starts training (exit {EXIT_LINK})"
+        then = "every node stops its job" if started else "no node starts training"
+        head = f"nodekit link check: REFUSED, {named} pair(s) named: {then} (exit {EXIT_LINK})"
     else:
-        head = f"nodekit link check: WARNING, {len(verdict.findings)} pair(s) named ({how}{ref}); training starts"
+        then = "training goes on" if started else "training starts"
+        head = f"nodekit link check: WARNING, {len(verdict.findings)} pair(s) named ({how}{ref}); {then}"
     lines = [head]
     ends = {e.rank: e for e in verdict.endpoints}
     for r in verdict.suspects:

@@ -21,6 +21,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nodekit.launcher.contract import EXIT_LINK as EXIT_LINK
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
 from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from nodekit.launcher.contract import EXIT_STALLED as EXIT_STALLED
@@ -105,6 +106,7 @@ class Alarm:
     failed: tuple[tuple[int, Done], ...] = ()
     signalled: tuple[tuple[int, Done], ...] = ()
     stalled: str | None = None
+    refused: str | None = None  # the link check, run beside the job's start, refused it
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ class Watch:
         self.last_ok = start  # when a round of store calls last completed
         self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
         self.stalled: str | None = None  # main's line when it found the job stalled and stalls stop the job
+        self.refused: str | None = None  # the link check beside the job refused it (a pair cannot connect): the line
         self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
 
     def see(self, reading: Reading) -> None:
@@ -217,6 +220,8 @@ def alarm(watch: Watch, now: float) -> Alarm | None:
     lost, failed, signalled = watch.lost(now), watch.failed(), watch.signalled()
     if lost or failed or signalled:
         return Alarm(lost=lost, failed=failed, signalled=signalled)
+    if watch.refused is not None:
+        return Alarm(refused=watch.refused)
     return Alarm(stalled=watch.stalled) if watch.stalled is not None else None
 
 
@@ -233,8 +238,11 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
     lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
     if own.signal:  # this node was stopped from outside: its own line was printed when the signal came
         return Ending(own.code)
-    if raised is not None and raised.stalled is not None and not (raised.lost or raised.failed or raised.signalled):
-        return Ending(EXIT_OK if own.code == 0 else EXIT_STALLED)
+    if raised is not None and not (raised.lost or raised.failed or raised.signalled):
+        if raised.refused is not None:
+            return Ending(EXIT_OK if own.code == 0 else EXIT_LINK)
+        if raised.stalled is not None:
+            return Ending(EXIT_OK if own.code == 0 else EXIT_STALLED)
     if raised is not None:
         code = EXIT_OK if own.code == 0 else EXIT_PEER_LOST
         return Ending(code, lost_line(lost, names, f"this node had stopped (exit {code})") if lost else None)
@@ -287,6 +295,8 @@ def stopped_line(stopped: tuple[tuple[int, Done], ...], names: Mapping[int, str]
 
 def alarm_line(found: Alarm, names: Mapping[int, str]) -> str:
     """The one line a node prints when its watchdog stops it."""
+    if found.refused is not None and not (found.lost or found.failed or found.signalled):
+        return found.refused
     if found.stalled is not None and not (found.lost or found.failed or found.signalled):
         return found.stalled
     if found.lost:

@@ -109,8 +109,10 @@ class Watchdog:
         judge_s: float = JUDGE_S,
         stop_grace_s: float = STOP_GRACE_S,
         stall: StallConfig | None = None,
+        settle: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
+        self._settle = settle  # work beside the job on this store that must end before this node is done
         self.rank, self.nnodes, self.timeout = rank, nnodes, timeout
         self.names = dict(names)
         self.clock = clock or Clock()
@@ -142,9 +144,18 @@ class Watchdog:
 
     def start(self) -> None:
         with self._lock:
+            refused = self.watch.refused
             self.watch = Watch(self.rank, self.nnodes, self.timeout, self.clock.now())
+            self.watch.refused = refused
         for t in self._threads:
             t.start()
+
+    def refuse(self, line: str) -> None:
+        """The link check beside the job refused it (a pair that cannot connect): stop this node's job as a stall
+        does, printing ``line``; the node then exits 20 (every node gets the same verdict and does the same)."""
+        with self._lock:
+            self.watch.refused = line
+        self._wake.set()
 
     def stopping(self, signum: int) -> None:
         """A signal from outside is stopping this node (torchrun is ending its workers): publish its done mark now,
@@ -158,7 +169,10 @@ class Watchdog:
     def finish(self, code: int, failure: WorkerFailure | None = None, *, signal: int = 0) -> Ending:
         """This node's torchrun returned ``code`` (``failure``: the worker it gave up on; ``signal``: the signal from
         outside that stopped it): publish it, wait until the other nodes are settled (not at all for a worker that
-        succeeded), say bye, print the ending's line if any and return the ending."""
+        succeeded), say bye, print the ending's line if any and return the ending. Work beside the job on the same
+        store (the link check: ``settle``) ends first, within its own bound."""
+        if self._settle is not None:
+            self._settle()
         since = self.clock.now()
         with self._lock:
             raised = self._alarm

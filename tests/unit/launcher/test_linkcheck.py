@@ -191,3 +191,143 @@ def test_each_node_listens_where_it_is_reached_and_main_behind_a_translation_lis
     assert (main.addr, main.bind, main.rank) == ("203.0.113.9", "", 0)  # reached there, listens on every address
     pinned = link_job(parse_env({**node_env(1), "GLOO_SOCKET_IFNAME": "lo"}), facts)
     assert (pinned.addr, pinned.iface) == ("127.0.0.1", "lo")
+
+
+# ---- beside the job's start (links = "warn") --------------------------------------------------------------------
+
+
+def beside_env(rank: int, **extra: str) -> dict[str, str]:
+    from tests.factories import node_env
+
+    return {**node_env(rank), "MASTER_ADDR": "127.0.0.1", "NODEKIT_JOB_SECRET": SECRET,
+            "NODEKIT_LINK_SECONDS": "0.05", **extra}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "stays", "beside"),
+    [({}, True, True), ({}, False, False), ({"NODEKIT_LINK_CHECK": "refuse"}, True, False),
+     ({"NODEKIT_MIN_LINK_GBIT": "5"}, True, False), ({"NODEKIT_CHECKS_ONLY": "1"}, True, False)],
+)  # fmt: skip
+def test_only_a_check_nothing_waits_for_runs_beside_the_job(extra: dict[str, str], stays: bool, beside: bool) -> None:
+    from nodekit.launcher.checks import links_beside_job
+    from nodekit.launcher.config import parse_env
+
+    assert links_beside_job(parse_env(beside_env(1, **extra)), stays) is beside
+
+
+def test_the_check_beside_the_job_returns_at_once_and_its_verdict_follows_before_the_node_is_done(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each node starts the check in a thread and goes on at once (to torchrun, in the launcher); the check's rounds
+    run meanwhile; the peer watchdog's finish waits for it (settle), so the store outlives it."""
+    from nodekit.launcher.checks import LinksBeside
+    from nodekit.launcher.config import parse_env
+    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.watchdog.run import Watchdog
+
+    hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
+    client = Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)
+    stores = {0: hosted, 1: client}
+    besides = {}
+    for r in (0, 1):
+        me = NodeFacts.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"})
+        besides[r] = LinksBeside(parse_env(beside_env(r)), stores[r], me)
+        assert besides[r].verdict is None  # returned before its first transfer (2 x 0.05 s) could end
+    names = {0: "127.0.0.1, host n0", 1: "127.0.0.1, host n1"}
+    dogs = {r: Watchdog(stores[r], r, 2, 30.0, names, stop=lambda: None, beat_s=0.05, judge_s=0.02,
+                        settle=besides[r].wait) for r in (0, 1)}  # fmt: skip
+    threads = [threading.Thread(target=dogs[r].finish, args=(0,)) for r in (0, 1)]
+    for r, t in enumerate(threads):
+        dogs[r].start()
+        t.start()
+    for t in threads:
+        t.join(30)
+    hosted.close()
+    assert not any(t.is_alive() for t in threads)
+    v0, v1 = besides[0].verdict, besides[1].verdict
+    assert v0 is not None and v0 == v1 and not v0.refused
+    (pair,) = v0.pairs
+    assert pair.error == "" and pair.ab.gbit and pair.ba.gbit
+    out = capsys.readouterr()
+    assert out.out.count("nodekit link check: running beside the job's start") == 2
+    assert out.out.count("nodekit link check: ok, 2 nodes, 1 pair(s)") == 2, out.out
+    assert "Traceback" not in out.err
+
+
+def test_a_check_beside_the_job_that_loses_the_store_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from nodekit.launcher.checks import LinksBeside
+    from nodekit.launcher.config import parse_env
+    from nodekit.launcher.preflight.stack import NodeFacts
+
+    hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
+    client = Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)
+    hosted.close()  # main's store is gone (the job ended there) before this node's check asks anything
+    me = NodeFacts.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
+    beside = LinksBeside(parse_env(beside_env(1)), client, me)
+    beside.wait()
+    assert beside.verdict is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("nodekit link check: not finished: lost main's store"), err
+    assert '(links = "warn": the job goes on)' in err
+
+
+def test_a_refusal_beside_the_job_stops_every_node_through_its_watchdog_and_each_exits_20(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A verdict that refuses (here a floor no link reaches; in warn mode, a pair that cannot connect) after the job
+    started: each node's watchdog stops its job (the stop callback, torchrun's SIGTERM in the launcher), and the
+    node, whose torchrun then ends non-zero, exits 20 with the line."""
+    from nodekit.launcher.checks import LinksBeside
+    from nodekit.launcher.config import parse_env
+    from nodekit.launcher.contract import EXIT_LINK
+    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.watchdog.run import Watchdog
+
+    hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
+    stores = {0: hosted, 1: Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)}
+    names = {0: "127.0.0.1, host n0", 1: "127.0.0.1, host n1"}
+    stopped = {r: threading.Event() for r in (0, 1)}
+    dogs, besides = {}, {}
+    for r in (0, 1):
+        me = NodeFacts.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"})
+        besides[r] = LinksBeside(parse_env(beside_env(r, NODEKIT_MIN_LINK_GBIT="1000000")), stores[r], me)
+        dogs[r] = Watchdog(stores[r], r, 2, 30.0, names, stop=stopped[r].set, beat_s=0.05, judge_s=0.02,
+                           settle=besides[r].wait)  # fmt: skip
+        besides[r].attach(dogs[r].refuse)
+        dogs[r].start()
+    for r in (0, 1):
+        assert stopped[r].wait(20), f"node {r}'s job was not stopped"
+    endings: dict[int, int] = {}
+
+    def finish(r: int) -> None:
+        endings[r] = dogs[r].finish(143).code  # torchrun, stopped by the watchdog's SIGTERM
+
+    threads = [threading.Thread(target=finish, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    hosted.close()
+    assert endings == {0: EXIT_LINK, 1: EXIT_LINK}
+    err = capsys.readouterr().err
+    assert err.count("nodekit link check: REFUSED, 1 pair(s) named: every node stops its job (exit 20)") == 2, err
+    assert err.count(f"nodekit: the link check refused this job; stopping this node (exit {EXIT_LINK})") == 2, err
+
+
+def test_a_refusal_known_before_the_watchdog_is_attached_is_delivered_on_attach() -> None:
+    from nodekit.launcher.checks import LinksBeside
+    from nodekit.launcher.config import parse_env
+    from nodekit.launcher.preflight.stack import NodeFacts
+
+    hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
+    stores = {0: hosted, 1: Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)}
+    besides = [LinksBeside(parse_env(beside_env(r, NODEKIT_MIN_LINK_GBIT="1000000")), stores[r],
+                           NodeFacts.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"}))
+               for r in (0, 1)]  # fmt: skip
+    for b in besides:
+        b.wait()
+    hosted.close()
+    got: list[str] = []
+    besides[1].attach(got.append)
+    assert besides[1].verdict is not None and besides[1].verdict.refused
+    assert got == ["nodekit: the link check refused this job; stopping this node (exit 20)"]
