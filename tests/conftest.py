@@ -92,11 +92,14 @@ TIERS = {"integration": "engine", "cluster": "cluster"}
 # The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay chains): they
 # count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
 # which only their own tests make, so they are one group. The other cluster tests are the other.
-SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py"})
+SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py", "test_linkcheck.py",
+                       "test_ops.py"})  # fmt: skip
 SLURM_GROUP = frozenset({"test_slurm.py"})
 # Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
 # so no group ever sees another's hosts; the data roots, and the demo image in them, persist between runs.
-CLUSTER_NAMES = {"cluster-ssh": "nkt", "cluster": "nku", "cluster-slurm": "nkw"}
+# A test that brings up a cluster of its own names it with a name of its own (test_linkcheck's nkt, test_ship's
+# nks, nkid and nkd, test_relay's nkr, test_harness's nkz; benchmarks' nkf): none of these.
+CLUSTER_NAMES = {"cluster-ssh": "nkv", "cluster": "nku", "cluster-slurm": "nkw"}
 
 
 def tier_of(nodeid: str) -> str | None:

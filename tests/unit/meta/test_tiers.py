@@ -4,6 +4,7 @@ by side while the tests inside each stay serial."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from tests.conftest import CLUSTER_NAMES, SLURM_GROUP, SSH_GROUP, cluster_name, group_of, scheduled_group, tier_of
@@ -32,6 +33,17 @@ def test_the_cluster_tier_runs_as_three_groups_each_with_its_own_cluster_name() 
     assert group_of("tests/unit/meta/test_tiers.py::test_x") is None
     names = {cluster_name(f"tests/cluster/{name}::test_x") for name in groups}
     assert names == set(CLUSTER_NAMES.values()) and len(names) == 3
+
+
+def test_every_cluster_test_over_ssh_is_in_the_ssh_group_and_own_clusters_have_names_of_their_own() -> None:
+    """The SSH group's tests count the machine's ssh processes and /tmp entries: a file that starts sshds or ssh
+    clients outside the group would run beside them (3 workers) and spoil their counts. A cluster a test brings up
+    itself must not share a name (namespaces, data root) with a group's cluster or another test's."""
+    sources = {f.name: f.read_text() for f in sorted((ROOT / "tests" / "cluster").glob("test_*.py"))}
+    over_ssh = {name for name, text in sources.items() if re.search(r"ssh_client\(|start_sshd\(|: Fleet\b", text)}
+    assert over_ssh == SSH_GROUP
+    own = [m for text in sources.values() for m in re.findall(r'Cluster\(\d+, name="(\w+)"', text)]
+    assert own and len(own) == len(set(own)) and not set(own) & set(CLUSTER_NAMES.values()), own
 
 
 def test_on_two_workers_the_ssh_tests_join_the_cluster_group_and_slurm_stays_apart() -> None:
