@@ -138,8 +138,9 @@ def _retry(status: int) -> bool:
 
 
 class Notifier:
-    """Sends messages in the background; :meth:`close` waits for them within their deadline and returns what went
-    wrong, in words without the URL. ``post``, ``clock`` and ``sleep`` are for tests."""
+    """Sends messages in the background, one after the other in the order sent; :meth:`close` waits for them within
+    their deadline and returns what went wrong, in words without the URL. ``post``, ``clock`` and ``sleep`` are for
+    tests."""
 
     def __init__(
         self,
@@ -161,11 +162,17 @@ class Notifier:
             return
         deadline = self._clock() + self.hook.settings.deadline_s
         data = json.dumps(body).encode()
-        t = threading.Thread(target=self._deliver, args=(event, data, deadline), daemon=True, name=f"notify-{event}")
+        # In order: each message waits (within its own deadline) until the one before it is through or given up,
+        # so a webhook never shows a failure before the start it follows.
+        before = self._threads[-1][0] if self._threads else None
+        t = threading.Thread(target=self._deliver, args=(event, data, deadline, before), daemon=True,
+                             name=f"notify-{event}")  # fmt: skip
         t.start()
         self._threads.append((t, deadline))
 
-    def _deliver(self, event: Event, data: bytes, deadline: float) -> None:
+    def _deliver(self, event: Event, data: bytes, deadline: float, before: threading.Thread | None = None) -> None:
+        if before is not None:
+            before.join(max(0.0, deadline - self._clock()))
         cfg = self.hook.settings
         why = ""
         for attempt in range(cfg.retries + 1):

@@ -4,6 +4,7 @@ than the deadline, and the URL (a secret) never appears in anything nodekit says
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -163,3 +164,23 @@ def test_payloads_are_json_with_every_field_or_slack_text(tmp_path: Path, clean_
     assert set(payload("finish", r, "slack", clock.now + 100)) == {"text"}
     full = payload("finish", r, "json", clock.now + 100)
     assert full["duration_s"] == 5.0 and full["exit_code"] == 0 and full["run"] == r.id and full["log_tail"] == []
+
+
+def test_messages_reach_the_webhook_in_the_order_they_were_sent() -> None:
+    """A start whose post is slow (a slow DNS answer or TLS handshake) is still through before the failure that
+    followed it is posted. Before, each message had its own thread and the failure could arrive first."""
+    got: list[str] = []
+
+    def post(url: str, data: bytes, timeout: float) -> int:
+        body = json.loads(data)
+        if body["text"] == "start":
+            time.sleep(0.3)
+        got.append(body["text"])
+        return 200
+
+    hook, why = webhook(FAST, {"HOOK": "https://hooks.example.com/services/T/B/x"}, Path("/"))
+    assert hook is not None, why
+    n = Notifier(hook, post=post)
+    n.send("start", {"text": "start"})
+    n.send("failure", {"text": "failure"})
+    assert n.close() == [] and got == ["start", "failure"]
