@@ -97,8 +97,10 @@ SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test
 SLURM_GROUP = frozenset({"test_slurm.py"})
 # Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
 # so no group ever sees another's hosts; the data roots, and the demo image in them, persist between runs.
-# A test that brings up a cluster of its own names it with a name of its own (test_linkcheck's nkt, test_ship's
-# nks, nkid and nkd, test_relay's nkr, test_harness's nkz; benchmarks' nkf): none of these.
+# A test that brings up a cluster of its own, beside its group's, names it with a name of its own (test_ship's nks,
+# nkid and nkd, test_relay's nkr, test_harness's nkz; benchmarks' nkf): none of these. One that needs more hosts
+# than the group's three but the demo image demo_on_main put in host 0's data root (test_linkcheck's four) uses its
+# group's name.
 CLUSTER_NAMES = {"cluster-ssh": "nkv", "cluster": "nku", "cluster-slurm": "nkw"}
 
 

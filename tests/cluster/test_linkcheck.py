@@ -17,15 +17,19 @@ import pytest
 
 from tests.cluster.harness import Cluster, sh, ssh_client
 from tests.cluster.helpers import Demo, Fleet, SshKeys, nodekit_argv, push_image
+from tests.conftest import cluster_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 RATE = "100mbit"  # host 3's link; the veths between the others carry gigabits
 
 
 @pytest.fixture
-def fleet4(cluster_ready: None, ssh_keys: SshKeys, tmp_path: Path) -> Iterator[Fleet]:
-    """Four fresh hosts (nkt-h0..3) with an sshd each, as the `fleet` fixture makes three."""
-    c = Cluster(4, name="nkt", owner=os.getpid())
+def fleet4(
+    cluster_ready: None, demo_on_main: Demo, ssh_keys: SshKeys, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Fleet]:
+    """Four fresh hosts of the test's cluster name (its group's: host 0's data root holds the demo image that
+    demo_on_main put there) with an sshd each, as the `fleet` fixture makes three."""
+    c = Cluster(4, name=cluster_name(request.node.nodeid), owner=os.getpid())
     c.up()
     d = tmp_path / "ssh"
     try:
