@@ -34,6 +34,7 @@ def main() -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
     first_s = time.monotonic() - t0
+    first_at = time.time()  # wall clock: benchmarks/gpu_beside_bench.sh measures from the launchers' start
     sizes_mib = [1, 16, 256, 1024] if backend == "nccl" else [1, 16, 64]
     rows = []
     for mib in sizes_mib:
@@ -62,7 +63,7 @@ def main() -> None:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else "",
         "torch": torch.__version__, "cuda": torch.version.cuda or "",
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if device.type == "cuda" else "",
-        "init_and_first_allreduce_s": round(first_s, 3), "sizes": rows,
+        "init_and_first_allreduce_s": round(first_s, 3), "first_allreduce_at": first_at, "sizes": rows,
     }  # fmt: skip
     if rank == 0:
         line = json.dumps(facts)
