@@ -116,23 +116,19 @@ class LinksBeside:
     says so in one line."""
 
     def __init__(self, cfg: LaunchConfig, store: Store, me: NodeFacts) -> None:
-        self.cfg = cfg
         self.verdict: LinkVerdict | None = None
         self._lock = threading.Lock()
         self._refuse: Callable[[str], None] | None = None
         self._refused: str | None = None
         job = link_job(cfg, me)
         self._bound_s = 2 * estimate_s(cfg.nnodes, job.seconds) + 20.0
-        run_id = getattr(store, "run_id", b"")
 
         def work() -> None:
             try:
-                self.verdict = links.run(store, job, run_id)
+                self.verdict = verdict = _check_links(cfg, store, job, started=True)
             except Exception as e:  # a thread's failure: one line, never a traceback in the job's log
                 _say(f'nodekit link check: not finished: {e} (links = "warn": the job goes on)', True)
                 return
-            verdict = self.verdict
-            _say(render_links(verdict, matrix=cfg.is_main or bool(verdict.findings), started=True), verdict.refused)
             if verdict.refused:  # a pair that cannot connect: the job cannot run either; stop it, exit 20
                 line = f"nodekit: the link check refused this job; stopping this node (exit {EXIT_LINK})"
                 with self._lock:
@@ -156,6 +152,13 @@ class LinksBeside:
         self._thread.join(self._bound_s)
 
 
+def _check_links(cfg: LaunchConfig, store: Store, job: links.LinkJob, *, started: bool) -> LinkVerdict:
+    """This node's part of the link check, its report printed (``started``: beside the job's start)."""
+    verdict = links.run(store, job, getattr(store, "run_id", b""))
+    _say(render_links(verdict, matrix=cfg.is_main or bool(verdict.findings), started=started), verdict.refused)
+    return verdict
+
+
 def after_preflight(
     cfg: LaunchConfig, store: Store, facts: tuple[NodeFacts, ...], check: GpuCheck, *, beside: bool = False
 ) -> tuple[int | None, LinksBeside | None]:
@@ -175,6 +178,5 @@ def after_preflight(
     me = next(f for f in facts if f.rank == cfg.node_rank)
     if beside:
         return None, LinksBeside(cfg, store, me)
-    verdict = links.run(store, link_job(cfg, me), getattr(store, "run_id", b""))
-    _say(render_links(verdict, matrix=cfg.is_main or bool(verdict.findings)), verdict.refused)
+    verdict = _check_links(cfg, store, link_job(cfg, me), started=False)
     return (EXIT_LINK if verdict.refused else None), None
