@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -147,13 +148,16 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
         procs.append(main.popen(str(bin_dir / "ssh"), f"root@{h.addr}", remote, env=env, log=logs[-1]))
     tail = Tail(logs[0], t0)
     deadline = t0 + 600
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            print(f"fleet bench: bare torchrun on {n} host(s) did not end within 600 s", flush=True)
+            break
         tail.poll()
         done = tail.first(FINAL)
         # torchrun's agents meet at an exit barrier after the job; one that leaves it early (seen here: exit 1 on a
         # node whose job had ended well) holds the others there for 300 s. Rank 0's job has ended by then: the
         # first step is measured, so what is left is torchrun's teardown, not the anchor's time to the first step.
-        if done == done and time.monotonic() - t0 > done + BARRIER_GRACE_S:
+        if not math.isnan(done) and time.monotonic() - t0 > done + BARRIER_GRACE_S:
             break
         time.sleep(0.02)
     tail.poll()
@@ -167,7 +171,7 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
             h.docker("kill", *ids)
     codes = [p.returncode for p in procs]
     first = tail.first(FIRST_STEP)
-    if first != first or tail.first(FINAL) != tail.first(FINAL):
+    if math.isnan(first) or math.isnan(tail.first(FINAL)):
         raise SystemExit(f"bare torchrun on {n} host(s) failed ({codes}):\n{logs[0].read_text()[-3000:]}")
     if any(codes):
         print(
