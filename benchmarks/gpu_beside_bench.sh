@@ -15,17 +15,15 @@ mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 W=$(mktemp -d /tmp/nodekit-beside.XXXXXX)
 export PYTHONPATH="$ROOT" PYTHONUNBUFFERED=1 NODEKIT_NAME=beside-bench ALLREDUCE_BACKEND=gloo
-MAIN=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("192.0.2.1", 9)); print(s.getsockname()[0])')
+. "$ROOT/benchmarks/gpu_job/node.sh"
+MAIN=$(main_addr)
+case $MAIN in 127.*) echo "gpu_beside_bench: no address but loopback here, where the link check is skipped" >&2; exit 2 ;; esac
 echo "main $MAIN, $(nproc) cores, $REPS runs each way, $(date -u +%FT%TZ)" | tee "$OUT/beside.txt"
 one() {  # one MODE I: both nodes; prints MODE seconds
   local mode=$1 i=$2 t0 pids=()
   t0=$(date +%s.%N)
   for r in 0 1; do
-    mkdir -p "$W/$mode$i/out$r"
-    (cd "$ROOT/benchmarks/gpu_job" && env MASTER_ADDR="$MAIN" MASTER_PORT=$((29620 + i % 20 * 2)) NODE_RANK=$r NNODES=2 \
-      NPROC_PER_NODE=1 NODEKIT_JOB_SECRET=beside-secret NODEKIT_OUTPUT_DIR="$W/$mode$i/out$r" NODEKIT_LINK_CHECK=$mode \
-      NODEKIT_WORKER_DIR="$W/$mode$i/w$r" NODEKIT_RDZV_TIMEOUT=60 timeout 120 python3 -m nodekit.launcher allreduce.py \
-      > "$W/$mode$i/node$r.log" 2>&1) &
+    launch_node "$W/$mode$i" "$r" 2 1 "$MAIN" $((29620 + i % 20 * 2)) 120 NODEKIT_LINK_CHECK="$mode" &
     pids+=($!)
   done
   wait "${pids[@]}"

@@ -26,6 +26,7 @@ step() { echo; echo "== $(stamp) $*"; }
 finish() { tar -C "$W" -czf "$OUT/gpu-check.tar.gz" . 2>/dev/null; echo "== $(stamp) done"; }
 trap finish EXIT
 export PYTHONPATH="$ROOT" PYTHONUNBUFFERED=1 NODEKIT_NAME=gpu-check
+. "$ROOT/benchmarks/gpu_job/node.sh"
 
 step "1. GPU facts"
 date -u; uname -r; nproc; (nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id --format=csv) | tee "$W/facts.txt"
@@ -43,11 +44,7 @@ timeout 300 python3 "$ROOT/benchmarks/gpu_device_check.py" --out "$W/health"; ec
 GPUS=$(python3 -c 'import torch; print(max(1, torch.cuda.device_count()))')
 node() {  # node RANK NNODES NPROC MAIN TAG [VAR=VALUE...]: one launcher, as the compose file's environment starts it
   local rank=$1 nnodes=$2 nproc=$3 main=$4 tag=$5; shift 5
-  mkdir -p "$W/$tag/out$rank"
-  (cd "$ROOT/benchmarks/gpu_job" && env MASTER_ADDR="$main" MASTER_PORT=29611 NODE_RANK="$rank" NNODES="$nnodes" \
-    NPROC_PER_NODE="$nproc" NODEKIT_JOB_SECRET=gpu-check-secret NODEKIT_OUTPUT_DIR="$W/$tag/out$rank" \
-    NODEKIT_WORKER_DIR="$W/$tag/workers$rank" NODEKIT_RDZV_TIMEOUT=90 "$@" \
-    timeout 240 python3 -m nodekit.launcher allreduce.py > "$W/$tag/node$rank.log" 2>&1)
+  launch_node "$W/$tag" "$rank" "$nnodes" "$nproc" "$main" 29611 240 "$@"
   local rc=$?
   echo "node $rank exit $rc"; sed "s/^/  [$tag node $rank] /" "$W/$tag/node$rank.log" | tail -n 60
   return $rc
@@ -65,7 +62,7 @@ pair() {  # pair TAG [VAR=VALUE...]: two nodes on this machine at once
 step "3. one node, $GPUS GPU(s): launcher -> torchrun -> NCCL all-reduce"
 t0=$(date +%s.%N); node 0 1 "$GPUS" 127.0.0.1 one; echo "one: $(python3 -c "import time; print(round(time.time() - $t0, 2))") s"
 
-MAIN=$(python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.connect(("192.0.2.1", 9)); print(s.getsockname()[0])' 2>/dev/null || echo 127.0.0.1)
+MAIN=$(main_addr)
 step "4. two nodes on this machine (main $MAIN): preflight with GPU facts, GPU health, link check, gloo all-reduce on the GPU"
 pair two ALLREDUCE_BACKEND=gloo
 
