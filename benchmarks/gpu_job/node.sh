@@ -12,8 +12,9 @@ launch_node() {
   local dir=$1 rank=$2 nnodes=$3 nproc=$4 main=$5 port=$6 deadline=$7
   shift 7
   mkdir -p "$dir/out$rank"
-  (cd "$ROOT/benchmarks/gpu_job" && env MASTER_ADDR="$main" MASTER_PORT="$port" NODE_RANK="$rank" NNODES="$nnodes" \
-    NPROC_PER_NODE="$nproc" NODEKIT_JOB_SECRET=gpu-check-secret NODEKIT_OUTPUT_DIR="$dir/out$rank" \
-    NODEKIT_WORKER_DIR="$dir/workers$rank" NODEKIT_RDZV_TIMEOUT=90 "$@" \
-    timeout "$deadline" python3 -m nodekit.launcher allreduce.py > "$dir/node$rank.log" 2>&1)
+  # Exported in a subshell, not given to env(1): the job secret is in no process's arguments.
+  (cd "$ROOT/benchmarks/gpu_job" && export MASTER_ADDR="$main" MASTER_PORT="$port" NODE_RANK="$rank" \
+    NNODES="$nnodes" NPROC_PER_NODE="$nproc" NODEKIT_JOB_SECRET=gpu-check-secret NODEKIT_OUTPUT_DIR="$dir/out$rank" \
+    NODEKIT_WORKER_DIR="$dir/workers$rank" NODEKIT_RDZV_TIMEOUT=90 "$@" &&
+    exec timeout "$deadline" python3 -m nodekit.launcher allreduce.py > "$dir/node$rank.log" 2>&1)
 }
