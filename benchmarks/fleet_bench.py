@@ -182,10 +182,12 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
     return {"first": first, "train": step_marks(out / main.name / "outputs", t0)}
 
 
-def configure(cfg: Path, hosts: Sequence[str]) -> None:
-    keep = [ln for ln in cfg.read_text().splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
+def configure(cfg: Path, base: str, hosts: Sequence[str], extra: str = "") -> None:
+    """The project's nodekit.toml (``base``, as the demo has it) for ``hosts``, with ``extra`` (TOML, e.g. a
+    ``[health]`` table) at its end."""
+    keep = [ln for ln in base.splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
     cfg.write_text("\n".join([*keep, f"nnodes = {len(hosts)}", f"hosts = {json.dumps(list(hosts))}",
-                              f"args = {json.dumps(JOB)}"]) + "\n")  # fmt: skip
+                              f"args = {json.dumps(JOB)}", extra]) + "\n")  # fmt: skip
 
 
 def main() -> int:
@@ -196,6 +198,8 @@ def main() -> int:
     parser.add_argument("--label", default="now", help="'before' writes the doc's Before section (default: now)")
     parser.add_argument("--no-docs", action="store_true", help="print the result, do not write docs/")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--toml", default="", help="TOML appended to the project's nodekit.toml (a variant, e.g. "
+                        "'[health]\\nlinks = \"off\"'); use it with its own --label")  # fmt: skip
     opts = parser.parse_args()
     from benchmarks._project import build, copy_demo, exit_on_signals
     from tests.cluster.harness import Cluster, ssh_client
@@ -207,6 +211,7 @@ def main() -> int:
     project = copy_demo("nodekit-fleet-bench-")
     work = project.parent
     ref = build(project, quiet=True)
+    base = (project / "nodekit.toml").read_text()
     counts = [int(n) for n in opts.hosts.split(",")]
     load_start = loadavg()
     try:
@@ -222,7 +227,8 @@ def main() -> int:
                    "COLUMNS": "400"}  # fmt: skip
             try:
                 for n in counts:
-                    configure(project / "nodekit.toml", [f"ssh://root@{h.addr}" for h in c.hosts[:n]])
+                    hosts = [f"ssh://root@{h.addr}" for h in c.hosts[:n]]
+                    configure(project / "nodekit.toml", base, hosts, opts.toml.replace("\\n", "\n"))
                     kit: list[dict[str, Any]] = []
                     bare: list[dict[str, Any]] = []
                     t_n = time.monotonic()

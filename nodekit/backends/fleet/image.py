@@ -1,5 +1,6 @@
-"""The image on every host of a fleet run: asked of each host right after its check, over the connection the check
-opened (:func:`image_there`), and shipped through nodekit push's code only where it is missing (:func:`ship_image`)."""
+"""The image on every host of a fleet run: asked of each host in its check (nodekit/backends/fleet/remote.py, the
+same SSH command), compared here (:func:`is_this_image`), and shipped through nodekit push's code only where it is
+missing (:func:`ship_image`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nodekit.backends.fleet.hosts import FleetHost
-from nodekit.errors import NodekitError
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
 
@@ -16,15 +16,12 @@ if TYPE_CHECKING:
     from nodekit.ship.relay import RelayMode
 
 
-def image_there(ref: str, info: docker.ImageInfo, host: FleetHost) -> bool:
-    """Whether ``host``'s engine has ``ref`` as this very image: the survey's own test for a host it skips (the same
-    id, or the same identity across the two image stores), one question over the connection the host's check
-    opened. False when it cannot tell: the ship path then surveys that host and says why."""
-    try:
-        got = docker.image_info(ref, host.url)
-    except NodekitError:
-        return False
-    return got is not None and (got.id == info.id or (bool(info.identity) and got.identity == info.identity))
+def is_this_image(local: docker.ImageInfo, there: docker.ImageInfo | None) -> bool:
+    """Pure: whether a host's answer ``there`` (its engine's inspect of the run's reference, in the host's check) is
+    the image ``local`` is: the survey's own test for a host it skips (the same id, or the same identity across the
+    two image stores). None (not there, or it could not tell) is not: the ship path then surveys that host and says
+    why."""
+    return there is not None and (there.id == local.id or (bool(local.identity) and there.identity == local.identity))
 
 
 def ship_image(

@@ -2,13 +2,21 @@
 user's config, keys, agent, ProxyJump and known_hosts) and through the host's Docker engine. Nothing is installed.
 The facts are the ones ``nodekit up`` reads on its own host, by the same script (nodekit/system/host/facts.py).
 
+An ``ssh://`` host is checked in one SSH command (:func:`check_script`): its facts, then its engine through the
+host's own docker CLI (the engine the job's ``ssh://`` calls reach: they run ``docker system dial-stdio`` in the same
+login), asked for the run's image, whose answer also proves the engine answers, and for its runtimes where GPUs are
+expected or found. Before, the same answers took three round trips per host (the facts script, ``docker version``
+through ``dial-stdio``, ``docker image inspect`` through it), on the path of every ``nodekit run`` (issue 33).
+
 :func:`check_all` runs every host at once and raises one :class:`FleetCheckError` naming each failing host with its
 fix; nothing has been started anywhere when it does. The parsers are pure.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -17,12 +25,17 @@ from dataclasses import dataclass
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import DeadlineError, NodekitError
 from nodekit.system import docker, proc, ssh
+from nodekit.system.docker.models import ImageInfo, image_info_of
 from nodekit.system.host import facts as host_facts
 from nodekit.system.host.facts import Gathered, HostFacts, facts_script, parse_facts
 
 SSH_TIMEOUT_S = 8
 # The connection, then the facts script there (nvidia-smi within its own deadline, a few file reads).
 SSH_DEADLINE_S = SSH_TIMEOUT_S + host_facts.NVIDIA_SMI_S + host_facts.SCRIPT_S
+ENGINE_S = 60.0
+"""Each docker call of a host's check, there: a healthy engine answers in well under a second, a loaded one in a few;
+this long means it hung. The check makes at most two (the image, then the version or the runtimes)."""
+CHECK_DEADLINE_S = SSH_DEADLINE_S + 2 * ENGINE_S
 MAX_PARALLEL = 64  # sshd's default MaxStartups is 10:30:100 per target; the head's own fan-out is what this bounds
 
 
@@ -64,6 +77,120 @@ def ssh_problem(host: FleetHost, stderr: str) -> Problem:
     return Problem(host, f"SSH to {target} failed: {last}", fix)
 
 
+# POSIX sh, after the facts script in the same SSH command (:func:`check_script`): what the host's engine says, as
+# key=value lines. The image's own JSON (one line) proves the engine answers; "No such image" is an answer too.
+# Where the image is not asked, or the answer is an error, ``docker version`` tells whether the engine answers at all.
+# Each docker call is bounded by $NK_ENGINE_S where timeout(1) exists (as nvidia-smi is in the facts script).
+ENGINE_SCRIPT = r"""
+last() { sed '/^[[:space:]]*$/d' | tail -n 1; }
+ask() { said=$($t docker "$@" 2>&1); rc=$?; return $rc; }
+if ! command -v docker >/dev/null 2>&1; then
+  echo "engine=absent"
+else
+  t=""; command -v timeout >/dev/null 2>&1 && t="timeout -s KILL $NK_ENGINE_S"
+  state=""
+  if [ -n "$NK_IMAGE" ]; then
+    ask image inspect --format '{{json .}}' "$NK_IMAGE"
+    case $rc:$said in
+      0:*) state=ok; printf 'image=%s\n' "$said" ;;
+      124:*|137:*) state=hung ;;
+      *"No such image"*|*"no such image"*) state=ok; echo "image=none" ;;
+      *) printf 'image_error=%s\n' "$(printf '%s\n' "$said" | last)" ;;
+    esac
+  fi
+  if [ -z "$state" ]; then
+    ask version --format '{{.Server.Version}}'
+    case $rc in
+      0) state=ok ;;
+      124|137) state=hung ;;
+      *) state=error; printf 'engine_error=%s\n' "$(printf '%s\n' "$said" | last)" ;;
+    esac
+  fi
+  [ "$state" = error ] || echo "engine=$state"
+  gpu=$NK_RUNTIMES
+  [ -z "$gpu" ] && printf '%s\n' "$facts" | grep -q '^gpu=' && gpu=1
+  if [ "$state" = ok ] && [ "$gpu" = 1 ]; then
+    ask info --format '{{json .Runtimes}}' && printf 'runtimes=%s\n' "$said"
+  fi
+fi
+exit 0
+"""
+
+
+def check_script(paths: Sequence[str] = (), *, image: str = "", runtimes: bool | None = None) -> str:
+    """One ``ssh://`` host's whole check, for one SSH command: :func:`facts_script` (``paths``: the node's mount
+    sources), then :data:`ENGINE_SCRIPT` asking for ``image`` ("" for none) and for the engine's runtimes (``runtimes``
+    None: where the facts found a GPU)."""
+    ask = "" if runtimes is None else str(int(runtimes))
+    return (
+        f"nk_facts() {{\n{facts_script(paths)}}}\nfacts=$(nk_facts)\nprintf '%s\\n' \"$facts\"\n"
+        f"NK_IMAGE={shlex.quote(image)}\nNK_RUNTIMES={ask}\nNK_ENGINE_S={ENGINE_S:g}\n{ENGINE_SCRIPT}"
+    )
+
+
+@dataclass(frozen=True)
+class EngineSaid:
+    """What a host's engine said in its check (:data:`ENGINE_SCRIPT`'s lines)."""
+
+    state: str = "ok"  # ok | absent (no docker CLI there) | hung | error
+    error: str = ""  # the engine's own last line, when state is "error"
+    image: ImageInfo | None = None  # the asked image as that engine reports it; None: not there, or not known
+    image_known: bool = False  # the engine said whether it has the image
+    runtimes: tuple[str, ...] | None = None  # None: not asked, or not answered
+    fix: str = ""  # the docker CLI's own fix, where it diagnosed the failure (a host reached without SSH)
+
+
+def parse_engine(text: str) -> EngineSaid:
+    """Pure: :data:`ENGINE_SCRIPT`'s lines as data (other lines, the facts', are skipped)."""
+    state, error, image, known, runtimes = "error", "no answer", None, False, None
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key == "engine":
+            state, error = (value, "") if value in ("ok", "absent", "hung") else ("error", value)
+        elif key == "engine_error":
+            state, error = "error", value.strip() or "no message"
+        elif key == "image":
+            known = True
+            image = None if value == "none" else image_info_of(json.loads(value))
+        elif key == "runtimes":
+            runtimes = tuple(sorted(json.loads(value) or {}))
+    return EngineSaid(state=state, error=error, image=image, image_known=known, runtimes=runtimes)
+
+
+@dataclass(frozen=True)
+class Report:
+    """A host that passed its check: its facts, and what its engine said of the run's image."""
+
+    gathered: Gathered
+    image: ImageInfo | None = None
+    image_known: bool = False
+
+
+def _run_ssh(host: FleetHost, script: str, deadline: float) -> str | Problem:
+    """``script`` run by ``host``'s login over SSH within ``deadline``: its standard output, or why not."""
+    if shutil.which("ssh") is None:
+        return Problem(
+            host, "no ssh client on this machine", "install OpenSSH's client (apt-get install openssh-client)"
+        )
+    fix = f"check that {host.hostname} is up (ssh {host.hostname})"
+    try:
+        done = proc.run(ssh_argv(host, script), deadline=deadline, what="SSH", fix=fix)
+    except DeadlineError:
+        return Problem(host, f"SSH did not answer within {deadline:g} s", fix)
+    if done.returncode == 255:
+        return ssh_problem(host, done.stderr)
+    if done.returncode != 0:
+        return Problem(host, f"the facts script failed there ({done.stderr.strip()[-200:]})", "check its login shell")
+    return done.stdout
+
+
+def _facts(host: FleetHost, out: str, gpus: int | None) -> Gathered | Problem:
+    got = parse_facts(out, gpus)
+    if got.nvidia_smi_hung:
+        return Problem(host, f"nvidia-smi did not answer within {host_facts.NVIDIA_SMI_S:g} s", host_facts.NVIDIA_FIX)
+    return got
+
+
 def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) -> Gathered | Problem:
     """Facts of ``host``: over SSH for ``ssh://``, here for ``unix://``, from the config alone for ``tcp://``."""
     if host.scheme == "unix":
@@ -74,23 +201,8 @@ def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) 
         )
     if host.scheme == "tcp":
         return Gathered(facts=HostFacts(gpu_count=gpus or 0))
-    if shutil.which("ssh") is None:
-        return Problem(
-            host, "no ssh client on this machine", "install OpenSSH's client (apt-get install openssh-client)"
-        )
-    fix = f"check that {host.hostname} is up (ssh {host.hostname})"
-    try:
-        done = proc.run(ssh_argv(host, facts_script(paths)), deadline=SSH_DEADLINE_S, what="SSH", fix=fix)
-    except DeadlineError:
-        return Problem(host, f"SSH did not answer within {SSH_DEADLINE_S:g} s", fix)
-    if done.returncode == 255:
-        return ssh_problem(host, done.stderr)
-    if done.returncode != 0:
-        return Problem(host, f"the facts script failed there ({done.stderr.strip()[-200:]})", "check its login shell")
-    got = parse_facts(done.stdout, gpus)
-    if got.nvidia_smi_hung:
-        return Problem(host, f"nvidia-smi did not answer within {host_facts.NVIDIA_SMI_S:g} s", host_facts.NVIDIA_FIX)
-    return got
+    out = _run_ssh(host, facts_script(paths), SSH_DEADLINE_S)
+    return out if isinstance(out, Problem) else _facts(host, out, gpus)
 
 
 @dataclass(frozen=True)
@@ -100,26 +212,71 @@ class Expect:
     gpus: bool = False
     ports: tuple[int, ...] = ()
     paths: tuple[str, ...] = ()  # host paths the node's mounts need
+    image: str = ""  # the image the node runs: asked of its engine in the same check ("" for none)
 
 
-def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Gathered | list[Problem]:
-    """Reachable, engine with Compose, GPUs and NVIDIA runtime where expected, free ports (main): facts, or why not."""
-    got = gather(host, gpus, expect.paths)
-    if isinstance(got, Problem):
-        return [got]
+def _asked(host: FleetHost, expect: Expect, gpus: int | None) -> tuple[Gathered, EngineSaid] | Problem:
+    """``host``'s facts and what its engine said: in one SSH command for ``ssh://`` (:func:`check_script`); for
+    ``unix://`` and ``tcp://``, the facts as :func:`gather` finds them and the engine through the docker CLI."""
+    if host.scheme != "ssh":
+        got = gather(host, gpus, expect.paths)
+        return got if isinstance(got, Problem) else (got, _engine_said(host, expect, got))
+    ask_runtimes = True if expect.gpus or gpus else (False if gpus == 0 else None)
+    out = _run_ssh(host, check_script(expect.paths, image=expect.image, runtimes=ask_runtimes), CHECK_DEADLINE_S)
+    if isinstance(out, Problem):
+        return out
+    facts = _facts(host, out, gpus)
+    return facts if isinstance(facts, Problem) else (facts, parse_engine(out))
+
+
+def _engine_said(host: FleetHost, expect: Expect, got: Gathered) -> EngineSaid:
+    """What :data:`ENGINE_SCRIPT` finds, through the docker CLI's own transport (a host reached without SSH)."""
+    try:
+        docker.check_engine(host.url, buildx=False)  # nodes run images, they build none
+        runtimes = docker.runtimes(host.url) if expect.gpus or got.facts.gpu_count > 0 else None
+    except NodekitError as e:
+        return EngineSaid(state="error", error=e.message, fix=e.fix or docker.ENGINE_FIX)
+    if not expect.image:
+        return EngineSaid(runtimes=runtimes)
+    try:
+        return EngineSaid(image=docker.image_info(expect.image, host.url), image_known=True, runtimes=runtimes)
+    except NodekitError:
+        return EngineSaid(runtimes=runtimes)  # not known: the ship path surveys that host and says why
+
+
+def _engine_problem(host: FleetHost, said: EngineSaid) -> Problem | None:
+    if said.state == "ok":
+        return None
+    if said.state == "absent":
+        return Problem(host, "the docker command-line client is not installed there", docker.ENGINE_FIX)
+    if said.state == "hung":
+        return Problem(host, f"its Docker engine did not answer within {ENGINE_S:g} s", docker.hung_fix(host.url))
+    if said.fix:  # the docker CLI's own diagnosis (check_engine)
+        return Problem(host, said.error, said.fix)
+    return Problem(host, f"no Docker engine answers at {host.url} ({said.error})", docker.ENGINE_FIX)
+
+
+def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Report | list[Problem]:
+    """Reachable, an engine that answers, GPUs and NVIDIA runtime where expected, free ports (main), the mount
+    sources: the host's facts and what its engine said of ``expect.image``, or every reason it fails."""
+    asked = _asked(host, expect, gpus)
+    if isinstance(asked, Problem):
+        return [asked]
+    got, said = asked
     problems = [
         Problem(host, f"mount source {p} does not exist there", f"create it there, or set [nodes.{host.rank}] mounts")
         for p in sorted(got.absent)
     ]
-    try:
-        docker.check_engine(host.url, buildx=False)  # nodes run images, they build none
-    except NodekitError as e:
-        problems.append(Problem(host, e.message, e.fix or docker.ENGINE_FIX))
-        return problems
+    if (engine := _engine_problem(host, said)) is not None:
+        return [*problems, engine]
     if expect.gpus or got.facts.gpu_count > 0:
         if got.facts.gpu_count == 0:
             problems.append(Problem(host, "no NVIDIA GPU found", "check nvidia-smi there, or set [nodes.R] gpus = 0"))
-        elif "nvidia" not in docker.runtimes(host.url):
+        elif said.runtimes is None:
+            problems.append(
+                Problem(host, "its engine did not list its runtimes (docker info failed)", docker.hung_fix(host.url))
+            )
+        elif "nvidia" not in said.runtimes:
             problems.append(
                 Problem(host, "the engine has no NVIDIA runtime", "install nvidia-container-toolkit and restart docker")
             )
@@ -137,7 +294,7 @@ def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Gathered | 
                 "nodekit down (an earlier run), or set another master_port",
             )
         )
-    return problems or got
+    return problems or Report(gathered=got, image=said.image, image_known=said.image_known)
 
 
 def check_all(
@@ -145,23 +302,23 @@ def check_all(
     expect: Callable[[FleetHost], Expect],
     gpus: Callable[[FleetHost], int | None],
     on_done: Callable[[FleetHost, str | None], None] | None = None,
-    then: Callable[[FleetHost], object] | None = None,
-) -> list[Gathered]:
-    """:func:`check_host` on every host in parallel; their facts in rank order, or FleetCheckError naming every
-    failing host with its fix. ``then`` runs in a host's own thread as soon as that host passed (the next question
-    for it, over the connection its check opened, without waiting for the slowest host); it must not raise."""
+) -> list[Report]:
+    """:func:`check_host` on every host in parallel, and this machine's Compose plugin (it starts every ``ssh://``
+    host's containers) once beside them: their reports in rank order, or FleetCheckError naming every failing host
+    with its fix (EngineError when Compose is what is missing here)."""
 
-    def one(h: FleetHost) -> Gathered | list[Problem]:
+    def one(h: FleetHost) -> Report | list[Problem]:
         result = check_host(h, expect(h), gpus(h))
         if on_done is not None:
-            on_done(h, None if isinstance(result, Gathered) else "; ".join(p.what for p in result))
-        if then is not None and isinstance(result, Gathered):
-            then(h)
+            on_done(h, None if isinstance(result, Report) else "; ".join(p.what for p in result))
         return result
 
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts)))) as pool:
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts))) + 1) as pool:
+        compose = pool.submit(docker.compose_version) if any(h.scheme == "ssh" for h in hosts) else None
         results = list(pool.map(one, hosts))
-    problems = [p for r in results if not isinstance(r, Gathered) for p in r]
+        if compose is not None:
+            compose.result()  # EngineError, one line, when this machine's docker CLI has no Compose v2
+    problems = [p for r in results if not isinstance(r, Report) for p in r]
     if problems:
         names = ", ".join(dict.fromkeys(p.host.name for p in problems))
         raise FleetCheckError(
@@ -169,4 +326,4 @@ def check_all(
             f"was started: " + " | ".join(p.line() for p in problems),
             fix=f"fix {names} and run again",
         )
-    return [r for r in results if isinstance(r, Gathered)]
+    return [r for r in results if isinstance(r, Report)]

@@ -29,7 +29,7 @@ from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
-from nodekit.backends.fleet.image import image_there, ship_image
+from nodekit.backends.fleet.image import is_this_image, ship_image
 from nodekit.backends.fleet.manage import parallel as _parallel
 from nodekit.backends.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
 from nodekit.config.settings import Settings
@@ -369,26 +369,21 @@ def _attempts(
 def _check(
     settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str, info: docker.ImageInfo
 ) -> tuple[list[Gathered], set[int]]:
-    """Every host checked (facts, or FleetCheckError: nothing started), and the ranks whose host has the image,
-    each asked as soon as its own check passed."""
-    there: set[int] = set()
-
-    def ask(h: FleetHost) -> None:
-        if image_there(ref, info, h):
-            there.add(h.rank)
-
-    reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main")
-    facts = remote.check_all(
+    """Every host checked (facts, or FleetCheckError: nothing started), and the ranks whose host has the image: asked
+    in each host's check, one SSH command per host (remote.check_script)."""
+    reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main, the image")
+    reports = remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(
             ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
             paths=tuple(m.host for m in mount_points(settings, h.rank)),
+            image=ref,
         ),
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
         on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
-        then=ask,
     )
-    return facts, there
+    there = {h.rank for h, r in zip(hosts, reports, strict=True) if is_this_image(info, r.image)}
+    return [r.gathered for r in reports], there
 
 
 def _verdict(

@@ -19,7 +19,15 @@ names below are the package's interface: import them from ``nodekit.system.docke
 from __future__ import annotations
 
 from nodekit.errors import BuildError
-from nodekit.system.docker.calls import ENGINE_FIX, check_engine, client, engine_facts, runtimes
+from nodekit.system.docker.calls import (
+    ENGINE_FIX,
+    check_engine,
+    client,
+    compose_version,
+    engine_facts,
+    hung_fix,
+    runtimes,
+)
 from nodekit.system.docker.compose import (
     compose_down,
     compose_exec,
@@ -69,9 +77,11 @@ __all__ = [
     "compose_ps",
     "compose_stop",
     "compose_up",
+    "compose_version",
     "compose_wait",
     "engine_facts",
     "history_sizes",
+    "hung_fix",
     "image_config",
     "image_history",
     "image_info",

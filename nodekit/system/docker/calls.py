@@ -199,8 +199,7 @@ def check_engine(host: str | None = None, *, buildx: bool = True) -> EngineInfo:
         server = e.docker.version().server
     if server is None:
         raise EngineError(f"no Docker engine answers at {where(host)}", fix=ENGINE_FIX)
-    with e.calling("docker compose version", _missing("Compose v2", "compose")):
-        compose = e.docker.compose.version()
+    compose = compose_version(host, e)
     buildx_version = ""
     if buildx:
         with e.calling("docker buildx version", _missing("Buildx", "buildx")):
@@ -208,6 +207,14 @@ def check_engine(host: str | None = None, *, buildx: bool = True) -> EngineInfo:
     return EngineInfo(
         host=where(host), server_version=str(server.version), compose_version=compose, buildx_version=buildx_version
     )
+
+
+def compose_version(host: str | None = None, engine: Engine | None = None) -> str:
+    """The version of the Compose v2 plugin that runs the job's containers for ``host``: the plugin of this machine's
+    docker CLI, whatever engine it then talks to. EngineError when it is missing."""
+    e = engine or Engine(host)
+    with e.calling("docker compose version", _missing("Compose v2", "compose")):
+        return str(e.docker.compose.version())
 
 
 def _missing(plugin: str, command: str) -> Callable[[str], NodekitError]:

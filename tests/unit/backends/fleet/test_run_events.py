@@ -73,7 +73,8 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Engines:
         identity="sha256:" + "e" * 64,
     )
     monkeypatch.setattr(docker, "require_image", lambda *a, **k: info)
-    monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [remote.Gathered(facts=HostFacts()) for _ in hosts])
+    passed = remote.Report(gathered=remote.Gathered(facts=HostFacts()))
+    monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [passed for _ in hosts])
     monkeypatch.setattr(run, "ship_image", lambda *a, **k: None)
     monkeypatch.setattr(net, "resolve", lambda name: "10.0.0.1")
     monkeypatch.setattr(docker, "compose_up", e.up)
