@@ -53,13 +53,25 @@ BEFORE = "\n## Before"
 JOB = ["--epochs", "1", "--step-times"]
 
 
-class Tail:
-    """A log file read as it grows: each complete line with the seconds since ``t0`` when it was read."""
+def busy_cpu_s() -> float:
+    """CPU seconds this machine has spent busy since boot (every core; /proc/stat's user, nice, system, irq, softirq
+    and steal): the difference of two readings is what every process used between them, the hosts' sshd, dockerd
+    and containers included."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, path: Path, t0: float) -> None:
-        self.path, self.t0 = path, t0
+
+class Tail:
+    """A log file read as it grows: each complete line with the seconds since ``t0`` when it was read, and the
+    machine's busy CPU seconds since ``t0`` when the first line holding ``marker`` was read (:attr:`cpu`)."""
+
+    def __init__(self, path: Path, t0: float, marker: str = FIRST_STEP) -> None:
+        self.path, self.t0, self.marker = path, t0, marker
         self.lines: list[tuple[float, str]] = []
         self._pos, self._part = 0, ""
+        self._cpu0, self.cpu = busy_cpu_s(), float("nan")
 
     def poll(self) -> None:
         try:
@@ -74,6 +86,8 @@ class Tail:
         now = time.monotonic() - self.t0
         *done, self._part = (self._part + chunk).split("\n")
         self.lines += [(now, ln.rstrip("\r")) for ln in done]
+        if math.isnan(self.cpu) and any(self.marker in ln for ln in done):
+            self.cpu = busy_cpu_s() - self._cpu0
 
     def first(self, marker: str) -> float:
         return next((t for t, ln in self.lines if marker in ln), float("nan"))
@@ -119,6 +133,7 @@ def kit_run(c: Any, n: int, ref: str, project: Path, port: int, env: dict[str, s
     record = json.loads(records[-1].read_text()) if records else {}
     return {
         "first": tail.first(FIRST_STEP),
+        "cpu": tail.cpu,
         "head": fleet_phases.head_phases(tail.lines),
         "lines": fleet_phases.first_lines(tail.lines),
         "nodes": fleet_phases.node_phases(record, t0_wall),
@@ -179,7 +194,7 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
             f"(stuck in torchrun's exit barrier: {', '.join(stuck) or 'none'}); its first step is kept",
             flush=True,
         )
-    return {"first": first, "train": step_marks(out / main.name / "outputs", t0)}
+    return {"first": first, "cpu": tail.cpu, "train": step_marks(out / main.name / "outputs", t0)}
 
 
 def configure(cfg: Path, base: str, hosts: Sequence[str], extra: str = "") -> None:
@@ -239,8 +254,9 @@ def main() -> int:
                                 kit.append(kit_run(c, n, ref, project, port, env, work / f"kit-{n}-{i}.log"))
                             else:
                                 bare.append(bare_run(c, n, ref, project, port, bin_dir, env, work / f"bare-{n}"))
-                        print(f"fleet bench: {n} host(s), pair {i + 1}: nodekit {kit[-1]['first']:.2f} s, bare "
-                              f"{bare[-1]['first']:.2f} s", flush=True)  # fmt: skip
+                        print(f"fleet bench: {n} host(s), pair {i + 1}: nodekit {kit[-1]['first']:.2f} s "
+                              f"({kit[-1]['cpu']:.1f} CPU s), bare {bare[-1]['first']:.2f} s "
+                              f"({bare[-1]['cpu']:.1f} CPU s)", flush=True)  # fmt: skip
                     runs[str(n)] = {"kit": kit, "bare": bare, "measured": now_utc(), "load_start": load_start,
                                     "load_end": loadavg(), "minutes": (time.monotonic() - t_n) / 60}  # fmt: skip
                     if opts.state:
@@ -257,6 +273,13 @@ def main() -> int:
     return 0
 
 
+def cpu_median(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The median of the runs' busy CPU seconds (every process on the machine, from the command to rank 0's first
+    step: :class:`Tail`), or "not measured" for runs recorded before it was."""
+    got = [x["cpu"] for x in runs if not math.isnan(x.get("cpu", math.nan))]
+    return f"{stats.median(got):.1f}" if got else "not measured"
+
+
 def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
     """The doc's text for one label's results: the verdict per host count, then where the seconds go."""
     rows, phases, notes = [], [], []
@@ -266,7 +289,8 @@ def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
         diff = stats.difference_of_medians(bare, kit, seed=seed)
         rows.append(f"| {key} | {stats.median(bare):.2f} s ({', '.join(f'{x:.1f}' for x in bare)}) | "
                     f"{stats.median(kit):.2f} s ({', '.join(f'{x:.1f}' for x in kit)}) | {diff.estimate:+.2f} s "
-                    f"[{diff.low:+.2f}, {diff.high:+.2f}] | {stats.verdict(diff, TARGET_S).text} |")  # fmt: skip
+                    f"[{diff.low:+.2f}, {diff.high:+.2f}] | {stats.verdict(diff, TARGET_S).text} | "
+                    f"{cpu_median(r['bare'])} / {cpu_median(r['kit'])} |")  # fmt: skip
         phases.append(fleet_phases.breakdown_row(int(key), r["kit"], r["bare"]))
         notes.append(f"{key} host(s): {len(kit)} pairs, measured {r['measured']}, load {r['load_start']} at the start "
                      f"and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
@@ -289,15 +313,18 @@ def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
         "the difference of the medians (met only when the whole interval is at or below it).",
         "",
         "| hosts | bare torchrun: first step, median (runs) | nodekit run: first step, median (runs) | difference "
-        "[95% interval] | verdict |",
-        "| --- | --- | --- | --- | --- |",
+        "[95% interval] | verdict | machine CPU s to the first step, bare / nodekit (median) |",
+        "| --- | --- | --- | --- | --- | --- |",
         *rows,
         "",
         "Where the seconds go (median second since the command of each phase; where each node has its own, the "
         "earliest to the latest node). The head's steps are `nodekit run`'s progress lines; a node's phases are "
         "those its run record holds (`nodekit runs show`: when the head saw its container started, the launcher's "
         "preflight report, torchrun's rendezvous line, the job's first line); rank 0's marks are train.py's "
-        "`--step-times` (main() entered after the worker imported torch, the process group initialised).",
+        "`--step-times` (main() entered after the worker imported torch, the process group initialised). The machine's "
+        "CPU seconds are /proc/stat's busy time over the same interval: on this machine every host, the head and "
+        "the containers share its cores, so what one side does beyond the other delays its first step by about that "
+        "difference divided by the cores.",
         "",
         fleet_phases.BREAKDOWN_HEADER,
         *phases,

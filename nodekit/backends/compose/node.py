@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nodekit.backends.compose.render import compose_filename, project_name, render_compose, to_yaml
+from nodekit.backends.compose.render import SERVICE, compose_filename, project_name, render_compose, to_yaml
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
@@ -248,7 +248,7 @@ def _up(
             return 0
         for line in follow(path, plan.project):
             on_line(line)
-        code = docker.compose_wait(path, plan.project)
+        code = docker.compose_wait(path, plan.project, service=SERVICE)
         events.exited(rank, code)
     except KeyboardInterrupt as e:
         what = f"{e.name} received" if isinstance(e, proc.Interrupted) else "interrupted"

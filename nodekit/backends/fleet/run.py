@@ -20,12 +20,13 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
+from nodekit.backends.compose.render import SERVICE
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
@@ -191,7 +192,8 @@ def _watch(live: Sequence[_Live], events: queue.Queue[tuple[str, int, Any]]) -> 
 
         def wait(n: _Live = n, rank: int = rank) -> None:
             try:
-                events.put(("exit", rank, docker.compose_wait(n.plan.compose_path, n.plan.project, host=n.host.url)))
+                code = docker.compose_wait(n.plan.compose_path, n.plan.project, service=SERVICE, host=n.host.url)
+                events.put(("exit", rank, code))
             except NodekitError as e:
                 events.put(("lost", rank, e.message))
 
@@ -289,11 +291,12 @@ def run(
 
     # One SSH connection per host for the whole run, keeping alive at the job's interval: the check opens it, and
     # the image question, compose up, the log follower, the waiter and down ride on it without handshakes.
-    with kept_alive(interval), ship.SharedSsh():
+    with kept_alive(interval), ship.SharedSsh(), ThreadPoolExecutor(max_workers=1) as beside:
         ref = image or current_image(settings)
-        info = docker.require_image(ref)
-        events.image(ref, info.identity, info.labels)
-        return _attempts(settings, list(hosts), reporter, on_line, ref, info, debug, clock, loss_window(interval),
+        # This machine's image is read while the hosts are checked (its docker CLI call and python-on-whales' import
+        # were 0.1 to 0.2 s before the first SSH); the hosts' checks need only its reference.
+        local = beside.submit(docker.require_image, ref)
+        return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
                          events)  # fmt: skip
 
 
@@ -303,20 +306,22 @@ def _attempts(
     reporter: Reporter,
     on_line: LineFn,
     ref: str,
-    info: docker.ImageInfo,
+    local: Future[docker.ImageInfo],
     debug: bool,
     clock: Callable[[], float],
     cause_s: float,
     events: RunEvents = NO_EVENTS,
 ) -> int:
     t0 = clock()
-    image_id = info.identity
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
     failures: dict[int, int] = {}
     used = 0
     while True:
         n = len(hosts)
-        facts, there = _check(settings, hosts, reporter, ref, info)
+        facts, there, info = _check(settings, hosts, reporter, ref, local)
+        image_id = info.identity
+        if used == 0:
+            events.image(ref, info.identity, info.labels)
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         if missing := [h for h in hosts if h.rank not in there]:
             ship_image(ref, missing, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
@@ -367,12 +372,24 @@ def _attempts(
 
 
 def _check(
-    settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str, info: docker.ImageInfo
-) -> tuple[list[Gathered], set[int]]:
-    """Every host checked (facts, or FleetCheckError: nothing started), and the ranks whose host has the image: asked
-    in each host's check, one SSH command per host (remote.check_script)."""
+    settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str, local: Future[docker.ImageInfo]
+) -> tuple[list[Gathered], set[int], docker.ImageInfo]:
+    """Every host checked (facts, or FleetCheckError: nothing started), the ranks whose host has the image (asked in
+    each host's check, one SSH command per host: remote.check_script), and this machine's image, read beside them
+    (``local``): its failure is the one raised, before any host's, as it was when it was read first."""
     reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main, the image")
-    reports = remote.check_all(
+    try:
+        reports = _reports(settings, hosts, reporter, ref)
+    except NodekitError:
+        local.result()
+        raise
+    info = local.result()
+    there = {h.rank for h, r in zip(hosts, reports, strict=True) if is_this_image(info, r.image)}
+    return [r.gathered for r in reports], there, info
+
+
+def _reports(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str) -> list[remote.Report]:
+    return remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(
             ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
@@ -382,8 +399,6 @@ def _check(
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
         on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
     )
-    there = {h.rank for h, r in zip(hosts, reports, strict=True) if is_this_image(info, r.image)}
-    return [r.gathered for r in reports], there
 
 
 def _verdict(

@@ -154,10 +154,22 @@ def compose_projects(prefix: str, *, host: str | None = None) -> list[str]:
     return sorted(str(p.name) for p in projects if str(p.name).startswith(prefix))
 
 
-def compose_wait(compose_file: Path | None, project: str, *, host: str | None = None) -> int:
+def compose_wait(
+    compose_file: Path | None, project: str, *, service: str | None = None, host: str | None = None
+) -> int:
     """Block until the node's container exits; its exit code. EngineError when the engine cannot be asked (over
-    ssh://, a host that stops answering is noticed within the connection's keepalive)."""
+    ssh://, a host that stops answering is noticed within the connection's keepalive).
+
+    With ``service``, one call where Compose named the container as it does (``<project>-<service>-1``), as
+    :func:`compose_exec` does: at a fleet run's start, where every host's calls share the head's cores, a
+    ``compose ps`` first is one more docker CLI, Compose plugin and ``dial-stdio`` per host (issue 33). Else, or where
+    that name is not there (COMPOSE_COMPATIBILITY's ``_`` names), the project's container is listed first."""
     lost = f"lost {where(host)} while waiting for {project}"
+    if service is not None:
+        done = _run(docker_argv(host, "container", "wait", f"{project}-{service}-1"), "docker wait", host,
+                    LASTS_AS_LONG_AS_THE_JOB)  # fmt: skip
+        if done.returncode == 0 or not _NOT_THERE.search(done.stderr):
+            return _exit_code(done, lost)
     ps = compose_argv(host, compose_file, project, "ps", "--quiet", "--all")
     listed = _run(ps, f"docker compose ps of {project}", host, calls.ENGINE_CALL_S)
     if listed.returncode != 0:
@@ -166,6 +178,10 @@ def compose_wait(compose_file: Path | None, project: str, *, host: str | None = 
     if not ids:
         raise EngineError(f"compose project {project} has no container", fix="nodekit up")
     done = _run(docker_argv(host, "container", "wait", ids[0]), "docker wait", host, LASTS_AS_LONG_AS_THE_JOB)
+    return _exit_code(done, lost)
+
+
+def _exit_code(done: proc.Result, lost: str) -> int:
     if done.returncode != 0 or not done.stdout.split():
         raise EngineError(f"{lost}: {stderr_tail(done.stderr)}", fix=ENGINE_FIX)
     return int(done.stdout.split()[0])

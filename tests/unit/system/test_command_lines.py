@@ -35,7 +35,6 @@ def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_e
     plan = node_plan(tmp_path)
     assert isinstance(plan, node.NodePlan)
     fake_runner.on("logs", stdout="step 1\nstep 2\n")
-    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
     fake_runner.on("container", "wait", stdout="0\n")
     shown: list[str] = []
     assert node.up(plan, RecordingReporter(), detach=False, on_line=shown.append) == 0
@@ -47,14 +46,13 @@ def test_up_for_a_node_starts_its_compose_project_follows_it_and_waits_for_its_e
         ["docker", "ps", "--filter", "label=com.docker.compose.project=nodekit-demo-node1", "--format", RUNNING],
         [*project, "up", "--detach", "--force-recreate"],
         [*project, "logs", "--no-color", "--follow", "--no-log-prefix"],
-        [*project, "ps", "--quiet", "--all"],
-        ["docker", "container", "wait", "c0ffee"],
+        ["docker", "container", "wait", "nodekit-demo-node1-train-1"],  # Compose's own name: no ps first
     ]
     # The runner starts each in a process group of its own (a signal ends compose and what it started, before
     # down), with its deadline; following and waiting last as long as the job.
     deadlines = [c.deadline for c in fake_runner.calls][1:]
-    assert deadlines[0] == 600 and deadlines[2] == 120
-    assert all(isinstance(d, proc.Unbounded) for d in (deadlines[1], deadlines[3]))
+    assert deadlines[0] == 600
+    assert all(isinstance(d, proc.Unbounded) for d in (deadlines[1], deadlines[2]))
     assert all(c.by == "nodekit" and c.group for c in fake_runner.calls[1:])
 
 
@@ -105,6 +103,30 @@ def test_a_compose_wait_on_a_host_asks_its_engine(fake_runner: FakeRunner, tmp_p
          "--all"],
         ["docker", "--host", "ssh://root@n1", "container", "wait", "c0ffee"],
     ]  # fmt: skip
+
+
+def test_a_compose_wait_for_a_service_is_one_call_where_compose_named_its_container(fake_runner: FakeRunner) -> None:
+    """Compose's own name first (one docker CLI and one dial-stdio per host at a fleet's start); a project whose
+    container is named otherwise (COMPOSE_COMPATIBILITY) is listed, as without a service; a lost engine is named."""
+    from nodekit.errors import EngineError
+    from nodekit.system import docker
+
+    fake_runner.on("container", "wait", "nodekit-demo-node1-train-1", stdout="0\n")
+    assert docker.compose_wait(None, "nodekit-demo-node1", service="train", host="ssh://root@n1") == 0
+    assert [c.cmd for c in fake_runner.calls] == [
+        ["docker", "--host", "ssh://root@n1", "container", "wait", "nodekit-demo-node1-train-1"]
+    ]
+    fake_runner.calls.clear()
+    fake_runner.on("container", "wait", "nodekit-demo-node1-train-1", returncode=1,
+                   stderr="Error response from daemon: No such container: nodekit-demo-node1-train-1\n")  # fmt: skip
+    fake_runner.on("ps", "--quiet", stdout="c0ffee\n")
+    fake_runner.on("container", "wait", "c0ffee", stdout="7\n")
+    assert docker.compose_wait(None, "nodekit-demo-node1", service="train", host="ssh://root@n1") == 7
+    assert [c.cmd[-1] for c in fake_runner.calls] == ["nodekit-demo-node1-train-1", "--all", "c0ffee"]
+    fake_runner.on("container", "wait", "nodekit-demo-node1-train-1", returncode=255,
+                   stderr="error during connect: ssh: connection closed\n")  # fmt: skip
+    with pytest.raises(EngineError, match="lost ssh://root@n1 while waiting for nodekit-demo-node1: error during"):
+        docker.compose_wait(None, "nodekit-demo-node1", service="train", host="ssh://root@n1")
 
 
 def test_a_layer_is_built_by_buildx_offline_and_streamed_back_as_a_tar(fake_runner: FakeRunner, tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(node, "check_master_port", lambda plan: None)
     monkeypatch.setattr(docker, "compose_down", lambda path, project, timeout: seen.append("down"))
     monkeypatch.setattr(docker, "compose_stop", lambda path, project, timeout: seen.append("stop"))
-    monkeypatch.setattr(docker, "compose_wait", lambda path, project: 0)
+    monkeypatch.setattr(docker, "compose_wait", lambda path, project, service=None: 0)
     return seen
 
 

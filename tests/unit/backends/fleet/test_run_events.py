@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from nodekit.backends.fleet import remote, run
-from nodekit.backends.fleet.hosts import fleet_hosts
+from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts
 from nodekit.config import settings as config
-from nodekit.errors import JobFailed
+from nodekit.errors import ImageError, JobFailed
 from nodekit.image.plan import LABEL_FINGERPRINT
 from nodekit.launcher.contract import PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.runs import store
@@ -47,7 +47,7 @@ class Engines:
         yield from (f"nodekit evdemo: node {r}/3", f"{PREFLIGHT_OK}, 3/3 nodes", RENDEZVOUS_DONE, f"step 1 on {r}")
         self.stopped[r].wait(30) if r != 2 else None
 
-    def wait(self, path: Path | None, project: str, *, host: str | None = None) -> int:
+    def wait(self, path: Path | None, project: str, *, service: str | None = None, host: str | None = None) -> int:
         r = self.rank(project)
         if r == 2:
             return 137
@@ -119,3 +119,59 @@ class _Quiet:
     def done(self, message: str) -> None: ...
     def warn(self, message: str) -> None: ...
     def fail(self) -> None: ...
+
+
+def _three_hosts(tmp_path: Path) -> tuple[config.Settings, list[FleetHost]]:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "nodekit.toml").write_text(
+        'name = "evdemo"\nscript = "train.py"\nhosts = ["ssh://root@10.0.0.1", "ssh://root@10.0.0.2", '
+        '"ssh://root@10.0.0.3"]\n'
+    )
+    settings = config.load(tmp_path / "nodekit.toml")
+    return settings, fleet_hosts(settings.hosts, 3)
+
+
+def test_this_machines_image_is_read_while_the_hosts_are_checked(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local read waits for the checks to have begun: read first, as before, it would never see them begin, and
+    its 5 s would run out. The run then goes on with the image it read (its id reaches the record)."""
+    settings, hosts = _three_hosts(tmp_path)
+    checking = threading.Event()
+    read = engines_image = docker.ImageInfo(id="sha256:" + "e" * 64, tags=(IMAGE,), labels={}, size=1,
+                                            identity="sha256:" + "f" * 64)  # fmt: skip
+
+    def require_image(ref: str, host: str | None = None, *, node: str | None = None) -> docker.ImageInfo:
+        assert checking.wait(5), "the hosts were not checked while this machine's image was read"
+        return read
+
+    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.Report]:
+        checking.set()
+        return [remote.Report(gathered=remote.Gathered(facts=HostFacts()), image=engines_image) for _ in hosts]
+
+    monkeypatch.setattr(docker, "require_image", require_image)
+    monkeypatch.setattr(remote, "check_all", check_all)
+    rec = begin(settings, "run", [(h.rank, h.where) for h in hosts], environ={})
+    with pytest.raises(JobFailed):  # node 2 dies with SIGKILL (the Engines)
+        run.run(settings, hosts, _Quiet(), rec.tee(lambda r, t: None), image=IMAGE, events=rec)
+    rec.finish(137)
+    assert store.load(rec.dir).image_id == "sha256:" + "f" * 64
+
+
+def test_a_missing_local_image_is_named_before_any_hosts_failure(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As when the image was read before the checks: this machine's to fix first, and nothing started."""
+    settings, hosts = _three_hosts(tmp_path)
+
+    def require_image(ref: str, host: str | None = None, *, node: str | None = None) -> docker.ImageInfo:
+        raise ImageError(f"image {ref} is not on the local Docker engine", fix="nodekit build")
+
+    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.Report]:
+        raise remote.FleetCheckError("1 of 3 host(s) failed the checks, nothing was started: ...", fix="fix it")
+
+    monkeypatch.setattr(docker, "require_image", require_image)
+    monkeypatch.setattr(remote, "check_all", check_all)
+    with pytest.raises(ImageError, match="is not on the local Docker engine"):
+        run.run(settings, hosts, _Quiet(), lambda r, t: None, image=IMAGE)
+    assert not (tmp_path / "compose").exists()
