@@ -11,8 +11,9 @@ A node that marked itself done with a non-zero code and not ``stopped`` has *fai
 stopped it (``docker stop``, ``docker kill -s HUP|INT|TERM``, an administrator): then it was *stopped by that
 signal*, which the others name as such, before any failure its stop caused (theirs included). A node whose torchrun
 is restarting workers (max_restarts) is none of these: its launcher, torchrun's agent, keeps beating throughout.
-A job that main's stall watch found stalled (:mod:`stall`) stops every node too, after lost, stopped and failed
-nodes: a lost node explains a stall, not the other way round.
+A job that main's stall watch found stalled (:mod:`stall`), or that the link check beside its start refused, stops
+every node too (a :class:`Halt`: the line printed then, the code exited with), after lost, stopped and failed nodes:
+a lost node explains a stall, not the other way round.
 """
 
 from __future__ import annotations
@@ -98,15 +99,29 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Halt:
+    """A finding about the whole job that stops it on every node, each finding it alike: the job stalled (main's
+    stall watch, exit 22), or the link check beside its start refused it (exit 20). ``line`` is printed when the node
+    stops its job; ``code`` is the exit code when the job then fails (0 when it had succeeded anyway)."""
+
+    line: str
+    code: int
+
+
+@dataclass(frozen=True)
 class Alarm:
-    """Why a node stops its own job: nodes lost, else nodes a signal stopped, else nodes that failed, else the job
-    stalled (main's line)."""
+    """Why a node stops its own job: nodes lost, else nodes a signal stopped, else nodes that failed, else a
+    :class:`Halt`."""
 
     lost: tuple[Lost, ...] = ()
     failed: tuple[tuple[int, Done], ...] = ()
     signalled: tuple[tuple[int, Done], ...] = ()
-    stalled: str | None = None
-    refused: str | None = None  # the link check, run beside the job's start, refused it
+    halt: Halt | None = None
+
+    @property
+    def peers(self) -> bool:
+        """The alarm is about other nodes (lost, stopped, failed), not only a halt."""
+        return bool(self.lost or self.failed or self.signalled)
 
 
 @dataclass(frozen=True)
@@ -136,8 +151,6 @@ class Watch:
         self.confirm_s = min(confirm_s, timeout)
         self.last_ok = start  # when a round of store calls last completed
         self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
-        self.stalled: str | None = None  # main's line when it found the job stalled and stalls stop the job
-        self.refused: str | None = None  # the link check beside the job refused it (a pair cannot connect): the line
         self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
 
     def see(self, reading: Reading) -> None:
@@ -214,15 +227,13 @@ class Watch:
         )
 
 
-def alarm(watch: Watch, now: float) -> Alarm | None:
-    """While this node's torchrun runs: stop it when another node is lost, was stopped or has failed, or the job
-    stalled; else None."""
+def alarm(watch: Watch, now: float, halt: Halt | None = None) -> Alarm | None:
+    """While this node's torchrun runs: stop it when another node is lost, was stopped or has failed, or on
+    ``halt`` (the job stalled, or the link check refused it); else None."""
     lost, failed, signalled = watch.lost(now), watch.failed(), watch.signalled()
     if lost or failed or signalled:
         return Alarm(lost=lost, failed=failed, signalled=signalled)
-    if watch.refused is not None:
-        return Alarm(refused=watch.refused)
-    return Alarm(stalled=watch.stalled) if watch.stalled is not None else None
+    return Alarm(halt=halt) if halt is not None else None
 
 
 def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str]) -> Ending:
@@ -232,17 +243,14 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
     usually ends the others first, "Connection closed by peer", before the heartbeat says who). A node that
     succeeded still exits 0: every node had passed torchrun's exit barrier. A job that failed with no node lost
     names every node whose torchrun failed, the first failure first (:func:`failure.first_failed`); this node exits
-    19 when that first failure was another node's, else with its own code. A node stopped because the job stalled
-    exits 22 (its line was printed when it stopped).
+    19 when that first failure was another node's, else with its own code. A node stopped on a :class:`Halt` exits
+    with its code, 22 for a stall and 20 for a refused link check (its line was printed when it stopped).
     """
     lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
     if own.signal:  # this node was stopped from outside: its own line was printed when the signal came
         return Ending(own.code)
-    if raised is not None and not (raised.lost or raised.failed or raised.signalled):
-        if raised.refused is not None:
-            return Ending(EXIT_OK if own.code == 0 else EXIT_LINK)
-        if raised.stalled is not None:
-            return Ending(EXIT_OK if own.code == 0 else EXIT_STALLED)
+    if raised is not None and raised.halt is not None and not raised.peers:
+        return Ending(EXIT_OK if own.code == 0 else raised.halt.code)
     if raised is not None:
         code = EXIT_OK if own.code == 0 else EXIT_PEER_LOST
         return Ending(code, lost_line(lost, names, f"this node had stopped (exit {code})") if lost else None)
@@ -295,10 +303,8 @@ def stopped_line(stopped: tuple[tuple[int, Done], ...], names: Mapping[int, str]
 
 def alarm_line(found: Alarm, names: Mapping[int, str]) -> str:
     """The one line a node prints when its watchdog stops it."""
-    if found.refused is not None and not (found.lost or found.failed or found.signalled):
-        return found.refused
-    if found.stalled is not None and not (found.lost or found.failed or found.signalled):
-        return found.stalled
+    if found.halt is not None and not found.peers:
+        return found.halt.line
     if found.lost:
         return lost_line(found.lost, names, "stopping this node")
     if found.signalled:

@@ -33,11 +33,14 @@ from collections.abc import Callable, Mapping
 
 from nodekit.launcher.preflight.exchange import PREFIX, Clock, Store
 from nodekit.launcher.watchdog.decide import (
+    EXIT_LINK,
     EXIT_OK,
     EXIT_PEER_LOST,
+    EXIT_STALLED,
     Alarm,
     Done,
     Ending,
+    Halt,
     Lost,
     Reading,
     Watch,
@@ -124,6 +127,7 @@ class Watchdog:
         self._quit = threading.Event()
         self._published = threading.Event()  # this node's last keys are written (or cannot be)
         self._alarm: Alarm | None = None
+        self._halt: Halt | None = None  # the job stalled, or the link check beside its start refused it
         self._alarm_at = 0.0
         self._own: Done | None = None
         self._outside = 0  # a signal from outside that is stopping this node (set from a signal handler)
@@ -144,17 +148,21 @@ class Watchdog:
 
     def start(self) -> None:
         with self._lock:
-            refused = self.watch.refused
             self.watch = Watch(self.rank, self.nnodes, self.timeout, self.clock.now())
-            self.watch.refused = refused
         for t in self._threads:
             t.start()
 
     def refuse(self, line: str) -> None:
         """The link check beside the job refused it (a pair that cannot connect): stop this node's job as a stall
         does, printing ``line``; the node then exits 20 (every node gets the same verdict and does the same)."""
+        self._halt_with(Halt(line, EXIT_LINK))
+
+    def _halt_with(self, halt: Halt) -> None:
+        """Stop this node's job on ``halt`` (the first one found stands: a stall after a refusal is its effect). Held
+        here, not in the :class:`Watch` that :meth:`start` renews, so a halt found before the start stands."""
         with self._lock:
-            self.watch.refused = line
+            if self._halt is None:
+                self._halt = halt
         self._wake.set()
 
     def stopping(self, signum: int) -> None:
@@ -258,8 +266,7 @@ class Watchdog:
         if notice is None:
             return
         if notice.stop:
-            with self._lock:
-                self.watch.stalled = notice.line
+            self._halt_with(Halt(notice.line, EXIT_STALLED))
         elif self.rank != 0:  # main printed the whole report
             self._err(notice.line)
 
@@ -272,7 +279,7 @@ class Watchdog:
                     return
                 now = self.clock.now()
                 if self._alarm is None:
-                    found = alarm(self.watch, now)
+                    found = alarm(self.watch, now, self._halt)
                     if found is not None:
                         self._alarm, self._alarm_at = found, now
                         line = alarm_line(found, self.names)

@@ -227,15 +227,15 @@ def test_with_warn_the_watchdog_reports_once_and_stops_nothing() -> None:
 
 
 def test_a_lost_node_explains_a_stall_and_a_job_that_ended_well_exits_0() -> None:
-    from nodekit.launcher.watchdog.decide import Alarm, Lost, Watch, alarm, alarm_line
+    from nodekit.launcher.watchdog.decide import Alarm, Halt, Lost, Watch, alarm, alarm_line
 
     w = Watch(1, 2, 15.0, start=0.0)
-    w.stalled = "nodekit: no rank made progress for 20 s (stall_timeout): ...; stopping this node (exit 22)"
-    found = alarm(w, 1.0)
-    assert found == Alarm(stalled=w.stalled) and alarm_line(found, {}) == w.stalled
+    stall = Halt("nodekit: no rank made progress for 20 s (stall_timeout): ...; stopping this node (exit 22)", 22)
+    found = alarm(w, 1.0, stall)
+    assert found == Alarm(halt=stall) and alarm_line(found, {}) == stall.line
     assert conclude(w, 2.0, Done(1, stopped=True), found, {}).code == EXIT_STALLED
     assert conclude(w, 2.0, Done(0, stopped=True), found, {}).code == 0
-    lost = alarm(w, 16.0)
+    lost = alarm(w, 16.0, stall)
     assert lost is not None and lost.lost == (Lost(0, 16.0, store=True),)  # main silent: lost wins over the stall
 
 
