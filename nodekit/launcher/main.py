@@ -24,7 +24,7 @@ from nodekit.launcher.contract import EXIT_PEER_LOST as EXIT_PEER_LOST
 from nodekit.launcher.contract import EXIT_RENDEZVOUS as EXIT_RENDEZVOUS
 from nodekit.launcher.contract import EXIT_STACK_MISMATCH as EXIT_STACK_MISMATCH
 from nodekit.launcher.contract import EXIT_TERMINATED as EXIT_TERMINATED
-from nodekit.launcher.contract import Env, LaunchMode
+from nodekit.launcher.contract import Env
 from nodekit.launcher.plan import (
     Command,
     CommandError,
@@ -318,9 +318,9 @@ def _after_preflight(
     thread beside the job's start, where nothing waits for it), the checked mounts compared across nodes (an exit
     code when they differ), and WORLD_SIZE set (in ``env`` and this process's environment) when some node's count
     was 'auto'."""
-    # The launcher stays for the whole job (and node 0 hosts the store) under the peer watchdog, with torchrun in
-    # this process or mpirun's processes started by it; mode env execs the command, which would end the check.
-    stays = cfg.peer_timeout > 0 and (style(cfg.mode).torchrun or cfg.mode == LaunchMode.MPIRUN)
+    # The launcher stays for the whole job (and node 0 hosts the store) under the peer watchdog (plan.Style.stays);
+    # mode env execs the command, which would end the check.
+    stays = cfg.peer_timeout > 0 and style(cfg.mode).stays
     try:
         code, beside = checks.after_preflight(
             cfg, passed.store, passed.verdict.facts, gpu, beside=checks.links_beside_job(cfg, stays)

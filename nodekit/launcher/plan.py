@@ -193,6 +193,10 @@ class Style:
     plan: Callable[[LaunchConfig, Command, Tools], ExecPlan]
     torchrun: bool = True
     reads_script: bool = False
+    stays: bool = True
+    """The launcher stays for the whole job: torchrun in its own process, or mpirun's processes that it starts and
+    watches; not ``env``, which execs the command. Only a launcher that stays hosts the store (node 0), runs the peer
+    watchdog and can run the link check beside the job's start."""
 
 
 def _torchrun_argv(cfg: LaunchConfig, target: Sequence[str], tools: Tools) -> tuple[str, ...]:
@@ -279,7 +283,7 @@ def _mpirun(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
 STYLES: dict[str, Style] = {
     LaunchMode.TORCHRUN: Style(_torchrun),
     LaunchMode.FABRIC: Style(_fabric),
-    LaunchMode.ENV: Style(_env, torchrun=False),
+    LaunchMode.ENV: Style(_env, torchrun=False, stays=False),
     LaunchMode.DISTRIBUTED_LAUNCH: Style(_distributed_launch, reads_script=True),
     LaunchMode.MPIRUN: Style(_mpirun, torchrun=False),
 }

@@ -161,3 +161,14 @@ def test_exit_guard_is_on_for_the_jobs_processes_unless_the_node_said_0() -> Non
             parse_env({**LAUNCH_ENV, "NODEKIT_LAUNCHER": mode, "NODEKIT_EXIT_GUARD": "0"}), parse_command(["train.py"])
         )
         assert off.environ({"NODEKIT_EXIT_GUARD": "0"})["NODEKIT_EXIT_GUARD"] == "0"
+
+
+def test_every_style_but_env_keeps_the_launcher_for_the_whole_job() -> None:
+    """What decides whether node 0 hosts the store, the peer watchdog runs and the link check can run beside the
+    job's start: torchrun in the launcher's process and mpirun's watched processes keep it; env execs the command."""
+    from nodekit.launcher.contract import LAUNCH_MODES
+    from nodekit.launcher.plan import style
+
+    assert {m: style(m).stays for m in LAUNCH_MODES} == {
+        "torchrun": True, "fabric": True, "env": False, "torch.distributed.launch": True, "mpirun": True,
+    }  # fmt: skip
