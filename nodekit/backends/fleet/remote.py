@@ -21,6 +21,7 @@ import shutil
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import DeadlineError, NodekitError
@@ -128,11 +129,15 @@ def check_script(paths: Sequence[str] = (), *, image: str = "", runtimes: bool |
     )
 
 
+EngineState = Literal["ok", "absent", "hung", "error"]
+_STATES: dict[str, EngineState] = {"ok": "ok", "absent": "absent", "hung": "hung"}
+
+
 @dataclass(frozen=True)
 class EngineSaid:
     """What a host's engine said in its check (:data:`ENGINE_SCRIPT`'s lines)."""
 
-    state: str = "ok"  # ok | absent (no docker CLI there) | hung | error
+    state: EngineState = "ok"  # absent: no docker CLI there
     error: str = ""  # the engine's own last line, when state is "error"
     image: ImageInfo | None = None  # the asked image as that engine reports it; None: not there, or not known
     image_known: bool = False  # the engine said whether it has the image
@@ -141,19 +146,26 @@ class EngineSaid:
 
 
 def parse_engine(text: str) -> EngineSaid:
-    """Pure: :data:`ENGINE_SCRIPT`'s lines as data (other lines, the facts', are skipped)."""
-    state, error, image, known, runtimes = "error", "no answer", None, False, None
+    """Pure: :data:`ENGINE_SCRIPT`'s lines as data (other lines, the facts', are skipped). An answer that does not
+    parse (cut short) is no answer: the image is then not known, and the ship path surveys that host."""
+    state: EngineState = "error"
+    error, image, known, runtimes = "no answer", None, False, None
     for line in text.splitlines():
         key, _, value = line.partition("=")
         if key == "engine":
-            state, error = (value, "") if value in ("ok", "absent", "hung") else ("error", value)
+            state, error = _STATES.get(value, "error"), "" if value in _STATES else value
         elif key == "engine_error":
             state, error = "error", value.strip() or "no message"
         elif key == "image":
-            known = True
-            image = None if value == "none" else image_info_of(json.loads(value))
+            try:
+                image, known = (None if value == "none" else image_info_of(json.loads(value))), True
+            except (ValueError, TypeError, AttributeError):
+                image, known = None, False
         elif key == "runtimes":
-            runtimes = tuple(sorted(json.loads(value) or {}))
+            try:
+                runtimes = tuple(sorted(json.loads(value) or {}))
+            except (ValueError, TypeError):
+                runtimes = None
     return EngineSaid(state=state, error=error, image=image, image_known=known, runtimes=runtimes)
 
 

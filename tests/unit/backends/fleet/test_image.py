@@ -172,6 +172,8 @@ def test_the_engine_lines_parse_to_what_the_script_meant() -> None:
     said = remote.parse_engine("image_error=Error: permission denied\nengine=ok\n")
     assert said.state == "ok" and not said.image_known  # the ship path surveys that host
     assert remote.parse_engine("host=n1\n").state == "error"  # no engine line at all: the script was cut short
+    cut = remote.parse_engine('engine=ok\nimage={"Id": "sha256:ab\nruntimes={"ru\n')  # an answer cut short
+    assert cut.state == "ok" and not cut.image_known and cut.runtimes is None
 
 
 def test_check_all_reports_each_host_as_it_ends_and_refuses_every_failed_one(monkeypatch: pytest.MonkeyPatch) -> None:
