@@ -289,8 +289,9 @@ def run(
     interval = alive_interval(settings.peer_timeout)
     from nodekit import ship
 
-    # One SSH connection per host for the whole run, keeping alive at the job's interval: the check opens it, and
-    # the image question, compose up, the log follower, the waiter and down ride on it without handshakes.
+    # One SSH connection per host for the whole run, keeping alive at the job's interval: the check (the image's
+    # question included) opens it, and compose up, the log follower, the waiter and down ride on it without
+    # handshakes.
     with kept_alive(interval), ship.SharedSsh(), ThreadPoolExecutor(max_workers=1) as beside:
         ref = image or current_image(settings)
         # This machine's image is read while the hosts are checked (its docker CLI call and python-on-whales' import
@@ -318,10 +319,8 @@ def _attempts(
     used = 0
     while True:
         n = len(hosts)
-        facts, there, info = _check(settings, hosts, reporter, ref, local)
+        facts, there, info = _check(settings, hosts, reporter, ref, local, events if used == 0 else NO_EVENTS)
         image_id = info.identity
-        if used == 0:
-            events.image(ref, info.identity, info.labels)
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         if missing := [h for h in hosts if h.rank not in there]:
             ship_image(ref, missing, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
@@ -372,20 +371,32 @@ def _attempts(
 
 
 def _check(
-    settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str, local: Future[docker.ImageInfo]
+    settings: Settings,
+    hosts: Sequence[FleetHost],
+    reporter: Reporter,
+    ref: str,
+    local: Future[docker.ImageInfo],
+    events: RunEvents,
 ) -> tuple[list[Gathered], set[int], docker.ImageInfo]:
     """Every host checked (facts, or FleetCheckError: nothing started), the ranks whose host has the image (asked in
     each host's check, one SSH command per host: remote.check_script), and this machine's image, read beside them
-    (``local``): its failure is the one raised, before any host's, as it was when it was read first."""
+    (``local``): its failure is the one raised, before any host's, as it was when it was read first. ``events``
+    hears the image once it is known, a host's failure or not."""
     reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main, the image")
     try:
         reports = _reports(settings, hosts, reporter, ref)
     except NodekitError:
-        local.result()
+        _image_known(ref, local, events)
         raise
-    info = local.result()
+    info = _image_known(ref, local, events)
     there = {h.rank for h, r in zip(hosts, reports, strict=True) if is_this_image(info, r.image)}
     return [r.gathered for r in reports], there, info
+
+
+def _image_known(ref: str, local: Future[docker.ImageInfo], events: RunEvents) -> docker.ImageInfo:
+    info = local.result()  # ImageError (not here) is raised before anything else
+    events.image(ref, info.identity, info.labels)
+    return info
 
 
 def _reports(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str) -> list[remote.Report]:

@@ -175,3 +175,21 @@ def test_a_missing_local_image_is_named_before_any_hosts_failure(
     with pytest.raises(ImageError, match="is not on the local Docker engine"):
         run.run(settings, hosts, _Quiet(), lambda r, t: None, image=IMAGE)
     assert not (tmp_path / "compose").exists()
+
+
+def test_a_run_whose_hosts_fail_their_checks_still_records_its_image(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image is read beside the checks; the record has it even when a host's check ends the run."""
+    settings, hosts = _three_hosts(tmp_path)
+
+    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.Report]:
+        raise remote.FleetCheckError("1 of 3 host(s) failed the checks, nothing was started: ...", fix="fix it")
+
+    monkeypatch.setattr(remote, "check_all", check_all)
+    rec = begin(settings, "run", [(h.rank, h.where) for h in hosts], environ={})
+    with pytest.raises(remote.FleetCheckError):
+        run.run(settings, hosts, _Quiet(), rec.tee(lambda r, t: None), image=IMAGE, events=rec)
+    rec.finish(2)
+    r = store.load(rec.dir)
+    assert r.image == IMAGE and r.image_id == "sha256:" + "e" * 64
