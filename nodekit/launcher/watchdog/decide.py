@@ -236,7 +236,9 @@ def alarm(watch: Watch, now: float, halt: Halt | None = None) -> Alarm | None:
     return Alarm(halt=halt) if halt is not None else None
 
 
-def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str]) -> Ending:
+def conclude(
+    watch: Watch, now: float, own: Done, raised: Alarm | None, names: Mapping[int, str], halt: Halt | None = None
+) -> Ending:
     """After this node's torchrun returned with ``own.code`` (and its lingering, if any): the exit code and the line.
 
     A lost node is the cause worth naming: exit 19 whenever one is found after this node's own job failed (gloo
@@ -244,11 +246,15 @@ def conclude(watch: Watch, now: float, own: Done, raised: Alarm | None, names: M
     succeeded still exits 0: every node had passed torchrun's exit barrier. A job that failed with no node lost
     names every node whose torchrun failed, the first failure first (:func:`failure.first_failed`); this node exits
     19 when that first failure was another node's, else with its own code. A node stopped on a :class:`Halt` exits
-    with its code, 22 for a stall and 20 for a refused link check (its line was printed when it stopped).
+    with its code, 22 for a stall and 20 for a refused link check (its line was printed when it stopped). A node
+    whose job failed before it acted on a ``halt`` it then learned of (main stopped its own job on a stall, and this
+    node's workers failed in their collective first) exits as that halt says, with its line, unless a node was lost.
     """
     lost = tuple(x for x in watch.lost(now) if raised is None or x.rank not in {y.rank for y in raised.lost})
     if own.signal:  # this node was stopped from outside: its own line was printed when the signal came
         return Ending(own.code)
+    if raised is None and halt is not None and own.code != 0 and not lost:
+        return Ending(halt.code, halt.line)
     if raised is not None and raised.halt is not None and not raised.peers:
         return Ending(EXIT_OK if own.code == 0 else raised.halt.code)
     if raised is not None:

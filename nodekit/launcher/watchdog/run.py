@@ -200,7 +200,7 @@ class Watchdog:
             self.clock.sleep(min(0.1, self.judge_s))
         with self._lock:
             now = self.clock.now()
-            ending = conclude(self.watch, now, own, raised, self.names)
+            ending = conclude(self.watch, now, own, raised, self.names, self._halt)
             unreachable = self.rank != 0 and self.watch.store_silence(now) >= self.timeout
             self._leaving = True
         self._wake.set()
@@ -241,10 +241,10 @@ class Watchdog:
                 done = {r: Done.from_json(store.get(_key("done", r))) for r in unread if store.check([_key("done", r)])}
                 bye = frozenset(r for r in byes if me == 0 and store.check([_key("bye", r)]))
                 reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye, gone=gone)
+                if self._stall is not None:  # before the reading is seen: finish() then knows a stall its peers knew
+                    self._stall_round(store, ended=own is not None)
                 with self._lock:
                     self.watch.see(reading)
-                if self._stall is not None and own is None:
-                    self._stall_round(store)
                 self._wake.wait(self.beat_s if own is None else min(self.beat_s, SETTLE_POLL_S))
         except Exception as e:  # torch's DistNetworkError; the client never reconnects, so this is final
             text = str(e).strip()
@@ -254,11 +254,12 @@ class Watchdog:
         finally:
             self._published.set()
 
-    def _stall_round(self, store: Store) -> None:
-        """The stall watch's round; a fault of its own (not the store's) switches it off, never the peer watchdog."""
+    def _stall_round(self, store: Store, *, ended: bool = False) -> None:
+        """The stall watch's round (once this node's job has ``ended``, only the notice is read); a fault of its own
+        (not the store's) switches it off, never the peer watchdog."""
         assert self._stall is not None
         try:
-            notice = self._stall.round(store, self.clock.now())
+            notice = self._stall.notice(store) if ended else self._stall.round(store, self.clock.now())
         except (ValueError, KeyError, TypeError, OSError) as e:
             self._stall = None
             self._err(f"nodekit: warning: the stall watch stopped ({type(e).__name__}: {e}); the peer watchdog goes on")

@@ -106,6 +106,14 @@ class StallIO:
         self._answer(store, int(state.get("ask") or 0))
         if self.watch is not None:
             self._judge(store, now, mine, state)
+        return self._new_notice(state)
+
+    def notice(self, store: Store) -> Notice | None:
+        """Only a notice that arrived since the last round: what a node whose job has ended still reads, so that a
+        failure the stall's stop caused is named as the stall (its own job can end before it reads the notice)."""
+        return self._new_notice(json.loads(store.get(_key("stall"))) if store.check([_key("stall")]) else {})
+
+    def _new_notice(self, state: dict[str, object]) -> Notice | None:
         notice = Notice.from_json(json.dumps(state["notice"])) if state.get("notice") else None
         if notice is None or notice.episode <= self._seen:
             return None

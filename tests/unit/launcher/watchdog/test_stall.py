@@ -216,6 +216,29 @@ def test_the_watchdog_stops_every_node_and_each_exits_20() -> None:
     assert lines[0][0].startswith("nodekit: the job stalled")  # main's report, before its own line
 
 
+def test_a_node_whose_job_failed_before_it_read_mains_stall_notice_exits_as_the_stall() -> None:
+    """Main stops its own job once it wrote the notice; the other node's workers can fail in their collective (the
+    peer's process is gone) before that node reads it (here: its beat is 3 s). It still reads it while it lingers,
+    and exits 22 with the stall's line, not 1 as a failure of its own (CI saw exit codes [22, 1])."""
+    store = MemStore()
+    lines: list[list[str]] = [[], []]
+    stopped = [threading.Event(), threading.Event()]
+    dogs = []
+    for rank, beat in ((0, 0.02), (1, 3.0)):
+        reading = constant(NodeProgress(2, {rank: (7, 7)}))
+        config = StallConfig(0.6, True, "/nonexistent", progress=reading, stacks=fixture_stacks(rank))
+        dogs.append(Watchdog(store, rank, 2, 5.0, {0: "10.0.0.5, host a", 1: "10.0.0.6, host b"},
+                             stop=stopped[rank].set, clock=Clock(log=lines[rank].append), err=lines[rank].append,
+                             beat_s=beat, judge_s=0.01, stall=config))  # fmt: skip
+    for d in dogs:
+        d.start()
+    assert stopped[0].wait(10), lines
+    assert not stopped[1].is_set()  # node 1 has not read the notice: its workers fail first
+    assert finish_all(dogs, 1) == [EXIT_STALLED, EXIT_STALLED], lines
+    stall = [ln for ln in lines[1] if ln.startswith("nodekit: no rank made progress")]
+    assert len(stall) == 1 and stall[0].endswith(f"stopping this node (exit {EXIT_STALLED})"), lines[1]
+
+
 def test_with_warn_the_watchdog_reports_once_and_stops_nothing() -> None:
     dogs, lines, stopped = watchdogs(MemStore(), stop=False)
     for d in dogs:
