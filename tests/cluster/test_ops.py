@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from nodekit.launcher.contract import RENDEZVOUS_DONE
+from nodekit.runs import store
 from nodekit.runs.events import PHASES
+from nodekit.runs.notify import TAIL_LINES
 from nodekit.system import docker
 from tests.cluster.helpers import ROOT, Demo, Fleet, finish, nodekit_argv, nothing_left, wait_for
 
@@ -115,8 +117,14 @@ def test_exec_top_records_and_the_webhook_during_and_after_runs(
         assert (failure["event"], failure["rank"], failure["exit_code"], failure["signal"]) == (
             "failure", 2, 137, "SIGKILL"
         ), failure  # fmt: skip
+        # The failure carries node 2's last lines: the last TAIL_LINES of its lines in the run's merged log (how many
+        # come before its banner depends on the link check, which prints its matrix on a node only with a finding).
         tail = failure["log_tail"]
-        assert isinstance(tail, list) and tail[0].startswith("nodekit ddp-demo: node 2/3") and RENDEZVOUS_DONE in tail
+        shown = json.loads(nodekit("runs", "show", "last", "--json").stdout)
+        merged = (project / ".nodekit" / "runs" / shown["id"] / store.LOG).read_text().splitlines()
+        mine = [ln.removeprefix("[node 2] ") for ln in merged if ln.startswith("[node 2] ")]
+        assert any(ln.startswith("nodekit ddp-demo: node 2/3") for ln in mine) and RENDEZVOUS_DONE in mine, mine
+        assert isinstance(tail, list) and tail and tail == mine[-TAIL_LINES:], (tail, mine)
         after = nodekit("exec", "-r", "0", "--", "ls", "/outputs")
         assert after.returncode == 0 and "checkpoint.pt" in after.stdout.split(), after.stdout + after.stderr
         down = nodekit("down")
