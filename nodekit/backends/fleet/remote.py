@@ -170,7 +170,7 @@ def parse_engine(text: str) -> EngineSaid:
 
 
 @dataclass(frozen=True)
-class Report:
+class HostReport:
     """A host that passed its check: its facts, and what its engine said of the run's image."""
 
     gathered: Gathered
@@ -265,10 +265,10 @@ def _engine_problem(host: FleetHost, said: EngineSaid) -> Problem | None:
         return Problem(host, f"its Docker engine did not answer within {ENGINE_S:g} s", docker.hung_fix(host.url))
     if said.fix:  # the docker CLI's own diagnosis (check_engine)
         return Problem(host, said.error, said.fix)
-    return Problem(host, f"no Docker engine answers at {host.url} ({said.error})", docker.ENGINE_FIX)
+    return Problem(host, docker.no_engine_line(host.url, said.error), docker.ENGINE_FIX)
 
 
-def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Report | list[Problem]:
+def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> HostReport | list[Problem]:
     """Reachable, an engine that answers, GPUs and NVIDIA runtime where expected, free ports (main), the mount
     sources: the host's facts and what its engine said of ``expect.image``, or every reason it fails."""
     asked = _asked(host, expect, gpus)
@@ -306,7 +306,7 @@ def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> Report | li
                 "nodekit down (an earlier run), or set another master_port",
             )
         )
-    return problems or Report(gathered=got, image=said.image, image_known=said.image_known)
+    return problems or HostReport(gathered=got, image=said.image, image_known=said.image_known)
 
 
 def check_all(
@@ -314,15 +314,15 @@ def check_all(
     expect: Callable[[FleetHost], Expect],
     gpus: Callable[[FleetHost], int | None],
     on_done: Callable[[FleetHost, str | None], None] | None = None,
-) -> list[Report]:
+) -> list[HostReport]:
     """:func:`check_host` on every host in parallel, and this machine's Compose plugin (it starts every ``ssh://``
     host's containers) once beside them: their reports in rank order, or FleetCheckError naming every failing host
     with its fix (EngineError when Compose is what is missing here)."""
 
-    def one(h: FleetHost) -> Report | list[Problem]:
+    def one(h: FleetHost) -> HostReport | list[Problem]:
         result = check_host(h, expect(h), gpus(h))
         if on_done is not None:
-            on_done(h, None if isinstance(result, Report) else "; ".join(p.what for p in result))
+            on_done(h, None if isinstance(result, HostReport) else "; ".join(p.what for p in result))
         return result
 
     with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, max(1, len(hosts))) + 1) as pool:
@@ -330,7 +330,7 @@ def check_all(
         results = list(pool.map(one, hosts))
         if compose is not None:
             compose.result()  # EngineError, one line, when this machine's docker CLI has no Compose v2
-    problems = [p for r in results if not isinstance(r, Report) for p in r]
+    problems = [p for r in results if not isinstance(r, HostReport) for p in r]
     if problems:
         names = ", ".join(dict.fromkeys(p.host.name for p in problems))
         raise FleetCheckError(
@@ -338,4 +338,4 @@ def check_all(
             f"was started: " + " | ".join(p.line() for p in problems),
             fix=f"fix {names} and run again",
         )
-    return [r for r in results if isinstance(r, Report)]
+    return [r for r in results if isinstance(r, HostReport)]

@@ -399,7 +399,7 @@ def _image_known(ref: str, local: Future[docker.ImageInfo], events: RunEvents) -
     return info
 
 
-def _reports(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str) -> list[remote.Report]:
+def _reports(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str) -> list[remote.HostReport]:
     return remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(

@@ -26,6 +26,7 @@ from nodekit.system.docker.calls import (
     compose_version,
     engine_facts,
     hung_fix,
+    no_engine_line,
     runtimes,
 )
 from nodekit.system.docker.compose import (
@@ -89,6 +90,7 @@ __all__ = [
     "images_labelled",
     "layer_lists",
     "load_archive",
+    "no_engine_line",
     "probe_image",
     "remove_image",
     "require_image",

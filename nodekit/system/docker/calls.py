@@ -221,8 +221,13 @@ def _missing(plugin: str, command: str) -> Callable[[str], NodekitError]:
     return lambda _: EngineError(f"Docker {plugin} (the `docker {command}` plugin) is missing", fix=ENGINE_FIX)
 
 
+def no_engine_line(host: str | None, why: str) -> str:
+    """The line for an engine that does not answer at ``host`` (``why``: Docker's own words)."""
+    return f"no Docker engine answers at {where(host)} ({why})"
+
+
 def _no_engine(host: str | None) -> Callable[[str], NodekitError]:
-    return lambda why: EngineError(f"no Docker engine answers at {where(host)} ({why})", fix=ENGINE_FIX)
+    return lambda why: EngineError(no_engine_line(host, why), fix=ENGINE_FIX)
 
 
 def runtimes(host: str | None = None) -> tuple[str, ...]:

@@ -93,7 +93,7 @@ def test_one_ssh_command_brings_the_facts_the_engine_and_the_image(host_shell: P
     """The image's own JSON, parsed as the docker CLI's direct inspect is (the same identity), from one docker call:
     its answer proves the engine answers, so no ``docker version`` follows."""
     got = remote.check_host(HOSTS[1], remote.Expect(image="nk/demo:1", paths=("/",)), None)
-    assert isinstance(got, remote.Report), got
+    assert isinstance(got, remote.HostReport), got
     assert got.image_known and got.image == docker.models.image_info_of(INSPECTED)
     assert got.image.env == {"PATH": "/usr/bin", "A": "b=c"}
     assert got.image.layers == ("sha256:" + "1" * 64, "sha256:" + "2" * 64)
@@ -106,7 +106,7 @@ def test_an_image_the_host_lacks_is_an_answer_and_the_host_passes(
 ) -> None:
     monkeypatch.setenv("FAKE_DOCKER", "gone")
     got = remote.check_host(HOSTS[1], remote.Expect(image="nk/demo:1"), None)
-    assert isinstance(got, remote.Report) and got.image is None and got.image_known
+    assert isinstance(got, remote.HostReport) and got.image is None and got.image_known
     assert calls(host_shell) == ["image"]
 
 
@@ -154,15 +154,15 @@ def test_runtimes_are_asked_only_where_gpus_are_expected_or_found(
     """This machine has no GPU: the script finds none, so only the config's count asks for the runtimes."""
     got = remote.check_host(HOSTS[1], remote.Expect(image="nk/demo:1"), gpus)
     if gpus:
-        assert isinstance(got, remote.Report) and got.gathered.facts.gpu_count == 2  # nvidia is among the runtimes
+        assert isinstance(got, remote.HostReport) and got.gathered.facts.gpu_count == 2  # nvidia is among the runtimes
     else:
-        assert isinstance(got, remote.Report)
+        assert isinstance(got, remote.HostReport)
     assert calls(host_shell) == ["image", *asked]
 
 
 def test_without_an_image_to_ask_the_engine_version_is_the_check(host_shell: Path) -> None:
     got = remote.check_host(HOSTS[1], remote.Expect(), None)
-    assert isinstance(got, remote.Report) and got.image is None and not got.image_known
+    assert isinstance(got, remote.HostReport) and got.image is None and not got.image_known
     assert calls(host_shell) == ["version"]
 
 
@@ -183,10 +183,10 @@ def test_check_all_reports_each_host_as_it_ends_and_refuses_every_failed_one(mon
     lock = threading.Lock()
     composes: list[None] = []
 
-    def check_host(h: FleetHost, expect: object, gpus: object) -> remote.Report | list[remote.Problem]:
+    def check_host(h: FleetHost, expect: object, gpus: object) -> remote.HostReport | list[remote.Problem]:
         if h.rank == 2:
             return [remote.Problem(h, "SSH to root@10.0.0.3 failed: Connection refused", "check it")]
-        return remote.Report(gathered=Gathered(facts=HostFacts(gpu_count=h.rank)))
+        return remote.HostReport(gathered=Gathered(facts=HostFacts(gpu_count=h.rank)))
 
     def note(what: str) -> None:
         with lock:

@@ -73,7 +73,7 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Engines:
         identity="sha256:" + "e" * 64,
     )
     monkeypatch.setattr(docker, "require_image", lambda *a, **k: info)
-    passed = remote.Report(gathered=remote.Gathered(facts=HostFacts()))
+    passed = remote.HostReport(gathered=remote.Gathered(facts=HostFacts()))
     monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [passed for _ in hosts])
     monkeypatch.setattr(run, "ship_image", lambda *a, **k: None)
     monkeypatch.setattr(net, "resolve", lambda name: "10.0.0.1")
@@ -145,9 +145,9 @@ def test_this_machines_image_is_read_while_the_hosts_are_checked(
         assert checking.wait(5), "the hosts were not checked while this machine's image was read"
         return read
 
-    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.Report]:
+    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.HostReport]:
         checking.set()
-        return [remote.Report(gathered=remote.Gathered(facts=HostFacts()), image=engines_image) for _ in hosts]
+        return [remote.HostReport(gathered=remote.Gathered(facts=HostFacts()), image=engines_image) for _ in hosts]
 
     monkeypatch.setattr(docker, "require_image", require_image)
     monkeypatch.setattr(remote, "check_all", check_all)
@@ -167,7 +167,7 @@ def test_a_missing_local_image_is_named_before_any_hosts_failure(
     def require_image(ref: str, host: str | None = None, *, node: str | None = None) -> docker.ImageInfo:
         raise ImageError(f"image {ref} is not on the local Docker engine", fix="nodekit build")
 
-    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.Report]:
+    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.HostReport]:
         raise remote.FleetCheckError("1 of 3 host(s) failed the checks, nothing was started: ...", fix="fix it")
 
     monkeypatch.setattr(docker, "require_image", require_image)
@@ -183,7 +183,7 @@ def test_a_run_whose_hosts_fail_their_checks_still_records_its_image(
     """The image is read beside the checks; the record has it even when a host's check ends the run."""
     settings, hosts = _three_hosts(tmp_path)
 
-    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.Report]:
+    def check_all(hosts: list[FleetHost], **_: object) -> list[remote.HostReport]:
         raise remote.FleetCheckError("1 of 3 host(s) failed the checks, nothing was started: ...", fix="fix it")
 
     monkeypatch.setattr(remote, "check_all", check_all)
