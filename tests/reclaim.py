@@ -14,10 +14,13 @@ What is always given back (nothing a run needs, or only its own cache over a cap
   ``scripts/engine.sh``), and dangling images;
 - the kept layer blobs above ``KEEP_BLOBS_GIB``, least recently used first.
 
-Then, only while the disk has less than ``NEED_GIB`` free (the heavy tiers' peak, measured in docs/development.md),
-in order of what costs a run least to make again: the older tags of each test image, the data roots of virtual
-clusters that are not running, the big test images (over 3 GB), and at last every test image but the base images
-(``make base`` builds those, and no registry can give them back). If the disk still lacks the room, this exits 1 with
+Then, only while the disk has less than the run needs free, in order of what costs a run least to make again: the
+older tags of each test image, the data roots of virtual clusters that are not running, the big test images (over
+3 GB), and at last every test image but the base images (``make base`` builds those, and no registry can give them
+back). The run needs ``NEED_GIB`` (the heavy tiers' peak with the big images built again, measured in
+docs/development.md), less what the big test images still in an engine hold of their own (``docker system df -v``'s
+unique size): a run that finds them builds nothing of them. Removing one to make room gives back its size and takes
+the same again when the run builds it, with the build's minutes. If the disk still lacks the room, this exits 1 with
 the numbers, before a test starts.
 
 Only what the tests make is touched: images of the test repositories (``is_test_repo``), the data roots under
@@ -155,6 +158,43 @@ def _size_bytes(text: str) -> float:
     return 0.0
 
 
+def big_images(rows: list[dict[str, str | float]]) -> dict[str, float]:
+    """Of ``docker system df -v``'s images, the test images over 3 GB: each one's bytes no other image holds."""
+    big = {}
+    for r in rows:
+        repo, tag, size = str(r.get("Repository", "")), str(r.get("Tag", "")), str(r.get("Size", "0B"))
+        if is_test_repo(repo) and tag not in ("", "<none>") and _size_bytes(size) > BIG_IMAGE:
+            big[f"{repo}:{tag}"] = _size_bytes(str(r.get("UniqueSize", "0B")))
+    return big
+
+
+def _big_images(host: str) -> dict[str, float]:
+    out = _docker(host, "system", "df", "-v", "--format", "{{json .Images}}", timeout=120)
+    try:
+        rows = json.loads(out.stdout) if out.returncode == 0 else []
+    except ValueError:
+        rows = []
+    return big_images(rows if isinstance(rows, list) else [])
+
+
+class Room:
+    """The room the heavy tiers need on ``/``: ``NEED_GIB`` less the unique bytes of the big test images still kept
+    (``big``: engine name to image to bytes), which a run that finds them does not make again."""
+
+    def __init__(self, big: dict[str, dict[str, float]], free: Callable[[], float] = lambda: free_gib()) -> None:
+        self.big, self._free = big, free
+
+    def need_gib(self) -> float:
+        return NEED_GIB - sum(sum(images.values()) for images in self.big.values()) / GIB
+
+    def short(self) -> bool:
+        return self._free() < self.need_gib()
+
+    def gone(self, engine: str) -> None:
+        """``engine``'s big test images were removed: the run builds them again, and needs the room for that."""
+        self.big.pop(engine, None)
+
+
 def _remove_images(host: str, refs: list[str]) -> int:
     for i in range(0, len(refs), 50):
         _docker(host, "image", "rm", *refs[i : i + 50])
@@ -185,9 +225,10 @@ def _du(path: Path) -> int:
     return total
 
 
-def steps(engines: dict[str, str], short: Callable[[], bool]) -> Iterator[str]:
+def steps(engines: dict[str, str], room: Room) -> Iterator[str]:
     """What each step did, done one at a time as the caller advances: the first ones always, the rest only while
-    ``short()`` (the disk lacks the room)."""
+    ``room.short()`` (the disk lacks the room)."""
+    short = room.short
     for d in stale_pytest_folders():
         shutil.rmtree(d, ignore_errors=True)
         yield f"removed {d} (a pytest session that is over)"
@@ -216,7 +257,8 @@ def steps(engines: dict[str, str], short: Callable[[], bool]) -> Iterator[str]:
         if not short():
             return
         big = [f"{r['Repository']}:{r['Tag']}" for r in _test_images(host) if _size_bytes(r["Size"]) > BIG_IMAGE]
-        yield f"{name} engine: removed {_remove_images(host, big)} test images over 3 GB"
+        room.gone(name)
+        yield f"{name} engine: removed {_remove_images(host, big)} test images over 3 GB (the run builds them again)"
     for name, host in engines.items():
         if not short():
             return
@@ -229,15 +271,19 @@ def steps(engines: dict[str, str], short: Callable[[], bool]) -> Iterator[str]:
 def main() -> int:
     engines = {name: host for name, host in ENGINES.items() if _answers(host)}
     start = free_gib()
-    say(f"{start:.1f} GiB free on /; the heavy tiers want {NEED_GIB:g} GiB")
     t0 = time.monotonic()
-    for what in steps(engines, lambda: free_gib() < NEED_GIB):
+    room = Room({name: _big_images(host) for name, host in engines.items()})
+    kept, held = sum(len(images) for images in room.big.values()), NEED_GIB - room.need_gib()
+    say(f"{start:.1f} GiB free on /; the heavy tiers want {room.need_gib():.1f} GiB ({NEED_GIB:g}, less the"
+        f" {held:.1f} GiB of the {kept} big test images kept, which they need not build)")  # fmt: skip
+    for what in steps(engines, room):
         say(what)
     end = free_gib()
     say(f"{end:.1f} GiB free ({end - start:+.1f} GiB) in {time.monotonic() - t0:.0f} s")
-    if end < NEED_GIB:
+    if end < room.need_gib():
         print(
-            f"reclaim: error: {end:.1f} GiB free on /, and a full run of the heavy tiers needs about {NEED_GIB:g} GiB"
+            f"reclaim: error: {end:.1f} GiB free on /, and a full run of the heavy tiers needs about"
+            f" {room.need_gib():.1f} GiB"
             " (docs/development.md). Fix: free space on / (docker system prune -a on an engine the tests do not"
             " use, or a larger disk), then run make test again",
             file=sys.stderr,

@@ -8,7 +8,16 @@ import sys
 import time
 from pathlib import Path
 
-from tests.reclaim import blobs_over_cap, is_test_repo, older_tags, stale_pytest_folders
+from tests.reclaim import (
+    GIB,
+    NEED_GIB,
+    Room,
+    big_images,
+    blobs_over_cap,
+    is_test_repo,
+    older_tags,
+    stale_pytest_folders,
+)
 
 
 def _session(root: Path, n: int, pid: int | None) -> Path:
@@ -64,3 +73,21 @@ def test_only_the_tests_repositories_are_touched() -> None:
     ]
     theirs = ["nodekit/base", "nodekit/myproject", "nodekit/demo-tools", "python", "nodekit"]
     assert [r for r in ours + theirs if is_test_repo(r)] == ours
+
+
+def test_the_big_test_images_kept_lower_the_room_the_run_needs_until_they_are_removed() -> None:
+    rows = [  # docker system df -v --format '{{json .Images}}' (engine 26.1.5's words)
+        {"Repository": "nodekit/cuda-demo", "Tag": "7ce9207f7cd2", "Size": "5.95GB", "UniqueSize": "5.776GB"},
+        {"Repository": "nodekit/lightlytrain-demo", "Tag": "80a37e875bf2", "Size": "6.81GB", "UniqueSize": "6.634GB"},
+        {"Repository": "nodekit/ddp-demo", "Tag": "env", "Size": "1.12GB", "UniqueSize": "173.7kB"},  # not big
+        {"Repository": "nodekit/myproject", "Tag": "v1", "Size": "7GB", "UniqueSize": "7GB"},  # not a test image
+        {"Repository": "nodekit/cuda-demo", "Tag": "<none>", "Size": "5.9GB", "UniqueSize": "1GB"},  # dangling
+    ]
+    big = big_images(rows)  # type: ignore[arg-type]
+    assert big == {"nodekit/cuda-demo:7ce9207f7cd2": 5.776e9, "nodekit/lightlytrain-demo:80a37e875bf2": 6.634e9}
+    free = [30.0]
+    room = Room({"default": big, "containerd": {}}, free=lambda: free[0])
+    assert room.need_gib() == NEED_GIB - (5.776e9 + 6.634e9) / GIB
+    assert not room.short()  # 30 GiB free, and the run builds neither image again: enough
+    room.gone("default")  # removed: the run builds them again, and needs the whole room for it
+    assert room.need_gib() == NEED_GIB and room.short()
