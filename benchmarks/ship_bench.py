@@ -22,6 +22,9 @@ written from it after every phase):
 - ``ship``: per store, every link limited to ``--mbit`` (tc tbf): (a), (b), (c) to each count of targets, relayed as
   nodekit does by default, then the registry (the source engine pushes each version once; every target pulls through
   an SSH tunnel). About 10 minutes per store for counts 1,2,4.
+- ``relay``: per store, the whole image (a) to 1 node and to the most targets, relayed, every link limited to
+  ``--relay-mbit`` (40): slow enough that the wire, not this machine's shared cores, sets the pace, as on a cluster
+  whose nodes have cores of their own; its own section of docs/benchmarks.md (about 4 minutes per store).
 - ``clean``: the images this bench added to the engines, the registries' data, the project (``render``: only the
   section).
 
@@ -217,6 +220,29 @@ def phase_ship(state: dict[str, Any], store: str, counts: list[int], opts: argpa
     save(state)
 
 
+def phase_relay(state: dict[str, Any], store: str, counts: list[int], mbit: int) -> None:
+    """The whole image (a) to 1 node and to the most targets, relayed, with every link at ``mbit``: slow enough that
+    the wire, not this machine's shared cores, sets the pace, as on a cluster whose nodes each have their own."""
+    from benchmarks._shipcluster import ShipCluster
+
+    tags, blobs = _built(state)
+    source = _source(state, store)
+    facts = state.setdefault("relay_facts", {}).setdefault(store, {})
+    facts.update(cores=os.cpu_count(), mbit=mbit, load_start=loadavg())
+    most = max(counts)
+    with ShipCluster(CLUSTER, most, store, WORK) as c:
+        c.shape(mbit)
+        for n in sorted({1, most}):
+            targets = c.targets[:n]
+            c.wipe(targets)
+            got = c.push(tags["a"], targets, source=source, blobs=blobs, relay="auto")
+            row = Row("a", "layers", n, mbit, got.seconds, got.link_bytes, got.sent, got.note(n), store)
+            keep_row(state, "relay", row, ("store", "targets", "mbit"))
+            print(f"ship bench: relay {store}: (a) to {n} at {mbit} Mbit/s: {got.seconds:.1f} s", flush=True)
+    facts.update(measured=now_utc(), load_end=loadavg())
+    save(state)
+
+
 def _mem_available_gib() -> float:
     mem = Path("/proc/meminfo").read_text().split("\n")[2].split()[1]  # MemAvailable, kB
     return round(int(mem) / 1024 / 1024, 1)
@@ -245,11 +271,14 @@ def main() -> int:
     from benchmarks import _ship_render
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--phase", choices=["all", "build", "wire", "ship", "clean", "render"], default="all")
+    parser.add_argument("--phase", choices=["all", "build", "wire", "ship", "relay", "clean", "render"],
+                        default="all")  # fmt: skip
     parser.add_argument("--stores", default="classic,containerd", help="image stores (default both)")
     parser.add_argument("--counts", default="1,2,4", help="ship phase: target counts (default 1,2,4)")
     parser.add_argument("--mbit", type=int, default=1000, help="ship phase: link limit of every host (default 1000)")
     parser.add_argument("--slow-mbit", type=int, default=0, help="ship phase: case (b) again at this limit (0: not)")
+    parser.add_argument("--relay-mbit", type=int, default=40,
+                        help="relay phase: every link's limit, where the wire sets the pace (default 40)")  # fmt: skip
     parser.add_argument("--extras", action="store_true", help="ship phase: also (a) without relay and (b), (c) whole")
     parser.add_argument("--no-registry", dest="registry", action="store_false")
     parser.add_argument("--codecs", default="auto,gzip,none", help="wire phase: --compress values (default all)")
@@ -267,7 +296,11 @@ def main() -> int:
         os.environ.pop(var, None)
     state: dict[str, Any] = read_state(STATE)
     phases = (
-        ["build", "wire", "ship", "clean"] if opts.phase == "all" else [] if opts.phase == "render" else [opts.phase]
+        ["build", "wire", "ship", "relay", "clean"]
+        if opts.phase == "all"
+        else []
+        if opts.phase == "render"
+        else [opts.phase]
     )
     print(f"ship bench: work dir {WORK}", flush=True)
     for phase in phases:
@@ -276,13 +309,20 @@ def main() -> int:
             phase_build(state)
         elif phase == "clean":
             phase_clean(state)
-        for store in stores if phase in ("wire", "ship") else ():
-            phase_wire(state, store, codecs) if phase == "wire" else phase_ship(state, store, counts, opts)
+        for store in stores if phase in ("wire", "ship", "relay") else ():
+            if phase == "wire":
+                phase_wire(state, store, codecs)
+            elif phase == "ship":
+                phase_ship(state, store, counts, opts)
+            else:
+                phase_relay(state, store, counts, opts.relay_mbit)
         save(state)
-    section = _ship_render.render(state)
-    print(section)
-    if not opts.no_docs:
-        _ship_render.write_section(section)
+    # Each section is written from the rows this state holds, and left as it is where it holds none (a state that
+    # only measured the relay keeps the shipping section an earlier run wrote).
+    for section in (_ship_render.render(state) if state.get("rows") else "", _ship_render.render_relay(state)):
+        print(section)
+        if section and not opts.no_docs:
+            _ship_render.write_section(section)
     return 0
 
 

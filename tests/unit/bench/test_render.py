@@ -119,3 +119,21 @@ def test_a_registry_that_carries_the_layers_uncompressed_is_named() -> None:
     assert ctd.startswith("its blobs of the three versions take 1270.0 MiB") and "pushed the layers uncompressed" in ctd
     classic = text.split("- The registry, classic store: ", 1)[1].split("\n", 1)[0]
     assert "311.0 MiB on the head's link, nodekit's push 318.0 MiB" in classic and "uncompressed" not in classic
+
+
+def test_the_relay_section_judges_4_nodes_against_1_per_store_and_is_empty_without_its_rows() -> None:
+    rows = [
+        Row("a", "layers", 1, 40, 70.0, 330 * MIB, 329 * MIB, "zstd stream", "classic"),
+        Row("a", "layers", 4, 40, 80.0, 331 * MIB, 329 * MIB, "zstd stream, relayed to 3 of 4", "classic"),
+        Row("a", "layers", 1, 40, 72.0, 330 * MIB, 329 * MIB, "zstd stream", "containerd"),
+        Row("a", "layers", 4, 40, 100.0, 331 * MIB, 329 * MIB, "zstd stream, relayed to 3 of 4", "containerd"),
+    ]
+    facts = {"measured": "2026-11-26 18:20 UTC", "load_start": "1.0 1.0 1.0", "load_end": "3.0 2.0 1.0", "cores": 2}
+    state = {"relay": [dataclasses.asdict(r) for r in rows], "relay_facts": {"classic": facts, "containerd": facts}}
+    text = _ship_render.render_relay(state)
+    assert text.startswith(_ship_render.RELAY_TITLE)
+    assert "every link at 40 Mbit/s: **met**, 80.0 s vs 70.0 s (1.14x)" in text.split("- classic: ")[-1]
+    assert "every link at 40 Mbit/s: **NOT met**, 100.0 s vs 72.0 s (1.39x)" in text.split("- containerd: ")[-1]
+    assert "| classic | 4 | 40 Mbit/s | 80.0 s | 331.0 MiB | 69.4 s | zstd stream, relayed to 3 of 4 |" in text
+    assert _ship_render.render_relay({"relay": [dataclasses.asdict(rows[1])]}).count("not decided") == 1
+    assert _ship_render.render_relay({"rows": []}) == ""
