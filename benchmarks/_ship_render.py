@@ -125,7 +125,7 @@ def why(rows: Sequence[Row], facts: Mapping[str, Mapping[str, Any]], mbit: int) 
             "image once, to the first node, and each node passes it on over SSH while it loads it. The time is bound "
             "by CPU, not by the links: every host shares this machine's cores, which run every node's decompression "
             "and unpacking and every hop's SSH encryption at once; on a cluster each node does its own share on its "
-            "own CPU."
+            "own CPU. The next section measures the same push where the link, not the CPU, sets the pace."
         )
     c = per_count(rows, sent, case="c", how="layers", mbit=mbit)
     if c:
