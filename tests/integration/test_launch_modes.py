@@ -1,7 +1,7 @@
 """The guides' own scripts, unmodified, as 2-node jobs on a real engine (main 127.0.0.1): Lightning's Trainer
 (launcher env), Fabric without .launch() (launcher fabric), a torch.distributed.launch-style script (--local_rank),
 and the exit-code proof: consecutive runs of the Lightning script, every one exit 0 on both nodes (20 by default
-and in make test-big; make test runs 5: NODEKIT_EXIT_CODE_RUNS)."""
+and in make test-big; make test runs 3: NODEKIT_EXIT_CODE_RUNS)."""
 
 from __future__ import annotations
 
