@@ -17,11 +17,13 @@ What is always given back (nothing a run needs, or only its own cache over a cap
 Then, only while the disk has less than the run needs free, in order of what costs a run least to make again: the
 older tags of each test image, the data roots of virtual clusters that are not running, the big test images (over
 3 GB), and at last every test image but the base images (``make base`` builds those, and no registry can give them
-back). The run needs ``NEED_GIB`` (the heavy tiers' peak with the big images built again, measured in
-docs/development.md), less what the big test images still in an engine hold of their own (``docker system df -v``'s
-unique size): a run that finds them builds nothing of them. Removing one to make room gives back its size and takes
-the same again when the run builds it, with the build's minutes. If the disk still lacks the room, this exits 1 with
-the numbers, before a test starts.
+back). The data roots of other clusters (a benchmark's, a test's own) go before those of the cluster tier's groups
+(``CLUSTER_NAMES``), which the next run brings up again with the demo image still in them. The run needs
+``NEED_GIB`` (the heavy tiers' peak with the big images built and the groups' data roots written again, measured in
+docs/development.md), less what it will find kept and need not make: the big test images' bytes of their own in an
+engine (``docker system df -v``'s unique size) and the groups' data roots. Removing one to make room gives back its
+size and takes the same again when the run makes it, with the minutes that takes. If the disk still lacks the room,
+this exits 1 with the numbers, before a test starts.
 
 Only what the tests make is touched: images of the test repositories (``is_test_repo``), the data roots under
 ``/var/lib/nodekit-cluster``, the pytest folders of this user, and the kept blobs.
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from nodekit.runs.store import alive
 from tests.cluster.harness import DATA_DIR
-from tests.conftest import CONTAINERD_HOST
+from tests.conftest import CLUSTER_NAMES, CONTAINERD_HOST
 from tests.wheelcache import CACHE
 
 GIB = 1024**3
@@ -181,14 +183,21 @@ def _big_images(host: str) -> dict[str, float]:
 
 
 class Room:
-    """The room the heavy tiers need on ``/``: ``NEED_GIB`` less the unique bytes of the big test images still kept
-    (``big``: engine name to image to bytes), which a run that finds them does not make again."""
+    """The room the heavy tiers need on ``/``: ``NEED_GIB`` less what the run will find kept and need not make again:
+    the unique bytes of the big test images (``big``: engine name to image to bytes) and the bytes of the cluster
+    groups' data roots (``roots``: root to bytes)."""
 
-    def __init__(self, big: dict[str, dict[str, float]], free: Callable[[], float] = lambda: free_gib()) -> None:
-        self.big, self._free = big, free
+    def __init__(
+        self,
+        big: dict[str, dict[str, float]],
+        roots: dict[Path, float] | None = None,
+        free: Callable[[], float] = free_gib,
+    ) -> None:
+        self.big, self.roots, self._free = big, dict(roots or {}), free
 
     def need_gib(self) -> float:
-        return NEED_GIB - sum(sum(images.values()) for images in self.big.values()) / GIB
+        kept = sum(sum(images.values()) for images in self.big.values()) + sum(self.roots.values())
+        return NEED_GIB - kept / GIB
 
     def short(self) -> bool:
         return self._free() < self.need_gib()
@@ -196,6 +205,10 @@ class Room:
     def gone(self, engine: str) -> None:
         """``engine``'s big test images were removed: the run builds them again, and needs the room for that."""
         self.big.pop(engine, None)
+
+    def root_gone(self, root: Path) -> None:
+        """A group's data root was removed: the run writes it again (the demo image shipped to its hosts)."""
+        self.roots.pop(root, None)
 
 
 def _remove_images(host: str, refs: list[str]) -> int:
@@ -228,6 +241,23 @@ def _du(path: Path) -> int:
     return total
 
 
+def idle_roots(data_dir: Path = DATA_DIR) -> list[Path]:
+    """The clusters' data roots no live dockerd uses (Slurm's image folder is not one)."""
+    live = _running_cluster_roots()
+    return [r for r in sorted(data_dir.iterdir()) if r.is_dir() and r not in live and r.name != "slurm-images"] if (
+        data_dir.is_dir()) else []  # fmt: skip
+
+
+def group_roots(data_dir: Path = DATA_DIR) -> set[Path]:
+    """The data roots of the cluster tier's groups, which every run brings up again and finds the demo image in."""
+    return {data_dir / name for name in CLUSTER_NAMES.values()}
+
+
+def removal_order(roots: list[Path], groups: set[Path]) -> list[Path]:
+    """Other clusters' data roots first (nothing in the next run finds them), then the groups'."""
+    return sorted(roots, key=lambda r: (r in groups, r))
+
+
 def steps(engines: dict[str, str], room: Room) -> Iterator[str]:
     """What each step did, done one at a time as the caller advances: the first ones always, the rest only while
     ``room.short()`` (the disk lacks the room)."""
@@ -247,19 +277,21 @@ def steps(engines: dict[str, str], room: Room) -> Iterator[str]:
     for name, host in engines.items():
         if not short():
             return
-        yield f"{name} engine: removed {_remove_images(host, older_tags(_test_images(host)))} older test image tags"
-    live = _running_cluster_roots()
-    for root in sorted(DATA_DIR.iterdir()) if DATA_DIR.is_dir() else []:
-        if root.is_dir() and root not in live and root.name != "slurm-images":
-            if not short():
-                return
-            size = _du(root)
-            shutil.rmtree(root, ignore_errors=True)
-            yield f"removed {root} ({size / GIB:.1f} GiB, the data roots of a cluster that is not up)"
+        older = older_tags(_test_images(host))
+        for ref in older:  # an older tag of a big image: no longer kept
+            room.big.get(name, {}).pop(ref, None)
+        yield f"{name} engine: removed {_remove_images(host, older)} older test image tags"
+    for root in removal_order(idle_roots(), group_roots()):
+        if not short():
+            return
+        size = _du(root)
+        shutil.rmtree(root, ignore_errors=True)
+        room.root_gone(root)
+        yield f"removed {root} ({size / GIB:.1f} GiB, the data roots of a cluster that is not up)"
     for name, host in engines.items():
         if not short():
             return
-        big = [f"{r['Repository']}:{r['Tag']}" for r in _test_images(host) if _size_bytes(r["Size"]) > BIG_IMAGE]
+        big = list(room.big.get(name, {}))
         room.gone(name)
         yield f"{name} engine: removed {_remove_images(host, big)} test images over 3 GB (the run builds them again)"
     for name, host in engines.items():
@@ -275,10 +307,15 @@ def main() -> int:
     engines = {name: host for name, host in ENGINES.items() if _answers(host)}
     start = free_gib()
     t0 = time.monotonic()
-    room = Room({name: _big_images(host) for name, host in engines.items()})
+    groups = group_roots()
+    room = Room(
+        {name: _big_images(host) for name, host in engines.items()},
+        {root: float(_du(root)) for root in idle_roots() if root in groups},
+    )
     kept, held = sum(len(images) for images in room.big.values()), NEED_GIB - room.need_gib()
     say(f"{start:.1f} GiB free on /; the heavy tiers want {room.need_gib():.1f} GiB ({NEED_GIB:g}, less the"
-        f" {held:.1f} GiB of the {kept} big test images kept, which they need not build)")  # fmt: skip
+        f" {held:.1f} GiB of the {kept} big test images and the {len(room.roots)} group data roots kept, which they"
+        " need not make again)")  # fmt: skip
     for what in steps(engines, room):
         say(what)
     end = free_gib()

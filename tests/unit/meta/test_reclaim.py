@@ -8,14 +8,18 @@ import sys
 import time
 from pathlib import Path
 
+from tests.conftest import CLUSTER_NAMES
 from tests.reclaim import (
     GIB,
     NEED_GIB,
     Room,
     big_images,
     blobs_over_cap,
+    group_roots,
+    idle_roots,
     is_test_repo,
     older_tags,
+    removal_order,
     stale_pytest_folders,
 )
 
@@ -91,3 +95,23 @@ def test_the_big_test_images_kept_lower_the_room_the_run_needs_until_they_are_re
     assert not room.short()  # 30 GiB free, and the run builds neither image again: enough
     room.gone("default")  # removed: the run builds them again, and needs the whole room for it
     assert room.need_gib() == NEED_GIB and room.short()
+
+
+def test_the_groups_kept_data_roots_lower_the_room_and_go_after_every_other_clusters(tmp_path: Path) -> None:
+    for name in ["nkb", "nkd", "nku", "nkv", "slurm-images"]:  # a benchmark's, test_ship's, two groups', Slurm's
+        (tmp_path / name).mkdir()
+    (tmp_path / "nkw").write_text("")  # not a folder: not a cluster's
+    idle = idle_roots(tmp_path)
+    assert [r.name for r in idle] == ["nkb", "nkd", "nku", "nkv"]
+    groups = group_roots(tmp_path)
+    assert {r.name for r in groups} == set(CLUSTER_NAMES.values())
+    assert [r.name for r in removal_order(idle[::-1], groups)] == ["nkb", "nkd", "nku", "nkv"]
+    free = [20.0]
+    kept = {tmp_path / "nku": 3.4 * GIB, tmp_path / "nkv": 2.5 * GIB}
+    room = Room({"default": {"nodekit/cuda-demo:7ce9207f7cd2": 5.776e9}}, kept, free=lambda: free[0])
+    assert room.need_gib() == NEED_GIB - (5.776e9 + 5.9 * GIB) / GIB
+    room.root_gone(tmp_path / "nkb")  # not a group's: the need does not change
+    assert room.need_gib() == NEED_GIB - (5.776e9 + 5.9 * GIB) / GIB
+    room.root_gone(tmp_path / "nku")  # removed: the run ships the demo image to that group's hosts again
+    assert room.need_gib() == NEED_GIB - (5.776e9 + 2.5 * GIB) / GIB
+    assert kept[tmp_path / "nku"] == 3.4 * GIB  # the caller's dict is the caller's
