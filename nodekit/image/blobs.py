@@ -10,7 +10,12 @@ an image (so the image is found by either of its ids: the classic store's config
 manifest digest).
 
 Every read is checked: a blob whose content no longer hashes to its name is deleted and reported missing, so a
-damaged store costs a slower push, never a wrong image. Writes go through a temporary file and a rename.
+damaged store costs a slower push, never a wrong image. Writes go through a temporary file and a rename. A blob is
+hashed in full once: when it is written (it is hashed as it goes) or first read, ``verified/<hex>`` records its
+inode, size and modification time, and a later read whose file still has exactly those skips the hash. A write to
+the file changes its size or its time, so it is hashed again. Without this, every build read back every
+package layer (5.8 GB, 4.8 s for the CUDA image's code-only rebuild, 2026-11-26) and every push read each layer it
+sends twice. The engines check each layer's digest again when they load it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,11 @@ class _Hashing:
         self.h.update(data)
         self.n += len(data)
         return self._f.write(data)
+
+
+def _identity(st: os.stat_result) -> str:
+    """What a blob's file is as far as its stat says: a write changes its size or its times."""
+    return f"{st.st_ino} {st.st_size} {st.st_mtime_ns}\n"
 
 
 @dataclass(frozen=True)
@@ -95,6 +105,7 @@ class BlobStore:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+        self._stamp(digest)  # hashed as it was written
         return digest, hashing.n
 
     def put_bytes(self, data: bytes) -> str:
@@ -114,9 +125,13 @@ class BlobStore:
         return data
 
     def verified_path(self, digest: str) -> Path | None:
-        """The blob's path when it is here and hashes to ``digest`` (read through once); a damaged one is removed."""
+        """The blob's path when it is here and hashes to ``digest`` (read through unless its stamp says it did since
+        the file last changed); a damaged one is removed."""
         path = self.path(digest)
         try:
+            if self._stamp_of(digest) == _identity(path.stat()):
+                self.touch(digest)
+                return path
             actual = file_sha256(path)
         except OSError:
             return None
@@ -127,8 +142,21 @@ class BlobStore:
         return path
 
     def touch(self, digest: str) -> None:
+        """Mark a blob just verified as used (reclaim and :meth:`prune` remove the least recently used), and stamp
+        it as verified with the times that gives it."""
         with contextlib.suppress(OSError):
             os.utime(self.path(digest))
+            self._stamp(digest)
+
+    def _stamp(self, digest: str) -> None:
+        with contextlib.suppress(OSError):
+            self._write_index(self._index("verified", digest), _identity(self.path(digest).stat()))
+
+    def _stamp_of(self, digest: str) -> str | None:
+        try:
+            return self._index("verified", digest).read_text()
+        except OSError:
+            return None
 
     def _index(self, kind: str, key: str) -> Path:
         if not key or any(c not in "0123456789abcdef" for c in key.removeprefix("sha256:")):
@@ -194,4 +222,8 @@ class BlobStore:
                 if p.name not in keep_names and p.stat().st_mtime < cutoff:
                     p.unlink()
                     gone += 1
+        stamps = self.root / "verified"
+        for p in stamps.iterdir() if stamps.is_dir() else []:
+            if not (d / p.name).exists():  # the stamp of a blob that is gone
+                p.unlink(missing_ok=True)
         return gone

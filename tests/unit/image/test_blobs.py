@@ -13,6 +13,7 @@ import pytest
 
 from nodekit.image.archive import Image, layer_descriptor
 from nodekit.image.blobs import BlobStore, LayerRecord
+from nodekit.launcher.datacheck.filehash import file_sha256
 
 
 def test_blobs_are_stored_under_their_digest_and_checked_when_read(tmp_path: Path) -> None:
@@ -72,3 +73,24 @@ def test_an_image_is_found_by_the_id_either_store_gives_it(tmp_path: Path) -> No
     store.keep_image(image)
     assert store.image(image.config_digest) == image == store.image(image.manifest_digest)
     assert store.image("sha256:" + "0" * 64) is None
+
+
+def test_a_blob_is_hashed_once_until_its_file_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodekit.image import blobs
+
+    hashed: list[Path] = []
+
+    def counting(path: Path) -> str:
+        hashed.append(Path(path))
+        return file_sha256(path)
+
+    monkeypatch.setattr(blobs, "file_sha256", counting)
+    store = BlobStore(tmp_path / "blobs")
+    digest = store.put_bytes(b"layer tar " * 1000)  # hashed as it was written
+    assert store.verified_path(digest) == store.verified_path(digest) == store.path(digest) and hashed == []
+    (tmp_path / "blobs" / "verified" / digest[7:]).unlink()  # a blob from before the stamps: hashed once
+    assert store.verified_path(digest) and store.verified_path(digest) and len(hashed) == 1
+    time.sleep(0.05)  # past the file system's clock tick
+    store.path(digest).write_bytes(b"LAYER TAR " * 1000)  # damaged, the same size
+    assert store.verified_path(digest) is None and not store.has(digest) and len(hashed) == 2
+    assert store.prune() == 0 and not (tmp_path / "blobs" / "verified" / digest[7:]).exists()
