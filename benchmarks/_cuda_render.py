@@ -19,9 +19,10 @@ CASES = {
     "c": "(c) one package added (six)",
 }
 GPU_NOTE = (
-    "GPU figures (NCCL all-reduce bus bandwidth, the preflight's GPU model, driver and count) were not taken: no GPU "
-    "machine was lent to this task (the device tool's status said `can_start_another: false`), so every figure "
-    "here is from the CPU. The GPU-only paths are covered by tests on rendered output instead: the compose file's "
+    "GPU figures were not taken in this section's run: every figure here is from the CPU. A later session had an "
+    "H200 lent: the preflight's GPU model, driver and count, and the launcher's NCCL all-reduce, are in \"GPU "
+    'checks on a lent GPU machine" below (NCCL bus bandwidth between GPUs still needs a machine with two). The '
+    "GPU-only paths are covered by tests on rendered output instead: the compose file's "
     "`deploy.resources.reservations.devices` for a node with GPUs (tests/unit/golden/node-1-gpu.yaml), and the "
     "preflight's CUDA, cuDNN and NCCL fields gathered in the real CUDA image, checked against what `nodekit "
     "inspect` reads from its wheels (tests/integration/test_cuda_stack.py)."
@@ -59,7 +60,8 @@ def build_part(b: Mapping[str, Any]) -> list[str]:
         "CPython 3.11 on nodekit/base:bookworm), its wheelhouse filled from the wheel cache (no download).",
         "",
         "```",
-        f"cold build (--no-cache)                 {v1['seconds']:7.1f} s   (BuildKit's steps: {steps})",
+        f"cold build (--no-cache)                 {v1['seconds']:7.1f} s"
+        + (f"   (BuildKit's steps: {steps})" if steps else ""),
         f"image                                   {gb(v1['size'])}   ({len(v1['layers'])} layers)",
         f"docker save (to /dev/null)              {b['save_s']:7.1f} s",
         f"no-op rebuild (`nodekit build`)          {b['noop_s']:7.1f} s",

@@ -121,10 +121,19 @@ def step_name(created_by: str) -> str:
 
 
 def step_seconds(log: str) -> dict[str, float]:
-    """BuildKit's own time per package layer (``#N DONE 123.4s`` after the step's ``RUN --mount=...from=X``)."""
-    heads = dict(re.findall(r"#(\d+) \[[^\]]*\] RUN --mount=type=bind,from=(\w+)", log))
-    done = dict(re.findall(r"#(\d+) DONE ([\d.]+)s", log))
-    return {step_name(f"from={ctx},"): float(done[n]) for n, ctx in heads.items() if n in done}
+    """BuildKit's own time per package layer (``#N DONE 123.4s`` after the step's ``RUN --mount=...from=X``). Read in
+    order: nodekit builds each package layer in a BuildKit build of its own, and each build numbers its steps from 1
+    again, so a step number means the step last started under it."""
+    open_steps: dict[str, str] = {}
+    seconds: dict[str, float] = {}
+    for line in log.splitlines():
+        if m := re.search(r"#(\d+) \[[^\]]*\] RUN --mount=type=bind,from=(\w+)", line):
+            open_steps[m[1]] = m[2]
+        elif (m := re.search(r"#(\d+) (DONE ([\d.]+)s|CACHED)", line)) and m[1] in open_steps:
+            ctx = open_steps.pop(m[1])
+            if m[3]:
+                seconds[step_name(f"from={ctx},")] = float(m[3])
+    return seconds
 
 
 def run_base(state: dict[str, object]) -> str:

@@ -31,6 +31,18 @@ def test_buildkit_step_times_skip_cached_steps() -> None:
     assert step_seconds(LOG) == {"CUDA libraries": 101.2, "packages": 12.5}
 
 
+def test_buildkit_step_times_of_one_build_per_layer_whose_step_numbers_start_again() -> None:
+    log = """\
+#7 [cudalibs 2/2] RUN --mount=type=bind,from=cudalibs,target=/wheels     touch /tmp/.nodekit-run-start
+#7 DONE 19.6s
+#7 [framework 2/2] RUN --mount=type=bind,from=framework,target=/wheels     touch /tmp/.nodekit-run-start
+#7 DONE 48.3s
+#7 [packages 2/2] RUN --mount=type=bind,from=wheels,target=/wheels     touch /tmp/.nodekit-run-start
+#7 DONE 5.0s
+"""
+    assert step_seconds(log) == {"CUDA libraries": 19.6, "framework": 48.3, "packages": 5.0}
+
+
 def _layer(step: str, size: int, diff: str) -> dict[str, object]:
     return {"step": step, "size": size, "diff_id": diff}
 
