@@ -243,9 +243,10 @@ def _du(path: Path) -> int:
 
 def idle_roots(data_dir: Path = DATA_DIR) -> list[Path]:
     """The clusters' data roots no live dockerd uses (Slurm's image folder is not one)."""
+    if not data_dir.is_dir():
+        return []
     live = _running_cluster_roots()
-    return [r for r in sorted(data_dir.iterdir()) if r.is_dir() and r not in live and r.name != "slurm-images"] if (
-        data_dir.is_dir()) else []  # fmt: skip
+    return [r for r in sorted(data_dir.iterdir()) if r.is_dir() and r not in live and r.name != "slurm-images"]
 
 
 def group_roots(data_dir: Path = DATA_DIR) -> set[Path]:
@@ -284,7 +285,7 @@ def steps(engines: dict[str, str], room: Room) -> Iterator[str]:
     for root in removal_order(idle_roots(), group_roots()):
         if not short():
             return
-        size = _du(root)
+        size = room.roots.get(root) or _du(root)  # a group's was measured for the room already
         shutil.rmtree(root, ignore_errors=True)
         room.root_gone(root)
         yield f"removed {root} ({size / GIB:.1f} GiB, the data roots of a cluster that is not up)"

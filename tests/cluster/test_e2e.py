@@ -231,7 +231,6 @@ def _mesh_connected(host: Host, peers: list[Host]) -> bool:
 
 
 HEARTBEAT = r"no heartbeat for \d+ s; "
-CLOSED = r"store connection closed without a done mark \(the launcher ended: its container killed or stopped\); "
 # A host killed with its processes: the kernel ends their connections with a FIN, or with a reset where a heartbeat
 # was still unread (on a loaded machine); main's store names the first "closed", the second "cut", confirmed by the
 # heartbeat's silence. Either way the node is named within seconds, not after NODEKIT_PEER_TIMEOUT.
