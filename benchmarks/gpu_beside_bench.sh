@@ -5,12 +5,16 @@
 #   NODEKIT_LINK_CHECK=refuse  the check before any worker starts (the same rounds and transfers as warn; a
 #                              healthy pair is not refused)
 #   NODEKIT_LINK_CHECK=warn    the check beside the job's start (checks.LinksBeside)
-# REPS times each; the figure is the seconds from the launchers' start to rank 0's first all-reduce.
+#   NODEKIT_LINK_CHECK=off     no check (MODES="off warn": what the check beside the start costs)
+# REPS times each, alternating; NODES launchers (2 or 4); the figure is the seconds from the launchers' start to
+# rank 0's first all-reduce.
 #
-#   OUT=/some/dir REPS=5 bash benchmarks/gpu_beside_bench.sh
+#   OUT=/some/dir REPS=5 NODES=2 MODES="refuse warn" bash benchmarks/gpu_beside_bench.sh
 set -u
 OUT=${OUT:-/tmp/gpu-beside-out}
 REPS=${REPS:-5}
+NODES=${NODES:-2}
+read -r -a MODES <<< "${MODES:-refuse warn}"
 mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 W=$(mktemp -d /tmp/nodekit-beside.XXXXXX)
@@ -18,24 +22,26 @@ export PYTHONPATH="$ROOT" PYTHONUNBUFFERED=1 NODEKIT_NAME=beside-bench ALLREDUCE
 . "$ROOT/benchmarks/gpu_job/node.sh"
 MAIN=$(main_addr)
 case $MAIN in 127.*) echo "gpu_beside_bench: no address but loopback here, where the link check is skipped" >&2; exit 2 ;; esac
-echo "main $MAIN, $(nproc) cores, $REPS runs each way, $(date -u +%FT%TZ)" | tee "$OUT/beside.txt"
+TAG=$NODES-${MODES[0]}-${MODES[1]}
+echo "main $MAIN, $(nproc) cores, $NODES nodes, ${MODES[*]}, $REPS runs each way, $(date -u +%FT%TZ)" | tee "$OUT/beside-$TAG.txt"
 one() {  # one MODE I: both nodes; prints MODE seconds
   local mode=$1 i=$2 t0 pids=()
   t0=$(date +%s.%N)
-  for r in 0 1; do
-    launch_node "$W/$mode$i" "$r" 2 1 "$MAIN" $((29620 + i % 20 * 2)) 120 NODEKIT_LINK_CHECK="$mode" &
+  for r in $(seq 0 $((NODES - 1))); do
+    launch_node "$W/$TAG/$mode$i" "$r" "$NODES" 1 "$MAIN" $((29620 + i % 20 * 2)) 120 NODEKIT_LINK_CHECK="$mode" &
     pids+=($!)
   done
   wait "${pids[@]}"
   python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print(sys.argv[2], round(d['first_allreduce_at'] - float(sys.argv[3]), 3))" \
-    "$W/$mode$i/out0/allreduce-2node-gloo.json" "$mode" "$t0" || { echo "$mode run $i failed:"; tail -5 "$W/$mode$i/node0.log"; }
+    "$W/$TAG/$mode$i/out0/allreduce-${NODES}node-gloo.json" "$mode" "$t0" || { echo "$mode run $i failed:"; tail -5 "$W/$TAG/$mode$i/node0.log"; }
 }
 for i in $(seq 1 "$REPS"); do
-  if [ $((i % 2)) -eq 1 ]; then one refuse "$i"; one warn "$i"; else one warn "$i"; one refuse "$i"; fi
-done | tee -a "$OUT/beside.txt"
-python3 - "$OUT/beside.txt" <<'PY'
+  if [ $((i % 2)) -eq 1 ]; then one "${MODES[0]}" "$i"; one "${MODES[1]}" "$i"; else one "${MODES[1]}" "$i"; one "${MODES[0]}" "$i"; fi
+done | tee -a "$OUT/beside-$TAG.txt"
+python3 - "$OUT/beside-$TAG.txt" "${MODES[@]}" <<'PY'
 import statistics, sys
-runs = {"refuse": [], "warn": []}
+a, b = sys.argv[2], sys.argv[3]
+runs = {a: [], b: []}
 for line in open(sys.argv[1]):
     parts = line.split()
     if len(parts) == 2 and parts[0] in runs:
@@ -43,7 +49,7 @@ for line in open(sys.argv[1]):
 med = {k: statistics.median(v) for k, v in runs.items() if v}
 print("median seconds to the first all-reduce:", med, "runs:", runs)
 if len(med) == 2:
-    print(f"beside saves {med['refuse'] - med['warn']:.2f} s")
+    print(f"{b} minus {a}: {med[b] - med[a]:+.2f} s")
 PY
-grep -h "link check" "$W"/warn1/node0.log "$W"/refuse1/node0.log | head -4
-tar -C "$W" -czf "$OUT/beside-logs.tar.gz" . 2>/dev/null
+grep -h "link check" "$W/$TAG"/*1/node0.log | head -4
+tar -C "$W" -czf "$OUT/beside-logs-$TAG.tar.gz" . 2>/dev/null
