@@ -99,7 +99,8 @@ def push(
     compress: Annotated[
         str,
         typer.Option(
-            help="stream compression: auto (none over a local socket, else gzip), gzip or none; zstd is refused"
+            help="stream compression: auto (none over a local socket; zstd to an ssh:// node where both ends have the "
+            "zstd command; else gzip), zstd (refused, before anything moves, where an end lacks it), gzip or none"
         ),
     ] = "auto",
     relay: Annotated[
