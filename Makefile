@@ -146,6 +146,7 @@ ifdef DECIDE
 else
 	$(MAKE) test-big
 	$(PY) benchmarks/manifest_bench.py
+	$(PY) benchmarks/layers_bench.py
 	$(PY) benchmarks/link_bench.py
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/decide.py

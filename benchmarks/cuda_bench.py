@@ -121,18 +121,22 @@ def step_name(created_by: str) -> str:
 
 
 def step_seconds(log: str) -> dict[str, float]:
-    """BuildKit's own time per package layer (``#N DONE 123.4s`` after the step's ``RUN --mount=...from=X``). Read in
-    order: nodekit builds each package layer in a BuildKit build of its own, and each build numbers its steps from 1
-    again, so a step number means the step last started under it."""
-    open_steps: dict[str, str] = {}
+    """BuildKit's own time per package layer (``#N DONE 123.4s`` after the step's ``RUN --mount=...from=X``).
+    nodekit builds each package layer in a BuildKit build of its own, and each build numbers its steps from 1. Builds
+    that run at once tag their lines with the layer's name (``framework | #12 ...``), so a step is its tag and
+    number; untagged lines (one build at a time) are read in order, a number meaning the step last started under it."""
+    open_steps: dict[tuple[str, str], str] = {}
     seconds: dict[str, float] = {}
     for line in log.splitlines():
-        if m := re.search(r"#(\d+) \[[^\]]*\] RUN --mount=type=bind,from=(\w+)", line):
-            open_steps[m[1]] = m[2]
-        elif (m := re.search(r"#(\d+) (DONE ([\d.]+)s|CACHED)", line)) and m[1] in open_steps:
-            ctx = open_steps.pop(m[1])
-            if m[3]:
-                seconds[step_name(f"from={ctx},")] = float(m[3])
+        if m := re.search(r"(?:(\w+) \| )?#(\d+) \[[^\]]*\] RUN --mount=type=bind,from=(\w+)", line):
+            open_steps[m[1] or "", m[2]] = m[3]
+        elif (m := re.search(r"(?:(\w+) \| )?#(\d+) (DONE ([\d.]+)s|CACHED)", line)) and (
+            m[1] or "",
+            m[2],
+        ) in open_steps:
+            ctx = open_steps.pop((m[1] or "", m[2]))
+            if m[4]:
+                seconds[step_name(f"from={ctx},")] = float(m[4])
     return seconds
 
 

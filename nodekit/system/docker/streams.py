@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Callable, Iterator, Mapping
+import threading
+from collections.abc import Callable, Generator, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -152,13 +153,14 @@ def buildx_export(
     build_args: Mapping[str, str],
     no_cache: bool = False,
     on_line: Callable[[str], None] = lambda _line: None,
-) -> Iterator[bytes]:
+    stop: threading.Event | None = None,
+) -> Generator[bytes, None, None]:
     """Build the stage ``target`` and stream its file system as a tar (``--output type=tar,dest=-``): the bytes
     are yielded as they come, BuildKit's plain progress lines go to ``on_line`` (from this generator's thread, between
     chunks). RUN steps get no network (``--network=none``). BuildError, with BuildKit's error line, when the build
-    fails. Closing the generator early stops the build."""
+    fails. Closing the generator early stops the build, and so does ``stop`` once set (checked every 0.25 s, also
+    while BuildKit installs and nothing streams yet)."""
     import queue
-    import threading
 
     argv = [*docker_argv(None, "buildx", "build"), "--file", str(dockerfile), "--target", target, "--network=none",
             "--provenance=false", "--progress=plain", "--output", "type=tar,dest=-"]  # fmt: skip
@@ -181,6 +183,15 @@ def buildx_export(
 
     reader = threading.Thread(target=pump, args=(child.stderr,), daemon=True)
     reader.start()
+    if stop is not None:
+
+        def watch(flag: threading.Event) -> None:
+            while child.poll() is None:
+                if flag.wait(0.25):
+                    child.end(proc.signals.GRACE_S)
+                    return
+
+        threading.Thread(target=watch, args=(stop,), daemon=True).start()
 
     def drain() -> None:
         while True:

@@ -43,6 +43,24 @@ def test_buildkit_step_times_of_one_build_per_layer_whose_step_numbers_start_aga
     assert step_seconds(log) == {"CUDA libraries": 19.6, "framework": 48.3, "packages": 5.0}
 
 
+def test_buildkit_step_times_of_the_layer_builds_running_at_once_are_told_apart_by_their_tags() -> None:
+    """nodekit build --verbose with the three builds at once: their lines interleave, each tagged with its layer, and
+    the same step number is open in two builds at a time."""
+    log = """\
+  env | #10 [env 2/2] RUN --mount=type=bind,from=cudalibs,target=/wheels     touch /tmp/.nodekit-run-start
+  framework | #11 [env 2/2] RUN --mount=type=bind,from=cudalibs,target=/wheels     touch /tmp/.nodekit-run-start
+  packages | #11 [env 2/2] RUN --mount=type=bind,from=cudalibs,target=/wheels     touch /tmp/.nodekit-run-start
+  env | #10 DONE 4.3s
+  framework | #11 DONE 4.3s
+  packages | #11 DONE 4.3s
+  framework | #12 [framework-build 1/1] RUN --mount=type=bind,from=framework,target=/wheels     mkdir -p /nodekit-layer
+  packages | #12 [packages-build 1/1] RUN --mount=type=bind,from=wheels,target=/wheels     mkdir -p /nodekit-layer
+  packages | #12 DONE 11.0s
+  framework | #12 DONE 17.2s
+"""
+    assert step_seconds(log) == {"CUDA libraries": 4.3, "framework": 17.2, "packages": 11.0}
+
+
 def _layer(step: str, size: int, diff: str) -> dict[str, object]:
     return {"step": step, "size": size, "diff_id": diff}
 
