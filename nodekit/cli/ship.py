@@ -129,12 +129,10 @@ def push(
     if relay not in ship.RELAY_MODES:
         raise UsageError(f"--relay {relay!r} is not one of {', '.join(ship.RELAY_MODES)}", fix="--relay auto")
     targets = [ship.parse_target(t) for t in to]
-    ref, store = _image(image, config), _blob_store(config)
+    src = ship.source_of(_image(image, config), source, store=_blob_store(config))
     how = cast("ship.Compress", compress)
     with ship.SharedSsh():  # one SSH connection per node for the survey, the loads and the checks
-        opened = ship.open_connections(targets)  # the nodes' connections open while this machine reads its image
-        src = ship.source_of(ref, source, store=store)
-        plan = ship.plan_push(src, ship.survey(src, targets, opened=opened), compress=how, here_zstd=ship.zstd_here())
+        plan = ship.plan_push(src, ship.survey(src, targets), compress=how, here_zstd=ship.zstd_here())
         if dry_run:
             out.print("\n".join([plan.to_text(), *ship.relay_text(plan, relay)]), markup=False)
             return

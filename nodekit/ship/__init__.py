@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from nodekit.errors import EngineError
 from nodekit.image.archive import chain_ids, chains_of
-from nodekit.ship.engines import layers_held, open_connections, source_of, survey
+from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push
 from nodekit.ship.files import LoadedFile, Saved, load, save
 from nodekit.ship.grouping import relay_candidates, relay_text
@@ -97,7 +97,6 @@ __all__ = [
     "format_layer_list",
     "layers_held",
     "load",
-    "open_connections",
     "parse_layer_list",
     "parse_target",
     "plan_layers",

@@ -29,24 +29,19 @@ DF_TIMEOUT_S = 30.0
 """An ssh login and one ``df``; a node that takes longer is not asked again (its free disk stays unknown)."""
 
 
-def ssh_argv(endpoint: str, command: str, ssh: str = "ssh") -> list[str] | None:
-    """``command`` run on the node of ``endpoint`` over ssh: only for ``ssh://`` endpoints (None otherwise). Batch
-    mode, as every ssh nodekit runs: a missing key fails instead of prompting; no stdin (``-n``)."""
+def df_argv(endpoint: str, root: str, ssh: str = "ssh") -> list[str] | None:
+    """The command that prints the free space under ``root`` on the node of ``endpoint``: only for ``ssh://``
+    endpoints (None otherwise). Batch mode, as every ssh nodekit runs: a missing key fails instead of prompting; no
+    stdin (``-n``)."""
     parts = urlsplit(endpoint)
-    if parts.scheme != "ssh" or not parts.hostname:
+    if parts.scheme != "ssh" or not parts.hostname or not root:
         return None
     dest = f"{parts.username}@{parts.hostname}" if parts.username else parts.hostname
     port = ["-p", str(parts.port)] if parts.port else []
-    return [ssh, "-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *port, "--", dest, command]
-
-
-def df_argv(endpoint: str, root: str, ssh: str = "ssh") -> list[str] | None:
-    """The command that prints the free space under ``root`` on the node of ``endpoint`` (:func:`ssh_argv`)."""
-    if not root:
-        return None
+    opts = ["-n", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", *port]
     # The zstd check last: its line follows df's table, and a node without zstd just prints nothing more.
     check = f"df -Pk -- {shlex.quote(root)} && {{ command -v zstd >/dev/null 2>&1 && echo {ZSTD_MARK} || true; }}"
-    return ssh_argv(endpoint, check, ssh)
+    return [ssh, *opts, "--", dest, check]
 
 
 def parse_df(out: str) -> int | None:

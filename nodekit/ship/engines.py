@@ -8,21 +8,17 @@ refuses it. Docker is reached only through :mod:`nodekit.system.docker`.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nodekit.errors import NodekitError
 from nodekit.image.archive import chains_of
 from nodekit.image.blobs import BlobStore
 from nodekit.image.plan import LABEL_BASE
-from nodekit.ship.disk import RemoteFacts, remote_facts, ssh_argv
+from nodekit.ship.disk import RemoteFacts, remote_facts
 from nodekit.ship.plan import Layer, Source, Target, TargetState, sized_layers
-from nodekit.system import docker, proc
-
-CONNECT_S = 15.0
-"""The early connection's deadline: ssh's own ConnectTimeout (10 s) and the login."""
+from nodekit.system import docker
 
 
 def source_of(ref: str, endpoint: str | None = None, *, store: Path | None = None) -> Source:
@@ -78,49 +74,15 @@ def _base_here(base: str | None, lower: Sequence[str], endpoint: str | None) -> 
     return base if got is not None and tuple(got.layers) == tuple(lower) else None
 
 
-def open_connections(targets: Sequence[Target]) -> Mapping[str, Future[None]]:
-    """Start opening each ``ssh://`` target's connection (under SharedSsh, nodekit/ship/mux.py: the one every later
-    call to that node rides on), each in a thread of its own, and return at once: the handshakes happen while this
-    machine reads its own image (:func:`source_of`); :func:`survey` waits for each before it asks that node.
-
-    Only the connection: ``ssh node true``, a child of this process under a deadline, so a command that fails before
-    the survey (the image is not here) ends it on its way out (its exit ends every live child, and SharedSsh closes
-    the connections), and does not wait for a node that is slow to answer. A failure here is not reported: the
-    survey's own questions to that node meet it and name it."""
-    opened: dict[str, Future[None]] = {}
-    for t in targets:
-        argv = ssh_argv(t.endpoint, "true")
-        if argv is None or t.endpoint in opened:
-            continue
-        done: Future[None] = Future()
-
-        def connect(argv: list[str] = argv, done: Future[None] = done, name: str = t.name) -> None:
-            try:
-                proc.run(argv, deadline=CONNECT_S, what=f"ssh to {name}", fix="", stdin="devnull")
-            except (OSError, NodekitError):
-                pass
-            finally:
-                done.set_result(None)
-
-        threading.Thread(target=connect, name=f"nodekit-connect {t.name}", daemon=True).start()
-        opened[t.endpoint] = done
-    return opened
-
-
-def survey(
-    source: Source, targets: Sequence[Target], *, opened: Mapping[str, Future[None]] | None = None
-) -> list[TargetState]:
+def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
     """Ask every target, in parallel, what it has: the image, its free disk (statvfs for an engine on this machine,
     ``df`` over SSH for an ``ssh://`` one, unknown for ``tcp://``) and the layer chains its engine holds (only asked
-    when the image must travel). ``opened``: connections being opened (:func:`open_connections`), each waited for
-    before its node is asked. Never raises: failures land in ``TargetState.error``."""
+    when the image must travel). Never raises: failures land in ``TargetState.error``."""
 
     def one(t: Target) -> TargetState:
         # The engine's facts first: under SharedSsh (nodekit/ship/mux.py) that call opens the node's one SSH
         # connection, and the other three questions then go out at once over it, without handshakes of their own.
         # The layer list is asked before it is known to be needed; it is dropped when the target has the image.
-        if opened is not None and (connecting := opened.get(t.endpoint)) is not None:
-            connecting.result()  # bounded: the connection's own deadline
         try:
             facts = docker.engine_facts(t.endpoint)
         except NodekitError as e:

@@ -150,11 +150,10 @@ def prepare_image(job: SlurmJob, settings: Settings, reporter: Reporter) -> None
 def push(ref: str, endpoints: tuple[str, ...], reporter: Reporter) -> None:
     from nodekit import ship
 
+    src = ship.source_of(ref, None)
     targets = [ship.Target(name=e, endpoint=e) for e in endpoints]
     with ship.SharedSsh():
-        opened = ship.open_connections(targets)  # the engines' connections open while this machine reads its image
-        src = ship.source_of(ref, None)
-        plan = ship.plan_push(src, ship.survey(src, targets, opened=opened), here_zstd=ship.zstd_here())
+        plan = ship.plan_push(src, ship.survey(src, targets), here_zstd=ship.zstd_here())
         if all(s.action == "skip" for s in plan.steps):
             reporter.done(f"{ref} is already on every push_to engine")
             return
