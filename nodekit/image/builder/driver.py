@@ -17,7 +17,6 @@ So no step reads an image back out of an engine, and every layer a push may have
 
 from __future__ import annotations
 
-import contextlib
 import re
 import threading
 import time
@@ -168,14 +167,10 @@ def _make_layers(
         try:
             failed = next((f for f in as_completed(running) if f.exception() is not None), None)
         finally:
-            stop.set()  # a failure, or a signal in this thread: the other builds stop (their generators close)
+            stop.set()  # a failure, or a signal in this thread: buildx_export ends the other builds
         if failed is not None:
             raise cast("BaseException", failed.exception())
         return {name: f.result() for f, name in running.items()}
-
-
-class _Stopped(Exception):
-    """Another layer's build failed: this one stops (its BuildKit build is ended as its stream closes)."""
 
 
 class _OneAtATime:
@@ -251,7 +246,7 @@ def _build_stream(
             rep.step(m[2])
         rep.detail(line)
 
-    export = docker.buildx_export(
+    yield from docker.buildx_export(  # closed early (an error downstream): the build is ended
         plan.context,
         dockerfile=plan.dockerfile,
         target=target,
@@ -259,13 +254,8 @@ def _build_stream(
         build_args=dict(plan.build_args),
         no_cache=no_cache,
         on_line=progress,
-        stop=stop,
+        stop=stop,  # set: buildx_export ends the build, which then fails as a stopped build does
     )
-    with contextlib.closing(export):  # closed early (a stop, an error downstream): the build is ended
-        for chunk in export:
-            if stop is not None and stop.is_set():
-                raise _Stopped(target)
-            yield chunk
 
 
 def _load_here(tag: str, image: arch.Image, store: BlobStore, rep: Reporter) -> docker.ImageInfo:
