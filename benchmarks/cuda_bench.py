@@ -125,18 +125,19 @@ def step_seconds(log: str) -> dict[str, float]:
     nodekit builds each package layer in a BuildKit build of its own, and each build numbers its steps from 1. Builds
     that run at once tag their lines with the layer's name (``framework | #12 ...``), so a step is its tag and
     number; untagged lines (one build at a time) are read in order, a number meaning the step last started under it."""
+    step = r"(?:(\w+) \| )?#(\d+) "  # the optional tag, the step number
     open_steps: dict[tuple[str, str], str] = {}
     seconds: dict[str, float] = {}
     for line in log.splitlines():
-        if m := re.search(r"(?:(\w+) \| )?#(\d+) \[[^\]]*\] RUN --mount=type=bind,from=(\w+)", line):
+        if m := re.search(step + r"\[[^\]]*\] RUN --mount=type=bind,from=(\w+)", line):
             open_steps[m[1] or "", m[2]] = m[3]
-        elif (m := re.search(r"(?:(\w+) \| )?#(\d+) (DONE ([\d.]+)s|CACHED)", line)) and (
-            m[1] or "",
-            m[2],
-        ) in open_steps:
-            ctx = open_steps.pop((m[1] or "", m[2]))
-            if m[4]:
-                seconds[step_name(f"from={ctx},")] = float(m[4])
+        # A CACHED step closes its step too (the pop), with no time to keep.
+        elif (
+            (m := re.search(step + r"(DONE ([\d.]+)s|CACHED)", line))
+            and (ctx := open_steps.pop((m[1] or "", m[2]), None))
+            and m[4]
+        ):
+            seconds[step_name(f"from={ctx},")] = float(m[4])
     return seconds
 
 

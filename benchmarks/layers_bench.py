@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._project import copy_demo, exit_on_signals  # noqa: E402
+from benchmarks._shipcluster import engine_of  # noqa: E402
 from nodekit.config.settings import load  # noqa: E402
 from nodekit.image.blobs import BlobStore  # noqa: E402
 from nodekit.image.builder import driver  # noqa: E402
@@ -35,15 +36,9 @@ from nodekit.image.plan import PACKAGE_LAYERS  # noqa: E402
 from nodekit.image.probe import target as probe_target  # noqa: E402
 from nodekit.system.progress import NullReporter  # noqa: E402
 
-ENGINES = {"classic": None, "containerd": "unix:///run/nodekit-engine-sid/containerd/docker.sock"}
-
 
 def one_store(store: str, pairs: int) -> dict[str, list[float]]:
-    host = ENGINES[store]
-    if host is None:
-        os.environ.pop("DOCKER_HOST", None)
-    else:
-        os.environ["DOCKER_HOST"] = host
+    os.environ["DOCKER_HOST"] = engine_of(store)  # checks the engine keeps images in that store
     project = copy_demo("nk-layers-bench.")
     rep = NullReporter()
     settings = load(project / "nodekit.toml")
