@@ -7,7 +7,10 @@ Every build is ``--no-cache`` (each layer installed again; the wheelhouse is alr
 per pair, the blob store is a fresh one each time. Prints one line per build and the medians; the figures in
 docs/benchmarks.md ("Package layers built at once") come from its output.
 
-    nk-heavy .venv/bin/python benchmarks/layers_bench.py [--pairs 2] [--stores classic,containerd]
+Each build must end within ``--deadline`` seconds (600; a cold demo build takes under 60), else the bench stops
+and names it.
+
+    nk-heavy .venv/bin/python benchmarks/layers_bench.py [--pairs 2] [--stores classic,containerd] [--deadline 600]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -37,7 +41,18 @@ from nodekit.image.probe import target as probe_target  # noqa: E402
 from nodekit.system.progress import NullReporter  # noqa: E402
 
 
-def one_store(store: str, pairs: int) -> dict[str, list[float]]:
+def deadline(seconds: int, what: str) -> None:
+    """From now, ``what`` ends by ``seconds`` (0: no deadline): past it, SystemExit naming it, in the main thread, so
+    that the builds in flight are ended as on Ctrl-C (their streams close, their children are ended)."""
+
+    def over(_signum: int, _frame: object) -> None:
+        raise SystemExit(f"layers bench: {what} did not end within {seconds} s")
+
+    signal.signal(signal.SIGALRM, over)
+    signal.alarm(seconds)
+
+
+def one_store(store: str, pairs: int, limit: int) -> dict[str, list[float]]:
     os.environ["DOCKER_HOST"] = engine_of(store)  # checks the engine keeps images in that store
     project = copy_demo("nk-layers-bench.")
     rep = NullReporter()
@@ -53,6 +68,7 @@ def one_store(store: str, pairs: int) -> dict[str, list[float]]:
             for how in order:
                 blobs = Path(tempfile.mkdtemp(prefix="nk-layers-blobs.", dir=project))
                 store_ = BlobStore(blobs)
+                deadline(limit, f"the {store} store's build of the layers {how}")
                 t0 = time.monotonic()
                 if how == "at once":
                     driver._make_layers(plan, PACKAGE_LAYERS, store_, rep, no_cache=True)
@@ -60,6 +76,7 @@ def one_store(store: str, pairs: int) -> dict[str, list[float]]:
                     for layer in PACKAGE_LAYERS:
                         driver._make_layers(plan, [layer], store_, rep, no_cache=True)
                 took = time.monotonic() - t0
+                signal.alarm(0)
                 times[how].append(round(took, 1))
                 print(f"layers bench: {store} store, {how}: {took:.1f} s", flush=True)
                 shutil.rmtree(blobs, ignore_errors=True)
@@ -72,12 +89,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--stores", default="classic,containerd")
+    parser.add_argument("--deadline", type=int, default=600, help="seconds each build may take (default 600)")
     args = parser.parse_args()
     exit_on_signals()
     print(f"layers bench: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load {os.getloadavg()}, "
           f"{os.cpu_count()} cores", flush=True)  # fmt: skip
     for store in args.stores.split(","):
-        times = one_store(store, args.pairs)
+        times = one_store(store, args.pairs, args.deadline)
         med = {how: statistics.median(v) for how, v in times.items()}
         print(f"layers bench: {store} store: one by one {med['one by one']:.1f} s {times['one by one']}, at once "
               f"{med['at once']:.1f} s {times['at once']}: {med['one by one'] - med['at once']:+.1f} s saved",
