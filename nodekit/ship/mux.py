@@ -33,6 +33,9 @@ from nodekit.system import proc, ssh
 PERSIST_S = 30
 """A master outlives its last call by this much at most (it is told to exit when the push ends anyway)."""
 
+PREFIX = "nkssh."
+"""A push's directory is PREFIX + its process's PID + "." + a random part."""
+
 _lock = threading.Lock()
 _depth = 0
 
@@ -57,8 +60,11 @@ class SharedSsh:
             real = shutil.which("ssh", path=proc.environ().get("PATH"))
             if real is None:
                 return self
-            # Short: a unix socket path is at most 107 bytes, and %C is 40 of them.
-            self.dir = Path(tempfile.mkdtemp(prefix="nkssh.", dir="/tmp" if os.path.isdir("/tmp") else None))
+            # Short: a unix socket path is at most 107 bytes, and %C is 40 of them. The owner's PID in the name lets
+            # a later push remove what a killed one (SIGKILL: no __exit__) left: its ssh wrapper and dead sockets.
+            parent = Path("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir())
+            sweep(parent, real)
+            self.dir = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}.", dir=parent))
             wrapper = self.dir / "ssh"
             wrapper.write_text(ssh.shared_wrapper(real, str(self.dir), PERSIST_S))
             wrapper.chmod(0o755)
@@ -87,3 +93,33 @@ def close_masters(d: Path, real_ssh: str) -> int:
         with contextlib.suppress(OSError, DeadlineError):
             proc.run(ssh.exit_master(real_ssh, str(sock)), deadline=10, what="ssh -O exit", fix="", stdin="devnull")
     return len(socks)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive, and its directory is not ours anyway
+    return True
+
+
+def sweep(parent: Path, real_ssh: str) -> list[Path]:
+    """Remove the directories under ``parent`` that a push of this user left when its process died without
+    cleaning up (the PID in the name is gone): any master still persisting there is told to exit first. Returns
+    those removed. A directory of a live process, another user's, or one without a PID in its name is left."""
+    removed = []
+    uid = os.getuid()
+    with contextlib.suppress(OSError):
+        for d in parent.glob(f"{PREFIX}*.*"):
+            pid = d.name[len(PREFIX) :].split(".", 1)[0]
+            with contextlib.suppress(OSError):
+                if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                    continue
+                if not d.is_dir() or d.is_symlink() or d.lstat().st_uid != uid:
+                    continue
+                close_masters(d, real_ssh)
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+    return removed
