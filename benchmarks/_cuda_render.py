@@ -115,7 +115,8 @@ def bump_part(u: Mapping[str, Any]) -> list[str]:
 
 def ship_part(rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """The shipping rows of every store in one table, each store's runs, the verdicts of issue 27 per store."""
-    objs = [Row(**{k: v for k, v in r.items() if k in Row.__dataclass_fields__}) for r in rows]
+    objs = [Row(**{k: tuple(v) if k == "samples" else v for k, v in r.items() if k in Row.__dataclass_fields__})
+            for r in rows]  # fmt: skip
     peaks = {(r.get("store", "classic"), r["case"], r["targets"]): int(r.get("disk_peak", 0)) for r in rows
              if r.get("how") == "layers"}  # fmt: skip
     mbit = objs[0].mbit if objs else 1000

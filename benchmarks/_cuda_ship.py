@@ -136,9 +136,11 @@ def phase_wire(state: dict[str, Any], store: str, codecs: list[str], save: Save)
                    blobs=blobs, save=save)  # fmt: skip
 
 
-def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save) -> None:
-    """Cases a, b, c to ``n`` empty targets with nodekit, relayed as by default, links at ``mbit``."""
+def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save, repeats: int = 1) -> None:
+    """Cases a, b, c to ``n`` empty targets with nodekit, relayed as by default, links at ``mbit``; c ``repeats``
+    times (the row's time is the median)."""
     from benchmarks._shipcluster import ShipCluster
+    from benchmarks.stats import median
 
     tags, blobs, size = _built(state)
     check_disk(disk_need(size, n, staging=not _staged(state, store)), f"{n} targets on the {store} store")
@@ -149,16 +151,24 @@ def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save)
         for case in "abc":
             with DiskWatch(DATA) as disk:
                 got = c.push(tags[case], c.targets, source=source, blobs=blobs)
-            row = Row(case, "layers", n, mbit, got.seconds, got.link_bytes, got.sent, got.note(n), store)
-            _record(state, save, row, disk_peak=disk.peak_used)
+            samples, sent = [got.seconds], [got.link_bytes]
+            for _ in range(repeats - 1 if case == "c" else 0):  # again from the version below it on the targets
+                c.remove(c.targets, [tags[case]])
+                again = c.push(tags[case], c.targets, source=source, blobs=blobs)
+                samples.append(again.seconds)
+                sent.append(again.link_bytes)
+            row = Row(case, "layers", n, mbit, median(samples), got.link_bytes, got.sent, got.note(n), store,
+                      tuple(samples))  # fmt: skip
+            _record(state, save, row, disk_peak=disk.peak_used, sample_link_bytes=sent)
     _run_facts(state, store, "ship", n, t0, load_start)
     save(state)
 
 
-def phase_anchor(state: dict[str, Any], store: str, n: int, mbit: int, save: Save) -> None:
+def phase_anchor(state: dict[str, Any], store: str, n: int, mbit: int, save: Save, repeats: int = 1) -> None:
     """The registry anchor on ``store``: each version pushed once by the store's engine (the first time this phase
-    runs for the store), then pulled by ``n`` empty targets, links at ``mbit``."""
+    runs for the store), then pulled by ``n`` empty targets, links at ``mbit``; c pulled ``repeats`` times."""
     from benchmarks._shipcluster import ShipCluster, registry_bytes, registry_push
+    from benchmarks.stats import median
     from nodekit.system import docker
 
     tags, _, size = _built(state)
@@ -179,9 +189,16 @@ def phase_anchor(state: dict[str, Any], store: str, n: int, mbit: int, save: Sav
         c.shape(mbit)
         c.registry_for_targets(regdir)
         for case in "abc":
-            seconds, link = c.pull(f"localhost:5000/{REPO}:{case}", c.targets, identity[case])
-            push_s = facts["registry_push_s"][case]
+            ref, push_s = f"localhost:5000/{REPO}:{case}", facts["registry_push_s"][case]
+            seconds, link = c.pull(ref, c.targets, identity[case])
+            samples, sent = [round(push_s + seconds, 2)], [link]
+            for _ in range(repeats - 1 if case == "c" else 0):  # again from the version below it on the targets
+                c.remove(c.targets, [ref])
+                again_s, again_link = c.pull(ref, c.targets, identity[case])
+                samples.append(round(push_s + again_s, 2))
+                sent.append(again_link)
             note = f"head's docker push {push_s:.1f} s (once) + pulls {seconds:.1f} s"
-            _record(state, save, Row(case, "registry", n, mbit, round(push_s + seconds, 2), link, None, note, store))
+            row = Row(case, "registry", n, mbit, median(samples), link, None, note, store, tuple(samples))
+            _record(state, save, row, sample_link_bytes=sent)
     _run_facts(state, store, "anchor", n, t0, load_start)
     save(state)

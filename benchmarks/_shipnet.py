@@ -50,7 +50,8 @@ class Row:
     """One measured push: ``case`` a, b or c; ``how`` layers, direct, whole or registry; seconds from the command to
     the image on every target; bytes the head's link sent; bytes nodekit counted into the targets' loads (None for a
     registry pull); ``extra`` a note (the registry's own push time, the stream's codec); ``store`` the image store of
-    the head and of every target (rows written before there were two say nothing: classic)."""
+    the head and of every target (rows written before there were two say nothing: classic); ``samples`` every time
+    measured where the case was repeated (``seconds`` is then their median; the other figures are the first's)."""
 
     case: str
     how: str
@@ -61,6 +62,7 @@ class Row:
     nodekit_bytes: int | None = None
     extra: str = ""
     store: str = "classic"
+    samples: tuple[float, ...] = ()
 
 
 CASES = {
@@ -101,8 +103,9 @@ def table(rows: Sequence[Row], cases: Mapping[str, str] = CASES) -> list[str]:
     ]
     for r in rows:
         counted = mib(r.nodekit_bytes) if r.nodekit_bytes is not None else "-"
+        time = f"{r.seconds:.1f} s" + (f" (median of {len(r.samples)})" if len(r.samples) > 1 else "")
         lines.append(
-            f"| {cases[r.case]} | {r.targets} | {r.store} | {HOWS[r.how]} | {r.mbit} Mbit/s | {r.seconds:.1f} s | "
+            f"| {cases[r.case]} | {r.targets} | {r.store} | {HOWS[r.how]} | {r.mbit} Mbit/s | {time} | "
             f"{mib(r.link_bytes)} | {counted} | {r.extra} |"
         )
     return lines
@@ -153,6 +156,9 @@ def verdicts(
         if c is None or reg is None:
             absent(f"the package change (c) to {n} node(s) faster than the registry anchor", f"(c) to {n} node(s) "
                    "with its registry row")  # fmt: skip
+        elif min(len(c.samples), len(reg.samples)) >= MIN_SAMPLES:
+            out.append(f"- {store}: the package change (c) to {n} node{'s' if n > 1 else ''} faster than the registry "
+                       f"anchor: {_decided(c.samples, reg.samples)}")  # fmt: skip
         else:
             ok = "met" if c.seconds < reg.seconds else "NOT met"
             out.append(f"- {store}: the package change (c) to {n} node{'s' if n > 1 else ''} faster than the registry "
@@ -171,6 +177,23 @@ def verdicts(
         out.append(f"- {store}: the head's bytes for (a) to 4 nodes within 1.2x the image's compressed size "
                    f"({mib(image_wire)}): **{ok}**, {mib(a4.link_bytes)} ({ratio:.2f}x).")  # fmt: skip
     return out
+
+
+MIN_SAMPLES = 3
+"""Repeated rows with at least this many samples on both sides are decided on an interval, not on one sample."""
+
+
+def _decided(ours: Sequence[float], anchor: Sequence[float]) -> str:
+    """Whether ours is faster than the anchor, decided on the 95% bootstrap interval of median(ours) minus
+    median(anchor): met when the whole interval is below 0 s, NOT met when it is wholly at or above, else undecided;
+    with every sample."""
+    from benchmarks.stats import difference_of_medians, median
+
+    iv = difference_of_medians(anchor, ours, seed=27)
+    status = "met" if iv.high < 0 else "NOT met" if iv.low >= 0 else "undecided"
+    return (f"**{status}**, median {median(ours):.1f} s vs {median(anchor):.1f} s, difference {iv.estimate:+.1f} s "
+            f"[{iv.low:+.1f}, {iv.high:+.1f}] (95% interval; nodekit {', '.join(f'{x:.1f}' for x in ours)}; "
+            f"registry {', '.join(f'{x:.1f}' for x in anchor)}).")  # fmt: skip
 
 
 def by_store(rows: Sequence[Row], fmt: Callable[[Row], str], *, case: str, how: str, targets: int, mbit: int) -> str:

@@ -275,6 +275,9 @@ def main() -> int:
     )
     parser.add_argument("--counts", default="1,2,4", help="ship, anchor: target counts (default 1,2,4)")
     parser.add_argument("--mbit", type=int, default=1000)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="ship, anchor: times the package change (c) is measured (default 1; 3 or more decide "
+                        "it against the registry on an interval)")  # fmt: skip
     parser.add_argument("--codecs", default="auto,gzip,none", help="wire phase: --compress values (default all)")
     parser.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/")
     opts = parser.parse_args()
@@ -311,7 +314,7 @@ def main() -> int:
             run = _cuda_ship.phase_ship if phase == "ship" else _cuda_ship.phase_anchor
             for store in stores:
                 for n in sorted({int(c) for c in opts.counts.split(",")}):
-                    run(state, store, n, opts.mbit, save_state)
+                    run(state, store, n, opts.mbit, save_state, max(1, opts.repeats))
         save_state(state)
     section = _cuda_render.render(state)
     print(section)

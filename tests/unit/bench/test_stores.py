@@ -3,6 +3,8 @@ issue 27's verdicts per store, the disk a phase needs, the runs a section names)
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks._project import kept
@@ -117,3 +119,24 @@ def test_a_phase_run_again_replaces_its_rows_and_keeps_the_others() -> None:
     got = kept(rows, {"store": "classic", "case": "a", "n": 1, "s": 3.0}, ("store", "case", "n"))
     assert got == [rows[1], {"store": "classic", "case": "a", "n": 1, "s": 3.0}]
     assert kept(got, {"store": "classic", "case": "b", "n": 1}, ("store", "case", "n"))[:2] == got
+
+
+def test_a_repeated_package_change_is_decided_on_an_interval_not_on_one_sample() -> None:
+    def pair(ours: tuple[float, ...], reg: tuple[float, ...]) -> list[Row]:
+        return [Row("c", "layers", 1, 1000, 0.0, 0, 0, "", "containerd", ours),
+                Row("c", "registry", 1, 1000, 0.0, 0, None, "", "containerd", reg)]  # fmt: skip
+
+    def line(ours: tuple[float, ...], reg: tuple[float, ...]) -> str:
+        (got,) = verdicts(pair(ours, reg), store="containerd", mbit=1000, against_registry=True)
+        return got
+
+    faster = line((4.0, 4.2, 3.9, 4.1, 4.0), (5.1, 5.3, 5.0, 5.2, 5.4))
+    assert "**met**, median 4.0 s vs 5.2 s, difference -1.2 s [" in faster
+    assert "nodekit 4.0, 4.2, 3.9, 4.1, 4.0; registry 5.1, 5.3, 5.0, 5.2, 5.4" in faster
+    assert "**NOT met**" in line((5.1, 5.3, 5.0, 5.2, 5.4), (4.0, 4.2, 3.9, 4.1, 4.0))
+    # one sample each side ahead, the other behind: the interval spans 0 s
+    assert "**undecided**" in line((4.0, 5.5, 4.1, 5.4, 4.8), (4.9, 4.2, 5.3, 4.0, 5.0))
+    # fewer than 3 samples on a side: the single-sample comparison of the rows' times, as before
+    (single,) = verdicts([replace(r, seconds=s, samples=(s,)) for r, s in zip(pair((), ()), (3.0, 4.0), strict=True)],
+                         store="containerd", mbit=1000, against_registry=True)  # fmt: skip
+    assert single.endswith("**met**, 3.0 s vs 4.0 s.")
