@@ -113,12 +113,26 @@ def bump_part(u: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _cpu_note(cpu: tuple[float, float] | None, seconds: float) -> str:
+    """How busy this machine's cores were while a push ran (every virtual host shares them)."""
+    if cpu is None:
+        return ""
+    busy, iowait = cpu
+    there = (os.cpu_count() or 1) * seconds
+    return (
+        f" This machine's {os.cpu_count()} cores were busy {busy:.0f} of the {there:.0f} CPU seconds the push "
+        f"took ({busy / max(there, 1e-9):.0%}), and waited {iowait:.0f} s more on the disk."
+    )
+
+
 def ship_part(rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """The shipping rows of every store in one table, each store's runs, the verdicts of issue 27 per store."""
     objs = [Row(**{k: tuple(v) if k == "samples" else v for k, v in r.items() if k in Row.__dataclass_fields__})
             for r in rows]  # fmt: skip
     peaks = {(r.get("store", "classic"), r["case"], r["targets"]): int(r.get("disk_peak", 0)) for r in rows
              if r.get("how") == "layers"}  # fmt: skip
+    cpus = {(r.get("store", "classic"), r["case"], r["targets"]): (r["cpu_busy_s"], r.get("cpu_iowait_s", 0.0))
+            for r in rows if r.get("how") == "layers" and "cpu_busy_s" in r}  # fmt: skip
     mbit = objs[0].mbit if objs else 1000
     size = int(b["v1"]["size"])
     stores = [s for s in STORES if any(r.store == s for r in objs)]
@@ -157,7 +171,7 @@ def ship_part(rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any], b: Ma
                        f"{mib(a.nodekit_bytes or 0)}). While the targets loaded it, this machine's free disk fell by "
                        f"{gb(peak)} at the lowest, {peak / max(n * size, 1):.2f}x the image per target (the disk is "
                        "shared with other work, so this is an upper bound). The plan asks each target for 2.2x what "
-                       "it lacks before anything moves.")  # fmt: skip
+                       "it lacks before anything moves." + _cpu_note(cpus.get((s, "a", n)), a.seconds))  # fmt: skip
     for s in stores:
         b1, c1 = find(objs, "b", "layers", 1, mbit, s), find(objs, "c", "layers", 1, mbit, s)
         if b1 is not None and c1 is not None:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks._project import kept, loadavg, now_utc
+from benchmarks._project import cpu_s, kept, loadavg, now_utc
 from benchmarks._shipnet import Row, disk_need
 
 CLUSTER = "nkg"
@@ -149,8 +149,10 @@ def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save,
     with ShipCluster(CLUSTER, n, store, Path(state["work"])) as c:
         c.shape(mbit)
         for case in "abc":
+            cpu0 = cpu_s()
             with DiskWatch(DATA) as disk:
                 got = c.push(tags[case], c.targets, source=source, blobs=blobs)
+            busy, iowait = (round(b - a, 1) for a, b in zip(cpu0, cpu_s(), strict=True))
             samples, sent = [got.seconds], [got.link_bytes]
             for _ in range(repeats - 1 if case == "c" else 0):  # again from the version below it on the targets
                 c.remove(c.targets, [tags[case]])
@@ -159,7 +161,8 @@ def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save,
                 sent.append(again.link_bytes)
             row = Row(case, "layers", n, mbit, median(samples), got.link_bytes, got.sent, got.note(n), store,
                       tuple(samples))  # fmt: skip
-            _record(state, save, row, disk_peak=disk.peak_used, sample_link_bytes=sent)
+            _record(state, save, row, disk_peak=disk.peak_used, sample_link_bytes=sent, cpu_busy_s=busy,
+                    cpu_iowait_s=iowait)  # fmt: skip
     _run_facts(state, store, "ship", n, t0, load_start)
     save(state)
 
@@ -183,7 +186,13 @@ def phase_anchor(state: dict[str, Any], store: str, n: int, mbit: int, save: Sav
         facts["registry_push_s"] = registry_push(regdir, source, tags, REPO)
         facts["registry_bytes_all_versions"] = registry_bytes(regdir)
         save(state)
-    identity = {case: docker.require_image(tag, source).identity for case, tag in tags.items()}
+    # What each pull must give, asked of the source once per image (by tag: a new build has new tags), so that a
+    # later count can run after the source's copies were removed to give the targets the disk.
+    known = facts.setdefault("identity", {})
+    if any(tag not in known for tag in tags.values()):
+        known.update({tag: docker.require_image(tag, source).identity for tag in tags.values()})
+        save(state)
+    identity = {case: known[tag] for case, tag in tags.items()}
     t0, load_start = time.monotonic(), loadavg()
     with ShipCluster(CLUSTER, n, store, work) as c:
         c.shape(mbit)

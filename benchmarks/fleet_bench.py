@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import fleet_phases, stats  # noqa: E402
-from benchmarks._project import loadavg, now_utc, read_state, write_state  # noqa: E402
+from benchmarks._project import busy_cpu_s, loadavg, now_utc, read_state, write_state  # noqa: E402
 
 FIRST_STEP = "ddp-demo: first step done"
 FINAL = "| final loss "  # rank 0's last line: the job has ended there
@@ -51,16 +51,6 @@ TARGET_S = 1.5
 DOC = ROOT / "docs" / "fleet-bench.md"
 BEFORE = "\n## Before"
 JOB = ["--epochs", "1", "--step-times"]
-
-
-def busy_cpu_s() -> float:
-    """CPU seconds this machine has spent busy since boot (every core; /proc/stat's user, nice, system, irq, softirq
-    and steal): the difference of two readings is what every process used between them, the hosts' sshd, dockerd
-    and containers included."""
-    with open("/proc/stat") as f:
-        fields = f.readline().split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 class Tail:
