@@ -5,6 +5,7 @@ push pipeline against the raw copy, and no text from before every layer was in t
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from benchmarks import _cuda_render, _ship_render
@@ -92,7 +93,14 @@ def test_the_cuda_section_judges_the_package_change_against_the_registry_per_sto
         "ship_rows": _rows("classic", 1.0) + _rows("containerd", 1.6),
         "ship_facts": facts,
     }
+    # a row that measured the machine's CPU while it ran: the containerd (a) to 4 (76.8 s)
+    (a4,) = [r for r in state["ship_rows"] if (r["store"], r["case"], r["targets"]) == ("containerd", "a", 4)]
+    a4 |= {"cpu_busy_s": 150.0, "cpu_iowait_s": 2.0}
     text = _cuda_render.render(state)
+    cores = os.cpu_count() or 1
+    assert (f"This machine's {cores} cores were busy 150 of the {cores * 76.8:.0f} CPU seconds the push took "
+            f"({150 / (cores * 76.8):.0%}), and waited 2 s more on the disk.") in text  # fmt: skip
+    assert text.count("cores were busy") == 1  # rows without the figure say nothing of it
     faster = "the package change (c) to {} faster than the registry anchor: **{}**, {} s vs {} s"
     assert "- classic: " + faster.format("1 node", "met", 9.0, 14.0) in text
     assert "- classic: " + faster.format("4 nodes", "NOT met", 20.0, 19.0) in text
