@@ -217,7 +217,7 @@ def render(state: Mapping[str, Any]) -> str:
         "$C --phase ship --stores classic --counts 1 --repeats 10    # ~3 min; --counts 4 ~7",
         "$C --phase anchor --stores classic --counts 1 --repeats 10  # ~5 min (the store's pushes, once); then 4",
         "# the same wire, ship and anchor lines with --stores containerd; where 4 targets do not fit beside the",
-        "# registry, --disk-factor 2.0 (the 4-target runs peaked at 1.9 images per target)",
+        "# registry, --disk-factor 2.0 (the 4-target runs peaked at 1.9 to 2.0 images per target)",
         "$C --phase clean",
         "```",
         "",

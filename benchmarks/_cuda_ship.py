@@ -32,7 +32,7 @@ REPO = "nodekit/cuda-bench"
 GIB = 1 << 30
 DISK_FACTOR = 2.2
 """What each target is assumed to hold at its peak, in images (nodekit's plan asks for 2.2x; the 4-target runs of
-2026-11-27 peaked at 1.89 and 1.92x): cuda_bench's --disk-factor sets it for a disk that 2.2x does not fit."""
+2026-11-27 peaked at 1.89 to 2.02x): cuda_bench's --disk-factor sets it for a disk that 2.2x does not fit."""
 
 Save = Callable[[dict[str, Any]], None]
 

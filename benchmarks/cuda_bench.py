@@ -281,7 +281,7 @@ def main() -> int:
     parser.add_argument("--codecs", default="auto,gzip,none", help="wire phase: --compress values (default all)")
     parser.add_argument("--disk-factor", type=float, default=DISK_FACTOR,
                         help="wire, ship, anchor: the free disk asked per target, in images (default 2.2, as "
-                        "nodekit's plan; the 4-target runs peaked at 1.9)")  # fmt: skip
+                        "nodekit's plan; the 4-target runs peaked at 1.9 to 2.0)")  # fmt: skip
     parser.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/")
     opts = parser.parse_args()
     from benchmarks import _cuda_render, _cuda_ship
