@@ -20,6 +20,7 @@ from typing import Any
 from nodekit.errors import UsageError
 from nodekit.runs.model import RunRecord
 from nodekit.system.files import write_atomic
+from nodekit.system.proc import alive as alive  # `nodekit runs` asks store.alive of each record's writer
 
 RUNS = Path(".nodekit") / "runs"
 RECORD = "run.json"
@@ -74,17 +75,6 @@ def find(root: Path, wanted: str) -> Path:
         what = "no run" if not matches else f"{len(matches)} runs"
         raise UsageError(f"{what} with id {wanted!r} in {root}", fix="nodekit runs lists them; give more of the id")
     return root / matches[0]
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def prune(root: Path, keep: int, *, spare: str = "") -> list[str]:

@@ -95,16 +95,6 @@ def close_masters(d: Path, real_ssh: str) -> int:
     return len(socks)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive, and its directory is not ours anyway
-    return True
-
-
 def sweep(parent: Path, real_ssh: str) -> list[Path]:
     """Remove the directories under ``parent`` that a push of this user left when its process died without
     cleaning up (the PID in the name is gone): any master still persisting there is told to exit first. Returns
@@ -115,7 +105,7 @@ def sweep(parent: Path, real_ssh: str) -> list[Path]:
         for d in parent.glob(f"{PREFIX}*.*"):
             pid = d.name[len(PREFIX) :].split(".", 1)[0]
             with contextlib.suppress(OSError):
-                if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                if not pid.isdigit() or int(pid) == os.getpid() or proc.alive(int(pid)):
                     continue
                 if not d.is_dir() or d.is_symlink() or d.lstat().st_uid != uid:
                     continue

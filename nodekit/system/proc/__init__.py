@@ -20,7 +20,7 @@ that one function (tests/unit/conftest.py, fake_runner).
 
 from __future__ import annotations
 
-from nodekit.system.proc.children import Child, live, terminate_all
+from nodekit.system.proc.children import Child, alive, live, terminate_all
 from nodekit.system.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Stall, Unbounded, hung, stalled
 from nodekit.system.proc.env import environ, extra_env, overlay
 from nodekit.system.proc.signals import STOP_SIGNALS, Interrupted, interrupted, stopping
@@ -37,6 +37,7 @@ __all__ = [
     "Stall",
     "Stdio",
     "Unbounded",
+    "alive",
     "command_prefix",
     "environ",
     "extra_env",

@@ -208,3 +208,14 @@ def terminate_all(grace: float = 5.0) -> int:
     for c in children:
         c.sweep()
     return len(children)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this machine (one of another user's counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
