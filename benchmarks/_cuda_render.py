@@ -9,7 +9,7 @@ from typing import Any
 
 from benchmarks import _wire
 from benchmarks._project import DOCS, replace_section
-from benchmarks._shipnet import STORES, Row, find, mib, ordered, store_runs, table, verdicts
+from benchmarks._shipnet import STORES, Row, find, mib, ordered, store_runs, table, verdicts, wire_seconds
 
 TITLE = "## The CUDA image (examples/cuda): building, changing and shipping 6 GB"
 BEFORE = "## Method: the benchmark that decides (issue 13)"  # the section goes right after the small image's
@@ -190,6 +190,42 @@ def ship_part(rows: Sequence[Mapping[str, Any]], facts: Mapping[str, Any], b: Ma
     return out
 
 
+def relay_part(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The relay phase: the whole image to 1 and to 4 nodes with every link slow enough that the wire sets the pace,
+    the machine's CPU while each push ran, and issue 27's 1.3x per store."""
+    objs = [Row(**{k: v for k, v in r.items() if k in Row.__dataclass_fields__}) for r in rows]
+    cores = os.cpu_count() or 1
+    out = [
+        "**Where the link sets the pace** (`--phase relay`): the whole image alone, to 1 node and to 4 empty nodes, "
+        "with every host's veth limited to a rate at which the wire takes longer than 4 targets' loads need of this "
+        f"machine's {cores} cores (at 1000 Mbit/s above, the cores set the pace). *the wire alone* is the head's "
+        "bytes at that rate; *cores busy* is the share of the machine's CPU seconds used while the push ran.",
+        "",
+        "| store | targets | link | time | head's link sent | the wire alone | cores busy | measured | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r, raw in sorted(zip(objs, rows, strict=True), key=lambda p: (STORES.index(p[0].store), p[0].mbit,
+                                                                        p[0].targets)):  # fmt: skip
+        busy = f"{raw['cpu_busy_s'] / max(cores * r.seconds, 1e-9):.0%}" if "cpu_busy_s" in raw else "-"
+        when = f"{raw.get('measured', '?')}, load {raw.get('load_start', '?')}"
+        out.append(f"| {r.store} | {r.targets} | {r.mbit} Mbit/s | {r.seconds:.1f} s | {mib(r.link_bytes)} | "
+                   f"{wire_seconds(r.link_bytes, r.mbit):.1f} s | {busy} | {when} | {r.extra} |")  # fmt: skip
+    out += ["", "Issue 27's target where the link sets the pace:", ""]
+    for st in [s for s in STORES if any(r.store == s for r in objs)]:
+        for mbit in sorted({r.mbit for r in objs if r.store == st}):
+            one, four = find(objs, "a", "layers", 1, mbit, st), find(objs, "a", "layers", 4, mbit, st)
+            if one is None or four is None:
+                out.append(f"- {st}, {mbit} Mbit/s: not decided, this run lacks (a) to 1 node or to 4.")
+                continue
+            ratio = four.seconds / one.seconds
+            ok = "met" if ratio <= 1.3 else "NOT met"
+            out.append(f"- {st}: the whole CUDA image (a) to 4 nodes within 1.3x the time to 1 node, every link at "
+                       f"{mbit} Mbit/s: **{ok}**, {four.seconds:.1f} s vs {one.seconds:.1f} s ({ratio:.2f}x); the "
+                       f"head's link carried {mib(four.link_bytes)} for 4 nodes, "
+                       f"{mib(one.link_bytes)} for one.")  # fmt: skip
+    return [*out, ""]
+
+
 def render(state: Mapping[str, Any]) -> str:
     lines = [TITLE, ""]
     b = state.get("build")
@@ -199,6 +235,8 @@ def render(state: Mapping[str, Any]) -> str:
         lines += bump_part(state["bump"])
     if state.get("ship_rows") and b:
         lines += ship_part(state["ship_rows"], state.get("ship_facts", {}), b)
+    if state.get("relay_rows"):
+        lines += relay_part(state["relay_rows"])
     lines += _wire.part(_wire.rows_of(state.get("wire", [])), state.get("wire_facts", {}), "CUDA image")
     lines += [
         GPU_NOTE,
@@ -216,7 +254,8 @@ def render(state: Mapping[str, Any]) -> str:
         "$C --phase wire --stores classic --codecs auto,none    # ~8 min; then --codecs gzip (~7 min)",
         "$C --phase ship --stores classic --counts 1 --repeats 10    # ~3 min; --counts 4 ~7",
         "$C --phase anchor --stores classic --counts 1 --repeats 10  # ~5 min (the store's pushes, once); then 4",
-        "# the same wire, ship and anchor lines with --stores containerd; where 4 targets do not fit beside the",
+        "$C --phase relay --stores classic --counts 1,4              # ~10 min: links at 100 Mbit/s",
+        "# the same wire, ship, anchor and relay lines with --stores containerd; where 4 targets do not fit beside the",
         "# registry, --disk-factor 2.0 (the 4-target runs peaked at 1.9 to 2.0 images per target)",
         "$C --phase clean",
         "```",

@@ -219,3 +219,29 @@ def phase_anchor(state: dict[str, Any], store: str, n: int, mbit: int, save: Sav
             _record(state, save, row, sample_link_bytes=sent)
     _run_facts(state, store, "anchor", n, t0, load_start)
     save(state)
+
+
+def phase_relay(state: dict[str, Any], store: str, n: int, mbit: int, save: Save) -> None:
+    """The whole image (a) alone to ``n`` empty targets with every link at ``mbit``, a rate at which the wire and
+    not the machine's shared cores sets the pace: the relay's 1.3x from 1 node to 4 (issue 27), with the machine's
+    CPU while it ran (``relay_rows``)."""
+    from benchmarks._shipcluster import ShipCluster
+
+    tags, blobs, size = _built(state)
+    check_disk(disk_need(size, n, staging=not _staged(state, store), factor=DISK_FACTOR),
+               f"{n} targets on the {store} store")  # fmt: skip
+    source = _source(state, store, save)
+    t0, load_start = time.monotonic(), loadavg()
+    with ShipCluster(CLUSTER, n, store, Path(state["work"])) as c:
+        c.shape(mbit)
+        cpu0 = cpu_s()
+        with DiskWatch(DATA) as disk:
+            got = c.push(tags["a"], c.targets, source=source, blobs=blobs)
+        busy, iowait = (round(b - a, 1) for a, b in zip(cpu0, cpu_s(), strict=True))
+    row = Row("a", "layers", n, mbit, got.seconds, got.link_bytes, got.sent, got.note(n), store)
+    new = {**dataclasses.asdict(row), "cpu_busy_s": busy, "cpu_iowait_s": iowait, "disk_peak": disk.peak_used,
+           "measured": now_utc(), "load_start": load_start, "load_end": loadavg(),
+           "run_minutes": round((time.monotonic() - t0) / 60, 1)}  # fmt: skip
+    state["relay_rows"] = kept(state.get("relay_rows", []), new, ("store", "targets", "mbit"))
+    save(state)
+    print(f"cuda bench: relay {row} cpu {busy} s busy, {iowait} s iowait", flush=True)

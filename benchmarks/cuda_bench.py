@@ -20,6 +20,9 @@ the image is 6 GB per copy per engine):
   b: the code change, c: the package change) to N targets over real SSH, relayed, links limited to 1 Gbit/s.
 - ``anchor --stores S --counts N``: the registry anchor of the same run (the store's engine pushes each version once,
   every target pulls through an SSH tunnel from the head).
+- ``relay --stores S``: the whole image alone to 1 and to 4 empty nodes with every link at ``--relay-mbit`` (100
+  Mbit/s: the wire takes longer than 4 loads need of the machine's 2 cores), the relay's 1.3x where the link and not
+  the shared CPU sets the pace.
 - ``clean``: the run's images on both engines, its base, the registries, the projects and their blob stores.
 
     nk-heavy .venv/bin/python benchmarks/cuda_bench.py --phase ship --stores containerd --counts 1
@@ -46,7 +49,7 @@ from benchmarks._project import default_engine_env, exit_on_signals, read_state,
 
 WORK = Path(os.environ.get("NODEKIT_CUDA_BENCH_DIR", "/var/tmp/nodekit-cuda-bench"))
 STATE = WORK / "state.json"
-PHASES = ["bump", "build", "stage", "wire", "ship", "anchor", "clean"]
+PHASES = ["bump", "build", "stage", "wire", "ship", "anchor", "relay", "clean"]
 EXAMPLE = ROOT / "examples" / "cuda"
 RUN_BASE = "nodekit-bench/base"
 OLD_TORCH = ("torch==2.14.0", "torchvision==0.29.0")
@@ -279,8 +282,10 @@ def main() -> int:
                         help="ship, anchor: times the package change (c) is measured (default 1; 3 or more decide "
                         "it against the registry on an interval)")  # fmt: skip
     parser.add_argument("--codecs", default="auto,gzip,none", help="wire phase: --compress values (default all)")
+    parser.add_argument("--relay-mbit", type=int, default=100,
+                        help="relay: the links' rate, where the wire sets the pace (default 100)")  # fmt: skip
     parser.add_argument("--disk-factor", type=float, default=DISK_FACTOR,
-                        help="wire, ship, anchor: the free disk asked per target, in images (default 2.2, as "
+                        help="wire, ship, anchor, relay: the free disk asked per target, in images (default 2.2, as "
                         "nodekit's plan; the 4-target runs peaked at 1.9 to 2.0)")  # fmt: skip
     parser.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/")
     opts = parser.parse_args()
@@ -314,6 +319,10 @@ def main() -> int:
         elif phase == "wire":
             for store in stores:
                 _cuda_ship.phase_wire(state, store, codecs, save_state)
+        elif phase == "relay":
+            for store in stores:
+                for n in sorted({int(c) for c in opts.counts.split(",")} & {1, 4}):
+                    _cuda_ship.phase_relay(state, store, n, opts.relay_mbit, save_state)
         elif phase in ("ship", "anchor"):
             run = _cuda_ship.phase_ship if phase == "ship" else _cuda_ship.phase_anchor
             for store in stores:

@@ -145,3 +145,23 @@ def test_the_relay_section_judges_4_nodes_against_1_per_store_and_is_empty_witho
     assert "| classic | 4 | 40 Mbit/s | 80.0 s | 331.0 MiB | 69.4 s | zstd stream, relayed to 3 of 4 |" in text
     assert _ship_render.render_relay({"relay": [dataclasses.asdict(rows[1])]}).count("not decided") == 1
     assert _ship_render.render_relay({"rows": []}) == ""
+
+
+def test_the_cuda_relay_part_judges_1_3x_per_store_where_the_link_sets_the_pace() -> None:
+    def row(store: str, n: int, seconds: float, busy: float) -> dict[str, Any]:
+        r = Row("a", "layers", n, 100, seconds, 3000 * MIB, 2970 * MIB, "zstd stream", store)
+        return {**dataclasses.asdict(r), "cpu_busy_s": busy, "measured": "D", "load_start": "1 1 1"}
+
+    rows = [row("classic", 1, 260.0, 100.0), row("classic", 4, 280.0, 400.0), row("containerd", 1, 250.0, 120.0),
+            row("containerd", 4, 340.0, 600.0)]  # fmt: skip
+    text = "\n".join(_cuda_render.relay_part(rows))
+    cores = os.cpu_count() or 1
+    assert "- classic: the whole CUDA image (a) to 4 nodes within 1.3x the time to 1 node, every link at 100 Mbit/s: " \
+           "**met**, 280.0 s vs 260.0 s (1.08x)" in text  # fmt: skip
+    assert "every link at 100 Mbit/s: **NOT met**, 340.0 s vs 250.0 s (1.36x)" in text
+    busy = f"{400 / (cores * 280):.0%}"
+    assert f"| classic | 4 | 100 Mbit/s | 280.0 s | 3000.0 MiB | 251.7 s | {busy} | D, load 1 1 1 |" in text
+    one_only = "\n".join(_cuda_render.relay_part(rows[:1]))
+    assert "- classic, 100 Mbit/s: not decided, this run lacks (a) to 1 node or to 4." in one_only
+    full = _cuda_render.render({"relay_rows": rows})
+    assert "**Where the link sets the pace**" in full and "--phase relay --stores classic --counts 1,4" in full
