@@ -9,7 +9,18 @@ from typing import Any
 
 from benchmarks import _wire
 from benchmarks._project import DOCS, replace_section
-from benchmarks._shipnet import STORES, Row, find, mib, ordered, store_runs, table, verdicts, wire_seconds
+from benchmarks._shipnet import (
+    STORES,
+    Row,
+    find,
+    mib,
+    ordered,
+    relay_verdicts,
+    store_runs,
+    table,
+    verdicts,
+    wire_seconds,
+)
 
 TITLE = "## The CUDA image (examples/cuda): building, changing and shipping 6 GB"
 BEFORE = "## Method: the benchmark that decides (issue 13)"  # the section goes right after the small image's
@@ -211,18 +222,7 @@ def relay_part(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         out.append(f"| {r.store} | {r.targets} | {r.mbit} Mbit/s | {r.seconds:.1f} s | {mib(r.link_bytes)} | "
                    f"{wire_seconds(r.link_bytes, r.mbit):.1f} s | {busy} | {when} | {r.extra} |")  # fmt: skip
     out += ["", "Issue 27's target where the link sets the pace:", ""]
-    for st in [s for s in STORES if any(r.store == s for r in objs)]:
-        for mbit in sorted({r.mbit for r in objs if r.store == st}):
-            one, four = find(objs, "a", "layers", 1, mbit, st), find(objs, "a", "layers", 4, mbit, st)
-            if one is None or four is None:
-                out.append(f"- {st}, {mbit} Mbit/s: not decided, this run lacks (a) to 1 node or to 4.")
-                continue
-            ratio = four.seconds / one.seconds
-            ok = "met" if ratio <= 1.3 else "NOT met"
-            out.append(f"- {st}: the whole CUDA image (a) to 4 nodes within 1.3x the time to 1 node, every link at "
-                       f"{mbit} Mbit/s: **{ok}**, {four.seconds:.1f} s vs {one.seconds:.1f} s ({ratio:.2f}x); the "
-                       f"head's link carried {mib(four.link_bytes)} for 4 nodes, "
-                       f"{mib(one.link_bytes)} for one.")  # fmt: skip
+    out += relay_verdicts(objs, image="CUDA image", targets=4)
     return [*out, ""]
 
 

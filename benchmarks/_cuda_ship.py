@@ -19,7 +19,8 @@ import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,17 @@ class DiskWatch:
     @property
     def peak_used(self) -> int:
         return max(0, self.start - self.low)
+
+
+@contextmanager
+def cpu_used() -> Iterator[dict[str, float]]:
+    """This machine's CPU seconds (:func:`cpu_s`: every process, the virtual hosts' included) spent while the block
+    runs, 0.1 s rounded, as the rows record them: ``cpu_busy_s`` and ``cpu_iowait_s``, in the dict given once the
+    block has ended."""
+    used: dict[str, float] = {}
+    start = cpu_s()
+    yield used
+    used["cpu_busy_s"], used["cpu_iowait_s"] = (round(b - a, 1) for a, b in zip(start, cpu_s(), strict=True))
 
 
 def free_disk() -> int:
@@ -157,10 +169,8 @@ def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save,
     with ShipCluster(CLUSTER, n, store, Path(state["work"])) as c:
         c.shape(mbit)
         for case in "abc":
-            cpu0 = cpu_s()
-            with DiskWatch(DATA) as disk:
+            with cpu_used() as cpu, DiskWatch(DATA) as disk:
                 got = c.push(tags[case], c.targets, source=source, blobs=blobs)
-            busy, iowait = (round(b - a, 1) for a, b in zip(cpu0, cpu_s(), strict=True))
             samples, sent = [got.seconds], [got.link_bytes]
             for _ in range(repeats - 1 if case == "c" else 0):  # again from the version below it on the targets
                 c.remove(c.targets, [tags[case]])
@@ -169,8 +179,7 @@ def phase_ship(state: dict[str, Any], store: str, n: int, mbit: int, save: Save,
                 sent.append(again.link_bytes)
             row = Row(case, "layers", n, mbit, median(samples), got.link_bytes, got.sent, got.note(n), store,
                       tuple(samples))  # fmt: skip
-            _record(state, save, row, disk_peak=disk.peak_used, sample_link_bytes=sent, cpu_busy_s=busy,
-                    cpu_iowait_s=iowait)  # fmt: skip
+            _record(state, save, row, disk_peak=disk.peak_used, sample_link_bytes=sent, **cpu)
     _run_facts(state, store, "ship", n, t0, load_start)
     save(state)
 
@@ -234,14 +243,12 @@ def phase_relay(state: dict[str, Any], store: str, n: int, mbit: int, save: Save
     t0, load_start = time.monotonic(), loadavg()
     with ShipCluster(CLUSTER, n, store, Path(state["work"])) as c:
         c.shape(mbit)
-        cpu0 = cpu_s()
-        with DiskWatch(DATA) as disk:
+        with cpu_used() as cpu, DiskWatch(DATA) as disk:
             got = c.push(tags["a"], c.targets, source=source, blobs=blobs)
-        busy, iowait = (round(b - a, 1) for a, b in zip(cpu0, cpu_s(), strict=True))
     row = Row("a", "layers", n, mbit, got.seconds, got.link_bytes, got.sent, got.note(n), store)
-    new = {**dataclasses.asdict(row), "cpu_busy_s": busy, "cpu_iowait_s": iowait, "disk_peak": disk.peak_used,
+    new = {**dataclasses.asdict(row), **cpu, "disk_peak": disk.peak_used,
            "measured": now_utc(), "load_start": load_start, "load_end": loadavg(),
            "run_minutes": round((time.monotonic() - t0) / 60, 1)}  # fmt: skip
     state["relay_rows"] = kept(state.get("relay_rows", []), new, ("store", "targets", "mbit"))
     save(state)
-    print(f"cuda bench: relay {row} cpu {busy} s busy, {iowait} s iowait", flush=True)
+    print(f"cuda bench: relay {row} cpu {cpu['cpu_busy_s']} s busy, {cpu['cpu_iowait_s']} s iowait", flush=True)

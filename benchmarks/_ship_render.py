@@ -16,6 +16,7 @@ from benchmarks._shipnet import (
     find,
     mib,
     ordered,
+    relay_verdicts,
     store_runs,
     table,
     verdicts,
@@ -213,19 +214,7 @@ def render_relay(state: Mapping[str, Any]) -> str:
         lines.append(f"| {r.store} | {r.targets} | {r.mbit} Mbit/s | {r.seconds:.1f} s | {mib(r.link_bytes)} | "
                      f"{wire_seconds(r.link_bytes, r.mbit):.1f} s | {r.extra} |")  # fmt: skip
     lines += ["", "Issue 27's target, per store, where the link sets the pace:", ""]
-    for st in stores:
-        for mbit in sorted({r.mbit for r in rows if r.store == st}):
-            one = find(rows, "a", "layers", 1, mbit, st)
-            most = max((r for r in rows if (r.store, r.mbit) == (st, mbit)), key=lambda r: r.targets)
-            if one is None or most.targets == 1:
-                lines.append(f"- {st}, {mbit} Mbit/s: not decided, this run lacks (a) to 1 node or to more.")
-                continue
-            ratio = most.seconds / one.seconds
-            ok = "met" if ratio <= 1.3 else "NOT met"
-            lines.append(f"- {st}: the whole image (a) to {most.targets} nodes within 1.3x the time to 1 node, every "
-                         f"link at {mbit} Mbit/s: **{ok}**, {most.seconds:.1f} s vs {one.seconds:.1f} s "
-                         f"({ratio:.2f}x); the head's link carried {mib(most.link_bytes)} for {most.targets} nodes, "
-                         f"{mib(one.link_bytes)} for one.")  # fmt: skip
+    lines += relay_verdicts(rows, image="image")
     lines += [
         "",
         "Reproduce: `flock /work/heavy.lock .venv/bin/python benchmarks/ship_bench.py --phase build`, then `--phase "

@@ -179,6 +179,32 @@ def verdicts(
     return out
 
 
+def relay_verdicts(rows: Sequence[Row], *, image: str, targets: int | None = None) -> list[str]:
+    """Issue 27's 1.3x where the link sets the pace, one line per store and link rate of the relay phase's ``rows``:
+    the whole ``image`` (a) to ``targets`` nodes against 1 node, or, with ``targets`` None, to the most nodes
+    measured at that store and rate; undecided where a side is missing."""
+    out = []
+    for st in [s for s in STORES if any(r.store == s for r in rows)]:
+        for mbit in sorted({r.mbit for r in rows if r.store == st}):
+            one = find(rows, "a", "layers", 1, mbit, st)
+            if targets is None:
+                most = max((r for r in rows if (r.store, r.mbit) == (st, mbit)), key=lambda r: r.targets)
+                many = None if most.targets == 1 else most
+            else:
+                many = find(rows, "a", "layers", targets, mbit, st)
+            if one is None or many is None:
+                more = "more" if targets is None else targets
+                out.append(f"- {st}, {mbit} Mbit/s: not decided, this run lacks (a) to 1 node or to {more}.")
+                continue
+            ratio = many.seconds / one.seconds
+            ok = "met" if ratio <= 1.3 else "NOT met"
+            out.append(f"- {st}: the whole {image} (a) to {many.targets} nodes within 1.3x the time to 1 node, every "
+                       f"link at {mbit} Mbit/s: **{ok}**, {many.seconds:.1f} s vs {one.seconds:.1f} s "
+                       f"({ratio:.2f}x); the head's link carried {mib(many.link_bytes)} for {many.targets} nodes, "
+                       f"{mib(one.link_bytes)} for one.")  # fmt: skip
+    return out
+
+
 MIN_SAMPLES = 3
 """Repeated rows with at least this many samples on both sides are decided on an interval, not on one sample."""
 

@@ -3,7 +3,9 @@ times, and the docs section rendered from a state file."""
 
 from __future__ import annotations
 
-from benchmarks import _cuda_render
+import pytest
+
+from benchmarks import _cuda_render, _cuda_ship
 from benchmarks.cuda_bench import step_name, step_seconds
 
 LOG = """\
@@ -87,3 +89,13 @@ def test_the_docs_section_renders_the_build_the_upgrade_and_the_shipping() -> No
     # the upgrade sends the framework layer and those above it: 2.36 GB of 5.78 GB
     assert "2.36 GB uncompressed" in text and "rebuilds and sends 5.78 GB" in text and "2.4x smaller" in text
     assert "| (a) whole CUDA image, empty nodes |" in text and "GPU figures" in text
+
+
+def test_cpu_used_records_the_machines_busy_and_iowait_seconds_of_the_block_rounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    readings = iter([(100.0, 5.0), (112.34, 5.56)])
+    monkeypatch.setattr(_cuda_ship, "cpu_s", lambda: next(readings))
+    with _cuda_ship.cpu_used() as cpu:
+        assert cpu == {}
+    assert list(cpu.items()) == [("cpu_busy_s", 12.3), ("cpu_iowait_s", 0.6)]

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks._shipnet import Row, ordered, table, tbf_argv, tx_bytes, verdicts
+from benchmarks._shipnet import Row, ordered, relay_verdicts, table, tbf_argv, tx_bytes, verdicts
 
 # What `ip -s -j link` printed in a host's namespace (trimmed to the fields it has on iproute2 6.1).
 IP_LINK = json.dumps(
@@ -80,6 +80,27 @@ def test_verdicts_leave_out_what_was_not_measured() -> None:
     assert len(verdicts(only_b, store="classic", mbit=1000)) == 1
     assert verdicts([], store="classic", mbit=1000, image_wire=1) == []
     assert verdicts(_rows(), store="containerd", mbit=1000) == []  # no row of that store
+
+
+def test_relay_verdicts_judge_a_named_count_or_the_most_nodes_in_images_own_words() -> None:
+    mib = 1 << 20
+    rows = [Row("a", "layers", n, 40, s, 300 * mib, 299 * mib, "", "classic") for n, s in ((1, 70.0), (4, 80.0),
+            (8, 100.0))]  # fmt: skip
+    assert relay_verdicts(rows, image="CUDA image", targets=4) == [
+        "- classic: the whole CUDA image (a) to 4 nodes within 1.3x the time to 1 node, every link at 40 Mbit/s: "
+        "**met**, 80.0 s vs 70.0 s (1.14x); the head's link carried 300.0 MiB for 4 nodes, 300.0 MiB for one."
+    ]
+    assert relay_verdicts(rows, image="image") == [
+        "- classic: the whole image (a) to 8 nodes within 1.3x the time to 1 node, every link at 40 Mbit/s: "
+        "**NOT met**, 100.0 s vs 70.0 s (1.43x); the head's link carried 300.0 MiB for 8 nodes, 300.0 MiB for one."
+    ]
+    assert relay_verdicts(rows[:1], image="CUDA image", targets=4) == [
+        "- classic, 40 Mbit/s: not decided, this run lacks (a) to 1 node or to 4."
+    ]
+    assert relay_verdicts(rows[:1], image="image") == [
+        "- classic, 40 Mbit/s: not decided, this run lacks (a) to 1 node or to more."
+    ]
+    assert relay_verdicts([], image="image") == []
 
 
 def test_ordered_puts_the_main_speed_first_then_case_targets_and_how() -> None:
