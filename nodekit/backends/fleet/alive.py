@@ -1,8 +1,8 @@
 """How the head notices a host that vanished: every ssh the docker CLI opens to a node (its ``ssh://`` transport:
-``compose up``, the log follower, ``docker wait``, ``down``) keeps alive with an interval derived from the job's
-``peer_timeout``, so the head names a lost host about when the surviving nodes do, instead of after TCP's two
-hours. :func:`kept_alive` puts that ssh first on the PATH of nodekit's children (nodekit.system.proc's environment; this
-process's own is not changed) for the length of a fleet command."""
+``compose up``, ``down``) and each node's follower (one SSH command for its log and exit code) keep alive with an
+interval derived from the job's ``peer_timeout``, so the head names a lost host about when the surviving nodes do,
+instead of after TCP's two hours. :func:`kept_alive` puts that ssh first on the PATH of nodekit's children
+(nodekit.system.proc's environment; this process's own is not changed) for the length of a fleet command."""
 
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP th
 an error of ours), every node's container is removed before this returns; a host that cannot be reached for that is
 named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a host that vanishes is reported
 lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before blaming a
-survivor. Every ssh of the run to one host (the check's, and the docker CLI's for the image, ``compose up``, the log
-follower, the waiter, ``down``) rides one shared connection (:class:`nodekit.ship.SharedSsh`, opened by the check and
+survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image, ``compose up``, the node's
+follower: its log and exit code in one SSH command, :mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared
+connection (:class:`nodekit.ship.SharedSsh`, opened by the check and
 keeping alive as above): one key exchange and login per host per run, not one per call (issue 33).
 """
 
@@ -27,7 +28,7 @@ from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
 from nodekit.backends.compose.render import SERVICE
-from nodekit.backends.fleet import remote
+from nodekit.backends.fleet import follow, remote
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
 from nodekit.backends.fleet.image import is_this_image, ship_image
@@ -176,31 +177,27 @@ def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVE
 
 
 def _watch(live: Sequence[_Live], events: queue.Queue[tuple[str, int, Any]]) -> list[threading.Thread]:
-    """A log follower and a waiter per node, feeding ``events``: ("line", rank, text), ("exit", rank, code),
+    """A follower per node (:func:`nodekit.backends.fleet.follow.follow`: one SSH command per ``ssh://`` host),
+    feeding ``events``: ("line", rank, text) for each line, then ("eof", rank, None) and ("exit", rank, code), or
     ("lost", rank, message)."""
     threads = []
     for n in live:
         rank = n.plan.node.rank
 
-        def follow(n: _Live = n, rank: int = rank) -> None:
+        def one(n: _Live = n, rank: int = rank) -> None:
             try:
-                for line in docker.compose_logs(n.plan.compose_path, n.plan.project, follow=True, host=n.host.url):
-                    events.put(("line", rank, line))
-            except NodekitError:
-                pass  # the waiter reports what happened to the node
-            events.put(("eof", rank, None))
-
-        def wait(n: _Live = n, rank: int = rank) -> None:
-            try:
-                code = docker.compose_wait(n.plan.compose_path, n.plan.project, service=SERVICE, host=n.host.url)
-                events.put(("exit", rank, code))
+                code = follow.follow(n.host, n.plan.compose_path, n.plan.project, SERVICE,
+                                     lambda line: events.put(("line", rank, line)))  # fmt: skip
             except NodekitError as e:
+                events.put(("eof", rank, None))
                 events.put(("lost", rank, e.message))
+            else:
+                events.put(("eof", rank, None))
+                events.put(("exit", rank, code))
 
-        for target in (follow, wait):
-            t = threading.Thread(target=target, daemon=True)
-            t.start()
-            threads.append(t)
+        t = threading.Thread(target=one, daemon=True)
+        t.start()
+        threads.append(t)
     return threads
 
 
@@ -290,7 +287,7 @@ def run(
     from nodekit import ship
 
     # One SSH connection per host for the whole run, keeping alive at the job's interval: the check (the image's
-    # question included) opens it, and compose up, the log follower, the waiter and down ride on it without
+    # question included) opens it, and compose up, each node's follower and down ride on it without
     # handshakes.
     with kept_alive(interval), ship.SharedSsh(), ThreadPoolExecutor(max_workers=1) as beside:
         ref = image or current_image(settings)

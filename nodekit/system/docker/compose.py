@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from nodekit.errors import DeadlineError, EngineError, ImageError
@@ -103,16 +103,7 @@ def compose_logs(
     assert child.stderr is not None
     stderr = Drain(child.stderr)
     try:
-        for raw in child.lines(keep_ends=True):
-            # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
-            line = _ANSI.sub("", raw)
-            if line.endswith("\n"):
-                yield line.rstrip("\r\n")
-            elif line.endswith("\r"):
-                if line.strip():
-                    yield line.rstrip("\r") + "\r"
-            else:
-                yield line  # the last line, without an ending
+        yield from job_lines(child.lines(keep_ends=True))
         code = child.wait()
     finally:
         if child.poll() is None:
@@ -122,6 +113,22 @@ def compose_logs(
         why = stderr_tail(stderr.text())
         raise EngineError(f"lost the log stream of {project} on {where(host)}: {why}",
                           fix=f"docker compose -p {project} ps  (is it running?)")  # fmt: skip
+
+
+def job_lines(raw: Iterable[str]) -> Iterator[str]:
+    """A job's output as read with its line endings (``raw``) as the printer takes it (:func:`compose_logs`): each
+    line without its ending, a carriage-return redraw with its "\\r", terminal control sequences and empty redraws
+    left out, the last line as it is."""
+    for text in raw:
+        # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
+        line = _ANSI.sub("", text)
+        if line.endswith("\n"):
+            yield line.rstrip("\r\n")
+        elif line.endswith("\r"):
+            if line.strip():
+                yield line.rstrip("\r") + "\r"
+        else:
+            yield line  # the last line, without an ending
 
 
 def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from nodekit.backends.fleet import remote, run
+from nodekit.backends.fleet import follow, remote, run
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts
 from nodekit.config import settings as config
 from nodekit.errors import ImageError, JobFailed
@@ -54,6 +54,12 @@ class Engines:
         self.stopped[r].wait(30)
         return 143
 
+    def follow(self, host: FleetHost, path: Path, project: str, service: str, on_line: Callable[[str], object]) -> int:
+        """nodekit/backends/fleet/follow.py's one stream per node: the log, then the exit code."""
+        for line in self.logs(path, project, follow=True):
+            on_line(line)
+        return self.wait(path, project, service=service)
+
     def end(self, verb: str) -> object:
         def stop(path: Path | None, project: str, *, timeout: int | None = None, host: str | None = None) -> None:
             self.ended.append((verb, self.rank(project)))
@@ -78,8 +84,7 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Engines:
     monkeypatch.setattr(run, "ship_image", lambda *a, **k: None)
     monkeypatch.setattr(net, "resolve", lambda name: "10.0.0.1")
     monkeypatch.setattr(docker, "compose_up", e.up)
-    monkeypatch.setattr(docker, "compose_logs", e.logs)
-    monkeypatch.setattr(docker, "compose_wait", e.wait)
+    monkeypatch.setattr(follow, "follow", e.follow)
     monkeypatch.setattr(docker, "compose_down", e.end("down"))
     monkeypatch.setattr(docker, "compose_stop", e.end("stop"))
     for var in ("NODEKIT_CONFIG", "NODEKIT_NNODES", "NODEKIT_NAME", "NODEKIT_KEEP_CONTAINERS"):
