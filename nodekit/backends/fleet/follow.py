@@ -26,10 +26,9 @@ from pathlib import Path
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import EngineError
-from nodekit.system import docker, proc
-from nodekit.system.docker.calls import ENGINE_FIX, LASTS_AS_LONG_AS_THE_JOB, stderr_tail
-from nodekit.system.docker.compose import job_lines
-from nodekit.system.docker.streams import Drain
+from nodekit.system import docker
+from nodekit.system.docker.calls import ENGINE_FIX, stderr_tail
+from nodekit.system.docker.compose import JobOutput
 
 # POSIX sh, run by the host's login over SSH: the compose project's container (by Compose's labels, whatever its
 # name); its exit code asked beside its log, as `docker wait` was beside `compose logs -f` (the code is known when the
@@ -74,20 +73,10 @@ def follow(host: FleetHost, compose_file: Path, project: str, service: str, on_l
     when the node is lost (its connection or its engine) before the job's end was known."""
     if host.scheme != "ssh":
         return _follow_engine(host.url, compose_file, project, service, on_line)
-    child = proc.start(remote.ssh_argv(host, follow_script(project, service)), deadline=LASTS_AS_LONG_AS_THE_JOB,
-                       what=f"following {project} on {host.where}", stdin="devnull", stdout="pipe", stderr="pipe",
-                       group=True)  # fmt: skip
-    assert child.stderr is not None
-    stderr = Drain(child.stderr)
-    try:
-        for line in job_lines(child.lines(keep_ends=True)):
-            on_line(line)
-        code = child.wait()  # no timeout: None never comes back
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    got = exit_code_of(-1 if code is None else code, stderr.text())
+    out = JobOutput(remote.ssh_argv(host, follow_script(project, service)), what=f"following {project} on {host.where}")
+    for line in out:
+        on_line(line)
+    got = exit_code_of(out.returncode, out.stderr())
     if isinstance(got, int):
         return got
     raise EngineError(f"lost {host.where} while following {project}: {got}", fix=ENGINE_FIX)

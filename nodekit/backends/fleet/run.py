@@ -188,12 +188,11 @@ def _watch(live: Sequence[_Live], events: queue.Queue[tuple[str, int, Any]]) -> 
             try:
                 code = follow.follow(n.host, n.plan.compose_path, n.plan.project, SERVICE,
                                      lambda line: events.put(("line", rank, line)))  # fmt: skip
+                ended: tuple[str, int, Any] = ("exit", rank, code)
             except NodekitError as e:
-                events.put(("eof", rank, None))
-                events.put(("lost", rank, e.message))
-            else:
-                events.put(("eof", rank, None))
-                events.put(("exit", rank, code))
+                ended = ("lost", rank, e.message)
+            events.put(("eof", rank, None))
+            events.put(ended)
 
         t = threading.Thread(target=one, daemon=True)
         t.start()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from nodekit.errors import DeadlineError, EngineError, ImageError
@@ -97,38 +97,48 @@ def compose_logs(
         "--no-log-prefix",
         *(["--tail", tail] if tail else []),
     ]
-    child = proc.start(compose_argv(host, compose_file, project, *args), deadline=LASTS_AS_LONG_AS_THE_JOB,
-                       what=f"docker compose logs of {project}", stdin="devnull", stdout="pipe", stderr="pipe",
-                       group=True)  # fmt: skip
-    assert child.stderr is not None
-    stderr = Drain(child.stderr)
-    try:
-        yield from job_lines(child.lines(keep_ends=True))
-        code = child.wait()
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    if code != 0:
-        why = stderr_tail(stderr.text())
-        raise EngineError(f"lost the log stream of {project} on {where(host)}: {why}",
+    out = JobOutput(compose_argv(host, compose_file, project, *args), what=f"docker compose logs of {project}")
+    yield from out
+    if out.returncode != 0:
+        raise EngineError(f"lost the log stream of {project} on {where(host)}: {stderr_tail(out.stderr())}",
                           fix=f"docker compose -p {project} ps  (is it running?)")  # fmt: skip
 
 
-def job_lines(raw: Iterable[str]) -> Iterator[str]:
-    """A job's output as read with its line endings (``raw``) as the printer takes it (:func:`compose_logs`): each
-    line without its ending, a carriage-return redraw with its "\\r", terminal control sequences and empty redraws
-    left out, the last line as it is."""
-    for text in raw:
-        # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed logs.
-        line = _ANSI.sub("", text)
-        if line.endswith("\n"):
-            yield line.rstrip("\r\n")
-        elif line.endswith("\r"):
-            if line.strip():
-                yield line.rstrip("\r") + "\r"
-        else:
-            yield line  # the last line, without an ending
+class JobOutput:
+    """A command that prints a job's output (``docker compose logs``, or a host's own ``docker logs`` over SSH), run
+    as nodekit's own process in a group of its own, read line by line as the printer takes it: each line without its
+    ending, a carriage-return redraw with its "\\r", terminal control sequences and empty redraws left out, the last
+    line as it is. Its standard error is collected beside it. Once iterated to the end (or left early: the command
+    is then killed), ``returncode`` and :meth:`stderr` say how it ended."""
+
+    def __init__(self, argv: list[str], *, what: str) -> None:
+        self._child = proc.start(argv, deadline=LASTS_AS_LONG_AS_THE_JOB, what=what, stdin="devnull", stdout="pipe",
+                                 stderr="pipe", group=True)  # fmt: skip
+        assert self._child.stderr is not None
+        self._stderr = Drain(self._child.stderr)
+        self.returncode = -1
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            for text in self._child.lines(keep_ends=True):
+                # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed
+                # logs.
+                line = _ANSI.sub("", text)
+                if line.endswith("\n"):
+                    yield line.rstrip("\r\n")
+                elif line.endswith("\r"):
+                    if line.strip():
+                        yield line.rstrip("\r") + "\r"
+                else:
+                    yield line  # the last line, without an ending
+        finally:
+            if self._child.poll() is None:
+                self._child.kill()
+            code = self._child.wait()  # no timeout: it has ended or was killed
+            self.returncode = -1 if code is None else code
+
+    def stderr(self) -> str:
+        return self._stderr.text()
 
 
 def compose_ps(compose_file: Path | None, project: str, *, host: str | None = None) -> list[ContainerState]:
