@@ -213,7 +213,10 @@ class HealthSettings(BaseModel):
         None, gt=0, le=1e6, description="a pair below this many Gbit/s (either way) stops the job (exit 20)"
     )
     link_seconds: float = Field(
-        DEFAULT_SECONDS, ge=MIN_SECONDS, le=MAX_SECONDS, description="seconds of bulk transfer per pair and direction"
+        DEFAULT_SECONDS,
+        ge=MIN_SECONDS,
+        le=MAX_SECONDS,
+        description="most seconds of bulk transfer per pair and direction (it ends once its figure settles)",
     )
     gpus: Literal["warn", "refuse", "off"] = Field(
         "warn",

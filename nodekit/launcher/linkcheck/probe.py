@@ -10,6 +10,12 @@ which the receiver reports through the authenticated store (the client) or a sea
 
 The receiver times the transfer from its first to its last byte, so the sender's socket buffer does not count; it
 stops waiting ``DRAIN_S`` after the sender's time is up, which bounds a pair on a crawling link.
+
+A transfer's time is a bound, not a duration: the receiver ends it as soon as its rate has settled (:class:`Steady`:
+its last windows agree with each other and with the whole transfer) and says so to the sender, which stops at once.
+On a LAN the rate settles within a few windows, so the check takes a fraction of its bound and its bulk bytes leave
+the links and the cores to the job's start sooner; a rate that keeps changing (slow start on a long path, a link
+shared with other traffic) is measured for the whole bound, as before.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import select
 import socket
 import statistics
 import threading
@@ -53,6 +60,16 @@ CHUNK = 1 << 20
 MAX_FRAME = 512  # requests, pings and results are small; anything bigger is not ours
 MAX_HANDLERS = 16  # connections served at once (one partner at a time in a real check)
 ACCEPT_POLL_S = 0.25
+# A transfer's figure (its bytes over its time, first byte to last) has settled (Steady) once at least
+# STEADY_MIN_S have passed since its first byte and the figure, taken every WINDOW_S, has stayed within
+# STEADY_SPREAD over its last STEADY_WINDOWS readings. The verdict calls a pair slow under a quarter of the others
+# (verdict.SLOW_RATIO): a figure settled to within 10 % is plenty, and a figure that still climbs (slow start on a
+# long path) or falls (a stall) is not settled.
+WINDOW_S = 0.02
+STEADY_WINDOWS = 3
+STEADY_SPREAD = 1.1
+STEADY_MIN_S = 0.06
+STOP = b"enough"  # the receiver to the sender: the rate has settled, stop sending
 
 
 class LinkError(Exception):
@@ -92,12 +109,43 @@ class _Channel:
         return payload
 
 
+class Steady:
+    """Whether a transfer's figure has settled, from the bytes a receiver counts as they arrive (pure: times are
+    handed in). See ``STEADY_*`` above for the rule."""
+
+    def __init__(self, start: float) -> None:
+        self.start = self._window = start
+        self.total = 0
+        self.figures: list[float] = []  # bytes per second since the first byte, at each window's end
+
+    def add(self, n: int, t: float) -> bool:
+        """``n`` more bytes counted at ``t``; True once the figure has settled."""
+        self.total += n
+        if t - self._window < WINDOW_S:
+            return False
+        self._window = t
+        self.figures.append(self.total / (t - self.start))
+        if t - self.start < STEADY_MIN_S or len(self.figures) < STEADY_WINDOWS:
+            return False
+        last = self.figures[-STEADY_WINDOWS:]
+        return min(last) > 0 and max(last) <= STEADY_SPREAD * min(last)
+
+
+def _told_to_stop(sock: socket.socket) -> bool:
+    """The receiver has written to us (its STOP, or its result): it has its figure."""
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):
+        return True
+
+
 def _send_for(sock: socket.socket, seconds: float, now: Callable[[], float] = time.monotonic) -> None:
-    """Send zeros for ``seconds`` (bounded even when the peer stops reading), then close our direction."""
+    """Send zeros for ``seconds`` at most (bounded even when the peer stops reading) or until the receiver writes
+    back that its rate has settled, then close our direction."""
     block = memoryview(bytes(CHUNK))
     end = now() + seconds
     try:
-        while (left := end - now()) > 0:
+        while (left := end - now()) > 0 and not _told_to_stop(sock):
             sock.settimeout(left)
             sock.send(block)
     except OSError:  # TimeoutError (a full buffer at the end), or the peer closed: the receiver has its figure
@@ -106,13 +154,17 @@ def _send_for(sock: socket.socket, seconds: float, now: Callable[[], float] = ti
         sock.shutdown(socket.SHUT_WR)
 
 
-def _sink(sock: socket.socket, deadline: float, now: Callable[[], float] = time.monotonic) -> Transfer:
-    """Count what arrives until the sender closes or ``deadline``; the rate runs from the first to the last byte
-    (the first chunk's bytes are not counted: they arrived before the clock started)."""
+def _sink(
+    sock: socket.socket, deadline: float, now: Callable[[], float] = time.monotonic, *, steady: bool = False
+) -> Transfer:
+    """Count what arrives until the sender closes or ``deadline`` (with ``steady``: or until the rate has settled,
+    :class:`Steady`); the rate runs from the first to the last byte (the first chunk's bytes are not counted: they
+    arrived before the clock started)."""
     buf = bytearray(CHUNK)
     first = last = 0.0
     counted = 0
     started = False
+    settled: Steady | None = None
     while (left := deadline - now()) > 0:
         sock.settimeout(left)
         try:
@@ -125,12 +177,14 @@ def _sink(sock: socket.socket, deadline: float, now: Callable[[], float] = time.
             break
         if n == 0:
             break
-        t = now()
+        last = t = now()
         if not started:
             first, started = t, True
-        else:
-            counted += n
-        last = t
+            settled = Steady(t) if steady else None
+            continue
+        counted += n
+        if settled is not None and settled.add(n, t):
+            break
     if not started:
         return Transfer(error="no data arrived")
     return Transfer(bytes=counted, seconds=round(last - first, 6))
@@ -204,7 +258,7 @@ class LinkServer:
         if request.get("op") == "up":
             for _ in range(PINGS):
                 channel.send(channel.recv())
-            got = _sink(conn, time.monotonic() + seconds + DRAIN_S)
+            got = _sink(conn, time.monotonic() + seconds + DRAIN_S, steady=True)
             conn.settimeout(CONNECT_S)
             channel.send(json.dumps({"bytes": got.bytes, "seconds": got.seconds, "error": got.error}).encode())
             conn.shutdown(socket.SHUT_WR)
@@ -266,7 +320,10 @@ def measure(
     with down.sock:
         try:
             down.send(json.dumps({"op": "down", "seconds": seconds}).encode())
-            ba = _sink(down.sock, time.monotonic() + seconds + DRAIN_S + CONNECT_S)
+            ba = _sink(down.sock, time.monotonic() + seconds + DRAIN_S + CONNECT_S, steady=True)
+            down.send(STOP)  # the listener stops sending; what it sent before is drained, then both sides close
+            down.sock.shutdown(socket.SHUT_WR)
+            _sink(down.sock, time.monotonic() + DRAIN_S)
         except (LinkError, OSError) as e:
             ba = Transfer(error=_why(e))
     return Pair(a, b, ab, ba, _median(rtts))

@@ -246,7 +246,7 @@ def render(verdict: LinkVerdict, *, matrix: bool, started: bool = False) -> str:
     ``started``: the check ran beside the job's start, which a refusal now stops."""
     n = len(verdict.endpoints)
     ref = f", pairs reach {_g(verdict.reference_gbit)} Gbit/s" if verdict.reference_gbit is not None else ""
-    how = f"{len(verdict.pairs)} pair(s), {verdict.seconds:g} s each way, {verdict.took_s:.1f} s"
+    how = f"{len(verdict.pairs)} pair(s), up to {verdict.seconds:g} s each way, {verdict.took_s:.1f} s"
     if not verdict.findings:
         head = f"nodekit link check: ok, {n} nodes, {how}{ref}"
         if len(verdict.pairs) == 1:

@@ -168,6 +168,55 @@ def test_the_listener_admits_only_the_job_secret_and_survives_strangers() -> Non
         server.close()
 
 
+def _feed(rates_gbit: list[float], window: float = probe.WINDOW_S) -> tuple[float, float] | None:
+    """When :class:`probe.Steady` settles (seconds since the first byte) on a receiver counting bytes every
+    millisecond at the given rate per window, with the figure then (Gbit/s, first byte to last); None when it never
+    does."""
+    steady = probe.Steady(0.0)
+    t, step = 0.0, 0.001
+    for gbit in rates_gbit:
+        for _ in range(round(window / step)):
+            t += step
+            if steady.add(round(gbit * 1e9 / 8 * step), t):
+                return t, steady.total * 8 / t / 1e9
+    return None
+
+
+def test_a_figure_that_holds_settles_after_the_minimum_and_one_that_climbs_or_falls_does_not() -> None:
+    settled = _feed([10.0] * 10)
+    assert settled is not None and probe.STEADY_MIN_S <= settled[0] <= probe.STEADY_MIN_S + 2 * probe.WINDOW_S
+    assert settled[1] == pytest.approx(10.0, rel=0.01)
+    # Slow start on a long path: the rate doubles window after window, and the transfer runs to its bound.
+    assert _feed([0.1 * 2**i for i in range(10)]) is None
+    # A stall: the figure falls window after window.
+    assert _feed([10.0] * 2 + [0.0] * 5) is None
+    # A link shared with bursts of other traffic: its average settles, and that average is the figure.
+    bursty = _feed([10.0, 4.0] * 10)
+    assert bursty is not None and bursty[1] == pytest.approx(7.0, rel=0.1)
+    # A ramp, then a plateau: not settled while the figure still climbs.
+    ramp = _feed([0.5, 1.0, 2.0, 4.0, 8.0] + [10.0] * 20)
+    assert ramp is not None and ramp[0] > 8 * probe.WINDOW_S
+
+
+def test_a_pair_on_a_settled_link_ends_each_way_long_before_its_bound() -> None:
+    import time
+
+    server = probe.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    try:
+        t0 = time.monotonic()
+        pair = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"r" * 16, 5.0)
+        took = time.monotonic() - t0
+        assert pair.error == "" and pair.ab.gbit and pair.ba.gbit
+        # Both directions told their sender to stop: the listener (it counts a->b) and this side (b->a); each
+        # would otherwise send for 5 s.
+        assert pair.ab.seconds < 2.0 and pair.ba.seconds < 2.0 and took < 4.0, (pair, took)
+        # The connection of each direction closed cleanly: the listener serves the next pair at once.
+        again = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"r" * 16, 0.05)
+        assert again.error == "" and again.gbit
+    finally:
+        server.close()
+
+
 def test_nobody_listening_is_a_pair_that_cannot_connect() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
