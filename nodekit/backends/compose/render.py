@@ -56,7 +56,7 @@ def render_compose(spec: ContainerSpec, *, secrets: Mapping[str, str] | None = N
         "pull_policy": "never",
         "command": list(spec.command),
         "environment": _environment(spec, secrets or {}),
-        "labels": {k: _fill(spec, v) for k, v in spec.labels},
+        "labels": {k: fill(spec, v) for k, v in spec.labels},
         "volumes": [_volume(m) for m in spec.mounts],
         "ulimits": {u.name: {"soft": u.soft, "hard": u.hard} for u in spec.ulimits},
     }
@@ -78,7 +78,7 @@ def render_compose(spec: ContainerSpec, *, secrets: Mapping[str, str] | None = N
     return escaped
 
 
-def _fill(spec: ContainerSpec, value: Value) -> str:
+def fill(spec: ContainerSpec, value: Value) -> str:
     """A hole filled with what planning knew (compose renders one node on the machine that runs it)."""
     if value == RANK:
         return str(spec.rank)
@@ -95,7 +95,7 @@ def _environment(spec: ContainerSpec, secrets: Mapping[str, str]) -> dict[str, s
     """The service's environment: the variables (NODEKIT_IMAGE_ID only when the id is known), the secrets' values,
     then each ``pass_env`` name without a value."""
     env: dict[str, str | None] = {
-        v.name: _fill(spec, v.value) for v in spec.env if not (v.value == IMAGE_ID and not spec.image_id)
+        v.name: fill(spec, v.value) for v in spec.env if not (v.value == IMAGE_ID and not spec.image_id)
     }
     env |= {name: secrets[name] for name in spec.secrets}
     # A name without a value: compose takes it from the environment of whoever runs `docker compose up` (or

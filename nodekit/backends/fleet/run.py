@@ -28,7 +28,7 @@ from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
 from nodekit.backends.compose.render import SERVICE
-from nodekit.backends.fleet import follow, remote
+from nodekit.backends.fleet import follow, remote, start
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
 from nodekit.backends.fleet.image import is_this_image, ship_image
@@ -150,14 +150,19 @@ def left_running(hosts: Sequence[FleetHost]) -> str:
 
 
 def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVENTS) -> None:
-    """``compose up`` on every host in parallel; the first error (every node then removed). However this ends (a
-    signal included), every ``compose up`` has ended before it returns, so no ``down`` can run before an ``up``."""
+    """Every node's container started, in parallel: by the host's own ``docker run`` in one SSH command on an
+    ``ssh://`` host (:mod:`nodekit.backends.fleet.start`), by ``compose up`` elsewhere; the first error (every node
+    then removed). However this ends (a signal included), every start has ended before it returns, so no ``down``
+    can run before an ``up``."""
 
     def one(n: _Live) -> NodekitError | None:
         if proc.interrupted():  # a signal arrived: start nothing more
             return None
         try:
-            docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
+            if n.host.scheme == "ssh" and start.startable(n.plan.container):
+                start.start(n.host, n.plan)
+            else:
+                docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
         except NodekitError as e:
             e.node = n.host.name
             return e

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from nodekit.backends.compose.render import render_compose
+from nodekit.backends.fleet import start
 from nodekit.backends.k8s import render as k8s
 from nodekit.backends.slurm import modes
 from nodekit.backends.slurm.job import ImageFacts, Sbatch, SlurmJob
@@ -78,6 +79,11 @@ NOT_RENDERED: dict[str, dict[str, str]] = {
         "init": "the task's bash waits for ch-run and passes its signals",
         "stop_grace_s": "Slurm's KillWait",
     },
+    "fleet": {
+        "name": "the container's name is its compose project's (fleet/start.py: container_name)",
+        "nnodes": "the environment carries it",
+        "ports": "host network only: a bridge network's node is started by compose up (start.startable)",
+    },
     "k8s": {
         "rank": "a hole: the pod's completion index",
         "main_addr": "a hole: pod 0's DNS name",
@@ -124,6 +130,12 @@ RENDER: dict[str, Callable[[ContainerSpec], Any]] = {
         words(modes.charliecloud_args(slurm_job(c, "charliecloud"), c)),
     ),
     "k8s": lambda c: [k8s.indexed_job(k8s_job(c)), k8s.train_job(k8s_job(c))],
+    "fleet": lambda c: start.run_args(
+        c if c.main_addr else dataclasses.replace(c, main_addr="10.0.0.5"),
+        project="nodekit-demo-node1",
+        compose_file=Path("/p/compose/node-1.yaml"),
+        compose_text="# node 1",
+    ),
 }
 
 
