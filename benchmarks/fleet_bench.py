@@ -27,6 +27,7 @@ and keeps that section. Needs root, a dockerd and Debian's openssh-server (make 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import math
 import os
@@ -211,6 +212,9 @@ def main() -> int:
     from tests.cluster.helpers import push_image
 
     exit_on_signals()
+    # The head runs nodekit as `pip install` leaves it: its modules compiled. Where PYTHONDONTWRITEBYTECODE is set (as
+    # on the machine these figures come from) an editable install would otherwise compile them again on every run.
+    compileall.compile_dir(ROOT / "nodekit", quiet=1)
     state = read_state(opts.state) if opts.state else {}
     runs: dict[str, Any] = state.setdefault(opts.label, {})
     project = copy_demo("nodekit-fleet-bench-")
