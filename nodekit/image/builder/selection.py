@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from nodekit.config.settings import Settings
@@ -34,8 +35,12 @@ def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
     the base is not probed when this machine has not probed it before (see :func:`project_fingerprint`).
     """
     name = settings.image_name
-    fingerprint, unknown = project_fingerprint(settings, cached_only=cached_only)
-    labelled = docker.images_labelled(LABEL_NAME, name)
+    # Two engine calls that need nothing of each other's, on the path of every `nodekit up` and `run`: the project's
+    # images are listed while the fingerprint's base is inspected (and probed when this machine never probed it).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nodekit-images") as pool:
+        listed = pool.submit(docker.images_labelled, LABEL_NAME, name)
+        fingerprint, unknown = project_fingerprint(settings, cached_only=cached_only)
+        labelled = listed.result()
 
     def ref(info: docker.ImageInfo) -> str:
         tags = sorted(t for t in info.tags if t.startswith(f"nodekit/{name}:"))
