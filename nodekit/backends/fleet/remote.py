@@ -14,11 +14,12 @@ fix; nothing has been started anywhere when it does. The parsers are pure.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
@@ -227,12 +228,64 @@ class Expect:
     image: str = ""  # the image the node runs: asked of its engine in the same check ("" for none)
 
 
-def _asked(host: FleetHost, expect: Expect, gpus: int | None) -> tuple[Gathered, EngineSaid] | Problem:
-    """``host``'s facts and what its engine said: in one SSH command for ``ssh://`` (:func:`check_script`); for
-    ``unix://`` and ``tcp://``, the facts as :func:`gather` finds them and the engine through the docker CLI."""
+class Opening:
+    """One host's connection being opened by :func:`opening` (``ssh HOST true``)."""
+
+    def __init__(self, host: FleetHost, child: proc.Child) -> None:
+        self.host, self.child = host, child
+        self._known = False
+        self._problem: Problem | None = None
+
+    def problem(self) -> Problem | None:
+        """Once the connection is open, None; else why not (ssh's 255 and its last line), so that the host's check
+        names it without a second attempt of the same length. A login that ran ``true`` and failed otherwise is the
+        check's to report."""
+        if not self._known:
+            code, err = self.child.wait(), self.child.stderr
+            if code == 255 and err is not None:
+                self._problem = ssh_problem(self.host, err.read().decode(errors="replace"))
+            self._known = True
+        return self._problem
+
+    def end(self) -> None:
+        self.child.wait_or_kill(0)
+        if self.child.stderr is not None:
+            self.child.stderr.close()
+
+
+@contextlib.contextmanager
+def opening(hosts: Sequence[FleetHost]) -> Iterator[Mapping[int, Opening]]:
+    """While entered, each ``ssh://`` host's connection is being opened (``ssh HOST true``, which becomes the
+    connection a :class:`nodekit.ship.SharedSsh` around it shares): the key exchange and login happen while the
+    caller does what needs no host (``nodekit run`` picks this machine's image), and the host's check
+    (:func:`check_all` with ``opened``) then rides the open connection. Yields them by rank; on the way out, any
+    still connecting is ended."""
+    opened: dict[int, Opening] = {}
+    if shutil.which("ssh", path=proc.environ().get("PATH")) is not None:
+        for h in hosts:
+            if h.scheme == "ssh":
+                with contextlib.suppress(OSError):
+                    child = proc.start(ssh_argv(h, "true"), deadline=SSH_DEADLINE_S, what="SSH", fix="",
+                                       stdin="devnull", stdout="devnull", stderr="pipe")  # fmt: skip
+                    opened[h.rank] = Opening(h, child)
+    try:
+        yield opened
+    finally:
+        for o in opened.values():
+            o.end()
+
+
+def _asked(
+    host: FleetHost, expect: Expect, gpus: int | None, opened: Opening | None = None
+) -> tuple[Gathered, EngineSaid] | Problem:
+    """``host``'s facts and what its engine said: in one SSH command for ``ssh://`` (:func:`check_script`), on the
+    connection ``opened`` opened when it did; for ``unix://`` and ``tcp://``, the facts as :func:`gather` finds them
+    and the engine through the docker CLI."""
     if host.scheme != "ssh":
         got = gather(host, gpus, expect.paths)
         return got if isinstance(got, Problem) else (got, _engine_said(host, expect, got))
+    if opened is not None and (refused := opened.problem()) is not None:
+        return refused
     ask_runtimes = True if expect.gpus or gpus else (False if gpus == 0 else None)
     out = _run_ssh(host, check_script(expect.paths, image=expect.image, runtimes=ask_runtimes), CHECK_DEADLINE_S)
     if isinstance(out, Problem):
@@ -268,10 +321,13 @@ def _engine_problem(host: FleetHost, said: EngineSaid) -> Problem | None:
     return Problem(host, docker.no_engine_line(host.url, said.error), docker.ENGINE_FIX)
 
 
-def check_host(host: FleetHost, expect: Expect, gpus: int | None) -> HostReport | list[Problem]:
+def check_host(
+    host: FleetHost, expect: Expect, gpus: int | None, opened: Opening | None = None
+) -> HostReport | list[Problem]:
     """Reachable, an engine that answers, GPUs and NVIDIA runtime where expected, free ports (main), the mount
-    sources: the host's facts and what its engine said of ``expect.image``, or every reason it fails."""
-    asked = _asked(host, expect, gpus)
+    sources: the host's facts and what its engine said of ``expect.image``, or every reason it fails. ``opened``:
+    :func:`opening`'s connection to it."""
+    asked = _asked(host, expect, gpus, opened)
     if isinstance(asked, Problem):
         return [asked]
     got, said = asked
@@ -314,13 +370,14 @@ def check_all(
     expect: Callable[[FleetHost], Expect],
     gpus: Callable[[FleetHost], int | None],
     on_done: Callable[[FleetHost, str | None], None] | None = None,
+    opened: Mapping[int, Opening] | None = None,
 ) -> list[HostReport]:
     """:func:`check_host` on every host in parallel, and this machine's Compose plugin (it starts every ``ssh://``
     host's containers) once beside them: their reports in rank order, or FleetCheckError naming every failing host
     with its fix (EngineError when Compose is what is missing here)."""
 
     def one(h: FleetHost) -> HostReport | list[Problem]:
-        result = check_host(h, expect(h), gpus(h))
+        result = check_host(h, expect(h), gpus(h), (opened or {}).get(h.rank))
         if on_done is not None:
             on_done(h, None if isinstance(result, HostReport) else "; ".join(p.what for p in result))
         return result

@@ -293,13 +293,20 @@ def run(
     # One SSH connection per host for the whole run, keeping alive at the job's interval: the check (the image's
     # question included) opens it, and compose up, each node's follower and down ride on it without
     # handshakes.
-    with kept_alive(interval), ship.SharedSsh(), ThreadPoolExecutor(max_workers=1) as beside:
+    with (
+        kept_alive(interval),
+        ship.SharedSsh(),
+        remote.opening(hosts) as opened,
+        ThreadPoolExecutor(max_workers=1) as beside,
+    ):
+        # Every host's connection opens while this machine picks the image (0.2 s of engine calls); the hosts'
+        # checks need its reference, and ride the open connections.
         ref = image or current_image(settings)
         # This machine's image is read while the hosts are checked (its docker CLI call and python-on-whales' import
         # were 0.1 to 0.2 s before the first SSH); the hosts' checks need only its reference.
         local = beside.submit(docker.require_image, ref)
         return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
-                         events)  # fmt: skip
+                         events, opened)  # fmt: skip
 
 
 def _attempts(
@@ -313,6 +320,7 @@ def _attempts(
     clock: Callable[[], float],
     cause_s: float,
     events: RunEvents = NO_EVENTS,
+    opened: Mapping[int, remote.Opening] | None = None,
 ) -> int:
     t0 = clock()
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
@@ -320,7 +328,9 @@ def _attempts(
     used = 0
     while True:
         n = len(hosts)
-        facts, there, info = _check(settings, hosts, reporter, ref, local, events if used == 0 else NO_EVENTS)
+        first = used == 0
+        facts, there, info = _check(settings, hosts, reporter, ref, local, events if first else NO_EVENTS,
+                                    opened if first else None)  # fmt: skip
         image_id = info.identity
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         if missing := [h for h in hosts if h.rank not in there]:
@@ -378,6 +388,7 @@ def _check(
     ref: str,
     local: Future[docker.ImageInfo],
     events: RunEvents,
+    opened: Mapping[int, remote.Opening] | None = None,
 ) -> tuple[list[Gathered], set[int], docker.ImageInfo]:
     """Every host checked (facts, or FleetCheckError: nothing started), the ranks whose host has the image (asked in
     each host's check, one SSH command per host: remote.check_script), and this machine's image, read beside them
@@ -385,7 +396,7 @@ def _check(
     hears the image once it is known, a host's failure or not."""
     reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main, the image")
     try:
-        reports = _reports(settings, hosts, reporter, ref)
+        reports = _reports(settings, hosts, reporter, ref, opened)
     except NodekitError:
         _image_known(ref, local, events)
         raise
@@ -400,7 +411,13 @@ def _image_known(ref: str, local: Future[docker.ImageInfo], events: RunEvents) -
     return info
 
 
-def _reports(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter, ref: str) -> list[remote.HostReport]:
+def _reports(
+    settings: Settings,
+    hosts: Sequence[FleetHost],
+    reporter: Reporter,
+    ref: str,
+    opened: Mapping[int, remote.Opening] | None = None,
+) -> list[remote.HostReport]:
     return remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(
@@ -410,6 +427,7 @@ def _reports(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter,
         ),
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
         on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
+        opened=opened,
     )
 
 

@@ -183,7 +183,9 @@ def test_check_all_reports_each_host_as_it_ends_and_refuses_every_failed_one(mon
     lock = threading.Lock()
     composes: list[None] = []
 
-    def check_host(h: FleetHost, expect: object, gpus: object) -> remote.HostReport | list[remote.Problem]:
+    def check_host(
+        h: FleetHost, expect: object, gpus: object, opened: object = None
+    ) -> remote.HostReport | list[remote.Problem]:
         if h.rank == 2:
             return [remote.Problem(h, "SSH to root@10.0.0.3 failed: Connection refused", "check it")]
         return remote.HostReport(gathered=Gathered(facts=HostFacts(gpu_count=h.rank)))

@@ -4,6 +4,7 @@ signal, and with keep_containers every container stopped and kept instead of rem
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 from collections.abc import Callable, Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.backends.fleet import follow, remote, run
+from nodekit.backends.fleet import follow, remote, run, start
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts
 from nodekit.config import settings as config
 from nodekit.errors import ImageError, JobFailed
@@ -83,7 +84,9 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Engines:
     monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [passed for _ in hosts])
     monkeypatch.setattr(run, "ship_image", lambda *a, **k: None)
     monkeypatch.setattr(net, "resolve", lambda name: "10.0.0.1")
+    monkeypatch.setattr(remote, "opening", lambda hosts: contextlib.nullcontext({}))  # no host to connect to
     monkeypatch.setattr(docker, "compose_up", e.up)
+    monkeypatch.setattr(start, "start", lambda host, plan, **_: e.up(plan.compose_path, plan.project, host=host.url))
     monkeypatch.setattr(follow, "follow", e.follow)
     monkeypatch.setattr(docker, "compose_down", e.end("down"))
     monkeypatch.setattr(docker, "compose_stop", e.end("stop"))

@@ -1,0 +1,56 @@
+"""Each host's connection opened while this machine picks the image (nodekit/backends/fleet/remote.py: ``opening``),
+with a stand-in ``ssh`` on PATH that logs every call (the real OpenSSH path: the cluster tier's fleet tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nodekit.backends.fleet import remote
+from nodekit.backends.fleet.hosts import parse_host
+from nodekit.system import proc
+
+# Host 10.0.0.9 refuses connections (ssh's 255, OpenSSH's line); every other host runs the command here.
+SSH = r"""#!/bin/sh
+for a; do last=$a; case $a in *10.0.0.9*) bad=1 ;; esac; done
+printf '%s\n' "$last" | head -c 40 >> "$CALLS"; echo >> "$CALLS"
+[ -n "$bad" ] && { echo "ssh: connect to host 10.0.0.9 port 22: Connection refused" >&2; exit 255; }
+sleep 0.2
+exec sh -c "$last"
+"""
+
+
+@pytest.fixture
+def calls(tmp_path: Path) -> Iterator[Path]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    out = tmp_path / "calls"
+    out.touch()
+    with proc.extra_env({"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(out)}):
+        yield out
+
+
+def test_connections_open_at_once_and_a_refused_one_is_named_without_a_second_attempt(calls: Path) -> None:
+    good, bad = parse_host("ssh://root@10.0.0.2", 0), parse_host("ssh://root@10.0.0.9", 1)
+    with remote.opening([good, bad, parse_host("unix:///run/docker.sock", 2)]) as opened:
+        assert sorted(opened) == [0, 1]  # every ssh:// host
+        assert opened[0].child.poll() is None  # started without waiting for any (each takes 0.2 s)
+        checked = remote.check_host(bad, remote.Expect(), None, opened[1])
+        assert opened[0].problem() is None
+    [refused] = checked
+    assert "Connection refused" in refused.what and "runs sshd" in refused.fix
+    # One ssh per host: the refused host's check did not dial again.
+    assert calls.read_text().split() == ["true", "true"]
+
+
+def test_leaving_early_ends_the_connections_still_opening(calls: Path, tmp_path: Path) -> None:
+    slow = tmp_path / "bin" / "ssh"
+    slow.write_text(SSH.replace("sleep 0.2", "sleep 30"))
+    with remote.opening([parse_host("ssh://root@10.0.0.2", 0)]) as opened:
+        child = opened[0].child
+    assert child.returncode is not None and child.returncode != 0  # ended on the way out, not left to run 30 s
+    assert child not in proc.live()
