@@ -213,6 +213,10 @@ class LinkServer:
 
     def close(self) -> None:
         self._stop.set()
+        # Wakes the accept loop at once (Linux: accept fails on a listener shut down); it would otherwise sleep out
+        # its poll, a quarter of a second added to every check's end.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         if self._thread.is_alive():
             self._thread.join(timeout=2 * ACCEPT_POLL_S + 1)
         with contextlib.suppress(OSError):

@@ -217,6 +217,18 @@ def test_a_pair_on_a_settled_link_ends_each_way_long_before_its_bound() -> None:
         server.close()
 
 
+def test_closing_the_listener_wakes_its_accept_loop_instead_of_sleeping_out_its_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    monkeypatch.setattr(probe, "ACCEPT_POLL_S", 30.0)  # a poll this long would hold close() for 30 s
+    server = probe.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    t0 = time.monotonic()
+    server.close()
+    assert not server._thread.is_alive() and time.monotonic() - t0 < 10
+
+
 def test_nobody_listening_is_a_pair_that_cannot_connect() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
