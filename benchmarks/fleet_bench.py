@@ -204,6 +204,7 @@ def main() -> int:
     parser.add_argument("--label", default="now", help="'before' writes the doc's Before section (default: now)")
     parser.add_argument("--no-docs", action="store_true", help="print the result, do not write docs/")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=1, help="runs of each side before the pairs, not counted")
     parser.add_argument("--toml", default="", help="TOML appended to the project's nodekit.toml (a variant, e.g. "
                         "'[health]\\nlinks = \"off\"'); use it with its own --label")  # fmt: skip
     opts = parser.parse_args()
@@ -241,6 +242,11 @@ def main() -> int:
                     kit: list[dict[str, Any]] = []
                     bare: list[dict[str, Any]] = []
                     t_n = time.monotonic()
+                    # One run of each side first, not counted: the first container after the image arrived reads
+                    # the image's files from disk (a cold page cache), which no later run of either side pays.
+                    for _ in range(opts.warmup):
+                        kit_run(c, n, ref, project, 29690, env, work / f"kit-{n}-warm.log")
+                        bare_run(c, n, ref, project, 29691, bin_dir, env, work / f"bare-{n}")
                     for i in range(opts.pairs):
                         for side in ("kit", "bare") if i % 2 == 0 else ("bare", "kit"):
                             port = 29700 + (i * 2 + (side == "bare")) % 40
@@ -252,7 +258,8 @@ def main() -> int:
                               f"({kit[-1]['cpu']:.1f} CPU s), bare {bare[-1]['first']:.2f} s "
                               f"({bare[-1]['cpu']:.1f} CPU s)", flush=True)  # fmt: skip
                     runs[str(n)] = {"kit": kit, "bare": bare, "measured": now_utc(), "load_start": load_start,
-                                    "load_end": loadavg(), "minutes": (time.monotonic() - t_n) / 60}  # fmt: skip
+                                    "load_end": loadavg(), "minutes": (time.monotonic() - t_n) / 60,
+                                    "warmup": opts.warmup}  # fmt: skip
                     if opts.state:
                         write_state(opts.state, state)
             finally:
@@ -286,8 +293,9 @@ def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
                     f"[{diff.low:+.2f}, {diff.high:+.2f}] | {stats.verdict(diff, TARGET_S).text} | "
                     f"{cpu_median(r['bare'])} / {cpu_median(r['kit'])} |")  # fmt: skip
         phases.append(fleet_phases.breakdown_row(int(key), r["kit"], r["bare"]))
-        notes.append(f"{key} host(s): {len(kit)} pairs, measured {r['measured']}, load {r['load_start']} at the start "
-                     f"and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
+        warm = f" after {r['warmup']} run(s) of each side not counted" if r.get("warmup") else ""
+        notes.append(f"{key} host(s): {len(kit)} pairs{warm}, measured {r['measured']}, load {r['load_start']} at the "
+                     f"start and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
     title = "## Before (issue 33: as measured before its changes)" if label == "before" else (
         "# `nodekit run`: command to first training step, against bare torchrun over SSH")  # fmt: skip
     return "\n".join([
