@@ -14,6 +14,7 @@ from nodekit.backends.fleet.follow import exit_code_of, follow, follow_script
 from nodekit.backends.fleet.hosts import parse_host
 from nodekit.errors import EngineError
 from nodekit.system import proc
+from tests.unit.backends.fleet.stand_ins import on_path
 
 # The stand-in engine: MODE picks what it does; every call is written to $CALLS, one argument per line.
 DOCKER = r"""#!/bin/sh
@@ -51,14 +52,8 @@ exit $rc
 
 
 @pytest.fixture
-def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("docker", DOCKER), ("ssh", SSH)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    calls = tmp_path / "calls"
-    with proc.extra_env({"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls)}):
+def host(tmp_path: Path) -> Iterator[Path]:
+    with on_path(tmp_path, {"docker": DOCKER, "ssh": SSH}) as calls:
         yield calls
 
 

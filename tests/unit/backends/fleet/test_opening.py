@@ -11,6 +11,7 @@ import pytest
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.hosts import parse_host
 from nodekit.system import proc
+from tests.unit.backends.fleet.stand_ins import on_path
 
 # Host 10.0.0.9 refuses connections (ssh's 255, OpenSSH's line); every other host runs the command here.
 SSH = r"""#!/bin/sh
@@ -24,13 +25,7 @@ exec sh -c "$last"
 
 @pytest.fixture
 def calls(tmp_path: Path) -> Iterator[Path]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(SSH)
-    (bin_dir / "ssh").chmod(0o755)
-    out = tmp_path / "calls"
-    out.touch()
-    with proc.extra_env({"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(out)}):
+    with on_path(tmp_path, {"ssh": SSH}) as out:
         yield out
 
 

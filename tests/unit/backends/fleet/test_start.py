@@ -22,6 +22,7 @@ from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher.contract import Env
 from nodekit.system import proc
 from nodekit.system.host.facts import HostFacts
+from tests.unit.backends.fleet.stand_ins import on_path
 
 SECRET = "s3cret-value-of-the-job"
 # Values a user may write: every one must reach the job as written.
@@ -54,13 +55,7 @@ exec sh -c "$last"
 
 @pytest.fixture
 def calls(tmp_path: Path) -> Iterator[Path]:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("docker", DOCKER), ("ssh", SSH)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    out = tmp_path / "calls"
-    with proc.extra_env({"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(out)}):
+    with on_path(tmp_path, {"docker": DOCKER, "ssh": SSH}) as out:
         yield out
 
 
