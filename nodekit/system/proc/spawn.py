@@ -91,14 +91,17 @@ def run(
     cause: str = "it hung",
     error: type[DeadlineError] = DeadlineError,
     given: bytes | None = None,
+    stop_with: int = signal.SIGTERM,
 ) -> Result:
     """Run ``argv`` to its end with its output captured (as text); when ``deadline`` seconds pass first it is
     killed and :func:`hung`'s ``error`` raised. A non-zero exit is the caller's to judge (``returncode``). Whatever
     interrupts the wait (Ctrl-C, a signal turned into :class:`~nodekit.system.proc.Interrupted`) kills it first, its
-    whole process group with ``group``. ``given``: its standard input, then its end (``stdin`` is then ignored)."""
+    whole process group with ``group``. ``given``: its standard input, then its end (``stdin`` is then ignored).
+    ``stop_with``: what a stop signal's :func:`~nodekit.system.proc.terminate_all` sends it first (0: nothing, it is
+    given the grace period to end on its own)."""
     popen = _popen(list(argv), env=dict(env) if env is not None else environ(), deadline=deadline,
                    stdin="pipe" if given is not None else stdin, stdout="pipe", stderr="pipe", group=group)  # fmt: skip
-    child = Child(popen, what=what, fix=fix, deadline=deadline, group=group, timer=False)
+    child = Child(popen, what=what, fix=fix, deadline=deadline, group=group, timer=False, stop_with=stop_with)
     seconds = None if isinstance(deadline, Unbounded) else deadline
     try:
         out, err = popen.communicate(input=given, timeout=seconds)

@@ -41,6 +41,7 @@ case "$1" in
           'The container name "/x" is already in use by container "4f2c".' >&2; exit 125; } ;;
       noimage) echo "docker: Error response from daemon: No such image: demo:1" >&2; exit 125 ;;
       fail) echo "docker: Error response from daemon: failed to create task: unknown device /dev/fuse." >&2; exit 127 ;;
+      slow) sleep 1; echo started > "$CALLS.started" ;;
     esac
     echo 4f2c9e ;;
   rm) touch "$CALLS.removed" ;;
@@ -147,3 +148,19 @@ def test_a_bridge_network_node_is_left_to_compose(tmp_path: Path) -> None:
         start.mount_option(Mount('/d,a"ta', "/data", read_only=True))
         == 'type=bind,"source=/d,a""ta",target=/data,readonly'
     )
+
+
+def test_a_stop_signal_lets_a_start_in_flight_end_so_that_the_runs_down_comes_after_it(
+    tmp_path: Path, calls: Path
+) -> None:
+    """The head's signal handler ends every child it started (proc.terminate_all); ending this ssh would not end the
+    host's `docker run`, which could then create the container after the run's `down` had removed everything."""
+    import threading
+    import time
+
+    stopper = threading.Timer(0.3, proc.terminate_all, kwargs={"grace": 10.0})
+    stopper.start()
+    t0 = time.monotonic()
+    run(tmp_path, "slow")  # returns: the start ended on its own, with its exit code 0
+    stopper.join()
+    assert (calls.parent / "calls.started").read_text() == "started\n" and time.monotonic() - t0 < 10
