@@ -8,10 +8,11 @@ stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP th
 an error of ours), every node's container is removed before this returns; a host that cannot be reached for that is
 named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a host that vanishes is reported
 lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before blaming a
-survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image, ``compose up``, the node's
-follower: its log and exit code in one SSH command, :mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared
-connection (:class:`nodekit.ship.SharedSsh`, opened by the check and
-keeping alive as above): one key exchange and login per host per run, not one per call (issue 33).
+survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image, the start: the host's own
+``docker run``, :mod:`nodekit.backends.fleet.start`; the node's follower: its log and exit code in one SSH command,
+:mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared connection (:class:`nodekit.ship.SharedSsh`, opened
+while this machine picks the image, :func:`nodekit.backends.fleet.remote.opening`, and keeping alive as above): one key
+exchange and login per host per run, not one per call (issue 33).
 """
 
 from __future__ import annotations
@@ -290,9 +291,9 @@ def run(
     interval = alive_interval(settings.peer_timeout)
     from nodekit import ship
 
-    # One SSH connection per host for the whole run, keeping alive at the job's interval: the check (the image's
-    # question included) opens it, and compose up, each node's follower and down ride on it without
-    # handshakes.
+    # One SSH connection per host for the whole run, keeping alive at the job's interval: opened while this machine
+    # picks the image, then the check (the image's question included), the start, each node's follower and down
+    # ride on it without handshakes.
     with (
         kept_alive(interval),
         ship.SharedSsh(),
