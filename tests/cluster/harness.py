@@ -129,7 +129,13 @@ def pids_in_netns(inode: int) -> list[int]:
 
 
 def kill_netns(inode: int, *, timeout: float = 15) -> int:
-    """SIGKILL every process in the namespace until none is left (new ones may appear while we kill)."""
+    """SIGKILL every process in the namespace until none is left (new ones may appear while we kill). Every one is
+    stopped first (SIGSTOP), so that none sees another die and acts on it: killed one by one, a docker CLI whose
+    daemon had just died reported the container's loss (exit 125) through Slurm before it was killed itself, which a
+    host that dies at once never does."""
+    for pid in [p for p in pids_in_netns(inode) if p != os.getpid()]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
     killed: set[int] = set()
     deadline = time.monotonic() + timeout
     while pids := [p for p in pids_in_netns(inode) if p != os.getpid()]:
