@@ -66,6 +66,15 @@ class Mount:
     create: bool = False
 
 
+def docker_mount(m: Mount) -> str:
+    """``docker run --mount``'s value for ``m`` (Go's encoding/csv: a field quoted when it holds , " or a line end).
+    A mount made when missing is never read-only (the compose renderer's rule)."""
+    fields = ["type=bind", f"source={m.source}", f"target={m.target}"]
+    if m.read_only and not m.create:
+        fields.append("readonly")
+    return ",".join('"' + f.replace('"', '""') + '"' if any(c in f for c in ',"\n\r') else f for f in fields)
+
+
 @dataclass(frozen=True)
 class Ulimit:
     name: str  # "stack", "memlock" (bytes; -1 unlimited)

@@ -30,7 +30,7 @@ from nodekit.backends.compose.render import SERVICE, fill
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import EngineError, ImageError
-from nodekit.job.container import IMAGE_ID, ContainerSpec, Mount
+from nodekit.job.container import IMAGE_ID, ContainerSpec, docker_mount
 from nodekit.launcher.contract import Env
 from nodekit.system import proc
 from nodekit.system.docker import calls
@@ -97,21 +97,13 @@ def run_args(spec: ContainerSpec, *, project: str, compose_file: Path, compose_t
     known = [v for v in spec.env if not (v.value == IMAGE_ID and not spec.image_id)]
     args += [f"--env={v.name}={fill(spec, v.value)}" for v in known]
     args += [f"--env={name}" for name in dict.fromkeys((*spec.secrets, *spec.pass_env))]
-    args += [f"--mount={mount_option(m)}" for m in spec.mounts]
+    args += [f"--mount={docker_mount(m)}" for m in spec.mounts]
     args += [f"--ulimit={u.name}={u.soft}:{u.hard}" for u in spec.ulimits]
     if spec.gpus is not None:
         args.append(f"--gpus={spec.gpus}")
     args += [f"--device={d}:{d}" for d in spec.devices]
     args += [f"--cap-add={c}" for c in spec.cap_add]
     return [*args, spec.image, *spec.command]
-
-
-def mount_option(m: Mount) -> str:
-    """``--mount``'s value for a bind mount (Go's encoding/csv: a field quoted when it holds , " or a line end)."""
-    fields = ["type=bind", f"source={m.source}", f"target={m.target}"]
-    if m.read_only and not m.create:
-        fields.append("readonly")
-    return ",".join('"' + f.replace('"', '""') + '"' if any(c in f for c in ',"\n\r') else f for f in fields)
 
 
 def startable(spec: ContainerSpec) -> bool:

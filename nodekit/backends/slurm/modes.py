@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from nodekit.backends.slurm.job import ImageFacts, Mode, SlurmJob
 from nodekit.backends.slurm.shell import Part, Raw, Var, array, word
-from nodekit.job.container import IMAGE_ID, MAIN_ADDR, RANK, ContainerSpec, Mount, Value
+from nodekit.job.container import IMAGE_ID, MAIN_ADDR, RANK, ContainerSpec, Value, docker_mount
 from nodekit.launcher.contract import Label
 
 TASK_RANK = Var("nk_rank")
@@ -79,24 +79,12 @@ def docker_args(job: SlurmJob, spec: ContainerSpec) -> list[tuple[Part, ...]]:
     args += [(f"--label={key}=", *fill(value, "docker", spec)) for key, value in spec.labels]
     args += [(f"--env={v.name}=", *fill(v.value, "docker", spec)) for v in spec.env]
     args += [(f"--env={name}",) for name in (*spec.secrets, *spec.pass_env)]
-    args += [(f"--mount={_docker_mount(m)}",) for m in spec.mounts]
+    args += [(f"--mount={docker_mount(m)}",) for m in spec.mounts]
     if spec.gpus is not None:
         args.append(("--gpus=", GPUS))
     args += [(f"--device={d}:{d}",) for d in spec.devices]
     args += [(f"--cap-add={c}",) for c in spec.cap_add]
     return [*args, (spec.image,), *((c,) for c in spec.command)]
-
-
-def _docker_mount(m: Mount) -> str:
-    fields = ["type=bind", f"source={m.source}", f"target={m.target}"]
-    if m.read_only:
-        fields.append("readonly")
-    return ",".join(_csv(f) for f in fields)
-
-
-def _csv(field: str) -> str:
-    """One field of ``--mount``'s comma-separated value (Go's encoding/csv: quoted when it holds , or ")."""
-    return '"' + field.replace('"', '""') + '"' if any(c in field for c in ',"\n\r') else field
 
 
 def container_env(job: SlurmJob, spec: ContainerSpec) -> list[tuple[Part, ...]]:

@@ -16,7 +16,7 @@ from nodekit.backends.fleet import start
 from nodekit.backends.fleet.hosts import parse_host
 from nodekit.config.settings import Settings
 from nodekit.errors import EngineError, ImageError
-from nodekit.job.container import EnvVar, Mount
+from nodekit.job.container import EnvVar, Mount, docker_mount
 from nodekit.job.plan import plan_container
 from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher.contract import Env
@@ -145,8 +145,7 @@ def test_a_bridge_network_node_is_left_to_compose(tmp_path: Path) -> None:
     assert start.startable(spec)
     assert not start.startable(dataclasses.replace(spec, network="bridge", ports=(29500,)))
     assert (
-        start.mount_option(Mount('/d,a"ta', "/data", read_only=True))
-        == 'type=bind,"source=/d,a""ta",target=/data,readonly'
+        docker_mount(Mount('/d,a"ta', "/data", read_only=True)) == 'type=bind,"source=/d,a""ta",target=/data,readonly'
     )
 
 
