@@ -30,10 +30,22 @@ NodeOpt = Annotated[int | None, typer.Option("--node", help="only this node (ran
 
 
 def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[Any, Any]:
-    from nodekit.backends.fleet.run import hosts_of
+    """The settings and the job's hosts. ``--nnodes`` below the hosts' count is a stated choice, said here."""
+    from nodekit.backends.fleet.run import hosts_of, left_out
 
     settings = load_settings(config, **flags)
-    return settings, hosts_of(settings, hostfile)
+    stated = flags.get("nnodes") is not None
+    hosts = hosts_of(settings, hostfile, stated=stated)
+    cut = left_out(settings, hosts, hostfile) if stated else []
+    if cut:
+        from nodekit.cli.ui import err
+
+        err.print(
+            f"nodekit: the first {len(hosts)} of {len(hosts) + len(cut)} hosts run the job (--nnodes {len(hosts)}); "
+            f"left out: {', '.join(cut[:5])}{', ...' if len(cut) > 5 else ''}",
+            markup=False,
+        )
+    return settings, hosts
 
 
 def line_printer(node: int | None) -> Any:

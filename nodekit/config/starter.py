@@ -166,6 +166,7 @@ args = []
 # "fabric" does what `fabric run` does (Fabric() without .launch(); settings accelerator, strategy, precision);
 # "torch.distributed.launch" passes each worker --local-rank (or --local_rank) for older scripts.
 launcher = "torchrun"
+# For `nodekit up` by hand. With hosts = [...] below, leave it out: the hosts count the nodes.
 nnodes = 2
 # An integer, or "auto": the node's GPU count (1 on a CPU-only node).
 nproc_per_node = "auto"

@@ -93,3 +93,20 @@ def test_slurm_takes_all_four_into_the_script(project: Path, monkeypatch: pytest
     assert "--env=MASTER_PORT=29610" in script and "--env=NODEKIT_PREFLIGHT_PORT=29611" in script
     assert "--env=NPROC_PER_NODE=3" in script and "--env=NODEKIT_NPROC_DECLARED=0:3,1:3,2:3" in script
     assert "        other.py\n" in script and "train.py" not in script
+
+
+def test_more_hosts_than_nnodes_is_never_a_silent_cut(project: Path) -> None:
+    """A host list longer than nnodes (a nodekit.toml that says nnodes = 2 beside three hosts) is refused in one
+    line; --nnodes on the command line is a stated choice, and the run says which hosts it leaves out."""
+    (project / "nodekit.toml").write_text(
+        'name = "t"\nscript = "train.py"\nnnodes = 2\n'
+        'hosts = ["ssh://me@10.0.0.5", "ssh://me@10.0.0.6", "ssh://me@10.0.0.7"]\n'
+    )
+    result = runner.invoke(app, ["run", "--dry-run", "--image", "nodekit/t:0123"])
+    assert result.exit_code == 2, result.output
+    assert "hosts lists 3 hosts but nnodes = 2: 1 host(s) would be left out (ssh://me@10.0.0.7)" in result.output
+    assert "--nnodes 2" in result.output and "Traceback" not in result.output
+    stated = runner.invoke(app, ["run", "--dry-run", "--image", "nodekit/t:0123", "--nnodes", "2"])
+    assert stated.exit_code == 0, stated.output
+    assert "the first 2 of 3 hosts run the job (--nnodes 2); left out: ssh://me@10.0.0.7" in stated.stderr
+    assert "launch: node_rank 1, nnodes 2" in stated.stdout and "node_rank 2" not in stated.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from nodekit.backends.fleet import remote
 from nodekit.backends.fleet.hosts import fleet_hosts, main_address, parse_hostfile
-from nodekit.backends.fleet.run import hosts_of, job_settings
+from nodekit.backends.fleet.run import hosts_of, job_settings, left_out
 from nodekit.backends.fleet.supervise import LOST, Budget, Report, decide
 from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
@@ -133,7 +133,16 @@ def test_nnodes_defaults_to_the_number_of_hosts(tmp_path: Path) -> None:
     s = Settings(project_dir=tmp_path, name="d", script="t.py", hosts=("ssh://a", "ssh://b", "ssh://c"))
     assert len(hosts_of(s)) == 3
     s2 = Settings(project_dir=tmp_path, name="d", script="t.py", hosts=("ssh://a", "ssh://b", "ssh://c"), nnodes=2)
-    assert [h.url for h in hosts_of(s2)] == ["ssh://a", "ssh://b"]
+    with pytest.raises(
+        UsageError, match=r"hosts lists 3 hosts but nnodes = 2: 1 host\(s\) would be left out \(ssh://c\)"
+    ):
+        hosts_of(s2)
+    assert [h.url for h in hosts_of(s2, stated=True)] == ["ssh://a", "ssh://b"]
+    assert left_out(s2, hosts_of(s2, stated=True)) == ["ssh://c"]
+    f = tmp_path / "hostfile"
+    f.write_text("".join(f"h{i}\n" for i in range(64)))
+    with pytest.raises(UsageError, match=r"hostfile .* lists 64 hosts but nnodes = 2: 62 host\(s\) would be left out"):
+        hosts_of(s2, f)
 
 
 # --- the decision table, on a fake clock -------------------------------------------------------------------------
