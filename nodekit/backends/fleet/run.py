@@ -42,6 +42,7 @@ from nodekit.job.gather import NodeWorld, check_command
 from nodekit.job.secret import new_secret
 from nodekit.job.spec import mount_points
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET, Env
+from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, proc
 from nodekit.system.host import net
@@ -239,6 +240,7 @@ def _attempt(
     ``keep``: the nodes it stops keep their containers (``keep_containers``)."""
     inbox: queue.Queue[tuple[str, int, Any]] = queue.Queue()
     _watch(live, inbox)
+    causes = Causes()  # each node's first traceback, for the closing line
     reports = {n.plan.node.rank: Report(n.plan.node.rank) for n in live}
     eofs: set[int] = set()
     stopping: list[threading.Thread] = []
@@ -249,6 +251,7 @@ def _attempt(
             kind, rank, value = "tick", -1, None
         if kind == "line":
             on_line(rank, value)
+            causes.feed(rank, value)
             continue
         if kind == "eof":
             eofs.add(rank)
@@ -281,10 +284,14 @@ def _attempt(
                     continue
                 if kind == "line":
                     on_line(rank, value)
+                    causes.feed(rank, value)
                 elif kind == "eof":
                     eofs.add(rank)
             for t in stopping:
                 t.join(STOP_TIMEOUT_S + 20)
+            raised = causes.first(decision.culprit) if decision.culprit is not None else None
+            if decision.action != "done" and raised is not None:
+                return replace(decision, reason=f"{decision.reason}: {raised.quote()}")
             return decision
 
 

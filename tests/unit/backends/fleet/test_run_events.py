@@ -34,6 +34,7 @@ class Engines:
     def __init__(self) -> None:
         self.stopped = {r: threading.Event() for r in range(3)}
         self.ended: list[tuple[str, int]] = []
+        self.output: dict[int, list[str]] = {}  # what each node's job prints after its first step
 
     @staticmethod
     def rank(project: str) -> int:
@@ -46,6 +47,7 @@ class Engines:
              host: str | None = None) -> Iterator[str]:  # fmt: skip
         r = self.rank(project)
         yield from (f"nodekit evdemo: node {r}/3", f"{PREFLIGHT_OK}, 3/3 nodes", RENDEZVOUS_DONE, f"step 1 on {r}")
+        yield from self.output.get(r, ())
         self.stopped[r].wait(30) if r != 2 else None
 
     def wait(self, path: Path | None, project: str, *, service: str | None = None, host: str | None = None) -> int:
@@ -119,6 +121,39 @@ def test_a_fleet_run_tells_its_record_each_phase_and_the_failure(engines: Engine
     assert r.log_tail == ["nodekit evdemo: node 2/3", f"{PREFLIGHT_OK}, 3/3 nodes", RENDEZVOUS_DONE, "step 1 on 2"]
     assert {v for v, _ in engines.ended} == ({"stop"} if keep else {"down"}), "kept only with keep_containers"
     assert {rank for _, rank in engines.ended} == {0, 1, 2}
+
+
+def _traceback(rank: int, *frames_then_error: str) -> list[str]:
+    return [f"[rank{rank}]: {line}" for line in ("Traceback (most recent call last):", *frames_then_error)]
+
+
+def test_the_closing_line_quotes_the_failing_ranks_exception(engines: Engines, tmp_path: Path) -> None:
+    """Node 2's rank raises; the other ranks' gloo calls then fail too, each with a traceback of its own, and the
+    cause is far up the merged log: the run's last line quotes node 2's exception beside the node and rank."""
+    settings, hosts = _three_hosts(tmp_path)
+    gloo = ('  File "/app/train.py", line 61, in <module>', "    dist.all_reduce(t)",
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")  # fmt: skip
+    engines.output = {
+        0: _traceback(0, *gloo) + _traceback(1, *gloo),
+        1: _traceback(2, *gloo),
+        2: [
+            "epoch 3 loss 0.12",
+            *_traceback(5, '  File "/app/train.py", line 12, in load', "    raise KeyError(name)", "KeyError: 'x'"),
+            "[rank5]: ",
+            "[rank5]: During handling of the above exception, another exception occurred:",
+            "[rank5]: ",
+            *_traceback(5, '  File "/app/train.py", line 40, in <module>', "    check(batch)",
+                        "ValueError: batch 7 has NaN in 'loss' (step 1200)"),
+            "[rank4]: Traceback (most recent call last):",
+            '[rank4]:   File "/app/train.py", line 61',
+            *gloo[-1:],
+        ],
+    }  # fmt: skip
+    with pytest.raises(JobFailed) as failed:
+        run.run(settings, hosts, _Quiet(), lambda r, t: None, image=IMAGE)
+    line = failed.value.message
+    assert "failed with exit code 137: rank 5 raised ValueError: batch 7 has NaN in 'loss' (step 1200)" in line, line
+    assert "Connection closed by peer" not in line
 
 
 class _Quiet:
