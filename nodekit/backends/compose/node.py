@@ -22,7 +22,8 @@ from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
 from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
-from nodekit.launcher.contract import Env
+from nodekit.launcher.contract import EXIT_PEER_LOST, Env
+from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, hostlock, proc
 from nodekit.system.files import write_atomic
@@ -246,8 +247,10 @@ def _up(
                 f"node {plan.node.rank} started in the background: nodekit logs --node-rank {plan.node.rank} -f"
             )
             return 0
+        causes = Causes()  # the first traceback's exception, for the last line
         for line in follow(path, plan.project):
             on_line(line)
+            causes.feed(rank, line)
         code = docker.compose_wait(path, plan.project, service=SERVICE)
         events.exited(rank, code)
     except KeyboardInterrupt as e:
@@ -261,8 +264,10 @@ def _up(
             docker.compose_down(path, plan.project, timeout=30)
         raise
     if code != 0:
+        # 19 is a consequence (another node failed, and this node's own gloo traceback says only that).
+        raised = causes.first(rank) if code != EXIT_PEER_LOST else None
         raise JobFailed(
-            f"the job exited with code {code}",
+            f"the job exited with code {code}" + (f": {raised.quote()}" if raised else ""),
             exit_code=code,
             node=f"node {plan.node.rank}",
             fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",

@@ -107,3 +107,21 @@ def test_other_ranks_projects_and_engines_do_not_exclude_each_other() -> None:
     assert node.up_lock_name("nodekit-once-node0", None) == node.up_lock_name(
         "nodekit-once-node0", "unix:///var/run/docker.sock"
     )
+
+
+@pytest.mark.parametrize(("code", "quoted"), [(1, True), (19, False)])
+def test_a_failed_node_s_last_line_quotes_its_exception_unless_another_node_failed_first(
+    tmp_path: Path, engine: list[str], monkeypatch: pytest.MonkeyPatch, code: int, quoted: bool
+) -> None:
+    """`nodekit up` follows its node's log; when the job fails, the last line quotes the first traceback's
+    exception. Exit 19 (another node failed) is a consequence: this node's own gloo error is not the cause."""
+    from nodekit.errors import JobFailed
+
+    error = "RuntimeError: Connection closed by peer" if code == 19 else "ZeroDivisionError: oops"
+    out = ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "t.py", line 3', f"[rank0]: {error}"]
+    monkeypatch.setattr(node, "follow", lambda path, project: iter(out))
+    monkeypatch.setattr(docker, "compose_wait", lambda path, project, service=None: code)
+    with pytest.raises(JobFailed) as failed:
+        node.up(plan(tmp_path), RecordingReporter(), detach=False, on_line=lambda line: None)
+    expected = f"the job exited with code {code}" + (": rank 0 raised ZeroDivisionError: oops" if quoted else "")
+    assert failed.value.message == expected
