@@ -17,7 +17,7 @@ from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import diagnose as _diagnose
-from nodekit.ship.plan import Codec, PushPlan, Source, Step, short_id, size_text, travelling_bytes
+from nodekit.ship.plan import Codec, PushPlan, Source, Step, size_text, travelling_bytes
 from nodekit.ship.relay import RelaySink
 from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, unzstd_sink
@@ -269,9 +269,7 @@ class FanOut:
         how = f"relayed by {upstream}" if upstream else f"{size_text(result.sent.get(name, 0))} sent"
         if upstream:
             result.relayed[name] = upstream
-        self.rep.done(
-            f"{name}: loaded {src.ref} ({short_id(src.image_id)}) in {result.seconds[name]:.1f} s: {how}{spared}"
-        )
+        self.rep.done(f"{name}: loaded {src.ref} ({src.named}) in {result.seconds[name]:.1f} s: {how}{spared}")
 
     def fail(self, step: Step, err: ShipError) -> None:
         """``step`` failed; when it heads a chain, every node after it is left without the image too."""

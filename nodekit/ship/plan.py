@@ -207,6 +207,11 @@ class Source:
     """An image on the source engine holding the layers below nodekit's own (the base), read with ``docker save``
     when a target lacks them; None when unknown."""
 
+    @property
+    def named(self) -> str:
+        """The short id every command prints for this image: its identity (the same on either store)."""
+        return short_id(self.identity or self.image_id)
+
     def id_on(self, containerd_store: bool) -> str:
         """The id this image has on an engine with that store; "" when unknown (an image nodekit did not write, on
         the other store: it is then recognized by its :attr:`identity` alone)."""
@@ -247,7 +252,7 @@ class PushPlan:
 
     def to_text(self) -> str:
         src = self.source
-        head = f"push {src.ref} ({short_id(src.image_id)}, {size_text(src.size)}) from {src.endpoint or 'this engine'}"
+        head = f"push {src.ref} ({src.named}, {size_text(src.size)}) from {src.endpoint or 'this engine'}"
         lines = [head]
         for s in self.steps:
             how = f" ({s.codec} stream)" if s.action == "load" else ""
@@ -344,7 +349,7 @@ def plan_push(
             st.ref_id == source.id_on(st.containerd_store)
             or (bool(source.identity) and st.ref_identity == source.identity)
         ):
-            steps.append(Step(t, "skip", f"already has {short_id(source.image_id)}"))
+            steps.append(Step(t, "skip", f"already has {source.named}"))
         elif st.has_image:
             steps.append(Step(t, "tag", "has the image under another name", previous_id=st.ref_id,
                               image_id=source.id_on(st.containerd_store)))  # fmt: skip

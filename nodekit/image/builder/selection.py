@@ -19,7 +19,7 @@ BUILD_FIX = "nodekit build"
 class Choice(NamedTuple):
     ref: str
     why: str
-    id: str  # the image's id, as the choice saw it
+    id: str  # the image's identity (ImageInfo.identity), the id every command names it by on either store
 
 
 def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
@@ -53,7 +53,7 @@ def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
         match.sort(key=lambda i: ref(i) == i.id)
         if match:
             return Choice(
-                ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now", match[0].id
+                ref(match[0]), f"its fingerprint {fingerprint[:12]} is the project's as it is now", match[0].identity
             )
     record = last_build(settings)
     recorded = record.get("tag") if record else None
@@ -70,7 +70,9 @@ def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
                 fix=f"nodekit build (or nodekit run --build, nodekit up --build); or --image {recorded} to run the old "
                 "image anyway",
             )
-        return Choice(recorded, f"the last build here (the project's fingerprint is unknown: {unknown})", found.id)
+        return Choice(
+            recorded, f"the last build here (the project's fingerprint is unknown: {unknown})", found.identity
+        )
     if fingerprint is not None:
         raise ImageError(
             f"no image of {name} here matches the project (fingerprint {fingerprint[:12]})",
@@ -79,7 +81,7 @@ def choose(settings: Settings, *, cached_only: bool = False) -> Choice:
     refs = sorted({ref(i) for i in labelled})
     if len(refs) == 1:
         why = f"the only image of {name} here (the project's fingerprint is unknown: {unknown})"
-        return Choice(refs[0], why, labelled[0].id)
+        return Choice(refs[0], why, labelled[0].identity)
     if not refs:
         raise ImageError(f"no image built yet for {name}", fix=BUILD_FIX)
     raise ImageError(

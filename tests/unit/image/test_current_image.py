@@ -23,9 +23,11 @@ OLD, NEW = "d5cc483dcf63" + "0" * 52, "d726855b19c7" + "1" * 52
 
 
 def image(fp: str) -> docker.ImageInfo:
+    """On the containerd store the engine's id (the manifest digest) and the identity differ: both are set, apart."""
     return docker.ImageInfo(
-        id=f"sha256:{fp}", tags=(f"nodekit/p:{fp[:12]}",), labels={LABEL_NAME: "p", LABEL_FINGERPRINT: fp}, size=1
-    )
+        id=f"sha256:{fp}", tags=(f"nodekit/p:{fp[:12]}",), labels={LABEL_NAME: "p", LABEL_FINGERPRINT: fp}, size=1,
+        identity=f"sha256:{fp[::-1]}",
+    )  # fmt: skip
 
 
 @pytest.fixture
@@ -77,7 +79,30 @@ def test_a_tagged_image_wins_over_an_untagged_one_with_the_same_fingerprint(
     monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: (NEW, ""))
     monkeypatch.setattr(selection, "last_build", lambda s: None)
     ref, _, image_id = build.choose(settings(tmp_path))
-    assert (ref, image_id) == ("nodekit/p:" + NEW[:12], tagged.id)
+    assert (ref, image_id) == ("nodekit/p:" + NEW[:12], tagged.identity)
+
+
+@pytest.mark.parametrize("record", [False, True])
+def test_plain_up_plans_with_the_same_id_as_up_image_and_run(
+    tmp_path: Path, engine: dict[str, docker.ImageInfo], monkeypatch: pytest.MonkeyPatch, record: bool
+) -> None:
+    """Issue 46: plain `nodekit up` planned NODEKIT_IMAGE_ID from the engine's id, `up --image`/`up --build` and
+    `nodekit run` from the image's identity: one image, two ids on one machine, and a false stack mismatch (17).
+    Every way a node is started now names the image by its identity."""
+    from nodekit.backends.compose.node import image_id_here
+
+    tag = "nodekit/p:" + NEW[:12]
+    engine[tag] = image(NEW)
+    monkeypatch.setattr(docker, "require_image", lambda ref, host=None, node=None: engine[ref])
+    if record:  # the project's fingerprint unknown here: the last build's record names the image
+        monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: (None, "no lock"))
+        monkeypatch.setattr(selection, "last_build", lambda s: {"tag": tag})
+        monkeypatch.setattr(selection, "recorded_inputs", lambda r: None)
+    else:
+        monkeypatch.setattr(selection, "project_fingerprint", lambda s, **_: (NEW, ""))
+        monkeypatch.setattr(selection, "last_build", lambda s: None)
+    ref, _, chosen = build.choose(settings(tmp_path))
+    assert ref == tag and chosen == image_id_here(0)(tag) == engine[tag].identity != engine[tag].id
 
 
 def test_a_pushed_to_node_without_a_fingerprint_takes_its_only_image_and_refuses_to_guess_among_several(
@@ -157,4 +182,4 @@ def test_a_node_without_its_unknown_base_falls_back_to_its_only_image(
     assert fp is None and "cannot tell the Python and wheel platform of base image example.org/custom:1" in why
     engine["nodekit/p:" + OLD[:12]] = image(OLD)
     ref, why, image_id = build.choose(s)
-    assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and image_id == f"sha256:{OLD}"
+    assert ref == "nodekit/p:" + OLD[:12] and "only image" in why and image_id == f"sha256:{OLD[::-1]}"
