@@ -207,6 +207,23 @@ def _policy(cfg: LaunchConfig) -> dict[str, Any]:
     return {"allow_heterogeneous_gpus": cfg.allow_heterogeneous_gpus, "declared": declared}
 
 
+SECRET_FIX = (
+    "copy .nodekit/job-secret from main's project to that node's (or export the same NODEKIT_JOB_SECRET on every "
+    "node), then start it again"
+)
+
+
+def _tell_wrong_secrets(store: Store, pending: set[int], told: set[tuple[int, str]], clock: Clock) -> None:
+    """Say at once, once each, which expected nodes told main they hold another job secret (a worker whose check of
+    main's proof failed says so: :func:`nodekit.launcher.store.auth.wrong_secret_notice`). Unauthenticated, so
+    only said: nothing main waits for or decides changes."""
+    notices = getattr(store, "wrong_secret", None)
+    for rank, addr in notices() if callable(notices) else ():
+        if rank in pending and (rank, addr) not in told:
+            told.add((rank, addr))
+            clock.log(f"nodekit preflight: node {rank} ({addr}) reached main with another job secret: {SECRET_FIX}")
+
+
 def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
     """Node 0: publish, wait up to ``cfg.rdzv_timeout`` (counted from now: the store is up) for every node, decide,
     publish the verdict, and keep the store up until every node that arrived has read it (or ACK_TIMEOUT_S passes).
@@ -219,7 +236,9 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
     last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
     early = False
     all_here = start if not pending else None
+    told: set[tuple[int, str]] = set()
     while pending:
+        _tell_wrong_secrets(store, pending, told, clock)
         new = {r for r in pending if store.check([_key("facts", r)])}
         arrived |= {r: _facts(store.get(_key("facts", r))) for r in new}
         pending -= new
@@ -241,6 +260,12 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
             )
             last_report = now
         clock.sleep(POLL_S)
+    _tell_wrong_secrets(store, pending, told, clock)
+    if missing := sorted({r for r, _ in told if r in pending}):
+        clock.log(
+            f"nodekit preflight: node(s) {', '.join(map(str, missing))} reached main with another job secret and "
+            f"could not join: {SECRET_FIX}"
+        )
     all_facts = list(arrived.values())
     duplicates: list[NodeFacts] = []
     for r in arrived:
@@ -348,7 +373,12 @@ def open_store(cfg: LaunchConfig, timeout_s: float, connect_s: float | None = No
             ) from e
     try:
         return Client.connect(
-            cfg.master_addr, cfg.preflight_port, cfg.job_secret, timeout_s=timeout_s, connect_s=connect_s or timeout_s
+            cfg.master_addr,
+            cfg.preflight_port,
+            cfg.job_secret,
+            timeout_s=timeout_s,
+            connect_s=connect_s or timeout_s,
+            rank=cfg.node_rank,
         )
     except WrongSecret as e:
         raise SecretMismatch(

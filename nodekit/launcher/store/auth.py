@@ -99,6 +99,23 @@ def read_server_hello(data: bytes, secret: str, client_nonce: bytes) -> Handshak
     return hs
 
 
+NOTICE = b"NKW1"  # in place of the proof: "this node holds another secret", sent by a worker that refuses main
+
+
+def wrong_secret_notice(rank: int) -> bytes:
+    """What a worker whose secret does not verify main's proof sends in place of its own proof (PROOF_LEN bytes):
+    its node rank, so that main can name it at once instead of at ``rdzv_timeout``. Unauthenticated by nature (the
+    two hold no common key): main only prints it, and it changes nothing main decides."""
+    return (NOTICE + rank.to_bytes(4, "big")).ljust(PROOF_LEN, b"\0")
+
+
+def notice_rank(unit: bytes) -> int | None:
+    """The rank a :func:`wrong_secret_notice` names, or None when ``unit`` is not one."""
+    if len(unit) != PROOF_LEN or not unit.startswith(NOTICE) or any(unit[len(NOTICE) + 4 :]):
+        return None
+    return int.from_bytes(unit[len(NOTICE) : len(NOTICE) + 4], "big")
+
+
 def proof_ok(secret: str, hs: Handshake, proof: bytes) -> bool:
     """Main: is ``proof`` (exactly PROOF_LEN bytes) the client's MAC for this handshake? Constant time."""
     return len(proof) == PROOF_LEN and hmac.compare_digest(hs.client_tag(secret), proof)

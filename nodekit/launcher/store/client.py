@@ -5,6 +5,7 @@ See ``auth.py`` for the handshake and ``store.py`` for the calls and caps. Stand
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import threading
@@ -17,11 +18,13 @@ from nodekit.launcher.store.auth import (
     TAG_LEN,
     TO_CLIENT,
     TO_SERVER,
+    WrongSecret,
     client_hello,
     frame_length,
     read_server_hello,
     seal,
     unseal,
+    wrong_secret_notice,
 )
 from nodekit.launcher.store.kv import ADMIT, I64, LIMITS, U16, Limits, NoHandshake, StoreError, as_bytes, pack_keys
 
@@ -60,12 +63,21 @@ class Client:
 
     @classmethod
     def connect(
-        cls, addr: str, port: int, secret: str, *, timeout_s: float, connect_s: float, limits: Limits = LIMITS
+        cls,
+        addr: str,
+        port: int,
+        secret: str,
+        *,
+        timeout_s: float,
+        connect_s: float,
+        limits: Limits = LIMITS,
+        rank: int | None = None,
     ) -> Client:
         """Connect and run the handshake, retrying a refused, reset or unfinished one until ``connect_s`` passes.
         Each attempt, its handshake included, ends by then: a port that answers a byte at a time holds it no longer.
 
-        Raises ``auth.WrongSecret`` when main's proof does not verify (no retry: main holds another secret),
+        Raises ``auth.WrongSecret`` when main's proof does not verify (no retry: main holds another secret; with
+        ``rank``, main is told which node that is, :func:`nodekit.launcher.store.auth.wrong_secret_notice`),
         ``auth.NotNodekit`` when the port speaks something else, :class:`NoHandshake` when main's port took
         connections but none finished the handshake in time, StoreError when no connection was taken at all.
         """
@@ -81,7 +93,7 @@ class Client:
             else:
                 connected = True
                 try:
-                    return cls._handshake(sock, secret, timeout_s, limits, ends)
+                    return cls._handshake(sock, secret, timeout_s, limits, ends, rank)
                 except (OSError, EOFError) as e:
                     reason = str(e) or type(e).__name__
             if time.monotonic() >= deadline:
@@ -90,12 +102,20 @@ class Client:
             time.sleep(RETRY_S)
 
     @classmethod
-    def _handshake(cls, sock: socket.socket, secret: str, timeout_s: float, limits: Limits, ends: float) -> Client:
+    def _handshake(
+        cls, sock: socket.socket, secret: str, timeout_s: float, limits: Limits, ends: float, rank: int | None
+    ) -> Client:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = secrets.token_bytes(NONCE_LEN)
             sock.sendall(client_hello(nonce))
-            hs = read_server_hello(recv_exact(sock, SERVER_HELLO_LEN, ends), secret, nonce)
+            try:
+                hs = read_server_hello(recv_exact(sock, SERVER_HELLO_LEN, ends), secret, nonce)
+            except WrongSecret:
+                if rank is not None:
+                    with contextlib.suppress(OSError):
+                        sock.sendall(wrong_secret_notice(rank))
+                raise
             sock.settimeout(max(0.001, ends - time.monotonic()))
             sock.sendall(hs.client_tag(secret))
             client = cls(sock, hs.session_key(secret), hs.run_id, timeout_s, limits)

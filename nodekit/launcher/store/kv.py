@@ -182,6 +182,7 @@ class Hosted:
         stats: Callable[[], Any],
     ) -> None:
         self.table, self.timeout_s, self.port, self.run_id, self.stats = table, timeout_s, port, run_id, stats
+        self.wrong_secret: Callable[[], tuple[tuple[int, str], ...]] = tuple  # set by the server's host()
         self._finalizer = weakref.finalize(self, close)
 
     def set(self, key: str, value: str | bytes) -> None:

@@ -47,6 +47,7 @@ from nodekit.launcher.store.auth import (
     NotNodekit,
     frame_length,
     frame_mac,
+    notice_rank,
     proof_ok,
     read_client_hello,
     seal,
@@ -61,6 +62,7 @@ SWEEP_S = 0.25  # how often expired handshakes are dropped when nothing else hap
 ACCEPT_BATCH = 16  # connections taken per wake-up, so that a flood cannot starve the reads of those accepted
 READ_CHUNK = 1 << 20
 SMALL_FRAME = 64 << 10  # a request this small is never held back by the total (see the module docstring)
+MAX_NOTICES = 64  # distinct (rank, address) wrong-secret notices kept: a stranger can send them too
 CLOSED, CUT = b"closed", b"cut"  # what a will says: the peer closed between frames, or anything less clear
 
 
@@ -131,6 +133,7 @@ class Server:
         self._stop = threading.Event()
         self._stats = Stats()
         self._refused = self._evicted = self._peak_pending = 0
+        self._wrong: tuple[tuple[int, str], ...] = ()
         self._held = 0
         self._counted_at = 0.0
         self._thread = threading.Thread(target=self._serve, name="nodekit-store", daemon=True)
@@ -238,6 +241,22 @@ class Server:
         self._evicted += 1
         self._drop(conn)
 
+    def _noticed(self, conn: _Conn, rank: int | None) -> None:
+        if rank is None or len(self._wrong) >= MAX_NOTICES:
+            return
+        try:
+            addr = str(conn.sock.getpeername()[0]).removeprefix("::ffff:")
+        except OSError:
+            return
+        if (rank, addr) not in self._wrong:
+            self._wrong = (*self._wrong, (rank, addr))  # replaced whole: read by other threads without a lock
+
+    def wrong_secret(self) -> tuple[tuple[int, str], ...]:
+        """``(rank, address)`` of each connection that told main it holds another job secret, first first.
+        Unauthenticated claims (see :func:`nodekit.launcher.store.auth.wrong_secret_notice`): to be said, not
+        acted on."""
+        return self._wrong
+
     def _refuse(self, conn: _Conn) -> None:
         self._refused += 1
         self._drop(conn)
@@ -298,6 +317,7 @@ class Server:
         elif conn.phase == PROOF:
             assert conn.hs is not None
             if not proof_ok(self.secret, conn.hs, unit):
+                self._noticed(conn, notice_rank(unit))
                 self._refuse(conn)
                 return
             self._pending.pop(conn, None)
@@ -372,6 +392,8 @@ def host(secret: str, port: int, *, timeout_s: float, host: str = "", limits: Li
     """Bind ``port`` (OSError when taken) and serve a fresh, empty store for one run of the job; main's handle."""
     server = Server(secret, port, Table(limits), host=host, limits=limits)
     server.start()
-    return Hosted(
+    hosted = Hosted(
         server.table, timeout_s, port=server.port, run_id=server.run_id, close=server.close, stats=server.stats
     )
+    hosted.wrong_secret = server.wrong_secret
+    return hosted

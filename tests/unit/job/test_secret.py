@@ -150,6 +150,60 @@ def test_a_node_with_another_secret_is_refused_at_once_and_never_joins(
     assert not stores[0].check(["nodekit/facts/1"]) and not stores[0].check(["nodekit/claim/1"])
 
 
+def test_main_names_a_node_with_another_secret_at_once_and_changes_nothing_else() -> None:
+    """Issue 46: a worker with its own .nodekit/job-secret (a fresh clone) left main waiting out rdzv_timeout and
+    ending with "node(s) 1 never arrived". The worker now tells main its rank in place of its proof: main names it
+    at once with the fix, keeps waiting (the notice is unauthenticated: nothing else changes), and says it again
+    last."""
+    from nodekit.launcher.preflight.exchange import Clock, run_main
+
+    port = free_port()
+    main_cfg = cfg(0, 2, 4.0, NODEKIT_PREFLIGHT_PORT=str(port), NODEKIT_JOB_SECRET=S1)
+    main = open_store(main_cfg, 5)
+    lines: list[tuple[float, str]] = []
+    clock = Clock(log=lambda line: lines.append((time.monotonic(), line)))
+    done: list[Any] = []
+    t = threading.Thread(target=lambda: done.append(run_main(main, main_cfg, facts(0), clock)))
+    try:
+        t.start()
+        worker = cfg(1, 2, 4.0, MASTER_ADDR="127.0.0.1", NODEKIT_PREFLIGHT_PORT=str(port), NODEKIT_JOB_SECRET=S2)
+        refused = time.monotonic()
+        with pytest.raises(SecretMismatch):
+            open_store(worker, 5, connect_s=2)
+        said = "nodekit preflight: node 1 (127.0.0.1) reached main with another job secret: copy .nodekit/job-secret"
+        assert wait_for(lambda: any(said in line for _, line in lines), within=3), lines
+        assert next(at for at, line in lines if said in line) - refused < 2
+        assert not main.check(["nodekit/facts/1"]) and not main.check(["nodekit/claim/1"])
+        t.join(timeout=30)
+        assert done and done[0].verdict.missing == (1,), "main waits it out, names node 1 missing"
+        assert "node(s) 1 reached main with another job secret and could not join" in lines[-1][1]
+    finally:
+        main.close()
+
+
+def test_a_stranger_s_wrong_secret_notices_are_bounded_and_a_forged_proof_is_not_one() -> None:
+    from nodekit.launcher.store.auth import notice_rank, wrong_secret_notice
+    from nodekit.launcher.store.server import MAX_NOTICES
+
+    assert notice_rank(wrong_secret_notice(7)) == 7 and notice_rank(b"\x00" * 32) is None
+    assert notice_rank(wrong_secret_notice(7)[:-1] + b"x") is None
+    main = open_store(cfg(0, 2, 5.0, NODEKIT_PREFLIGHT_PORT=str(free_port()), NODEKIT_JOB_SECRET=S1), 5)
+    try:
+        for rank in range(MAX_NOTICES + 20):
+            with socket.create_connection(("127.0.0.1", main.port), timeout=5) as sock:
+                from nodekit.launcher.store.auth import CLIENT_HELLO_LEN, MAGIC, SERVER_HELLO_LEN
+
+                sock.sendall(MAGIC + b"n" * (CLIENT_HELLO_LEN - len(MAGIC)))
+                got = b""
+                while len(got) < SERVER_HELLO_LEN:
+                    got += sock.recv(SERVER_HELLO_LEN - len(got))
+                sock.sendall(wrong_secret_notice(rank))
+        assert wait_for(lambda: len(main.wrong_secret()) == MAX_NOTICES, within=5)
+        assert main.stats().sessions == 0 and not main.check(["nodekit/facts/1"])
+    finally:
+        main.close()
+
+
 @pytest.mark.parametrize("behaviours", [BEHAVIOURS, ("guess",), ("partial", "silent")])
 def test_a_client_without_the_secret_changes_no_nodes_verdict_or_exit_code(
     monkeypatch: pytest.MonkeyPatch, behaviours: tuple[str, ...]
