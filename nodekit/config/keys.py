@@ -56,13 +56,20 @@ def known_keys(model: type[BaseModel], loc: Loc) -> tuple[str, ...]:
     return tuple(n for n, f in current.model_fields.items() if not f.exclude)
 
 
+# What users write for a key that nodekit spells otherwise: [environment] is [env] (too far apart for difflib).
+_ALIASES = {"environment": "env", "environ": "env", "variables": "env", "mount": "mounts", "volumes": "mounts",
+            "node": "nodes", "host": "hosts", "command": "script"}  # fmt: skip
+
+
 def did_you_mean(word: str, known: Sequence[str]) -> str | None:
-    """The known key closest to ``word`` (a typo, a plural, a dash for an underscore), or None when none is close."""
+    """The known key closest to ``word`` (a typo, a plural, a dash for an underscore, or a typo of a name users
+    give it elsewhere: ``[enviroment]`` for ``env``), or None when none is close."""
     cleaned = word.replace("-", "_").lower()
     if cleaned in known:
         return cleaned
-    close = difflib.get_close_matches(cleaned, known, n=1, cutoff=0.6)
-    return close[0] if close else None
+    aliases = {a: k for a, k in _ALIASES.items() if k in known}
+    close = difflib.get_close_matches(cleaned, [*known, *aliases], n=1, cutoff=0.6)
+    return aliases.get(close[0], close[0]) if close else None
 
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(?:#.*)?$")

@@ -154,11 +154,27 @@ def check_command(settings: Settings) -> LaunchSpec:
     shipped or started on any host; UsageError otherwise."""
     launch = launch_spec(settings)
     if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
+        near = _near(settings.resolve(Path(launch.command.script)))
+        guess = Path(launch.command.script).with_name(near).as_posix() if near else None
         raise UsageError(
             f"training script {launch.command.script} not found in {settings.project_dir}",
-            fix=f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
+            fix=f'did you mean {guess}? set script = "{guess}" in nodekit.toml'
+            if guess
+            else f"create it, or set script in {settings.project_dir / 'nodekit.toml'} to an existing file",
         )
     return launch
+
+
+def _near(script: Path) -> str | None:
+    """The file beside ``script`` whose name is closest to it (``trian.py`` -> ``train.py``), or None."""
+    import difflib
+
+    try:
+        names = sorted(p.name for p in script.parent.iterdir() if p.is_file())[:10_000]
+    except OSError:
+        return None
+    close = difflib.get_close_matches(script.name, names, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 def check_mounts(node: NodeSpec, absent: tuple[str, ...]) -> None:

@@ -25,6 +25,8 @@ from nodekit.errors import ConfigError
             "did you mean check?",
         ),
         ("master-port = 29500\n", 1, "unknown setting master-port", "did you mean master_port?"),
+        ('name = "x"\n[enviroment]\nA = "1"\n', 2, "unknown setting enviroment", "did you mean env?"),
+        ('name = "x"\n[environment]\nA = "1"\n', 2, "unknown setting environment", "did you mean env?"),
     ],
 )
 def test_a_typo_is_named_at_its_line_with_the_key_it_meant(
@@ -88,3 +90,18 @@ def test_line_of() -> None:
     assert line_of(text, ("mounts", 1, "host")) == 9
     assert line_of(text, ("nnodes",)) is None
     assert line_of('nodes = { 1 = { iface = "e" } }\n', ("nodes", "1", "iface")) == 1
+
+
+def test_a_misspelt_script_gets_the_file_it_was_meant_to_be(tmp_path: Path) -> None:
+    """``script = "trian.py"`` beside a train.py: the refusal names train.py, with its folder kept."""
+    from nodekit.errors import UsageError
+    from nodekit.job.gather import check_command
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("")
+    with pytest.raises(UsageError) as e:
+        check_command(Settings(project_dir=tmp_path, name="x", script="src/trian.py"))
+    assert e.value.fix == 'did you mean src/train.py? set script = "src/train.py" in nodekit.toml'
+    with pytest.raises(UsageError) as far:
+        check_command(Settings(project_dir=tmp_path, name="x", script="main.py"))
+    assert "did you mean" not in (far.value.fix or "")
