@@ -345,7 +345,8 @@ def missing_target(command: Command, workdir: str, exists: Mapping[str, bool] | 
 
 def start_line(cfg: LaunchConfig) -> str:
     """The single line every node prints first, so a log shows at a glance which node runs what."""
-    world = str(cfg.world_size) if cfg.world_size is not None else "?"
+    # A node whose process count is "auto" knows its own count, not the others': the preflight counts the world.
+    world = str(cfg.world_size) if cfg.world_size is not None else "counted in preflight"
     image = cfg.fingerprint[:12] if cfg.fingerprint else "unknown"
     name = f" {cfg.name}" if cfg.name else ""
     return (

@@ -39,6 +39,8 @@ def test_auto_nodes_leave_the_world_to_the_preflight_and_declare_auto() -> None:
     doc = yaml.safe_load(rendered(settings(**kw), 0, GPU_NODE))
     devices = doc["services"]["train"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["count"] == 4  # the node's declared GPUs, not all of the host's
+    line = start_line(parse_env({k: v for k, v in {**LAUNCH_ENV, "NPROC_PER_NODE": "2"}.items() if k != "WORLD_SIZE"}))
+    assert "| 2 proc/node | world counted in preflight |" in line and "?" not in line
 
 
 def _one_plus_two() -> tuple[object, object]:

@@ -149,7 +149,8 @@ def test_start_line() -> None:
     )
     bare = {k: LAUNCH_ENV[k] for k in ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "NNODES", "NPROC_PER_NODE")}
     assert start_line(parse_env(bare)) == (
-        "nodekit: node 1/2 | 4 proc/node | world ? | main 10.0.0.5:29500 | iface auto | image unknown | torchrun"
+        "nodekit: node 1/2 | 4 proc/node | world counted in preflight | main 10.0.0.5:29500 | iface auto | "
+        "image unknown | torchrun"
     )
 
 
