@@ -110,10 +110,19 @@ def status(
     hostfile: HostfileOpt = None,
     config: ConfigOpt = None,
 ) -> None:
-    """Every node of the fleet: node, host, state, image fingerprint, since, exit code."""
+    """Every node of the fleet: node, host, state, image fingerprint, since, exit code. Without hosts (nodes
+    started here with nodekit up), this host's nodes, as nodekit ps shows them."""
     from nodekit.backends.fleet import manage
     from nodekit.cli.ui import out
 
+    if hostfile is None and not (here := load_settings(config)).hosts:
+        from nodekit.cli.nodes import nodes_here, ps
+
+        if as_json:
+            out.print(json.dumps(nodes_here(here, node, None)), markup=False)
+        else:
+            ps(node_rank=node, out_dir=None, config=config)
+        return
     settings, hosts = fleet_of(config, hostfile)
     rows = manage.status(settings, hosts, node)
     if as_json:

@@ -282,13 +282,20 @@ def ps(
 ) -> None:
     """Show this host's nodekit containers for the project: node, state, exit code."""
     from nodekit.cli.ui import out
+
+    out.print(f"{'NODE':<6}{'PROJECT':<40}{'STATE':<12}EXIT", markup=False)
+    for row in nodes_here(load_settings(config), node_rank, out_dir):
+        code = "" if row["exit_code"] is None else str(row["exit_code"])
+        out.print(f"{row['node']:<6}{row['project']:<40}{row['state']:<12}{code}", markup=False)
+
+
+def nodes_here(settings: Any, node_rank: int | None, out_dir: Path | None) -> list[dict[str, Any]]:
+    """This host's containers of the project's nodes (``node_rank``: that node's only), one row each."""
     from nodekit.system import docker
 
-    settings = load_settings(config)
-    ranks = [node_rank] if node_rank is not None else range(settings.nnodes)
-    out.print(f"{'NODE':<6}{'PROJECT':<40}{'STATE':<12}EXIT", markup=False)
-    for r in ranks:
+    rows: list[dict[str, Any]] = []
+    for r in [node_rank] if node_rank is not None else range(settings.nnodes):
         path, project = _node_here(settings, r, out_dir)
-        for c in docker.compose_ps(path, project):
-            code = "" if c.exit_code is None else str(c.exit_code)
-            out.print(f"{r:<6}{project:<40}{c.status:<12}{code}", markup=False)
+        rows += [{"node": r, "project": project, "state": c.status, "exit_code": c.exit_code}
+                 for c in docker.compose_ps(path, project)]  # fmt: skip
+    return rows

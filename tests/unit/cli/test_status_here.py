@@ -1,0 +1,34 @@
+"""`nodekit status` without hosts (nodes started by hand with `nodekit up`) shows this host's nodes, as `nodekit ps`
+does, instead of refusing with "no hosts configured" (issue 46)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nodekit.cli.app import app
+from nodekit.system import docker
+from nodekit.system.docker.models import ContainerState
+
+runner = CliRunner()
+
+
+def test_status_without_hosts_lists_this_hosts_nodes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text('name = "here"\nscript = "train.py"\nnnodes = 2\n')
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    states = {"nodekit-here-node1": [ContainerState(name="c1", status="exited", running=False, exit_code=3)]}
+    monkeypatch.setattr(docker, "compose_ps", lambda path, project: states.get(project, []))
+    shown = runner.invoke(app, ["status"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.splitlines()[1].split() == ["1", "nodekit-here-node1", "exited", "3"]
+    as_json = runner.invoke(app, ["status", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.stdout) == [
+        {"node": 1, "project": "nodekit-here-node1", "state": "exited", "exit_code": 3}
+    ]
