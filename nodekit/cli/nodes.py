@@ -242,11 +242,26 @@ def logs(
         from nodekit.cli.fleet import line_printer
 
         log = line_printer(None)
+        seen = [0]
+
+        def counted(rank: int, line: str) -> None:
+            seen[0] += 1
+            log(rank, line)
+
         try:
-            failed = manage.logs(settings, hosts, log, node=node_rank, follow=follow, tail=tail)
+            failed = manage.logs(settings, hosts, counted, node=node_rank, follow=follow, tail=tail)
         finally:
             log.close()
         _failed_hosts(failed, "logs")
+        if not seen[0]:
+            from nodekit.cli.ui import err
+
+            err.print(
+                f"nodekit: no output from {'node ' + str(node_rank) if node_rank is not None else 'any node'}: "
+                "a finished nodekit run removes its containers (keep_containers = true keeps them); its output is "
+                "in nodekit runs show last --log",
+                markup=False,
+            )
         return
     from nodekit.cli.fleet import line_printer
     from nodekit.errors import UsageError
