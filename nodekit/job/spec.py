@@ -242,7 +242,8 @@ def check_main_addr(settings: Settings, main_ip: str) -> None:
             raise UsageError(
                 f"main address {main_ip} is loopback, which only works with every node on this machine, "
                 f"but [nodes.{r}] addr = {o.addr} puts node {r} on another one",
-                fix="pass --main with main's address on the network the nodes share (e.g. --main 10.0.0.5)",
+                fix="give main's address on the network the nodes share (nodekit up: --main 10.0.0.5; nodekit run: "
+                'main = "10.0.0.5" in nodekit.toml)',
             )
         if not main_loopback and (addr_loopback or o.iface == "lo"):
             key, value = ("addr", o.addr) if addr_loopback else ("iface", "lo")

@@ -157,8 +157,9 @@ def wait_reachable(cfg: LaunchConfig, deadline: float, clock: Clock) -> str:
         elif now - unreachable_since >= UNREACHABLE_S:
             raise PreflightError(
                 f"main {target} is unreachable from this node ({reason}, {now - start:.0f} s after the first try): "
-                f"the main address is wrong, or main's machine is down or not on this network. Fix: pass --main "
-                f"with node 0's address as this node reaches it (check: `ip route get {cfg.master_addr}`; "
+                f"the main address is wrong, or main's machine is down or not on this network. Fix: give node 0's "
+                f"address as this node reaches it (nodekit up: --main; nodekit run: main in nodekit.toml; check: "
+                f"`ip route get {cfg.master_addr}`; "
                 f"`nodekit doctor --main {cfg.master_addr} --node-rank {cfg.node_rank}`)"
             )
         if now >= deadline:

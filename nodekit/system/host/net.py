@@ -59,7 +59,8 @@ def resolve(addr: str) -> str:
     except (socket.gaierror, UnicodeError):
         raise UsageError(
             f"main address {addr!r} is neither an IP address nor a resolvable host name",
-            fix="pass --main with main's IP address as the other nodes reach it (e.g. --main 10.0.0.5)",
+            fix="give main's IP address as the other nodes reach it (nodekit up: --main 10.0.0.5; nodekit run: "
+            'main = "10.0.0.5" in nodekit.toml)',
         ) from None
     infos.sort(key=lambda i: i[0] != socket.AF_INET)
     return str(infos[0][4][0])
