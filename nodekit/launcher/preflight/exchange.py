@@ -208,10 +208,7 @@ def _policy(cfg: LaunchConfig) -> dict[str, Any]:
     return {"allow_heterogeneous_gpus": cfg.allow_heterogeneous_gpus, "declared": declared}
 
 
-SECRET_FIX = (
-    "copy .nodekit/job-secret from main's project to that node's (or export the same NODEKIT_JOB_SECRET on every "
-    "node), then start it again"
-)
+SECRET_FIX = "copy .nodekit/job-secret from main's project to that node's (or export one NODEKIT_JOB_SECRET everywhere)"
 
 
 def _tell_wrong_secrets(store: Store, pending: set[int], told: set[tuple[int, str]], clock: Clock) -> None:
