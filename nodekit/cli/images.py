@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated, Any
 
 import typer
@@ -91,6 +92,11 @@ def build(
         if not dry_run:
             base_when_missing(settings, rep, create_base)
         result = building.build(settings, rep, dry_run=dry_run, no_cache=no_cache)
+        if not dry_run:
+            # The by-hand flow copies it to every worker next (docs/guides/one-node-by-hand.md): it must exist now.
+            from nodekit.job import secret
+
+            secret.for_node(os.environ, settings.project_dir, create=True)
     except Exception:
         rep.fail()
         raise
