@@ -169,9 +169,30 @@ def _table(model: type[BaseModel], env_prefix: str | None) -> list[str]:
     return out
 
 
+def tables(model: type[BaseModel]) -> list[tuple[str, type[BaseModel], str]]:
+    """Every table of ``model`` as nodekit.toml writes it (``[slurm]``, ``[[mounts]]``, ``[nodes.R]``), its model
+    and the first paragraph of that model's docstring: derived from the fields, so a new table is documented by
+    being declared."""
+    found = []
+    for name, field in model.model_fields.items():
+        annotation, args = field.annotation, typing.get_args(field.annotation)
+        origin = typing.get_origin(annotation)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            title, table = f"[{name}]", annotation
+        elif origin in (tuple, list) and args and isinstance(args[0], type) and issubclass(args[0], BaseModel):
+            title, table = f"[[{name}]]", args[0]
+        elif origin is dict and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+            title, table = f"[{name}.{'R' if args[0] is int else 'NAME'}]", args[1]
+        else:
+            continue
+        intro = inspect.cleandoc(table.__doc__ or "").split("\n\n")[0].replace("\n", " ").replace("``", "`")
+        intro = re.sub(r"^`\[\[?[\w.]+\]\]?`: (.)", lambda m: m.group(1).upper(), intro)
+        found.append((title, table, intro))
+    return found
+
+
 def config_page() -> str:
     from nodekit.config.settings import Settings
-    from nodekit.config.tables import K8sSettings, Mount, NodeOverride, SlurmSettings
 
     out = [
         "# nodekit.toml",
@@ -187,12 +208,7 @@ def config_page() -> str:
         "",
         *_table(Settings, "NODEKIT_"),
     ]
-    for title, model, intro in (
-        ("[[mounts]]", Mount, "Host directories (or files) mounted into the job; one table per mount."),
-        ("[nodes.R]", NodeOverride, "Per-node settings for node rank R; anything unset is detected on that node."),
-        ("[slurm]", SlurmSettings, "How `nodekit slurm` hands the job to Slurm."),
-        ("[k8s]", K8sSettings, "What `nodekit k8s` needs beyond the job itself."),
-    ):
+    for title, model, intro in tables(Settings):
         out += ["", f"## {title}", "", intro, "", *_table(model, None)]
     return "\n".join(out) + "\n"
 

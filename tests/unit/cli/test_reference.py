@@ -3,10 +3,12 @@ flag, setting or exit code changes them; `make docs` writes them again), and the
 
 from __future__ import annotations
 
+import typing
 from pathlib import Path
 
 import pytest
 import typer.main
+from pydantic import BaseModel
 
 from nodekit.cli import reference
 from nodekit.cli.app import app
@@ -48,3 +50,25 @@ def test_every_command_option_setting_and_exit_code_is_in_the_reference() -> Non
 def test_exit_codes_are_read_with_their_comments() -> None:
     source = "EXIT_A = 3  # three things\nOTHER = 4  # not an exit code\nEXIT_B = 5\n"
     assert reference.exit_codes(source) == [("EXIT_A", 3, "three things"), ("EXIT_B", 5, "")]
+
+
+def _models_in(annotation: object) -> list[type[BaseModel]]:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
+
+
+def test_every_table_of_the_settings_model_has_its_section_with_every_key() -> None:
+    """Issue 47: the generator kept its own list of tables, and [health] and [notify] were missing from the page.
+    Every field of Settings that holds a model (a table, an array of tables, a table of tables) has a section
+    named after the field, listing every key of that model."""
+    page = reference.pages()["config.md"]
+    sections = {line.removeprefix("## ") for line in page.splitlines() if line.startswith("## [")}
+    tables = {name: _models_in(field.annotation) for name, field in Settings.model_fields.items()}
+    tables = {name: models for name, models in tables.items() if models}
+    assert {"health", "notify", "slurm", "k8s", "mounts", "nodes"} <= set(tables)
+    for name, (model,) in tables.items():
+        (section,) = [s for s in sections if s.strip("[]").split(".")[0] == name]
+        body = page.split(f"## {section}\n", 1)[1].split("\n## ", 1)[0]
+        for key in model.model_fields:
+            assert f"| `{key}` |" in body, f"{section} {key}"
