@@ -87,10 +87,12 @@ lint: venv
 	$(VENV)/bin/ruff format --check nodekit tests examples benchmarks
 	$(VENV)/bin/mypy
 
-# The reference pages are generated from the code (tests/unit/cli/test_reference.py fails when they differ from it);
+# The reference pages and the top-level compose/ node files are generated from the code (tests/unit/cli/test_reference.py
+# and tests/unit/backends/compose/test_top_level_compose.py fail when they differ from it);
 # the site builds offline, --strict: a broken link or anchor fails it. NO_MKDOCS_2_WARNING: Material's banner.
 docs: venv
 	$(PY) -m nodekit.cli.reference docs/reference
+	$(PY) -m tests.compose_examples compose
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 format: venv
