@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 """What stops a node from outside: ``docker stop`` and ``compose down`` (SIGTERM), ``docker kill -s HUP|INT|TERM``,
 an administrator. The node exits 128 + the signal, saying which, and the others name it as stopped by it."""
+STOPPED_BY = {128 + int(s): s.name for s in STOP_SIGNALS}
+"""A node's exit codes that mean a signal from outside stopped it (128 + the signal), and the signal's name."""
 
 
 class Stopped(SystemExit):

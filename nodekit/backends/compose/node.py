@@ -23,6 +23,8 @@ from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
 from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
+from nodekit.launcher.stops import STOPPED_BY
+from nodekit.launcher.watchdog.decide import SIGNAL_FROM
 from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, hostlock, proc
@@ -264,10 +266,14 @@ def _up(
             docker.compose_down(path, plan.project, timeout=30)
         raise
     if code != 0:
+        stopped = STOPPED_BY.get(code)
         # 19 is a consequence (another node failed, and this node's own gloo traceback says only that).
-        raised = causes.first(rank) if code != EXIT_PEER_LOST else None
+        raised = causes.first(rank) if code != EXIT_PEER_LOST and not stopped else None
+        what = f"the job exited with code {code}" + (f": {raised.quote()}" if raised else "")
+        if stopped:
+            what = f"the job was stopped from outside by {stopped} (exit {code}: {SIGNAL_FROM.split(': ', 1)[1]})"
         raise JobFailed(
-            f"the job exited with code {code}" + (f": {raised.quote()}" if raised else ""),
+            what,
             exit_code=code,
             node=f"node {plan.node.rank}",
             fix=f"nodekit logs --node-rank {plan.node.rank} (full output); nodekit up --debug for NCCL/gloo detail",

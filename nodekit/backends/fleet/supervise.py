@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nodekit.launcher.contract import EXIT_BAD_ENV, EXIT_GPU, EXIT_LINK, EXIT_PEER_LOST, EXIT_STACK_MISMATCH
-from nodekit.launcher.stops import STOP_SIGNALS
+from nodekit.launcher.stops import STOPPED_BY
 
 SETTLE_S = 3.0
 LOST = -1  # exit code reported for a node whose host was lost
@@ -27,8 +27,6 @@ LOST = -1  # exit code reported for a node whose host was lost
 # a link check (20) or GPU health check (21) that refused. Restarting would spend the budget on the same refusal.
 FINAL = {EXIT_BAD_ENV: "bad input", EXIT_STACK_MISMATCH: "a stack mismatch", EXIT_LINK: "the link check",
          EXIT_GPU: "the GPU health check"}  # fmt: skip
-STOPPED_BY = {128 + int(s): s.name for s in STOP_SIGNALS}
-"""A node's exit codes that mean a signal from outside stopped it (its launcher says so; nodekit/launcher/stops.py)."""
 
 
 def ended_how(code: int) -> str:

@@ -298,7 +298,7 @@ def lost_line(lost: tuple[Lost, ...], names: Mapping[int, str], then: str) -> st
     return f"nodekit: {'; '.join(parts)}; {then}"
 
 
-SIGNAL_FROM = "a signal to its container: docker stop, docker kill or an administrator"
+SIGNAL_FROM = "a signal to its container: nodekit down, docker stop, docker kill or an administrator"
 
 
 def stopped_line(stopped: tuple[tuple[int, Done], ...], names: Mapping[int, str], then: str) -> str:

@@ -48,7 +48,8 @@ def test_the_others_name_a_signalled_node_as_stopped_and_never_themselves(signum
     assert found == Alarm(signalled=((1, done),))
     name = signal.Signals(signum).name
     assert alarm_line(found, NAMES) == (
-        f"nodekit: node 1 (10.0.0.6, host b) was stopped by {name} (a signal to its container: docker stop, docker "
+        f"nodekit: node 1 (10.0.0.6, host b) was stopped by {name} (a signal to its container: nodekit down, "
+        "docker stop, docker "
         "kill or an administrator); stopping this node"
     )
     # This node's own worker failed first (gloo lost its peer), and no alarm was raised yet: still the stop.
@@ -91,6 +92,7 @@ def test_a_stop_is_published_the_moment_it_comes_and_the_others_stop_naming_it()
         t.join(30)
     assert endings == {0: Ending(19), 1: Ending(129)}
     assert lines[0] == [
-        "nodekit: node 1 (10.0.0.6, host b) was stopped by SIGHUP (a signal to its container: docker stop, docker "
+        "nodekit: node 1 (10.0.0.6, host b) was stopped by SIGHUP (a signal to its container: nodekit down, "
+        "docker stop, docker "
         "kill or an administrator); stopping this node"
     ]

@@ -125,3 +125,18 @@ def test_a_failed_node_s_last_line_quotes_its_exception_unless_another_node_fail
         node.up(plan(tmp_path), RecordingReporter(), detach=False, on_line=lambda line: None)
     expected = f"the job exited with code {code}" + (": rank 0 raised ZeroDivisionError: oops" if quoted else "")
     assert failed.value.message == expected
+
+
+def test_a_node_stopped_from_another_shell_is_said_to_be_stopped_not_to_have_failed(
+    tmp_path: Path, engine: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nodekit down` in another shell ends the node's container with SIGTERM (143): `nodekit up` says it was
+    stopped from outside and by what, not that the job failed (issue 46)."""
+    from nodekit.errors import JobFailed
+
+    monkeypatch.setattr(node, "follow", lambda path, project: iter(["[rank0]: Traceback (most recent call last):"]))
+    monkeypatch.setattr(docker, "compose_wait", lambda path, project, service=None: 143)
+    with pytest.raises(JobFailed) as failed:
+        node.up(plan(tmp_path), RecordingReporter(), detach=False, on_line=lambda line: None)
+    assert failed.value.message.startswith("the job was stopped from outside by SIGTERM (exit 143: nodekit down,")
+    assert failed.value.exit_code == 143
