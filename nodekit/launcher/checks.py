@@ -155,7 +155,8 @@ class LinksBeside:
 def _check_links(cfg: LaunchConfig, store: Store, job: links.LinkJob, *, started: bool) -> LinkVerdict:
     """This node's part of the link check, its report printed (``started``: beside the job's start)."""
     verdict = links.run(store, job, getattr(store, "run_id", b""))
-    _say(render_links(verdict, matrix=cfg.is_main or bool(verdict.findings), started=started), verdict.refused)
+    # The matrix once, on main: every node printing it made 45 lines for 3 nodes; the findings each node prints.
+    _say(render_links(verdict, matrix=cfg.is_main, started=started), verdict.refused)
     return verdict
 
 
