@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -314,20 +315,103 @@ def test_sigterm_cancels_a_charliecloud_job_leaving_nothing(slurm: Slurm, demo_o
     assert code == 143, out
     nothing_left(slurm)
     assert _temp_files() - before == set(), "ch-run left files behind"
+    assert _task_dirs([_job_id(log)]) == [], "a task left its directory for ch-run"
 
 
 def _temp_files() -> set[str]:
     """What ch-run, ch-convert or a job could leave in the machine's temporary directories (other engineers' tests
-    share /tmp, so only these names count). ch-run's default SquashFS mount point, /var/tmp/<user>.ch/mnt, is made
-    once and reused by every ch-run of that user: it counts only when it is not an empty directory."""
+    share /tmp, so only these names count), ch-run's per-user default directory (<user>.ch) included, which a task
+    must never make. A task's own directory for ch-run counts by its job's id (:func:`_task_dirs`): the unit tier,
+    which others may run meanwhile, makes some too."""
     found = set()
     for d in (Path("/tmp"), Path("/var/tmp")):
         for p in d.iterdir():
-            if p.name.endswith(".ch") and [c.name for c in p.iterdir()] == ["mnt"] and not any((p / "mnt").iterdir()):
+            if p.name.startswith("nodekit-slurm-ch."):
                 continue
             if p.name.endswith(".ch") or p.name.startswith(("ch-convert.", "nodekit-slurm")) or ".sqsh" in p.name:
                 found.add(str(p))
     return found
+
+
+def _task_dirs(job_ids: list[str]) -> list[Path]:
+    """The directories the tasks of these jobs made for ch-run (mount point and image storage)."""
+    return sorted(p for i in job_ids for p in Path("/var/tmp").glob(f"nodekit-slurm-ch.{i}.*"))
+
+
+def _job_id(log: Path) -> str:
+    found = re.search(r"submitted job (\d+)", log.read_text())
+    assert found, log.read_text()
+    return found.group(1)
+
+
+def test_two_charliecloud_jobs_of_one_user_at_once_on_the_same_nodes(
+    slurm: Slurm, demo_on_main: Demo, tmp_path: Path
+) -> None:
+    """Two jobs of one user released together onto the same two nodes: four ch-run of one user start on one machine
+    (the virtual nodes share its /var/tmp), as on a GPU partition that shares nodes; ch-run's per-user defaults made
+    them race ("can't mkdir: /var/tmp/root.ch: File exists", issue 44). Those defaults are also made first, as any
+    other user of a node may: /var/tmp/$USER.ch/mnt a file (a ch-run that mounts there stops), and in that image
+    storage a directory named like the image's path (a ch-run that looks there runs it instead of the SquashFS).
+    Both jobs end 0, each task had its own directory, and none is left."""
+    from nodekit.backends.slurm.submit import image_file
+    from nodekit.config import settings
+
+    cache = image_cache(demo_on_main)
+    projs = []
+    for i, port in enumerate((29500, 29600)):  # both mains are h0: one rendezvous port each
+        # Held at submission, released together below: the tasks of both start at once.
+        proj = project(
+            demo_on_main, slurm, tmp_path / f"job{i}", container="charliecloud", image_dir=cache, sbatch_args=["--hold"]
+        )
+        toml = proj / "nodekit.toml"
+        toml.write_text(f"master_port = {port}\n" + toml.read_text())
+        projs.append(proj)
+    sqsh = image_file(settings.load(projs[0] / "nodekit.toml"), demo_on_main.image_id, "charliecloud")
+    user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+    defaults = Path("/var/tmp") / f"{user}.ch"
+    planted = defaults / "img" / str(sqsh).replace("/", "%").replace(":", "+")
+    assert not defaults.exists() or _rm_empty_mount_point(defaults), f"{defaults} holds something: not ours to move"
+    before = _temp_files()
+    procs = []
+    try:
+        (planted / "bin").mkdir(parents=True)
+        (planted / "PLANTED").write_text("not the image\n")
+        (defaults / "mnt").write_text("not a directory\n")
+        ids = []
+        for proj in projs:  # one after the other: the first converts the image when the cache lacks it
+            proc, log = start(slurm, proj)
+            procs.append((proc, log))
+            wait_for(log, r"submitted job \d+", proc, slurm, timeout=JOB_S + 900)
+            ids.append(_job_id(log))
+        assert slurm.run("scontrol", "release", ",".join(ids)).returncode == 0
+        most = 0
+        deadline = time.monotonic() + JOB_S
+        while any(proc.poll() is None for proc, _ in procs) and time.monotonic() < deadline:
+            most = max(most, len(_task_dirs(ids)))
+            time.sleep(0.1)
+        results = [finish(proc, log) for proc, log in procs]
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.kill()
+        shutil.rmtree(defaults, ignore_errors=True)
+    for code, out in results:
+        assert code == 0, out
+        assert "nodekit-slurm: every node finished (exit code 0)" in out, out
+    for proj, (_, out) in zip(projs, results, strict=True):
+        checksums_equal(proj, out)
+    assert most == 4, f"at most {most} tasks' directories at once: the two jobs did not run together"
+    nothing_left(slurm)
+    assert _task_dirs(ids) == [] and _temp_files() - before == set()
+
+
+def _rm_empty_mount_point(defaults: Path) -> bool:
+    """ch-run's default directory as an older nodekit left it (an empty mnt): removed; False if it holds more."""
+    if [c.name for c in defaults.iterdir()] != ["mnt"] or any((defaults / "mnt").iterdir()):
+        return False
+    (defaults / "mnt").rmdir()
+    defaults.rmdir()
+    return True
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,8 @@
   the label ``org.nodekit.slurm-job`` that the task's trap (or a site epilog) removes leftovers by;
 - charliecloud: exactly the container's environment (the image's ENV, then the node's), set by the task's shell
   itself, then ``ch-run`` of the image on a shared path with the same mounts and working directory, the image's
-  entrypoint and the job's command; a private /tmp;
+  entrypoint and the job's command; a private /tmp; the SquashFS mount point and the image storage in a directory
+  of the task's own (:func:`charliecloud_task`), never ch-run's per-user defaults;
 - pyxis: the same environment and command, run by the task inside the container pyxis started (the srun options
   are in render.py): pyxis and enroot are not installable here, so this mode is rendered and golden-tested only.
 
@@ -28,6 +29,12 @@ NODE_IMAGE_ID = Var("nk_image_id")
 JOB_ID = Var("SLURM_JOB_ID")
 GPUS = Var("nk_gpus")
 CHRUN = Var("nk_chrun")  # ch-run's absolute path: the container's clean environment has no PATH to find it by
+CH_DIR = Var("nk_chdir")  # the task's own directory for ch-run (charliecloud_task)
+# Where the task makes it: node-local on every distribution, where Charliecloud itself mounts by default.
+CH_DIR_TEMPLATE = "/var/tmp/nodekit-slurm-ch.$SLURM_JOB_ID.$nk_rank.XXXXXX"
+# ch-run's image storage, where it looks a name up (0.31 and later): its environment, not --storage, which ch-run
+# 0.26 to 0.30 (Ubuntu 22.04 has 0.26) do not know and refuse.
+CH_STORAGE = "CH_IMAGE_STORAGE"
 JOB_LABEL = Label.SLURM_JOB
 # Slurm's GPU selection for the task; charliecloud and pyxis pass it into the container's otherwise clean
 # environment (docker mode turns it into --gpus device=...).
@@ -110,8 +117,10 @@ def entry_argv(image: ImageFacts, spec: ContainerSpec) -> list[str]:
 
 
 def charliecloud_args(job: SlurmJob, spec: ContainerSpec) -> list[tuple[Part, ...]]:
-    """``ch-run``'s argv for ``spec``: binds, working directory, private /tmp, the image, the command."""
+    """``ch-run``'s argv for ``spec``: the task's own mount point and storage, binds, working directory, private
+    /tmp, the image, the command."""
     args: list[tuple[Part, ...]] = [(CHRUN,), ("--private-tmp",), ("--unset-env=USER",)]
+    args += [(f"--unset-env={CH_STORAGE}",), ("--mount=", CH_DIR, "/mnt")]
     args += [(f"--bind={m.source}:{m.target}",) for m in spec.mounts]
     workdir = spec.workdir or job.image.workdir
     if workdir:
@@ -133,9 +142,35 @@ def rank_block(job: SlurmJob, spec: ContainerSpec, indent: str) -> str:
         lines.append(f"{indent}nk_pass=()")
     if job.mode == "charliecloud":
         lines.append(array("nk_run", charliecloud_args(job, spec), indent=indent))
+        lines.append(f"{indent}nk_env+=({word((f'{CH_STORAGE}=', CH_DIR))})  # ch-run's own; dropped inside")
     else:
         lines.append(array("nk_run", [(a,) for a in entry_argv(job.image, spec)], indent=indent))
     return "\n".join(lines)
+
+
+def charliecloud_task() -> list[str]:
+    """The task's lines before its rank's block (which names the directory in ch-run's arguments): its own
+    directory, made by ``mktemp -d`` (0700, a name no one can guess or make first, the job id and rank in it for an
+    epilog's sweep) and removed when the task ends, by exit or by scancel's signal (a SIGKILL leaves an empty
+    directory).
+
+    ch-run's defaults are per user and node, not per task: two ch-run of one user on one node (two jobs on a shared
+    node, or two virtual nodes) race to mkdir /var/tmp/$USER.ch/mnt, and the loser dies with "can't mkdir: File
+    exists"; and /var/tmp is everyone's, so another user may make /var/tmp/$USER.ch first: a file there stops every
+    ch-run of the user, and a directory under its img/ named like the image's path is run as the image (ch-run
+    looks up a name in its storage before it opens a path). In the task's own directory neither can happen."""
+    return [
+        "# ch-run's SquashFS mount point and image storage: this task's own directory (its defaults under",
+        "# /var/tmp/$USER.ch are shared by every ch-run of the user on this node, and anyone may make them first).",
+        "nk_chdir=",
+        'nk_chclean() { [ -z "$nk_chdir" ] || rmdir "$nk_chdir/mnt" "$nk_chdir" 2>/dev/null || true; }',
+        "# scancel: remove it, then die of the signal (ch-run, in the same process group, has it too).",
+        'nk_chsig() { nk_chclean; trap - "$1" EXIT; kill -s "$1" "$$"; }',
+        "trap nk_chclean EXIT",
+        "trap 'nk_chsig TERM' TERM; trap 'nk_chsig INT' INT; trap 'nk_chsig HUP' HUP",
+        f'nk_chdir=$(mktemp -d "{CH_DIR_TEMPLATE}") && mkdir "$nk_chdir/mnt" || nk_fail "cannot make a directory '
+        'for ch-run in /var/tmp" "free space or inodes in /var/tmp on this node, or make it writable"',
+    ]
 
 
 def pyxis_options(job: SlurmJob) -> list[str]:

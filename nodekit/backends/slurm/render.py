@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from nodekit import __version__
 from nodekit.backends.slurm.job import SlurmJob, sbatch_options
-from nodekit.backends.slurm.modes import JOB_LABEL, container_name, pyxis_options, rank_block
+from nodekit.backends.slurm.modes import JOB_LABEL, charliecloud_task, container_name, pyxis_options, rank_block
 from nodekit.backends.slurm.shell import quote, word
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 
@@ -164,6 +164,7 @@ def task_body(job: SlurmJob) -> str:
         'nk_wait() { local c; while :; do c=0; wait "$1" || c=$?; kill -0 "$1" 2>/dev/null || return "$c"; done; }',
         *_prelude(job),
         '[ "${2:-}" != check ] || exit 0',
+        *(charliecloud_task() if job.mode == "charliecloud" else []),
         'case "$nk_rank" in',
     ]
     groups: dict[str, list[int]] = {}

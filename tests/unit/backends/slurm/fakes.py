@@ -39,6 +39,16 @@ if [ "$(basename "$0")" = docker ] && [ "$1" = image ]; then echo "sha256:node$F
 if [ "$(basename "$0")" = docker ] && [ "$1" = version ]; then echo "29.0.0"; exit 0; fi
 if [ "$(basename "$0")" = docker ] && [ "$1" != run ]; then echo "$*" >> "$FAKE_DIR/docker-other-$FAKE_RANK"; exit 0; fi
 printf '%s\0' "$@" > "$FAKE_DIR/argv-$FAKE_RANK"
+# ch-run: what its SquashFS mount point and image storage are while it runs (mode, owner, entries).
+for a in "$@"; do
+    [ "$(basename "$0")" = ch-run ] || break
+    case "$a" in --mount=*) d=${a#*=}; echo "mount $(stat -c '%a %U' "$d") $(ls -A "$d" | tr '\n' ' ')" \
+        >> "$FAKE_DIR/dirs-$FAKE_RANK" ;; esac
+done
+if [ -n "${CH_IMAGE_STORAGE:-}" ]; then
+    d=$CH_IMAGE_STORAGE; echo "storage $(stat -c '%a %U' "$d") $(ls -A "$d" | tr '\n' ' ')" \
+        >> "$FAKE_DIR/dirs-$FAKE_RANK"
+fi
 env -0 > "$FAKE_DIR/env-$FAKE_RANK"
 echo "training on node $FAKE_RANK"
 # With FAKE_GATE, the job goes on only once that file exists (the test has seen the first line by then).

@@ -8,8 +8,14 @@ review the diff.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
+import pwd
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,14 +102,16 @@ def test_charliecloud_gets_exactly_the_containers_environment(tmp_path: Path) ->
     assert done.returncode == 0, done.stdout + done.stderr
     for rank in (0, 1):
         argv = fake.recorded(tmp_path, "argv", rank)
+        own = task_dir(argv)
         assert argv[: argv.index("--")] == [
-            "--private-tmp", "--unset-env=USER", f"--bind={tmp_path / 'p' / 'outputs'}:/outputs", "--cd=/workspace",
-            str(image),
+            "--private-tmp", "--unset-env=USER", "--unset-env=CH_IMAGE_STORAGE", f"--mount={own}/mnt",
+            f"--bind={tmp_path / 'p' / 'outputs'}:/outputs", "--cd=/workspace", str(image),
         ]  # fmt: skip
         assert argv[argv.index("--") + 1 :] == ["/opt/venv/bin/python", "-m", "nodekit.launcher", "train.py",
                                                 "--epochs", "3"]  # fmt: skip
         env = fake.environ(tmp_path, rank)
         env.pop("USER")  # for ch-run itself (its --unset-env=USER drops it in the container)
+        assert env.pop("CH_IMAGE_STORAGE") == own  # the same: ch-run looks image names up only there
         expected_image = dict(IMAGE.env)
         assert {k: env[k] for k in expected_image} == expected_image
         assert env["A"] == "it's $HOME\nx" and env["FROM_SHELL"] == "v" and "UNSET_ONE" not in env
@@ -112,6 +120,75 @@ def test_charliecloud_gets_exactly_the_containers_environment(tmp_path: Path) ->
         assert env["NODEKIT_JOB_SECRET"] == SECRET and not [a for a in argv if SECRET in a]
         # Nothing of the task's own environment leaks in: Slurm's variables, HOME, the fakes' PATH.
         assert not [k for k in env if k.startswith(("SLURM", "FAKE"))] and "HOME" not in env
+
+
+CH_TASK_DIR = re.compile(r"^/var/tmp/nodekit-slurm-ch\.42\.[01]\.[A-Za-z0-9]{6,}$")
+
+
+def task_dir(argv: list[str]) -> str:
+    """The task's own directory that ch-run was given (its mount point is ``mnt`` there)."""
+    mounts = [a.removeprefix("--mount=") for a in argv if a.startswith("--mount=")]
+    assert len(mounts) == 1 and mounts[0].endswith("/mnt"), argv
+    return mounts[0].removesuffix("/mnt")
+
+
+@pytest.mark.parametrize("codes", [{}, {"FAKE_EXIT_1": "3"}], ids=["success", "failure"])
+def test_each_charliecloud_task_gets_its_own_private_directory_removed_at_its_end(
+    tmp_path: Path, codes: dict[str, str]
+) -> None:
+    """ch-run's defaults (/var/tmp/$USER.ch/mnt, and /var/tmp/$USER.ch as image storage) are shared by every ch-run
+    of the user on the node, and any user may make them first: each task makes its own directory instead (mktemp:
+    0700, a name nobody can guess or take first), ch-run mounts in it and looks images up by name only there, and
+    the task removes it when it ends, whatever its exit code."""
+    stage = fake.stage(tmp_path, "ch-run")
+    image = tmp_path / "demo.sqsh"
+    image.write_text("not really a squashfs")
+    s = project(tmp_path / "p", pass_env=tuple(codes))  # the fake ch-run's exit code, through its clean environment
+    done = fake.run_script(render(job(s, "charliecloud", str(image))), {**stage, **codes}, tmp_path)
+    assert done.returncode == (3 if codes else 0), done.stdout + done.stderr
+    owner = pwd.getpwuid(os.getuid()).pw_name
+    dirs = [task_dir(fake.recorded(tmp_path, "argv", rank)) for rank in (0, 1)]
+    for rank, d in enumerate(dirs):
+        assert CH_TASK_DIR.match(d) and f".{rank}." in d, d
+        # While ch-run ran: the task's directory was 0700 and this user's, holding only the empty mount point.
+        seen = (tmp_path / f"dirs-{rank}").read_text().splitlines()
+        assert seen == [f"mount 755 {owner} ", f"storage 700 {owner} mnt "], seen
+        assert fake.environ(tmp_path, rank)["CH_IMAGE_STORAGE"] == d
+        assert not Path(d).exists(), f"{d} left behind"
+    assert dirs[0] != dirs[1]
+
+
+def test_a_cancelled_charliecloud_task_removes_its_directory(tmp_path: Path) -> None:
+    """scancel signals every process of the step (SIGTERM): the task removes its directory before it dies."""
+    stage = fake.stage(tmp_path, "ch-run")
+    image = tmp_path / "demo.sqsh"
+    image.write_text("not really a squashfs")
+    path = tmp_path / "job.sbatch"
+    # The gate that never opens reaches the fake ch-run by pass_env: it trains until cancelled.
+    path.write_text(render(job(project(tmp_path / "p", pass_env=("FAKE_GATE",)), "charliecloud", str(image))))
+    gate = tmp_path / "never"
+    proc = subprocess.Popen(
+        ["bash", str(path)], env={**stage, "FAKE_GATE": str(gate)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while not all((tmp_path / f"argv-{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the fake ch-run did not start on both nodes"
+            time.sleep(0.05)
+        dirs = [task_dir(fake.recorded(tmp_path, "argv", rank)) for rank in (0, 1)]
+        assert all(Path(d).is_dir() for d in dirs)
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+        deadline = time.monotonic() + 10
+        while [d for d in dirs if Path(d).exists()] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [d for d in dirs if Path(d).exists()] == [], "left behind after SIGTERM"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.stdout:
+            proc.stdout.close()
 
 
 @pytest.mark.parametrize(
