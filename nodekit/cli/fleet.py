@@ -87,14 +87,19 @@ def run(
 
         out.print(plan_fleet(gather(settings, hosts, image=image)).to_text(), markup=False)
         return
+    from nodekit.backends.fleet.once import one_run_here
     from nodekit.runs.recorder import recording
 
     rep = RichReporter(verbose=True)
     # SIGHUP (a closed SSH session to the head), SIGTERM and Ctrl-C stop every node: handled(), proc.stopping.
     log = line_printer(node)
     try:
-        # The run's record (.nodekit/runs/) and its webhook messages: nodekit/runs/recorder.py.
-        with recording(settings, "run", [(h.rank, h.where) for h in hosts], warn=rep.warn) as rec:
+        # One run of the project on these hosts at a time (a second is refused before it is recorded); the run's
+        # record (.nodekit/runs/) and its webhook messages: nodekit/runs/recorder.py.
+        with (
+            one_run_here(settings.name, hosts),
+            recording(settings, "run", [(h.rank, h.where) for h in hosts], warn=rep.warn) as rec,
+        ):
             code = fleet.run(settings, hosts, rep, rec.tee(log), image=image, debug=debug, events=rec)
             rec.finish(code)
     finally:

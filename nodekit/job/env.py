@@ -6,6 +6,8 @@ backend fills (nodekit/job/container.py). The names are the launcher's (nodekit/
 
 from __future__ import annotations
 
+import functools
+
 from nodekit.job.container import MAIN_ADDR, RANK, EnvVar, Value
 from nodekit.job.spec import LaunchSpec, NodeSpec
 from nodekit.launcher.contract import OUTPUT_DIR, Env, LaunchMode
@@ -35,6 +37,12 @@ class _Vars:
         self.items[name] = EnvVar(name, value, per_rank=True)
 
 
+@functools.lru_cache(maxsize=8)
+def _gpus_declared(node_gpus: tuple[int | None, ...]) -> str:
+    """``rank:gpus`` of the nodes that declare them, once per job (O(nodes); planned once per node)."""
+    return ",".join(f"{r}:{g}" for r, g in enumerate(node_gpus) if g is not None)
+
+
 def node_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> tuple[EnvVar, ...]:
     """Variables for node ``node.rank``, in order; user-configured variables win over everything but the
     rendezvous (:data:`PROTECTED`), and ``debug``'s over those."""
@@ -58,10 +66,9 @@ def node_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> tuple[
     v.job(Env.OUTPUT_DIR, OUTPUT_DIR)
     if launch.nnodes > 1:
         # What the shared nodekit.toml declares per node, so the preflight accepts exactly those differences.
-        v.job(Env.NPROC_DECLARED, ",".join(f"{r}:{launch.nproc_of(r)}" for r in range(launch.nnodes)))
-        gpus = [(r, g) for r, g in enumerate(launch.node_gpus) if g is not None]
-        if gpus:
-            v.job(Env.GPUS_DECLARED, ",".join(f"{r}:{g}" for r, g in gpus))
+        v.job(Env.NPROC_DECLARED, launch.nproc_declared())
+        if gpus := _gpus_declared(launch.node_gpus):
+            v.job(Env.GPUS_DECLARED, gpus)
     for key, value in health_env(launch).items():
         v.job(key, value)
     checked = [f"{m.container}:{m.check}" for m in node.mounts if m.check != "none"]

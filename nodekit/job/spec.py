@@ -5,6 +5,7 @@ Nothing here reads the environment, the file system or the network; callers pass
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from pathlib import PurePosixPath
 from typing import Literal
@@ -75,8 +76,11 @@ class LaunchSpec(BaseModel):
     @property
     def world_size(self) -> int | None:
         """Total processes, the sum over nodes; None while some node's count is 'auto' (known after preflight)."""
-        counts = [self.nproc_of(r) for r in range(self.nnodes)]
-        return None if "auto" in counts else sum(c for c in counts if c != "auto")
+        return _world_size(self.nnodes, self.nproc_per_node, self.node_nproc)
+
+    def nproc_declared(self) -> str:
+        """Every node's declared processes, ``rank:count`` comma-separated (the launcher's NODEKIT_NPROC_DECLARED)."""
+        return _nproc_declared(self.nnodes, self.nproc_per_node, self.node_nproc)
 
     @property
     def preflight_port(self) -> int:
@@ -287,3 +291,25 @@ def infiniband_for(settings: Settings, facts: HostFacts, rank: int) -> tuple[str
             fix='ls /dev/infiniband && ibv_devices to check the hardware; or set ib = "auto" to fall back to TCP',
         )
     return facts.infiniband
+
+
+# Once per job, not once per node: each is O(nodes), and a job of 10,000 nodes plans 10,000 of them (the arguments'
+# hashes are computed in C, each call).
+@functools.lru_cache(maxsize=8)
+def _counts(
+    nnodes: int, default: int | Literal["auto"], node_nproc: tuple[int | Literal["auto"], ...]
+) -> tuple[int | Literal["auto"], ...]:
+    return tuple(node_nproc[r] if r < len(node_nproc) else default for r in range(nnodes))
+
+
+@functools.lru_cache(maxsize=8)
+def _world_size(
+    nnodes: int, default: int | Literal["auto"], node_nproc: tuple[int | Literal["auto"], ...]
+) -> int | None:
+    counts = _counts(nnodes, default, node_nproc)
+    return None if "auto" in counts else sum(c for c in counts if c != "auto")
+
+
+@functools.lru_cache(maxsize=8)
+def _nproc_declared(nnodes: int, default: int | Literal["auto"], node_nproc: tuple[int | Literal["auto"], ...]) -> str:
+    return ",".join(f"{r}:{c}" for r, c in enumerate(_counts(nnodes, default, node_nproc)))

@@ -173,14 +173,15 @@ def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVE
     """Every node's container started, in parallel: by the host's own ``docker run`` in one SSH command on an
     ``ssh://`` host (:mod:`nodekit.backends.fleet.start`), by ``compose up`` elsewhere; the first error (every node
     then removed). However this ends (a signal included), every start has ended before it returns, so no ``down``
-    can run before an ``up``."""
+    can run before an ``up``: an ``ssh://`` start cut off by a stop signal is settled on its host first
+    (:func:`nodekit.backends.fleet.start.start`), and a host where that failed is named."""
 
     def one(n: _Live) -> NodekitError | None:
         if proc.interrupted():  # a signal arrived: start nothing more
             return None
         try:
             if n.host.scheme == "ssh" and start.startable(n.plan.container):
-                start.start(n.host, n.plan)
+                start.start(n.host, n.plan, note=reporter.detail)
             else:
                 docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
         except NodekitError as e:
@@ -193,6 +194,12 @@ def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVE
     futures = [pool.submit(one, n) for n in live]
     try:
         errors = [e for f in futures if (e := f.result()) is not None]
+    except KeyboardInterrupt:
+        wait(futures)
+        unsettled = [e for f in futures if isinstance(e := f.result(), start.Unsettled)]
+        for e in unsettled:
+            reporter.warn(e.one_line())
+        raise
     finally:
         wait(futures)  # after a signal too: its handler ended their processes, and a second one does not raise
         pool.shutdown(wait=False)

@@ -8,11 +8,12 @@ The script is self-contained (``sbatch`` it by hand and it does what ``nodekit s
    address (the launcher takes an IP address);
 3. a first ``srun`` step only checks every node (its tool, the image there; docker and charliecloud): a node that
    lacks either ends the job with exit 2, named, before any container starts anywhere;
-4. ``srun --wait`` starts one task per node; the task's body travels as an argument (a quoted here-document, so
-   nothing in it is expanded by the batch shell) and reads its rank from ``SLURM_NODEID`` (in the batch shell that
-   is always 0). It runs the node's container in the background and waits, so that a signal (``scancel``) reaches
-   its trap at once: in docker mode the trap stops and removes the container, which the killed docker CLI would
-   leave running; then it prints ``nodekit-slurm: node R (HOST) exited with code C``;
+4. ``srun --wait`` starts one task per node; the task's body travels as arguments (a quoted here-document, so
+   nothing in it is expanded by the batch shell, cut into pieces that a fixed first argument joins and runs:
+   :data:`TASK_BOOT`) and reads its rank from ``SLURM_NODEID`` (in the batch shell that is always 0). It runs the
+   node's container in the background and waits, so that a signal (``scancel``) reaches its trap at once: in docker
+   mode the trap stops and removes the container, which the killed docker CLI would leave running; then it prints
+   ``nodekit-slurm: node R (HOST) exited with code C``;
 5. every line of the tasks passes through a small awk program (line by line: mawk is told so) that prints it and,
    at the end, decides the job's exit code from those lines: the first node that failed with its own code (not 0,
    not 19: a node the watchdog stopped because another was lost or failed), else 19, else 0. The script exits with
@@ -21,10 +22,13 @@ The script is self-contained (``sbatch`` it by hand and it does what ``nodekit s
 
 from __future__ import annotations
 
+import dataclasses
+
 from nodekit import __version__
 from nodekit.backends.slurm.job import SlurmJob, sbatch_options
 from nodekit.backends.slurm.modes import JOB_LABEL, charliecloud_task, container_name, pyxis_options, rank_block
 from nodekit.backends.slurm.shell import quote, word
+from nodekit.job.container import ContainerSpec
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 
 # docker stop's grace in the task's trap: below Slurm's default KillWait (30 s), after which Slurm SIGKILLs the task
@@ -36,6 +40,12 @@ STOP_GRACE_S = 15
 # default). srun then terminates the step and waits KillWait (30 s) for it.
 WAIT_S = 60
 TASK_END = "NODEKIT_TASK"
+# Linux bounds each argument of a process to 128 KiB (MAX_ARG_STRLEN), and the task's body grows with the nodes (191 kB
+# at 10,000 with per-node GPUs: "srun: Argument list too long"). It reaches srun and bash as pieces of at most PIECE
+# characters (4 bytes each at most, in UTF-8), after main's address and "check" or "": TASK_BOOT joins them and runs
+# the body with those two as $1 and $2, as `bash -c BODY nodekit-task ADDR [check]` would.
+PIECE = 16384
+TASK_BOOT = 'nk_a=$1 nk_c=$2; shift 2; printf -v nk_body %s "$@"; set -- "$nk_a" "$nk_c"; eval "$nk_body"'
 VERDICT_END = "NODEKIT_VERDICT"
 
 VERDICT = r"""{ print; fflush() }
@@ -107,6 +117,8 @@ def render(job: SlurmJob) -> str:
         f"IFS= read -r -d '' nk_task <<'{TASK_END}' || true",
         task_body(job),
         TASK_END,
+        f"nk_parts=(); for ((nk_i = 0; nk_i < ${{#nk_task}}; nk_i += {PIECE})); do "
+        f'nk_parts+=("${{nk_task:nk_i:{PIECE}}}"); done',
         f"IFS= read -r -d '' nk_verdict <<'{VERDICT_END}' || true",
         VERDICT,
         VERDICT_END,
@@ -130,7 +142,8 @@ def srun_line(job: SlurmJob, *, check: bool = False) -> str:
     if job.mode == "pyxis":
         opts += pyxis_options(job)
     cpus = '${SLURM_CPUS_PER_TASK:+--cpus-per-task="$SLURM_CPUS_PER_TASK"}'
-    task = 'bash -c "$nk_task" nodekit-task "$nk_main_addr"' + (" check" if check else "")
+    mode = "check" if check else '""'
+    task = f'bash -c {quote(TASK_BOOT)} nodekit-task "$nk_main_addr" {mode} "${{nk_parts[@]}}"'
     return f"srun {' '.join(opts)} {cpus} {task}"
 
 
@@ -151,8 +164,8 @@ def _check_step(job: SlurmJob) -> list[str]:
 
 
 def task_body(job: SlurmJob) -> str:
-    """The script every task runs (``bash -c``), in the node's shell (docker, charliecloud) or in the container
-    (pyxis). ``$1`` is main's address."""
+    """The script every task runs (by :data:`TASK_BOOT`, in ``bash -c``), in the node's shell (docker, charliecloud)
+    or in the container (pyxis). ``$1`` is main's address."""
     lines = [
         "# One task per node: rank from SLURM_NODEID, main's address in $1.",
         "nk_rank=$SLURM_NODEID",
@@ -167,9 +180,15 @@ def task_body(job: SlurmJob) -> str:
         *(charliecloud_task() if job.mode == "charliecloud" else []),
         'case "$nk_rank" in',
     ]
+    # A block is the rank's container with the rank a hole (the task's): ranks whose specs differ only in it share one,
+    # rendered once (each is O(nodes): the job-wide per-node declarations).
+    blocks: dict[ContainerSpec, str] = {}
     groups: dict[str, list[int]] = {}
     for spec in job.nodes:
-        groups.setdefault(rank_block(job, spec, "    "), []).append(spec.rank)
+        key = dataclasses.replace(spec, rank=0)
+        if (block := blocks.get(key)) is None:
+            block = blocks[key] = rank_block(job, spec, "    ")
+        groups.setdefault(block, []).append(spec.rank)
     for block, ranks in groups.items():
         lines += [f"{'|'.join(str(r) for r in ranks)})", block, "    ;;"]
     lines += [

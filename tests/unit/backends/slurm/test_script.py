@@ -314,3 +314,26 @@ def test_the_secret_is_in_the_script_once_exported_and_never_in_a_task_argument(
     for mode in ("docker", "charliecloud", "pyxis"):
         text = render(job(project(tmp_path / mode), mode))
         assert [ln for ln in text.splitlines() if SECRET in ln] == [f"export NODEKIT_JOB_SECRET={SECRET}"], mode
+
+
+def test_a_10000_node_script_with_per_node_gpus_passes_no_argument_that_grows_with_the_nodes(tmp_path: Path) -> None:
+    """The task's body grows with the job (every node's declared GPUs and processes: 191 kB at 10,000 nodes, the
+    documented bound); as one argument of srun and of bash -c it passed Linux's 128 KiB per argument ("srun: Argument
+    list too long"). It travels in pieces; the script runs on the stage (its first two nodes report) and each node's
+    docker run gets the whole declaration."""
+    n = 10_000
+    s = project(tmp_path / "p", nnodes=n, nodes={r: NodeOverride(gpus=8) for r in range(n)})
+    text = render(job(s))
+    stage = fake.stage(tmp_path, "docker")
+    # The stage's srun records its arguments, then runs on.
+    srun = Path(stage["PATH"].split(":")[0]) / "srun"
+    srun.write_text(
+        srun.read_text().replace("set -o pipefail\n", 'set -o pipefail\nprintf "%s\\0" "$@" > "$FAKE_DIR/srun-args"\n')
+    )
+    done = fake.run_script(text, stage, tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    args = (tmp_path / "srun-args").read_bytes().split(b"\0")
+    assert max(len(a) for a in args) <= 32 * 1024, "an argument of srun grows with the number of nodes"
+    declared = ",".join(f"{r}:8" for r in range(n))
+    for rank in (0, 1):
+        assert f"--env=NODEKIT_GPUS_DECLARED={declared}" in fake.recorded(tmp_path, "argv", rank)
