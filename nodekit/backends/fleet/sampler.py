@@ -101,7 +101,6 @@ done
 """
 
 
-
 @dataclass(frozen=True)
 class Gpu:
     index: int
