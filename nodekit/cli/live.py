@@ -101,11 +101,16 @@ COLUMNS = ("NODE", "HOST", "STATE", "SINCE", "CPU%", "MEM", "NET IN/s", "NET OUT
 
 
 def _cells(r: Any) -> list[str]:
+    """A row's cells as plain text: what a node printed (its last line, its host's name, ssh's complaint) keeps no
+    terminal control sequence."""
+    from nodekit.system.terminal import printable
+
     state = r.state + (" QUIET" if r.quiet else "")
     cpu = "-" if r.cpu_pct is None else f"{r.cpu_pct:.0f}"
     last = r.problem if r.problem and r.state in ("unreachable", "lost") else r.last_line
-    return [str(r.rank), r.host[:24], state, r.since[5:19].replace("T", " "), cpu, _size(r.mem_bytes),
-            _size(r.rx_bps), _size(r.tx_bps), _gpus(r) or "-", _age(r.line_age_s), last[:70]]  # fmt: skip
+    cells = [str(r.rank), r.host[:24], state, r.since[5:19].replace("T", " "), cpu, _size(r.mem_bytes),
+             _size(r.rx_bps), _size(r.tx_bps), _gpus(r) or "-", _age(r.line_age_s), last[:70]]  # fmt: skip
+    return [printable(c) for c in cells]
 
 
 def _plain(rows: list[Any]) -> str:
@@ -116,13 +121,14 @@ def _plain(rows: list[Any]) -> str:
 
 def _rich(rows: list[Any], title: str) -> Any:
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=title, title_justify="left", expand=False)
     for c in COLUMNS:
         t.add_column(c, no_wrap=c != "LAST LINE", overflow="ellipsis")
     for r in rows:
         style = "bold yellow" if r.quiet else ("red" if r.state in ("unreachable", "lost") else None)
-        t.add_row(*_cells(r), style=style)
+        t.add_row(*(Text(c) for c in _cells(r)), style=style)  # text, never markup: "[/2 done]" would raise
     return t
 
 

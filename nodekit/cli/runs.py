@@ -44,11 +44,15 @@ def runs(ctx: typer.Context, as_json: JsonOpt = False, config: ConfigOpt = None)
     failing node with its signal."""
     if ctx.invoked_subcommand is not None:
         return
+    from nodekit.cli import ui
     from nodekit.cli.ui import out
     from nodekit.runs import store
 
+    def bad(path: Path, why: str) -> None:
+        ui.warn(f"{path} is not a nodekit run record ({why}): left out (remove it unless you want to look into it)")
+
     now = time.time()
-    found = [r for _, r in store.records(_root(config))]
+    found = [r for _, r in store.records(_root(config), bad)]
     if as_json:
         out.print(json.dumps([_summary(r, now) for r in found]), markup=False)
         return

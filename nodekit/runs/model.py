@@ -5,10 +5,14 @@ JSON, and which phase a line of a node's output marks.
 
 from __future__ import annotations
 
+import functools
+import json
 import signal as signals
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 from nodekit.launcher.contract import OWN_CONTINUED, OWN_LINES, OWN_REPORTS, PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.runs.events import PHASES, Phase
@@ -17,7 +21,18 @@ SCHEMA = 1
 Command = Literal["run", "up", "slurm"]
 State = Literal["running", "ok", "failed", "interrupted", "detached", "vanished"]
 
+# A record is read back strictly: a cloned repo can carry .nodekit/runs/, and a value of the wrong type (a rank that
+# is a string of HTML, a pid of 2**70, a start of NaN) would reach the report unescaped or crash the list.
+READ = ConfigDict(strict=True, allow_inf_nan=False)
+Pid = Annotated[int, Field(ge=0, lt=2**31)]  # a pid_t: os.kill raises OverflowError beyond
+Time = Annotated[float, Field(ge=0, lt=253_402_300_800)]  # unix time up to the year 9999: time.gmtime's range
 
+
+class NotARecord(ValueError):
+    """A file that is not a run record this nodekit can read; the message says why, in one line."""
+
+
+@with_config(READ)
 @dataclass
 class NodeRecord:
     """One node (rank) of a run: where it ran and when it reached each phase of the last attempt (unix time)."""
@@ -31,6 +46,7 @@ class NodeRecord:
     """The phases of earlier attempts (a restart of the whole job), oldest first."""
 
 
+@with_config(READ)
 @dataclass
 class RunRecord:
     """One run of ``nodekit run``, ``up`` or ``slurm --submit``. ``ended`` is None while it runs (or when the process
@@ -39,8 +55,8 @@ class RunRecord:
     id: str
     command: Command
     project: str
-    started: float
-    pid: int
+    started: Time
+    pid: Pid
     settings: dict[str, Any]
     settings_digest: str
     nodes: list[NodeRecord]
@@ -89,14 +105,28 @@ class RunRecord:
         return asdict(self)
 
     @classmethod
+    def from_json(cls, text: str | bytes) -> RunRecord:
+        """A record read back from its JSON; fields a newer nodekit added are ignored, missing ones with a default
+        take it. Every value is checked against its type (strictly: no "3" for 3, no NaN) and range; NotARecord
+        says which is wrong."""
+        try:
+            return _reader().validate_json(text)
+        except ValidationError as e:
+            problems = e.errors(include_input=False, include_url=False)
+            first = problems[0]
+            where = ".".join(str(part) for part in first["loc"])
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise NotARecord(f"{where + ': ' if where else ''}{first['msg']}{more}") from None
+
+    @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
-        """A record read back; fields a newer nodekit added are ignored, missing ones take their defaults."""
-        known = {f for f in cls.__dataclass_fields__}
-        values = {k: v for k, v in data.items() if k in known}
-        node_fields = set(NodeRecord.__dataclass_fields__)
-        for key in ("nodes", "dropped"):
-            values[key] = [NodeRecord(**{k: v for k, v in n.items() if k in node_fields}) for n in data.get(key, [])]
-        return cls(**values)
+        """:meth:`from_json` of a mapping."""
+        return cls.from_json(json.dumps(data))
+
+
+@functools.cache
+def _reader() -> TypeAdapter[RunRecord]:
+    return TypeAdapter(RunRecord)
 
 
 def signal_of(code: int | None) -> str:

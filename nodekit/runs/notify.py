@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -74,28 +75,38 @@ def _took(seconds: float) -> str:
     return f"{s // 3600}h {s % 3600 // 60:02d}m {s % 60:02d}s" if s >= 3600 else f"{s // 60}m {s % 60:02d}s"
 
 
-def text(event: Event, record: RunRecord, now: float) -> str:
-    """The message in words (one line, plus the failing node's last lines for a failure)."""
-    what = f"nodekit {record.command} {record.id} ({Path(record.project).name})"
-    hosts = ", ".join(n.host for n in record.nodes[:8]) + (" ..." if len(record.nodes) > 8 else "")
+def slack_escaped(value: object) -> str:
+    """A record's value as Slack text: ``&``, ``<`` and ``>`` escaped (Slack's rule; ``<!channel>`` would notify
+    everyone and ``<https://x|y>`` shows y for a link to x), and no run of three backticks, which would end nodekit's
+    code block (a zero-width space after each backtick that another follows)."""
+    text = str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub("`(?=`)", "`\u200b", text)
+
+
+def text(event: Event, record: RunRecord, now: float, *, quote: Callable[[object], str] = str) -> str:
+    """The message in words (one line, plus the failing node's last lines for a failure). ``quote`` writes each
+    value the record holds (the job's lines, hosts, names: whatever a run or a cloned repo put there) for the
+    reader: :func:`slack_escaped` for Slack."""
+    what = f"nodekit {quote(record.command)} {quote(record.id)} ({quote(Path(record.project).name)})"
+    hosts = ", ".join(quote(n.host) for n in record.nodes[:8]) + (" ..." if len(record.nodes) > 8 else "")
     if event == "start":
-        return f"{what} started on {len(record.nodes)} node(s): {hosts}; image {record.image or '?'}"
+        return f"{what} started on {len(record.nodes)} node(s): {hosts}; image {quote(record.image or '?')}"
     took = _took(record.duration(now))
     if event == "finish":
         return f"{what} finished in {took} on {len(record.nodes)} node(s) (exit code 0)"
-    who = f"node {record.failed_rank} ({record.failed_host})" if record.failed_rank is not None else "the run"
-    sig = f", {record.signal}" if record.signal else ""
+    who = f"node {record.failed_rank} ({quote(record.failed_host)})" if record.failed_rank is not None else "the run"
+    sig = f", {quote(record.signal)}" if record.signal else ""
     head = f"{what} FAILED after {took}: {who}, exit code {record.exit_code}{sig}"
-    reason = f"\n{record.reason}" if record.reason else ""
-    tail = "\n".join(record.log_tail[-TAIL_LINES:])
+    reason = f"\n{quote(record.reason)}" if record.reason else ""
+    tail = "\n".join(quote(line) for line in record.log_tail[-TAIL_LINES:])
     return f"{head}{reason}" + (f"\n```\n{tail}\n```" if tail else "")
 
 
 def payload(event: Event, record: RunRecord, fmt: Literal["slack", "json"], now: float) -> dict[str, Any]:
     """The JSON body: ``{"text": ...}`` for Slack and its kin, else every field a script might want."""
-    said = text(event, record, now)
     if fmt == "slack":
-        return {"text": said}
+        return {"text": text(event, record, now, quote=slack_escaped)}
+    said = text(event, record, now)
     failed = record.node(record.failed_rank) if record.failed_rank is not None else None
     return {
         "event": event,

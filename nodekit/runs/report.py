@@ -69,7 +69,7 @@ def timeline(record: RunRecord, now: float) -> str:
                    f'<text x="{x(t):.1f}" y="{h - 8}" text-anchor="middle">{_e(_secs(t - t0))}</text>')  # fmt: skip
     for row, node in enumerate(record.nodes):
         y = row * ROW_H + 6
-        out.append(f'<g class="node" data-rank="{node.rank}"><text x="0" y="{y + 15}">node {node.rank} '
+        out.append(f'<g class="node" data-rank="{_e(node.rank)}"><text x="0" y="{y + 15}">node {_e(node.rank)} '
                    f'<tspan fill="#7b8794">{_e(node.host[:22])}</tspan></text>')  # fmt: skip
         reached = ordered(node.phases)
         for k, (phase, t) in enumerate(reached):
@@ -77,20 +77,21 @@ def timeline(record: RunRecord, now: float) -> str:
             tip = f"node {node.rank}: {SPAN.get(phase, '')}, {_secs(stop - t)}"
             if phase != "end":
                 width = max(1.0, x(stop) - x(t))
-                out.append(f'<rect class="span" data-phase="{phase}" x="{x(t):.1f}" y="{y}" width="{width:.1f}" '
+                out.append(f'<rect class="span" data-phase="{_e(phase)}" x="{x(t):.1f}" y="{y}" width="{width:.1f}" '
                            f'height="{ROW_H - 10}" fill="{COLORS[phase]}" opacity="0.85">'
                            f"<title>{_e(tip)}</title></rect>")  # fmt: skip
             tip = f"node {node.rank}: {phase} at +{_secs(t - t0)}"
-            out.append(f'<line class="phase" data-phase="{phase}" data-rank="{node.rank}" x1="{x(t):.1f}" '
+            out.append(f'<line class="phase" data-phase="{_e(phase)}" data-rank="{_e(node.rank)}" x1="{x(t):.1f}" '
                        f'x2="{x(t):.1f}" y1="{y - 2}" y2="{y + ROW_H - 8}" stroke="#1f2933" stroke-width="1.5">'
                        f"<title>{_e(tip)}</title></line>")  # fmt: skip
         if record.failed_rank == node.rank:
             t = node.phases.get("end", record.ended or now)
             what = f"exit {node.exit_code}" if node.exit_code is not None else "lost"
             sig = f", {record.signal}" if record.signal else ""
-            out.append(f'<g class="failure-mark" data-rank="{node.rank}"><circle cx="{x(t):.1f}" cy="{y + 10}" r="8" '
-                       f'fill="#e12d39"/><text x="{x(t) - 4:.1f}" y="{y + 14}" fill="#fff" style="fill:#fff">×</text>'
-                       f'<title>node {node.rank} failed: {_e(what + sig)}</title></g>')  # fmt: skip
+            out.append(f'<g class="failure-mark" data-rank="{_e(node.rank)}">'
+                       f'<circle cx="{x(t):.1f}" cy="{y + 10}" r="8" fill="#e12d39"/>'
+                       f'<text x="{x(t) - 4:.1f}" y="{y + 14}" fill="#fff" style="fill:#fff">×</text>'
+                       f"<title>node {_e(node.rank)} failed: {_e(what + sig)}</title></g>")  # fmt: skip
         out.append("</g>")
     out.append("</svg>")
     return "".join(out)
@@ -111,7 +112,9 @@ def phase_table(record: RunRecord) -> str:
             for p in PHASES
         )
         code = "lost" if n.lost else ("" if n.exit_code is None else str(n.exit_code))
-        rows.append(f'<tr data-rank="{n.rank}"><td>node {n.rank} ({_e(n.host)})</td>{cells}<td>{_e(code)}</td></tr>')
+        rows.append(
+            f'<tr data-rank="{_e(n.rank)}"><td>node {_e(n.rank)} ({_e(n.host)})</td>{cells}<td>{_e(code)}</td></tr>'
+        )
     return f'<table id="phases"><tr><th>node</th>{head}<th>exit</th></tr>{"".join(rows)}</table>'
 
 
@@ -137,8 +140,8 @@ def chart(title: str, series: Mapping[int, list[tuple[float, float]]], t0: float
            f'<line x1="{left}" x2="{w - 10}" y1="{h - 24}" y2="{h - 24}" stroke="#9aa5b1"/>']  # fmt: skip
     for k, (rank, s) in enumerate(sorted(series.items())):
         pts = " ".join(xy(t, v) for t, v in s)
-        out.append(f'<polyline data-rank="{rank}" points="{pts}" fill="none" stroke="{LINES[k % len(LINES)]}" '
-                   f'stroke-width="1.8"><title>node {rank}</title></polyline>')  # fmt: skip
+        out.append(f'<polyline data-rank="{_e(rank)}" points="{pts}" fill="none" stroke="{LINES[k % len(LINES)]}" '
+                   f'stroke-width="1.8"><title>node {_e(rank)}</title></polyline>')  # fmt: skip
     out.append("</svg>")
     return "".join(out)
 
@@ -192,17 +195,17 @@ def render(record: RunRecord, samples: Sequence[Mapping[str, Any]], *, state: st
         f"fingerprint <code>{_e(record.fingerprint[:12] or '?')}</code>",
         f"settings <code>{_e(record.settings_digest[:12])}</code> "
         f"lock <code>{_e(record.lock_digest[:12] or '?')}</code>"
-        + (f", {record.attempts} attempts" if record.attempts > 1 else "")
+        + (f", {_e(record.attempts)} attempts" if record.attempts > 1 else "")
         + (f", Slurm job {_e(record.job_id)}" if record.job_id else ""),
     ]
     failure = ""
     if record.exit_code not in (None, 0):
-        who = (f"node {record.failed_rank} ({_e(record.failed_host)})" if record.failed_rank is not None
+        who = (f"node {_e(record.failed_rank)} ({_e(record.failed_host)})" if record.failed_rank is not None
                else "the run")  # fmt: skip
         sig = f" ({_e(record.signal)})" if record.signal else ""
         tail = "\n".join(record.log_tail)
         rank = "" if record.failed_rank is None else record.failed_rank
-        failure = (f'<div class="failure" id="failure" data-rank="{rank}">'
+        failure = (f'<div class="failure" id="failure" data-rank="{_e(rank)}">'
                    f"<b>{who} failed</b>: exit code {_e(record.exit_code)}{sig}"
                    + (f"<br>{_e(record.reason)}" if record.reason else "")
                    + (f"<pre>{_e(tail)}</pre>" if tail else "") + "</div>")  # fmt: skip

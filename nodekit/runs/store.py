@@ -13,13 +13,13 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from nodekit.errors import UsageError
-from nodekit.runs.model import RunRecord
-from nodekit.system.files import write_atomic
+from nodekit.runs.model import NotARecord, RunRecord
+from nodekit.system.files import NotReadable, read_bounded, write_atomic
 from nodekit.system.proc import alive as alive  # `nodekit runs` asks store.alive of each record's writer
 
 RUNS = Path(".nodekit") / "runs"
@@ -49,23 +49,56 @@ def save(d: Path, record: RunRecord) -> None:
 
 
 def load(d: Path) -> RunRecord:
-    return RunRecord.from_dict(json.loads((d / RECORD).read_text()))
+    """The record in ``d``; UsageError naming the file when it is not one (a corrupt or crafted file: a cloned
+    repo can carry .nodekit/runs/)."""
+    path = d / RECORD
+    try:
+        return RunRecord.from_json(_read(path))
+    except (NotARecord, NotReadable) as e:
+        raise UsageError(
+            f"{path} is not a nodekit run record ({_why(e)})",
+            fix=f"remove {d} unless you want to look into it (a copied project can carry records); nodekit runs lists "
+            "the others",
+        ) from None
 
 
-def records(root: Path) -> Iterator[tuple[Path, RunRecord]]:
-    """Every readable record, newest first (a directory without a readable run.json is passed over)."""
+def records(root: Path, bad: Callable[[Path, str], None] = lambda path, why: None) -> Iterator[tuple[Path, RunRecord]]:
+    """Every readable record, newest first. A directory without run.json (one being made) is passed over; a
+    run.json that cannot be read or is not a record is left out and told to ``bad(path, why)``."""
     if not root.is_dir():
         return
     for d in sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
+        path = d / RECORD
         try:
-            yield d, load(d)
-        except (OSError, ValueError, KeyError, TypeError):
+            record = RunRecord.from_json(_read(path))
+        except FileNotFoundError:
             continue
+        except OSError as e:
+            bad(path, e.strerror or str(e))
+            continue
+        except (NotARecord, NotReadable) as e:
+            bad(path, _why(e))
+            continue
+        yield d, record
+
+
+RECORD_CAP = 16 << 20  # a record is KiBs (the settings, 20 lines of log); the cap is for a planted /dev/zero
+SAMPLES_CAP = 1 << 30  # a day of nodekit top on 8 nodes every 2 s is about 70 MiB
+
+
+def _read(path: Path) -> bytes:
+    return read_bounded(path, RECORD_CAP)
+
+
+def _why(e: ValueError) -> str:
+    return f"it {e}" if isinstance(e, NotReadable) else str(e)
 
 
 def find(root: Path, wanted: str) -> Path:
     """The directory of the run ``wanted`` names (an id, a unique prefix of one, or ``last``); UsageError else."""
-    names = sorted((p.name for p in root.iterdir() if (p / RECORD).is_file()), reverse=True) if root.is_dir() else []
+    # lexists: a run.json that is a link to no file is named by load, not passed over as "no run".
+    found = (p.name for p in root.iterdir() if os.path.lexists(p / RECORD)) if root.is_dir() else iter(())
+    names = sorted(found, reverse=True)
     if not names:
         raise UsageError(f"no run records in {root}", fix="nodekit run (or up, or slurm --submit) records one")
     if wanted == "last":
@@ -108,11 +141,15 @@ def append_samples(d: Path, samples: list[dict[str, Any]]) -> None:
 
 
 def read_samples(d: Path) -> list[dict[str, Any]]:
-    """The samples of a run (a torn last line, from a top stopped mid-write, is passed over)."""
+    """The samples of a run (a torn last line, from a top stopped mid-write, is passed over); UsageError naming the
+    file when it is not a regular file (a planted link to /dev/zero would be read forever)."""
+    path = d / SAMPLES
     try:
-        text = (d / SAMPLES).read_text()
+        text = read_bounded(path, SAMPLES_CAP).decode(errors="replace")
     except FileNotFoundError:
         return []
+    except NotReadable as e:
+        raise UsageError(f"{path} {e}", fix=f"remove {path}: nodekit top writes it while a run goes on") from None
     found = []
     for line in text.splitlines():
         with contextlib.suppress(ValueError):

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
+
+from nodekit.system.terminal import printable
 
 SCRIPT = r"""
 p=$1; every=$2; logs=$3; recheck=$4; slow=$5; counters=$6
@@ -98,9 +99,6 @@ while :; do
   sleep "$every"
 done
 """
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 @dataclass(frozen=True)
@@ -182,7 +180,7 @@ class NodeView:
         stamp, _, text = rest.partition(" ")
         at = docker_time(stamp)
         if at is not None:
-            self.last_line, self.last_line_at = text, at
+            self.last_line, self.last_line_at = printable(text), at
 
     def _logjson(self, rest: str) -> None:
         """json-file's record: ``{"log": "text\\n", "stream": "stdout", "time": "2026-...Z"}`` (a torn or foreign
@@ -193,7 +191,7 @@ class NodeView:
             return
         at = docker_time(str(item.get("time", ""))) if isinstance(item, dict) else None
         if at is not None and isinstance(item.get("log"), str):
-            self.last_line, self.last_line_at = _ANSI.sub("", item["log"]).rstrip("\r\n"), at
+            self.last_line, self.last_line_at = printable(item["log"]), at
 
     def _gpu(self, rest: str) -> None:
         parts = [p.strip() for p in rest.split(",")]

@@ -83,6 +83,8 @@ class SlurmJob:
     output_dir: str
     docker_host: str | None = None
     job_secret: str = ""
+    report_token: str = ""
+    """Tags each task's exit-code report for the verdict (render.VERDICT); a fresh random one per script."""
     notes: tuple[str, ...] = ()
 
 
@@ -101,6 +103,7 @@ def plan_job(
     *,
     mode: Mode,
     job_secret: str,
+    report_token: str,
     image_path: str = "",
     debug: bool = False,
     environ: Mapping[str, str] | None = None,
@@ -156,6 +159,7 @@ def plan_job(
         output_dir=str(output_dir),
         docker_host=slurm.docker_host,
         job_secret=job_secret,
+        report_token=report_token,
         notes=unset_pass_env(launch.pass_env, environ or {}),
     )
 

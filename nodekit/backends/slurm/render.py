@@ -15,9 +15,10 @@ The script is self-contained (``sbatch`` it by hand and it does what ``nodekit s
    mode the trap stops and removes the container, which the killed docker CLI would leave running; then it prints
    ``nodekit-slurm: node R (HOST) exited with code C``;
 5. every line of the tasks passes through a small awk program (line by line: mawk is told so) that prints it and,
-   at the end, decides the job's exit code from those lines: the first node that failed with its own code (not 0,
-   not 19: a node the watchdog stopped because another was lost or failed), else 19, else 0. The script exits with
-   it, so Slurm's ExitCode and ``nodekit slurm --submit`` give the failing node's code.
+   at the end, decides the job's exit code from the tasks' reports (tagged with the job's report token, which the
+   job's own output cannot forge): the first node that failed with its own code (not 0, not 19: a node the
+   watchdog stopped because another was lost or failed), else 19, else 0. The script exits with it, so Slurm's
+   ExitCode and ``nodekit slurm --submit`` give the failing node's code.
 """
 
 from __future__ import annotations
@@ -48,15 +49,36 @@ PIECE = 16384
 TASK_BOOT = 'nk_a=$1 nk_c=$2; shift 2; printf -v nk_body %s "$@"; set -- "$nk_a" "$nk_c"; eval "$nk_body"'
 VERDICT_END = "NODEKIT_VERDICT"
 
-VERDICT = r"""{ print; fflush() }
-/nodekit-slurm: node [0-9]+ \(.*\) exited with code [0-9]+$/ {
-    rest = $0; sub(/^.*nodekit-slurm: node /, "", rest)
-    rank = rest; sub(/ .*$/, "", rank)
-    host = rest; sub(/^[0-9]+ \(/, "", host); sub(/\) exited with code [0-9]+$/, "", host)
-    code = rest; sub(/^.* exited with code /, "", code)
-    reported++
-    if (code != 0 && code != LOST && first == "") { first = code; first_node = "node " rank " (" host ")" }
-    if (code == LOST && lost == "") lost = code
+REPORT_TOKEN = "NODEKIT_REPORT_TOKEN"
+"""The variable that carries the job's report token from the batch shell to every task (as the secret travels)."""
+
+# A task's report is tagged with the job's report token: the verdict counts only a tagged line whose srun label is
+# the rank it reports, so no line of the job's own output (which may print anything, a dataset's text included)
+# decides the job's exit code or whom it blames. The tag is searched in the line, not only at its start: a job's
+# last output without a newline shares its line with the report (that part is printed as a line of its own). The
+# token is never printed, nor an argument of any process (awk reads it from its environment).
+VERDICT = r"""BEGIN { TOKEN = ENVIRON["NODEKIT_REPORT_TOKEN"] }
+{
+    line = $0; at = 0
+    if (TOKEN != "" && match(line, /^ *[0-9]+: /)) {
+        label = substr(line, 1, RLENGTH); body = substr(line, RLENGTH + 1)
+        at = index(body, TOKEN " nodekit-slurm: node ")
+    }
+    if (at > 0) {
+        if (at > 1) print label substr(body, 1, at - 1)
+        report = substr(body, at + length(TOKEN) + 1); line = label report
+        task = label; gsub(/[^0-9]/, "", task)
+        rank = report; sub(/^nodekit-slurm: node /, "", rank); sub(/ .*$/, "", rank)
+        if (report !~ /^nodekit-slurm: node [0-9]+ \(.*\) exited with code [0-9]+$/ || rank + 0 != task + 0) at = 0
+    }
+    print line; fflush()
+    if (at > 0) {
+        host = report; sub(/^nodekit-slurm: node [0-9]+ \(/, "", host); sub(/\) exited with code [0-9]+$/, "", host)
+        code = report; sub(/^.* exited with code /, "", code)
+        reported++
+        if (code != 0 && code != LOST && first == "") { first = code; first_node = "node " rank " (" host ")" }
+        if (code == LOST && lost == "") lost = code
+    }
 }
 END {
     if (first != "") {
@@ -92,6 +114,15 @@ def _secret(job: SlurmJob) -> list[str]:
     ]
 
 
+def _report_token(job: SlurmJob) -> list[str]:
+    if not job.report_token:
+        raise ValueError("a Slurm job's script needs its report token (plan_job's report_token)")
+    return [
+        "# The token that tags each task's exit-code report, which the verdict below reads (never printed).",
+        f"export {REPORT_TOKEN}={quote(job.report_token)}",
+    ]
+
+
 def render(job: SlurmJob) -> str:
     """The script's text."""
     header = [
@@ -102,6 +133,7 @@ def render(job: SlurmJob) -> str:
         *sbatch_lines(job),
         "set -euo pipefail",
         *_secret(job),
+        *_report_token(job),
         "",
         "# Main is the first host of the allocation; the launcher takes its address (not a loopback one).",
         "# (awk reads to the end: an early exit would kill the writer with SIGPIPE, which pipefail reports.)",
@@ -171,7 +203,11 @@ def task_body(job: SlurmJob) -> str:
         "nk_rank=$SLURM_NODEID",
         "nk_main_addr=$1",
         "nk_host=${SLURMD_NODENAME:-$(hostname)}",
-        'nk_report() { echo "nodekit-slurm: node $nk_rank ($nk_host) exited with code $1"; exit "$1"; }',
+        "# The report's tag (the verdict reads the job step's reports only); no process this task starts inherits it.",
+        f"nk_tag=${{{REPORT_TOKEN}:-}}; unset {REPORT_TOKEN}",
+        '[ "${2:-}" != check ] || nk_tag=',
+        'nk_report() { echo "${nk_tag:+$nk_tag }nodekit-slurm: node $nk_rank ($nk_host) exited with code $1"; '
+        'exit "$1"; }',
         'nk_fail() { echo "nodekit: [node $nk_rank on $nk_host] $1. Fix: $2" >&2; nk_report 2; }',
         "# The child's exit code, waiting again when a trapped signal interrupted `wait`.",
         'nk_wait() { local c; while :; do c=0; wait "$1" || c=$?; kill -0 "$1" 2>/dev/null || return "$c"; done; }',

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import secrets
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -88,7 +89,8 @@ def prepare(
     chosen = check_mode(mode or settings.slurm.container)
     facts = gather_image(settings, image)
     path = "" if chosen == "docker" else str(image_file(settings, facts.id, chosen))
-    job = plan_job(settings, facts, mode=chosen, job_secret=job_secret(), image_path=path, debug=debug, environ=environ)
+    job = plan_job(settings, facts, mode=chosen, job_secret=job_secret(), report_token=secrets.token_hex(16),
+                   image_path=path, debug=debug, environ=environ)  # fmt: skip
     return Prepared(job=job, script=render(job), path=script_path(settings, out))
 
 

@@ -28,8 +28,7 @@ from nodekit.system.docker.calls import (
 )
 from nodekit.system.docker.models import ContainerState
 from nodekit.system.docker.streams import Drain
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+from nodekit.system.terminal import ESCAPES
 
 
 def _run(argv: list[str], what: str, host: str | None, deadline: float | proc.Unbounded) -> proc.Result:
@@ -123,7 +122,7 @@ class JobOutput:
             for text in self._child.lines(keep_ends=True):
                 # Compose writes terminal control sequences (erase-line) even with --no-color; they garble prefixed
                 # logs.
-                line = _ANSI.sub("", text)
+                line = ESCAPES.sub("", text)
                 if line.endswith("\n"):
                     yield line.rstrip("\r\n")
                 elif line.endswith("\r"):

@@ -211,7 +211,11 @@ def terminate_all(grace: float = 5.0) -> int:
 
 
 def alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs on this machine (one of another user's counts as running)."""
+    """Whether process ``pid`` still runs on this machine (one of another user's counts as running). A pid read
+    from a file (a run record, a directory's name) may be anything: one that no process can have is not alive
+    (os.kill would raise OverflowError beyond a pid_t, and 0 or a negative one names a process group)."""
+    if type(pid) is not int or not 0 < pid < 2**31:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

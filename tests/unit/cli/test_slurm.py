@@ -131,6 +131,17 @@ def test_the_script_is_written_private(project: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o600  # it carries the job secret
 
 
+def test_each_script_gets_a_fresh_report_token(project: Path) -> None:
+    """The token that tags the tasks' exit-code reports is random per script: a job cannot learn it from an
+    earlier one's script or log."""
+    tokens = []
+    for _ in range(2):
+        assert runner.invoke(app, ["slurm"]).exit_code == 0
+        text = (project / "compose" / "slurm.sbatch").read_text()
+        tokens += [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("export NODEKIT_REPORT_TOKEN=")]
+    assert len(tokens) == 2 and tokens[0] != tokens[1] and all(len(t) == 32 for t in tokens)
+
+
 # --- the command lines, through nodekit's one process runner (faked: nothing runs) -------------------------------
 
 

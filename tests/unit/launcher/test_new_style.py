@@ -46,7 +46,8 @@ s = load(project / "nodekit.toml")
 node = node_spec(s, launch_spec(s), 0, "127.0.0.1", HostFacts())
 spec = plan_container(node, HostFacts(), image="i", output_dir="/o")
 env = render_compose(spec)["services"]["train"]["environment"]
-script = render(plan_job(s, ImageFacts(ref="i", id="sha256:1"), mode="docker", job_secret="s" * 16))
+job = plan_job(s, ImageFacts(ref="i", id="sha256:1"), mode="docker", job_secret="s" * 16, report_token="t" * 32)
+script = render(job)
 k8s = plan_k8s(s, image="r/i:1", fingerprint="", secret="s" * 16, kind="job", out_dir=Path("k8s")).files[0].text
 print(json.dumps({"env": env, "slurm": script, "k8s": k8s}))
 """

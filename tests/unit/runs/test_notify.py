@@ -184,3 +184,27 @@ def test_messages_reach_the_webhook_in_the_order_they_were_sent() -> None:
     n.send("start", {"text": "start"})
     n.send("failure", {"text": "failure"})
     assert n.close() == [] and got == ["start", "failure"]
+
+
+def test_slack_text_carries_the_jobs_output_as_text_not_markup(tmp_path: Path, clean_env: None) -> None:
+    """The review's payload: a log tail that closes the code block, then a channel-wide mention and a link whose
+    shown text hides where it goes. Slack reads ``<...>`` as a mention or link and ``&`` as an entity (its rule:
+    escape &, < and >), and a line of three backticks ends the fence: the tail stays text inside its block."""
+    clock = Clock()
+    rec = begin(project_settings(tmp_path), "run", HOSTS, environ={}, clock=clock)
+    clock.tick(5)
+    tail = ["step 1", "```", "<!channel> <https://evil.example/reset|Cluster maintenance: re-authenticate here>",
+            "a & b", "````"]  # fmt: skip
+    for line in tail:
+        rec.line(1, line)
+    rec.failed(1, 3, "node 1 failed with exit code 3 <!here>")
+    rec.finish(3)
+    said = payload("failure", store.load(rec.dir), "slack", clock.now)["text"]
+    assert "<" not in said and ">" not in said  # no mention, no link: Slack shows them as typed
+    assert "&lt;!channel&gt; &lt;https://evil.example/reset|Cluster" in said and "a &amp; b" in said
+    assert "&lt;!here&gt;" in said
+    body = said.split("\n```\n", 1)[1]
+    assert body.endswith("\n```") and "```" not in body.removesuffix("\n```")  # the only fence is nodekit's own
+    # Plain JSON is for scripts, not Slack: its fields keep the job's lines as they were.
+    full = payload("failure", store.load(rec.dir), "json", clock.now)
+    assert full["log_tail"] == tail

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,11 @@ def test_a_stall_deadline_stops_a_stream_that_stands_still_but_not_a_slow_reader
         "docker save nodekit/x:1 made no progress for 0.4 s and was stopped (it hung). Fix: check the engine"
     )
     assert proc.live() == []
+
+
+@pytest.mark.parametrize("pid", [2**70, 2**31, 0, -1, "1", True])
+def test_a_pid_no_process_can_have_is_not_alive(pid: Any) -> None:
+    """A pid read from a file (a run record, a directory's name) may be anything: os.kill raised OverflowError for
+    2**70, and 0 or -1 name process groups, which "exist"."""
+    assert proc.alive(pid) is False
+    assert proc.alive(os.getpid()) is True

@@ -1,7 +1,7 @@
 """A Slurm-shaped stage for running a rendered sbatch script without Slurm: fake ``scontrol``, ``getent`` and
 ``srun`` (one task per node, in parallel, lines labelled ``R: `` as ``srun --label`` does) and a fake ``docker`` or
 ``ch-run`` that records exactly what it was given (argv and environment, NUL-separated) and exits with the code the
-test asks for (``FAKE_EXIT_<rank>``)."""
+test asks for (``FAKE_EXIT_<rank>``), having printed ``FAKE_SAY_<rank>`` last."""
 
 from __future__ import annotations
 
@@ -56,6 +56,9 @@ if [ -n "${FAKE_GATE:-}" ]; then
     while [ ! -e "$FAKE_GATE" ]; do sleep 0.05; done
     echo "still training on node $FAKE_RANK"
 fi
+# FAKE_SAY_<rank>: what the job prints last (printf %b: "\n" ends a line; without one the line is left open).
+say_var=FAKE_SAY_$FAKE_RANK
+[ -z "${!say_var:-}" ] || printf '%b' "${!say_var}"
 code_var=FAKE_EXIT_$FAKE_RANK
 exit "${!code_var:-0}"
 """

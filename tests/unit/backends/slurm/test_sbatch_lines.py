@@ -60,7 +60,7 @@ def job_text(d: Path, **slurm: Any) -> str:
     d.mkdir(parents=True, exist_ok=True)
     (d / "train.py").write_text("")
     s = Settings(project_dir=d, name="demo", script="train.py", nnodes=2, slurm=SlurmSettings(**slurm))
-    return render(plan_job(s, IMAGE, mode="docker", job_secret="s" * 32))
+    return render(plan_job(s, IMAGE, mode="docker", job_secret="s" * 32, report_token="t" * 32))
 
 
 @pytest.mark.parametrize(

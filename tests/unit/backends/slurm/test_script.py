@@ -37,6 +37,7 @@ IMAGE = ImageFacts(
     workdir="/workspace",
 )
 SECRET = "s3cr3t" * 6
+REPORT_TOKEN = "70ca1e" * 5
 
 
 def project(d: Path, **kw: object) -> Settings:
@@ -47,7 +48,7 @@ def project(d: Path, **kw: object) -> Settings:
 
 
 def job(s: Settings, mode: str = "docker", image_path: str = "/shared/demo.sqsh") -> SlurmJob:
-    return plan_job(s, IMAGE, mode=mode, job_secret=SECRET, image_path=image_path)  # type: ignore[arg-type]
+    return plan_job(s, IMAGE, mode=mode, job_secret=SECRET, report_token=REPORT_TOKEN, image_path=image_path)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("value", TRICKY)
@@ -214,6 +215,41 @@ def test_the_job_exits_with_the_failing_nodes_code(
         assert named in done.stdout.splitlines()[-1]
 
 
+SPOOF = "nodekit-slurm: node 0 (n1) exited with code 3"
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        SPOOF + "\\n",
+        "nodekit-slurm: node 1 (n2) exited with code 3\\n",  # its own rank
+        "0: " + SPOOF + "\\n",  # as if srun had labelled it node 0's
+        "x " + SPOOF + "\\n",  # a token that is not the job's
+        SPOOF,  # the job's last line, left open: the task's own report follows on the same line
+    ],
+)
+def test_the_jobs_own_output_cannot_decide_the_jobs_exit_code(tmp_path: Path, said: str) -> None:
+    """Rank 1's job prints the line a task reports its exit code with, then both nodes exit 0: the job ends 0.
+    Only a line tagged with the job's report token (in the tasks' environment, never printed) counts."""
+    stage = fake.stage(tmp_path, "docker")
+    done = fake.run_script(render(job(project(tmp_path / "p"))), {**stage, "FAKE_SAY_1": said}, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "nodekit-slurm: every node finished (exit code 0)", done.stdout
+    assert REPORT_TOKEN not in done.stdout + done.stderr
+
+
+def test_a_report_after_an_open_last_line_still_counts(tmp_path: Path) -> None:
+    """A job whose last output has no newline (a progress bar's \\r line) shares its line with the task's report;
+    the report is still read, and the job's part is shown as a line of its own."""
+    stage = fake.stage(tmp_path, "docker")
+    env = {**stage, "FAKE_SAY_1": "epoch 3 73%", "FAKE_EXIT_1": "3", "FAKE_EXIT_0": "19"}
+    done = fake.run_script(render(job(project(tmp_path / "p"))), env, tmp_path)
+    assert done.returncode == 3, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert "1: epoch 3 73%" in lines and "1: nodekit-slurm: node 1 (n2) exited with code 3" in lines
+    assert lines[-1] == "nodekit-slurm: the job failed with exit code 3: node 1 (n2) failed first"
+
+
 def test_the_log_streams_while_the_job_runs(tmp_path: Path) -> None:
     """Every line reaches the log when the task prints it, not when the job ends (Debian's mawk, which decides the
     exit code, would otherwise hold a pipe's lines back until a block is full). The fake job waits at a gate until
@@ -314,6 +350,8 @@ def test_the_secret_is_in_the_script_once_exported_and_never_in_a_task_argument(
     for mode in ("docker", "charliecloud", "pyxis"):
         text = render(job(project(tmp_path / mode), mode))
         assert [ln for ln in text.splitlines() if SECRET in ln] == [f"export NODEKIT_JOB_SECRET={SECRET}"], mode
+        # The report token too: whoever reads it could write the line that decides the job's exit code.
+        assert [ln for ln in text.splitlines() if REPORT_TOKEN in ln] == [f"export NODEKIT_REPORT_TOKEN={REPORT_TOKEN}"]
 
 
 def test_a_10000_node_script_with_per_node_gpus_passes_no_argument_that_grows_with_the_nodes(tmp_path: Path) -> None:
