@@ -24,7 +24,7 @@ from nodekit.launcher.store.auth import MAGIC, NONCE_LEN
 
 SECRET = "job-secret-for-the-link-check"
 RUN = b"r" * 16
-SLACK_S = 1.0  # the listener's poll (a quarter second) and a loaded machine
+SLACK_S = 1.5  # the listener's poll (a quarter second), ours (0.2 s) and a loaded machine
 ENDS = [Endpoint(0, "h0", "127.0.0.1", "lo", 0), Endpoint(1, "h1", "127.0.0.1", "lo", 0)]
 
 
@@ -101,7 +101,8 @@ def _cut_after(port: int, every: float, give_up: float) -> float | None:
 
 
 def test_a_stranger_trickling_its_hello_is_cut_at_the_total_handshake_deadline(server: LinkServer) -> None:
-    """36 bytes at one per 0.2 s would take 7 s; every byte comes long before a per-read timeout of 3 s."""
+    """36 bytes at one per 0.2 s would take 7.2 s (past ``give_up``); every byte comes long before a per-read
+    timeout of 3 s. Not before the deadline either: the cut is the deadline's, not a pushing out."""
     took: list[float | None] = [None] * 4
     give_up = HANDSHAKE_S + SLACK_S + 2
 
@@ -114,7 +115,7 @@ def test_a_stranger_trickling_its_hello_is_cut_at_the_total_handshake_deadline(s
     for t in threads:
         t.join(give_up + 5)
     for t in took:
-        assert t is not None and HANDSHAKE_S - 0.2 <= t <= HANDSHAKE_S + SLACK_S, took
+        assert t is not None and HANDSHAKE_S - 0.5 <= t <= HANDSHAKE_S + SLACK_S, took
 
 
 class Front:
