@@ -1,12 +1,18 @@
 """One pair's link measured over TCP: round trips, then a timed bulk transfer each way. Standard library only.
 
 Every node listens during the check on its own training address (an ephemeral port, published through the
-preflight store). A connection is admitted only after the preflight store's handshake (``store/auth.py``) with the
-job secret and the store's run id, both ways: a process without the secret learns nothing and moves no data, and
-the connecting node checks that the listener holds it too. Then, sealed with the session key: the request
-(``up``: the client sends, the listener counts; ``down``: the other way) and the pings. The bulk bytes themselves
+preflight store; the listener is ``listener.py``). A connection is admitted only after the preflight store's
+handshake (``store/auth.py``) with the job secret and the store's run id, both ways: a process without the secret
+learns nothing and moves no data, and the connecting node checks that the listener holds it too. Then, sealed with
+the session key: the request (``up``: the client sends, the listener counts; ``down``: the other way) and the
+pings. The bulk bytes themselves
 are not sealed (a MAC per megabyte would measure the CPU, not the link); a forged byte can only spoil a figure,
 which the receiver reports through the authenticated store (the client) or a sealed frame (the listener).
+
+A connection that fails in passing is tried once more before the pair is called unreachable (which refuses the
+job even with ``links = "warn"``): a reset, a close or a timeout, as when the listener pushed it out of its
+handshake to admit a newer stranger (``listener.py``). A listener that answers with another secret, another run or
+another protocol has answered: that is not tried again.
 
 The receiver times the transfer from its first to its last byte, so the sender's socket buffer does not count; it
 stops waiting ``DRAIN_S`` after the sender's time is up, which bounds a pair on a crawling link.
@@ -26,40 +32,32 @@ import secrets
 import select
 import socket
 import statistics
-import threading
 import time
 from collections.abc import Callable
 
 from nodekit.launcher.linkcheck.verdict import Pair, Transfer
 from nodekit.launcher.store.auth import (
-    CLIENT_HELLO_LEN,
     HEADER_LEN,
     NONCE_LEN,
-    PROOF_LEN,
     SERVER_HELLO_LEN,
     TAG_LEN,
     TO_CLIENT,
     TO_SERVER,
-    Handshake,
     NotNodekit,
     WrongSecret,
     client_hello,
     frame_length,
-    proof_ok,
-    read_client_hello,
     read_server_hello,
     seal,
-    server_hello,
     unseal,
 )
 
 CONNECT_S = 3.0  # a connection and its handshake
+TRIES = 2  # a connection that fails in passing is tried once more (see the module docstring)
 DRAIN_S = 2.0  # after the sender's time: how long the receiver still waits for the rest
 PINGS = 5
 CHUNK = 1 << 20
 MAX_FRAME = 512  # requests, pings and results are small; anything bigger is not ours
-MAX_HANDLERS = 16  # connections served at once (one partner at a time in a real check)
-ACCEPT_POLL_S = 0.25
 # A transfer's figure (its bytes over its time, first byte to last) has settled (Steady) once at least
 # STEADY_MIN_S have passed since its first byte and the figure, taken every WINDOW_S, has stayed within
 # STEADY_SPREAD over its last STEADY_WINDOWS readings. The verdict calls a pair slow under a quarter of the others
@@ -76,6 +74,10 @@ class LinkError(Exception):
     """The pair could not be measured: no connection, a failed handshake, a lost connection. One line."""
 
 
+class AnotherRun(LinkError):
+    """The listener holds the job secret but answers for another run of the job: an answer, not a passing fault."""
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray()
     while len(buf) < n:
@@ -86,7 +88,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-class _Channel:
+class Channel:
     """The sealed frames of one admitted connection (seq counters per direction, as the store's)."""
 
     def __init__(self, sock: socket.socket, key: bytes, out: bytes, into: bytes) -> None:
@@ -131,7 +133,7 @@ class Steady:
         return min(last) > 0 and max(last) <= STEADY_SPREAD * min(last)
 
 
-def _told_to_stop(sock: socket.socket) -> bool:
+def told_to_stop(sock: socket.socket) -> bool:
     """The receiver has written to us (its STOP, or its result): it has its figure."""
     try:
         return bool(select.select([sock], [], [], 0)[0])
@@ -139,13 +141,13 @@ def _told_to_stop(sock: socket.socket) -> bool:
         return True
 
 
-def _send_for(sock: socket.socket, seconds: float, now: Callable[[], float] = time.monotonic) -> None:
+def send_for(sock: socket.socket, seconds: float, now: Callable[[], float] = time.monotonic) -> None:
     """Send zeros for ``seconds`` at most (bounded even when the peer stops reading) or until the receiver writes
     back that its rate has settled, then close our direction."""
     block = memoryview(bytes(CHUNK))
     end = now() + seconds
     try:
-        while (left := end - now()) > 0 and not _told_to_stop(sock):
+        while (left := end - now()) > 0 and not told_to_stop(sock):
             sock.settimeout(left)
             sock.send(block)
     except OSError:  # TimeoutError (a full buffer at the end), or the peer closed: the receiver has its figure
@@ -154,7 +156,7 @@ def _send_for(sock: socket.socket, seconds: float, now: Callable[[], float] = ti
         sock.shutdown(socket.SHUT_WR)
 
 
-def _sink(
+def sink(
     sock: socket.socket, deadline: float, now: Callable[[], float] = time.monotonic, *, steady: bool = False
 ) -> Transfer:
     """Count what arrives until the sender closes or ``deadline`` (with ``steady``: or until the rate has settled,
@@ -190,89 +192,7 @@ def _sink(
     return Transfer(bytes=counted, seconds=round(last - first, 6))
 
 
-class LinkServer:
-    """The listener one node runs during the check: admits holders of ``secret`` for store run ``run_id``."""
-
-    def __init__(self, secret: str, run_id: bytes, addr: str, *, v6: bool = False) -> None:
-        """Listen on ``addr`` ("": every address of the family, IPv6 when ``v6``), on a port the kernel picks."""
-        self.secret, self.run_id = secret, run_id
-        family = socket.AF_INET6 if ":" in addr or (not addr and v6) else socket.AF_INET
-        self._sock = socket.socket(family, socket.SOCK_STREAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((addr, 0))
-        self._sock.listen(32)
-        self._sock.settimeout(ACCEPT_POLL_S)
-        self.port = int(self._sock.getsockname()[1])
-        self._stop = threading.Event()
-        self._slots = threading.BoundedSemaphore(MAX_HANDLERS)
-        self._thread = threading.Thread(target=self._accept, name="nodekit-linkcheck", daemon=True)
-
-    def start(self) -> LinkServer:
-        self._thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-        # Wakes the accept loop at once (Linux: accept fails on a listener shut down); it would otherwise sleep out
-        # its poll, a quarter of a second added to every check's end.
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        if self._thread.is_alive():
-            self._thread.join(timeout=2 * ACCEPT_POLL_S + 1)
-        with contextlib.suppress(OSError):
-            self._sock.close()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            if not self._slots.acquire(blocking=False):
-                conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        try:
-            with conn:
-                conn.settimeout(CONNECT_S)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                channel = self._admit(conn)
-                if channel is not None:
-                    self._request(conn, channel)
-        except (OSError, EOFError, LinkError, NotNodekit, ValueError):
-            pass  # a stranger, or a partner that went away: the partner's side reports what it saw
-        finally:
-            self._slots.release()
-
-    def _admit(self, conn: socket.socket) -> _Channel | None:
-        nonce = read_client_hello(_recv_exact(conn, CLIENT_HELLO_LEN))
-        hs = Handshake(nonce, secrets.token_bytes(NONCE_LEN), self.run_id)
-        conn.sendall(server_hello(self.secret, hs))
-        if not proof_ok(self.secret, hs, _recv_exact(conn, PROOF_LEN)):
-            return None
-        return _Channel(conn, hs.session_key(self.secret), TO_CLIENT, TO_SERVER)
-
-    def _request(self, conn: socket.socket, channel: _Channel) -> None:
-        request = json.loads(channel.recv())
-        seconds = min(max(float(request.get("seconds", 0.0)), 0.0), 10.0)
-        if request.get("op") == "up":
-            for _ in range(PINGS):
-                channel.send(channel.recv())
-            got = _sink(conn, time.monotonic() + seconds + DRAIN_S, steady=True)
-            conn.settimeout(CONNECT_S)
-            channel.send(json.dumps({"bytes": got.bytes, "seconds": got.seconds, "error": got.error}).encode())
-            conn.shutdown(socket.SHUT_WR)
-            _sink(conn, time.monotonic() + DRAIN_S)  # until the client closes: its unsent bytes are not ours
-        elif request.get("op") == "down":
-            _send_for(conn, seconds)
-            _sink(conn, time.monotonic() + seconds + 2 * DRAIN_S)
-
-
-def _connect(addr: str, port: int, secret: str, run_id: bytes, source: str | None) -> _Channel:
+def _connect(addr: str, port: int, secret: str, run_id: bytes, source: str | None) -> Channel:
     try:
         sock = socket.create_connection((addr, port), timeout=CONNECT_S, source_address=(source, 0) if source else None)
     except OSError as e:
@@ -283,23 +203,37 @@ def _connect(addr: str, port: int, secret: str, run_id: bytes, source: str | Non
         sock.sendall(client_hello(nonce))
         hs = read_server_hello(_recv_exact(sock, SERVER_HELLO_LEN), secret, nonce)
         if hs.run_id != run_id:
-            raise LinkError(f"{addr}:{port} answers for another run of the job")
+            raise AnotherRun(f"{addr}:{port} answers for another run of the job")
         sock.sendall(hs.client_tag(secret))
-        return _Channel(sock, hs.session_key(secret), TO_SERVER, TO_CLIENT)
+        return Channel(sock, hs.session_key(secret), TO_SERVER, TO_CLIENT)
     except BaseException:
         sock.close()
         raise
+
+
+def _connect_tried(addr: str, port: int, secret: str, run_id: bytes, source: str | None) -> Channel:
+    """:func:`_connect`, up to ``TRIES`` times while it fails in passing; an answer (another secret, run or
+    protocol) is raised at once."""
+    for left in reversed(range(TRIES)):
+        try:
+            return _connect(addr, port, secret, run_id, source)
+        except AnotherRun:
+            raise
+        except (LinkError, OSError, EOFError):
+            if not left:
+                raise
+    raise AssertionError("TRIES is at least 1")
 
 
 def measure(
     a: int, b: int, addr: str, port: int, secret: str, run_id: bytes, seconds: float, *, source: str | None = None
 ) -> Pair:
     """Node ``a`` (this process) measures its link with node ``b`` listening at ``addr:port``: round trips and
-    a's bytes to b (counted by b) on one connection, b's bytes to a (counted here) on a second. Never raises: a
-    failure is the pair's ``error``, or a direction's."""
+    a's bytes to b (counted by b) on one connection, b's bytes to a (counted here) on a second, each connection
+    tried once more when it fails in passing. Never raises: a failure is the pair's ``error``, or a direction's."""
     rtts: list[float] = []
     try:
-        up = _connect(addr, port, secret, run_id, source)
+        up = _connect_tried(addr, port, secret, run_id, source)
     except (LinkError, OSError, EOFError, NotNodekit, WrongSecret) as e:
         return Pair(a, b, Transfer(), Transfer(), error=_why(e))
     with up.sock:
@@ -311,23 +245,23 @@ def measure(
                 if up.recv() != i.to_bytes(8, "big"):
                     raise LinkError("a ping came back changed")
                 rtts.append((time.perf_counter() - t) * 1000)
-            _send_for(up.sock, seconds)
+            send_for(up.sock, seconds)
             up.sock.settimeout(seconds + DRAIN_S + CONNECT_S)
             got = json.loads(up.recv())
             ab = Transfer(bytes=int(got["bytes"]), seconds=float(got["seconds"]), error=str(got.get("error", "")))
         except (LinkError, OSError, EOFError, ValueError, KeyError) as e:
             return Pair(a, b, Transfer(error=_why(e)), Transfer(), _median(rtts), error=f"during {a}->{b}: {_why(e)}")
     try:
-        down = _connect(addr, port, secret, run_id, source)
+        down = _connect_tried(addr, port, secret, run_id, source)
     except (LinkError, OSError, EOFError, NotNodekit, WrongSecret) as e:
         return Pair(a, b, ab, Transfer(error=_why(e)), _median(rtts))
     with down.sock:
         try:
             down.send(json.dumps({"op": "down", "seconds": seconds}).encode())
-            ba = _sink(down.sock, time.monotonic() + seconds + DRAIN_S + CONNECT_S, steady=True)
+            ba = sink(down.sock, time.monotonic() + seconds + DRAIN_S + CONNECT_S, steady=True)
             down.send(STOP)  # the listener stops sending; what it sent before is drained, then both sides close
             down.sock.shutdown(socket.SHUT_WR)
-            _sink(down.sock, time.monotonic() + DRAIN_S)
+            sink(down.sock, time.monotonic() + DRAIN_S)
         except (LinkError, OSError) as e:
             ba = Transfer(error=_why(e))
     return Pair(a, b, ab, ba, _median(rtts))

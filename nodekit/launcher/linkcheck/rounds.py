@@ -49,6 +49,6 @@ def estimate_s(n: int, seconds: float = DEFAULT_SECONDS) -> float:
 
 
 def round_deadline_s(seconds: float, connect_s: float, drain_s: float) -> float:
-    """The longest one round may take before a node stops waiting for the others: two connections, two transfers
-    with their drain, and slack for a loaded machine."""
+    """The longest one round may take before a node stops waiting for the others: two connections (``connect_s``
+    each, with their second try), two transfers with their drain, and slack for a loaded machine."""
     return math.ceil(2 * (connect_s + seconds + drain_s) + 5.0)

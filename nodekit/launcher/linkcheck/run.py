@@ -17,7 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from nodekit.launcher.linkcheck.probe import CONNECT_S, DRAIN_S, LinkServer, measure
+from nodekit.launcher.linkcheck.listener import LinkServer
+from nodekit.launcher.linkcheck.probe import CONNECT_S, DRAIN_S, TRIES, measure
 from nodekit.launcher.linkcheck.rounds import partner, round_deadline_s, rounds
 from nodekit.launcher.linkcheck.verdict import Endpoint, LinkVerdict, Mode, Pair, Transfer, decide
 from nodekit.launcher.preflight.exchange import POLL_S, Clock, PreflightError, Store, _key
@@ -90,7 +91,7 @@ def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock) -> LinkVerdict
             raise PreflightError(f"not every node published its link check endpoint within {ENDPOINTS_WAIT_S:g} s")
         ends = {r: Endpoint(**json.loads(store.get(_k("end", r)))) for r in ranks}
         schedule = rounds(job.nnodes)
-        per_round = round_deadline_s(job.seconds, CONNECT_S, DRAIN_S)
+        per_round = round_deadline_s(job.seconds, TRIES * CONNECT_S, DRAIN_S)
         finished = True
         for i in range(len(schedule)):
             mate = partner(schedule, i, job.rank)

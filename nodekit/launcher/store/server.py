@@ -6,8 +6,8 @@ bytes the current step needs: the 36-byte hello, the 32-byte proof, then for an 
 header, checked against the frame cap before the body is read. It reads nothing more from a connection while its
 answer is still being sent, so a client that does not read its answers cannot make main queue them. A
 connection in the handshake is dropped after ``handshake_s``, on a wrong hello or proof, or when it is the oldest
-of ``max_pending`` and another arrives; an admitted one on an oversized, forged or malformed frame, or when a frame
-it started stalls for ``frame_idle_s``.
+of ``max_pending`` and another arrives (``pending.py``, kept by the link check's listener too); an admitted one on
+an oversized, forged or malformed frame, or when a frame it started stalls for ``frame_idle_s``.
 
 Frames on their way count against the store's total: a frame's declared length is held back from its header to its
 last byte, and one that does not fit beside what is stored and held is read without being kept (its MAC checked
@@ -56,6 +56,7 @@ from nodekit.launcher.store.auth import (
     unseal,
 )
 from nodekit.launcher.store.kv import ADMIT, LIMITS, Hosted, Limits, StoreError, Table
+from nodekit.launcher.store.pending import Pending
 
 HELLO, PROOF, HEADER, BODY = range(4)
 SWEEP_S = 0.25  # how often expired handshakes are dropped when nothing else happens
@@ -85,7 +86,6 @@ class Stats:
 @dataclass(eq=False)
 class _Conn:
     sock: socket.socket
-    born: float
     phase: int = HELLO
     need: int = CLIENT_HELLO_LEN
     inbuf: bytearray = field(default_factory=bytearray)
@@ -128,7 +128,7 @@ class Server:
         self._wake_r, self._wake_w = socket.socketpair()
         self._sel.register(self._listener, selectors.EVENT_READ, "listen")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._pending: dict[_Conn, None] = {}  # in arrival order: the first is the oldest
+        self._pending: Pending[_Conn] = Pending(limits.max_pending, limits.handshake_s)
         self._sessions: set[_Conn] = set()
         self._stop = threading.Event()
         self._stats = Stats()
@@ -182,21 +182,18 @@ class Server:
             except BlockingIOError:
                 return
             except OSError:  # out of descriptors: make room by dropping the oldest handshake
-                if self._pending:
-                    self._evict(next(iter(self._pending)))
+                if (oldest := self._pending.oldest()) is not None:
+                    self._evict(oldest)
                 return
-            if len(self._pending) >= self.limits.max_pending:
-                self._evict(next(iter(self._pending)))
             sock.setblocking(False)
-            conn = _Conn(sock, born=time.monotonic())
-            self._pending[conn] = None
+            conn = _Conn(sock)
+            if (pushed := self._pending.add(conn, time.monotonic())) is not None:
+                self._evict(pushed)
             self._peak_pending = max(self._peak_pending, len(self._pending))
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _sweep(self, now: float) -> None:
-        for conn in list(self._pending):
-            if now - conn.born < self.limits.handshake_s:
-                break
+        for conn in self._pending.expired(now):
             self._evict(conn)
         for conn in [c for c in self._sessions if c.mid_frame and now - c.last >= self.limits.frame_idle_s]:
             self._evict(conn)
@@ -222,7 +219,7 @@ class Server:
         )
 
     def _drop(self, conn: _Conn, how: bytes = CUT) -> None:
-        self._pending.pop(conn, None)
+        self._pending.discard(conn)
         self._sessions.discard(conn)
         self._release(conn)
         with contextlib.suppress(KeyError, ValueError):
@@ -320,7 +317,7 @@ class Server:
                 self._noticed(conn, notice_rank(unit))
                 self._refuse(conn)
                 return
-            self._pending.pop(conn, None)
+            self._pending.discard(conn)
             if len(self._sessions) >= self.limits.max_sessions:
                 self._evict(conn)
                 return

@@ -9,7 +9,7 @@ from itertools import combinations
 
 import pytest
 
-from nodekit.launcher.linkcheck import probe
+from nodekit.launcher.linkcheck import listener, probe
 from nodekit.launcher.linkcheck.rounds import estimate_s, partner, rounds
 from nodekit.launcher.linkcheck.run import LinkJob, run
 from nodekit.launcher.linkcheck.verdict import (
@@ -153,7 +153,7 @@ def test_three_nodes_measure_every_pair_both_ways_and_agree_on_the_verdict() -> 
 
 
 def test_the_listener_admits_only_the_job_secret_and_survives_strangers() -> None:
-    server = probe.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    server = listener.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=2) as s:
             s.sendall(b"GET / HTTP/1.0\r\n\r\n".ljust(36, b"x"))  # a hello's size, not a hello: dropped unanswered
@@ -201,7 +201,7 @@ def test_a_figure_that_holds_settles_after_the_minimum_and_one_that_climbs_or_fa
 def test_a_pair_on_a_settled_link_ends_each_way_long_before_its_bound() -> None:
     import time
 
-    server = probe.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    server = listener.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
     try:
         t0 = time.monotonic()
         pair = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"r" * 16, 5.0)
@@ -222,8 +222,8 @@ def test_closing_the_listener_wakes_its_accept_loop_instead_of_sleeping_out_its_
 ) -> None:
     import time
 
-    monkeypatch.setattr(probe, "ACCEPT_POLL_S", 30.0)  # a poll this long would hold close() for 30 s
-    server = probe.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    monkeypatch.setattr(listener, "ACCEPT_POLL_S", 30.0)  # a poll this long would hold close() for 30 s
+    server = listener.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
     t0 = time.monotonic()
     server.close()
     assert not server._thread.is_alive() and time.monotonic() - t0 < 10
