@@ -15,14 +15,17 @@ or sparse file, anything but zeros after the end of the archive.
 from __future__ import annotations
 
 import tarfile
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from nodekit.image.contents import BadArchive
 
+READ = 256 << 10
+"""tarfile's reads (its buffer): it skips a layer's data in reads of this size, and reads at most this far ahead."""
 HOLD = 1 << 20
-"""Bytes held back from the engine until the archive is checked: more than tarfile reads ahead of the member it is
-on (one record, 10 KiB), so the end of the archive is always among them."""
+"""Bytes held back from the engine until the archive is checked: more than tarfile reads ahead (:data:`READ`), so
+the end of the archive is always among them."""
 KEEP = 4 << 20
 """Members up to this size are kept in memory (every manifest, config and index is far smaller)."""
 KEEP_TOTAL = 64 << 20
@@ -31,37 +34,60 @@ manifest (it would be a strange archive: thousands of small layers)."""
 
 
 class _Passing:
-    """``read(n)`` for tarfile over ``chunks``; every byte read is passed to ``forward``, HOLD bytes behind."""
+    """``read(n)`` for tarfile over ``chunks``. A chunk tarfile has read to its end is passed to ``forward`` once
+    HOLD bytes read after it are held back; the bytes tarfile has not read yet are never passed on. Linear in the
+    stream's size: tarfile skips a layer's data in reads of its buffer size."""
 
     def __init__(self, chunks: Iterable[bytes], forward: Callable[[bytes], None]) -> None:
         self._it = iter(chunks)
         self._forward = forward
-        self._ahead = bytearray()  # read from chunks, not yet by tarfile
-        self.held = bytearray()  # read by tarfile, not yet forwarded
-        self.n = 0
+        self._cur = b""  # the chunk tarfile is reading, up to _pos
+        self._pos = 0
+        self._held: deque[bytes] = deque()  # chunks read to their end, not yet passed on
+        self._held_n = 0
+        self.n = 0  # bytes tarfile has read
 
     def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self._ahead) < n:
-            try:
-                self._ahead += next(self._it)
-            except StopIteration:
-                break
-        n = len(self._ahead) if n < 0 else min(n, len(self._ahead))
-        out = bytes(self._ahead[:n])
-        del self._ahead[:n]
-        self.n += n
-        self.held += out
-        if len(self.held) > 2 * HOLD:
-            self._forward(bytes(self.held[:-HOLD]))
-            del self.held[:-HOLD]
-        return out
+        if 0 < n <= len(self._cur) - self._pos:  # the common case: within the chunk, one copy
+            self._pos += n
+            self.n += n
+            return self._cur[self._pos - n : self._pos]
+        parts = []
+        while n != 0:
+            if self._pos == len(self._cur):
+                self._retire()
+                try:
+                    self._cur, self._pos = next(self._it), 0
+                except StopIteration:
+                    self._cur, self._pos = b"", 0
+                    break
+                continue
+            take = len(self._cur) - self._pos if n < 0 else min(n, len(self._cur) - self._pos)
+            parts.append(self._cur[self._pos : self._pos + take])
+            self._pos += take
+            self.n += take
+            n -= take if n > 0 else 0
+        return b"".join(parts)
+
+    def _retire(self) -> None:
+        if self._cur:
+            self._held.append(self._cur)
+            self._held_n += len(self._cur)
+        while self._held and self._held_n - len(self._held[0]) >= HOLD:
+            first = self._held.popleft()
+            self._held_n -= len(first)
+            self._forward(first)
+
+    def held(self) -> bytes:
+        """What tarfile read that was not passed on (at least its last HOLD bytes, or all of it)."""
+        return b"".join(self._held) + self._cur[: self._pos]
 
     def only_zeros_left(self) -> bool:
         """Read the rest of the stream without passing it on: whether it is all zeros (a tar's padding)."""
-        clean = not any(self._ahead)
-        self._ahead.clear()
+        clean = not self._cur[self._pos :].strip(b"\0")
+        self._cur, self._pos = b"", 0
         for c in self._it:
-            clean = clean and not any(c)
+            clean = clean and not c.strip(b"\0")
         return clean
 
 
@@ -117,12 +143,12 @@ def scan(chunks: Iterable[bytes], forward: Callable[[bytes], None]) -> Scanned:
     passing = _Passing(chunks, forward)
     members: dict[str, bytes] = {}
     skipped: set[str] = set()
-    with tarfile.open(fileobj=passing, mode="r|") as tar:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=passing, mode="r|", bufsize=READ) as tar:  # type: ignore[call-overload]
         end = _members(tar, members, skipped)
-    tail = bytes(passing.held)
+    tail = passing.held()
     start = len(tail) - (passing.n - end)
     assert start >= 0, "tarfile read further ahead than HOLD"
-    if any(tail[start:]) or not passing.only_zeros_left():
+    if tail[start:].strip(b"\0") or not passing.only_zeros_left():
         raise BadArchive("it goes on after the end of the archive")
     return Scanned(members, tail, forward, skipped)
 
