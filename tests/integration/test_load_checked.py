@@ -98,9 +98,9 @@ def test_attack_a_a_trojan_retagged_as_the_victim_moves_no_tag(engine: str | Non
     path = tmp_path / "tampered.tar"
     path.write_bytes(retagged(dock(engine, "save", TROJAN), TROJAN, VICTIM))
     got = load(path, engine, short(good))
+    assert image_id(engine, VICTIM) == good, "the victim tag moved"
     assert got.returncode == 1, got.stdout + got.stderr
     assert "was not loaded" in got.stderr and f"not {short(good)}" in got.stderr, got.stderr
-    assert image_id(engine, VICTIM) == good
 
 
 def test_attack_b_the_expected_image_beside_a_trojan_is_refused(engine: str | None, tmp_path: Path) -> None:
@@ -108,9 +108,9 @@ def test_attack_b_the_expected_image_beside_a_trojan_is_refused(engine: str | No
     path = tmp_path / "two.tar"
     path.write_bytes(retagged(dock(engine, "save", GOOD, TROJAN), TROJAN, VICTIM))
     got = load(path, engine, short(good))
+    assert image_id(engine, VICTIM) == good, "the victim tag moved"
     assert got.returncode == 1, got.stdout + got.stderr
     assert "holds 2 images" in got.stderr, got.stderr
-    assert image_id(engine, VICTIM) == good
 
 
 def test_attack_c_an_empty_expect_is_refused_at_input(engine: str | None, tmp_path: Path) -> None:
@@ -119,9 +119,9 @@ def test_attack_c_an_empty_expect_is_refused_at_input(engine: str | None, tmp_pa
     path.write_bytes(retagged(dock(engine, "save", TROJAN), TROJAN, VICTIM))
     for expect in ("", "sha256:", short(good)[:6]):
         got = load(path, engine, expect)
+        assert image_id(engine, VICTIM) == good, f"the victim tag moved with --expect {expect!r}"
         assert got.returncode == 2, got.stdout + got.stderr
         assert "is not an image id" in got.stderr and len(got.stderr.strip().splitlines()) == 1, got.stderr
-    assert image_id(engine, VICTIM) == good
 
 
 def test_a_tag_moved_despite_the_check_is_put_back(
