@@ -202,7 +202,12 @@ def load(
         str | None, typer.Option("--to", help="Docker endpoint to load into (default: DOCKER_HOST, else local)")
     ] = None,
     expect: Annotated[
-        str | None, typer.Option("--expect", help="fail unless the file holds this image id (or its prefix)")
+        str | None,
+        typer.Option(
+            "--expect",
+            help="refuse the file, loading nothing, unless it holds exactly this image (12 or more hex digits of "
+            "the id nodekit save printed)",
+        ),
     ] = None,
 ) -> None:
     """Load an image file into this node's Docker engine; a corrupt or truncated file changes nothing."""

@@ -25,7 +25,8 @@ Split by responsibility; this package re-exports the public names, so ``from nod
 - :mod:`~nodekit.ship.mux`: :class:`SharedSsh`, one SSH connection per node for the length of a push.
 - :mod:`~nodekit.ship.stream`: compression of the stream (and whether zstd is here), and what a failed
   ``docker load`` means.
-- :mod:`~nodekit.ship.files`: :func:`save` and :func:`load`, the image as a file.
+- :mod:`~nodekit.ship.files`: :func:`save` and :func:`load`, the image as a file; :mod:`~nodekit.ship.scan` reads a
+  file on its way into ``docker load`` and holds its end back until :mod:`nodekit.image.contents` has checked it.
 """
 
 from __future__ import annotations

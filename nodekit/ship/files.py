@@ -4,8 +4,8 @@
 atomically: a failed or interrupted save leaves no file at the path. With ``have`` (the chain ids a node reported
 with ``nodekit layers``) it is incremental: the layer files that node holds are left out, so the file loads there
 (and only on an engine holding those layers) to the same image id. :func:`load` streams a file (plain or
-compressed) into ``docker load``; a corrupt or truncated file changes no image on the engine, and with ``expect_id``
-the file must hold that image.
+compressed) into ``docker load``, checked on its way (:mod:`nodekit.ship.scan`): a corrupt or truncated file changes
+no image on the engine, and with ``expect_id`` a file that is not exactly that image is refused before any tag moves.
 """
 
 from __future__ import annotations
@@ -14,16 +14,18 @@ import os
 import shutil
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from nodekit.errors import NodekitError, ShipError, UsageError
+from nodekit.image.contents import BadArchive, Contents, check_expected, parse_expect, read_contents
 from nodekit.ship.engines import source_of
 from nodekit.ship.layers import WithoutLayers, from_store
 from nodekit.ship.outcome import answer_deadline, answered_within, no_answer
 from nodekit.ship.plan import LayerPlan, codec_for_file, plan_layers, short_id, size_text
+from nodekit.ship.scan import gunzipped, scan
 from nodekit.ship.stream import (
     PROGRESS_EVERY_S,
     Counted,
@@ -128,20 +130,37 @@ class LoadedFile:
     seconds: float
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_id: str | None = None) -> LoadedFile:
     """``docker load`` a file written by ``nodekit save`` (or ``docker save``, plain or compressed) into the
-    engine at ``endpoint``. A corrupt or truncated file changes no image there."""
+    engine at ``endpoint``. A corrupt or truncated file changes no image there.
+
+    The file is read on its way to the engine and checked before the engine acts on it (:mod:`nodekit.ship.scan`):
+    with ``expect_id`` (12 to 64 hex digits of the id ``nodekit save`` printed, on either store) it must hold
+    exactly that image, tagged at most once, alike for both stores, or nothing is loaded. Should the engine still
+    tag an image the file did not describe, every tag the file names is put back where it was."""
+    expect = None
+    if expect_id is not None:
+        expect = parse_expect(expect_id)
+        if expect is None:
+            raise UsageError(
+                f"--expect {expect_id!r} is not an image id",
+                fix="pass at least 12 hex digits of the id nodekit save printed (sha256: optional)",
+            )
     where = endpoint or "this engine"
     why = not_a_file(path)
     if why is not None:
         raise UsageError(
             f"{path} {why}", fix="pass a file nodekit save wrote (nodekit save it on the node that has the image)"
         )
-    docker.engine_facts(endpoint)
+    facts = docker.engine_facts(endpoint)
     size = path.stat().st_size
     reporter.step(f"loading {path} ({size_text(size)}) into {where}")
     with open(path, "rb") as f:
-        zstd = f.read(4) == ZSTD_MAGIC
+        magic = f.read(4)
+    zstd = magic == ZSTD_MAGIC
     if zstd and not zstd_here():
         raise UsageError(f"loading {path} (zstd) needs the zstd command here", fix="apt-get install zstd")
     t0 = time.monotonic()
@@ -158,10 +177,17 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
 
     try:
         with open(path, "rb") as f:
-            # zstd is decompressed here, never by the engine (ZSTD_LOAD_CRASH); gzip and plain tar go as they are.
-            for chunk in decompressed_zstd(chunks(f)) if zstd else chunks(f):
-                sink.write(chunk)
-        answer = answer_deadline(size * 4 if zstd or path.suffix in (".gz", ".tgz") else size)
+            # Decompressed here, so that what the engine loads is what was checked (and zstd never by the engine:
+            # ZSTD_LOAD_CRASH).
+            raw = chunks(f)
+            plain = decompressed_zstd(raw) if zstd else gunzipped(raw) if magic[:2] == GZIP_MAGIC else raw
+            scanned = scan(plain, sink.write)
+        contents = read_contents(scanned.members)
+        if expect is not None:
+            check_expected(contents, expect)
+        before = {tag: docker.image_info(tag, endpoint) for tag in contents.tags}
+        scanned.release()
+        answer = answer_deadline(size * 4 if zstd or magic[:2] == GZIP_MAGIC else size)
         with answered_within(sink, answer) as late:
             try:
                 loaded = sink.finish()
@@ -170,6 +196,18 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
                     raise
         if late.is_set():
             raise no_answer(where, endpoint or "unix:///var/run/docker.sock", answer)
+    except BadArchive as e:
+        sink.abort()
+        raise ShipError(
+            f"{path} was not loaded: {e}", fix="load the file saved from the right image (nodekit save prints its id)"
+        ) from None
+    except tarfile.TarError as e:
+        sink.abort()
+        raise ShipError(
+            f"{path} is corrupt or truncated; nothing was loaded ({e})",
+            fix="nodekit save the image again on the node that has it, and copy the whole file",
+            node=endpoint,
+        ) from None
     except NodekitError as e:
         sink.abort()
         known = _load_failure(e, path, where, endpoint)
@@ -179,19 +217,53 @@ def load(path: Path, reporter: Reporter, *, endpoint: str | None = None, expect_
     except BaseException:
         sink.abort()
         raise
+    _check_tags(path, contents, expect, before, facts.containerd_store, endpoint, reporter)
     images = []
     for name in (*loaded.refs, *loaded.ids):
         info = docker.image_info(name, endpoint)
         if info is None:
             raise ShipError(f"docker load reported {name} but {where} does not have it", fix="nodekit load again")
         images.append((name, info.id))
-    if expect_id is not None and not any(i == expect_id or short_id(i).startswith(expect_id) for _, i in images):
-        got = ", ".join(f"{n} {short_id(i)}" for n, i in images) or "nothing"
-        raise ShipError(f"{path} held {got}, not {expect_id}", fix="load the file saved from the right image")
     seconds = time.monotonic() - t0
     for n, i in images:
         reporter.done(f"loaded {n} ({short_id(i)}) into {where} in {seconds:.1f} s")
     return LoadedFile(path=path, images=tuple(images), seconds=seconds)
+
+
+def _check_tags(
+    path: Path,
+    contents: Contents,
+    expect: str | None,
+    before: Mapping[str, docker.ImageInfo | None],
+    containerd_store: bool,
+    endpoint: str | None,
+    reporter: Reporter,
+) -> None:
+    """Every tag the file names must now name one of its images (the expected one, with ``expect``), by the id this
+    store gives it (or, where the store composes the manifest itself, by its identity); else each of them is put back
+    where it was."""
+    mine = [i for i in contents.images if expect is None or i.is_(expect)]
+    ids = {i.id_on(containerd_store) for i in mine} - {None}
+    unknown = {i.identity for i in mine if i.id_on(containerd_store) is None}
+    wrong = []
+    for tag, was in before.items():
+        now = docker.image_info(tag, endpoint)
+        if now is None or not (now.id in ids or now.identity in unknown):
+            wrong.append(f"{tag} is {short_id(now.id) if now else 'gone'}")
+        elif was is not None and was.id != now.id:
+            reporter.warn(f"{tag} named {short_id(was.id)} before; it now names {short_id(now.id)}")
+    if not wrong:
+        return
+    for tag, was in before.items():
+        if was is not None:
+            docker.tag_image(was.id, tag, endpoint)
+        else:
+            docker.remove_image(tag, endpoint)
+    raise ShipError(
+        f"after loading {path}, {', '.join(wrong)}, which the file did not describe; every tag it names was put back",
+        fix="load a file nodekit save wrote, and compare `docker image inspect` of the tags it names",
+        node=endpoint,
+    )
 
 
 def _load_failure(e: NodekitError, path: Path, where: str, endpoint: str | None) -> ShipError | None:

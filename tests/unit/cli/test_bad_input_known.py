@@ -282,6 +282,17 @@ def test_nodekit_load_of_a_directory_says_it_is_one() -> None:
     assert result.exit_code == 2 and len(lines) == 1 and "is a directory" in lines[0], result.stderr
 
 
+@pytest.mark.parametrize("expect", ["", "sha256:", "af5634", "not-an-id-at-all", "AF5634FB6D0E"])
+def test_nodekit_load_refuses_an_empty_or_malformed_expect(expect: str, tmp_path: Path) -> None:
+    """Issue 44 (N4): `--expect ''` accepted any file (every id starts with ""); a short prefix matches too many."""
+    tampered = tmp_path / "tampered.tar"
+    tampered.write_bytes(b"not read: refused before")
+    result = RUNNER.invoke(app, ["load", str(tampered), "--expect", expect])
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.stdout + result.stderr
+    assert "is not an image id" in lines[0] and "Fix: pass at least 12 hex digits" in lines[0], lines
+
+
 @pytest.mark.parametrize("kind", sorted(HOSTILE))
 def test_known_bad_input_is_one_line_exit_2(kind: str, record_property: Callable[[str, object], None]) -> None:
     seen: list[int] = []
