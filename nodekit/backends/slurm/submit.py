@@ -39,6 +39,7 @@ class Prepared:
     job: SlurmJob
     script: str
     path: Path
+    project_dir: Path
 
     @property
     def shown(self) -> str:
@@ -89,7 +90,7 @@ def prepare(
     facts = gather_image(settings, image)
     path = "" if chosen == "docker" else str(image_file(settings, facts.id, chosen))
     job = plan_job(settings, facts, mode=chosen, job_secret=job_secret(), image_path=path, debug=debug, environ=environ)
-    return Prepared(job=job, script=render(job), path=script_path(settings, out))
+    return Prepared(job=job, script=render(job), path=script_path(settings, out), project_dir=settings.project_dir)
 
 
 def check_submit(prepared: Prepared) -> None:
@@ -166,7 +167,7 @@ def write(prepared: Prepared) -> Path:
     """The script (0600: it carries the job secret, which lets a process join the job's preflight store), and the
     outputs directory, where Slurm opens the job's log before the script's first line runs."""
     Path(prepared.job.output_dir).mkdir(parents=True, exist_ok=True)
-    write_atomic(prepared.path, prepared.script, mode=0o600)
+    write_atomic(prepared.path, prepared.script, mode=0o600, within=prepared.project_dir)
     return prepared.path
 
 

@@ -68,6 +68,7 @@ def plan(tmp_path: Path) -> NodePlan:
                           job_secret=True)  # fmt: skip
     spec = dataclasses.replace(spec, env=(*spec.env, EnvVar("NOTE", AWKWARD)))
     return NodePlan(node=node, image="demo:1", facts=facts, container=spec, compose_path=Path("/p/compose/node-1.yaml"),
+                    project_dir=Path("/p"),
                     project="nodekit-demo-node1", text="# node 1\n", job_secret=SECRET)  # fmt: skip
 
 
