@@ -250,6 +250,14 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "output_dir_project": st.sampled_from(["", ".", "..", "/", "./"]).flatmap(
         lambda o: _node("output_dir", output_dir=o)
     ),
+    # Review 2026-12 N14: the job got nodekit's own state read-write at /outputs (the job secret, run records, the
+    # compose files a user runs by hand). Line 5 or 6 of the file: BASE's four keys come first.
+    "output_dir_state": st.sampled_from(
+        [".nodekit", ".nodekit/out", "./.nodekit/runs", "compose", "compose/x"]
+    ).flatmap(lambda o: _node("nodekit.toml:5: output_dir", output_dir=o)),
+    "output_dir_holds_compose": st.sampled_from([("work", "work/compose"), ("out", "out/a/b"), ("c", "c")]).flatmap(
+        lambda oc: _node("nodekit.toml:6: output_dir", compose_dir=oc[1], output_dir=oc[0])
+    ),
 }
 
 
