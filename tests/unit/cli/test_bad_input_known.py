@@ -262,6 +262,20 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "slurm_docker_host": st.sampled_from(["not a url", "http://x", "ssh://@h", "unix://rel", "tcp://"]).map(
         lambda u: (["slurm", "--dry-run"], {**BASE, "slurm": {"docker_host": u}}, "[slurm] docker_host", None)
     ),
+    # Review 2026-12 N7: sbatch splits an #SBATCH line at whitespace and reads quotes and backslashes, so an option
+    # name that is not one plain word passed the check on --nodes and then overrode it (or --output, or the tasks).
+    "sbatch_args_not_one_word": st.sampled_from(
+        [
+            "--exclusive --nodes=1",
+            "--exclusive --output=/tmp/nodekit-n7-elsewhere",
+            "--exclusive --ntasks-per-node=4",
+            "--exclusive\t--nodes=1",
+            '--"nodes"=1',
+            "--no\\des=1",
+            "--comment#x=1",
+            "--exclusive --nodes",
+        ]
+    ).map(lambda a: (["slurm", "--dry-run"], {**BASE, "slurm": {"sbatch_args": [a]}}, "sbatch_args", None)),
     "output_dir_project": st.sampled_from(["", ".", "..", "/", "./"]).flatmap(
         lambda o: _node("output_dir", output_dir=o)
     ),
