@@ -3,6 +3,8 @@ project paths nodekit will write to. ``settings.py`` holds the model and :func:`
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -166,6 +168,29 @@ def _line_in(path: Path, loc: Sequence[int | str]) -> int | None:
         return None
 
 
+def state_link(state: Path) -> Path | None:
+    """The first symbolic link among ``state`` (``.nodekit``), what it holds, what its ``wheelhouse/`` and
+    ``build/`` hold, and what the directories the build keeps there hold (its wheel directories, which staging
+    empties of other files); None when there is none. The build's contexts (12 hex digits, copies of the project's
+    code with its own links) and the run records' directories are not looked into: the former are removed, never
+    written through, and the latter are only read (a report written into one refuses a link itself)."""
+    if state.is_symlink():
+        return state
+    below = [state, state / "wheelhouse", state / "build"]
+    for d in below:
+        try:
+            with os.scandir(d) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        return Path(entry.path)
+                    kept = d == state / "build" and not re.fullmatch(r"[0-9a-f]{12}|\.staging", entry.name)
+                    if kept and entry.is_dir(follow_symlinks=False):
+                        below.append(Path(entry.path))
+        except OSError:  # not there (yet); what cannot be read is named by the checks that follow, or on writing
+            continue
+    return None
+
+
 def check_paths(project: Path, compose_dir: Path, output_dir: Path, *, output_key: str = "output_dir") -> None:
     """A ConfigError when something other than a directory stands where nodekit keeps a directory: ``.nodekit``,
     ``compose_dir``, ``output_dir`` or one of their parents. Read-only: whether a directory is writable shows when
@@ -201,6 +226,13 @@ def check_paths(project: Path, compose_dir: Path, output_dir: Path, *, output_ke
         raise ConfigError(
             f"{output_key} {output_dir} {relation} {what}: the job would get it read-write at /outputs",
             fix='output_dir = "outputs" (a directory of its own, apart from .nodekit and compose_dir)',
+        )
+    link = state_link(project / STATE_DIR)
+    if link is not None:
+        raise ConfigError(
+            f"{link} is a symbolic link in {STATE_DIR}, nodekit's own state (the job secret, run records, the build's "
+            "staging), which a cloned repository can plant to have nodekit write or delete where it points",
+            fix=f"remove the link (rm {link}); nodekit makes its own directory there",
         )
     for key, path in ((STATE_DIR, project / STATE_DIR), ("compose_dir", compose_dir), ("output_dir", output_dir)):
         here = path

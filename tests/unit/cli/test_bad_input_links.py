@@ -83,3 +83,24 @@ def test_k8s_refuses_a_manifest_that_is_a_link() -> None:
     _, _, result, shown = _run(["k8s", "--image", "reg.example.com/x:1"], DOC, {}, plant)
     _refused(result, shown, str(made[0] / "k8s" / "job.yaml"))
     assert (home / "authorized_keys").read_text() == USERS
+
+
+@pytest.mark.parametrize(
+    "where", [".nodekit", ".nodekit/runs", ".nodekit/build", ".nodekit/build/wheels", ".nodekit/wheelhouse/x.whl"]
+)
+def test_a_link_in_nodekits_own_state_is_refused_before_anything_is_written(where: str) -> None:
+    """.nodekit is nodekit's own (the job secret, run records, the build's staging, whose wheel directories are
+    emptied of what they should not hold): a clone that ships a link there would have nodekit write, or delete,
+    in the directory it points to. Refused when the configuration is read, before any command writes."""
+    home = _home()
+    made: list[Path] = []
+
+    def plant(project: Path) -> None:
+        link = project / where
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(home, target_is_directory=True)
+        made.append(link)
+
+    _, _, result, shown = _run(COMPOSE, DOC, {}, plant)
+    _refused(result, shown, str(made[0]))
+    assert sorted(p.name for p in home.iterdir()) == ["authorized_keys"]
