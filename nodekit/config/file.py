@@ -158,7 +158,8 @@ def output_dir_key(origin: str, config: Path) -> str:
     line = _line_in(config, ("output_dir",)) if origin == "file" else None
     if line is not None:
         return f"{shown_path(config)}:{line}: output_dir"
-    return {"env": "NODEKIT_OUTPUT_DIR", "flag": "--output-dir"}.get(origin, "output_dir")
+    # The settings' variable, named as pydantic-settings derives it (the launcher's variable of that name is another).
+    return {"env": f"NODEKIT_{'output_dir'.upper()}", "flag": "--output-dir"}.get(origin, "output_dir")
 
 
 def _line_in(path: Path, loc: Sequence[int | str]) -> int | None:
