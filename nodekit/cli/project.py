@@ -39,10 +39,10 @@ def init(
     found = project_packages(text("requirements.txt"), text("pyproject.toml"))
     for warning in found.warnings:
         ui.warn(warning)
-    write_atomic(path, starter_config(name or default_name, script, found.packages, found.found_in))
+    write_atomic(path, starter_config(name or default_name, script, found.packages, found.found_in), within=project)
     where = f" (packages from {' and '.join(found.found_in)})" if found.found_in else ""
     typer.echo(f"wrote {path}{where}")
     ignore = project / ".dockerignore"
     if not ignore.exists():
-        write_atomic(ignore, DOCKERIGNORE)
+        write_atomic(ignore, DOCKERIGNORE, within=project)
         typer.echo(f"wrote {ignore.relative_to(Path.cwd()) if ignore.is_relative_to(Path.cwd()) else ignore}")

@@ -134,7 +134,8 @@ def report(
     from nodekit.runs import report as html
     from nodekit.runs import store
 
-    d = store.find(_root(config), run_id)
+    root = _root(config)
+    d = store.find(root, run_id)
     r = store.load(d)
     page = html.render(r, store.read_samples(d), state=r.state(store.alive), now=time.time())
-    typer.echo(html.write(out_path or d / "report.html", page))
+    typer.echo(html.write(out_path, page) if out_path else html.write(d / "report.html", page, within=root))

@@ -3,6 +3,8 @@ project paths nodekit will write to. ``settings.py`` holds the model and :func:`
 
 from __future__ import annotations
 
+import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
@@ -150,6 +152,16 @@ def shown_path(path: Path) -> str:
         return str(path)
 
 
+def output_dir_key(origin: str, config: Path) -> str:
+    """How a refusal of ``output_dir`` names where it was set: ``nodekit.toml:7: output_dir``, the variable, or
+    the flag."""
+    line = _line_in(config, ("output_dir",)) if origin == "file" else None
+    if line is not None:
+        return f"{shown_path(config)}:{line}: output_dir"
+    # The settings' variable, named as pydantic-settings derives it (the launcher's variable of that name is another).
+    return {"env": f"NODEKIT_{'output_dir'.upper()}", "flag": "--output-dir"}.get(origin, "output_dir")
+
+
 def _line_in(path: Path, loc: Sequence[int | str]) -> int | None:
     try:
         return keys.line_of(path.read_text(encoding="utf-8"), loc)
@@ -157,21 +169,71 @@ def _line_in(path: Path, loc: Sequence[int | str]) -> int | None:
         return None
 
 
-def check_paths(project: Path, compose_dir: Path, output_dir: Path) -> None:
+def state_link(state: Path) -> Path | None:
+    """The first symbolic link among ``state`` (``.nodekit``), what it holds, what its ``wheelhouse/`` and
+    ``build/`` hold, and what the directories the build keeps there hold (its wheel directories, which staging
+    empties of other files); None when there is none. The build's contexts (12 hex digits, copies of the project's
+    code with its own links) and the run records' directories are not looked into: the former are removed, never
+    written through, and the latter are only read (a report written into one refuses a link itself)."""
+    if state.is_symlink():
+        return state
+    below = [state, state / "wheelhouse", state / "build"]
+    for d in below:
+        try:
+            with os.scandir(d) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        return Path(entry.path)
+                    kept = d == state / "build" and not re.fullmatch(r"[0-9a-f]{12}|\.staging", entry.name)
+                    if kept and entry.is_dir(follow_symlinks=False):
+                        below.append(Path(entry.path))
+        except OSError:  # not there (yet); what cannot be read is named by the checks that follow, or on writing
+            continue
+    return None
+
+
+def check_paths(project: Path, compose_dir: Path, output_dir: Path, *, output_key: str = "output_dir") -> None:
     """A ConfigError when something other than a directory stands where nodekit keeps a directory: ``.nodekit``,
     ``compose_dir``, ``output_dir`` or one of their parents. Read-only: whether a directory is writable shows when
     nodekit writes (an OSError the CLI reports in one line), since commands that only read must still work. Also
-    refused: an ``output_dir`` that is the project directory or above it (``""``, ``.``, ``..``, ``/``), which the
-    job would get read-write at /outputs, the project's code, its job secret and more with it."""
+    refused: an ``output_dir`` that the job, which gets it read-write at /outputs, must not have: the project
+    directory or one above it (``""``, ``.``, ``..``, ``/``: the project's code, its job secret and more), or one
+    that is, is inside or holds ``.nodekit`` (the job secret, the run records) or ``compose_dir`` (the compose
+    files a user runs by hand). ``output_key`` names where ``output_dir`` was set (:func:`output_dir_key`)."""
     try:
-        above = project.resolve().is_relative_to(output_dir.resolve())
+        out = output_dir.resolve()
+        above = project.resolve().is_relative_to(out)
+        kept = [
+            (name, d)
+            for name, d in ((STATE_DIR, (project / STATE_DIR).resolve()), ("compose_dir", compose_dir.resolve()))
+            if out.is_relative_to(d) or d.is_relative_to(out)
+        ]
     except OSError:
-        above = False
+        above, kept = False, []
     if above:
         raise ConfigError(
-            f"output_dir {output_dir} is the project directory or one above it: the job would get it read-write "
+            f"{output_key} {output_dir} is the project directory or one above it: the job would get it read-write "
             "at /outputs",
             fix='output_dir = "outputs" (a directory of its own)',
+        )
+    if kept:
+        name, d = kept[0]
+        what = (
+            f"{STATE_DIR}, nodekit's own state (the job secret, the run records)"
+            if name == STATE_DIR
+            else f"compose_dir {d}, the compose files"
+        )
+        relation = "is" if out == d else ("is inside" if out.is_relative_to(d) else "holds")
+        raise ConfigError(
+            f"{output_key} {output_dir} {relation} {what}: the job would get it read-write at /outputs",
+            fix='output_dir = "outputs" (a directory of its own, apart from .nodekit and compose_dir)',
+        )
+    link = state_link(project / STATE_DIR)
+    if link is not None:
+        raise ConfigError(
+            f"{link} is a symbolic link in {STATE_DIR}, nodekit's own state (the job secret, run records, the build's "
+            "staging), which a cloned repository can plant to have nodekit write or delete where it points",
+            fix=f"remove the link (rm {link}); nodekit makes its own directory there",
         )
     for key, path in ((STATE_DIR, project / STATE_DIR), ("compose_dir", compose_dir), ("output_dir", output_dir)):
         here = path

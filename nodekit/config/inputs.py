@@ -213,6 +213,27 @@ def docker_host_problem(url: str) -> str | None:
     return None if ok else f"{url[:60]!r} is not a Docker endpoint (a plain host name or socket path)"
 
 
+# An sbatch option's name: sbatch reads an #SBATCH line itself (src/sbatch/opt.c), splitting it at whitespace and
+# taking quotes and backslashes out, so a name with any of them, or a "#" (the rest of the line is a comment), is
+# not the one word it looks like: "--exclusive --nodes=1" is two options, the second overriding nodekit's.
+_SBATCH_NAME = re.compile(r"--[A-Za-z0-9][A-Za-z0-9_-]*|-[A-Za-z0-9][^\s\"'\\#]*")  # -X may carry its value
+
+
+def sbatch_option_problem(item: str) -> str | None:
+    """Why the ``sbatch_args`` item ``item`` (``--name=value``, ``--flag``, ``-Xvalue``) is not one sbatch option
+    whose name reads back as written, or None. The value after ``=`` may hold anything: it is quoted for sbatch (a
+    short option's value written without ``=`` is held to the name's plain characters)."""
+    name = item.partition("=")[0]
+    if _SBATCH_NAME.fullmatch(name):
+        return None
+    if not name.startswith("-"):
+        return f"{item[:60]!r} is not one sbatch option: it does not start with - or --"
+    return (
+        f"{item[:60]!r} is not one sbatch option: its name before '=' holds whitespace, a quote, a backslash or '#', "
+        "which sbatch reads as more than the one option it looks like"
+    )
+
+
 def same_host_key(host: str) -> str:
     """``host`` written one way: lowercase, no final dot, an IP literal in its canonical form, including the IPv4
     spellings the resolver accepts (``10.1``, ``0x0a000001``, ``010.0.0.1``) and IPv4-mapped IPv6. Offline: two

@@ -434,6 +434,9 @@ def load(config: Path | None = None, **flags: Any) -> Settings:
     finally:
         config_file.current.reset(token)
     config_file.check_paths(
-        settings.project_dir, settings.resolve(settings.compose_dir), settings.resolve(settings.output_dir)
+        settings.project_dir,
+        settings.resolve(settings.compose_dir),
+        settings.resolve(settings.output_dir),
+        output_key=config_file.output_dir_key(_source("output_dir", given), path),
     )
     return settings

@@ -17,6 +17,7 @@ from nodekit.config.inputs import (
     image_ref_problem,
     ip_problem,
     path_problem,
+    sbatch_option_problem,
     target_problem,
 )
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
@@ -155,6 +156,13 @@ class SlurmSettings(BaseModel):
     @classmethod
     def _docker_host(cls, v: str | None) -> str | None:
         return checked(v, docker_host_problem, 'docker_host = "unix:///var/run/docker.sock" (or tcp://host:2376)')
+
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for item in v:
+            checked(item, sbatch_option_problem, 'write each option as one item, "--name=value" or "--flag"')
+        return v
 
     @field_validator("push_to")
     @classmethod

@@ -257,7 +257,8 @@ def probe_base(
         )
     out = docker.probe_image(info.id, PROBE_SHELL, env={"NODEKIT_PROBE": PROBE_SCRIPT}, timeout=PROBE_TIMEOUT)
     stack = parse_probe(info.id, out)
-    write_atomic(path, json.dumps({"scheme": PROBE_SCHEME, "stack": stack.model_dump()}, indent=1) + "\n")
+    text = json.dumps({"scheme": PROBE_SCHEME, "stack": stack.model_dump()}, indent=1) + "\n"
+    write_atomic(path, text, within=settings.project_dir)
     return stack
 
 

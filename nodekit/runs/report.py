@@ -223,8 +223,10 @@ def render(record: RunRecord, samples: Sequence[Mapping[str, Any]], *, state: st
     )
 
 
-def write(path: Path, text: str) -> Path:
+def write(path: Path, text: str, *, within: Path | None = None) -> Path:
+    """``path`` holding ``text``, 0600; never through a link at or below ``within`` (a cloned repository can ship
+    .nodekit/runs/<id>/report.html pointing anywhere)."""
     from nodekit.system.files import write_atomic
 
-    write_atomic(path, text, mode=0o600)
+    write_atomic(path, text, mode=0o600, within=within)
     return path

@@ -6,52 +6,138 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 
+from nodekit.errors import UsageError
 
-def write_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+
+def write_atomic(path: Path, text: str, *, mode: int = 0o644, within: Path | None = None) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same directory and an atomic rename.
 
     A new file gets ``mode``. An existing one keeps its mode where that is stricter (a 0600 file stays 0600; a
     file that now holds a secret, written with ``mode=0o600``, loses what 0600 does not allow) and, when root
-    writes it, its owner. A symbolic link is written through: its target is replaced and the link stays. The
-    directory is synced after the rename, so after a crash the file is the old one or the new one, whole.
+    writes it, its owner. The directory is synced after the rename, so after a crash the file is the old one or
+    the new one, whole.
+
+    Never through a symbolic link: a cloned repository can commit ``compose/node-0.yaml`` as a link to
+    ~/.ssh/authorized_keys, or ``compose`` as a link to ~/.ssh, and the generated file, part of whose text the
+    repository's own nodekit.toml chooses, would replace the user's. So UsageError (exit 2, nothing written) when
+    ``path`` is a link, or when a directory below ``within`` (the project: it and the directories above it are the
+    user's own) on the way to ``path`` is one; without ``within``, or for a ``path`` outside it, ``path``'s
+    directory is trusted as named. Each directory is opened without following a link and the rest is done
+    relative to it, so a link planted after the check is not followed either: the temporary file is created
+    exclusively, and the rename replaces the name, never what a link there points to.
     """
-    target = Path(os.path.realpath(path)) if path.is_symlink() else path
-    target.parent.mkdir(parents=True, exist_ok=True)
+    path = path.absolute()
+    base = path.parent
+    below: tuple[str, ...] = ()
+    if within is not None and path.parent.is_relative_to(within.absolute()):
+        base, below = within.absolute(), path.parent.relative_to(within.absolute()).parts
+    base.mkdir(parents=True, exist_ok=True)
+    dfd = _open_below(base, below)
     try:
-        old: os.stat_result | None = target.stat()
-    except FileNotFoundError:
-        old = None
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        try:
+            old: os.stat_result | None = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            old = None
+        if old is not None and stat.S_ISLNK(old.st_mode):
+            raise _link_refused(path, os.readlink(path.name, dir_fd=dfd), "file")
+        tmp, fd = _create_temp(dfd, path.name)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fchmod(f.fileno(), mode & stat.S_IMODE(old.st_mode) if old is not None else mode)
+                if old is not None and os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):
+                    os.fchown(f.fileno(), old.st_uid, old.st_gid)
+                os.fsync(f.fileno())
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        _fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _open_below(base: Path, below: tuple[str, ...]) -> int:
+    """A descriptor of ``base``/``below``, each directory of ``below`` opened relative to the one before it without
+    following a link (made when missing); UsageError naming the first that is a link."""
+    fd = os.open(base, _DIR_FLAGS)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.chmod(tmp, mode & stat.S_IMODE(old.st_mode) if old is not None else mode)
-            if old is not None and os.geteuid() == 0 and (old.st_uid, old.st_gid) != (0, 0):
-                os.chown(tmp, old.st_uid, old.st_gid)
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        for i, part in enumerate(below):
+            try:
+                nxt = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+                nxt = os.open(part, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(fd, part):
+                    raise _link_refused(
+                        base.joinpath(*below[: i + 1]), os.readlink(part, dir_fd=fd), "directory"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        os.close(fd)
         raise
-    fsync_dir(target.parent)
+    return fd
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def _create_temp(dfd: int, name: str) -> tuple[str, int]:
+    """A new, empty, 0600 file beside ``name`` in the directory ``dfd``: its own name and an open descriptor."""
+    for _ in range(100):
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            return tmp, os.open(tmp, flags, 0o600, dir_fd=dfd)
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", name)
+
+
+def _link_refused(path: Path, target: str, what: str) -> UsageError:
+    # The target is the repository's to choose: escaped, so that it cannot break the one line.
+    shown = target.encode("unicode_escape").decode("ascii")
+    return UsageError(
+        f"{path} is a symbolic link (to {shown}): nodekit never writes a file it generates through a link, which a "
+        "cloned repository can plant to overwrite a file of yours",
+        fix=f"remove the link (rm {path}) and run again"
+        + (", or make it a real directory" if what == "directory" else "; nodekit writes a new file there"),
+    )
 
 
 def fsync_dir(directory: Path) -> None:
     """Make a rename or link in ``directory`` durable; a file system that cannot sync a directory is let be."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.fsync(fd)
-    except OSError as e:
-        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
-            raise
+        _fsync(fd)
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def _fsync(dir_fd: int) -> None:
+    try:
+        os.fsync(dir_fd)
+    except OSError as e:
+        if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
 
 
 READ_CAP = 4 << 20

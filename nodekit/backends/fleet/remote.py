@@ -67,7 +67,7 @@ def ssh_problem(host: FleetHost, stderr: str) -> Problem:
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     last = lines[-1] if lines else "ssh failed"
     low = stderr.lower()
-    target = f"{host.user + '@' if host.user else ''}{host.hostname}"
+    target = host.target
     if "host key verification failed" in low or "remote host identification has changed" in low:
         fix = f"ssh {target} once by hand to check and accept its host key (known_hosts)"
     elif "permission denied" in low:
@@ -75,7 +75,7 @@ def ssh_problem(host: FleetHost, stderr: str) -> Problem:
     elif "could not resolve" in low:
         fix = "check the host name in hosts (or add it to ~/.ssh/config)"
     else:
-        fix = f"check that {host.hostname} is up and runs sshd (ssh {target} true)"
+        fix = f"check that {shlex.quote(host.hostname)} is up and runs sshd (ssh {target} true)"
     return Problem(host, f"SSH to {target} failed: {last}", fix)
 
 

@@ -196,7 +196,7 @@ def start(
     command = start_command(spec, project=plan.project, compose_file=plan.compose_path, compose_text=plan.shown)
     given = passed(spec, secrets, os.environ if environ is None else environ)
     what = f"docker run of node {spec.rank} on {host.where}"
-    fix = f"ssh {host.hostname} docker ps -a (the engine there); nodekit down --node {spec.rank} once it answers"
+    fix = f"ssh {host.target} docker ps -a (the engine there); nodekit down --node {spec.rank} once it answers"
     # A stop signal lets a start in flight end (stop_with=0, within the grace period) instead of ending this ssh at
     # once: the host's `docker run` goes on without it and may create the container after the run's `down`.
     argv = remote.ssh_argv(host, remote_start(plan.project))

@@ -60,6 +60,7 @@ class K8sPlan:
     files: tuple[ManifestFile, ...]
     stale: tuple[Path, ...]
     notes: tuple[str, ...]
+    project_dir: Path
 
 
 def _bad(message: str, fix: str) -> UsageError:
@@ -272,7 +273,9 @@ def plan_k8s(settings: Settings, *, image: str, fingerprint: str, secret: str, k
     secret_text = render.to_yaml(secret_doc, header(job, "the job secret (keep this file 0600)", apply, schemas))
     files = (ManifestFile(out_dir / FILES[kind], main), ManifestFile(out_dir / SECRET_FILE, secret_text, secret))
     other = out_dir / FILES["trainjob" if kind == "job" else "job"]
-    return K8sPlan(job=job, kind=kind, files=files, stale=(other,), notes=_notes(settings, job))
+    return K8sPlan(
+        job=job, kind=kind, files=files, stale=(other,), notes=_notes(settings, job), project_dir=settings.project_dir
+    )
 
 
 def shown(path: Path) -> str:
@@ -286,7 +289,7 @@ def shown(path: Path) -> str:
 def write(p: K8sPlan) -> list[Path]:
     """Write the files (the secret's 0600) and remove a manifest of the other kind that nodekit wrote there."""
     for f in p.files:
-        write_atomic(f.path, f.text, mode=0o600 if f.secret else 0o644)
+        write_atomic(f.path, f.text, mode=0o600 if f.secret else 0o644, within=p.project_dir)
     for path in p.stale:
         if path.is_file() and path.read_text().startswith(HEADER_MARK):
             path.unlink()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from nodekit.config.inputs import sbatch_option_problem
 from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
 from nodekit.job.container import ContainerSpec
@@ -174,6 +175,12 @@ def check_sbatch(s: Sbatch) -> None:
             fix="set output_dir to a path without a backslash",
         )
     for item in s.extra:
+        problem = sbatch_option_problem(item)
+        if problem is not None:  # first: a name that is not one word would slip past the check on nodekit's own
+            raise UsageError(
+                f"[slurm] sbatch_args {problem}",
+                fix='write each option as one item, "--name=value" (e.g. "--qos=high") or "--flag"',
+            )
         name = item.split("=", 1)[0]
         own = next((o for o, least in OWN_OPTIONS.items() if name.startswith(least) and o.startswith(name)), None)
         own = own or next((o for short, o in OWN_SHORT.items() if name.startswith(short) and name[1] != "-"), None)
@@ -182,11 +189,6 @@ def check_sbatch(s: Sbatch) -> None:
                 f"[slurm] sbatch_args {item!r} would override nodekit's own {own} (the job is planned with "
                 f"--nodes={s.nodes}, one task per node, and its log at {s.output})",
                 fix=f"remove {item!r} from sbatch_args (set nnodes, or output_dir, instead)",
-            )
-        if not item.startswith("-") or ("=" not in item and sbatch_value(item) != item):
-            raise UsageError(
-                f"[slurm] sbatch_args {item!r} is not one sbatch option",
-                fix='write each option as one item, "--name=value" (e.g. "--qos=high") or "--flag"',
             )
     for line in sbatch_options(s):
         problem = sbatch_problem(line)
@@ -208,7 +210,7 @@ def sbatch_options(s: Sbatch) -> list[str]:
     # pattern character, written "%%" for a literal one.
     log_dir, _, log_name = s.output.rpartition("/")
     opts += [f"--output={sbatch_value(log_dir.replace('%', '%%') + '/' + log_name)}", "--no-requeue", "--no-kill"]
-    for item in s.extra:
+    for item in s.extra:  # the name is one plain word (check_sbatch), the value quoted: one word of sbatch's each
         name, eq, value = item.partition("=")
         opts.append(f"{name}={sbatch_value(value)}" if eq else item)
     return opts

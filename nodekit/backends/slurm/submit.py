@@ -40,6 +40,7 @@ class Prepared:
     job: SlurmJob
     script: str
     path: Path
+    project_dir: Path
 
     @property
     def shown(self) -> str:
@@ -91,7 +92,7 @@ def prepare(
     path = "" if chosen == "docker" else str(image_file(settings, facts.id, chosen))
     job = plan_job(settings, facts, mode=chosen, job_secret=job_secret(), report_token=secrets.token_hex(16),
                    image_path=path, debug=debug, environ=environ)  # fmt: skip
-    return Prepared(job=job, script=render(job), path=script_path(settings, out))
+    return Prepared(job=job, script=render(job), path=script_path(settings, out), project_dir=settings.project_dir)
 
 
 def check_submit(prepared: Prepared) -> None:
@@ -168,7 +169,7 @@ def write(prepared: Prepared) -> Path:
     """The script (0600: it carries the job secret, which lets a process join the job's preflight store), and the
     outputs directory, where Slurm opens the job's log before the script's first line runs."""
     Path(prepared.job.output_dir).mkdir(parents=True, exist_ok=True)
-    write_atomic(prepared.path, prepared.script, mode=0o600)
+    write_atomic(prepared.path, prepared.script, mode=0o600, within=prepared.project_dir)
     return prepared.path
 
 

@@ -102,7 +102,7 @@ def write_record(settings: Settings, result: BuildResult, image: Image | None = 
     inputs = current_inputs(settings, base=result.plan.base_id)
     if inputs is not None:
         doc["inputs"] = inputs.model_dump()
-    write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    write_atomic(path, json.dumps(doc, indent=2) + "\n", within=settings.project_dir)
 
 
 def last_build(settings: Settings) -> dict[str, Any] | None:

@@ -26,6 +26,7 @@ from nodekit.image.plan import (
     split_lock,
 )
 from nodekit.image.probe import WheelTarget
+from nodekit.system.files import write_atomic
 from nodekit.system.progress import Reporter
 
 
@@ -60,7 +61,7 @@ def _sync_wheels(wheel_dir: Path, wheels: Mapping[str, Path], files: Mapping[str
     for name, text in files.items():
         path = wheel_dir / name
         if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+            write_atomic(path, text)  # never through a link (config refuses one in .nodekit/build/ itself)
 
 
 def _stage_wheels(root: Path, wheels: Mapping[str, Path], lock: Lock) -> None:

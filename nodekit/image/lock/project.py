@@ -115,7 +115,7 @@ def lock(
     unchanged = previous is not None and previous.text() == new.text() and path.read_text() == new.text()
     written = not dry_run and not unchanged
     if written:
-        write_atomic(path, new.text())
+        write_atomic(path, new.text(), within=settings.project_dir)
     what = "would write" if dry_run else ("wrote" if written else "kept")
     summary = ", ".join(
         f"{len(v)} {k}" for k, v in (("added", diff.added), ("removed", diff.removed), ("changed", diff.changed)) if v

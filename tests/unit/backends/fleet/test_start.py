@@ -79,6 +79,7 @@ def plan(tmp_path: Path) -> NodePlan:
                           job_secret=True)  # fmt: skip
     spec = dataclasses.replace(spec, env=(*spec.env, EnvVar("NOTE", AWKWARD)))
     return NodePlan(node=node, image="demo:1", facts=facts, container=spec, compose_path=Path("/p/compose/node-1.yaml"),
+                    project_dir=Path("/p"),
                     project="nodekit-demo-node1", text="# node 1\n", job_secret=SECRET)  # fmt: skip
 
 
@@ -280,7 +281,8 @@ def test_a_10000_node_start_with_per_node_gpus_keeps_every_argument_small(
     spec = plan_container(node, facts, image="demo:1", output_dir=str(tmp_path / "out"), image_id="sha256:1",
                           job_secret=True)  # fmt: skip
     big = NodePlan(node=node, image="demo:1", facts=facts, container=spec, compose_path=Path("/p/compose/node.yaml"),
-                   project="nodekit-demo-node9999", text="# node\n", job_secret=SECRET)  # fmt: skip
+                   project="nodekit-demo-node9999", text="# node\n", job_secret=SECRET,
+                   project_dir=Path("/p"))  # fmt: skip
     seen: list[list[str]] = []
     real = proc.run
     monkeypatch.setattr(proc, "run", lambda argv, **kw: seen.append(list(argv)) or real(argv, **kw))

@@ -56,10 +56,13 @@ def options(text: str) -> list[str]:
     return [w for ln in text.splitlines() if ln.startswith("#SBATCH ") for w in sbatch_words(ln[len("#SBATCH ") :])]
 
 
-def job_text(d: Path, **slurm: Any) -> str:
+def job_text(d: Path, *, unchecked: bool = False, **slurm: Any) -> str:
+    """The script for ``[slurm]`` = ``slurm``; ``unchecked`` skips the settings' own validation, to show what the
+    plan refuses by itself."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "train.py").write_text("")
-    s = Settings(project_dir=d, name="demo", script="train.py", nnodes=2, slurm=SlurmSettings(**slurm))
+    table = SlurmSettings.model_construct(**slurm) if unchecked else SlurmSettings(**slurm)
+    s = Settings(project_dir=d, name="demo", script="train.py", nnodes=2, slurm=table)
     return render(plan_job(s, IMAGE, mode="docker", job_secret="s" * 32, report_token="t" * 32))
 
 
@@ -94,14 +97,36 @@ def test_a_project_under_a_space_and_a_hash_keeps_its_log_path_and_one_option_pe
         ("-p gpu", "not one sbatch option"),
         ("qos=high", "not one sbatch option"),
         ("--comment=my hetjob", "hetjob"),
+        # Review 2026-12 N7: a name that sbatch reads as two words, or unquotes, passed the check on --nodes.
+        ("--exclusive --nodes=1", "not one sbatch option"),
+        ("--exclusive --output=/tmp/x", "not one sbatch option"),
+        ("--exclusive --ntasks-per-node=4", "not one sbatch option"),
+        ('--"nodes"=1', "not one sbatch option"),
+        ("--no\\des=1", "not one sbatch option"),
+        ("--exclusive#--nodes=1", "not one sbatch option"),
     ],
 )
 def test_sbatch_args_that_would_change_the_planned_job_are_refused_in_one_line(
     tmp_path: Path, item: str, needle: str
 ) -> None:
+    """Refused by the plan itself, settings validated or not (the settings refuse a name that is not one word
+    already: tests/unit/cli/test_bad_input_known.py, through the CLI)."""
     with pytest.raises(UsageError, match=needle) as e:
-        job_text(tmp_path / "p", sbatch_args=(item,))
+        job_text(tmp_path / "p", unchecked=True, sbatch_args=(item,))
     assert "\n" not in e.value.one_line()
+
+
+@pytest.mark.parametrize(
+    "item", ["--comment=a b # c", '--comment=say "hi"', "--exclusive", "-pgpu", "--qos=a --nodes=1", "-t1:00:00"]
+)
+def test_every_accepted_item_is_exactly_one_word_of_sbatch(tmp_path: Path, item: str) -> None:
+    """What is written for an accepted item is the one option it says: sbatch reads it back as the item itself."""
+    got = options(job_text(tmp_path / "p", sbatch_args=(item,)))
+    assert (
+        got[-1] == item
+        and got.count("--nodes=2") == 1
+        and got[:3] == ["--job-name=demo", "--nodes=2", "--ntasks-per-node=1"]
+    )
 
 
 def test_options_that_only_share_a_prefix_are_accepted(tmp_path: Path) -> None:
