@@ -78,29 +78,45 @@ _TAG = "nodekit-relay"
 
 # Run as `sh ./relay DIR` in DIR (the node's own directory, made and filled by hopkeys' setup over the head's own
 # connection; hopkeys.entry_command, the authorized_keys line's command, checks it is the user's own first):
-# everything it needs is in DIR, nothing is read from SSH_ORIGINAL_COMMAND. Ending, it removes its own
-# authorized_keys line before the directory the line points at.
+# everything it needs is in DIR, nothing is read from SSH_ORIGINAL_COMMAND. It runs as the login user (root, often)
+# and trusts nothing it checked a moment ago:
+# - Only the directory it was started in, never the path DIR again: every file is ./name, not "$d/name". The
+#   directory entered stays the one checked even if it is removed and another user makes DIR again with links in it
+#   (a second login with the same key, started before the first one's cleanup, would otherwise write its exit code
+#   through such a link and send the last lines of whatever another one points at, as root, back to the key's
+#   holder). In a removed directory no file can be made; set -C makes no file through a link to one that exists.
+# - A hop key runs one relay step: `mkdir ./started` succeeds for the first step only (the lock is in the directory
+#   checked), which then removes its authorized_keys line before anything else, so sshd refuses the key from then
+#   on and a login that got in before that runs nothing. Ending, it removes the line (if that failed at the start)
+#   and then empties and removes its directory, and only the one it was started in.
 _SCRIPT = r"""
+set -C
 d=$1
-me=$(cat "$d/name")
+me=$(cat ./name)
 @UNAUTHORIZE@
-trap 'unauthorize; rm -rf "$d"' EXIT
 trap 'exit 143' TERM HUP INT
+if ! mkdir ./started 2> /dev/null; then
+  echo "nodekit-relay: this relay step has run already (its hop key was used already): refused" >&2
+  exit 126
+fi
+here=$(stat -c %d.%i .)
+trap 'unauthorize; rm -rf ./*; cd / && [ "$(stat -c %d.%i "$d" 2> /dev/null)" = "$here" ] && rmdir "$d"' EXIT
+unauthorize
 trap '' PIPE
 unset SSH_AUTH_SOCK
-cut -d' ' -f5 /proc/$$/stat > "$d/pgid" 2>/dev/null || echo $$ > "$d/pgid"
+{ cut -d' ' -f5 /proc/$$/stat 2> /dev/null || echo $$; } > ./pgid
 next= nm=
-if [ -f "$d/dest" ]; then
-  nm=$(cat "$d/next-name") port=$(cat "$d/port") dest=$(cat "$d/dest") alias=$(cat "$d/alias")
-  mkfifo "$d/next"
-  @SSH@ -p "$port" -- "$dest" nodekit-relay < "$d/next" &
+if [ -f ./dest ]; then
+  nm=$(cat ./next-name) port=$(cat ./port) dest=$(cat ./dest) alias=$(cat ./alias)
+  mkfifo ./next
+  @SSH@ -p "$port" -- "$dest" nodekit-relay < ./next &
   next=$!
-  tee -p "$d/next" | { docker load -q > "$d/out" 2>&1; echo $? > "$d/rc"; }
+  tee -p ./next | { docker load -q > ./out 2>&1; echo $? > ./rc; }
 else
-  docker load -q > "$d/out" 2>&1; echo $? > "$d/rc"
+  docker load -q > ./out 2>&1; echo $? > ./rc
 fi
-rc=$(cat "$d/rc" 2>/dev/null || echo 125)
-echo "nodekit-relay load $me $rc $(tail -n 3 "$d/out" | base64 | tr -d '\n')" >&2
+rc=$(cat ./rc 2> /dev/null || echo 125)
+echo "nodekit-relay load $me $rc $(tail -n 3 ./out | base64 | tr -d '\n')" >&2
 if [ -n "$next" ]; then
   wait "$next"
   echo "nodekit-relay hop $nm $?" >&2
@@ -109,7 +125,7 @@ exit 0
 """
 RELAY_SCRIPT = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
     "@SSH@",
-    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned('"$d/known_hosts"', '"$alias"'), identity='"$d/key"'),
+    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned("./known_hosts", '"$alias"'), identity="./key"),
 )
 
 
