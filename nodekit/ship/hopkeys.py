@@ -30,13 +30,14 @@ The head reaches every node of a chain over its own, already authenticated conne
 **The command path no other user can make or replace.** The directory is made by ``mktemp -d`` (mode 0700, a fresh
 name) in the node's /tmp, which any local user can write to. The line's command (:func:`entry_command`) enters the
 directory first and runs ``./relay`` only when the directory it entered is a directory owned by the login user with
-mode 0700: only that user (or root) can then have put or replaced anything in it, and while it exists nobody else
-can remove or rename it (/tmp's sticky bit). The script is opened relative to the directory entered, so a directory
-removed and made again under the same name by someone else between the check and the run is never the one read
-(another user could otherwise make the removed directory again with their own ``relay``, which a login with the hop
-key would run as the login user: root). The step itself then works only inside the directory it entered
-(``./rc``, ``./out``, never the directory's path): once that directory is removed nothing can be made in it, so a
-step that lost a race writes nothing and reads nothing through links another user planted under the same name.
+mode 0700, and not a link (to another push's directory, say): only that user (or root) can then have put or replaced
+anything in it, and while it exists nobody else can remove or rename it (/tmp's sticky bit). The script is opened
+relative to the directory entered, so a directory removed and made again under the same name by someone else between
+the check and the run is never the one read (another user could otherwise make the removed directory again with
+their own ``relay``, which a login with the hop key would run as the login user: root). The step itself then works
+only inside the directory it entered (``./rc``, ``./out``, never the directory's path): once that directory is
+removed nothing can be made in it, so a step that lost a race writes nothing and reads nothing through links another
+user planted under the same name.
 
 **A hop key runs one relay step.** The step's first act is ``mkdir ./started`` in the directory it checked: only
 one step can succeed, and every other login with the key is refused there (exit 126) before it reads or writes
@@ -138,8 +139,15 @@ f=$HOME/.ssh/authorized_keys
 ) 9>> "$HOME/.ssh/.nodekit-relay.lock"
 """
 
+
+def own_dir(path: str) -> str:
+    """A shell test: the working directory, entered by ``path`` (a shell word), is the login user's own, mode 0700
+    (what only that user or root can have filled), and ``path`` is that directory itself, not a link to another."""
+    return f"[ x$(stat -c %u.%a.%F.%d.%i .) = x$(id -u).700.directory.$(stat -c %d.%i {path}) ]"
+
+
 # $1 the line without its expiry (base64), $2 its lifetime in seconds, $3 this node's relay directory, $4 the key
-# the line holds: noted in the directory first, so that the relay step, ending, removes the line before the directory.
+# the line holds: noted in the directory first, so that the relay step removes the line as it starts (its one use).
 _AUTHORIZE = r"""
 umask 077
 unset TZ
@@ -150,8 +158,6 @@ line="expiry-time=\"$exp\",$(printf %s "$1" | base64 -d)" drop=
 """
 AUTHORIZE_SCRIPT = _AUTHORIZE + _EDIT
 
-OWN_DIR = "[ x$(stat -c %u.%a.%F .) = x$(id -u).700.directory ]"
-"""Whether the working directory is the login user's own, mode 0700: what only that user (or root) can have filled."""
 
 # $1 the key whose line goes ("-": none), $2 this node's relay directory, $3 1 to end its relay step first. The line
 # goes before the directory (the module docstring says why); the directory goes whatever became of the line, and
@@ -175,7 +181,7 @@ if [ -n "$here" ] && [ "$3" = 1 ] && [ -f ./pgid ]; then
 fi
 trap '[ -n "$here" ] && rm -rf ./* && cd / && [ "$(stat -c %d.%i "$d" 2> /dev/null)" = "$here" ] && rmdir "$d"' EXIT
 [ -n "$drop" ] || exit 0
-""".replace("@OWN_DIR@", OWN_DIR)
+""".replace("@OWN_DIR@", own_dir('"$d"'))
 END_SCRIPT = _END + _EDIT
 
 UNAUTHORIZE = r"""
@@ -256,13 +262,13 @@ def authorized_line(before: Prepared, here: Prepared) -> str:
 
 def entry_command(relay_dir: str) -> str:
     """What runs a node's relay step: the script setup wrote into its directory, once the directory entered is the
-    login user's own, mode 0700 (see the module docstring). One line for any login shell (sh, bash, csh, fish): no
-    double quotes, so it sits in ``command="..."`` as it is. The directory follows ``./relay`` as its argument,
-    which the step reads as its own directory and the head's end matches its process by."""
+    login user's own, mode 0700, and not a link (see the module docstring). One line for any login shell (sh, bash,
+    csh, fish): no double quotes, so it sits in ``command="..."`` as it is. The directory follows ``./relay`` as its
+    argument, which the step reads as its own directory and the head's end matches its process by."""
     if not _DIR.fullmatch(relay_dir):
         raise ValueError("not a checked setup")
-    check = OWN_DIR
-    refuse = f"echo nodekit-relay: {relay_dir} is not a mode 0700 directory of this user >&2; exit 126"
+    check = own_dir(relay_dir)
+    refuse = f"echo nodekit-relay: {relay_dir} is not a mode 0700 directory of this user, or is a link >&2; exit 126"
     return f"exec sh -c 'cd {relay_dir} && {check} && exec sh ./relay {relay_dir}; {refuse}'"
 
 

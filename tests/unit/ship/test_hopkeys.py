@@ -240,6 +240,27 @@ def test_the_entry_command_runs_only_a_relay_in_the_users_own_private_directory(
 
 
 @needs_tools
+@needs_root
+def test_a_link_another_user_puts_where_a_relay_directory_was_runs_nothing(tmp_path: Path) -> None:
+    """A line left naming a directory that is gone (a head whose rewrite of authorized_keys failed): another user
+    puts a link there to a live relay directory of another push (the user's own, mode 0700). The hop key must run
+    nothing through it: not the other push's relay step, whose one run it would spend."""
+    node = Node(tmp_path)
+    gone, other = node.setup(None), node.setup(None)
+    node.end(gone.dir, "")
+    (Path(other.dir) / "relay").write_text('echo "ran $1 in $(pwd)"\n')
+    made = subprocess.run([*_as_nobody(), "ln", "-s", other.dir, gone.dir], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    try:
+        ran = node.run(hopkeys.entry_command(gone.dir))
+        assert ran.returncode == 126 and "ran" not in ran.stdout, ran.stdout
+        assert "is not a mode 0700 directory of this user, or is a link" in ran.stderr
+    finally:
+        Path(gone.dir).unlink(missing_ok=True)
+        node.end(other.dir, "")
+
+
+@needs_tools
 def test_a_relay_step_removes_its_line_before_its_directory(tmp_path: Path) -> None:
     """The relay step on the last node, run as sshd runs the line's command (a `docker` here that takes the stream
     and says nothing): when it exits, the line for the node before's key is gone, then its directory."""
