@@ -33,6 +33,7 @@ import base64
 import contextlib
 import shutil
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from nodekit.errors import DeadlineError, ShipError
 from nodekit.ship import hopkeys
 from nodekit.ship.hopkeys import ChainAccess, node_argv
 from nodekit.system import proc, ssh
+from nodekit.system.docker.streams import Tail
 
 RelayMode = Literal["auto", "always", "never"]
 RELAY_MODES: tuple[RelayMode, ...] = ("auto", "always", "never")
@@ -286,6 +288,44 @@ def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> 
     return out
 
 
+REPORT_LINES = 4 * CHAIN_MAX
+"""The head keeps at most this many report lines of a chain (its nodes say two each: a load, and a hop for the next)."""
+LINE_MAX = 8 << 10
+"""A report line is shorter than this: a name, an exit code and three lines of ``docker load``'s output in base64."""
+_TAG_LINE = _TAG.encode() + b" "
+
+
+class Said:
+    """What a chain says on its stderr, as it arrives, in bounded memory however much comes (the first node, and
+    root there, can write without end): its last :data:`REPORT_LINES` report lines (each cut at :data:`LINE_MAX`),
+    and the last 64 KiB of it all for everything else (ssh's own complaints). Each chunk costs its own length."""
+
+    def __init__(self) -> None:
+        self._reports: deque[bytes] = deque(maxlen=REPORT_LINES)
+        self._tail = Tail()
+        self._partial = b""
+        self._lock = threading.Lock()
+
+    def add(self, chunk: bytes) -> None:
+        with self._lock:
+            self._tail.add(chunk)
+            data = self._partial + chunk
+            end = data.rfind(b"\n") + 1
+            if data.find(_TAG_LINE, 0, end) >= 0:
+                self._reports.extend(ln[:LINE_MAX] for ln in data[:end].splitlines() if ln.startswith(_TAG_LINE))
+            self._partial = data[end : end + LINE_MAX]  # a longer line is no report line: its start is enough
+
+    def end(self) -> None:
+        """The stream ended: its last line counts without its line end."""
+        self.add(b"\n")
+
+    def text(self) -> str:
+        """The report lines after what else is kept: :func:`parse_report` reads this."""
+        with self._lock:
+            other = [ln for ln in self._tail.text().splitlines() if not ln.startswith(_TAG + " ")]
+            return "\n".join([*other, *(r.decode(errors="replace") for r in self._reports)])
+
+
 class RelaySink:
     """Feeds the chain ``hops``: sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.
     ChainAccess`; ShipError when a node cannot be), then the head's ssh to the first node runs its relay step.
@@ -296,7 +336,7 @@ class RelaySink:
         self.hops = list(hops)
         self.access = ChainAccess(self.hops, relay_script(codec))
         entry = self.access.open()
-        self._stderr = b""
+        self._said = Said()
         try:
             self._proc = proc.start(node_argv(self.hops[0], entry, keepalive=True), stdin="pipe", stdout="devnull",
                                     stderr="pipe", what=f"the relay chain from {self.hops[0].name}",
@@ -316,11 +356,12 @@ class RelaySink:
         assert stream is not None
         read = getattr(stream, "read1", stream.read)  # read1: what has arrived, without waiting for a full block
         for chunk in iter(lambda: read(65536), b""):
-            self._stderr += chunk
+            self._said.add(chunk)
+        self._said.end()
 
     def report(self) -> Report:
         self._drain.join(timeout=10)
-        return parse_report(self._stderr.decode(errors="replace"))
+        return parse_report(self._said.text())
 
     def write(self, chunk: bytes) -> None:
         assert self._proc.stdin is not None
