@@ -19,23 +19,33 @@ The head reaches every node of a chain over its own, already authenticated conne
    the directory the head wrote. ``from=``: only from the addresses the node before said it dials from (see
    below). ``expiry-time`` (OpenSSH >= 7.7): the hops log in at the chain's start, seconds after this; it only
    bounds a line whose removal never came (the head died).
-3. **end**: the relay step itself, as it exits, removes its line (the key it noted) and then its directory; and on
-   every node, when the chain ends, the head: after an abort, first the process group that *this node's own* relay
-   step recorded in its directory, and only while that group still runs that step (never a number another node
-   reported); then the line, found by its key, so that concurrent pushes keep theirs (and any nodekit line whose
-   expiry has passed goes too); then the directory. authorized_keys is rewritten under ``flock`` into a temporary
-   file that replaces it, so a reader never sees half of it and two pushes never lose each other's lines.
+3. **end**: the relay step itself, as it *starts*, removes its line (the key it noted): a hop key runs one relay
+   step (below); as it exits, it removes its directory. And on every node, when the chain ends, the head: after an
+   abort, first the process group that *this node's own* relay step recorded in its directory, and only while that
+   group still runs that step (never a number another node reported); then the line, found by its key, so that
+   concurrent pushes keep theirs (and any nodekit line whose expiry has passed goes too); then the directory.
+   authorized_keys is rewritten under ``flock`` into a temporary file that replaces it, so a reader never sees half
+   of it and two pushes never lose each other's lines.
 
 **The command path no other user can make or replace.** The directory is made by ``mktemp -d`` (mode 0700, a fresh
 name) in the node's /tmp, which any local user can write to. The line's command (:func:`entry_command`) enters the
 directory first and runs ``./relay`` only when the directory it entered is a directory owned by the login user with
-mode 0700: only that user (or root) can then have put or replaced anything in it, and while it exists nobody else
-can remove or rename it (/tmp's sticky bit). The script is opened relative to the directory entered, so a directory
-removed and made again under the same name by someone else between the check and the run is never the one read
-(before, another user recreated the removed directory with their own ``relay``, and a login with the hop key ran it
-as the login user: root). And a line is never left pointing at a directory that is gone: it is removed before the
-directory, by the step and by the head alike; only a relay step SIGKILLed, or a head that died, leaves a line, which
-then names a directory that still exists and is still the user's, until the line's expiry or the next push.
+mode 0700, and not a link (to another push's directory, say): only that user (or root) can then have put or replaced
+anything in it, and while it exists nobody else can remove or rename it (/tmp's sticky bit). The script is opened
+relative to the directory entered, so a directory removed and made again under the same name by someone else between
+the check and the run is never the one read (another user could otherwise make the removed directory again with
+their own ``relay``, which a login with the hop key would run as the login user: root). The step itself then works
+only inside the directory it entered (``./rc``, ``./out``, never the directory's path): once that directory is
+removed nothing can be made in it, so a step that lost a race writes nothing and reads nothing through links another
+user planted under the same name.
+
+**A hop key runs one relay step.** The step's first act is ``mkdir ./started`` in the directory it checked: only
+one step can succeed, and every other login with the key is refused there (exit 126) before it reads or writes
+anything; the winner then removes the key's line, so sshd refuses the key from then on. Two logins with one key at
+once (root on the node before holds it) therefore get one relay step, and no second one can outlive the first
+one's cleanup. And a line is never left pointing at a directory that is gone: the step removes it first, the head
+removes it before the directory; only a relay step SIGKILLed before its start, or a head that died, leaves a line,
+which then names a directory that still exists and is still the user's, until the line's expiry or the next push.
 
 **from=** holds what the node before said about itself: the address the head reached it at (SSH_CONNECTION there)
 and the source address of its route to this node. The head cannot check the second (a route of the node's own), so
@@ -129,8 +139,15 @@ f=$HOME/.ssh/authorized_keys
 ) 9>> "$HOME/.ssh/.nodekit-relay.lock"
 """
 
+
+def own_dir(path: str) -> str:
+    """A shell test: the working directory, entered by ``path`` (a shell word), is the login user's own, mode 0700
+    (what only that user or root can have filled), and ``path`` is that directory itself, not a link to another."""
+    return f"[ x$(stat -c %u.%a.%F.%d.%i .) = x$(id -u).700.directory.$(stat -c %d.%i {path}) ]"
+
+
 # $1 the line without its expiry (base64), $2 its lifetime in seconds, $3 this node's relay directory, $4 the key
-# the line holds: noted in the directory first, so that the relay step, ending, removes the line before the directory.
+# the line holds: noted in the directory first, so that the relay step removes the line as it starts (its one use).
 _AUTHORIZE = r"""
 umask 077
 unset TZ
@@ -141,8 +158,11 @@ line="expiry-time=\"$exp\",$(printf %s "$1" | base64 -d)" drop=
 """
 AUTHORIZE_SCRIPT = _AUTHORIZE + _EDIT
 
+
 # $1 the key whose line goes ("-": none), $2 this node's relay directory, $3 1 to end its relay step first. The line
-# goes before the directory (the module docstring says why); the directory goes whatever became of the line.
+# goes before the directory (the module docstring says why); the directory goes whatever became of the line, and
+# only if it is the user's own: it is entered and checked once, and then read and removed from inside (a directory
+# another user made under the same name is left alone, and nothing is read through a link of theirs).
 _END = r"""
 umask 077
 unset TZ
@@ -150,27 +170,29 @@ drop=$1 d=$2 line=
 [ "$drop" = - ] && drop=
 now=$(date +%Y%m%d%H%M%S) || exit 1
 case $d in */nodekit-relay.*) ;; *) exit 2 ;; esac
-if [ "$3" = 1 ] && [ -f "$d/pgid" ]; then
-  pg=$(cat "$d/pgid")
+cd "$d" 2> /dev/null && @OWN_DIR@ && here=$(stat -c %d.%i .) || { here=; cd /; }
+if [ -n "$here" ] && [ "$3" = 1 ] && [ -f ./pgid ]; then
+  pg=$(cat ./pgid)
   case $pg in '' | *[!0-9]*) pg=0 ;; esac
   if [ "$pg" -gt 1 ] && [ "$(readlink "/proc/$pg/cwd")" = "$d" ] \
       && tr '\0' ' ' < "/proc/$pg/cmdline" 2> /dev/null | grep -qF "./relay $d"; then
     kill -TERM "-$pg" 2> /dev/null
   fi
 fi
-trap 'rm -rf "$d"' EXIT
+trap '[ -n "$here" ] && rm -rf ./* && cd / && [ "$(stat -c %d.%i "$d" 2> /dev/null)" = "$here" ] && rmdir "$d"' EXIT
 [ -n "$drop" ] || exit 0
-"""
+""".replace("@OWN_DIR@", own_dir('"$d"'))
 END_SCRIPT = _END + _EDIT
 
 UNAUTHORIZE = r"""
 unauthorize() {
-  [ -f "$d/authorized" ] || return 0
-  drop=$(cat "$d/authorized") line= now=$(date +%Y%m%d%H%M%S) || return 0
-  ( umask 077; unset TZ; @EDIT@ )
+  [ -f ./authorized ] || return 0
+  drop=$(cat ./authorized) line= now=$(date +%Y%m%d%H%M%S) || return 0
+  ( umask 077; unset TZ; @EDIT@ ) && rm -f ./authorized
 }
 """.replace("@EDIT@", _EDIT)
-"""The shell function the relay step calls as it exits: removes the line the authorize step noted the key of."""
+"""The shell function the relay step calls as it starts (and again as it exits, if that failed): removes the line
+the authorize step noted the key of, reading the key from the directory the step runs in (never by its path)."""
 
 _DIR = re.compile(r"/[A-Za-z0-9._/-]*/nodekit-relay\.[A-Za-z0-9]+")
 _ED25519 = re.compile(r"AAAAC3NzaC1lZDI1NTE5AAAAI[A-Za-z0-9+/]{43}")
@@ -240,13 +262,13 @@ def authorized_line(before: Prepared, here: Prepared) -> str:
 
 def entry_command(relay_dir: str) -> str:
     """What runs a node's relay step: the script setup wrote into its directory, once the directory entered is the
-    login user's own, mode 0700 (see the module docstring). One line for any login shell (sh, bash, csh, fish): no
-    double quotes, so it sits in ``command="..."`` as it is. The directory follows ``./relay`` as its argument,
-    which the step reads as its own directory and the head's end matches its process by."""
+    login user's own, mode 0700, and not a link (see the module docstring). One line for any login shell (sh, bash,
+    csh, fish): no double quotes, so it sits in ``command="..."`` as it is. The directory follows ``./relay`` as its
+    argument, which the step reads as its own directory and the head's end matches its process by."""
     if not _DIR.fullmatch(relay_dir):
         raise ValueError("not a checked setup")
-    check = "[ x$(stat -c %u.%a.%F .) = x$(id -u).700.directory ]"
-    refuse = f"echo nodekit-relay: {relay_dir} is not a mode 0700 directory of this user >&2; exit 126"
+    check = own_dir(relay_dir)
+    refuse = f"echo nodekit-relay: {relay_dir} is not a mode 0700 directory of this user, or is a link >&2; exit 126"
     return f"exec sh -c 'cd {relay_dir} && {check} && exec sh ./relay {relay_dir}; {refuse}'"
 
 

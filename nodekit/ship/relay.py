@@ -33,6 +33,7 @@ import base64
 import contextlib
 import shutil
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from nodekit.errors import DeadlineError, ShipError
 from nodekit.ship import hopkeys
 from nodekit.ship.hopkeys import ChainAccess, node_argv
 from nodekit.system import proc, ssh
+from nodekit.system.docker.streams import Tail
 
 RelayMode = Literal["auto", "always", "never"]
 RELAY_MODES: tuple[RelayMode, ...] = ("auto", "always", "never")
@@ -78,29 +80,45 @@ _TAG = "nodekit-relay"
 
 # Run as `sh ./relay DIR` in DIR (the node's own directory, made and filled by hopkeys' setup over the head's own
 # connection; hopkeys.entry_command, the authorized_keys line's command, checks it is the user's own first):
-# everything it needs is in DIR, nothing is read from SSH_ORIGINAL_COMMAND. Ending, it removes its own
-# authorized_keys line before the directory the line points at.
+# everything it needs is in DIR, nothing is read from SSH_ORIGINAL_COMMAND. It runs as the login user (root, often)
+# and trusts nothing it checked a moment ago:
+# - Only the directory it was started in, never the path DIR again: every file is ./name, not "$d/name". The
+#   directory entered stays the one checked even if it is removed and another user makes DIR again with links in it
+#   (a second login with the same key, started before the first one's cleanup, would otherwise write its exit code
+#   through such a link and send the last lines of whatever another one points at, as root, back to the key's
+#   holder). In a removed directory no file can be made; set -C makes no file through a link to one that exists.
+# - A hop key runs one relay step: `mkdir ./started` succeeds for the first step only (the lock is in the directory
+#   checked), which then removes its authorized_keys line before anything else, so sshd refuses the key from then
+#   on and a login that got in before that runs nothing. Ending, it removes the line (if that failed at the start)
+#   and then empties and removes its directory, and only the one it was started in.
 _SCRIPT = r"""
+set -C
 d=$1
-me=$(cat "$d/name")
+me=$(cat ./name)
 @UNAUTHORIZE@
-trap 'unauthorize; rm -rf "$d"' EXIT
 trap 'exit 143' TERM HUP INT
+if ! mkdir ./started 2> /dev/null; then
+  echo "nodekit-relay: this relay step has run already (its hop key was used already): refused" >&2
+  exit 126
+fi
+here=$(stat -c %d.%i .)
+trap 'unauthorize; rm -rf ./*; cd / && [ "$(stat -c %d.%i "$d" 2> /dev/null)" = "$here" ] && rmdir "$d"' EXIT
+unauthorize
 trap '' PIPE
 unset SSH_AUTH_SOCK
-cut -d' ' -f5 /proc/$$/stat > "$d/pgid" 2>/dev/null || echo $$ > "$d/pgid"
+{ cut -d' ' -f5 /proc/$$/stat 2> /dev/null || echo $$; } > ./pgid
 next= nm=
-if [ -f "$d/dest" ]; then
-  nm=$(cat "$d/next-name") port=$(cat "$d/port") dest=$(cat "$d/dest") alias=$(cat "$d/alias")
-  mkfifo "$d/next"
-  @SSH@ -p "$port" -- "$dest" nodekit-relay < "$d/next" &
+if [ -f ./dest ]; then
+  nm=$(cat ./next-name) port=$(cat ./port) dest=$(cat ./dest) alias=$(cat ./alias)
+  mkfifo ./next
+  @SSH@ -p "$port" -- "$dest" nodekit-relay < ./next &
   next=$!
-  tee -p "$d/next" | { docker load -q > "$d/out" 2>&1; echo $? > "$d/rc"; }
+  tee -p ./next | { docker load -q > ./out 2>&1; echo $? > ./rc; }
 else
-  docker load -q > "$d/out" 2>&1; echo $? > "$d/rc"
+  docker load -q > ./out 2>&1; echo $? > ./rc
 fi
-rc=$(cat "$d/rc" 2>/dev/null || echo 125)
-echo "nodekit-relay load $me $rc $(tail -n 3 "$d/out" | base64 | tr -d '\n')" >&2
+rc=$(cat ./rc 2> /dev/null || echo 125)
+echo "nodekit-relay load $me $rc $(tail -n 3 ./out | base64 | tr -d '\n')" >&2
 if [ -n "$next" ]; then
   wait "$next"
   echo "nodekit-relay hop $nm $?" >&2
@@ -109,7 +127,7 @@ exit 0
 """
 RELAY_SCRIPT = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
     "@SSH@",
-    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned('"$d/known_hosts"', '"$alias"'), identity='"$d/key"'),
+    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned("./known_hosts", '"$alias"'), identity="./key"),
 )
 
 
@@ -270,6 +288,44 @@ def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> 
     return out
 
 
+REPORT_LINES = 4 * CHAIN_MAX
+"""The head keeps at most this many report lines of a chain (its nodes say two each: a load, and a hop for the next)."""
+LINE_MAX = 8 << 10
+"""A report line is shorter than this: a name, an exit code and three lines of ``docker load``'s output in base64."""
+_TAG_LINE = _TAG.encode() + b" "
+
+
+class Said:
+    """What a chain says on its stderr, as it arrives, in bounded memory however much comes (the first node, and
+    root there, can write without end): its last :data:`REPORT_LINES` report lines (each cut at :data:`LINE_MAX`),
+    and the last 64 KiB of it all for everything else (ssh's own complaints). Each chunk costs its own length."""
+
+    def __init__(self) -> None:
+        self._reports: deque[bytes] = deque(maxlen=REPORT_LINES)
+        self._tail = Tail()
+        self._partial = b""
+        self._lock = threading.Lock()
+
+    def add(self, chunk: bytes) -> None:
+        with self._lock:
+            self._tail.add(chunk)
+            data = self._partial + chunk
+            end = data.rfind(b"\n") + 1
+            if data.find(_TAG_LINE, 0, end) >= 0:
+                self._reports.extend(ln[:LINE_MAX] for ln in data[:end].splitlines() if ln.startswith(_TAG_LINE))
+            self._partial = data[end : end + LINE_MAX]  # a longer line is no report line: its start is enough
+
+    def end(self) -> None:
+        """The stream ended: its last line counts without its line end."""
+        self.add(b"\n")
+
+    def text(self) -> str:
+        """The report lines after what else is kept: :func:`parse_report` reads this."""
+        with self._lock:
+            other = [ln for ln in self._tail.text().splitlines() if not ln.startswith(_TAG + " ")]
+            return "\n".join([*other, *(r.decode(errors="replace") for r in self._reports)])
+
+
 class RelaySink:
     """Feeds the chain ``hops``: sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.
     ChainAccess`; ShipError when a node cannot be), then the head's ssh to the first node runs its relay step.
@@ -280,7 +336,7 @@ class RelaySink:
         self.hops = list(hops)
         self.access = ChainAccess(self.hops, relay_script(codec))
         entry = self.access.open()
-        self._stderr = b""
+        self._said = Said()
         try:
             self._proc = proc.start(node_argv(self.hops[0], entry, keepalive=True), stdin="pipe", stdout="devnull",
                                     stderr="pipe", what=f"the relay chain from {self.hops[0].name}",
@@ -300,11 +356,12 @@ class RelaySink:
         assert stream is not None
         read = getattr(stream, "read1", stream.read)  # read1: what has arrived, without waiting for a full block
         for chunk in iter(lambda: read(65536), b""):
-            self._stderr += chunk
+            self._said.add(chunk)
+        self._said.end()
 
     def report(self) -> Report:
         self._drain.join(timeout=10)
-        return parse_report(self._stderr.decode(errors="replace"))
+        return parse_report(self._said.text())
 
     def write(self, chunk: bytes) -> None:
         assert self._proc.stdin is not None

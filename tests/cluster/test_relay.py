@@ -28,6 +28,7 @@ import pytest
 
 from benchmarks._shipnet import tbf_argv
 from nodekit.ship import hopkeys
+from nodekit.ship.relay import parse_report
 from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
 from tests.cluster.helpers import (
     MIB,
@@ -376,9 +377,10 @@ with ship.SharedSsh():
 
 
 def test_a_killed_push_leaves_no_line_the_relay_steps_remove_their_own(fleet: Fleet) -> None:
-    """SIGKILL to the head mid-stream: the relay steps end with the stream, and each removes its own hop key's line
-    before its directory (issue 28: before, h2's line stayed until its expiry, pointing at a directory that was gone,
-    which another local user could make again); the next push goes through."""
+    """SIGKILL to the head mid-stream: the relay steps end with the stream, and none leaves its hop key's line (issue
+    28: before, h2's line stayed until its expiry, pointing at a directory that was gone, which another local user
+    could make again). h2's step removed its line as it started (a hop key runs one relay step), while the stream
+    still flowed; the next push goes through."""
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
@@ -392,7 +394,7 @@ def test_a_killed_push_leaves_no_line_the_relay_steps_remove_their_own(fleet: Fl
         while not (loading(h1) and loading(h2)):
             assert head.poll() is None and time.monotonic() < deadline, "the relay never reached h2"
             time.sleep(0.1)
-        assert len(nodekit_lines(h2)) == 1
+        assert nodekit_lines(h2) == [], "h2's relay step runs and its hop key is still accepted"
         head.kill()  # nsenter execs python: this is the head itself
         head.wait(timeout=10)
         deadline = time.monotonic() + 60
@@ -477,6 +479,71 @@ def test_another_local_user_cannot_make_a_hop_key_run_their_file(fleet: Fleet) -
         if planted is not None:
             shutil.rmtree(planted, ignore_errors=True)
         marker.unlink(missing_ok=True)
+    assert nodekit_lines(h2) == []
+
+
+def hop_session(frm: Host, to: Host, key: Path) -> subprocess.Popen[str]:
+    """:func:`hop_login`, its stream held open until the test closes its stdin."""
+    return subprocess.Popen(frm.argv("ssh", "-F", "/dev/null", "-i", str(key), "-o", "IdentitiesOnly=yes", "-o",
+                                     "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+                                     "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
+                                     f"root@{to.addr}", "true"), env=frm.env(), stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def test_two_logins_with_one_hop_key_get_one_relay_step_and_nothing_goes_through_planted_links(fleet: Fleet) -> None:
+    """Review N1, against real sshd: root on h1 logs in to h2 twice with h1's hop key, both streams held open (A,
+    then B). A ends, and its cleanup removes the line and h2's relay directory; an unprivileged user on h2 makes the
+    directory again with an ``rc`` link to a file in a root-only directory and an ``out`` link to a root-only file;
+    then B ends. A hop key runs one relay step: B is refused (by sshd, the line being gone once A's step started,
+    or by the step), writes nothing through ``rc`` and sends nothing of what ``out`` points at back to h1 (before,
+    B ran as root beside A, wrote its exit code through ``rc`` and sent the root-only file's last lines on stderr)."""
+    _, h1, h2 = fleet.cluster.hosts
+    victim = Path(f"/tmp/nodekit-victim-{os.getpid()}")
+    shutil.rmtree(victim, ignore_errors=True)
+    victim.mkdir(mode=0o711)
+    shadow = victim / "shadow"
+    secret = "root:$6$FAKEHASH:19000:0:99999:7:::\nalice:$6$ALICEHASH:19000:0:99999:7:::\n"
+    shadow.write_text(secret)
+    shadow.chmod(0o640)
+    a: subprocess.Popen[str] | None = None
+    b: subprocess.Popen[str] | None = None
+    planted: Path | None = None
+    try:
+        with chain_access(fleet, 300) as dirs:
+            key, here = Path(dirs["h1"]) / "key", Path(dirs["h2"])
+            a = hop_session(h1, h2, key)
+            deadline = time.monotonic() + 60
+            while not (here / "pgid").exists():  # A's relay step runs (its docker load waits for the stream)
+                assert a.poll() is None and time.monotonic() < deadline, "A's relay step never started"
+                time.sleep(0.1)
+            b = hop_session(h1, h2, key)
+            deadline = time.monotonic() + 60
+            while b.poll() is None and len(docker_loads(h2)) < 2:
+                assert time.monotonic() < deadline, "B was neither refused nor started its relay step"
+                time.sleep(0.1)
+            a.communicate("", timeout=60)
+            assert not here.exists(), "A's relay step left its directory"
+            planted = here
+            plant = f"mkdir -m 700 {here} && ln -s {victim}/target {here}/rc && ln -s {shadow} {here}/out"
+            made = h2.run(*NOBODY, "sh", "-c", plant)
+            assert made.returncode == 0, made.stderr
+            _, said = b.communicate("", timeout=60)
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        if planted is not None:
+            shutil.rmtree(planted, ignore_errors=True)
+        target = (victim / "target").exists()
+        leaked = shadow.read_text() != secret
+        shutil.rmtree(victim, ignore_errors=True)
+    assert not target, f"the second login wrote, as root, through a link another user planted: {said}"
+    assert not leaked
+    decoded = said + repr(parse_report(said).loads)
+    assert "FAKEHASH" not in decoded and "ALICEHASH" not in decoded, f"a root-only file reached the key holder: {said}"
+    assert b.returncode == 255 and "Permission denied" in said, said  # the line went when A's step started
     assert nodekit_lines(h2) == []
 
 

@@ -34,23 +34,64 @@ deadline, not a total one, so a large image on a slow disk is never cut off whil
 at every save (a test changes it here)."""
 
 
-class Drain:
-    """Collects a pipe in a thread, so a chatty process never blocks on a full pipe while we feed it."""
+KEEP = 64 << 10
+"""What nodekit keeps of a stream it reads only for messages (a process's stderr): its last 64 KiB. A process, or
+whatever answers over SSH on a node, can write without end; nodekit's memory must not follow it."""
 
-    def __init__(self, pipe: IO[bytes]) -> None:
+
+class Tail:
+    """The last ``limit`` bytes of all that is added, however much is: each chunk costs its own length, never a copy
+    of everything before it."""
+
+    def __init__(self, limit: int = KEEP) -> None:
+        self.limit = limit
+        self.cut = False
+        """Whether anything was dropped (what is kept then starts in the middle of a line)."""
+        self._buf = bytearray()
+
+    def add(self, chunk: bytes) -> None:
+        if len(chunk) >= self.limit:
+            self.cut = self.cut or bool(self._buf) or len(chunk) > self.limit
+            self._buf[:] = chunk[-self.limit :]
+            return
+        self._buf += chunk
+        over = len(self._buf) - self.limit
+        if over > 0:
+            del self._buf[:over]
+            self.cut = True
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    def text(self) -> str:
+        """What is kept, decoded; once something was dropped, from its first whole line on (a line cut at its start
+        would read as something it never said), unless there is no other."""
+        data = bytes(self._buf)
+        if self.cut and 0 <= (nl := data.find(b"\n")) < len(data) - 1:
+            data = data[nl + 1 :]
+        return data.decode(errors="replace")
+
+
+class Drain:
+    """Collects a pipe in a thread, so a chatty process never blocks on a full pipe while we feed it; keeps its last
+    ``keep`` bytes (:class:`Tail`)."""
+
+    def __init__(self, pipe: IO[bytes], keep: int = KEEP) -> None:
         import threading
 
-        self.data = b""
+        self._kept = Tail(keep)
         self._pipe = pipe
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        self.data = self._pipe.read()
+        read = getattr(self._pipe, "read1", self._pipe.read)  # what has arrived, without waiting for a full block
+        for chunk in iter(lambda: read(1 << 16), b""):
+            self._kept.add(chunk)
 
     def text(self, timeout: float = 10.0) -> str:
         self._thread.join(timeout)
-        return self.data.decode(errors="replace")
+        return self._kept.text()
 
 
 class SaveStream:
@@ -90,10 +131,15 @@ class SaveStream:
             self._proc.stdout.close()
 
 
+LOAD_STDOUT_KEEP = 1 << 20
+"""What nodekit keeps of ``docker load --quiet``'s output, which it reads for the images loaded: one short line per
+image and tag, some 10,000 of them in 1 MiB (a load through SSH is whatever the node answers)."""
+
+
 class LoadSink:
     """Feeds ``docker load`` on ``host``. ``finish`` ends the stream and returns what was loaded; ``abort`` cuts
     the request off so that the engine discards it. Failures raise ShipError carrying docker's own last line
-    (``LoadSink.stderr`` keeps all of it)."""
+    (``LoadSink.stderr`` keeps its last 64 KiB)."""
 
     def __init__(self, host: str | None = None, *, argv: list[str] | None = None) -> None:
         """``argv``: run this command instead of ``docker load`` on ``host`` (an ssh command that decompresses the
@@ -105,7 +151,7 @@ class LoadSink:
                                 stderr="pipe", deadline=proc.Stall(LOAD_STALL_S), what=f"docker load on {where(host)}",
                                 fix=fix, group=True, stop_with=signal.SIGKILL)  # fmt: skip
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        self._stdout = Drain(self._proc.stdout)
+        self._stdout = Drain(self._proc.stdout, keep=LOAD_STDOUT_KEEP)
         self._stderr = Drain(self._proc.stderr)
 
     def write(self, chunk: bytes) -> None:

@@ -10,13 +10,14 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from nodekit.ship import hopkeys
 from nodekit.ship.hopkeys import Prepared, authorized_line, parse_setup
-from nodekit.ship.relay import RELAY_SCRIPT, Hop
+from nodekit.ship.relay import RELAY_SCRIPT, Hop, parse_report
 
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
 DIR = "/tmp/nodekit-relay.Ab12Cd"
@@ -239,6 +240,27 @@ def test_the_entry_command_runs_only_a_relay_in_the_users_own_private_directory(
 
 
 @needs_tools
+@needs_root
+def test_a_link_another_user_puts_where_a_relay_directory_was_runs_nothing(tmp_path: Path) -> None:
+    """A line left naming a directory that is gone (a head whose rewrite of authorized_keys failed): another user
+    puts a link there to a live relay directory of another push (the user's own, mode 0700). The hop key must run
+    nothing through it: not the other push's relay step, whose one run it would spend."""
+    node = Node(tmp_path)
+    gone, other = node.setup(None), node.setup(None)
+    node.end(gone.dir, "")
+    (Path(other.dir) / "relay").write_text('echo "ran $1 in $(pwd)"\n')
+    made = subprocess.run([*_as_nobody(), "ln", "-s", other.dir, gone.dir], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    try:
+        ran = node.run(hopkeys.entry_command(gone.dir))
+        assert ran.returncode == 126 and "ran" not in ran.stdout, ran.stdout
+        assert "is not a mode 0700 directory of this user, or is a link" in ran.stderr
+    finally:
+        Path(gone.dir).unlink(missing_ok=True)
+        node.end(other.dir, "")
+
+
+@needs_tools
 def test_a_relay_step_removes_its_line_before_its_directory(tmp_path: Path) -> None:
     """The relay step on the last node, run as sshd runs the line's command (a `docker` here that takes the stream
     and says nothing): when it exits, the line for the node before's key is gone, then its directory."""
@@ -257,4 +279,113 @@ def test_a_relay_step_removes_its_line_before_its_directory(tmp_path: Path) -> N
                           capture_output=True, timeout=30)  # fmt: skip
     assert done.returncode == 0 and b"nodekit-relay load" in done.stderr, done.stderr
     assert node.keys.read_text() == USER_LINES and not Path(here.dir).exists()
+    node.end(before.dir, "")
+
+
+def _fake_docker(home: Path) -> dict[str, str]:
+    """The environment a relay step runs in here: a ``docker`` that notes each load it starts and takes the stream."""
+    fake = home / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "docker").write_text(f"#!/bin/sh\necho $$ >> {home}/loads\ncat > /dev/null\n")
+    (fake / "docker").chmod(0o755)
+    return {"HOME": str(home), "PATH": f"{fake}:{os.environ['PATH']}"}
+
+
+def _login(relay_dir: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A login with the hop key, as sshd runs its line's command: the stream stays open until the test closes it."""
+    return subprocess.Popen(["sh", "-c", hopkeys.entry_command(relay_dir)], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+
+
+def _until(what: str, done: Callable[[], bool], within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def _loads(home: Path) -> int:
+    path = home / "loads"
+    return len(path.read_text().split()) if path.exists() else 0
+
+
+@needs_tools
+def test_a_relay_step_spends_its_hop_key_as_it_starts_and_a_second_login_runs_nothing(tmp_path: Path) -> None:
+    """A hop-key line admits one relay step: the step removes the line as it starts (sshd then refuses the key), and
+    a second login that got in before that (the same key used twice at once) is refused by the step itself."""
+    node = Node(tmp_path)
+    node.keys.parent.mkdir(mode=0o700)
+    node.keys.write_text(USER_LINES)
+    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    node.authorize(before, here)
+    env = _fake_docker(tmp_path)
+    first = _login(here.dir, env)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        _until("the first relay step never started its load", lambda: _loads(tmp_path) == 1)
+        assert node.keys.read_text() == USER_LINES, "the running relay step left its hop key usable"
+        second = _login(here.dir, env)
+        _, said = second.communicate(timeout=30)
+        assert second.returncode == 126 and b"hop key was used already" in said, said
+        assert _loads(tmp_path) == 1 and first.poll() is None and Path(here.dir).is_dir()
+        _, said = first.communicate(b"stream", timeout=30)
+        assert first.returncode == 0 and b"nodekit-relay load" in said, said
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert node.keys.read_text() == USER_LINES and not Path(here.dir).exists()
+    node.end(before.dir, "")
+
+
+@needs_tools
+@needs_root
+def test_a_second_login_cannot_write_or_read_through_links_planted_after_the_first_ones_cleanup(
+    tmp_path: Path,
+) -> None:
+    """The review's race (N1): two logins A and B with the same hop key, both streams open. A ends and its cleanup
+    removes the line and the directory; another user makes the directory again with ``rc`` and ``out`` links into a
+    root-only directory; then B ends. B, root, must write nothing through ``rc`` and send nothing of what ``out``
+    points at to the key's holder (before, it wrote its exit code into the link's target and the last lines of a
+    root-only file went back on stderr)."""
+    node = Node(tmp_path)
+    node.keys.parent.mkdir(mode=0o700)
+    node.keys.write_text(USER_LINES)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o711)
+    shadow = victim / "shadow"
+    secret = "root:$6$FAKEHASH:19000:0:99999:7:::\nalice:$6$ALICEHASH:19000:0:99999:7:::\n"
+    shadow.write_text(secret)
+    shadow.chmod(0o640)
+    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    node.authorize(before, here)
+    env = _fake_docker(tmp_path)
+    a = _login(here.dir, env)
+    b: subprocess.Popen[bytes] | None = None
+    try:
+        _until("A's relay step never started its load", lambda: _loads(tmp_path) == 1)
+        b = _login(here.dir, env)
+        _until(
+            "B neither ran nor was refused", lambda: b is not None and (b.poll() is not None or _loads(tmp_path) == 2)
+        )
+        a.communicate(b"", timeout=30)
+        assert not Path(here.dir).exists()
+        plant = (f"mkdir -m 700 {here.dir} && ln -s {victim}/target {here.dir}/rc && "
+                 f"ln -s {shadow} {here.dir}/out")  # fmt: skip
+        planted = subprocess.run([*_as_nobody(), "sh", "-c", plant], capture_output=True, text=True)
+        assert planted.returncode == 0, planted.stderr
+        _, said = b.communicate(b"", timeout=30)
+    finally:
+        for p in (a, b):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(here.dir, ignore_errors=True)
+    assert not (victim / "target").exists(), "the second login wrote through a link another user planted"
+    assert shadow.read_text() == secret
+    report = parse_report(said.decode(errors="replace"))
+    shown = said.decode(errors="replace") + repr(report.loads)
+    assert "FAKEHASH" not in shown and "ALICEHASH" not in shown, shown
+    assert b.returncode == 126, said
     node.end(before.dir, "")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,33 @@ def test_the_dry_run_shows_each_chain() -> None:
     lines = ship.relay_text(ship.plan_push(big, states), "auto")
     assert [ln.split(" (")[0] for ln in lines] == ["  relayed: n0 -> n1 -> n2 -> n3 -> n4",
                                                    "  relayed: n5 -> n6 -> n7 -> n8 -> n9"]  # fmt: skip
+
+
+def test_a_first_node_that_floods_its_stderr_cannot_make_the_head_hold_it_and_the_reports_still_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head reads the chain's stderr, which the first node (root there) can fill without end: 32 MiB here, many
+    lines and then one long line without an end, between the nodes' report lines. The head holds a bounded amount
+    however much comes (the peak of what Python allocated while it read), and still reads every report line."""
+    from nodekit.ship import relay
+
+    ok_a, ok_b = b64("Loaded image ID: sha256:aa"), b64("Loaded image ID: sha256:bb")
+    first = (f"cat > /dev/null; echo 'nodekit-relay load {b64('a')} 0 {ok_a}' >&2; "
+             f"yes 'junk from a compromised node' | head -c {24 << 20} >&2; "
+             f"head -c {8 << 20} /dev/zero | tr '\\0' x >&2; echo >&2; "
+             f"echo 'nodekit-relay load {b64('b')} 0 {ok_b}' >&2; echo 'nodekit-relay hop {b64('b')} 0' >&2; "
+             "echo 'the last words' >&2")  # fmt: skip
+    monkeypatch.setattr(hopkeys.ChainAccess, "open", lambda self: "the first node's relay step")
+    monkeypatch.setattr(hopkeys.ChainAccess, "close", lambda self, kill=False: None)
+    monkeypatch.setattr(relay, "node_argv", lambda hop, command, keepalive=False: ["sh", "-c", first])
+    tracemalloc.start()
+    try:
+        sink = relay.RelaySink([hop("a"), hop("b")])
+        sink.write(b"the stream")
+        got = sink.finish()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"the head held {peak >> 20} MiB of a first node's stderr"
+    assert got.loads == {"a": (0, "Loaded image ID: sha256:aa"), "b": (0, "Loaded image ID: sha256:bb")}
+    assert got.hops == {"b": 0} and got.other[-1] == "the last words"

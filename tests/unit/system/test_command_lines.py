@@ -317,14 +317,15 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
         ("n2", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", key, kill=False)),
     ]
     # The hop a node makes to the next one: none of the node's ssh config, only the key made for the push, no agent,
-    # nothing forwarded, only the host key the head vouches for.
+    # nothing forwarded, only the host key the head vouches for; its files named inside the relay directory the
+    # step runs in, never by that directory's path.
     hop_line = next(ln.strip() for ln in relay.RELAY_SCRIPT.splitlines() if ln.strip().startswith("ssh "))
     assert hop_line == (
-        'ssh -F /dev/null -i "$d/key" -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes '
+        "ssh -F /dev/null -i ./key -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes "
         "-o ForwardAgent=no -o ClearAllForwardings=yes "
-        '-o StrictHostKeyChecking=yes -o UserKnownHostsFile="$d/known_hosts" '
+        "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=./known_hosts "
         '-o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 '
-        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" nodekit-relay < "$d/next" &'
+        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" nodekit-relay < ./next &'
     )
 
 
