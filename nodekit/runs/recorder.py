@@ -251,12 +251,18 @@ def begin(
         settings_digest=settings_digest(data), nodes=[NodeRecord(rank=r, host=h) for r, h in hosts],
         lock_digest=lock_digest(settings.project_dir),
     )  # fmt: skip
+    joined = _detached_peer(root, record, window_s=settings.rdzv_timeout) if command == "up" else None
+    if joined is not None:  # a node of the same job started here with up -d: one job, one run
+        run_id, record = joined.id, joined
+        record.nodes = sorted([*record.nodes, *(NodeRecord(rank=r, host=h) for r, h in hosts)], key=lambda n: n.rank)
+        record.detached, record.pid = False, os.getpid()
     hook, why = webhook(settings.notify, os.environ if environ is None else environ, settings.project_dir)
     if why:
         warn(why)
     rec = Recorder(root / run_id, record, notifier=Notifier(hook) if hook else None, clock=clock)
     try:
-        store.make_dir(root, run_id)
+        if joined is None:
+            store.make_dir(root, run_id)
         store.prune(root, settings.runs_keep, spare=run_id)
         rec._save(force=True)
     except OSError as e:
@@ -264,6 +270,21 @@ def begin(
     if rec.problem:
         warn(f"{rec.problem}; the run goes on unrecorded")
     return rec
+
+
+def _detached_peer(root: Path, mine: RunRecord, *, window_s: float) -> RunRecord | None:
+    """The record of another node of this job that ``nodekit up -d`` started on this host: same settings, other
+    ranks, still detached, started within the rendezvous window before this one. The attached ``up`` then records
+    the job to its end in that record (it follows its own node; the detached one is named by its rank), instead of
+    the job being listed twice, once forever "detached"."""
+    ranks = {n.rank for n in mine.nodes}
+    found = [
+        r
+        for _, r in store.records(root)
+        if r.command == "up" and r.detached and r.ended is None and r.settings_digest == mine.settings_digest
+        and 0 <= mine.started - r.started <= window_s and not ranks & {n.rank for n in r.nodes}
+    ]  # fmt: skip
+    return max(found, key=lambda r: r.started, default=None)
 
 
 def ending(e: BaseException | None) -> tuple[int, str, str]:

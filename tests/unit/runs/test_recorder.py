@@ -92,6 +92,33 @@ def test_a_returned_run_without_finish_is_closed_as_ok_and_a_detached_one_stays_
     assert r.state(store.alive) == "detached" and r.ended is None
 
 
+def test_a_by_hand_job_on_one_host_is_one_run_not_a_forever_detached_one_beside_it(
+    tmp_path: Path, clean_env: None
+) -> None:
+    """Issue 46: `nodekit up -r 1 -d`, then `nodekit up -r 0` of the same job on one machine, was listed as two runs,
+    the detached one forever "detached". The attached node records the job in the detached node's record; a node
+    of another job (other settings), of the same rank, or started too long before is not joined."""
+    settings = project_settings(tmp_path)
+    clock = Clock()
+    with recording(settings, "up", [(1, "here")], warn=print, clock=clock) as worker:
+        worker.detach()
+    clock.tick(5)
+    with recording(settings, "up", [(0, "here")], warn=print, clock=clock) as main:
+        main.finish(0)
+    assert main.dir == worker.dir
+    runs = list(store.records(store.runs_dir(tmp_path)))
+    assert len(runs) == 1
+    (_, r) = runs[0]
+    assert [n.rank for n in r.nodes] == [0, 1] and r.state(store.alive) == "ok" and r.exit_code == 0
+    clock.tick(1)
+    with recording(settings, "up", [(1, "here")], warn=print, clock=clock) as lone:
+        lone.detach()
+    clock.tick(settings.rdzv_timeout + 1)  # too late to be the same job
+    with recording(settings, "up", [(0, "here")], warn=print, clock=clock) as late:
+        late.finish(0)
+    assert late.dir != lone.dir and store.load(lone.dir).state(store.alive) == "detached"
+
+
 def test_one_node_that_fails_is_the_failing_node(tmp_path: Path, clean_env: None) -> None:
     rec = begin(project_settings(tmp_path), "up", [(1, "gpu7")], environ={})
     rec.line(1, "Traceback (most recent call last):")
