@@ -18,6 +18,7 @@ from nodekit.config.inputs import (
     ip_problem,
     path_problem,
     target_problem,
+    text_problem,
 )
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 
@@ -76,6 +77,18 @@ class Mount(BaseModel):
     check: Literal["none", "sizes", "hashes"] = Field(
         "none", description="same data on every node: compare relative paths and sizes, or also content hashes"
     )
+    source: str | None = Field(
+        None,
+        description="a directory on the machine that runs nodekit (relative to the project, or absolute) that "
+        "`nodekit run` and `nodekit data push` make every host's host path equal to; never part of the image",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or text_problem(v) is not None):
+            raise Bad(f"source {v!r} is empty or holds control characters", fix='source = "data" (a directory)')
+        return v
 
     @field_validator("host", "container")
     @classmethod
