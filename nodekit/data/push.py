@@ -166,3 +166,9 @@ def report_line(done: Sequence[Done]) -> str:
     hosts = len({d.job.where.name for d in done})
     sent = sum(d.sent for d in done)
     return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s)); sent {sent} bytes"
+
+
+def for_run(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> None:
+    """The push ``nodekit run`` makes after its hosts' checks, before any container starts."""
+    done = push(settings, jobs_of(settings, [(h, h.rank) for h in hosts]), reporter)
+    reporter.done(report_line(done))
