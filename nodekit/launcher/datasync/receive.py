@@ -121,9 +121,16 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
     for name, h in place.items():
         if name not in want or want[name][1] != h:
             return f"{name}: placed content is not the manifest's"
-    for name in [*place, *delete, *adopt]:
+    for name in [*place, *delete, *adopt, *copy.values()]:
         if (problem := _parents_problem(root, name, deleting)) is not None:
             return problem
+    for name in [*adopt, *copy.values()]:  # read on the node: a link there could read from anywhere
+        try:
+            regular = stat.S_ISREG(os.lstat(os.path.join(root, name)).st_mode)
+        except FileNotFoundError:
+            regular = False
+        if not regular:
+            return f"{name} on the node is not a regular file"
     for name in place:
         try:
             st = os.lstat(os.path.join(root, name))

@@ -174,3 +174,17 @@ def test_a_target_that_ends_unequal_to_the_source_is_named(world: tuple[Path, Pa
     said = io.StringIO()
     assert receive.main(["apply", str(target)], io.BytesIO(stream(plan, [(sha(b"a"), b"a")])), said) == receive.DIFFERS
     assert json.loads(said.getvalue())["diffs"] == ["never-sent.bin: missing"]
+
+
+def test_a_link_on_the_node_is_never_read_as_a_copy_source_or_adopted(world: tuple[Path, Path]) -> None:
+    target, outside = world
+    (target / "users-notes.txt").unlink()
+    (target / "looks-like-data").symlink_to(outside / "keep")
+    before = snapshot(target.parent)
+    content = b"keep"
+    copy = plan_for({"a.bin": content}, copy={sha(content): "looks-like-data"}, incoming={})
+    assert run(target, stream(copy)) == receive.REFUSED
+    adopt = plan_for({}, adopt=["looks-like-data"])
+    adopt["want"]["looks-like-data"] = [4, sha(content), "f"]
+    assert run(target, stream(adopt)) == receive.REFUSED
+    assert snapshot(target.parent) == before
