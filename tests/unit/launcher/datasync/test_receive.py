@@ -188,3 +188,23 @@ def test_a_link_on_the_node_is_never_read_as_a_copy_source_or_adopted(world: tup
     adopt["want"]["looks-like-data"] = [4, sha(content), "f"]
     assert run(target, stream(adopt)) == receive.REFUSED
     assert snapshot(target.parent) == before
+
+
+def test_a_content_of_several_pieces_is_proven_by_the_manifests_hash(world: tuple[Path, Path]) -> None:
+    from nodekit.launcher.datacheck.manifest import PIECE, content_hashes
+
+    target, outside = world
+    (target / "users-notes.txt").unlink()
+    src = outside / "big"
+    src.write_bytes(os.urandom(2 * PIECE + 5))
+    data = src.read_bytes()
+    h = content_hashes([(str(src), len(data))])[0]
+    assert h.startswith("p:")
+    plan = {"want": {"big": [len(data), h, "f"]}, "place": {"big": h}, "incoming": {h: len(data)}}
+    assert run(target, stream(plan, [(h, data)])) == 0
+    assert (target / "big").read_bytes() == data
+    bad = bytearray(data)
+    bad[PIECE + 7] ^= 1  # one flipped bit in the second piece
+    os.unlink(target / "big")
+    assert run(target, stream(plan, [(h, bytes(bad))])) == receive.BROKEN
+    assert not (target / "big").exists()
