@@ -105,7 +105,10 @@ def plan_host(want: Manifest, node: NodeView, *, where: str) -> HostPlan:
     sizes = {h: s for s, h in want.values()}
     needed = sorted(set(place.values()))
     copy = {h: held[h] for h in needed if h not in node.staged and h in held}
-    incoming = {h: sizes[h] for h in needed if h not in node.staged and h not in held}
+    # Smallest first: a push cut short has finished the most files, and the next one sends only the rest.
+    incoming = {
+        h: sizes[h] for h in sorted(needed, key=lambda h: (sizes[h], h)) if h not in node.staged and h not in held
+    }
     return HostPlan(want, adopt, delete, copy, incoming, place)
 
 

@@ -80,3 +80,8 @@ def test_room_is_checked_before_the_first_byte() -> None:
     assert isinstance(short, NoRoom) and "h1:/data has 50 MiB free" in short.message
     assert room_problem(p, 200 << 20, where="h") is None
     assert room_problem(p, None, where="h") is None  # unknown: not refused
+
+
+def test_small_contents_travel_first() -> None:
+    p = plan_host({"big": (100, A), "small": (1, B), "mid": (50, C)}, NodeView({}, {}), where="h")
+    assert list(p.incoming) == [B, C, A]
