@@ -100,6 +100,14 @@ class Mount(BaseModel):
         problem = target_problem(self.container, self.check != "none")
         if problem is not None:
             raise Bad(problem, fix='mount it elsewhere, e.g. container = "/data"')
+        if self.source is not None and self.writable:
+            # Every push makes the host path equal the source again: what a job wrote there would be undone, and a
+            # file it added would make the next push refuse the host.
+            raise Bad(
+                f"[[mounts]] {self.container} has a source and writable = true",
+                fix="remove writable (a dataset is read-only in the job); write results to /outputs",
+                key="mounts",
+            )
         return self
 
 

@@ -131,3 +131,18 @@ def test_the_dataset_is_never_part_of_the_image(project: Path) -> None:
 
     rules = code_rules(config.load(project / "nodekit.toml"))
     assert rules.excluded("data/big.parquet") and not rules.excluded("train.py")
+
+
+def test_a_target_that_is_not_reached_over_ssh_is_refused_in_one_line(project: Path) -> None:
+    result = runner.invoke(app, ["data", "push", "--to", "tcp://10.0.0.5:2375"])
+    assert result.exit_code == 2, result.output
+    assert "a dataset reaches a host over SSH, not tcp://" in result.output
+
+
+def test_a_sourced_mount_cannot_be_writable(project: Path) -> None:
+    toml = project / "nodekit.toml"
+    toml.write_text(toml.read_text() + "writable = true\n")
+    result = runner.invoke(app, ["data", "push", "--to", HERE])
+    assert result.exit_code == 2, result.output
+    assert "has a source and writable = true" in result.output
+    assert not (project / "target").exists()
