@@ -93,7 +93,7 @@ TIERS = {"integration": "engine", "cluster": "cluster"}
 # count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
 # which only their own tests make, so they are one group. The other cluster tests are the other.
 SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py", "test_linkcheck.py",
-                       "test_ops.py"})  # fmt: skip
+                       "test_ops.py", "test_data.py"})  # fmt: skip
 SLURM_GROUP = frozenset({"test_slurm.py"})
 # Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
 # so no group ever sees another's hosts; the data roots, and the demo image in them, persist between runs.

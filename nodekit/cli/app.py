@@ -6,11 +6,12 @@ Heavy modules (python-on-whales, rich, the build pipeline) are imported inside t
 
 from __future__ import annotations
 
-from nodekit.cli import doctor, fleet, images, k8s, live, nodes, project, runs, ship, slurm, stacks
+from nodekit.cli import data, doctor, fleet, images, k8s, live, nodes, project, runs, ship, slurm, stacks
 from nodekit.cli.common import app
 
 __all__ = [
-    "app", "doctor", "fleet", "images", "k8s", "live", "main", "nodes", "project", "runs", "ship", "slurm", "stacks",
+    "app", "data", "doctor", "fleet", "images", "k8s", "live", "main", "nodes", "project", "runs", "ship", "slurm",
+    "stacks",
 ]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ from nodekit import __version__
 # The command modules in the order a user meets their commands: set up, build, ship, check, run one node, run every
 # node, Slurm, Kubernetes. `--help` lists each module's commands in the order the module defines them, so a new
 # command needs no list of its own (tests/unit/cli/test_command_order.py holds every command module here).
-TOPICS = ("project", "images", "ship", "doctor", "nodes", "fleet", "live", "stacks", "runs", "slurm", "k8s")
+TOPICS = ("project", "images", "ship", "data", "doctor", "nodes", "fleet", "live", "stacks", "runs", "slurm", "k8s")
 
 
 def command_order(commands: Mapping[str, Any]) -> list[str]:
@@ -230,3 +230,10 @@ def _root(
     ] = False,
 ) -> None:
     """Build once, verify everywhere, launch with one command per node."""
+
+
+def line_printer(node: int | None) -> Any:
+    """The job's log printer (:class:`nodekit.cli.ui.JobLog`): every node's lines, or ``node``'s alone."""
+    from nodekit.cli.ui import JobLog
+
+    return JobLog(only=node)

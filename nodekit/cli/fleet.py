@@ -20,6 +20,7 @@ from nodekit.cli.common import (
     app,
     handled,
     job_flags,
+    line_printer,
     load_settings,
 )
 
@@ -46,13 +47,6 @@ def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[
             markup=False,
         )
     return settings, hosts
-
-
-def line_printer(node: int | None) -> Any:
-    """The job's log printer (:class:`nodekit.cli.ui.JobLog`): every node's lines, or ``node``'s alone."""
-    from nodekit.cli.ui import JobLog
-
-    return JobLog(only=node)
 
 
 @app.command()

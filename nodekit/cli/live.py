@@ -60,7 +60,7 @@ def exec_(
         if not all_nodes:
             use_tty = interactive if tty is None else tty
             raise typer.Exit(inside.run_one(chosen[0], argv or SHELL, stdin=True, tty=use_tty))
-        from nodekit.cli.fleet import line_printer
+        from nodekit.cli.common import line_printer
 
         ended = inside.run_all(chosen, argv, line_printer(None))
     failed = inside.first_failure(ended)

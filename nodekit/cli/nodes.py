@@ -239,7 +239,7 @@ def logs(
     hosts = _fleet(settings, hostfile)
     if hosts is not None:
         from nodekit.backends.fleet import manage
-        from nodekit.cli.fleet import line_printer
+        from nodekit.cli.common import line_printer
 
         log = line_printer(None)
         seen = [0]
@@ -263,7 +263,7 @@ def logs(
                 markup=False,
             )
         return
-    from nodekit.cli.fleet import line_printer
+    from nodekit.cli.common import line_printer
     from nodekit.errors import UsageError
     from nodekit.system import docker
     from nodekit.system.merge import merged

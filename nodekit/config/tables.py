@@ -19,6 +19,7 @@ from nodekit.config.inputs import (
     path_problem,
     sbatch_option_problem,
     target_problem,
+    text_problem,
 )
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 
@@ -77,6 +78,18 @@ class Mount(BaseModel):
     check: Literal["none", "sizes", "hashes"] = Field(
         "none", description="same data on every node: compare relative paths and sizes, or also content hashes"
     )
+    source: str | None = Field(
+        None,
+        description="a directory on the machine that runs nodekit (relative to the project, or absolute) that "
+        "`nodekit run` and `nodekit data push` make every host's host path equal to; never part of the image",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, v: str | None) -> str | None:
+        if v is not None and (not v.strip() or text_problem(v) is not None):
+            raise Bad(f"source {v!r} is empty or holds control characters", fix='source = "data" (a directory)')
+        return v
 
     @field_validator("host", "container")
     @classmethod
@@ -88,6 +101,14 @@ class Mount(BaseModel):
         problem = target_problem(self.container, self.check != "none")
         if problem is not None:
             raise Bad(problem, fix='mount it elsewhere, e.g. container = "/data"')
+        if self.source is not None and self.writable:
+            # Every push makes the host path equal the source again: what a job wrote there would be undone, and a
+            # file it added would make the next push refuse the host.
+            raise Bad(
+                f"[[mounts]] {self.container} has a source and writable = true",
+                fix="remove writable (a dataset is read-only in the job); write results to /outputs",
+                key="mounts",
+            )
         return self
 
 

@@ -372,6 +372,10 @@ def _attempts(
             reporter.done(f"{ref} is already on every host")
         for h in hosts:
             events.phase(h.rank, "image")
+        if first and any(m.source for m in settings.mounts):  # before any container starts, on every host at once
+            from nodekit.data.push import for_run
+
+            for_run(settings, hosts, reporter)
         job = job_settings(settings, hosts, restart=used)
         worlds = node_worlds(job, hosts, facts, ref, image_id=image_id, secret=secret)
         plans = plan_nodes(job, hosts, worlds, debug=debug)
@@ -455,7 +459,10 @@ def _reports(
         hosts,
         expect=lambda h: remote.Expect(
             ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
-            paths=tuple(m.host for m in mount_points(settings, h.rank)),
+            # A mount with a source is made by the dataset push that follows the check.
+            paths=tuple(
+                p.host for p, m in zip(mount_points(settings, h.rank), settings.mounts, strict=True) if not m.source
+            ),
             image=ref,
         ),
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,

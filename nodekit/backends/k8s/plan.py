@@ -81,6 +81,11 @@ def check_name(name: str, *, kind: Kind, nnodes: int, source: str) -> None:
 
 
 def _check_names(settings: Settings) -> None:
+    if sourced := next((m for m in settings.mounts if m.source), None):
+        raise _bad(
+            f"[[mounts]] {sourced.container} has source = {sourced.source!r}, which nodekit k8s cannot send to pods",
+            f"put the data in a PersistentVolumeClaim ([k8s] claims {sourced.container} = ...) and remove source",
+        )
     k = settings.k8s
     if k.namespace is not None and (not DNS_1123.match(k.namespace) or len(k.namespace) > 63):
         raise _bad(

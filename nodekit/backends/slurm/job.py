@@ -115,6 +115,12 @@ def plan_job(
     ``environ`` is the submitting shell's environment, only to warn about unset ``pass_env`` variables (Slurm
     passes that environment on to the job)."""
     check_mode(mode)
+    if sourced := next((m for m in settings.mounts if m.source), None):
+        raise UsageError(
+            f"[[mounts]] {sourced.container} has source = {sourced.source!r}, which nodekit slurm cannot send to "
+            "the allocation's nodes",
+            fix="keep the data on the cluster's shared file system (or sbcast it in the job) and remove source",
+        )
     launch = check_command(settings)
     if settings.network != "host":
         raise UsageError(

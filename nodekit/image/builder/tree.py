@@ -151,6 +151,10 @@ def code_rules(settings: Settings) -> IgnoreRules:
         extra.append(compose if compose != "." else "node-*.yaml")
     if (outputs := _relative(settings, settings.output_dir)) not in (None, "."):
         extra.append(str(outputs))
+    # A dataset kept in the project is sent to the hosts by `nodekit data push`, never built into the image.
+    for m in settings.mounts:
+        if m.source and (src := _relative(settings, Path(m.source))) is not None and src != ".":
+            extra.append(src)
     dockerignore = settings.project_dir / ".dockerignore"
     return ignore_rules(dockerignore.read_text() if dockerignore.is_file() else None, extra_excludes=extra)
 

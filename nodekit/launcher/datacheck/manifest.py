@@ -1,8 +1,9 @@
 """Same data on every node: a manifest of a mounted directory, its digest, and where two manifests first differ.
 
 Standard library only. A manifest is every regular file under the root as ``(relative path, size, hash)``, sorted
-by path; ``hash`` is the file's sha256 when content hashes were asked for, else empty. Symbolic links are listed
-with their target instead of being followed (a link out of the tree would otherwise make the walk unbounded).
+by path; ``hash`` is the file's sha256 when content hashes were asked for, else empty. nodekit's own state beside a
+pushed dataset (``.nodekit-data`` at the top) is left out. Symbolic links are listed with their target instead of
+being followed (a link out of the tree would otherwise make the walk unbounded).
 The preflight compares each node's digest with node 0's and, when they differ, names the first differing files.
 """
 
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from nodekit.launcher.datacheck.filehash import CHUNK
+from nodekit.launcher.datasync.names import STATE_DIR
 
 HASH_THREADS = max(4, min(16, 2 * (os.cpu_count() or 1)))  # hashlib releases the GIL on large updates
 # Files larger than this are hashed in pieces of this size in parallel (sha256 over the pieces' digests): one big
@@ -38,6 +40,8 @@ def _walk(root: str, rel: str = "") -> Iterator[tuple[str, str, int, str]]:
         entries = sorted(it, key=lambda e: e.name)
     for e in entries:
         name = f"{rel}/{e.name}" if rel else e.name
+        if not rel and e.name == STATE_DIR:
+            continue  # what `nodekit data push` keeps beside a dataset differs per node by design (inodes, times)
         if e.is_symlink():
             yield name, e.path, 0, os.readlink(e.path)
         elif e.is_dir(follow_symlinks=False):

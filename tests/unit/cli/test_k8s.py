@@ -118,6 +118,11 @@ def test_a_trainjob_replaces_the_job_written_before(project: Path) -> None:
         ("[k8s]\nhost_network = true\n", ["--trainjob"], ["host_network", "TrainJob"]),
         ('ib = "on"\n', [], ['ib = "on"', "device plugin"]),
         ("[nodes.1]\ngpus = 4\n", ["--gpus", "8"], ["different GPU counts"]),
+        (
+            '[[mounts]]\nsource = "data"\nhost = "/d"\ncontainer = "/d"\n',
+            [],
+            ["source = 'data'", "PersistentVolumeClaim"],
+        ),
     ],
 )
 def test_bad_input_is_refused_and_nothing_is_written(

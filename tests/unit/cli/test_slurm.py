@@ -195,3 +195,12 @@ def test_a_signal_while_following_cancels_the_job(
     assert result.exit_code == 143, result.stderr
     assert fake_runner.only("scancel").cmd == ["scancel", "42"]
     assert calls == [None, follow.CANCEL_WAIT_S]  # it follows the cancelled job to its end, within a deadline
+
+
+def test_a_mount_with_a_source_is_refused_with_what_to_do_instead(project: Path) -> None:
+    (project / "nodekit.toml").write_text(
+        (project / "nodekit.toml").read_text() + '[[mounts]]\nsource = "data"\nhost = "/data"\ncontainer = "/data"\n'
+    )
+    result = runner.invoke(app, ["slurm"])
+    assert_refused(project, result.exit_code, result.stderr, "[[mounts]] /data has source = 'data'",
+                   "shared file system", "sbcast")  # fmt: skip

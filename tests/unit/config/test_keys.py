@@ -66,7 +66,7 @@ def test_a_bad_value_is_named_at_its_line_or_at_the_variable_that_set_it(
 def test_known_keys_follow_the_tables() -> None:
     assert "nproc_per_node" in known_keys(Settings, ())
     assert "project_dir" not in known_keys(Settings, ())  # set by load, not by the user
-    assert set(known_keys(Settings, ("mounts", 0))) == {"host", "container", "writable", "check"}
+    assert set(known_keys(Settings, ("mounts", 0))) == {"host", "container", "writable", "check", "source"}
     assert "iface" in known_keys(Settings, ("nodes", "3"))
     assert "partition" in known_keys(Settings, ("slurm",))
     assert known_keys(Settings, ("nnodes",)) == ()

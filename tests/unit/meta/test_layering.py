@@ -135,7 +135,7 @@ def cycles(imports: list[Import], known: Mapping[str, Path]) -> list[list[str]]:
 
 LAYERS = (
     ("nodekit.cli",),
-    ("nodekit.backends",),
+    ("nodekit.backends", "nodekit.data"),
     ("nodekit.runs",),
     ("nodekit.doctor",),
     ("nodekit.job",),

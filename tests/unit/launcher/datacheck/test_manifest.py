@@ -84,3 +84,14 @@ def test_the_one_file_hash_helper_hashes_and_copies_the_same_bytes(tmp_path: Pat
     assert copy.getvalue() == data
     with pytest.raises(OSError):
         file_sha256(tmp_path / "missing")
+
+
+def test_the_state_a_dataset_push_keeps_beside_the_data_is_not_data(tmp_path: Path) -> None:
+    one, two = _tree(tmp_path / "one"), _tree(tmp_path / "two")
+    (two / ".nodekit-data").mkdir()
+    (two / ".nodekit-data" / "state.json").write_text("{}")  # differs per node by design (inodes, times)
+    (two / "a" / ".nodekit-data").mkdir()  # only the top-level one is nodekit's
+    (two / "a" / ".nodekit-data" / "x").write_text("data")
+    (one / "a" / ".nodekit-data").mkdir()
+    (one / "a" / ".nodekit-data" / "x").write_text("data")
+    assert digest(manifest(str(one), hashes=True)) == digest(manifest(str(two), hashes=True))

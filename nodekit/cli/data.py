@@ -1,0 +1,66 @@
+"""``nodekit data push``: the datasets of ``[[mounts]]`` entries with a ``source``, onto every host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, load_settings
+
+data_app = typer.Typer(help="Datasets: a [[mounts]] source made identical on every host.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.callback()
+def data() -> None:
+    """Datasets: a [[mounts]] entry's source (a directory here) made identical on every host's host path."""
+
+
+@data_app.command("push")
+@handled
+def push(
+    to: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--to",
+            help="target host: ssh://user@host, optionally named (node1=ssh://user@host), or unix:///var/run/"
+            "docker.sock for this machine; repeat for several [default: the project's hosts]",
+        ),
+    ] = None,
+    hostfile: Annotated[
+        Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
+    ] = None,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Make every host's host path of each [[mounts]] entry with a source identical to that source: only contents
+    a host lacks travel (a renamed file is copied there, not sent), names the source no longer has are deleted, each
+    host checks its copy against the source's manifest. Files nodekit did not put there are never touched: a host
+    path holding ones that differ from the source is refused."""
+    from nodekit import ship
+    from nodekit.cli.common import reporter
+    from nodekit.cli.ui import out
+    from nodekit.data import push as pushing
+    from nodekit.errors import UsageError
+
+    settings = load_settings(config)
+    if not any(m.source for m in settings.mounts):
+        raise UsageError("no [[mounts]] entry names a source", fix='add source = "data" to a [[mounts]] entry')
+    if to:
+        hosts = pushing.to_hosts(settings, to)
+    else:
+        from nodekit.backends.fleet.run import hosts_of
+
+        if not settings.hosts and hostfile is None:
+            raise UsageError("no hosts: name them with --to, or hosts in nodekit.toml", fix="--to ssh://user@node1")
+        hosts = [(h, h.rank) for h in hosts_of(settings, hostfile)]
+    jobs = pushing.jobs_of(settings, hosts)
+    rep = reporter()
+    with ship.SharedSsh():  # the scan and the stream to a host ride one connection
+        done = pushing.push(settings, jobs, rep, dry_run=dry_run)
+    if dry_run:
+        out.print(pushing.dry_run_text([d.job for d in done], [d.plan for d in done]), markup=False)
+        return
+    rep.done(pushing.report_line(done))

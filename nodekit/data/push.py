@@ -1,0 +1,174 @@
+"""``nodekit data push`` and the push ``nodekit run`` makes before any container starts: every mount with a
+``source``, to every target at once. Nothing is sent anywhere until every host has been scanned and planned: a host
+that refuses (files nodekit did not write in the way) or lacks the disk stops the push before its first byte."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from nodekit.backends.fleet.hosts import FleetHost, parse_host
+from nodekit.config.settings import Settings
+from nodekit.data import plan as planning
+from nodekit.data import source as sources
+from nodekit.data import transport
+from nodekit.data.transport import DataError, Where
+from nodekit.errors import NodekitError, UsageError
+from nodekit.job.spec import mount_points
+from nodekit.launcher.datasync.scan import Manifest
+from nodekit.system.progress import Reporter
+
+MAX_PARALLEL = 64
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One mount's source to one host's path."""
+
+    where: Where
+    container: str
+    source: Path
+    root: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.where.name}:{self.root}"
+
+
+@dataclass(frozen=True)
+class Done:
+    job: Job
+    plan: planning.HostPlan
+    sent: int = 0
+
+
+def where_of(host: FleetHost) -> Where:
+    if host.scheme == "unix":
+        return Where(host.name)
+    if host.scheme != "ssh":
+        raise UsageError(f"{host.name}: a dataset reaches a host over SSH, not {host.scheme}://",
+                         fix=f"use ssh://{host.user + '@' if host.user else ''}{host.hostname} for it")  # fmt: skip
+    return Where(host.name, host)
+
+
+def to_hosts(settings: Settings, to: Sequence[str]) -> list[tuple[FleetHost, int | None]]:
+    """``--to`` targets as ``nodekit push`` takes them (``[name=]ssh://user@host``, ``unix://...`` for this
+    machine), each with its rank where it is one of the project's hosts (whose ``[nodes.R] mounts`` then apply)."""
+    known = {h.strip(): r for r, h in enumerate(settings.hosts)}
+    out = []
+    for i, spec in enumerate(to):
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            url = spec
+        out.append((parse_host(url, i), known.get(url.strip())))
+    return out
+
+
+def jobs_of(settings: Settings, hosts: Sequence[tuple[FleetHost, int | None]]) -> list[Job]:
+    """Every (host, mount with a source) pair; the host path is the host's rank's where it has one."""
+    out = []
+    for host, rank in hosts:
+        where = where_of(host)
+        points = {p.container: p.host for p in mount_points(settings, rank)} if rank is not None else {}
+        for m in settings.mounts:
+            if m.source:
+                src = settings.resolve(Path(m.source)).absolute()
+                out.append(Job(where, m.container, src, points.get(m.container, m.host)))
+    return out
+
+
+def _all(fn: Callable[[T], R], items: Sequence[T]) -> list[R | NodekitError]:
+    """``fn`` on every item at once; a NodekitError is returned in its place (every host is heard from)."""
+
+    def one(x: T) -> R | NodekitError:
+        try:
+            return fn(x)
+        except NodekitError as e:
+            return e
+
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
+        return list(pool.map(one, items))
+
+
+def _raise_first(results: Sequence[object]) -> None:
+    errors = [r for r in results if isinstance(r, NodekitError)]
+    if errors:
+        if len(errors) > 1:
+            first = errors[0]
+            first.message += f" (and {len(errors) - 1} other host path(s) failed)"
+        raise errors[0]
+
+
+def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.HostPlan], dict[Path, dict[str, Path]]]:
+    """Every job's plan, from the sources' manifests and every host's scan; raises before anything is sent."""
+    manifests: dict[Path, Manifest] = {}
+    holders: dict[Path, dict[str, Path]] = {}
+    for j in jobs:
+        if j.source not in manifests:
+            manifests[j.source], holders[j.source] = sources.manifest(settings.project_dir, j.source,
+                                                                      mount=j.container)  # fmt: skip
+
+    def one(j: Job) -> planning.HostPlan:
+        view = planning.NodeView.of(transport.scan(j.where, j.root, manifests[j.source]))
+        p = planning.plan_host(manifests[j.source], view, where=j.label)
+        if (short := planning.room_problem(p, view.free, where=j.label)) is not None:
+            raise short
+        return p
+
+    results = _all(one, jobs)
+    _raise_first(results)
+    return [r for r in results if isinstance(r, planning.HostPlan)], holders
+
+
+def dry_run_text(jobs: Sequence[Job], plans: Sequence[planning.HostPlan]) -> str:
+    lines = [f"{j.label} <- {j.source}: {planning.summary(p)}" for j, p in zip(jobs, plans, strict=True)]
+    total = sum(p.send_bytes for p in plans)
+    return "\n".join([*lines, f"would send {total} bytes in all"])
+
+
+def push(settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run: bool = False) -> list[Done]:
+    """Make every job's host path equal its source. DataError naming the host and the first differing files when a
+    host's result differs; nothing is sent when any host refuses or lacks room."""
+    if not jobs:
+        return []
+    reporter.step(f"dataset: scanning {len({j.source for j in jobs})} source(s) and {len(jobs)} host path(s)")
+    plans, holders = plan_all(settings, jobs)
+    if dry_run:
+        return [Done(j, p) for j, p in zip(jobs, plans, strict=True)]
+
+    def one(pair: tuple[Job, planning.HostPlan]) -> Done:
+        j, p = pair
+        if not p.changes:
+            return Done(j, p)
+        result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source])
+        if not result.get("ok"):
+            diffs = "; ".join(str(d) for d in result.get("diffs", []))
+            raise DataError(f"{j.label} differs from {j.source} after the push: {diffs}",
+                            fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
+        return Done(j, p, sent)
+
+    results = _all(one, list(zip(jobs, plans, strict=True)))
+    _raise_first(results)
+    done = [r for r in results if isinstance(r, Done)]
+    for d in done:
+        reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes")
+    return done
+
+
+def report_line(done: Sequence[Done]) -> str:
+    hosts = len({d.job.where.name for d in done})
+    sent = sum(d.sent for d in done)
+    return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s)); sent {sent} bytes"
+
+
+def for_run(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> None:
+    """The push ``nodekit run`` makes after its hosts' checks, before any container starts."""
+    done = push(settings, jobs_of(settings, [(h, h.rank) for h in hosts]), reporter)
+    reporter.done(report_line(done))

@@ -1,0 +1,57 @@
+"""The source's manifest, read on the machine that runs nodekit, with its hash cache kept in the project's
+``.nodekit/data-cache/`` (one file per source directory): a dataset whose files did not change costs a walk and a
+``stat`` per file, not a read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from nodekit.errors import UsageError
+from nodekit.launcher.datasync.scan import Cache, Manifest, hashed, source_files
+
+CACHE_DIR = Path(".nodekit") / "data-cache"
+
+
+def _cache_file(project_dir: Path, source: Path) -> Path:
+    return project_dir / CACHE_DIR / (hashlib.sha256(str(source).encode()).hexdigest()[:24] + ".json")
+
+
+def _load(path: Path) -> Cache:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def manifest(project_dir: Path, source: Path, *, mount: str) -> tuple[Manifest, dict[str, Path]]:
+    """``source``'s manifest, and for each content hash one file that holds it. UsageError (exit 2) naming the
+    mount when the source is missing, not a directory, or holds what cannot be sent (see
+    :func:`nodekit.launcher.datasync.scan.source_files`)."""
+    if not source.is_dir():
+        what = "does not exist" if not source.exists() else "is not a directory"
+        raise UsageError(
+            f"[[mounts]] {mount}: source {source} {what}",
+            fix="point source at the dataset's directory (relative to the project, or absolute)",
+        )
+    files, problems = source_files(str(source))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UsageError(f"[[mounts]] {mount}: source {source}: {problems[0]}{more}",
+                         fix="make it a regular file inside the source (cp -L), or remove it")  # fmt: skip
+    cache_file = _cache_file(project_dir, source)
+    entries, cache = hashed(str(source), files, _load(cache_file))
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, separators=(",", ":")))
+        tmp.replace(cache_file)
+    except OSError:
+        pass  # a read-only project: the next push reads the files again
+    holders: dict[str, Path] = {}
+    for name, (_, h) in entries.items():
+        holders.setdefault(h, source / name)
+    return entries, holders

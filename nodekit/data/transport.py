@@ -1,0 +1,198 @@
+"""Running the receiver (:mod:`nodekit.launcher.datasync.receive`) on a host: through the host's own ``python3``,
+over the host's SSH connection (the same ``ssh`` command line as the fleet's checks; under
+:class:`nodekit.ship.SharedSsh` it rides the host's one connection), or on this machine for a ``unix://`` target.
+
+Nothing is installed on the host: standard input carries the receiver's modules first (one block of JSON, a few
+hundred lines of standard-library Python, which :data:`BOOT` runs from memory), then its input. A scan is one call
+with a deadline; an apply streams the plan and every content's bytes in one stream (no round trip per file) under a
+:class:`~nodekit.system.proc.Stall` deadline, then waits for the node's verdict under a deadline of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from nodekit.backends.fleet.hosts import FleetHost
+from nodekit.errors import DeadlineError, NodekitError
+from nodekit.launcher.datacheck.filehash import CHUNK
+from nodekit.system import proc, ssh
+
+MODULES = (
+    "nodekit.launcher.datasync.names",
+    "nodekit.launcher.datacheck.filehash",
+    "nodekit.launcher.datacheck.manifest",
+    "nodekit.launcher.datasync.scan",
+    "nodekit.launcher.datasync.node",
+    "nodekit.launcher.datasync.receive",
+)
+PACKAGES = ("nodekit", "nodekit.launcher", "nodekit.launcher.datacheck", "nodekit.launcher.datasync")
+BOOT = (
+    "import sys,json,types\n"
+    "f=sys.stdin.buffer\n"
+    "mods=json.loads(f.read(int(f.readline(32))))\n"
+    f"for p in {PACKAGES!r}:\n"
+    "    m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
+    "for name,src in mods:\n"
+    "    m=types.ModuleType(name);sys.modules[name]=m;exec(compile(src,name,'exec'),m.__dict__)\n"
+    "sys.exit(sys.modules['nodekit.launcher.datasync.receive'].main(sys.argv[1:]))\n"
+)
+SSH_TIMEOUT_S = 10
+STALL_S = 120.0
+"""A stream that cannot move for this long has hung (the node's disk, or the link)."""
+SCAN_BASE_S = 120.0
+HASH_RATE = 100 << 20
+"""Bytes a node hashes per second at the least, for deadlines: a scan that reads every byte again (a first push
+into a directory that holds the data already) may take this long."""
+
+REFUSED, DIFFERS, BROKEN = 3, 4, 5
+
+
+class DataError(NodekitError):
+    """A host's copy of a dataset could not be made equal to the source."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Where:
+    """A host the receiver runs on: over SSH (``host``), or on this machine (None)."""
+
+    name: str
+    host: FleetHost | None = None
+
+    def argv(self, mode: str, root: str) -> list[str]:
+        words = ["python3", "-c", BOOT, mode, root]
+        if self.host is None:
+            return words
+        return ssh.command(self.host.hostname, shlex.join(words), connect_timeout=SSH_TIMEOUT_S, port=self.host.port,
+                           user=self.host.user, lend_nothing=True)  # fmt: skip
+
+
+def block(data: bytes) -> bytes:
+    return f"{len(data)}\n".encode() + data
+
+
+def bundle() -> bytes:
+    """The receiver's modules, as :data:`BOOT` reads them."""
+    import importlib.util
+
+    mods = []
+    for name in MODULES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None
+        mods.append([name, Path(spec.origin).read_text()])
+    return block(json.dumps(mods).encode())
+
+
+def _failure(where: Where, root: str, code: int, stderr: str) -> DataError:
+    said = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "") or f"exit code {code}"
+    if code == 127 or "python3: not found" in stderr or "python3: command not found" in stderr:
+        return DataError(f"{where.name} has no python3, which receives the dataset", fix="install python3 there "
+                         "(apt-get install python3-minimal), or keep the data on a shared file system")  # fmt: skip
+    if code == 255:
+        return DataError(f"SSH to {where.name} failed: {said}", fix=f"check that ssh to {where.name} works")
+    if code == REFUSED:
+        return DataError(f"{where.name} refused the dataset for {root}: {said.split(': ', 2)[-1]}",
+                         fix="nothing was written there; see the reason")  # fmt: skip
+    return DataError(f"the dataset push to {where.name}:{root} failed: {said}",
+                     fix="run `nodekit data push` again: it finishes what this one left")  # fmt: skip
+
+
+def scan(where: Where, root: str, want: Mapping[str, tuple[int, str]]) -> dict[str, Any]:
+    """The host's scan of ``root`` (:func:`nodekit.launcher.datasync.node.scan`)."""
+    payload = json.dumps({n: [s, h] for n, (s, h) in want.items()}).encode()
+    deadline = SCAN_BASE_S + sum(s for s, _ in want.values()) / HASH_RATE
+    done = proc.run(where.argv("scan", root), deadline=deadline, what=f"the dataset scan on {where.name}",
+                    fix="check the host's disk (a scan reads files whose size or time changed)",
+                    given=bundle() + block(payload))  # fmt: skip
+    if done.returncode != 0:
+        raise _failure(where, root, done.returncode, done.stderr)
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert isinstance(answer, dict)
+    return answer
+
+
+class _Sent:
+    def __init__(self) -> None:
+        self.bytes = 0
+
+
+def _frames(out: IO[bytes], incoming: Mapping[str, int], files: Mapping[str, Path], child: proc.Child,
+            sent: _Sent, on_bytes: Callable[[int], None]) -> None:  # fmt: skip
+    """Each incoming content as a frame, read once. Not hashed here: the node hashes what it receives against the
+    plan's hash, so a source file that changed since its manifest is refused there (and each host's stream would
+    otherwise cost this machine one more core of sha256)."""
+    for h, size in incoming.items():
+        with child.waiting():
+            out.write(f"{h} {size}\n".encode())
+        left = size
+        with open(files[h], "rb") as f:
+            while left > 0:
+                chunk = f.read(min(CHUNK, left))
+                if not chunk:
+                    raise DataError(f"{files[h]} shrank while it was sent", fix="push again once it is written")
+                with child.waiting():
+                    out.write(chunk)
+                left -= len(chunk)
+                sent.bytes += len(chunk)
+                on_bytes(len(chunk))
+    with child.waiting():
+        out.write(b"END\n")
+
+
+def apply(
+    where: Where,
+    root: str,
+    plan: Mapping[str, Any],
+    files: Mapping[str, Path],
+    on_bytes: Callable[[int], None] = lambda n: None,
+) -> tuple[dict[str, Any], int]:
+    """Carry out ``plan`` on the host: its result and the payload bytes sent. ``files``: for each incoming content,
+    the source file that holds it."""
+    child = proc.start(where.argv("apply", root), deadline=proc.Stall(STALL_S),
+                       what=f"the dataset push to {where.name}", fix="check the link to that host; push again",
+                       stdin="pipe", stdout="pipe", stderr="pipe", group=True)  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
+    sent = _Sent()
+    errors: dict[str, bytes] = {}
+    readers = [threading.Thread(target=lambda k=k, s=s: errors.__setitem__(k, s.read()), daemon=True)
+               for k, s in (("out", child.stdout), ("err", child.stderr))]  # fmt: skip
+    for t in readers:
+        t.start()
+    incoming: Mapping[str, int] = plan["incoming"]
+    # The node works on after the stream's end (local copies, renames, the final scan): its own deadline.
+    tail_s = SCAN_BASE_S + sum(v[0] for v in plan["want"].values()) / HASH_RATE
+    try:
+        try:
+            with child.waiting():
+                child.stdin.write(bundle() + block(json.dumps(plan).encode()))
+            _frames(child.stdin, incoming, files, child, sent, on_bytes)
+            with child.waiting():
+                child.stdin.close()
+        except BrokenPipeError:
+            pass  # the node stopped reading: its exit code and message say why
+        code = child.wait(tail_s)
+        if code is None:
+            child.kill()
+            child.wait()
+            raise DeadlineError(f"{where.name} did not finish the dataset push within {tail_s:.0f} s of its stream",
+                                fix="check that host's disk; push again to finish")  # fmt: skip
+        for t in readers:
+            t.join(10)
+        child.check()
+    except BaseException:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        raise
+    if code not in (0, DIFFERS):
+        raise _failure(where, root, code, errors.get("err", b"").decode(errors="replace"))
+    result = json.loads(errors.get("out", b"").decode().strip().splitlines()[-1])
+    assert isinstance(result, dict)
+    return result, sent.bytes

@@ -1,0 +1,141 @@
+"""What a node's target holds: nodekit's state file (every file it put there, with the hash cache), the scan the
+head plans from, and the final check against the source's manifest. Standard library only.
+
+The state file, ``<target>/.nodekit-data/state.json``, lists each name nodekit wrote under the target with
+``[size, mtime_ns, inode, hash]``. Before any file is renamed into place its name is recorded there (with no hash:
+the next scan reads it again), so a push killed at any point leaves no file nodekit put there that it does not
+know of. Anything else under the target is the user's: never overwritten, never deleted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Mapping
+from typing import Any
+
+from nodekit.launcher.datacheck.manifest import content_hashes
+from nodekit.launcher.datasync.names import STATE_DIR, hash_problem
+from nodekit.launcher.datasync.scan import Cache, Manifest, hashed, walk
+
+STATE = "state.json"
+STAGING = "staging"
+
+
+def state_path(root: str) -> str:
+    return os.path.join(root, STATE_DIR, STATE)
+
+
+def staging_dir(root: str) -> str:
+    return os.path.join(root, STATE_DIR, STAGING)
+
+
+def load_state(root: str) -> Cache:
+    """The files nodekit put under ``root`` (name -> cache entry); empty when there is no state yet."""
+    try:
+        with open(state_path(root), encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    files = data.get("files", {}) if isinstance(data, dict) else {}
+    return {str(k): list(v) for k, v in files.items() if isinstance(v, list)}
+
+
+def save_state(root: str, files: Mapping[str, list[object]]) -> None:
+    """Written whole to a new file, flushed to disk, then renamed over the old one: a crash leaves one or the other."""
+    os.makedirs(os.path.join(root, STATE_DIR), exist_ok=True)
+    tmp = state_path(root) + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"version": 1, "files": dict(sorted(files.items()))}, f, separators=(",", ":"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, state_path(root))
+
+
+def kind(st: os.stat_result) -> str:
+    if stat.S_ISREG(st.st_mode):
+        return "f"
+    if stat.S_ISLNK(st.st_mode):
+        return "l"
+    return "o"  # a device, FIFO or socket
+
+
+def free_bytes(root: str) -> int:
+    """Bytes free to an unprivileged writer at ``root``, or at its nearest existing parent."""
+    path = root
+    while not os.path.exists(path) and path != os.path.dirname(path):
+        path = os.path.dirname(path)
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def held(root: str) -> tuple[Manifest, dict[str, list[Any]], Cache]:
+    """What nodekit's files under ``root`` hold now (name -> (size, hash); a name of the state that is missing or no
+    longer a regular file is left out), every other entry under ``root`` (name -> [size, kind]), and the new cache."""
+    owned = load_state(root)
+    if not os.path.isdir(root):
+        return {}, {}, {}
+    mine, foreign = [], {}
+    for name, st in walk(root):
+        if name in owned:
+            if stat.S_ISREG(st.st_mode):
+                mine.append((name, st))
+        else:
+            foreign[name] = [st.st_size, kind(st)]
+    manifest, cache = hashed(root, mine, owned)
+    return manifest, foreign, cache
+
+
+def staged(root: str) -> dict[str, int]:
+    """Contents a killed push left complete in staging (hash -> size), each read again to prove its name."""
+    d = staging_dir(root)
+    try:
+        names = sorted(n for n in os.listdir(d) if hash_problem(n.replace("_", ":")) is None)
+    except FileNotFoundError:
+        return {}
+    paths = [(os.path.join(d, n), os.stat(os.path.join(d, n)).st_size) for n in names]
+    got = content_hashes(paths) if paths else []
+    return {
+        n.replace("_", ":"): size for n, (_, size), h in zip(names, paths, got, strict=True) if h == n.replace("_", ":")
+    }
+
+
+def scan(root: str, want: Manifest) -> dict[str, Any]:
+    """The head's view of this node (JSON): ``owned`` (what nodekit's files hold), ``foreign`` (everything else
+    under the target; a regular file at a name the source also has, of its size, with its hash so the head can tell
+    whether it is the source's), ``staged`` and ``free`` bytes."""
+    owned, foreign, _ = held(root)
+    candidates = [n for n, (size, k) in foreign.items() if k == "f" and n in want and want[n][0] == size]
+    for n, h in zip(
+        candidates, content_hashes([(os.path.join(root, n), foreign[n][0]) for n in candidates]), strict=True
+    ):
+        foreign[n].append(h)
+    return {
+        "owned": {n: list(v) for n, v in owned.items()},
+        "foreign": foreign,
+        "staged": staged(root),
+        "free": free_bytes(root),
+    }
+
+
+def differences(want: Manifest, have: Manifest, foreign: Mapping[str, object], limit: int = 3) -> list[str]:
+    """Up to ``limit`` names where the target differs from the source, in name order, each saying how."""
+    out = []
+    for name in sorted(want.keys() | have.keys() | foreign.keys()):
+        w, h = want.get(name), have.get(name)
+        if name in foreign:
+            out.append(f"{name}: not put there by nodekit")
+        elif h is None:
+            out.append(f"{name}: missing")
+        elif w is None:
+            out.append(f"{name}: not in the source")
+        elif w[0] != h[0]:
+            out.append(f"{name}: {h[0]} bytes, the source has {w[0]}")
+        elif w[1] != h[1]:
+            out.append(f"{name}: content differs")
+        else:
+            continue
+        if len(out) >= limit:
+            break
+    return out

@@ -1,0 +1,354 @@
+"""The receiver: run on a node with the target (a mount's host path) as its argument, it answers a scan or applies
+a plan and its stream. Standard library only; started by :mod:`nodekit.data.transport` through the host's python3.
+
+An apply reads, on standard input, one block (the plan as JSON: the source's manifest ``want``, the names to
+``adopt`` and ``delete``, the contents to copy from names the node holds, the contents ``incoming`` and where each
+content is ``place``\\ d), then the stream: per incoming content a line ``<hash> <size>`` and that many bytes, then
+``END``. Every name in the plan is checked before anything is written (:func:`refusal`): one that is not a plain
+relative UTF-8 path, one whose parent on the node is a link or a file nodekit did not write, a device or link
+entry, one that would overwrite or delete a file nodekit did not put there: the whole plan is refused, nothing is
+written. Contents land in ``<target>/.nodekit-data/staging`` as ``.part`` files, hashed as they are written, and are
+renamed to their hash only when it matches; files reach their names by rename from there. The result is the
+target's manifest compared with ``want``: exit 0, or :data:`DIFFERS` naming the first differing names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import sys
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+from nodekit.launcher.datacheck.filehash import CHUNK
+from nodekit.launcher.datacheck.manifest import PIECE, content_hashes
+from nodekit.launcher.datasync.names import hash_problem, name_problem
+from nodekit.launcher.datasync.node import (
+    differences,
+    held,
+    load_state,
+    save_state,
+    scan,
+    staging_dir,
+)
+from nodekit.launcher.datasync.scan import Manifest, key
+
+REFUSED = 3
+DIFFERS = 4
+BROKEN = 5
+MAX_BLOCK = 1 << 30
+
+
+class Refused(Exception):
+    code = REFUSED
+
+
+class Broken(Exception):
+    code = BROKEN
+
+
+def read_block(f: BinaryIO) -> bytes:
+    """A block: its length as a decimal line, then that many bytes."""
+    line = f.readline(32)
+    if not line.strip().isdigit() or int(line) > MAX_BLOCK:
+        raise Broken("the stream does not start with a block length")
+    data = f.read(int(line))
+    if len(data) != int(line):
+        raise Broken("the stream ended inside a block")
+    return data
+
+
+def staged_name(h: str) -> str:
+    return h.replace(":", "_")
+
+
+def _want(plan: Mapping[str, Any]) -> Manifest:
+    want = plan.get("want")
+    if not isinstance(want, dict):
+        raise Refused("the plan has no manifest")
+    out: Manifest = {}
+    for name, v in want.items():
+        if not (isinstance(v, list) and len(v) == 3 and isinstance(v[0], int) and v[0] >= 0):
+            raise Refused(f"{name!r}: a bad manifest entry")
+        if v[2] != "f":
+            raise Refused(f"{name!r}: only regular files are received, not a {'link' if v[2] == 'l' else v[2]!r}")
+        out[name] = (v[0], v[1])
+    return out
+
+
+def _parents_problem(root: str, name: str, deleting: set[str]) -> str | None:
+    """Why writing ``name`` would leave the target: a parent that is a link, or a file nodekit will not delete."""
+    parts = name.split("/")
+    for i in range(1, len(parts)):
+        parent = "/".join(parts[:i])
+        try:
+            st = os.lstat(os.path.join(root, parent))
+        except FileNotFoundError:
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return f"{parent} on the node is a link: {name} would be written through it"
+        if not stat.S_ISDIR(st.st_mode) and parent not in deleting:
+            return f"{parent} on the node is a file nodekit did not write, where {name} needs a directory"
+    return None
+
+
+def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> str | None:
+    """Why the whole ``plan`` must be refused before anything is written, or None."""
+    try:
+        want = _want(plan)
+    except Refused as e:
+        return str(e)
+    place, delete, adopt = plan.get("place", {}), plan.get("delete", []), plan.get("adopt", [])
+    copy, incoming = plan.get("copy", {}), plan.get("incoming", {})
+    if not (isinstance(place, dict) and isinstance(delete, list) and isinstance(adopt, list)
+            and isinstance(copy, dict) and isinstance(incoming, dict)):  # fmt: skip
+        return "the plan is not well formed"
+    for name in [*want, *place, *delete, *adopt, *copy.values()]:
+        if (problem := name_problem(name)) is not None:
+            return problem
+    for h in [*(v[1] for v in want.values()), *place.values(), *copy, *incoming]:
+        if (problem := hash_problem(h)) is not None:
+            return problem
+    if not all(isinstance(s, int) and s >= 0 for s in incoming.values()):
+        return "a bad incoming size"
+    deleting = set(delete)
+    if stray := next((n for n in delete if n not in owned), None):
+        return f"{stray} was not put there by nodekit: it is never deleted"
+    for name, h in place.items():
+        if name not in want or want[name][1] != h:
+            return f"{name}: placed content is not the manifest's"
+    for name in [*place, *delete, *adopt, *copy.values()]:
+        if (problem := _parents_problem(root, name, deleting)) is not None:
+            return problem
+    for name in [*adopt, *copy.values()]:  # read on the node: a link there could read from anywhere
+        try:
+            regular = stat.S_ISREG(os.lstat(os.path.join(root, name)).st_mode)
+        except FileNotFoundError:
+            regular = False
+        if not regular:
+            return f"{name} on the node is not a regular file"
+    for name in place:
+        try:
+            st = os.lstat(os.path.join(root, name))
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            return f"{name} on the node is a directory, where the source has a file"
+        if name not in owned and name not in deleting:
+            return f"{name} on the node was not put there by nodekit: it is never overwritten"
+    return None
+
+
+HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
+"""Pieces are hashed on threads while the stream goes on (hashlib releases the GIL): sha256 runs at about 440 MiB/s
+on one core of the reference machine, below a 10 GbE link, so one thread hashing would set the pace."""
+IN_FLIGHT = 2 * HASH_THREADS
+"""Pieces (at most 32 MiB each) read but not hashed yet: the memory the receiver holds is bounded by this."""
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _settle(stage: str, h: str, size: int, part: str, pieces: list[Future[bytes]]) -> None:
+    """Rename a received content to its hash once its pieces' hashes prove it; Broken (the .part removed) if not."""
+    digests = [f.result() for f in pieces]
+    got = "p:" + hashlib.sha256(b"".join(digests)).hexdigest() if size > PIECE else digests[0].hex()
+    if got != h:
+        os.unlink(part)
+        raise Broken(f"content {h[:16]} arrived damaged or changed at the source during the push (got {got[:16]})")
+    os.replace(part, os.path.join(stage, staged_name(h)))
+
+
+def _receive(root: str, f: BinaryIO, incoming: Mapping[str, int]) -> int:
+    """Each incoming content into staging, hashed as written (pieces on threads); bytes received."""
+    stage = staging_dir(root)
+    pending: list[tuple[str, int, str, list[Future[bytes]]]] = []
+    damaged: list[Broken] = []
+
+    def settle(all_of_them: bool) -> None:
+        while pending and (all_of_them or all(p.done() for p in pending[0][3])):
+            h, size, part, pieces = pending.pop(0)
+            try:
+                _settle(stage, h, size, part, pieces)
+            except Broken as e:
+                damaged.append(e)
+
+    with ThreadPoolExecutor(HASH_THREADS) as pool:
+        try:
+            total = _frames(f, incoming, stage, pool, pending, lambda: settle(False))
+        finally:  # a stream cut short keeps the contents that arrived whole, for the next push
+            settle(True)
+    if damaged:
+        raise damaged[0]
+    return total
+
+
+def _frames(
+    f: BinaryIO,
+    incoming: Mapping[str, int],
+    stage: str,
+    pool: ThreadPoolExecutor,
+    pending: list[tuple[str, int, str, list[Future[bytes]]]],
+    settle: Callable[[], None],
+) -> int:
+    room = threading.BoundedSemaphore(IN_FLIGHT)
+    total = 0
+    while True:
+        line = f.readline(200).decode("ascii", "replace").split()
+        if line == ["END"]:
+            return total
+        if len(line) != 2 or line[0] not in incoming or not line[1].isdigit() or int(line[1]) != incoming[line[0]]:
+            raise Broken(f"a frame that the plan does not announce: {' '.join(line)[:100]!r}")
+        h, size = line[0], int(line[1])
+        part = os.path.join(stage, staged_name(h) + ".part")
+        pieces: list[Future[bytes]] = []
+        with open(part, "wb") as out:
+            left = size
+            while left > 0 or not pieces:  # an empty file is one empty piece
+                buf = bytearray()
+                while len(buf) < min(PIECE, left):
+                    chunk = f.read(min(CHUNK, left - len(buf)))
+                    if not chunk:
+                        raise Broken(f"the stream ended {left - len(buf)} bytes short of a content")
+                    out.write(chunk)
+                    buf += chunk
+                left -= len(buf)
+                room.acquire()
+                fut = pool.submit(_digest, bytes(buf))
+                fut.add_done_callback(lambda _: room.release())
+                pieces.append(fut)
+        pending.append((h, size, part, pieces))
+        settle()
+        total += size
+
+
+def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
+    """Copy exactly ``size`` bytes, returning their content hash (pieces as the manifest hashes them)."""
+    whole, piece, pieces, in_piece, left = hashlib.sha256(), hashlib.sha256(), [], 0, size
+    while left > 0:
+        chunk = src.read(min(CHUNK, left, PIECE - in_piece))
+        if not chunk:
+            raise Broken(f"the stream ended {left} bytes short of a content")
+        out.write(chunk)
+        (whole if size <= PIECE else piece).update(chunk)
+        left -= len(chunk)
+        in_piece += len(chunk)
+        if in_piece == PIECE or (left == 0 and size > PIECE):
+            pieces.append(piece.digest())
+            piece, in_piece = hashlib.sha256(), 0
+    if size > PIECE:
+        return "p:" + hashlib.sha256(b"".join(pieces)).hexdigest()
+    return whole.hexdigest()
+
+
+def _copy_local(root: str, copy: Mapping[str, str]) -> None:
+    for h, name in sorted(copy.items()):
+        dest = os.path.join(staging_dir(root), staged_name(h))
+        if os.path.exists(dest):
+            continue
+        src = os.path.join(root, name)
+        with open(src, "rb") as f, open(dest + ".part", "wb") as out:
+            got = _copy_hashing(f, out, os.fstat(f.fileno()).st_size)
+        if got != h:
+            os.unlink(dest + ".part")
+            raise Broken(f"{name} changed on the node during the push")
+        os.replace(dest + ".part", dest)
+
+
+def _prune(root: str, name: str) -> None:
+    """Remove the directories above ``name`` that its deletion left empty, up to the target."""
+    parent = os.path.dirname(name)
+    while parent:
+        try:
+            os.rmdir(os.path.join(root, parent))
+        except OSError:
+            return
+        parent = os.path.dirname(parent)
+
+
+def _mkdirs(root: str, name: str) -> None:
+    parts = name.split("/")[:-1]
+    for i in range(1, len(parts) + 1):
+        d = os.path.join(root, *parts[:i])
+        if not os.path.isdir(d):
+            os.mkdir(d)
+        if os.path.islink(d):
+            raise Refused(f"{'/'.join(parts[:i])} became a link during the push")
+
+
+def apply(root: str, f: BinaryIO) -> dict[str, Any]:
+    """Carry out the plan read from ``f`` (see the module docstring); the result, or Refused/Broken."""
+    try:
+        plan = json.loads(read_block(f))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Refused(f"the plan is not JSON: {e}") from None
+    if not isinstance(plan, dict):
+        raise Refused("the plan is not an object")
+    owned = load_state(root)
+    if (problem := refusal(root, plan, owned)) is not None:
+        raise Refused(problem)
+    want = _want(plan)
+    place: dict[str, str] = plan["place"]
+    adopt = plan.get("adopt", [])
+    adopted = content_hashes([(os.path.join(root, n), want[n][0]) for n in adopt]) if adopt else []
+    if bad := next((n for n, h in zip(adopt, adopted, strict=True) if h != want[n][1]), None):
+        raise Refused(f"{bad} on the node was not put there by nodekit and differs from the source")
+    os.makedirs(staging_dir(root), exist_ok=True)
+    for n in os.listdir(staging_dir(root)):
+        if n.endswith(".part") or n.startswith("copy."):
+            os.unlink(os.path.join(staging_dir(root), n))
+    # Names first: a push killed from here on leaves nothing nodekit does not know it wrote.
+    intent: dict[str, list[object]] = {**owned, **{n: [None, None, None, ""] for n in [*place, *adopt]}}
+    save_state(root, intent)
+    received = _receive(root, f, plan.get("incoming", {}))
+    _copy_local(root, plan.get("copy", {}))
+    for name in plan.get("delete", []):
+        path = os.path.join(root, name)
+        if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
+            os.unlink(path)
+        intent.pop(name, None)
+        _prune(root, name)
+    uses = Counter(place.values())
+    for i, (name, h) in enumerate(sorted(place.items())):
+        _mkdirs(root, name)
+        staged = os.path.join(staging_dir(root), staged_name(h))
+        uses[h] -= 1
+        if uses[h] > 0:
+            tmp = os.path.join(staging_dir(root), f"copy.{i}")
+            shutil.copyfile(staged, tmp)
+            staged = tmp
+        dest = os.path.join(root, name)
+        os.replace(staged, dest)
+        intent[name] = [*key(os.lstat(dest)), h]
+    save_state(root, intent)
+    shutil.rmtree(staging_dir(root), ignore_errors=True)
+    have, foreign, cache = held(root)
+    save_state(root, {n: cache.get(n, v) for n, v in intent.items()})
+    diffs = differences(want, have, foreign)
+    return {"ok": not diffs, "diffs": diffs, "received": received, "files": len(have)}
+
+
+def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> int:
+    """``scan ROOT`` or ``apply ROOT``; the answer as one JSON line on standard output."""
+    stdin = stdin if stdin is not None else sys.stdin.buffer
+    stdout = stdout if stdout is not None else sys.stdout
+    mode, root = argv[0], argv[1]
+    try:
+        if mode == "scan":
+            want = {n: (int(v[0]), str(v[1])) for n, v in json.loads(read_block(stdin)).items()}
+            answer = scan(root, want)
+        else:
+            answer = apply(root, stdin)
+    except (Refused, Broken) as e:
+        print(f"nodekit-data: {'refused' if isinstance(e, Refused) else 'stream broken'}: {e}", file=sys.stderr)
+        return e.code
+    stdout.write(json.dumps(answer, separators=(",", ":")) + "\n")
+    stdout.flush()
+    return 0 if answer.get("ok", True) else DIFFERS

@@ -1,0 +1,172 @@
+"""A dataset declared with ``source`` reaches three hosts over real SSH (Debian's sshd in every host, the hosts'
+own python3 running the receiver), and stays identical to the source: a push that changes nothing carries no
+payload, a one-file change carries that file, a damaged copy on one host is repaired by the next push.
+
+The virtual hosts share one file system, so each host's copy is kept on its own path (``[nodes.R] mounts``), as it
+would be on its own disk; each path's manifest is compared with the source's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks._shipnet import tbf_argv
+from tests.cluster.harness import sh
+from tests.cluster.helpers import Demo, Fleet, finish, head_tx, nodekit_argv
+
+pytestmark = [pytest.mark.cluster, pytest.mark.docker]
+
+SMALL = 300
+BIG_MIB = 8
+
+
+def _project(fleet: Fleet, base: Path, *, mib_files: int = 0) -> tuple[Path, Path, list[Path]]:
+    """A project whose dataset holds SMALL small files and one BIG_MIB file (or ``mib_files`` files of 1 MiB)."""
+    project, data = base / "project", base / "project" / "data"
+    paths = [base / f"on-{h.name}" for h in fleet.cluster.hosts]
+    (data / "shards").mkdir(parents=True)
+    for i in range(SMALL):
+        (data / "shards" / f"{i:04d}.jpg").write_bytes(os.urandom(2000 + i))
+    if mib_files:
+        for i in range(mib_files):
+            (data / f"part-{i:02d}.arrow").write_bytes(os.urandom(1 << 20))
+    else:
+        (data / "train.parquet").write_bytes(os.urandom(BIG_MIB << 20))
+    toml = ['name = "datatest"', 'script = "train.py"', f"nnodes = {len(paths)}",
+            f"hosts = {json.dumps([fleet.url(h) for h in fleet.cluster.hosts])}", "",
+            "[[mounts]]", 'source = "data"', 'host = "/unused"', 'container = "/data"', 'check = "hashes"']  # fmt: skip
+    for rank, p in enumerate(paths):
+        toml += ["", f"[nodes.{rank}]", f'mounts = {{ "/data" = "{p}" }}']
+    (project / "nodekit.toml").write_text("\n".join(toml) + "\n")
+    (project / "train.py").write_text("print('hi')\n")
+    return project, data, paths
+
+
+def _push(fleet: Fleet, project: Path) -> tuple[int, str, int]:
+    """`nodekit data push` on the head: its exit code, its output, the payload bytes it reports."""
+    h0 = fleet.cluster.main
+    done = h0.run(*nodekit_argv("data", "push", "--config", str(project / "nodekit.toml")), env=fleet.env,
+                  cwd=project, timeout=120)  # fmt: skip
+    out = done.stdout + done.stderr
+    found = re.search(r"sent (\d+) bytes", out.strip().splitlines()[-1]) if out.strip() else None
+    return done.returncode, out, int(found.group(1)) if found else -1
+
+
+def _identical(data: Path, paths: list[Path]) -> None:
+    from nodekit.launcher.datacheck.manifest import digest, first_differences, manifest
+
+    want = manifest(str(data), hashes=True)
+    for p in paths:
+        have = manifest(str(p), hashes=True)
+        assert digest(have) == digest(want), f"{p}: {first_differences(want, have)}"
+
+
+def test_a_dataset_reaches_three_hosts_and_only_what_changed_travels(fleet: Fleet, tmp_path: Path) -> None:
+    project, data, paths = _project(fleet, tmp_path)
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    h0 = fleet.cluster.main
+
+    code, out, sent = _push(fleet, project)
+    assert code == 0, out
+    _identical(data, paths)
+    assert sent == 3 * total, out  # one stream per host (relay chains are not built yet)
+
+    before = head_tx(h0)
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 0, out
+    assert head_tx(h0) - before < 1 << 20  # scans only: the receiver's code and the manifests, no payload
+
+    changed = data / "shards" / "0042.jpg"
+    changed.write_bytes(os.urandom(5000))
+    (data / "shards" / "0007.jpg").rename(data / "moved.jpg")  # a rename travels as a copy on each node
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 3 * 5000, out
+    _identical(data, paths)
+
+    damaged = paths[1] / "train.parquet"
+    with open(damaged, "r+b") as f:
+        f.seek(3 << 20)
+        b = f.read(1)
+        f.seek(3 << 20)
+        f.write(bytes([b[0] ^ 0x01]))
+    os.truncate(paths[1] / "shards" / "0100.jpg", 10)
+    code, out, sent = _push(fleet, project)
+    assert code == 0, out
+    assert sent == (BIG_MIB << 20) + 2100, out  # the two damaged files, to the one host that lacked them
+    _identical(data, paths)
+
+
+def _staged_bytes(path: Path) -> int:
+    staging = path / ".nodekit-data" / "staging"
+    if not staging.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in staging.iterdir() if not p.name.endswith(".part"))
+
+
+def test_ctrl_c_mid_push_leaves_every_host_able_to_finish(fleet: Fleet, tmp_path: Path) -> None:
+    """SIGINT while every host's stream flows (the head's link slowed to 40 Mbit/s): nodekit exits 130, no file
+    stands half-written under its name on any host, and the next push sends exactly what had not arrived whole."""
+    project, data, paths = _project(fleet, tmp_path, mib_files=16)
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    h0 = fleet.cluster.main
+    argv = h0.argv(*nodekit_argv("data", "push", "--config", str(project / "nodekit.toml")))
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))  # about 10 s for three streams of 16 MiB
+    try:
+        proc = subprocess.Popen(argv, env=h0.env(fleet.env), cwd=project, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while sum(_staged_bytes(p) for p in paths) < 3 << 20:  # a few MiB arrived whole: mid-stream
+            assert proc.poll() is None and time.monotonic() < deadline, "the push never got going"
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+    assert proc.returncode == 130, out + err
+    assert "SIGINT received: stopped" in err, err
+    for p in paths:  # whatever has a name on a host is the source's file of that name
+        for f in p.rglob("*"):
+            if f.is_file() and ".nodekit-data" not in f.parts:
+                assert f.read_bytes() == (data / f.relative_to(p)).read_bytes(), f
+    deadline = time.monotonic() + 30  # each receiver ends once its SSH session has (its input closed)
+    while sh("pgrep", "-f", "nodekit.launcher.datasync.receive", check=False).returncode == 0:
+        assert time.monotonic() < deadline, "a receiver outlived the push"
+        time.sleep(0.2)
+    arrived = sum(_staged_bytes(p) for p in paths)
+    assert 0 < arrived < 3 * total
+    code, out, sent = _push(fleet, project)
+    assert code == 0, out
+    assert sent == 3 * total - arrived, out  # nothing that arrived whole travels again
+    _identical(data, paths)
+
+
+def test_nodekit_run_pushes_the_dataset_before_any_container_and_the_job_sees_it_identical(
+    demo_everywhere: Demo, fleet: Fleet, tmp_path: Path
+) -> None:
+    """`nodekit run` with a sourced mount (check = "hashes"): every host's path is made identical before the
+    containers start, and the job's own same-data check on /data passes on 3 nodes."""
+    project = fleet.project(demo_everywhere, tmp_path)
+    data = project / "data"
+    data.mkdir()
+    for i in range(50):
+        (data / f"{i:02d}.bin").write_bytes(os.urandom(4000 + i))
+    paths = [tmp_path / f"on-{h.name}" for h in fleet.cluster.hosts]
+    toml = ["", "[[mounts]]", 'source = "data"', 'host = "/unused"', 'container = "/data"', 'check = "hashes"']
+    for rank, p in enumerate(paths):
+        toml += ["", f"[nodes.{rank}]", f'mounts = {{ "/data" = "{p}" }}']
+    with open(project / "nodekit.toml", "a") as f:
+        f.write("\n".join(toml) + "\n")
+    log = tmp_path / "run.log"
+    code, out = finish(fleet.run(project, "--image", demo_everywhere.ref, "--", "--epochs", "1", log=log), log, 600)
+    assert code == 0, out[-5000:]
+    assert "dataset identical to the source on 3 host(s)" in out, out[-5000:]
+    assert "/data: same" in out and "on 3 nodes" in out, out[-5000:]  # the job's own check, in the containers
+    _identical(data, paths)

@@ -1,0 +1,148 @@
+"""`nodekit data push` from the command line to a target on this machine (``--to unix://...``): the real receiver,
+started by the real transport through this machine's python3. The same rules as over SSH (tests/cluster/
+test_data.py): identical on arrival, nothing travels twice, damage repaired, the user's files never touched."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nodekit.cli.app import app
+from nodekit.launcher.datacheck.manifest import digest, manifest
+
+runner = CliRunner()
+HERE = "unix:///var/run/docker.sock"
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_HOSTS"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "nodekit.toml").write_text(
+        'name = "datatest"\nscript = "train.py"\nnnodes = 1\n\n'
+        f'[[mounts]]\nsource = "data"\nhost = "{tmp_path / "target"}"\ncontainer = "/data"\ncheck = "hashes"\n'
+    )
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    data = tmp_path / "data"
+    (data / "train").mkdir(parents=True)
+    for i in range(20):
+        (data / "train" / f"{i:03d}.bin").write_bytes(os.urandom(1000 + i))
+    (data / "big.parquet").write_bytes(os.urandom(3 << 20))
+    (data / "copy-of-0.bin").write_bytes((data / "train" / "000.bin").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def push(*extra: str) -> tuple[int, str]:
+    result = runner.invoke(app, ["data", "push", "--to", HERE, *extra])
+    return result.exit_code, result.output
+
+
+def sent(output: str) -> int:
+    found = re.search(r"sent (\d+) bytes\)?$", output.strip().splitlines()[-1])
+    assert found, output
+    return int(found.group(1))
+
+
+def same(project: Path) -> bool:
+    return digest(manifest(str(project / "data"), hashes=True)) == digest(
+        manifest(str(project / "target"), hashes=True)
+    )
+
+
+def test_a_dataset_arrives_identical_then_only_what_changed_travels(project: Path) -> None:
+    data, target = project / "data", project / "target"
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    code, out = push()
+    assert code == 0, out
+    assert same(project)
+    assert sent(out) == total - 1000  # the copy of train/000.bin travelled once
+    code, out = push()
+    assert code == 0 and sent(out) == 0, out
+    (data / "train" / "007.bin").rename(data / "moved.bin")  # a rename: a copy on the node
+    code, out = push()
+    assert code == 0 and sent(out) == 0 and same(project), out
+    assert not (target / "train" / "007.bin").exists()
+    (data / "train" / "003.bin").write_bytes(os.urandom(4096))  # one file changes
+    code, out = push()
+    assert code == 0 and sent(out) == 4096 and same(project), out
+    (data / "train" / "004.bin").unlink()  # deleted at the source: deleted on the node
+    code, out = push()
+    assert code == 0 and not (target / "train" / "004.bin").exists() and same(project), out
+
+
+def test_a_damaged_copy_is_repaired_by_the_next_push(project: Path) -> None:
+    target = project / "target"
+    assert push()[0] == 0
+    with open(target / "big.parquet", "r+b") as f:  # a flipped byte
+        f.seek(1 << 20)
+        byte = f.read(1)
+        f.seek(1 << 20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.truncate(target / "train" / "010.bin", 100)  # a truncated file
+    (target / "train" / "011.bin").unlink()  # a lost one
+    assert not same(project)
+    code, out = push()
+    assert code == 0, out
+    assert same(project)
+    assert 0 < sent(out) <= (3 << 20) + 1010 + 1011
+
+
+def test_the_users_files_in_the_target_are_never_touched(project: Path) -> None:
+    target = project / "target"
+    target.mkdir()
+    (target / "someone-elses.csv").write_text("theirs")
+    code, out = push()
+    assert code == 2, out
+    assert "holds 1 file(s) nodekit did not put there" in out and "someone-elses.csv" in out
+    assert sorted(os.listdir(target)) == ["someone-elses.csv"]  # nothing written, not even nodekit's state
+    assert (target / "someone-elses.csv").read_text() == "theirs"
+    # A file that is already the source's is kept, not sent again, and from then on nodekit's.
+    (target / "someone-elses.csv").unlink()
+    (target / "big.parquet").write_bytes((project / "data" / "big.parquet").read_bytes())
+    code, out = push()
+    assert code == 0 and same(project), out
+    assert sent(out) < 1 << 20
+
+
+def test_a_dry_run_says_what_would_travel_and_writes_nothing(project: Path) -> None:
+    code, out = push("--dry-run")
+    assert code == 0, out
+    # 22 files, 21 contents: a content travels once, whatever its names.
+    assert f"node 0 (this machine):{project / 'target'} <- {project / 'data'}: send 21 file(s)" in out
+    assert "would send" in out
+    assert not (project / "target").exists()
+
+
+def test_a_source_that_holds_a_link_out_is_refused_in_one_line(project: Path, tmp_path: Path) -> None:
+    (project / "data" / "escape").symlink_to("/etc/hostname")
+    code, out = push()
+    assert code == 2 and "escape is a link out of the source" in out, out
+    assert not (project / "target").exists()
+
+
+def test_the_dataset_is_never_part_of_the_image(project: Path) -> None:
+    from nodekit.config import settings as config
+    from nodekit.image.builder.tree import code_rules
+
+    rules = code_rules(config.load(project / "nodekit.toml"))
+    assert rules.excluded("data/big.parquet") and not rules.excluded("train.py")
+
+
+def test_a_target_that_is_not_reached_over_ssh_is_refused_in_one_line(project: Path) -> None:
+    result = runner.invoke(app, ["data", "push", "--to", "tcp://10.0.0.5:2375"])
+    assert result.exit_code == 2, result.output
+    assert "a dataset reaches a host over SSH, not tcp://" in result.output
+
+
+def test_a_sourced_mount_cannot_be_writable(project: Path) -> None:
+    toml = project / "nodekit.toml"
+    toml.write_text(toml.read_text() + "writable = true\n")
+    result = runner.invoke(app, ["data", "push", "--to", HERE])
+    assert result.exit_code == 2, result.output
+    assert "has a source and writable = true" in result.output
+    assert not (project / "target").exists()

@@ -1,0 +1,210 @@
+"""The receiver fed hostile plans and streams: each is refused whole, before anything is written, and nothing
+outside the target changes (the whole test directory is compared before and after). A stream cut short leaves
+staging that the next push reuses."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from nodekit.launcher.datasync import receive
+from nodekit.launcher.datasync.node import load_state, staging_dir
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def snapshot(root: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            if p.is_symlink():
+                out[rel] = ("link", os.readlink(p))
+            elif p.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = p.read_bytes()
+    return out
+
+
+def stream(plan: dict[str, Any], frames: list[tuple[str, bytes]] | None = None, *, end: bool = True) -> bytes:
+    body = json.dumps(plan).encode()
+    out = f"{len(body)}\n".encode() + body
+    for h, data in frames or []:
+        out += f"{h} {len(data)}\n".encode() + data
+    return out + (b"END\n" if end else b"")
+
+
+def plan_for(files: dict[str, bytes], *, kind: str = "f", **extra: Any) -> dict[str, Any]:
+    """A plan that sends ``files`` whole to an empty target."""
+    return {
+        "want": {n: [len(d), sha(d), kind] for n, d in files.items()},
+        "place": {n: sha(d) for n, d in files.items()},
+        "incoming": {sha(d): len(d) for d in files.values()},
+        "copy": {},
+        "delete": [],
+        "adopt": [],
+        **extra,
+    }
+
+
+def run(target: Path, data: bytes) -> int:
+    return receive.main(["apply", str(target)], io.BytesIO(data), io.StringIO())
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> tuple[Path, Path]:
+    """A target holding one file of the user's, beside a directory the receiver must never reach."""
+    target, outside = tmp_path / "target", tmp_path / "outside"
+    target.mkdir()
+    outside.mkdir()
+    (target / "users-notes.txt").write_text("mine")
+    (outside / "keep").write_text("keep")
+    return target, outside
+
+
+HOSTILE = {
+    "dot-dot": {"../escaped": b"x"},
+    "dot-dot inside": {"a/../../escaped": b"x"},
+    "absolute": {"/tmp/nodekit-absolute-escape": b"x"},
+    "empty component": {"a//b": b"x"},
+    "nodekit's own state": {".nodekit-data/state.json": b"{}"},
+    "not UTF-8": {os.fsdecode(b"bad-\xff"): b"x"},
+    "NUL": {"a\x00b": b"x"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_name_refuses_the_whole_stream(case: str, world: tuple[Path, Path], capsys: Any) -> None:
+    target, _ = world
+    before = snapshot(target.parent)
+    files = {"fine.bin": b"fine", **HOSTILE[case]}
+    data = stream(plan_for(files), [(sha(d), d) for d in files.values()])
+    assert run(target, data) == receive.REFUSED
+    assert snapshot(target.parent) == before
+    assert not Path("/tmp/nodekit-absolute-escape").exists()
+    assert "refused" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["c", "b", "l", "p"])
+def test_a_device_link_or_fifo_entry_is_refused(kind: str, world: tuple[Path, Path]) -> None:
+    target, _ = world
+    before = snapshot(target.parent)
+    plan = plan_for({"fine.bin": b"fine"})
+    plan["want"]["dev"] = [0, sha(b""), kind]
+    assert run(target, stream(plan, [(sha(b"fine"), b"fine")])) == receive.REFUSED
+    assert snapshot(target.parent) == before
+
+
+def test_a_link_inside_the_target_is_never_written_through(world: tuple[Path, Path]) -> None:
+    target, outside = world
+    (target / "sub").symlink_to(outside)
+    before = snapshot(target.parent)
+    files = {"sub/planted": b"evil"}
+    assert run(target, stream(plan_for(files), [(sha(b"evil"), b"evil")])) == receive.REFUSED
+    assert snapshot(target.parent) == before and not (outside / "planted").exists()
+
+
+def test_the_users_files_are_never_overwritten_or_deleted(world: tuple[Path, Path]) -> None:
+    target, _ = world
+    before = snapshot(target.parent)
+    over = plan_for({"users-notes.txt": b"nodekit's"})
+    assert run(target, stream(over, [(sha(b"nodekit's"), b"nodekit's")])) == receive.REFUSED
+    delete = plan_for({}, delete=["users-notes.txt"])
+    assert run(target, stream(delete)) == receive.REFUSED
+    differs = plan_for({}, adopt=["users-notes.txt"])
+    differs["want"]["users-notes.txt"] = [4, sha(b"nope"), "f"]
+    assert run(target, stream(differs)) == receive.REFUSED
+    assert snapshot(target.parent) == before
+
+
+def test_content_that_does_not_match_its_hash_is_never_renamed_into_place(world: tuple[Path, Path]) -> None:
+    target, _ = world
+    plan = plan_for({"a.bin": b"good"})
+    assert run(target, stream(plan, [(sha(b"good"), b"evil")])) == receive.BROKEN
+    assert not (target / "a.bin").exists()
+    assert (target / "users-notes.txt").read_text() == "mine"
+    assert [n for n in os.listdir(staging_dir(str(target))) if not n.endswith(".part")] == []
+
+
+def test_a_frame_the_plan_does_not_announce_stops_the_stream(world: tuple[Path, Path]) -> None:
+    target, outside = world
+    plan = plan_for({"a.bin": b"good"})
+    assert run(target, stream(plan, [(sha(b"other"), b"other")])) == receive.BROKEN
+    assert not (target / "a.bin").exists() and sorted(os.listdir(outside)) == ["keep"]
+
+
+def test_a_stream_cut_short_keeps_what_arrived_whole_and_the_next_push_finishes(world: tuple[Path, Path]) -> None:
+    target, _ = world
+    (target / "users-notes.txt").unlink()  # else the target could never equal the source (the head refuses it)
+    files = {"one.bin": b"1" * 5000, "two.bin": b"2" * 7000}
+    plan = plan_for(files)
+    cut = stream(plan, [(sha(files["one.bin"]), files["one.bin"])], end=False)
+    cut += f"{sha(files['two.bin'])} 7000\n".encode() + b"2" * 100  # the head was killed here
+    assert run(target, cut) == receive.BROKEN
+    assert not (target / "one.bin").exists()  # nothing is renamed into place before the whole stream is in
+    # Names nodekit was about to write are in its state before any rename: they are nodekit's, not the user's.
+    assert set(load_state(str(target))) == {"one.bin", "two.bin"}
+    from nodekit.launcher.datasync.node import scan
+
+    seen = scan(str(target), {n: (len(d), sha(d)) for n, d in files.items()})
+    assert seen["staged"] == {sha(files["one.bin"]): 5000}  # complete, hashed again to prove its name
+    assert seen["foreign"] == {} and seen["owned"] == {}
+    rest = plan_for(files)
+    rest["incoming"] = {sha(files["two.bin"]): 7000}
+    assert run(target, stream(rest, [(sha(files["two.bin"]), files["two.bin"])])) == 0
+    assert {n: (target / n).read_bytes() for n in files} == files
+    assert not os.path.exists(staging_dir(str(target)))
+
+
+def test_a_target_that_ends_unequal_to_the_source_is_named(world: tuple[Path, Path]) -> None:
+    target, _ = world
+    (target / "users-notes.txt").unlink()
+    plan = plan_for({"a.bin": b"a"})
+    plan["want"]["never-sent.bin"] = [3, sha(b"abc"), "f"]  # a plan that does not place it: the check catches it
+    said = io.StringIO()
+    assert receive.main(["apply", str(target)], io.BytesIO(stream(plan, [(sha(b"a"), b"a")])), said) == receive.DIFFERS
+    assert json.loads(said.getvalue())["diffs"] == ["never-sent.bin: missing"]
+
+
+def test_a_link_on_the_node_is_never_read_as_a_copy_source_or_adopted(world: tuple[Path, Path]) -> None:
+    target, outside = world
+    (target / "users-notes.txt").unlink()
+    (target / "looks-like-data").symlink_to(outside / "keep")
+    before = snapshot(target.parent)
+    content = b"keep"
+    copy = plan_for({"a.bin": content}, copy={sha(content): "looks-like-data"}, incoming={})
+    assert run(target, stream(copy)) == receive.REFUSED
+    adopt = plan_for({}, adopt=["looks-like-data"])
+    adopt["want"]["looks-like-data"] = [4, sha(content), "f"]
+    assert run(target, stream(adopt)) == receive.REFUSED
+    assert snapshot(target.parent) == before
+
+
+def test_a_content_of_several_pieces_is_proven_by_the_manifests_hash(world: tuple[Path, Path]) -> None:
+    from nodekit.launcher.datacheck.manifest import PIECE, content_hashes
+
+    target, outside = world
+    (target / "users-notes.txt").unlink()
+    src = outside / "big"
+    src.write_bytes(os.urandom(2 * PIECE + 5))
+    data = src.read_bytes()
+    h = content_hashes([(str(src), len(data))])[0]
+    assert h.startswith("p:")
+    plan = {"want": {"big": [len(data), h, "f"]}, "place": {"big": h}, "incoming": {h: len(data)}}
+    assert run(target, stream(plan, [(h, data)])) == 0
+    assert (target / "big").read_bytes() == data
+    bad = bytearray(data)
+    bad[PIECE + 7] ^= 1  # one flipped bit in the second piece
+    os.unlink(target / "big")
+    assert run(target, stream(plan, [(h, bytes(bad))])) == receive.BROKEN
+    assert not (target / "big").exists()
