@@ -51,7 +51,7 @@ def push(
     if to:
         hosts = pushing.to_hosts(settings, to)
     else:
-        from nodekit.backends.fleet.run import hosts_of
+        from nodekit.backends.fleet.hosts import hosts_of
 
         if not settings.hosts and hostfile is None:
             raise UsageError("no hosts: name them with --to, or hosts in nodekit.toml", fix="--to ssh://user@node1")

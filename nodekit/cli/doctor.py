@@ -97,7 +97,7 @@ def doctor(
 def _fleet(config: Path | None, hostfile: Path | None, image: str | None, master_port: int | None) -> int:
     """``--fleet``: node 0's output in full (every node prints the same verdicts), the others' errors only."""
     from nodekit.backends.fleet.doctor import check_fleet
-    from nodekit.backends.fleet.run import hosts_of
+    from nodekit.backends.fleet.hosts import hosts_of
     from nodekit.cli.ui import JobLog, RichReporter
 
     settings = load_settings(config, master_port=master_port)

@@ -32,7 +32,7 @@ NodeOpt = Annotated[int | None, typer.Option("--node", help="only this node (ran
 
 def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[Any, Any]:
     """The settings and the job's hosts. ``--nnodes`` below the hosts' count is a stated choice, said here."""
-    from nodekit.backends.fleet.run import hosts_of, left_out
+    from nodekit.backends.fleet.hosts import hosts_of, left_out
 
     settings = load_settings(config, **flags)
     stated = flags.get("nnodes") is not None

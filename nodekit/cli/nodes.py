@@ -175,7 +175,7 @@ def _fleet(settings: Any, hostfile: Path | None) -> Any:
     """The fleet's hosts when hosts are configured, else None (this node only)."""
     if not settings.hosts and hostfile is None:
         return None
-    from nodekit.backends.fleet.run import hosts_of
+    from nodekit.backends.fleet.hosts import hosts_of
 
     return hosts_of(settings, hostfile)
 

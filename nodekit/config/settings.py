@@ -228,7 +228,7 @@ class Settings(BaseSettings):
     @model_validator(mode="after")
     def _node_ranks(self) -> Settings:
         # Without nnodes, `hosts` counts the nodes; with neither (a hostfile given to `nodekit run`, or `up` on
-        # one node) the upper bound is checked once the count is known (nodekit/backends/fleet/run.py hosts_of).
+        # one node) the upper bound is checked once the count is known (nodekit/backends/fleet/hosts.py hosts_of).
         count = self.nnodes if "nnodes" in self.model_fields_set else len(self.hosts) or None
         outside = sorted(r for r in self.nodes if r < 0 or (count is not None and r >= count))
         if outside:

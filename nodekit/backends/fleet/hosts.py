@@ -13,11 +13,15 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from nodekit.config.file import read_text
 from nodekit.config.inputs import MAX_NODES, MAX_PROCS, hostname_problem, same_host_key, text_problem
 from nodekit.errors import UsageError
+
+if TYPE_CHECKING:
+    from nodekit.config.settings import Settings
 
 SCHEMES = ("ssh", "tcp", "unix")
 # What an endpoint without a port means: ssh's port, and the Docker daemon's plain-TCP port (2376 with TLS is
@@ -177,3 +181,36 @@ def read_hostfile(path: Path, *, user: str | None = None) -> list[tuple[str, int
     return parse_hostfile(
         read_text(path, f"hostfile {path}", "pass a regular UTF-8 file you can read as --hostfile"), user=user
     )
+
+
+def hosts_of(settings: Settings, hostfile: Path | None = None, *, stated: bool = False) -> list[FleetHost]:
+    """The validated hosts of this job (``--hostfile`` wins over ``hosts``); ``nnodes`` defaults to their number.
+
+    More hosts than ``nnodes`` is never a silent cut: it is a UsageError unless ``stated`` (``--nnodes`` on the
+    command line, a choice the user made for this run), in which case the first ``nnodes`` hosts are the job and
+    :func:`left_out` names the others for the command to print."""
+    urls, slots = list(settings.hosts), []
+    if hostfile is not None:
+        entries = read_hostfile(hostfile)
+        urls, slots = [u for u, _ in entries], [s for _, s in entries]
+    nnodes = settings.nnodes if "nnodes" in settings.model_fields_set else len(urls) or settings.nnodes
+    if len(urls) > nnodes and not stated:
+        where = f"hostfile {hostfile}" if hostfile is not None else "hosts"
+        raise UsageError(
+            f"{where} lists {len(urls)} hosts but nnodes = {nnodes}: {len(urls) - nnodes} host(s) would be left out "
+            f"({', '.join(urls[nnodes:][:3])}{', ...' if len(urls) - nnodes > 3 else ''})",
+            fix=f"remove nnodes from nodekit.toml (the hosts count the nodes), list {nnodes} hosts, "
+            f"or pass --nnodes {nnodes} to run on the first {nnodes}",
+        )
+    outside = sorted(r for r in settings.nodes if r >= nnodes)
+    if outside:
+        from nodekit.config.settings import node_rank_problem
+
+        raise UsageError(node_rank_problem(outside[0], nnodes), fix=f"remove [nodes.{outside[0]}], or list more hosts")
+    return fleet_hosts(urls, nnodes, min_nodes=settings.min_nodes, slots=slots)
+
+
+def left_out(settings: Settings, hosts: Sequence[FleetHost], hostfile: Path | None = None) -> list[str]:
+    """The hosts (or hostfile entries) past ``nnodes`` that a stated ``--nnodes`` leaves out of the job."""
+    urls = [u for u, _ in read_hostfile(hostfile)] if hostfile is not None else list(settings.hosts)
+    return urls[len(hosts) :]

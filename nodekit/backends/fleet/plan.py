@@ -34,7 +34,7 @@ WHEN_RUN = "decided when run"
 class FleetInputs:
     """Everything the fleet's dry-run plan is made from, gathered on this machine without contacting anything.
 
-    ``settings`` are the job's (nnodes = the hosts, hostfile slots as processes: ``fleet.run.job_settings``);
+    ``settings`` are the job's (nnodes = the hosts, hostfile slots as processes: ``fleet.nodes.job_settings``);
     ``image`` is the ``--image`` given, else None (chosen on this head when run); ``last_built`` is the tag the
     project's build record names, a hint only; ``main`` is main's address as the other nodes are told it."""
 
@@ -207,7 +207,7 @@ def _nproc(settings: Settings, declared: int | Literal["auto"], rank: int) -> st
 def gather(settings: Settings, hosts: Sequence[FleetHost], *, image: str | None) -> FleetInputs:
     """What the dry-run plan needs, from this machine only: the job's settings, the training command checked (a
     missing script is refused as the run refuses it), the build record read. Nothing is contacted or written."""
-    from nodekit.backends.fleet.run import job_settings
+    from nodekit.backends.fleet.nodes import job_settings
     from nodekit.image.builder import last_build
     from nodekit.job.gather import check_command
 

@@ -17,125 +17,39 @@ exchange and login per host per run, not one per call (issue 33).
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
-from nodekit.backends.compose.node import NodePlan, plan_node, write_compose
+from nodekit.backends.compose.node import NodePlan, write_compose
 from nodekit.backends.compose.render import SERVICE
 from nodekit.backends.fleet import follow, remote, start
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
-from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts, main_address, read_hostfile
+from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.backends.fleet.image import is_this_image, ship_image
 from nodekit.backends.fleet.manage import parallel as _parallel
+from nodekit.backends.fleet.nodes import job_settings, node_worlds, plan_nodes
 from nodekit.backends.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
 from nodekit.config.settings import Settings
-from nodekit.errors import JobFailed, NodekitError, UsageError
+from nodekit.errors import JobFailed, NodekitError
 from nodekit.image.blobs import BLOBS
-from nodekit.job.gather import NodeWorld, check_command
+from nodekit.job.gather import check_command
 from nodekit.job.secret import new_secret
 from nodekit.job.spec import mount_points
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET, Env
+from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, proc
-from nodekit.system.host import net
 from nodekit.system.host.facts import Gathered
 from nodekit.system.progress import Reporter
 
 STOP_TIMEOUT_S = 10  # SIGTERM, then Docker's SIGKILL: "every other node stopped within seconds"
-RESTART_ENV = Env.RESTART_COUNT
 
 LineFn = Callable[[int, str], None]
-
-
-def hosts_of(settings: Settings, hostfile: Path | None = None, *, stated: bool = False) -> list[FleetHost]:
-    """The validated hosts of this job (``--hostfile`` wins over ``hosts``); ``nnodes`` defaults to their number.
-
-    More hosts than ``nnodes`` is never a silent cut: it is a UsageError unless ``stated`` (``--nnodes`` on the
-    command line, a choice the user made for this run), in which case the first ``nnodes`` hosts are the job and
-    :func:`left_out` names the others for the command to print."""
-    urls, slots = list(settings.hosts), []
-    if hostfile is not None:
-        entries = read_hostfile(hostfile)
-        urls, slots = [u for u, _ in entries], [s for _, s in entries]
-    nnodes = settings.nnodes if "nnodes" in settings.model_fields_set else len(urls) or settings.nnodes
-    if len(urls) > nnodes and not stated:
-        where = f"hostfile {hostfile}" if hostfile is not None else "hosts"
-        raise UsageError(
-            f"{where} lists {len(urls)} hosts but nnodes = {nnodes}: {len(urls) - nnodes} host(s) would be left out "
-            f"({', '.join(urls[nnodes:][:3])}{', ...' if len(urls) - nnodes > 3 else ''})",
-            fix=f"remove nnodes from nodekit.toml (the hosts count the nodes), list {nnodes} hosts, "
-            f"or pass --nnodes {nnodes} to run on the first {nnodes}",
-        )
-    outside = sorted(r for r in settings.nodes if r >= nnodes)
-    if outside:
-        from nodekit.config.settings import node_rank_problem
-
-        raise UsageError(node_rank_problem(outside[0], nnodes), fix=f"remove [nodes.{outside[0]}], or list more hosts")
-    return fleet_hosts(urls, nnodes, min_nodes=settings.min_nodes, slots=slots)
-
-
-def left_out(settings: Settings, hosts: Sequence[FleetHost], hostfile: Path | None = None) -> list[str]:
-    """The hosts (or hostfile entries) past ``nnodes`` that a stated ``--nnodes`` leaves out of the job."""
-    urls = [u for u, _ in read_hostfile(hostfile)] if hostfile is not None else list(settings.hosts)
-    return urls[len(hosts) :]
-
-
-def job_settings(settings: Settings, hosts: Sequence[FleetHost], *, restart: int) -> Settings:
-    """The settings every node of attempt ``restart`` is planned with: nnodes = the hosts, the restart counter in
-    the environment, hostfile slots as processes per node where the config sets none."""
-    nodes = dict(settings.nodes)
-    for h in hosts:
-        if h.slots is not None and (h.rank not in nodes or nodes[h.rank].nproc_per_node is None):
-            base = nodes.get(h.rank)
-            nodes[h.rank] = base.model_copy(update={"nproc_per_node": h.slots}) if base else _override(h.slots)
-    env = {**settings.env, RESTART_ENV: str(restart)}
-    return settings.model_copy(update={"nnodes": len(hosts), "env": env, "nodes": nodes})
-
-
-def _override(nproc: int) -> Any:
-    from nodekit.config.settings import NodeOverride
-
-    return NodeOverride(nproc_per_node=nproc)
-
-
-def node_worlds(
-    settings: Settings,
-    hosts: Sequence[FleetHost],
-    facts: Sequence[Gathered],
-    image: str,
-    *,
-    image_id: str = "",
-    secret: str = "",
-    environ: Mapping[str, str] | None = None,
-) -> list[NodeWorld]:
-    """Each rank's world, gathered: that host's own facts (its mounts were checked there, by remote.check_host),
-    main's address resolved here once, the image id every node verified after shipping, the run's one job secret,
-    and which pass_env variables this shell sets (``environ``, default this process's)."""
-    launch = check_command(settings)
-    main_ip = net.resolve(main_address(hosts[0], settings.main))
-    environ = os.environ if environ is None else environ
-    env_set = frozenset(n for n in launch.pass_env if n in environ)
-    cwd = Path.cwd()
-    return [
-        NodeWorld(main_ip=main_ip, facts=g.facts, image=image, cwd=cwd, image_id=image_id, job_secret=secret,
-                  env_set=env_set)
-        for g in facts
-    ]  # fmt: skip
-
-
-def plan_nodes(
-    settings: Settings, hosts: Sequence[FleetHost], worlds: Sequence[NodeWorld], *, debug: bool = False
-) -> list[NodePlan]:
-    """Pure: one NodePlan per rank, each from that host's world (:func:`node_worlds`)."""
-    return [plan_node(settings, h.rank, w, debug=debug) for h, w in zip(hosts, worlds, strict=True)]
 
 
 @dataclass

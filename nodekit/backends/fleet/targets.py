@@ -38,7 +38,7 @@ class Target:
 
 def targets(settings: Settings, hostfile: Path | None = None) -> list[Target]:
     if settings.hosts or hostfile is not None:
-        from nodekit.backends.fleet.run import hosts_of
+        from nodekit.backends.fleet.hosts import hosts_of
 
         return [Target(h.rank, project_name(settings.image_name, h.rank), h) for h in hosts_of(settings, hostfile)]
     return [Target(r, project_name(settings.image_name, r)) for r in range(settings.nnodes)]

@@ -151,7 +151,7 @@ def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -
 def test_the_fleet_plans_each_rank_from_its_own_hosts_world(tmp_path: Path) -> None:
     """Each rank's plan takes the facts its host reported (here: 8 GPUs on one, none on the other), main's address
     resolved once, and the run's one secret and image id."""
-    from nodekit.backends.fleet.run import node_worlds, plan_nodes
+    from nodekit.backends.fleet.nodes import node_worlds, plan_nodes
 
     (tmp_path / "train.py").write_text("")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, pass_env=("HF_TOKEN",))

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from nodekit.backends.fleet import remote
-from nodekit.backends.fleet.hosts import fleet_hosts, main_address, parse_hostfile
-from nodekit.backends.fleet.run import hosts_of, job_settings, left_out
+from nodekit.backends.fleet.hosts import fleet_hosts, hosts_of, left_out, main_address, parse_hostfile
+from nodekit.backends.fleet.nodes import job_settings
 from nodekit.backends.fleet.supervise import LOST, Budget, Report, decide
 from nodekit.config.settings import Settings
 from nodekit.errors import UsageError

@@ -82,8 +82,8 @@ def test_without_main_the_dry_run_names_host_0s_address(tmp_path: Path, monkeypa
 
 
 def _inputs(tmp_path: Path, urls: list[str], **kw: object) -> object:
+    from nodekit.backends.fleet.nodes import job_settings
     from nodekit.backends.fleet.plan import FleetInputs
-    from nodekit.backends.fleet.run import job_settings
 
     s = Settings(project_dir=tmp_path, name="t", script="train.py", nnodes=len(urls), **kw)
     hosts = fleet_hosts(urls, len(urls), slots=[8] * len(urls))
