@@ -3,20 +3,17 @@ the peer watchdog (or exec). See the package docstring."""
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import signal
 import sys
-import traceback
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-from nodekit.launcher import checks, ranks, runlog
+from nodekit.launcher import checks, ranks, runlog, torchrun
 from nodekit.launcher.config import EnvError, LaunchConfig, parse_env
 from nodekit.launcher.contract import EXIT_BAD_ENV as EXIT_BAD_ENV
 from nodekit.launcher.contract import EXIT_OK as EXIT_OK
@@ -53,29 +50,16 @@ from nodekit.launcher.preflight.exchange import (
 )
 from nodekit.launcher.preflight.stack import gather
 from nodekit.launcher.preflight.verdict import Verdict, render
+from nodekit.launcher.runlog import err as _err
 from nodekit.launcher.stops import (
     SIGNAL_FROM,
     STOP_SIGNALS,
     Stopped,
     on_stop,
     outside_signal,
-    say_stopped,
     signal_name,
-    tell_watchdog,
 )
-from nodekit.launcher.watchdog.failure import worker_failure
 from nodekit.launcher.watchdog.run import StallConfig, Watchdog, node_names
-
-
-def _err(line: str) -> None:
-    sys.stdout.flush()
-    print(f"nodekit: error: {line}", file=sys.stderr, flush=True)
-
-
-def _torchrun() -> str:
-    # The torchrun next to this interpreter, so the workers run in the same environment as the launcher.
-    sibling = Path(sys.executable).with_name("torchrun")
-    return str(sibling) if sibling.is_file() else "torchrun"
 
 
 def _cpus() -> int:
@@ -108,28 +92,6 @@ def _missing_module(command: Command) -> str | None:
     return f"training module {command.module!r}: no package {top!r} in {os.getcwd()} or the image's Python"
 
 
-def _torchrun_in_process(argv: Sequence[str]) -> int:
-    """Run torchrun's own entry point in this process, after a preflight that has already imported torch.
-
-    Exec'ing the torchrun script would import torch a second time on the critical path (about 2 s here, the
-    whole of preflight's cost). The argv is exactly the one exec would get; torchrun's errors propagate as they
-    would from its console script (traceback, exit 1).
-    """
-    from torch.distributed.run import main as torchrun_main  # type: ignore[import-not-found, unused-ignore]
-
-    from nodekit.launcher.phases import mark_rendezvous
-
-    mark_rendezvous()
-    sys.argv = list(argv)
-    sys.stdout.flush()
-    torchrun_main(list(argv[1:]))
-    return EXIT_OK
-
-
-def _sigterm_self() -> None:
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
 def _rendezvous(cfg: LaunchConfig, passed: Passed | None) -> Rendezvous | None:
     """torchrun's c10d rendezvous for a job whose workers may restart (None: static rendezvous, or no torchrun).
 
@@ -140,93 +102,6 @@ def _rendezvous(cfg: LaunchConfig, passed: Passed | None) -> Rendezvous | None:
     address = cfg.master_addr if cfg.is_main else (mine.address if mine else None)
     run_id = passed.verdict.run_id if passed and passed.verdict.run_id else fallback_run_id(cfg)
     return Rendezvous(run_id=run_id, local_addr=address or netfacts.source_addr(cfg.master_addr))
-
-
-def _distinct_node(node_rank: int) -> None:
-    """c10d tells the nodes of a rendezvous apart by (address, PID, a per-process counter). Two containers on one
-    machine (``nodekit up`` twice with main 127.0.0.1) have the same address and, under docker-init, the same PID:
-    they would count as one node and the rendezvous would never fill. Starting this node's counter at its node rank
-    keeps them apart, and orders their group ranks as their node ranks. torch's own state; nothing to do where a
-    torch lacks it."""
-    try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (  # type: ignore[import-not-found, unused-ignore]
-            DynamicRendezvousHandler,
-        )
-
-        generator = DynamicRendezvousHandler._node_desc_generator
-        with getattr(generator, "_lock", contextlib.nullcontext()):
-            generator._local_id = max(int(generator._local_id), node_rank)
-    except (ImportError, AttributeError, TypeError, ValueError):
-        pass
-
-
-def _torchrun_alone(argv: Sequence[str], max_restarts: int, log: Path) -> int:
-    """:func:`_torchrun_in_process` without a watchdog (one node, or peer_timeout = 0): a stop from outside is
-    still a stop, exit 128 + the signal with one line, not a crash with torchrun's traceback; a failure is one line
-    here and its traceback in the run log."""
-    try:
-        return _torchrun_in_process(argv)
-    except BaseException as e:
-        signum = outside_signal(e)
-        if signum is not None:
-            say_stopped(signum, 128 + signum)
-            return 128 + signum
-        if not isinstance(e, Exception):
-            raise
-        _err(runlog.torchrun_failed(e, log, worker_failed=worker_failure(e, max_restarts) is not None))
-        return 1
-
-
-def _torchrun_watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path | None = None) -> int:
-    """:func:`_torchrun_in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
-    stopped it, or found after torchrun failed that a node was lost (then 19) or failed first (19 too).
-
-    The watchdog stops torchrun with SIGTERM to this process: torchrun's handler raises its SignalException in the
-    main thread, and its agent stops the workers (SIGTERM, SIGKILL 30 s later) before re-raising it. While torchrun
-    restarts workers (max_restarts) this process lives on and keeps beating, so a restart is never a lost node; a
-    torchrun that gives up publishes the worker it gave up on, which every node names.
-    """
-
-    def _after(signum: int, frame: FrameType | None) -> None:
-        # torchrun leaves its handler installed, which would raise its SignalException anywhere below. The
-        # watchdog's own signal can land after torchrun returned: it was already acted on.
-        if dog.alarm is None:
-            raise Stopped(signum)
-
-    tell_watchdog(dog)
-    dog.start()
-    error: BaseException | None = None
-    outside: int | None = None
-    try:
-        try:
-            _torchrun_in_process(argv)
-        finally:
-            for s in STOP_SIGNALS:
-                signal.signal(s, _after)
-        code = EXIT_OK
-    except BaseException as e:  # a stop from outside; SystemExit; else (ChildFailedError) exit 1, said in one line
-        outside = outside_signal(e) if dog.alarm is None else None
-        if outside is not None:
-            code = 128 + outside
-        elif isinstance(e, SystemExit):
-            code = e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else 1)
-        else:
-            code, error = 1, e
-    if outside is not None:  # a stop, not a crash: no traceback; torchrun already ended the workers with it
-        say_stopped(outside, code)
-    failure = worker_failure(error, max_restarts) if error is not None and dog.alarm is None else None
-    if error is not None and dog.alarm is None:
-        # Said now, as an uncaught exception would be, not after the wait for the other nodes below.
-        if log is None:
-            traceback.print_exception(error)
-        else:
-            _err(runlog.torchrun_failed(error, log, worker_failed=failure is not None))
-        sys.stderr.flush()
-    try:
-        return dog.finish(code, failure, signal=outside or 0).code
-    except Stopped as e:
-        _err(f"stopped by {signal_name(e.signum)} while waiting for the other nodes to end")
-        return 128 + e.signum if outside is None else code
 
 
 @dataclass(frozen=True)
@@ -361,7 +236,14 @@ def _watchdog(cfg: LaunchConfig, passed: Passed | None, beside: checks.LinksBesi
     stall = StallConfig(cfg.stall_timeout, stop, cfg.worker_dir) if cfg.stall_timeout > 0 else None
     settle = beside.wait if beside is not None else None
     dog = Watchdog(
-        passed.store, cfg.node_rank, cfg.nnodes, cfg.peer_timeout, names, stop=_sigterm_self, stall=stall, settle=settle
+        passed.store,
+        cfg.node_rank,
+        cfg.nnodes,
+        cfg.peer_timeout,
+        names,
+        stop=torchrun.sigterm_self,
+        stall=stall,
+        settle=settle,
     )
     if beside is not None:
         beside.attach(dog.refuse)
@@ -424,8 +306,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     rdzv = _rendezvous(cfg, passed)
     counts = {f.rank: f.nproc_per_node for f in passed.verdict.facts} if passed else None
     plan = exec_plan(
-        cfg, command, python=sys.executable, torchrun=_torchrun(), cpus=_cpus(), local_rank=_local_rank(cfg, command),
-        rendezvous=rdzv, counts=counts,
+        cfg, command, python=sys.executable, torchrun=torchrun.torchrun_path(), cpus=_cpus(),
+        local_rank=_local_rank(cfg, command), rendezvous=rdzv, counts=counts,
     )  # fmt: skip
     if plan.per_process:  # mpirun mode: the launcher starts and watches every process itself
         return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed, beside))
@@ -439,13 +321,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         for key, value in plan.default_env:
             os.environ.setdefault(key, value)
         if rdzv is not None:
-            _distinct_node(cfg.node_rank)
+            torchrun.distinct_node(cfg.node_rank)
         log = runlog.log_path(cfg.output_dir, cfg.node_rank)
         runlog.quiet_exit_barrier(log)
         if (dog := _watchdog(cfg, passed, beside)) is not None:
-            return _torchrun_watched(plan.argv, dog, cfg.max_restarts, log)
+            return torchrun.watched(plan.argv, dog, cfg.max_restarts, log)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
-        return _torchrun_alone(plan.argv, cfg.max_restarts, log)
+        return torchrun.alone(plan.argv, cfg.max_restarts, log)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.
     sys.stdout.flush()
     sys.stderr.flush()

@@ -279,7 +279,7 @@ def _mpirun(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
                     per_process=mpirun_env(cfg, first, world))  # fmt: skip
 
 
-# Every mode of contract.LAUNCH_MODES, and nothing else (tests/unit/launcher/test_styles.py holds them equal).
+# Every mode of contract.LAUNCH_MODES, and nothing else (tests/unit/launcher/test_contract_names.py holds them equal).
 STYLES: dict[str, Style] = {
     LaunchMode.TORCHRUN: Style(_torchrun),
     LaunchMode.FABRIC: Style(_fabric),

@@ -32,6 +32,12 @@ _CAUSES = (
 )  # fmt: skip
 
 
+def err(line: str) -> None:
+    """One ``nodekit: error:`` line on stderr, after whatever the job printed on stdout."""
+    sys.stdout.flush()
+    print(f"nodekit: error: {line}", file=sys.stderr, flush=True)
+
+
 def log_path(output_dir: str, node_rank: int) -> Path:
     """This node's run log: ``<output_dir>/nodekit/node-<rank>.log``."""
     return Path(output_dir) / "nodekit" / f"node-{node_rank}.log"

@@ -1,6 +1,6 @@
 """Who may talk to main's preflight store: the handshake and the frame seals, as pure functions (no I/O).
 
-Main's preflight port is reachable by anyone on the network, so the store (``store.py``, ``storeserver.py``) admits
+Main's preflight port is reachable by anyone on the network, so the store (``kv.py``, ``server.py``) admits
 only a process that holds the job secret, and main proves the same to every worker. Per connection:
 
 1. client -> main  ``MAGIC | nc``                                  (36 bytes: a fresh 32-byte client nonce)

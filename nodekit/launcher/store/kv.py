@@ -2,7 +2,7 @@
 
 It replaces ``torch.distributed.TCPStore`` there because a TCPStore accepts any write from anyone who reaches the
 port. The protocol (``auth.py``) is a mutual challenge-response per connection, then MAC'd frames; main hosts it
-(``storeserver.py``), workers connect with ``storeclient.Client``. Both offer the four calls preflight, the data check
+(``server.py``), workers connect with ``client.Client``. Both offer the four calls preflight, the data check
 and the peer watchdog use (``set``, ``get``, ``add``, ``check``, as TCPStore's: ``get`` waits for the key).
 
 Caps (:class:`Limits`), enforced by main on every write and on every frame before its body is read:
