@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from nodekit.errors import EngineError
 from nodekit.image.archive import chain_ids, chains_of
+from nodekit.ship.codecs import Codec, Compress, choose_codec, codec_for_file
 from nodekit.ship.engines import layers_held, source_of, survey
 from nodekit.ship.fanout import ProgressFn, PushResult, push
 from nodekit.ship.files import LoadedFile, Saved, load, save
@@ -43,8 +44,6 @@ from nodekit.ship.plan import (
     DISK_FACTOR,
     SCHEMES,
     Action,
-    Codec,
-    Compress,
     Layer,
     LayerPlan,
     PushPlan,
@@ -52,8 +51,6 @@ from nodekit.ship.plan import (
     Step,
     Target,
     TargetState,
-    choose_codec,
-    codec_for_file,
     format_layer_list,
     parse_layer_list,
     parse_target,

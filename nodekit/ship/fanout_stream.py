@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from nodekit.errors import NodekitError, ShipError
 from nodekit.ship import outcome
+from nodekit.ship.codecs import Codec
 from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import diagnose as _diagnose
-from nodekit.ship.plan import Codec, PushPlan, Source, Step, size_text, travelling_bytes
+from nodekit.ship.plan import PushPlan, Source, Step, size_text, travelling_bytes
 from nodekit.ship.relay import RelaySink
 from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, unzstd_sink

@@ -1,6 +1,6 @@
 """Images as files, for nodes that share a file system: :func:`save` writes one, :func:`load` reads one.
 
-:func:`save` writes ``docker save`` compressed as the file's suffix says (:func:`nodekit.ship.plan.codec_for_file`),
+:func:`save` writes ``docker save`` compressed as the file's suffix says (:func:`nodekit.ship.codecs.codec_for_file`),
 atomically: a failed or interrupted save leaves no file at the path. With ``have`` (the chain ids a node reported
 with ``nodekit layers``) it is incremental: the layer files that node holds are left out, so the file loads there
 (and only on an engine holding those layers) to the same image id. :func:`load` streams a file (plain or
@@ -21,10 +21,11 @@ from typing import BinaryIO
 
 from nodekit.errors import NodekitError, ShipError, UsageError
 from nodekit.image.contents import BadArchive, Contents, check_expected, parse_expect, read_contents
+from nodekit.ship.codecs import codec_for_file
 from nodekit.ship.engines import source_of
 from nodekit.ship.layers import WithoutLayers, from_store
 from nodekit.ship.outcome import answer_deadline, answered_within, no_answer
-from nodekit.ship.plan import LayerPlan, codec_for_file, plan_layers, short_id, size_text
+from nodekit.ship.plan import LayerPlan, plan_layers, short_id, size_text
 from nodekit.ship.scan import gunzipped, scan
 from nodekit.ship.stream import (
     PROGRESS_EVERY_S,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nodekit.ship.plan import Codec, PushPlan, Step, travelling_bytes
+from nodekit.ship.codecs import Codec
+from nodekit.ship.plan import PushPlan, Step, travelling_bytes
 from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, split_chains
 
 

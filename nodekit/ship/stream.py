@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import Literal
 
 from nodekit.errors import ShipError
-from nodekit.ship.plan import Codec
+from nodekit.ship.codecs import Codec
 from nodekit.system import docker, proc
 
 PROGRESS_EVERY_S = 2.0
@@ -48,7 +48,7 @@ UNZSTD_LOAD = "zstd -dcq | docker load -q"
 
 def unzstd_sink(endpoint: str) -> docker.LoadSink:
     """A load on the ``ssh://`` node of ``endpoint`` that takes a zstd stream: decompressed there by its zstd
-    command, never by its engine (:data:`nodekit.ship.plan.ZSTD_LOAD_CRASH`)."""
+    command, never by its engine (:data:`nodekit.ship.codecs.ZSTD_LOAD_CRASH`)."""
     from urllib.parse import urlsplit
 
     from nodekit.system import ssh
@@ -76,7 +76,7 @@ def compressed(chunks: Iterable[bytes], codec: Codec) -> Iterator[bytes]:
 
 def decompressed_zstd(chunks: Iterable[bytes]) -> Iterator[bytes]:
     """``chunks`` of a zstd stream, decompressed here by the zstd command (so no engine has to: see
-    :data:`nodekit.ship.plan.ZSTD_LOAD_CRASH`). A truncated or corrupt stream raises ShipError at its end."""
+    :data:`nodekit.ship.codecs.ZSTD_LOAD_CRASH`). A truncated or corrupt stream raises ShipError at its end."""
     yield from _through(["zstd", "-q", "-d", "-c"], chunks, doing="decompressing")
 
 

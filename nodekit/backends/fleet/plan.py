@@ -23,8 +23,9 @@ from nodekit.config.settings import Settings
 from nodekit.job.spec import launch_spec
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.launcher.preflight.network import is_address
+from nodekit.ship.codecs import Codec, choose_codec
 from nodekit.ship.grouping import groups, relay_candidates
-from nodekit.ship.plan import Codec, Step, Target, choose_codec
+from nodekit.ship.plan import Step, Target
 from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, split_chains
 
 WHEN_RUN = "decided when run"

@@ -125,7 +125,7 @@ def test_an_image_nodekit_wrote_crosses_image_stores_with_the_id_each_store_give
 
 
 def test_zstd_is_never_handed_to_an_engine_only_to_a_node_that_decompresses_it() -> None:
-    """Docker 26.1.5's dockerd crashed in CI decompressing a zstd load (ship.plan.ZSTD_LOAD_CRASH): zstd goes only to
+    """Docker 26.1.5's dockerd crashed in CI decompressing a zstd load (ship.codecs.ZSTD_LOAD_CRASH): zstd goes only to
     an ssh:// node whose own zstd command decompresses it, and only when this machine compresses it."""
     assert {s.codec for s in ship.plan_push(SRC, [state("n1"), state("n2")]).steps} == {"gzip"}
     zstd_nodes = [state("n1", zstd=True), state("n2", zstd=True), state("n3")]
