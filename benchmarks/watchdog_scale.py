@@ -3,7 +3,7 @@ and the time until every node names a node whose host vanished. Prints a markdow
 
 This process is main: it hosts the real store on loopback and runs node 0's real :class:`Watchdog`, so its CPU
 (``time.process_time``) is main's store and watchdog together. The other nodes are real watchdogs too, beating at
-the real rate (1 s), in ``--procs`` worker processes that share a few authenticated connections each. After a
+the real rate (1 s), in ``--procs`` worker processes, each node with its own authenticated connection. After a
 warm-up, one node's host vanishes (its store calls hang, no FIN: the slowest case, named after the peer timeout);
 the time to name it is from then until each other node's watchdog stopped its job, the last node counting.
 
@@ -37,7 +37,7 @@ WINDOW_S = 5.0  # the steady state measured
 
 
 class Node:
-    """A simulated node's store: a shared connection that hangs once its host vanished."""
+    """A simulated node's store: its connection, which hangs once its host vanished."""
 
     def __init__(self, client: Client) -> None:
         self.client, self.vanished, self.forever = client, threading.Event(), threading.Event()
@@ -70,6 +70,7 @@ def names(n: int) -> dict[int, str]:
 def workers(port: int, n: int, ranks: list[int], conns: int, timeout: float, victim: int, vanish_at: float) -> None:
     """A worker process: the watchdogs of ``ranks``; prints ``{rank: when it stopped its job}`` (monotonic, which
     every process of this machine shares) once the deadline passed, then ends without waiting for its threads."""
+    conns = conns or len(ranks)  # a connection shared by threads is a lock they can starve on: real nodes have one each
     clients = [Client.connect("127.0.0.1", port, SECRET, timeout_s=30, connect_s=10) for _ in range(conns)]
     alarms: dict[int, float] = {}
     lines: dict[int, str] = {}
@@ -183,7 +184,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, nargs="+", default=[64, 256, 512])
     parser.add_argument("--timeout", type=float, default=3.0, help="the peer timeout, seconds")
     parser.add_argument("--procs", type=int, default=4, help="worker processes")
-    parser.add_argument("--conns", type=int, default=4, help="store connections per worker process")
+    parser.add_argument("--conns", type=int, default=0, help="store connections per worker process (0: one a node)")
     args = parser.parse_args()
     rows = [measure(n, args.timeout, args.procs, args.conns) for n in args.nodes]
     every_other = "every other node would read: N x (N - 1) x 3"
