@@ -76,6 +76,7 @@ class Table:
         self.limits = limits
         self._data: dict[bytes, bytes] = {}
         self.stored = 0  # bytes of keys and values
+        self.ops = 0  # calls carried out, from the network and from main's own process (the watchdog's cost)
         self._cond = threading.Condition()
 
     def __len__(self) -> int:
@@ -98,15 +99,18 @@ class Table:
 
     def set(self, key: bytes, value: bytes) -> None:
         with self._cond:
+            self.ops += 1
             self._put(key, value)
 
     def get(self, key: bytes, wait_s: float = 0.0) -> bytes | None:
         with self._cond:
+            self.ops += 1
             self._cond.wait_for(lambda: key in self._data, timeout=wait_s)
             return self._data.get(key)
 
     def add(self, key: bytes, amount: int) -> int:
         with self._cond:
+            self.ops += 1
             old = self._data.get(key, b"0")
             try:
                 value = int(old) + amount if len(old) <= 20 else None
@@ -119,6 +123,7 @@ class Table:
 
     def check(self, keys: list[bytes]) -> bool:
         with self._cond:
+            self.ops += 1
             return all(k in self._data for k in keys)
 
     def apply(self, payload: bytes) -> bytes:

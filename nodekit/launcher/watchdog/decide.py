@@ -3,7 +3,8 @@ rounds timed on its own clock), whether to stop its job (:func:`alarm`), how it 
 (:func:`conclude`), and the lines it prints. Observations and times in, decisions out; :mod:`watchdog` runs them.
 
 A node is *lost* when it has not marked itself done and its counter has not moved for the peer timeout, measured
-over successful reads; a worker that cannot complete a store call for that long has lost main (node 0) itself. A
+over successful reads that carried its counter (a worker's reading of a record main did not refresh carries main's
+only, :mod:`alive`); a worker that cannot complete a store call for that long has lost main (node 0) itself. A
 node whose store connection ended without a done mark is lost sooner: at once when it closed between calls (its
 launcher's process is gone: a killed container), and once its counter has also stood still for :data:`CONFIRM_S`
 when the end was less clear (a reset, a close mid-frame), since a node beats through that one connection only.
@@ -136,6 +137,7 @@ class Ending:
 class _Peer:
     count: int | None
     changed: float  # when the current count was first read (watch start before any read)
+    seen: float  # when a reading last carried its count (watch start before any read)
     moves: tuple[float, ...] = ()  # read times of the last two changes
     done: Done | None = None
     bye: bool = False
@@ -151,13 +153,16 @@ class Watch:
         self.confirm_s = min(confirm_s, timeout)
         self.last_ok = start  # when a round of store calls last completed
         self.store_gone = False  # a store call failed: the connection is closed for good (TCPStore never reconnects)
-        self.peers = {r: _Peer(count=None, changed=start) for r in range(nnodes) if r != rank}
+        self.peers = {r: _Peer(count=None, changed=start, seen=start) for r in range(nnodes) if r != rank}
 
     def see(self, reading: Reading) -> None:
         self.last_ok = max(self.last_ok, reading.at)
         for rank, count in reading.counts.items():
             peer = self.peers.get(rank)
-            if peer is not None and count != peer.count:
+            if peer is None:
+                continue
+            peer.seen = max(peer.seen, reading.at)
+            if count != peer.count:
                 first = peer.count is None
                 peer.count, peer.changed = count, reading.at
                 if not first:
@@ -176,8 +181,9 @@ class Watch:
         return now - self.last_ok
 
     def silence(self, rank: int) -> float:
-        """How long ``rank``'s counter has stood still, over reads that succeeded."""
-        return self.last_ok - self.peers[rank].changed
+        """How long ``rank``'s counter has stood still, over reads that succeeded and carried it."""
+        peer = self.peers[rank]
+        return peer.seen - peer.changed
 
     def lost(self, now: float) -> tuple[Lost, ...]:
         """Nodes not done whose counter stood still for the timeout; for a worker, main when the store stopped

@@ -14,6 +14,10 @@ The channel is preflight's TCPStore, which node 0 keeps hosting for the whole jo
     gone/<r>   set by main's store when node r's connection ends (its will: ``closed`` or ``cut``); read before
                the done marks, so a node that ended normally (done, then its connection closed) is never taken
                for lost
+    alive      main's aggregate of all of the above, one JSON record (:mod:`nodekit.launcher.watchdog.alive`):
+               main reads every node's keys in its own process (it hosts the store) and publishes this once per
+               beat; a worker writes its own keys and reads only this record, so a beat costs main O(N)
+               operations and a node O(1) round trips, not N x (N - 1) and N - 1
 
 and, with the stall watch on, those of :mod:`nodekit.launcher.watchdog.stallio` (every node's progress, main's asks
 for stacks and its notice that the job stalled).
@@ -32,6 +36,8 @@ import threading
 from collections.abc import Callable, Mapping
 
 from nodekit.launcher.preflight.exchange import PREFIX, Clock, Store
+from nodekit.launcher.watchdog import alive
+from nodekit.launcher.watchdog.alive import ALIVE_KEY, Alive
 from nodekit.launcher.watchdog.decide import (
     EXIT_LINK,
     EXIT_OK,
@@ -217,6 +223,9 @@ class Watchdog:
         store, me = self.store, self.rank
         others = sorted(r for r in range(self.nnodes) if r != me)
         sent: Done | None = None
+        alive_key, last_seq = _key(ALIVE_KEY), None
+        # A worker's faster reads once its job returned cost main one round trip each: at most ~320/s in all.
+        settle_s = min(self.beat_s, SETTLE_POLL_S * (1 if me == 0 else max(1.0, self.nnodes / 16)))
         try:
             leave_will = getattr(store, "will", None)  # a worker's connection to main (main's store is local)
             if leave_will is not None:
@@ -232,20 +241,25 @@ class Watchdog:
                 if own is not None and own != sent:
                     store.set(_key("done", me), own.to_json())
                     sent = own
-                store.add(_key("hb", me), 1)
+                beats = int(store.add(_key("hb", me), 1))
                 if leaving:
                     store.set(_key("bye", me), "1")
                     break
-                counts = {r: int(store.add(_key("hb", r), 0)) for r in others}
-                gone = {r: store.get(_key("gone", r)).decode() for r in unread if store.check([_key("gone", r)])}
-                done = {r: Done.from_json(store.get(_key("done", r))) for r in unread if store.check([_key("done", r)])}
-                bye = frozenset(r for r in byes if me == 0 and store.check([_key("bye", r)]))
-                reading = Reading(at=self.clock.now(), counts=counts, done=done, bye=bye, gone=gone)
+                if me == 0:
+                    reading = self._read_all(store, others, unread, byes)
+                else:
+                    raw = store.get(alive_key) if last_seq is not None or store.check([alive_key]) else None
+                    record = Alive.from_json(raw) if raw is not None else None
+                    reading = alive.reading(record, last_seq, self.clock.now(), me)
+                    last_seq = record.seq if record is not None else None
                 if self._stall is not None:  # before the reading is seen: finish() then knows a stall its peers knew
                     self._stall_round(store, ended=own is not None)
                 with self._lock:
                     self.watch.see(reading)
-                self._wake.wait(self.beat_s if own is None else min(self.beat_s, SETTLE_POLL_S))
+                    published = alive.aggregate(beats, self.watch, beats, own) if me == 0 else None
+                if published is not None:  # outside the lock: the judge never waits on a store call
+                    store.set(alive_key, published.to_json())
+                self._wake.wait(self.beat_s if own is None else settle_s)
         except Exception as e:  # torch's DistNetworkError; the client never reconnects, so this is final
             text = str(e).strip()
             self.broken = text.splitlines()[0] if text else type(e).__name__
@@ -253,6 +267,15 @@ class Watchdog:
                 self.watch.store_gone = True
         finally:
             self._published.set()
+
+    def _read_all(self, store: Store, others: list[int], unread: list[int], byes: list[int]) -> Reading:
+        """Main's round: every node's counter, the wills and done marks of those not done yet, and the byes of
+        those done, all from the table in this process (main hosts the store): O(N) calls, no network."""
+        counts = {r: int(store.add(_key("hb", r), 0)) for r in others}
+        gone = {r: store.get(_key("gone", r)).decode() for r in unread if store.check([_key("gone", r)])}
+        done = {r: Done.from_json(store.get(_key("done", r))) for r in unread if store.check([_key("done", r)])}
+        bye = frozenset(r for r in byes if store.check([_key("bye", r)]))
+        return Reading(at=self.clock.now(), counts=counts, done=done, bye=bye, gone=gone)
 
     def _stall_round(self, store: Store, *, ended: bool = False) -> None:
         """The stall watch's round (once this node's job has ``ended``, only the notice is read); a fault of its own
