@@ -15,8 +15,11 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, SettingsError
 
+from nodekit.config import across, inputs
 from nodekit.config import file as config_file
-from nodekit.config import inputs
+from nodekit.config.across import FABRIC_SETTINGS as FABRIC_SETTINGS
+from nodekit.config.across import node_rank_problem as node_rank_problem
+from nodekit.config.across import reserved_env as reserved_env
 from nodekit.config.file import CONFIG_FILE, config_path
 from nodekit.config.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT, MIN_STALL_TIMEOUT
 from nodekit.config.tables import (
@@ -31,38 +34,17 @@ from nodekit.config.tables import (
     checked,
 )
 from nodekit.errors import ConfigError
-from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES, Env, LaunchMode
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
 DEFAULT_TORCH = "torch==2.13.0"
-FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
-# Variables the launcher and torchrun own: a user value would silently break the rendezvous or the stack check.
-_RESERVED_ENV = frozenset(
-    {Env.WORLD_SIZE, Env.NODE_RANK, Env.NNODES, Env.NPROC_PER_NODE, Env.RANK, Env.LOCAL_RANK, Env.GROUP_RANK,
-     Env.LOCAL_WORLD_SIZE}
-)  # fmt: skip
-# nodekit variables that are the user's switches, documented for the env table.
-_USER_SWITCHES = frozenset({Env.EXIT_GUARD})
-
-
-def reserved_env(key: str) -> bool:
-    """Whether ``key`` is one of nodekit's own variables, which the ``env`` table may not set."""
-    if key in _USER_SWITCHES:
-        return False
-    return key.startswith(("NODEKIT_", "MASTER_")) or key in _RESERVED_ENV
-
-
 _IMAGE_NAME = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
 # What the lock hands pip (--python-version X.Y, --platform TAG) and makes the ABI tag from (cp + digits).
 _TARGET = {
     "python_version": (r"3\.[0-9]{1,2}", "3.11"),
     "wheel_platform": (r"[a-z0-9_]{1,64}", "manylinux_2_36_x86_64"),
 }
-
-
-def node_rank_problem(rank: int, nnodes: int) -> str:
-    return f"[nodes.{rank}] is outside node ranks 0..{nnodes - 1} (nnodes = {nnodes})"
 
 
 class Settings(BaseSettings):
@@ -226,91 +208,8 @@ class Settings(BaseSettings):
         return checked(v, inputs.hostname_problem, 'main = "10.0.0.5", main\'s address as the other nodes reach it')
 
     @model_validator(mode="after")
-    def _node_ranks(self) -> Settings:
-        # Without nnodes, `hosts` counts the nodes; with neither (a hostfile given to `nodekit run`, or `up` on
-        # one node) the upper bound is checked once the count is known (nodekit/backends/fleet/hosts.py hosts_of).
-        count = self.nnodes if "nnodes" in self.model_fields_set else len(self.hosts) or None
-        outside = sorted(r for r in self.nodes if r < 0 or (count is not None and r >= count))
-        if outside:
-            raise Bad(node_rank_problem(outside[0], count or 1), fix=f"remove [nodes.{outside[0]}], or raise nnodes",
-                      key="nodes")  # fmt: skip
-        if self.min_nodes is not None and self.min_nodes > self.nnodes and "nnodes" in self.model_fields_set:
-            raise Bad(
-                f"min_nodes = {self.min_nodes} is more than nnodes = {self.nnodes}",
-                fix=f"min_nodes <= {self.nnodes}",
-                key="min_nodes",
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _mount_targets(self) -> Settings:
-        targets = [m.container for m in self.mounts]
-        twice = next((t for t in targets if targets.count(t) > 1), None)
-        if twice is not None:
-            raise Bad(
-                f"mount target {twice!r} is used twice",
-                fix="give each [[mounts]] entry its own container path",
-                key="mounts",
-            )
-        for r, o in self.nodes.items():
-            unknown = next((t for t in o.mounts if t not in targets), None)
-            if unknown is not None:
-                raise Bad(
-                    f"[nodes.{r}] mounts {unknown!r}, which no [[mounts]] entry mounts",
-                    fix=f'add a [[mounts]] entry with container = "{unknown}", or remove it from [nodes.{r}] mounts',
-                    key=f"nodes.{r}.mounts",
-                )
-        return self
-
-    @model_validator(mode="after")
-    def _fabric_only(self) -> Settings:
-        given = [k for k in FABRIC_SETTINGS if getattr(self, k) is not None]
-        if given and self.launcher != LaunchMode.FABRIC:
-            raise Bad(
-                f'{", ".join(given)} only apply to launcher = "{LaunchMode.FABRIC}" (launcher is {self.launcher!r})',
-                fix=f'remove {", ".join(given)}, or set launcher = "{LaunchMode.FABRIC}"',
-                key=given[0],
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _plain_text(self) -> Settings:
-        """No value may hold what cannot reach a file, an argv or an environment intact. ``args`` and ``env``
-        values may span lines (a prompt, a JSON blob); names, paths, URLs and packages may not."""
-        for name in type(self).model_fields:
-            if name == "project_dir":
-                continue
-            for where, text in inputs.strings(getattr(self, name), name):
-                lines = name == "args" or (name == "env" and where != "env")
-                problem = inputs.text_problem(text, lines=lines)
-                if problem is None and lines and inputs.too_long(text):
-                    problem = (
-                        f"is longer than the {inputs.MAX_ARG_BYTES + 1} bytes Linux allows one argument or variable"
-                    )
-                if problem is not None:
-                    raise Bad(f"{text[:40]!r} {problem}", fix=f"write {name} without it", key=where)
-        return self
-
-    @model_validator(mode="after")
-    def _env_tables(self) -> Settings:
-        for key in (*self.env, *self.pass_env):
-            problem = inputs.env_name_problem(key)
-            where = "env" if key in self.env else "pass_env"
-            if problem is not None:
-                raise Bad(problem, fix=f"rename it in {where}, e.g. MY_SETTING", key=where)
-            if reserved_env(key):
-                raise Bad(
-                    f"{key} is set by nodekit itself (NODEKIT_*, MASTER_*, ranks and sizes)",
-                    fix=f"remove {key} from {where}; use the matching setting or flag instead",
-                    key=where,
-                )
-        both = next((k for k in self.pass_env if k in self.env), None)
-        if both is not None:
-            raise Bad(
-                f"{both} is in both env (a value written to the file) and pass_env (taken from the shell)",
-                fix=f"keep {both} in one of them",
-                key="pass_env",
-            )
+    def _across_fields(self) -> Settings:
+        across.check(self)  # the checks that read more than one field: nodekit/config/across.py
         return self
 
     @field_validator("pass_env")
