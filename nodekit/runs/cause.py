@@ -17,8 +17,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from nodekit.system.terminal import ESCAPES
+
 _PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure|Warning)\b")
 _CHAINED = ("During handling of the above exception", "The above exception was the direct cause")
 TRACEBACK = "Traceback (most recent call last):"
@@ -54,7 +55,7 @@ class Causes:
     def feed(self, node: int, line: str) -> None:
         if node in self._first:
             return
-        text = _ANSI.sub("", line).rstrip("\r\n")
+        text = ESCAPES.sub("", line).rstrip("\r\n")
         m = _PREFIX.match(text)
         rank = int(m.group(1)) if m else None
         body = text[m.end() :] if m else text
