@@ -494,3 +494,19 @@ def copy_checkout(src: Path, dest: Path, *, builds: bool = False) -> Path:
 
     shutil.copytree(src, dest, ignore=leave_out, copy_function=copy)
     return dest
+
+
+def tar_of(files: dict[str, bytes], *, link: str | None = None) -> bytes:
+    """A tar archive of ``files`` (name -> bytes), with a symbolic link named ``link`` to manifest.json when given."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if link:
+            info = tarfile.TarInfo(link)
+            info.type = tarfile.SYMTYPE
+            info.linkname = "manifest.json"
+            tar.addfile(info)
+    return buf.getvalue()

@@ -16,6 +16,7 @@ from nodekit.image import archive
 from nodekit.image.archive import Image, layer_descriptor
 from nodekit.image.contents import BadArchive, Contents, check_expected, parse_expect, read_contents
 from nodekit.ship.scan import scan
+from tests.factories import tar_of
 
 
 def image(tmp_path: Path, text: bytes) -> tuple[Image, dict[str, Path]]:
@@ -29,16 +30,6 @@ def image(tmp_path: Path, text: bytes) -> tuple[Image, dict[str, Path]]:
 def members(data: bytes) -> dict[str, bytes]:
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
-
-
-def tar_of(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def saved(img: Image, ref: str | None, files: dict[str, Path]) -> dict[str, bytes]:

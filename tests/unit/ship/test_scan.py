@@ -12,21 +12,7 @@ import pytest
 
 from nodekit.image.contents import BadArchive
 from nodekit.ship.scan import HOLD, gunzipped, scan
-
-
-def tar_of(files: dict[str, bytes], *, link: str | None = None) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        if link:
-            info = tarfile.TarInfo(link)
-            info.type = tarfile.SYMTYPE
-            info.linkname = "manifest.json"
-            tar.addfile(info)
-    return buf.getvalue()
+from tests.factories import tar_of
 
 
 def chunked(data: bytes, size: int = 64 << 10) -> list[bytes]:
