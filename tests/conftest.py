@@ -196,3 +196,18 @@ def bad_input_projects() -> Iterator[None]:
             shutil.rmtree(made, ignore_errors=True)
         else:
             made.unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With NODEKIT_TEST_TIMES=FILE, one JSON line per test phase as it ends (set-up, call, tear-down), so a run
+    that is stopped part-way still says where its time went (--durations prints only at the end)."""
+    path = os.environ.get("NODEKIT_TEST_TIMES")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes each report once
+        return
+    import json
+    import time
+
+    line = {"at": round(time.time(), 1), "test": report.nodeid, "when": report.when,
+            "seconds": round(report.duration, 2), "outcome": report.outcome}  # fmt: skip
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps(line) + "\n")
