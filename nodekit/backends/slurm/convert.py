@@ -26,6 +26,7 @@ from pathlib import Path
 
 from nodekit.backends.slurm import cmd
 from nodekit.errors import NodekitError
+from nodekit.system.files import write_atomic
 
 CONVERT_S = 3600.0  # a CUDA image (10 GB and more) on a small machine
 # The mount points Charliecloud's own conversion makes (ch-convert's mount_points_ensure).
@@ -73,17 +74,33 @@ def _charliecloud(ref: str, out: Path, mount_points: Sequence[str], env: Sequenc
 
 def lay_out(tree: Path, mount_points: Sequence[str], env: Sequence[tuple[str, str]]) -> None:
     """Charliecloud's layout: /ch/environment, and the directories and files ch-run binds onto where the image lacks
-    them (a symlink counts as present)."""
-    (tree / "ch").mkdir(exist_ok=True)
-    (tree / "ch" / "environment").write_text("".join(f"{k}={v}\n" for k, v in env))
+    them (a symlink counts as present).
+
+    The tree is the image's own files, so nothing here follows a link in it: an image whose ``/ch`` or ``/data``
+    is a link to an absolute path would otherwise have this machine's files written or created where it points
+    (``/ch -> /root/.ssh``). A path with a link on the way is left as it is (ch-run resolves it inside the image);
+    /ch/environment through a link is refused (UsageError)."""
+    write_atomic(tree / "ch" / "environment", "".join(f"{k}={v}\n" for k, v in env), within=tree)
     for rel in (*CH_DIRS, *(p.strip("/") for p in mount_points)):
-        path = tree / rel
-        if not path.is_symlink() and not path.exists():
-            path.mkdir(parents=True)
+        _make_unless_linked(tree, rel, directory=True)
     for rel in CH_FILES:
-        path = tree / rel
-        if not path.is_symlink() and not path.exists():
-            path.touch()
+        _make_unless_linked(tree, rel, directory=False)
+
+
+def _make_unless_linked(tree: Path, rel: str, *, directory: bool) -> None:
+    """Make ``tree/rel`` (its missing directories too) unless it exists or a part of it is a symbolic link."""
+    parts = Path(rel).parts
+    here = tree
+    for i, part in enumerate(parts):
+        here = here / part
+        if here.is_symlink():
+            return
+        if here.exists():
+            continue
+        if directory or i < len(parts) - 1:
+            here.mkdir()
+        else:
+            here.touch()
 
 
 def _check(result: cmd.Result, ref: str) -> None:
