@@ -19,6 +19,7 @@ import fcntl
 import os
 import re
 import secrets
+import stat
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,9 +71,14 @@ def load_or_create(project_dir: Path) -> str:
 
 
 def _read(path: Path) -> str | None:
-    """The file's text; None when absent. A ConfigError naming the fix when it cannot be a secret file."""
+    """The file's text; None when absent. A ConfigError naming the fix when it cannot be a secret file, or when
+    someone else can know it (:func:`_private`)."""
     try:
-        return path.read_text(encoding="utf-8")
+        with path.open(encoding="utf-8") as f:
+            text = f.read()
+            if text.strip():  # an empty remnant holds nothing to know; it is replaced
+                _private(path, os.fstat(f.fileno()))
+            return text
     except FileNotFoundError:
         return None
     except NotADirectoryError:
@@ -85,6 +91,21 @@ def _read(path: Path) -> str | None:
             f"cannot read the job secret {path}: {why}",
             fix=f"remove {path} (a new one is made), or export {ENV_VAR}",
         ) from None
+
+
+def _private(path: Path, st: os.stat_result) -> None:
+    """Refuse a secret file another user may know: one that others can read (what a git checkout or a copy made by
+    redirection leaves: a repository that ships ``.nodekit/job-secret`` hands every clone the same, public value),
+    or one another user owns. As ssh treats a private key. nodekit's own file is 0600 and the user's."""
+    loose = stat.S_IMODE(st.st_mode) & 0o077
+    if loose or st.st_uid != os.geteuid():
+        why = f"readable by others (mode {stat.S_IMODE(st.st_mode):04o})" if loose else f"owned by uid {st.st_uid}"
+        raise ConfigError(
+            f"the job secret {path} is {why}: a secret that came with a repository or a shared copy is known to "
+            "whoever has that copy",
+            fix=f"if you copied it from main yourself: chmod 600 {path}; else remove it (a new one is made) and "
+            f"copy main's, or export {ENV_VAR}",
+        )
 
 
 def _temp_with(directory: Path, value: str) -> Path:

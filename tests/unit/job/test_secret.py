@@ -291,6 +291,7 @@ def test_an_unusable_secret_someone_wrote_is_kept_and_named_with_the_fix(tmp_pat
     path = tmp_path / ".nodekit" / "job-secret"
     path.parent.mkdir()
     path.write_text("too short\n")
+    path.chmod(0o600)
     with pytest.raises(ConfigError, match="not a usable job secret") as e:
         secret.load_or_create(tmp_path)
     assert f"remove {path}" in e.value.one_line() and path.read_text() == "too short\n"
@@ -305,3 +306,17 @@ def test_a_dry_run_repairs_nothing(tmp_path: Path) -> None:
     path.write_text("")
     assert len(secret.for_node({}, tmp_path, create=False)) == 32
     assert path.read_text() == ""
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604])
+def test_a_secret_others_can_read_is_refused_as_known_with_the_fix(tmp_path: Path, mode: int) -> None:
+    """A repository that ships .nodekit/job-secret gives every clone one public value (a checkout is 0644)."""
+    path = tmp_path / ".nodekit" / "job-secret"
+    path.parent.mkdir()
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(mode)
+    with pytest.raises(ConfigError, match="readable by others") as e:
+        secret.load_or_create(tmp_path)
+    assert f"chmod 600 {path}" in e.value.one_line()
+    path.chmod(0o600)
+    assert secret.load_or_create(tmp_path) == "0123456789abcdef0123456789abcdef"
