@@ -134,6 +134,8 @@ def handled(fn: F) -> F:
             left = [f"{c.what} (pid {c.pid})" for c in proc.live() if c.poll() is None]
             if left:
                 ui.stopped(f"{e.name} received: stopped; still ending: {', '.join(left)}")
+            elif behind := proc.left():
+                ui.stopped(f"{e.name} received: stopped; may be left running: {'; '.join(behind)}")
             else:
                 ui.stopped(f"{e.name} received: stopped, and everything it had started was ended")
             if e.name == "SIGHUP":

@@ -113,6 +113,7 @@ def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVE
         unsettled = [e for f in futures if isinstance(e := f.result(), start.Unsettled)]
         for e in unsettled:
             reporter.warn(e.one_line())
+            proc.left_behind(f"node {e.host.rank}'s container on {e.host.where} (then: {e.fix})")
         raise
     finally:
         wait(futures)  # after a signal too: its handler ended their processes, and a second one does not raise

@@ -23,7 +23,7 @@ from __future__ import annotations
 from nodekit.system.proc.children import Child, alive, live, terminate_all
 from nodekit.system.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Stall, Unbounded, hung, stalled
 from nodekit.system.proc.env import environ, extra_env, overlay
-from nodekit.system.proc.signals import STOP_SIGNALS, Interrupted, interrupted, stopping
+from nodekit.system.proc.signals import STOP_SIGNALS, Interrupted, interrupted, left, left_behind, stopping
 from nodekit.system.proc.spawn import Result, Stdio, command_prefix, gnu_timeout, run, start, stopped
 
 __all__ = [
@@ -44,6 +44,8 @@ __all__ = [
     "gnu_timeout",
     "hung",
     "interrupted",
+    "left",
+    "left_behind",
     "live",
     "overlay",
     "run",

@@ -42,6 +42,21 @@ _state = threading.local()
 _received: list[int] = []
 
 
+_left: list[str] = []
+
+
+def left_behind(what: str) -> None:
+    """Record something this command started that stopping could not end or confirm ended (a container a host's
+    engine may still be starting after its ssh was killed): the closing line names it instead of saying that
+    everything was ended. Cleared when :func:`stopping` is entered."""
+    _left.append(what)
+
+
+def left() -> list[str]:
+    """What :func:`left_behind` recorded during the command that runs now."""
+    return list(_left)
+
+
 def interrupted() -> bool:
     """Whether a stop signal arrived during the command that runs now: a worker thread about to start something
     new (a node's ``compose up``) checks this and starts nothing."""
@@ -59,6 +74,7 @@ def stopping(*, grace: float = GRACE_S) -> Iterator[list[int]]:
         return
     received: list[int] = []
     _received.clear()
+    _left.clear()
     cleaning = [False]
 
     def handler(signum: int, frame: FrameType | None) -> None:
