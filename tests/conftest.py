@@ -207,7 +207,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     import json
     import time
 
-    line = {"at": round(time.time(), 1), "test": report.nodeid, "when": report.when,
+    worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)  # xdist's gwN
+    line = {"at": round(time.time(), 1), "test": report.nodeid, "when": report.when, "worker": worker,
             "seconds": round(report.duration, 2), "outcome": report.outcome}  # fmt: skip
     with open(path, "a", encoding="utf-8") as out:
         out.write(json.dumps(line) + "\n")
