@@ -41,9 +41,10 @@ ALL_PAIRS_MAX = 16
 # known-good ones. Six rounds: 3 s at most with the default 0.2 s, at any n.
 SURVEY_ROUNDS = 4
 NARROW_ROUNDS = 2
-# The barrier between rounds is every node polling a counter on main's store. Up to this many nodes they poll every
-# POLL_S (50 a second each); beyond it the poll slows in proportion, so main's store answers at most this many
-# nodes' worth of polls (3,200 a second) whatever n is.
+# The barrier between rounds is every node polling a counter on main's store, every BARRIER_POLL_S (the preflight's
+# POLL_S) up to POLL_NODES nodes. Beyond it the poll slows in proportion, so that main's store answers at most 3,200
+# polls a second whatever n is; a round then ends up to one poll later (0.16 s at 512 nodes), which estimate_s counts.
+BARRIER_POLL_S = 0.02
 POLL_NODES = 64
 
 
@@ -138,8 +139,9 @@ def partner(schedule: list[Round], round_no: int, rank: int) -> int | None:
 
 
 def estimate_s(n: int, seconds: float = DEFAULT_SECONDS) -> float:
-    """The check's bound for ``n`` nodes: rounds x (both directions + the round's overhead)."""
-    return plan_rounds(n) * (2 * seconds + ROUND_OVERHEAD_S)
+    """The check's bound for ``n`` nodes: rounds x (both directions + the round's overhead, with the barrier's
+    slower poll above ``POLL_NODES`` nodes)."""
+    return plan_rounds(n) * (2 * seconds + ROUND_OVERHEAD_S + poll_s(n) - BARRIER_POLL_S)
 
 
 def round_deadline_s(seconds: float, connect_s: float, drain_s: float) -> float:
@@ -148,7 +150,8 @@ def round_deadline_s(seconds: float, connect_s: float, drain_s: float) -> float:
     return math.ceil(2 * (connect_s + seconds + drain_s) + 5.0)
 
 
-def poll_s(n: int, base: float) -> float:
-    """How often each of ``n`` nodes polls the barrier: ``base`` up to ``POLL_NODES`` nodes, then slower in
-    proportion (main's store answers ``POLL_NODES / base`` polls a second at most)."""
-    return base * max(1.0, n / POLL_NODES)
+def poll_s(n: int) -> float:
+    """How often each of ``n`` nodes polls the barrier (and the keys it waits for): ``BARRIER_POLL_S`` up to
+    ``POLL_NODES`` nodes, then slower in proportion, so that main's store answers ``POLL_NODES / BARRIER_POLL_S``
+    polls a second at most."""
+    return BARRIER_POLL_S * max(1.0, n / POLL_NODES)

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from nodekit.launcher.linkcheck.listener import LinkServer
 from nodekit.launcher.linkcheck.probe import CONNECT_S, DRAIN_S, TRIES, measure
 from nodekit.launcher.linkcheck.rounds import (
+    BARRIER_POLL_S,
     Round,
     partner,
     plan_rounds,
@@ -33,7 +34,7 @@ from nodekit.launcher.linkcheck.rounds import (
     survey,
 )
 from nodekit.launcher.linkcheck.verdict import Endpoint, LinkVerdict, Mode, Pair, Transfer, decide, narrow
-from nodekit.launcher.preflight.exchange import POLL_S, Clock, PreflightError, Store, _key
+from nodekit.launcher.preflight.exchange import Clock, PreflightError, Store, _key
 
 SEEN_WAIT_S = 15.0
 ENDPOINTS_WAIT_S = 60.0
@@ -59,7 +60,7 @@ def _k(*parts: object) -> str:
     return _key("link", *parts)
 
 
-def _wait(store: Store, keys: list[str], deadline: float, clock: Clock, poll: float = POLL_S) -> bool:
+def _wait(store: Store, keys: list[str], deadline: float, clock: Clock, poll: float = BARRIER_POLL_S) -> bool:
     while not store.check(keys):
         if clock.now() >= deadline:
             return False
@@ -72,7 +73,7 @@ def _barrier(store: Store, name: str, nnodes: int, deadline: float, clock: Clock
     while int(store.add(_k(name), 0)) < nnodes:
         if clock.now() >= deadline:
             return False
-        clock.sleep(poll_s(nnodes, POLL_S))
+        clock.sleep(poll_s(nnodes))
     return True
 
 
@@ -126,7 +127,7 @@ def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock) -> LinkVerdict
     if job.rank == 0:
         return _decide(store, job, ends, schedule, clock.now() - start, finished, clock)
     deadline = clock.now() + per_round * (plan_rounds(n) + 1) + SEEN_WAIT_S
-    if not _wait(store, [_k("verdict")], deadline, clock, poll_s(n, POLL_S)):
+    if not _wait(store, [_k("verdict")], deadline, clock, poll_s(n)):
         raise PreflightError("main published no link check verdict (is node 0 stuck? see its log)")
     verdict = LinkVerdict.from_json(store.get(_k("verdict")))
     store.set(_k("seen", job.rank), "1")
@@ -177,7 +178,7 @@ def _narrowing(
             more = narrow(everyone, got, mode=job.mode, min_gbit=job.min_gbit)
         store.set(_k("narrow"), json.dumps(more))
         return more
-    if not finished or not _wait(store, [_k("narrow")], clock.now() + per_round, clock, poll_s(job.nnodes, POLL_S)):
+    if not finished or not _wait(store, [_k("narrow")], clock.now() + per_round, clock, poll_s(job.nnodes)):
         return []
     return [[(int(a), int(b)) for a, b in r] for r in json.loads(store.get(_k("narrow")))]
 

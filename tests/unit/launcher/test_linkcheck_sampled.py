@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import socket
 import threading
-import time
 from collections import Counter
-from typing import Any
 
 import pytest
 
@@ -19,46 +17,18 @@ from nodekit.launcher.linkcheck.run import LinkJob, run
 from nodekit.launcher.linkcheck.verdict import LinkVerdict
 from nodekit.launcher.store.client import Client
 from nodekit.launcher.store.server import host
+from tests.factories import shaper
 
 SECRET = "job-secret-for-the-sampled-link-check"
 N = 24
 SLOW = 9  # rank; its address is 127.0.0.10
 SLOW_ADDR = f"127.0.0.{SLOW + 1}"
 RATE = 2.5e6  # bytes a second (20 Mbit/s) on the slow node's link; loopback between the others carries gigabits
-PACE = 16 << 10  # bytes per paced send
-
-
-class Shaped(socket.socket):
-    """A socket whose sends are paced to RATE when either end is the slow node's address, like a shaper on that
-    node's link: its own egress and the traffic toward it."""
-
-    def _slow(self) -> bool:
-        if self.family != socket.AF_INET:  # the store's wake-up socketpair
-            return False
-        try:
-            return SLOW_ADDR in (self.getsockname()[0], self.getpeername()[0])
-        except OSError:
-            return False
-
-    def send(self, data: Any, flags: int = 0) -> int:
-        if not self._slow():
-            return super().send(data, flags)
-        sent = super().send(memoryview(data)[:PACE], flags)
-        time.sleep(sent / RATE)
-        return sent
-
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        if not self._slow():
-            return super().sendall(data, flags)
-        view = memoryview(data)
-        while view:
-            view = view[self.send(view, flags) :]
-        return None
 
 
 def test_above_the_threshold_a_sample_of_pairs_names_the_slow_node(monkeypatch: pytest.MonkeyPatch) -> None:
     assert N > ALL_PAIRS_MAX
-    monkeypatch.setattr(socket, "socket", Shaped)  # every socket made from here on: listeners, probes, the store
+    monkeypatch.setattr(socket, "socket", shaper(SLOW_ADDR, RATE))  # every socket made from here on
     hosted = host(SECRET, 0, timeout_s=60, host="127.0.0.1")
     out: dict[int, LinkVerdict] = {}
     errors: list[BaseException] = []
