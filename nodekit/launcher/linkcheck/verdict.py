@@ -292,10 +292,10 @@ def _sample(verdict: LinkVerdict) -> list[str]:
         met[p.b] = met.get(p.b, 0) + 1
     gbits = sorted(g for p in verdict.pairs if (g := p.gbit) is not None)
     spread = f"; pairs {_g(gbits[0])} to {_g(gbits[-1])} Gbit/s, median {_g(statistics.median(gbits))}" if gbits else ""
+    again = ", the nodes of named pairs again against a good node" if verdict.findings else ""
     return [
-        f"  a sample of {len(verdict.pairs)} of the {n * (n - 1) // 2} pairs: every node against "
-        f"{min(met.values())} to {max(met.values())} others, the nodes of a named pair again against a good node"
-        f"{spread}"
+        f"  a sample of {len(verdict.pairs):,} of the {n * (n - 1) // 2:,} pairs: every node against "
+        f"{min(met.values())} to {max(met.values())} others{again}{spread}"
     ]
 
 
