@@ -510,3 +510,36 @@ def tar_of(files: dict[str, bytes], *, link: str | None = None) -> bytes:
             info.linkname = "manifest.json"
             tar.addfile(info)
     return buf.getvalue()
+
+
+def shaper(slow: str, rate: float, pace: int = 16 << 10) -> type[socket.socket]:
+    """A ``socket.socket`` whose sends are paced to ``rate`` bytes a second when either end is the address ``slow``:
+    a shaper on one node's link (its own egress and the traffic toward it), for loopback where ``tc`` would slow
+    every test's traffic. Patched over ``socket.socket``, it covers listeners' accepted connections and
+    ``create_connection`` too (both build their sockets through that name)."""
+
+    class Shaped(socket.socket):
+        def _slow(self) -> bool:
+            if self.family != socket.AF_INET:  # a socketpair's wake-up end
+                return False
+            try:
+                return slow in (self.getsockname()[0], self.getpeername()[0])
+            except OSError:
+                return False
+
+        def send(self, data: Any, flags: int = 0) -> int:
+            if not self._slow():
+                return super().send(data, flags)
+            sent = super().send(memoryview(data)[:pace], flags)
+            time.sleep(sent / rate)
+            return sent
+
+        def sendall(self, data: Any, flags: int = 0) -> None:
+            if not self._slow():
+                return super().sendall(data, flags)
+            view = memoryview(data)
+            while view:
+                view = view[self.send(view, flags) :]
+            return None
+
+    return Shaped

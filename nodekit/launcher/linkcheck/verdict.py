@@ -6,7 +6,9 @@ cannot drag it down while there are at least four nodes. A pair below ``SLOW_RAT
 pair whose round trip is ``RTT_RATIO`` times the median and ``RTT_FLOOR_MS`` more is *late*. Both are warnings,
 refusals with ``links = "refuse"``. A pair below the declared ``min_link_gbit`` and a pair that could not connect
 refuse in either mode: the first is what the job declared it needs, the second is what gloo and NCCL need too.
-A node that is in every flagged pair while other pairs are fine is named as the likely cause.
+A node that is in every flagged pair while other pairs are fine is named as the likely cause. Above
+``rounds.ALL_PAIRS_MAX`` nodes the pairs are a sample (``rounds.py``), and :func:`narrow` plans the re-tests that
+put a suspect node in a pair with a known-good one, so that the same rule tells a node from a pair.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from nodekit.launcher.contract import EXIT_LINK
+from nodekit.launcher.linkcheck.rounds import Round, narrowing, sampled
 
 SLOW_RATIO = 0.25
 RTT_RATIO, RTT_FLOOR_MS = 4.0, 5.0  # a loaded 2-core machine stalls a ping by a millisecond or two
@@ -205,12 +208,20 @@ def suspects(n: int, pairs: Sequence[Pair], findings: Sequence[Finding]) -> tupl
     flagged = {(f.a, f.b) for f in findings}
     if n < 3 or not flagged or len(flagged) == len(pairs):
         return ()
-    out = []
-    for r in range(n):
-        mine = [(p.a, p.b) for p in pairs if r in (p.a, p.b)]
-        if mine and all(pair in flagged for pair in mine):
-            out.append(r)
-    return tuple(out)
+    mine: dict[int, list[tuple[int, int]]] = {}
+    for p in pairs:
+        mine.setdefault(p.a, []).append((p.a, p.b))
+        mine.setdefault(p.b, []).append((p.a, p.b))
+    return tuple(r for r in range(n) if mine.get(r) and all(pair in flagged for pair in mine[r]))
+
+
+def narrow(
+    endpoints: Sequence[Endpoint], pairs: Sequence[Pair], *, mode: Mode = "warn", min_gbit: float | None = None
+) -> list[Round]:
+    """The narrowing rounds after a sampled survey: every node of a pair the survey's verdict names (by the same
+    rules as the final one) against a known-good node it has not met (``rounds.narrowing``)."""
+    flagged = {(f.a, f.b) for f in decide(endpoints, pairs, mode=mode, min_gbit=min_gbit).findings}
+    return narrowing(len(endpoints), [(p.a, p.b) for p in pairs], flagged)
 
 
 def fix_for(verdict: LinkVerdict) -> str:
@@ -268,8 +279,24 @@ def render(verdict: LinkVerdict, *, matrix: bool, started: bool = False) -> str:
     if verdict.findings:
         lines.append(f"  fix: {fix_for(verdict)}")
     if matrix and n > 1:
-        lines += _matrix(verdict)
+        lines += _sample(verdict) if sampled(n) else _matrix(verdict)
     return "\n".join(lines)
+
+
+def _sample(verdict: LinkVerdict) -> list[str]:
+    """In place of a matrix of ``n`` x ``n`` cells for a sampled check: what was measured, and the spread."""
+    n = len(verdict.endpoints)
+    met: dict[int, int] = dict.fromkeys((e.rank for e in verdict.endpoints), 0)
+    for p in verdict.pairs:
+        met[p.a] = met.get(p.a, 0) + 1
+        met[p.b] = met.get(p.b, 0) + 1
+    gbits = sorted(g for p in verdict.pairs if (g := p.gbit) is not None)
+    spread = f"; pairs {_g(gbits[0])} to {_g(gbits[-1])} Gbit/s, median {_g(statistics.median(gbits))}" if gbits else ""
+    again = ", the nodes of named pairs again against a good node" if verdict.findings else ""
+    return [
+        f"  a sample of {len(verdict.pairs):,} of the {n * (n - 1) // 2:,} pairs: every node against "
+        f"{min(met.values())} to {max(met.values())} others{again}{spread}"
+    ]
 
 
 def _matrix(verdict: LinkVerdict) -> list[str]:
