@@ -44,7 +44,7 @@ def k8s(
     import os
 
     from nodekit.backends.k8s import plan as planner
-    from nodekit.cli.ui import out
+    from nodekit.cli.ui import show_plan
     from nodekit.image.builder import last_build
     from nodekit.job import secret
 
@@ -57,15 +57,11 @@ def k8s(
     # Checked before the secret is asked for: a refused plan must not leave a new secret file behind.
     planner.k8s_job(settings, image=ref, fingerprint=fingerprint, kind=kind)
     value = secret.for_node(os.environ, settings.project_dir, create=not dry_run)
-    plan = planner.plan_k8s(settings, image=ref, fingerprint=fingerprint, secret=value, kind=kind, out_dir=target)
+    plan = planner.plan(settings, image=ref, fingerprint=fingerprint, secret=value, kind=kind, out_dir=target)
     if dry_run:
-        for f in plan.files:
-            out.print(f"# would write {f.path}:", markup=False)
-            out.print(f.shown, markup=False, end="")
-        for note in plan.notes:
-            out.print(f"# note: {note}", markup=False)
+        show_plan(plan)
         return
-    for path in planner.write(plan):
+    for path in planner.write(plan.detail):
         typer.echo(path)
     for note in plan.notes:
         typer.echo(f"note: {note}", err=True)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodekit.backends.compose.render import SERVICE, compose_filename, project_name, render_compose, to_yaml
+from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
@@ -109,6 +110,20 @@ def plan_node(
         job_secret=world.job_secret,
         main_note=world.main_note,
     )
+
+
+def plan(
+    settings: Settings, rank: int, world: NodeWorld, *, debug: bool = False, out_dir: Path | None = None
+) -> BackendPlan[NodePlan]:
+    """Pure: :func:`plan_node` in the shape every backend returns (``nodekit compose`` and ``up`` print it on
+    ``--dry-run``; ``write_compose`` and ``up`` carry out its ``detail``)."""
+    return as_plan(plan_node(settings, rank, world, debug=debug, out_dir=out_dir))
+
+
+def as_plan(p: NodePlan) -> BackendPlan[NodePlan]:
+    """``p`` as the one backend shape: its compose file (the job secret masked when shown), notes and warnings."""
+    file = PlannedFile(p.compose_path, p.text, secret=p.job_secret, about=f"project {p.project}")
+    return BackendPlan("compose", p, files=(file,), notes=p.notes, warnings=p.warnings)
 
 
 def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from typing import Literal
 
 from nodekit.backends.compose.render import compose_filename
 from nodekit.backends.fleet.hosts import FleetHost, main_address
+from nodekit.backends.shape import BackendPlan
 from nodekit.config.settings import Settings
 from nodekit.job.spec import launch_spec
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
@@ -179,6 +180,15 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
         command=tuple(launch.command.argv()),
         launcher=launch.launcher,
     )
+
+
+def plan(inputs: FleetInputs) -> BackendPlan[FleetPlan]:
+    """Pure: :func:`plan_fleet` in the shape every backend returns (its steps are :meth:`FleetPlan.to_text`)."""
+    return as_plan(plan_fleet(inputs))
+
+
+def as_plan(p: FleetPlan) -> BackendPlan[FleetPlan]:
+    return BackendPlan("fleet", p, steps=p.to_text())
 
 
 def relay_chains(hosts: Sequence[FleetHost], mode: RelayMode) -> tuple[tuple[str, ...], ...]:
