@@ -21,7 +21,7 @@ from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
 from nodekit.job.container import ContainerSpec, Mount
 from nodekit.job.plan import plan_container
-from nodekit.job.spec import launch_spec, mount_points, node_facts, node_spec
+from nodekit.job.spec import launch_spec, mount_points, node_facts, node_spec, processes
 from nodekit.launcher.contract import OUTPUT_DIR
 from nodekit.system.files import write_atomic
 from nodekit.system.host.facts import HostFacts
@@ -121,8 +121,7 @@ def _gpus_and_nproc(settings: Settings, nnodes: int) -> tuple[int, int]:
             "pod of an Indexed Job is the same",
             "remove nproc_per_node from the [nodes.R] tables (one value for all nodes)",
         )
-    nproc = procs.pop()
-    return gpus, (max(gpus, 1) if nproc == "auto" else nproc)
+    return gpus, processes(procs.pop(), gpus)
 
 
 def _volumes(settings: Settings, container: ContainerSpec, nnodes: int) -> tuple[render.Volume, ...]:
