@@ -49,15 +49,15 @@ def k8s(
     from nodekit.job import secret
 
     settings = _with_k8s(load_settings(config, **job), namespace=namespace, gpus=gpus)
-    planner.script_exists(settings)
+    launch = planner.script_exists(settings)  # the job's launch, built once for this command
     ref, fingerprint = planner.choose_image(settings, image, last_build(settings))
     # Relative to here when under it, so the files' "kubectl apply -f" line reads as the user would type it.
     target = Path(planner.shown(out_dir or settings.resolve(settings.k8s.out_dir)))
     kind: planner.Kind = "trainjob" if trainjob else "job"
-    # Checked before the secret is asked for: a refused plan must not leave a new secret file behind.
-    planner.k8s_job(settings, image=ref, fingerprint=fingerprint, kind=kind)
+    # Planned before the secret is asked for: a refused plan must not leave a new secret file behind.
+    job_plan = planner.k8s_job(settings, image=ref, fingerprint=fingerprint, kind=kind, launch=launch)
     value = secret.for_node(os.environ, settings.project_dir, create=not dry_run)
-    plan = planner.plan(settings, image=ref, fingerprint=fingerprint, secret=value, kind=kind, out_dir=target)
+    plan = planner.plan(settings, job_plan, secret=value, kind=kind, out_dir=target)
     if dry_run:
         show_plan(plan)
         return

@@ -42,7 +42,7 @@ def _plan(
 ) -> BackendPlan[NodePlan]:
     import os
 
-    from nodekit.backends.compose import node
+    from nodekit.backends.compose.node import plan
     from nodekit.job import secret
     from nodekit.job.gather import gather_node
 
@@ -52,7 +52,7 @@ def _plan(
     world = gather_node(
         settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret, dry_run=dry_run
     )
-    return node.plan(settings, rank, world, debug=debug, out_dir=out_dir)
+    return plan(settings, rank, world, debug=debug, out_dir=out_dir)
 
 
 @app.command()

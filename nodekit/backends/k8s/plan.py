@@ -21,7 +21,7 @@ from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
 from nodekit.job.container import ContainerSpec, Mount
 from nodekit.job.plan import plan_container
-from nodekit.job.spec import launch_spec, mount_points, node_facts, node_spec, processes
+from nodekit.job.spec import LaunchSpec, launch_spec, mount_points, node_facts, node_spec, processes
 from nodekit.launcher.contract import OUTPUT_DIR
 from nodekit.system.files import write_atomic
 from nodekit.system.host.facts import HostFacts
@@ -101,7 +101,7 @@ def _subdomain(value: str) -> bool:
     return len(value) <= 253 and all(DNS_1123.match(part) for part in value.split("."))
 
 
-def _gpus_and_nproc(settings: Settings, nnodes: int) -> tuple[int, int]:
+def _gpus_and_nproc(settings: Settings, launch: LaunchSpec, nnodes: int) -> tuple[int, int]:
     """One pod template serves every node: GPUs and processes must be the same on all of them."""
     declared = {o.gpus for r, o in settings.nodes.items() if o.gpus is not None and r < nnodes}
     gpus = settings.k8s.gpus if settings.k8s.gpus is not None else (min(declared) if declared else 0)
@@ -113,7 +113,6 @@ def _gpus_and_nproc(settings: Settings, nnodes: int) -> tuple[int, int]:
             f"every pod the same {gpus}",
             "make [nodes.R] gpus equal (or remove them) and set [k8s] gpus",
         )
-    launch = launch_spec(settings)
     procs = {launch.nproc_of(r) for r in range(nnodes)}
     if len(procs) > 1:
         raise _bad(
@@ -158,20 +157,23 @@ def _differs(settings: Settings, mount: Mount, nnodes: int) -> bool:
                mount.target)  # fmt: skip
 
 
-def pod_container(settings: Settings, *, image: str, gpus: int) -> ContainerSpec:
+def pod_container(settings: Settings, launch: LaunchSpec, *, image: str, gpus: int) -> ContainerSpec:
     """The container every pod runs: node 0's, planned as nodekit up plans one, with main's address and the rank
     left to the pod. Pods have the pod network ([k8s] host_network) and find their interface toward pod 0
     themselves, so network and the [nodes.R] iface and addr pins do not apply (the notes say so)."""
     nodes = {r: o.model_copy(update={"iface": None, "addr": None}) for r, o in settings.nodes.items()}
     pods = settings.model_copy(update={"network": "host", "nodes": nodes})
     facts = node_facts(pods, 0, HostFacts(gpu_count=gpus))
-    node = node_spec(pods, launch_spec(pods), 0, None, facts)
+    node = node_spec(pods, launch, 0, None, facts)  # the job's launch: the pod network changes no part of it
     return plan_container(node, facts, image=image, output_dir=settings.resolve(settings.output_dir), job_secret=True)
 
 
-def k8s_job(settings: Settings, *, image: str, fingerprint: str, kind: Kind = "job") -> render.K8sJob:
-    """The job as the manifests describe it; UsageError (exit 2, with the fix) on anything Kubernetes refuses."""
-    launch = launch_spec(settings)
+def k8s_job(
+    settings: Settings, *, image: str, fingerprint: str, kind: Kind = "job", launch: LaunchSpec | None = None
+) -> render.K8sJob:
+    """The job as the manifests describe it, from the job's ``launch`` (built here when not given); UsageError
+    (exit 2, with the fix) on anything Kubernetes refuses."""
+    launch = launch or launch_spec(settings)
     nnodes = launch.nnodes  # settings cap it at inputs.MAX_NODES, below an Indexed Job's 100,000 completions
     name = settings.k8s.name or settings.image_name
     check_name(name, kind=kind, nnodes=nnodes, source="[k8s] name" if settings.k8s.name else "the project's name")
@@ -186,8 +188,8 @@ def k8s_job(settings: Settings, *, image: str, fingerprint: str, kind: Kind = "j
             "host_network cannot be set by a TrainJob: its runtime owns the pod's network",
             "remove [k8s] host_network, or set hostNetwork in the Trainer runtime",
         )
-    gpus, nproc = _gpus_and_nproc(settings, nnodes)
-    container = pod_container(settings, image=image, gpus=gpus)
+    gpus, nproc = _gpus_and_nproc(settings, launch, nnodes)
+    container = pod_container(settings, launch, image=image, gpus=gpus)
     return render.K8sJob(
         name=name,
         namespace=settings.k8s.namespace,
@@ -255,6 +257,12 @@ def header(job: render.K8sJob, what: str, apply: str, checked: str) -> str:
 def plan_k8s(settings: Settings, *, image: str, fingerprint: str, secret: str, kind: Kind, out_dir: Path) -> K8sPlan:
     """The files ``nodekit k8s`` writes into ``out_dir``; raises UsageError, writes nothing."""
     job = k8s_job(settings, image=image, fingerprint=fingerprint, kind=kind)
+    return manifests(settings, job, secret=secret, kind=kind, out_dir=out_dir)
+
+
+def manifests(settings: Settings, job: render.K8sJob, *, secret: str, kind: Kind, out_dir: Path) -> K8sPlan:
+    """The files of an already planned ``job`` (:func:`k8s_job`): the CLI plans it once, refusing before the job
+    secret is asked for, and renders that same job here."""
     apply = f"kubectl apply -f {out_dir}/"
     schemas = f"Validated against the Kubernetes {' and '.join(K8S_VERSIONS)} schemas"
     if kind == "job":
@@ -271,11 +279,10 @@ def plan_k8s(settings: Settings, *, image: str, fingerprint: str, secret: str, k
     )
 
 
-def plan(
-    settings: Settings, *, image: str, fingerprint: str, secret: str, kind: Kind, out_dir: Path
-) -> BackendPlan[K8sPlan]:
-    """:func:`plan_k8s` in the shape every backend returns; :func:`write` carries out its ``detail``."""
-    return as_plan(plan_k8s(settings, image=image, fingerprint=fingerprint, secret=secret, kind=kind, out_dir=out_dir))
+def plan(settings: Settings, job: render.K8sJob, *, secret: str, kind: Kind, out_dir: Path) -> BackendPlan[K8sPlan]:
+    """:func:`manifests` of the planned ``job`` in the shape every backend returns; :func:`write` carries out its
+    ``detail``."""
+    return as_plan(manifests(settings, job, secret=secret, kind=kind, out_dir=out_dir))
 
 
 def as_plan(p: K8sPlan) -> BackendPlan[K8sPlan]:
@@ -300,14 +307,17 @@ def write(p: K8sPlan) -> list[Path]:
     return [f.path for f in p.files]
 
 
-def script_exists(settings: Settings) -> None:
-    """The training script is in the project (it goes into the image), as ``nodekit up`` checks."""
-    script = launch_spec(settings).command.script
+def script_exists(settings: Settings) -> LaunchSpec:
+    """The job's launch spec, once the training script is known to be in the project (it goes into the image), as
+    ``nodekit up`` checks."""
+    launch = launch_spec(settings)
+    script = launch.command.script
     if script is not None and not settings.resolve(Path(script)).is_file():
         raise _bad(
             f"training script {script} not found in {settings.project_dir}",
             "create it, or set script in nodekit.toml to an existing file",
         )
+    return launch
 
 
 def has_registry(ref: str) -> bool:

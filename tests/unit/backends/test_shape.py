@@ -14,8 +14,9 @@ from nodekit.backends.fleet.hosts import hosts_of
 from nodekit.backends.k8s import plan as k8s
 from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.cli.app import app
-from nodekit.config.settings import load
+from nodekit.config.settings import Settings, load
 from nodekit.job.gather import gather_node
+from nodekit.job.spec import LaunchSpec, launch_spec
 
 runner = CliRunner()
 SECRET = "s3cr3t" * 4
@@ -76,7 +77,8 @@ def test_k8s_and_fleet_dry_runs_print_their_plans_shown(project: Path) -> None:
     s = load(project / "nodekit.toml")
     result = runner.invoke(app, ["k8s", "--image", "reg.example.com/i:1", "--dry-run"])
     assert result.exit_code == 0, result.output
-    p = k8s.plan(s, image="reg.example.com/i:1", fingerprint="", secret=SECRET, kind="job", out_dir=Path("k8s"))
+    job = k8s.k8s_job(s, image="reg.example.com/i:1", fingerprint="")
+    p = k8s.plan(s, job, secret=SECRET, kind="job", out_dir=Path("k8s"))
     assert p.backend == "k8s" and p.files == p.detail.files
     assert [line for line in result.stdout.splitlines() if line.startswith("# would write")] == [
         f.heading for f in p.files
@@ -87,3 +89,16 @@ def test_k8s_and_fleet_dry_runs_print_their_plans_shown(project: Path) -> None:
     assert result.exit_code == 0, result.output
     f = fleet.plan(fleet.gather(s, hosts_of(s), image="i:1"))
     assert f.backend == "fleet" and result.stdout == f.shown() == f.detail.to_text() + "\n"
+
+
+def test_the_k8s_command_builds_the_jobs_launch_once(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    built = []
+
+    def counted(settings: Settings) -> LaunchSpec:
+        built.append(settings)
+        return launch_spec(settings)
+
+    monkeypatch.setattr(k8s, "launch_spec", counted)
+    result = runner.invoke(app, ["k8s", "--image", "reg.example.com/i:1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert len(built) == 1
