@@ -44,15 +44,17 @@ def _plan(
 
     from nodekit.backends.compose.node import plan
     from nodekit.job import secret
-    from nodekit.job.gather import gather_node
+    from nodekit.job.gather import check_command, gather_node
 
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
 
+    launch = check_command(settings)  # the job's launch spec, built once and passed down
     world = gather_node(
-        settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret, dry_run=dry_run
-    )
-    return plan(settings, rank, world, debug=debug, out_dir=out_dir)
+        settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret,
+        dry_run=dry_run, launch=launch,
+    )  # fmt: skip
+    return plan(settings, rank, world, debug=debug, out_dir=out_dir, launch=launch)
 
 
 @app.command()

@@ -102,3 +102,19 @@ def test_the_k8s_command_builds_the_jobs_launch_once(project: Path, monkeypatch:
     result = runner.invoke(app, ["k8s", "--image", "reg.example.com/i:1", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert len(built) == 1
+
+
+def test_the_compose_command_builds_the_jobs_launch_once(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodekit.job import gather
+
+    built = []
+
+    def counted(settings: Settings) -> LaunchSpec:
+        built.append(settings)
+        return launch_spec(settings)
+
+    monkeypatch.setattr(gather, "launch_spec", counted)
+    monkeypatch.setattr(node, "launch_spec", counted)
+    result = runner.invoke(app, ["compose", "-r", "1", "--main", "10.0.0.1", "--image", "i:1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert len(built) == 1
