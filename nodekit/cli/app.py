@@ -6,13 +6,16 @@ Heavy modules (python-on-whales, rich, the build pipeline) are imported inside t
 
 from __future__ import annotations
 
-from nodekit.cli import data, doctor, fleet, images, k8s, live, nodes, project, runs, ship, slurm, stacks
-from nodekit.cli.common import app
+import importlib
 
-__all__ = [
-    "app", "data", "doctor", "fleet", "images", "k8s", "live", "main", "nodes", "project", "runs", "ship", "slurm",
-    "stacks",
-]  # fmt: skip
+from nodekit.cli.common import TOPICS, app
+
+# Importing a topic module registers its commands on the app; the backends' modules are named by their
+# registrations (nodekit/config/backends.py), so a new backend's CLI module needs no line here.
+for _topic in TOPICS:
+    importlib.import_module(f"nodekit.cli.{_topic}")
+
+__all__ = ["app", "main"]
 
 
 def main() -> None:

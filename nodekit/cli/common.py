@@ -13,11 +13,15 @@ import typer
 from typer.core import TyperGroup
 
 from nodekit import __version__
+from nodekit.config import backends
 
-# The command modules in the order a user meets their commands: set up, build, ship, check, run one node, run every
-# node, Slurm, Kubernetes. `--help` lists each module's commands in the order the module defines them, so a new
-# command needs no list of its own (tests/unit/cli/test_command_order.py holds every command module here).
-TOPICS = ("project", "images", "ship", "data", "doctor", "nodes", "fleet", "live", "stacks", "runs", "slurm", "k8s")
+# The command modules in the order a user meets their commands: set up, build, ship, check; then each backend's, as
+# registered (one node, every node, Slurm, Kubernetes: nodekit/config/backends.py); then watch and look back.
+# `--help` lists each module's commands in the order the module defines them, so a new command needs no list of its
+# own (tests/unit/cli/test_command_order.py holds every command module here).
+BEFORE_BACKENDS = ("project", "images", "ship", "data", "doctor")
+AFTER_BACKENDS = ("live", "stacks", "runs")
+TOPICS = (*BEFORE_BACKENDS, *backends.topics(), *AFTER_BACKENDS)
 
 
 def command_order(commands: Mapping[str, Any]) -> list[str]:

@@ -138,10 +138,10 @@ def _summary(rows: list[CheckRow], elapsed: float) -> None:
 
 def _ready(bind: str, port: int, seconds: int, main_ip: str | None) -> Callable[[], None]:
     from nodekit.cli.ui import out
-    from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+    from nodekit.launcher.contract import preflight_port_for
 
     def ready() -> None:
-        who, preflight = main_ip or "MAIN_ADDR", port + PREFLIGHT_PORT_OFFSET
+        who, preflight = main_ip or "MAIN_ADDR", preflight_port_for(port)
         out.print(
             f"listening on {bind}:{port} and :{preflight} for up to {seconds} s; on each worker run: "
             f"nodekit doctor --main {who} --node-rank R",

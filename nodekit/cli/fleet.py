@@ -76,10 +76,10 @@ def run(
 
         image = building.build(settings, RichReporter(verbose=True)).tag
     if dry_run:  # the whole plan, gathered on this machine only: no host, engine or DNS is asked
-        from nodekit.backends.fleet.plan import gather, plan_fleet
-        from nodekit.cli.ui import out
+        from nodekit.backends.fleet.plan import gather, plan
+        from nodekit.cli.ui import show_plan
 
-        out.print(plan_fleet(gather(settings, hosts, image=image)).to_text(), markup=False)
+        show_plan(plan(gather(settings, hosts, image=image)))
         return
     from nodekit.backends.fleet.once import one_run_here
     from nodekit.runs.recorder import recording

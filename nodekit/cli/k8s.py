@@ -44,28 +44,24 @@ def k8s(
     import os
 
     from nodekit.backends.k8s import plan as planner
-    from nodekit.cli.ui import out
+    from nodekit.cli.ui import show_plan
     from nodekit.image.builder import last_build
     from nodekit.job import secret
 
     settings = _with_k8s(load_settings(config, **job), namespace=namespace, gpus=gpus)
-    planner.script_exists(settings)
+    launch = planner.script_exists(settings)  # the job's launch, built once for this command
     ref, fingerprint = planner.choose_image(settings, image, last_build(settings))
     # Relative to here when under it, so the files' "kubectl apply -f" line reads as the user would type it.
     target = Path(planner.shown(out_dir or settings.resolve(settings.k8s.out_dir)))
     kind: planner.Kind = "trainjob" if trainjob else "job"
-    # Checked before the secret is asked for: a refused plan must not leave a new secret file behind.
-    planner.k8s_job(settings, image=ref, fingerprint=fingerprint, kind=kind)
+    # Planned before the secret is asked for: a refused plan must not leave a new secret file behind.
+    job_plan = planner.k8s_job(settings, image=ref, fingerprint=fingerprint, kind=kind, launch=launch)
     value = secret.for_node(os.environ, settings.project_dir, create=not dry_run)
-    plan = planner.plan_k8s(settings, image=ref, fingerprint=fingerprint, secret=value, kind=kind, out_dir=target)
+    plan = planner.plan(settings, job_plan, secret=value, kind=kind, out_dir=target)
     if dry_run:
-        for f in plan.files:
-            out.print(f"# would write {f.path}:", markup=False)
-            out.print(f.shown, markup=False, end="")
-        for note in plan.notes:
-            out.print(f"# note: {note}", markup=False)
+        show_plan(plan)
         return
-    for path in planner.write(plan):
+    for path in planner.write(plan.detail):
         typer.echo(path)
     for note in plan.notes:
         typer.echo(f"note: {note}", err=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -22,6 +22,10 @@ from nodekit.cli.common import (
     reporter,
 )
 
+if TYPE_CHECKING:
+    from nodekit.backends.compose.node import NodePlan
+    from nodekit.backends.shape import BackendPlan
+
 OutDirOpt = Annotated[Path | None, typer.Option("--out-dir", help="where node-<rank>.yaml goes (default: compose/)")]
 
 
@@ -35,31 +39,22 @@ def _plan(
     image_id: Any = None,
     *,
     dry_run: bool = False,
-) -> Any:
+) -> BackendPlan[NodePlan]:
     import os
 
-    from nodekit.backends.compose.node import plan_node
+    from nodekit.backends.compose.node import plan
     from nodekit.job import secret
-    from nodekit.job.gather import gather_node
+    from nodekit.job.gather import check_command, gather_node
 
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
 
+    launch = check_command(settings)  # the job's launch spec, built once and passed down
     world = gather_node(
-        settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret, dry_run=dry_run
-    )
-    return plan_node(settings, rank, world, debug=debug, out_dir=out_dir)
-
-
-def _print_plan(plan: Any) -> None:
-    from nodekit.cli.ui import out
-
-    out.print(f"# would write {plan.compose_path} (project {plan.project}):", markup=False)
-    out.print(plan.shown, markup=False, end="")
-    for note in plan.notes:
-        out.print(f"# note: {note}", markup=False)
-    for warning in plan.warnings:
-        out.print(f"# warning: {warning}", markup=False)
+        settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret,
+        dry_run=dry_run, launch=launch,
+    )  # fmt: skip
+    return plan(settings, rank, world, debug=debug, out_dir=out_dir, launch=launch)
 
 
 @app.command()
@@ -80,14 +75,15 @@ def compose(
     The file is self-contained: `docker compose -f compose/node-<rank>.yaml up` runs this node by hand.
     """
     from nodekit.backends.compose.node import write_compose
+    from nodekit.cli.ui import show_plan
 
     plan = _plan(load_settings(config, **job), node_rank, main, image, debug, out_dir, dry_run=dry_run)
     if dry_run:
-        _print_plan(plan)
+        show_plan(plan)
         return
     for warning in plan.warnings:
         reporter().warn(warning)
-    typer.echo(write_compose(plan))
+    typer.echo(write_compose(plan.detail))
 
 
 @app.command()
@@ -109,7 +105,7 @@ def up(
     import socket
 
     from nodekit.backends.compose import node
-    from nodekit.cli.ui import JobLog
+    from nodekit.cli.ui import JobLog, show_plan
     from nodekit.runs.recorder import recording
 
     settings = load_settings(config, **job)
@@ -124,7 +120,7 @@ def up(
     image_id = None if dry_run else node.image_id_here(node_rank)
     plan = _plan(settings, node_rank, main, image, debug, out_dir, image_id, dry_run=dry_run)
     if dry_run:
-        _print_plan(plan)
+        show_plan(plan)
         return
     rep = reporter()
     log = JobLog()
@@ -135,7 +131,7 @@ def up(
                 rec.line(node_rank, line)
                 log(node_rank, line)
 
-            code = node.up(plan, rep, detach=detach, on_line=on_line, debug=debug, events=rec)
+            code = node.up(plan.detail, rep, detach=detach, on_line=on_line, debug=debug, events=rec)
             if detach:
                 rec.detach()
             else:

@@ -53,22 +53,20 @@ def slurm(
     def job_secret() -> str:
         return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
 
-    prepared = slurm_submit.prepare(
+    plan = slurm_submit.plan(
         settings, mode=container, image=image, out=out, job_secret=job_secret, environ=os.environ, debug=debug
     )
     if dry_run:
-        from nodekit.cli.ui import out as console
+        from nodekit.cli.ui import show_plan
 
-        console.print(f"# would write {prepared.path}:", markup=False)
-        console.print(prepared.shown, markup=False, end="")
-        for note in prepared.job.notes:
-            console.print(f"# warning: {note}", markup=False)
+        show_plan(plan)
         return
+    prepared = plan.detail
     if submit:
         slurm_submit.check_submit(prepared)
     rep = reporter()
-    for note in prepared.job.notes:
-        rep.warn(note)
+    for warning in plan.warnings:
+        rep.warn(warning)
     slurm_submit.prepare_image(prepared.job, settings, rep)
     path = slurm_submit.write(prepared)
     if not submit:

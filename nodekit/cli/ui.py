@@ -5,14 +5,23 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.status import Status
 
+if TYPE_CHECKING:
+    from nodekit.backends.shape import BackendPlan
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def show_plan(plan: BackendPlan[Any]) -> None:
+    """The one print path of every backend's ``--dry-run`` (compose, up, run, slurm, k8s): the plan exactly as
+    :meth:`~nodekit.backends.shape.BackendPlan.shown` writes it, the object the command would otherwise apply."""
+    out.print(plan.shown(), markup=False, end="")
 
 
 def _say(console: Console, text: str) -> None:

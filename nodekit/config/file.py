@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from nodekit.config import keys
+from nodekit.config import backends, keys
 from nodekit.errors import ConfigError
 from nodekit.system.files import NotReadable, read_bounded
 
@@ -90,7 +90,7 @@ def shown_key(loc: tuple[int | str, ...] | list[int | str]) -> str:
     parts = [str(p) for p in loc if "[" not in str(p)]
     if len(parts) >= 3 and parts[0] == "nodes":
         return f"[nodes.{parts[1]}] {'.'.join(parts[2:])}"
-    if len(parts) >= 2 and parts[0] in ("slurm", "k8s"):
+    if len(parts) >= 2 and parts[0] in backends.tables():
         return f"[{parts[0]}] {'.'.join(parts[1:])}"
     if len(parts) >= 2 and parts[0] == "mounts" and parts[1].isdigit():
         return " ".join([f"[[mounts]] #{int(parts[1]) + 1}", *parts[2:3]])

@@ -20,19 +20,20 @@ from nodekit.config import file as config_file
 from nodekit.config.across import FABRIC_SETTINGS as FABRIC_SETTINGS
 from nodekit.config.across import node_rank_problem as node_rank_problem
 from nodekit.config.across import reserved_env as reserved_env
+from nodekit.config.backends import BackendTables
 from nodekit.config.file import CONFIG_FILE, config_path
 from nodekit.config.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT, MIN_STALL_TIMEOUT
 from nodekit.config.tables import (
     Bad,
     HealthSettings,
-    K8sSettings,
     Mount,
     NodeOverride,
     NotifySettings,
     NProc,
-    SlurmSettings,
     checked,
 )
+from nodekit.config.tables import K8sSettings as K8sSettings
+from nodekit.config.tables import SlurmSettings as SlurmSettings
 from nodekit.errors import ConfigError
 from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES
 
@@ -47,8 +48,8 @@ _TARGET = {
 }
 
 
-class Settings(BaseSettings):
-    """Everything a user configures. Field docs double as the reference in ``nodekit init``'s starter file."""
+class _Keys(BaseSettings):
+    """The keys of nodekit.toml but the backends' tables; :class:`Settings` adds those and checks the whole."""
 
     model_config = SettingsConfigDict(env_prefix="NODEKIT_", frozen=True, extra="forbid", env_parse_none_str="")
 
@@ -144,14 +145,20 @@ class Settings(BaseSettings):
     notify: NotifySettings = Field(
         default_factory=NotifySettings, description="a webhook told of each run's start, failure and finish ([notify])"
     )
-    slurm: SlurmSettings = Field(default_factory=SlurmSettings, description="nodekit slurm ([slurm])")
-    k8s: K8sSettings = Field(default_factory=K8sSettings, description="nodekit k8s: the Kubernetes manifests ([k8s])")
     health: HealthSettings = Field(
         default_factory=HealthSettings, description="the link and GPU checks before any worker starts ([health])"
     )
 
     # Set by load(): where the file was found. Not a user setting.
     project_dir: Path = Field(default_factory=Path.cwd, exclude=True)
+
+
+class Settings(BackendTables, _Keys):
+    """Everything a user configures. Field docs double as the reference in ``nodekit init``'s starter file. The
+    backends' tables (``[slurm]``, ``[k8s]``) come from their registrations (:mod:`nodekit.config.backends`), after
+    the other keys (``BackendTables`` comes first among the bases, so its fields come last)."""
+
+    model_config = SettingsConfigDict(env_prefix="NODEKIT_", frozen=True, extra="forbid", env_parse_none_str="")
 
     @field_validator("name")
     @classmethod

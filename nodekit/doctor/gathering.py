@@ -19,7 +19,7 @@ from nodekit.doctor.handshake import Probe
 from nodekit.doctor.model import ContainerCheck, ContainerView, DoctorFacts, EngineCheck, ImageCheck, is_main_node
 from nodekit.errors import NodekitError, UsageError
 from nodekit.job.container import ulimits
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import preflight_port_for
 from nodekit.system.host import facts as host_facts
 from nodekit.system.host import net
 from nodekit.system.host.facts import HostFacts
@@ -69,7 +69,7 @@ def gather(settings: Settings, *, main: str | None, rank: int | None, probe_time
             main_ip = net.resolve(main)
         except UsageError as e:
             main_error = e
-    ports = (settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET)
+    ports = (settings.master_port, preflight_port_for(settings.master_port))
     with ThreadPoolExecutor(max_workers=6) as pool:
         engine_f = pool.submit(_engine)
         firewall_f = pool.submit(host_facts.firewall)

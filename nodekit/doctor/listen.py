@@ -15,7 +15,7 @@ from nodekit.doctor import handshake
 from nodekit.doctor.handshake import Arrival
 from nodekit.doctor.model import CheckRow, Status
 from nodekit.doctor.network import arrivals_row
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import preflight_port_for
 from nodekit.system.host import net
 
 
@@ -29,7 +29,7 @@ def serve(
     on_arrival: Callable[[Arrival], None] | None = None,
 ) -> CheckRow:
     """Main's half of the round trip: listen on both rendezvous ports until every worker came or time is up."""
-    ports = [settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET]
+    ports = [settings.master_port, preflight_port_for(settings.master_port)]
     route = net.route_to(main_ip) if main_ip else None
     mtu = net.mtu(route.iface) if route else None
     expected = range(1, settings.nnodes)

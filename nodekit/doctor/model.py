@@ -14,7 +14,7 @@ from enum import StrEnum
 from nodekit.config.settings import Settings
 from nodekit.doctor.handshake import Probe
 from nodekit.errors import UsageError
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import preflight_port_for
 from nodekit.system.host import net
 from nodekit.system.host.facts import Firewall, HostFacts
 from nodekit.system.host.net import Route
@@ -122,7 +122,7 @@ class DoctorFacts:
 
     @property
     def ports(self) -> tuple[int, int]:
-        return self.settings.master_port, self.settings.master_port + PREFLIGHT_PORT_OFFSET
+        return self.settings.master_port, preflight_port_for(self.settings.master_port)
 
     @property
     def is_main(self) -> bool:

@@ -85,6 +85,7 @@ def gather_node(
     image_id: Callable[[str], str] | None = None,
     job_secret: Callable[[], str] | None = None,
     dry_run: bool = False,
+    launch: LaunchSpec | None = None,
 ) -> NodeWorld:
     """Gather node ``rank``'s world on this machine (``main`` None: :func:`main_address`'s default), refusing what is
     wrong in the order a user meets it: the training command, the rank (the most likely typo), main's address, the
@@ -98,8 +99,10 @@ def gather_node(
     is chosen on this host's engine (:func:`nodekit.image.builder.choose`). ``image_id`` looks the image's id up on this
     host (``nodekit up`` passes one; ``compose`` and dry runs do not, so they never need the image here).
     ``environ`` is the launching shell's environment (default: this process's). ``dry_run``: choosing the image
-    starts no probe container and writes no probe cache (a base never probed here leaves the fingerprint unknown)."""
-    launch = check_command(settings)
+    starts no probe container and writes no probe cache (a base never probed here leaves the fingerprint unknown).
+    ``launch`` is the command's launch spec when it already holds one (:func:`check_command`'s), passed down rather
+    than built again."""
+    launch = launch or check_command(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
     main_ip = net.resolve(main_address(settings, rank, main, net.default_address_here))
     main_note = ""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field, model_validator
 from nodekit.config.settings import Settings
 from nodekit.config.tables import HealthSettings
 from nodekit.errors import ConfigError, UsageError
-from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, PREFLIGHT_PORT_OFFSET, preflight_port_for
 from nodekit.system.frozen import FROZEN
 from nodekit.system.host.facts import HostFacts
 
@@ -84,7 +84,13 @@ class LaunchSpec(BaseModel):
 
     @property
     def preflight_port(self) -> int:
-        return self.master_port + PREFLIGHT_PORT_OFFSET
+        return preflight_port_for(self.master_port)
+
+
+def processes(declared: int | Literal["auto"], gpus: int) -> int:
+    """A node's processes: its declared count, or for "auto" one per GPU (one on a node without GPUs). Every
+    backend asks here (compose and the fleet per node, Slurm and Kubernetes for every node alike)."""
+    return declared if declared != "auto" else max(gpus, 1)
 
 
 class MountPoint(BaseModel):
@@ -183,8 +189,7 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str | 
     only the backend learns it when the job starts (Slurm's allocation, pod 0's DNS name)."""
     check_rank(launch, rank)
     override = settings.nodes.get(rank)
-    nproc_setting = override.nproc_per_node if override and override.nproc_per_node else launch.nproc_per_node
-    nproc = nproc_setting if nproc_setting != "auto" else max(facts.gpu_count, 1)
+    nproc = processes(launch.nproc_of(rank), facts.gpu_count)
     if main_ip is not None:
         check_main_addr(settings, main_ip)
     main_addr = main_ip

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, OUTPUT_DIR, PREFLIGHT_PORT_OFFSET, Env
+from nodekit.launcher import contract
+from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, OUTPUT_DIR, Env
 from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
 from nodekit.launcher.stacks.hook import DEFAULT_DIR as DEFAULT_WORKER_DIR
 
@@ -219,8 +220,8 @@ def _stall(env: Mapping[str, str]) -> tuple[float, StallAction]:
 
 
 def _preflight_port(env: Mapping[str, str], master_port: int) -> int:
-    """NODEKIT_PREFLIGHT_PORT, by default the port after MASTER_PORT (see contract.PREFLIGHT_PORT_OFFSET)."""
-    preflight_default = master_port + PREFLIGHT_PORT_OFFSET
+    """NODEKIT_PREFLIGHT_PORT, by default the contract's (:func:`nodekit.launcher.contract.preflight_port_for`)."""
+    preflight_default = contract.preflight_port_for(master_port)
     default_preflight_port = preflight_default if preflight_default <= 65535 else None
     preflight_port = _int(env, Env.PREFLIGHT_PORT, default=default_preflight_port, lo=1, hi=65535)
     if preflight_port == master_port:

@@ -130,6 +130,12 @@ EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the o
 # talking to the preflight store.
 PREFLIGHT_PORT_OFFSET = 1
 
+
+def preflight_port_for(master_port: int) -> int:
+    """The preflight store's port for a job whose rendezvous is on ``master_port``: every side asks here."""
+    return master_port + PREFLIGHT_PORT_OFFSET
+
+
 # --- the container ---------------------------------------------------------------------------------------------
 OUTPUT_DIR = "/outputs"  # where the job writes; the host mounts its output directory here
 WORKDIR = "/workspace"  # the project's code in the image, and the launcher's working directory
@@ -173,4 +179,5 @@ __all__ = [
     "Env",
     "Label",
     "LaunchMode",
+    "preflight_port_for",
 ]

@@ -12,13 +12,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
+from nodekit.config import backends
 from nodekit.launcher.contract import OWN_CONTINUED, OWN_LINES, OWN_REPORTS, PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.runs.events import PHASES, Phase
 
 SCHEMA = 1
-Command = Literal["run", "up", "slurm"]
+
+
+def _recorded(command: str) -> str:
+    if command not in backends.recorded():
+        raise ValueError(f"{command!r} is not a command whose runs are recorded ({', '.join(backends.recorded())})")
+    return command
+
+
+# The commands whose runs are recorded: each backend's registration says which of its commands record.
+Command = Annotated[str, AfterValidator(_recorded)]
 State = Literal["running", "ok", "failed", "interrupted", "detached", "vanished"]
 
 # A record is read back strictly: a cloned repo can carry .nodekit/runs/, and a value of the wrong type (a rank that

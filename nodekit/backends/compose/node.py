@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nodekit.backends.compose.render import SERVICE, compose_filename, project_name, render_compose, to_yaml
+from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
-from nodekit.job.spec import NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_facts, node_spec
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 from nodekit.launcher.stops import STOPPED_BY
 from nodekit.launcher.watchdog.decide import SIGNAL_FROM
@@ -66,13 +67,20 @@ def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> 
 
 
 def plan_node(
-    settings: Settings, rank: int, world: NodeWorld, *, debug: bool = False, out_dir: Path | None = None
+    settings: Settings,
+    rank: int,
+    world: NodeWorld,
+    *,
+    debug: bool = False,
+    out_dir: Path | None = None,
+    launch: LaunchSpec | None = None,
 ) -> NodePlan:
     """Pure: node ``rank``'s container (:func:`nodekit.job.plan.plan_container`) and its compose file, decided from
     the settings and its gathered ``world``. Reads no file,
     environment, network or engine; raises UsageError for what the settings and the world contradict (the same
-    checks :func:`nodekit.job.gather.gather_node` made, so a world made by hand is held to them too)."""
-    launch = launch_spec(settings)
+    checks :func:`nodekit.job.gather.gather_node` made, so a world made by hand is held to them too). ``launch``: the
+    command's launch spec, when it built one already."""
+    launch = launch or launch_spec(settings)
     check_rank(launch, rank)
     facts = node_facts(settings, rank, world.facts)
     node = node_spec(settings, launch, rank, world.main_ip, facts)
@@ -109,6 +117,26 @@ def plan_node(
         job_secret=world.job_secret,
         main_note=world.main_note,
     )
+
+
+def plan(
+    settings: Settings,
+    rank: int,
+    world: NodeWorld,
+    *,
+    debug: bool = False,
+    out_dir: Path | None = None,
+    launch: LaunchSpec | None = None,
+) -> BackendPlan[NodePlan]:
+    """Pure: :func:`plan_node` in the shape every backend returns (``nodekit compose`` and ``up`` print it on
+    ``--dry-run``; ``write_compose`` and ``up`` carry out its ``detail``)."""
+    return as_plan(plan_node(settings, rank, world, debug=debug, out_dir=out_dir, launch=launch))
+
+
+def as_plan(p: NodePlan) -> BackendPlan[NodePlan]:
+    """``p`` as the one backend shape: its compose file (the job secret masked when shown), notes and warnings."""
+    file = PlannedFile(p.compose_path, p.text, secret=p.job_secret, about=f"project {p.project}")
+    return BackendPlan("compose", p, files=(file,), notes=p.notes, warnings=p.warnings)
 
 
 def _notes(node: NodeSpec, facts: HostFacts) -> tuple[str, ...]:

@@ -19,9 +19,10 @@ from typing import Literal
 
 from nodekit.backends.compose.render import compose_filename
 from nodekit.backends.fleet.hosts import FleetHost, main_address
+from nodekit.backends.shape import BackendPlan
 from nodekit.config.settings import Settings
-from nodekit.job.spec import launch_spec
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.job.spec import launch_spec, processes
+from nodekit.launcher.contract import preflight_port_for
 from nodekit.launcher.preflight.network import is_address
 from nodekit.ship.codecs import Codec, choose_codec
 from nodekit.ship.grouping import groups, relay_candidates
@@ -90,7 +91,7 @@ class FleetPlan:
 
     def to_text(self) -> str:
         """The plan as ``run --dry-run`` prints it; paths inside the project are shown relative to it."""
-        preflight = self.master_port + PREFLIGHT_PORT_OFFSET
+        preflight = preflight_port_for(self.master_port)
         lines = [
             f"# nodekit run --dry-run: {self.name}, {self.nnodes} node(s); nothing was contacted, written or started",
             f"main: {self.main}:{self.master_port} (rendezvous; nodekit's preflight store on {preflight})"
@@ -181,6 +182,15 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
     )
 
 
+def plan(inputs: FleetInputs) -> BackendPlan[FleetPlan]:
+    """Pure: :func:`plan_fleet` in the shape every backend returns (its steps are :meth:`FleetPlan.to_text`)."""
+    return as_plan(plan_fleet(inputs))
+
+
+def as_plan(p: FleetPlan) -> BackendPlan[FleetPlan]:
+    return BackendPlan("fleet", p, steps=p.to_text())
+
+
 def relay_chains(hosts: Sequence[FleetHost], mode: RelayMode) -> tuple[tuple[str, ...], ...]:
     """Pure: the chains ``--relay`` would form if every host lacked the image's same layers (the most a push
     relays), through the push's own grouping and chain cutting: ``ssh://`` hosts only, at most ``CHAIN_MAX`` each."""
@@ -201,7 +211,7 @@ def _nproc(settings: Settings, declared: int | Literal["auto"], rank: int) -> st
         return str(declared)
     override = settings.nodes.get(rank)
     if override is not None and override.gpus is not None:
-        return f"{max(override.gpus, 1)} (auto: [nodes.{rank}] gpus = {override.gpus})"
+        return f"{processes(declared, override.gpus)} (auto: [nodes.{rank}] gpus = {override.gpus})"
     return f"auto ({WHEN_RUN}: the GPUs node {rank} reports, 1 without)"
 
 

@@ -40,7 +40,7 @@ from nodekit.image.blobs import BLOBS
 from nodekit.job.gather import check_command
 from nodekit.job.secret import new_secret
 from nodekit.job.spec import mount_points
-from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
+from nodekit.launcher.contract import preflight_port_for
 from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system import docker, proc
@@ -373,7 +373,7 @@ def _reports(
     return remote.check_all(
         hosts,
         expect=lambda h: remote.Expect(
-            ports=(settings.master_port, settings.master_port + PREFLIGHT_PORT_OFFSET) if h.rank == 0 else (),
+            ports=(settings.master_port, preflight_port_for(settings.master_port)) if h.rank == 0 else (),
             # A mount with a source is made by the dataset push that follows the check.
             paths=tuple(
                 p.host for p, m in zip(mount_points(settings, h.rank), settings.mounts, strict=True) if not m.source

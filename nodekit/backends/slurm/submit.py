@@ -21,12 +21,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.backends.slurm import cmd, follow
 from nodekit.backends.slurm.job import ImageFacts, Mode, SlurmJob, check_mode, plan_job
 from nodekit.backends.slurm.render import render
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, UsageError
-from nodekit.job.secret import masked
 from nodekit.launcher.contract import OUTPUT_DIR
 from nodekit.runs.events import NO_EVENTS, RunEvents
 from nodekit.system.files import write_atomic
@@ -41,10 +41,6 @@ class Prepared:
     script: str
     path: Path
     project_dir: Path
-
-    @property
-    def shown(self) -> str:
-        return masked(self.script, self.job.job_secret)
 
 
 def gather_image(settings: Settings, image: str | None) -> ImageFacts:
@@ -93,6 +89,28 @@ def prepare(
     job = plan_job(settings, facts, mode=chosen, job_secret=job_secret(), report_token=secrets.token_hex(16),
                    image_path=path, debug=debug, environ=environ)  # fmt: skip
     return Prepared(job=job, script=render(job), path=script_path(settings, out), project_dir=settings.project_dir)
+
+
+def plan(
+    settings: Settings,
+    *,
+    mode: str | None,
+    image: str | None,
+    out: Path | None,
+    job_secret: Callable[[], str],
+    environ: Mapping[str, str],
+    debug: bool = False,
+) -> BackendPlan[Prepared]:
+    """:func:`prepare` in the shape every backend returns: the script (the job secret masked when shown) and the
+    job's notes, which are warnings here (each is said again when the script is written or submitted)."""
+    p = prepare(settings, mode=mode, image=image, out=out, job_secret=job_secret, environ=environ, debug=debug)
+    return as_plan(p)
+
+
+def as_plan(p: Prepared) -> BackendPlan[Prepared]:
+    return BackendPlan(
+        "slurm", p, files=(PlannedFile(p.path, p.script, secret=p.job.job_secret),), warnings=p.job.notes
+    )
 
 
 def check_submit(prepared: Prepared) -> None:
