@@ -82,20 +82,29 @@ def _want(plan: Mapping[str, Any]) -> Manifest:
     return out
 
 
-def _parents_problem(root: str, name: str, deleting: set[str]) -> str | None:
-    """Why writing ``name`` would leave the target: a parent that is a link, or a file nodekit will not delete."""
+def _parents_problem(root: str, name: str, deleting: set[str], modes: dict[str, int | None]) -> str | None:
+    """Why writing ``name`` would leave the target: a parent that is a link, or a file nodekit will not delete.
+    ``modes``: each parent's ``lstat`` mode (None: missing), looked up once per directory, not once per file."""
     parts = name.split("/")
     for i in range(1, len(parts)):
         parent = "/".join(parts[:i])
-        try:
-            st = os.lstat(os.path.join(root, parent))
-        except FileNotFoundError:
+        mode = _mode(root, parent, modes)
+        if mode is None:
             return None
-        if stat.S_ISLNK(st.st_mode):
+        if stat.S_ISLNK(mode):
             return f"{parent} on the node is a link: {name} would be written through it"
-        if not stat.S_ISDIR(st.st_mode) and parent not in deleting:
+        if not stat.S_ISDIR(mode) and parent not in deleting:
             return f"{parent} on the node is a file nodekit did not write, where {name} needs a directory"
     return None
+
+
+def _mode(root: str, name: str, modes: dict[str, int | None]) -> int | None:
+    if name not in modes:
+        try:
+            modes[name] = os.lstat(os.path.join(root, name)).st_mode
+        except FileNotFoundError:
+            modes[name] = None
+    return modes[name]
 
 
 def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> str | None:
@@ -123,8 +132,9 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
     for name, h in place.items():
         if name not in want or want[name][1] != h:
             return f"{name}: placed content is not the manifest's"
+    modes: dict[str, int | None] = {}
     for name in [*place, *delete, *adopt, *copy.values()]:
-        if (problem := _parents_problem(root, name, deleting)) is not None:
+        if (problem := _parents_problem(root, name, deleting, modes)) is not None:
             return problem
     for name in [*adopt, *copy.values()]:  # read on the node: a link there could read from anywhere
         try:
@@ -134,6 +144,9 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
         if not regular:
             return f"{name} on the node is not a regular file"
     for name in place:
+        parent = name.rpartition("/")[0]
+        if parent and modes.get(parent, 0) is None:
+            continue  # its directory is not there yet: neither is it
         try:
             st = os.lstat(os.path.join(root, name))
         except FileNotFoundError:
@@ -145,6 +158,9 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
     return None
 
 
+INLINE = CHUNK
+"""A content up to this size is hashed on the thread that reads the stream: handing one small file to a hashing
+thread costs more than hashing it, and a dataset of 20,000 small files would pay that 20,000 times."""
 HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Pieces are hashed on threads while the stream goes on (hashlib releases the GIL): sha256 runs at about 440 MiB/s
 on one core of the reference machine, below a 10 GbE link, so one thread hashing would set the pace."""
@@ -209,6 +225,16 @@ def _frames(
         h, size = line[0], int(line[1])
         part = os.path.join(stage, staged_name(h) + ".part")
         pieces: list[Future[bytes]] = []
+        if size <= INLINE:
+            data = _exactly(f, size)
+            with open(part, "wb") as out:
+                out.write(data)
+            pieces.append(Future())
+            pieces[0].set_result(_digest(data))
+            pending.append((h, size, part, pieces))
+            settle()
+            total += size
+            continue
         with open(part, "wb") as out:
             left = size
             while left > 0 or not pieces:  # an empty file is one empty piece
@@ -227,6 +253,16 @@ def _frames(
         pending.append((h, size, part, pieces))
         settle()
         total += size
+
+
+def _exactly(f: BinaryIO, size: int) -> bytes:
+    data = f.read(size)
+    while len(data) < size:
+        more = f.read(size - len(data))
+        if not more:
+            raise Broken(f"the stream ended {size - len(data)} bytes short of a content")
+        data += more
+    return data
 
 
 def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
@@ -273,14 +309,20 @@ def _prune(root: str, name: str) -> None:
         parent = os.path.dirname(parent)
 
 
-def _mkdirs(root: str, name: str) -> None:
+def _mkdirs(root: str, name: str, made: set[str]) -> None:
+    """The directories above ``name``; ``made``: those this push made or found already (each looked at once)."""
     parts = name.split("/")[:-1]
     for i in range(1, len(parts) + 1):
-        d = os.path.join(root, *parts[:i])
-        if not os.path.isdir(d):
+        rel = "/".join(parts[:i])
+        if rel in made:
+            continue
+        d = os.path.join(root, rel)
+        try:
             os.mkdir(d)
-        if os.path.islink(d):
-            raise Refused(f"{'/'.join(parts[:i])} became a link during the push")
+        except FileExistsError:
+            if stat.S_ISLNK(os.lstat(d).st_mode):
+                raise Refused(f"{rel} became a link during the push") from None
+        made.add(rel)
 
 
 def apply(root: str, f: BinaryIO) -> dict[str, Any]:
@@ -316,8 +358,9 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
         intent.pop(name, None)
         _prune(root, name)
     uses = Counter(place.values())
+    made: set[str] = set()
     for i, (name, h) in enumerate(sorted(place.items())):
-        _mkdirs(root, name)
+        _mkdirs(root, name, made)
         staged = os.path.join(staging_dir(root), staged_name(h))
         uses[h] -= 1
         if uses[h] > 0:
