@@ -88,23 +88,18 @@ def _parents_problem(root: str, name: str, deleting: set[str], modes: dict[str, 
     parts = name.split("/")
     for i in range(1, len(parts)):
         parent = "/".join(parts[:i])
-        mode = _mode(root, parent, modes)
-        if mode is None:
+        if parent not in modes:
+            try:
+                modes[parent] = os.lstat(os.path.join(root, parent)).st_mode
+            except FileNotFoundError:
+                modes[parent] = None
+        if (mode := modes[parent]) is None:
             return None
         if stat.S_ISLNK(mode):
             return f"{parent} on the node is a link: {name} would be written through it"
         if not stat.S_ISDIR(mode) and parent not in deleting:
             return f"{parent} on the node is a file nodekit did not write, where {name} needs a directory"
     return None
-
-
-def _mode(root: str, name: str, modes: dict[str, int | None]) -> int | None:
-    if name not in modes:
-        try:
-            modes[name] = os.lstat(os.path.join(root, name)).st_mode
-        except FileNotFoundError:
-            modes[name] = None
-    return modes[name]
 
 
 def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> str | None:
@@ -257,11 +252,10 @@ def _frames(
 
 def _exactly(f: BinaryIO, size: int) -> bytes:
     data = f.read(size)
-    while len(data) < size:
-        more = f.read(size - len(data))
-        if not more:
-            raise Broken(f"the stream ended {size - len(data)} bytes short of a content")
+    while len(data) < size and (more := f.read(size - len(data))):
         data += more
+    if len(data) < size:
+        raise Broken(f"the stream ended {size - len(data)} bytes short of a content")
     return data
 
 
@@ -284,12 +278,21 @@ def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
     return whole.hexdigest()
 
 
-def _copy_local(root: str, copy: Mapping[str, str]) -> None:
+def _copy_local(root: str, copy: Mapping[str, str], going: set[str], owned: Mapping[str, list[object]]) -> None:
+    """Each content the node holds into staging: copied and hashed, or linked where its name is being deleted (a
+    rename at the source), which its state entry proves unchanged since the scan, as a no-change push trusts it."""
     for h, name in sorted(copy.items()):
         dest = os.path.join(staging_dir(root), staged_name(h))
         if os.path.exists(dest):
             continue
         src = os.path.join(root, name)
+        entry = owned.get(name)
+        if name in going and isinstance(entry, list) and entry[3:] == [h] and entry[:3] == key(os.lstat(src)):
+            try:
+                os.link(src, dest)
+                continue
+            except OSError:
+                pass  # a file system without hard links: copied
         with open(src, "rb") as f, open(dest + ".part", "wb") as out:
             got = _copy_hashing(f, out, os.fstat(f.fileno()).st_size)
         if got != h:
@@ -350,7 +353,7 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
     intent: dict[str, list[object]] = {**owned, **{n: [None, None, None, ""] for n in [*place, *adopt]}}
     save_state(root, intent)
     received = _receive(root, f, plan.get("incoming", {}))
-    _copy_local(root, plan.get("copy", {}))
+    _copy_local(root, plan.get("copy", {}), set(plan.get("delete", [])), owned)
     for name in plan.get("delete", []):
         path = os.path.join(root, name)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):

@@ -264,3 +264,28 @@ def test_each_directory_of_the_node_is_looked_up_once_not_once_per_file(
     monkeypatch.undo()
     assert {n: (target / n).read_bytes() for n in files} == files
     assert len(looked) <= 4 * 5, sorted(set(looked))
+
+
+def test_a_renamed_file_moves_on_the_node_without_its_bytes_copied(world: tuple[Path, Path]) -> None:
+    """The source renamed a (large) file: the node links the content it holds under the old name into staging
+    instead of copying it, then the old name goes. A kept name's content is still copied: two names never share a
+    file, which a write to one would change under the other."""
+    target, _ = world
+    (target / "users-notes.txt").unlink()
+    data, kept = os.urandom(300_000), os.urandom(1000)
+    assert (
+        run(target, stream(plan_for({"old.bin": data, "keep.bin": kept}), [(sha(data), data), (sha(kept), kept)])) == 0
+    )
+    inode = (target / "old.bin").stat().st_ino
+    plan = {
+        "want": {"new/name.bin": [len(data), sha(data), "f"], "keep.bin": [1000, sha(kept), "f"],
+                 "keep-copy.bin": [1000, sha(kept), "f"]},
+        "place": {"new/name.bin": sha(data), "keep-copy.bin": sha(kept)},
+        "copy": {sha(data): "old.bin", sha(kept): "keep.bin"},
+        "incoming": {}, "delete": ["old.bin"], "adopt": [],
+    }  # fmt: skip
+    assert run(target, stream(plan)) == 0
+    assert (target / "new" / "name.bin").read_bytes() == data and not (target / "old.bin").exists()
+    assert (target / "new" / "name.bin").stat().st_ino == inode
+    assert (target / "keep-copy.bin").read_bytes() == kept
+    assert (target / "keep-copy.bin").stat().st_ino != (target / "keep.bin").stat().st_ino
