@@ -93,8 +93,12 @@ class Bench:
 
     def __enter__(self) -> Bench:
         self.cluster.__enter__()
-        if self.mbit:
-            self.cluster.shape(self.mbit)
+        try:
+            if self.mbit:
+                self.cluster.shape(self.mbit)
+        except BaseException:
+            self.cluster.down()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -143,6 +147,8 @@ class Bench:
         """SkyPilot's way: one `rsync -az --delete` from the head to every host at once, over the same SSH."""
         ssh = str(self.cluster.bin_dir / "ssh")
         h0 = self.cluster.head
+        for d in dests:
+            d.parent.mkdir(parents=True, exist_ok=True)  # rsync makes the last directory only
         before = self.cluster.head_tx()
         t0 = time.monotonic()
         procs = [
