@@ -165,6 +165,38 @@ class Bench:
         return {"seconds": round(seconds, 2), "link_bytes": after - before}
 
 
+class Local:
+    """``--local``: this machine alone, no cluster and no link (so no lock on the virtual cluster): `nodekit data push
+    --to unix://...` into a directory here, the receiver run by this machine's python3. It shows the head's and the
+    receiver's own cost per file (hashing, the disk, the stream's framing), not a link's; small against large and the
+    no-change scan only."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+
+    def dests(self, tool: str, n: int) -> list[Path]:
+        return [self.work / "on" / tool / "local"]
+
+    def project(self, source: Path, dests: Sequence[Path]) -> Path:
+        project = self.work / "projects" / f"local-{source.parent.name}-{source.name}"
+        project.mkdir(parents=True, exist_ok=True)
+        toml = ['name = "databench"', 'script = "train.py"', "nnodes = 1", "", "[[mounts]]", f'source = "{source}"',
+                f'host = "{dests[0]}"', 'container = "/data"']  # fmt: skip
+        (project / "nodekit.toml").write_text("\n".join(toml) + "\n")
+        (project / "train.py").write_text("print('hi')\n")
+        return project
+
+    def nodekit(self, project: Path, *extra: str) -> dict[str, Any]:
+        argv = [sys.executable, "-m", "nodekit", "data", "push", "--to", "unix:///var/run/docker.sock", "--config",
+                str(project / "nodekit.toml"), *extra]  # fmt: skip
+        t0 = time.monotonic()
+        done = subprocess.run(argv, cwd=project, capture_output=True, text=True, timeout=TIMEOUT_S)
+        seconds = time.monotonic() - t0
+        if done.returncode != 0:
+            raise SystemExit(f"nodekit data push failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+        return {"seconds": round(seconds, 2), "link_bytes": 0}
+
+
 def clear(paths: Sequence[Path]) -> None:
     for p in paths:
         shutil.rmtree(p, ignore_errors=True)
@@ -206,6 +238,7 @@ def main() -> int:
     ap.add_argument("--no-small-large", action="store_true")
     ap.add_argument("--no-rsync", action="store_true")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/nodekit-data-bench"))
+    ap.add_argument("--local", action="store_true", help="small against large and the scan on this machine alone")
     ap.add_argument("--keep", action="store_true", help="keep the generated datasets for the next run")
     ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
     args = ap.parse_args()
@@ -228,6 +261,17 @@ def main() -> int:
     print(f"making the dataset: {shape.files} files + {shape.large} x {shape.large_mib} MiB = {size(shape.total)}",
           flush=True)  # fmt: skip
     make_dataset(data, shape)
+    if args.local:
+        results["mode"] = "local"
+        try:
+            local = Local(args.work)
+            if not args.no_small_large:
+                results["small_large"] = small_large(local, args.work, data, shape)
+            if args.scan_files:
+                results["scan"] = scan(local, args.work, args.scan_files)
+        finally:
+            clear([args.work / "on", args.work / "projects"])
+        return finish(args, results, t_start)
     try:
         with Bench(args.work, counts[-1], args.mbit) as bench:
             hashed_at = time.monotonic()
@@ -245,16 +289,21 @@ def main() -> int:
         clear([args.work / "on", args.work / "projects"])
         if not args.keep:
             clear([args.work / "src", args.work / "one", args.work / "tiny"])
+    return finish(args, results, t_start)
+
+
+def finish(args: argparse.Namespace, results: dict[str, Any], t_start: float) -> int:
     results.update(load_end=loadavg(), run_minutes=round((time.monotonic() - t_start) / 60, 1))
-    (args.work / "results.json").write_text(json.dumps(results, indent=1))
+    name = "results-local.json" if results.get("mode") == "local" else "results.json"
+    (args.work / name).write_text(json.dumps(results, indent=1))
     text = section(results)
     print(text)
-    if not args.no_docs:
+    if not args.no_docs and results.get("mode") != "local":
         DOCS.write_text(replace_section(DOCS.read_text(), TITLE, text))
     return 0
 
 
-def small_large(bench: Bench, work: Path, data: Path, shape: Shape) -> dict[str, Any]:
+def small_large(bench: Bench | Local, work: Path, data: Path, shape: Shape) -> dict[str, Any]:
     """The small files alone, then one file of their total size, each a first push to 1 host."""
     shards = data / "shards"
     total = sum(p.stat().st_size for p in shards.rglob("*") if p.is_file())
@@ -274,7 +323,7 @@ def small_large(bench: Bench, work: Path, data: Path, shape: Shape) -> dict[str,
             "small_rate": rates["small"], "large_rate": rates["large"]}  # fmt: skip
 
 
-def scan(bench: Bench, work: Path, files: int) -> dict[str, Any]:
+def scan(bench: Bench | Local, work: Path, files: int) -> dict[str, Any]:
     """A no-change push of ``files`` tiny files to 1 host: the head's and the node's scans, nothing sent."""
     tiny = work / "tiny" / "data"
     make_tiny(tiny, files)
@@ -292,6 +341,12 @@ def section(results: dict[str, Any]) -> str:
     shape = Shape(**results["shape"])
     scaled = "" if results["scale"] == 1 else (f" (the issue's 2 GB scaled by {results['scale']:g}: this run's disk "
                                                "and time allowed no more)")  # fmt: skip
+    if results.get("mode") == "local":
+        said = [v for v in verdicts(results) if not v.startswith("- nodekit")]  # no hosts, no anchor here
+        return "\n".join([
+            f"`benchmarks/data_bench.py --local` (issue 45), {results['measured']}, load {results['load_start']} at "
+            f"the start and {results['load_end']} at the end: this machine alone, no link (`--to unix://`, the "
+            f"receiver run here), {size(results['disk_free'])} free on the disk.", "", *said, ""])  # fmt: skip
     lines = [
         TITLE,
         "",
