@@ -271,6 +271,8 @@ def main() -> int:
                 results["scan"] = scan(local, args.work, args.scan_files)
         finally:
             clear([args.work / "on", args.work / "projects"])
+            if not args.keep:
+                clear([args.work / "src", args.work / "one", args.work / "tiny"])
         return finish(args, results, t_start)
     try:
         with Bench(args.work, counts[-1], args.mbit) as bench:
