@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Iterator, Mapping
-from typing import TypeGuard
 
 from nodekit.launcher.datacheck.manifest import content_hashes
 from nodekit.launcher.datasync.names import STATE_DIR
@@ -43,10 +42,6 @@ def walk(root: str, rel: str = "") -> Iterator[tuple[str, os.stat_result]]:
             yield name, st
 
 
-def _valid(entry: object) -> TypeGuard[list[object]]:
-    return isinstance(entry, list) and len(entry) == 4 and isinstance(entry[3], str)
-
-
 def hashed(
     root: str, found: Iterable[tuple[str, os.stat_result]], cache: Mapping[str, list[object]]
 ) -> tuple[Manifest, Cache]:
@@ -55,19 +50,11 @@ def hashed(
     out: Manifest = {}
     new: Cache = {}
     todo: list[tuple[str, os.stat_result]] = []
-    moved: dict[tuple[object, ...], str] | None = None  # (size, mtime_ns, inode) -> hash, made at the first miss
     for name, st in found:
         old = cache.get(name)
-        if _valid(old) and old[:3] == key(st):
-            out[name] = (st.st_size, str(old[3]))
+        if isinstance(old, list) and len(old) == 4 and old[:3] == key(st) and isinstance(old[3], str):
+            out[name] = (st.st_size, old[3])
             new[name] = old
-            continue
-        if moved is None:
-            moved = {tuple(v[:3]): str(v[3]) for v in cache.values() if _valid(v)}
-        # A rename or a move keeps all three keys: the file is the one cached under its old name.
-        if (h := moved.get(tuple(key(st)))) is not None:
-            out[name] = (st.st_size, h)
-            new[name] = [*key(st), h]
         else:
             todo.append((name, st))
     digests = content_hashes([(os.path.join(root, n), st.st_size) for n, st in todo]) if todo else []

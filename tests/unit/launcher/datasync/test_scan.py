@@ -104,17 +104,3 @@ def test_plain_names_pass() -> None:
     assert name_problem("train/shard-0001.tar") is None
     assert name_problem("日本/データ.parquet") is None
     assert name_problem("x/.nodekit-data") is None  # only the top-level one is nodekit's
-
-
-def test_a_renamed_or_moved_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rename keeps the file's inode, size and time: its hash is the cached one, whatever its name now."""
-    root = _tree(tmp_path / "src")
-    first, cache = scan.hashed(str(root), scan.source_files(str(root))[0], {})
-    read = _read_counter(monkeypatch)
-    (root / "e").mkdir()
-    os.rename(root / "a.bin", root / "e" / "moved.bin")
-    m, cache = scan.hashed(str(root), scan.source_files(str(root))[0], cache)
-    assert read == [] and m["e/moved.bin"] == first["a.bin"] and "a.bin" not in m
-    (root / "a.bin").write_bytes(b"c" * 1000)  # a new file under the old name: another inode, read
-    scan.hashed(str(root), scan.source_files(str(root))[0], cache)
-    assert read == ["a.bin"]
