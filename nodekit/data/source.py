@@ -27,6 +27,16 @@ def _load(path: Path) -> Cache:
     return data if isinstance(data, dict) else {}
 
 
+def _save(path: Path, cache: Cache) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, separators=(",", ":")))
+        tmp.replace(path)
+    except OSError:
+        pass  # a read-only project: the next push reads the files again
+
+
 def manifest(project_dir: Path, source: Path, *, mount: str) -> tuple[Manifest, dict[str, Path]]:
     """``source``'s manifest, and for each content hash one file that holds it. UsageError (exit 2) naming the
     mount when the source is missing, not a directory, or holds what cannot be sent (see
@@ -43,14 +53,10 @@ def manifest(project_dir: Path, source: Path, *, mount: str) -> tuple[Manifest, 
         raise UsageError(f"[[mounts]] {mount}: source {source}: {problems[0]}{more}",
                          fix="make it a regular file inside the source (cp -L), or remove it")  # fmt: skip
     cache_file = _cache_file(project_dir, source)
-    entries, cache = hashed(str(source), files, _load(cache_file))
-    try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(cache, separators=(",", ":")))
-        tmp.replace(cache_file)
-    except OSError:
-        pass  # a read-only project: the next push reads the files again
+    old = _load(cache_file)
+    entries, cache = hashed(str(source), files, old)
+    if cache != old:  # a no-change push of 100,000 files writes no cache
+        _save(cache_file, cache)
     holders: dict[str, Path] = {}
     for name, (_, h) in entries.items():
         holders.setdefault(h, source / name)

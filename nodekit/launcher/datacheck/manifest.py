@@ -62,18 +62,37 @@ def _piece_sha256(task: tuple[str, int, int]) -> bytes:
     return h.digest()
 
 
+BATCH_FILES = 64
+BATCH_BYTES = 8 << 20
+"""Small files go to the hashing threads in batches of up to this many files and bytes: handing a thread one small
+file costs about as much CPU as hashing it."""
+
+
+def _batch_sha256(tasks: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    return [_piece_sha256(t) for t in tasks]
+
+
 def content_hashes(files: Sequence[tuple[str, int]], threads: int = HASH_THREADS) -> list[str]:
     """The content hash of each ``(path, size)``: sha256 of the file, or for a file over :data:`PIECE` bytes
-    ``p:`` + sha256 over its pieces' sha256 digests. Every piece of every file is hashed in one thread pool."""
-    tasks: list[tuple[str, int, int]] = []
-    owners: list[int] = []
+    ``p:`` + sha256 over its pieces' sha256 digests. Every piece of every file is hashed in one thread pool, each
+    big file's piece on its own and small files in batches."""
+    owners: list[int] = []  # whose digest each task gives, in the order of the batches' tasks
+    batches: list[list[tuple[str, int, int]]] = []
+    small, batch_bytes = False, 0  # whether the last batch takes small files, and its bytes
     for i, (path, size) in enumerate(files):
-        pieces = range(0, size, PIECE) if size > PIECE else [0]
-        for off in pieces:
-            tasks.append((path, off, PIECE if size > PIECE else 1 << 62))  # small: to the end, as filehash.file_sha256
-            owners.append(i)
+        if size > PIECE:
+            batches += [[(path, off, PIECE)] for off in range(0, size, PIECE)]
+            owners += [i] * len(range(0, size, PIECE))
+            small = False
+            continue
+        if not small or len(batches[-1]) >= BATCH_FILES or batch_bytes + size > BATCH_BYTES:
+            batches.append([])
+            small, batch_bytes = True, 0
+        batches[-1].append((path, 0, 1 << 62))  # small: to the end, as filehash.file_sha256
+        batch_bytes += size
+        owners.append(i)
     with ThreadPoolExecutor(threads) as pool:
-        digests = list(pool.map(_piece_sha256, tasks, chunksize=8))
+        digests = [d for ds in pool.map(_batch_sha256, batches) for d in ds]
     parts: list[list[bytes]] = [[] for _ in files]
     for i, d in zip(owners, digests, strict=True):
         parts[i].append(d)

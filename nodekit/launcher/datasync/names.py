@@ -11,22 +11,25 @@ import re
 
 STATE_DIR = ".nodekit-data"
 _HASH = re.compile(r"(p:)?[0-9a-f]{64}")
+_PLAIN = frozenset(("", ".", ".."))
+"""Components a name never has."""
 
 
 def name_problem(name: object) -> str | None:
     """Why ``name`` may not be written under a target, or None when it may."""
     if not isinstance(name, str) or not name:
         return "an empty or non-text name"
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return f"{name.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8"
+    if not name.isascii():  # checked per file of a source of 100,000: the common case costs no encode
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{name.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8"
     if "\x00" in name:
         return f"{name!r} holds a NUL byte"
     if name.startswith("/"):
         return f"{name!r} is an absolute path"
     parts = name.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if not _PLAIN.isdisjoint(parts):
         return f"{name!r} has an empty, '.' or '..' component"
     if parts[0] == STATE_DIR:
         return f"{name!r} is inside nodekit's own {STATE_DIR}"

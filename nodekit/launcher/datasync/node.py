@@ -47,7 +47,8 @@ def save_state(root: str, files: Mapping[str, list[object]]) -> None:
     os.makedirs(os.path.join(root, STATE_DIR), exist_ok=True)
     tmp = state_path(root) + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"version": 1, "files": dict(sorted(files.items()))}, f, separators=(",", ":"))
+        # dumps, not dump: json.dump encodes in pure Python, ten times slower on a state of 100,000 files
+        f.write(json.dumps({"version": 1, "files": dict(sorted(files.items()))}, separators=(",", ":")))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, state_path(root))

@@ -82,18 +82,22 @@ def _want(plan: Mapping[str, Any]) -> Manifest:
     return out
 
 
-def _parents_problem(root: str, name: str, deleting: set[str]) -> str | None:
-    """Why writing ``name`` would leave the target: a parent that is a link, or a file nodekit will not delete."""
+def _parents_problem(root: str, name: str, deleting: set[str], modes: dict[str, int | None]) -> str | None:
+    """Why writing ``name`` would leave the target: a parent that is a link, or a file nodekit will not delete.
+    ``modes``: each parent's ``lstat`` mode (None: missing), looked up once per directory, not once per file."""
     parts = name.split("/")
     for i in range(1, len(parts)):
         parent = "/".join(parts[:i])
-        try:
-            st = os.lstat(os.path.join(root, parent))
-        except FileNotFoundError:
+        if parent not in modes:
+            try:
+                modes[parent] = os.lstat(os.path.join(root, parent)).st_mode
+            except FileNotFoundError:
+                modes[parent] = None
+        if (mode := modes[parent]) is None:
             return None
-        if stat.S_ISLNK(st.st_mode):
+        if stat.S_ISLNK(mode):
             return f"{parent} on the node is a link: {name} would be written through it"
-        if not stat.S_ISDIR(st.st_mode) and parent not in deleting:
+        if not stat.S_ISDIR(mode) and parent not in deleting:
             return f"{parent} on the node is a file nodekit did not write, where {name} needs a directory"
     return None
 
@@ -123,8 +127,9 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
     for name, h in place.items():
         if name not in want or want[name][1] != h:
             return f"{name}: placed content is not the manifest's"
+    modes: dict[str, int | None] = {}
     for name in [*place, *delete, *adopt, *copy.values()]:
-        if (problem := _parents_problem(root, name, deleting)) is not None:
+        if (problem := _parents_problem(root, name, deleting, modes)) is not None:
             return problem
     for name in [*adopt, *copy.values()]:  # read on the node: a link there could read from anywhere
         try:
@@ -134,6 +139,9 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
         if not regular:
             return f"{name} on the node is not a regular file"
     for name in place:
+        parent = name.rpartition("/")[0]
+        if parent and modes.get(parent, 0) is None:
+            continue  # its directory is not there yet: neither is it
         try:
             st = os.lstat(os.path.join(root, name))
         except FileNotFoundError:
@@ -145,6 +153,9 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
     return None
 
 
+INLINE = CHUNK
+"""A content up to this size is hashed on the thread that reads the stream: handing one small file to a hashing
+thread costs more than hashing it, and a dataset of 20,000 small files would pay that 20,000 times."""
 HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
 """Pieces are hashed on threads while the stream goes on (hashlib releases the GIL): sha256 runs at about 440 MiB/s
 on one core of the reference machine, below a 10 GbE link, so one thread hashing would set the pace."""
@@ -209,6 +220,16 @@ def _frames(
         h, size = line[0], int(line[1])
         part = os.path.join(stage, staged_name(h) + ".part")
         pieces: list[Future[bytes]] = []
+        if size <= INLINE:
+            data = _exactly(f, size)
+            with open(part, "wb") as out:
+                out.write(data)
+            pieces.append(Future())
+            pieces[0].set_result(_digest(data))
+            pending.append((h, size, part, pieces))
+            settle()
+            total += size
+            continue
         with open(part, "wb") as out:
             left = size
             while left > 0 or not pieces:  # an empty file is one empty piece
@@ -227,6 +248,15 @@ def _frames(
         pending.append((h, size, part, pieces))
         settle()
         total += size
+
+
+def _exactly(f: BinaryIO, size: int) -> bytes:
+    data = f.read(size)
+    while len(data) < size and (more := f.read(size - len(data))):
+        data += more
+    if len(data) < size:
+        raise Broken(f"the stream ended {size - len(data)} bytes short of a content")
+    return data
 
 
 def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
@@ -248,12 +278,21 @@ def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
     return whole.hexdigest()
 
 
-def _copy_local(root: str, copy: Mapping[str, str]) -> None:
+def _copy_local(root: str, copy: Mapping[str, str], going: set[str], owned: Mapping[str, list[object]]) -> None:
+    """Each content the node holds into staging: copied and hashed, or linked where its name is being deleted (a
+    rename at the source), which its state entry proves unchanged since the scan, as a no-change push trusts it."""
     for h, name in sorted(copy.items()):
         dest = os.path.join(staging_dir(root), staged_name(h))
         if os.path.exists(dest):
             continue
         src = os.path.join(root, name)
+        entry = owned.get(name)
+        if name in going and isinstance(entry, list) and entry[3:] == [h] and entry[:3] == key(os.lstat(src)):
+            try:
+                os.link(src, dest)
+                continue
+            except OSError:
+                pass  # a file system without hard links: copied
         with open(src, "rb") as f, open(dest + ".part", "wb") as out:
             got = _copy_hashing(f, out, os.fstat(f.fileno()).st_size)
         if got != h:
@@ -273,14 +312,20 @@ def _prune(root: str, name: str) -> None:
         parent = os.path.dirname(parent)
 
 
-def _mkdirs(root: str, name: str) -> None:
+def _mkdirs(root: str, name: str, made: set[str]) -> None:
+    """The directories above ``name``; ``made``: those this push made or found already (each looked at once)."""
     parts = name.split("/")[:-1]
     for i in range(1, len(parts) + 1):
-        d = os.path.join(root, *parts[:i])
-        if not os.path.isdir(d):
+        rel = "/".join(parts[:i])
+        if rel in made:
+            continue
+        d = os.path.join(root, rel)
+        try:
             os.mkdir(d)
-        if os.path.islink(d):
-            raise Refused(f"{'/'.join(parts[:i])} became a link during the push")
+        except FileExistsError:
+            if stat.S_ISLNK(os.lstat(d).st_mode):
+                raise Refused(f"{rel} became a link during the push") from None
+        made.add(rel)
 
 
 def apply(root: str, f: BinaryIO) -> dict[str, Any]:
@@ -308,7 +353,7 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
     intent: dict[str, list[object]] = {**owned, **{n: [None, None, None, ""] for n in [*place, *adopt]}}
     save_state(root, intent)
     received = _receive(root, f, plan.get("incoming", {}))
-    _copy_local(root, plan.get("copy", {}))
+    _copy_local(root, plan.get("copy", {}), set(plan.get("delete", [])), owned)
     for name in plan.get("delete", []):
         path = os.path.join(root, name)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
@@ -316,8 +361,9 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
         intent.pop(name, None)
         _prune(root, name)
     uses = Counter(place.values())
+    made: set[str] = set()
     for i, (name, h) in enumerate(sorted(place.items())):
-        _mkdirs(root, name)
+        _mkdirs(root, name, made)
         staged = os.path.join(staging_dir(root), staged_name(h))
         uses[h] -= 1
         if uses[h] > 0:

@@ -95,3 +95,35 @@ def test_the_state_a_dataset_push_keeps_beside_the_data_is_not_data(tmp_path: Pa
     (one / "a" / ".nodekit-data").mkdir()
     (one / "a" / ".nodekit-data" / "x").write_text("data")
     assert digest(manifest(str(one), hashes=True)) == digest(manifest(str(two), hashes=True))
+
+
+def test_many_small_files_go_to_the_hashing_threads_in_batches_and_a_big_ones_pieces_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-off to a thread per small file costs about as much as hashing it: small files travel in batches, and
+    the hashes are those of each file whatever batch it was in."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from nodekit.launcher.datacheck import manifest as m
+    from nodekit.launcher.datacheck.filehash import file_sha256
+
+    handed: list[int] = []
+
+    class Counting(ThreadPoolExecutor):
+        def submit(self, fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+            handed.append(1)
+            return super().submit(fn, *args, **kwargs)
+
+    monkeypatch.setattr(m, "ThreadPoolExecutor", Counting)
+    monkeypatch.setattr(m, "PIECE", 1000)
+    files = []
+    for i in range(600):
+        p = tmp_path / f"{i:03d}.bin"
+        p.write_bytes(os.urandom(i % 50))
+        files.append((str(p), i % 50))
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(4500))  # five pieces
+    hashes = m.content_hashes([*files[:300], (str(big), 4500), *files[300:]])
+    assert len(handed) <= 5 + 2 + 600 // 16
+    assert hashes[:300] + hashes[301:] == [file_sha256(p) for p, _ in files]
+    assert hashes[300] == m.content_hashes([(str(big), 4500)])[0]

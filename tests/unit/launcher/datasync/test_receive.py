@@ -208,3 +208,84 @@ def test_a_content_of_several_pieces_is_proven_by_the_manifests_hash(world: tupl
     os.unlink(target / "big")
     assert run(target, stream(plan, [(h, bytes(bad))])) == receive.BROKEN
     assert not (target / "big").exists()
+
+
+def test_small_contents_are_hashed_as_they_arrive_and_big_ones_in_pieces_on_threads(
+    world: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dataset of many small files is not handed to the hashing threads one file at a time (a thread hand-off per
+    file costs more than hashing it); a content of several pieces still is, piece by piece."""
+    import threading
+
+    from nodekit.launcher.datacheck.manifest import PIECE
+
+    target, _ = world
+    (target / "users-notes.txt").unlink()
+    hashed_on: list[tuple[int, str]] = []
+    digest = receive._digest
+
+    def recording(data: bytes) -> bytes:
+        hashed_on.append((len(data), threading.current_thread().name))
+        return digest(data)
+
+    monkeypatch.setattr(receive, "_digest", recording)
+    files = {f"d{i % 3}/{i:03d}.jpg": os.urandom(100 + i) for i in range(200)}
+    big = os.urandom(PIECE + 5000)
+    plan = plan_for(files)
+    h = "p:" + sha(hashlib.sha256(big[:PIECE]).digest() + hashlib.sha256(big[PIECE:]).digest())
+    plan["want"]["big.arrow"], plan["place"]["big.arrow"], plan["incoming"][h] = [len(big), h, "f"], h, len(big)
+    assert run(target, stream(plan, [*((sha(d), d) for d in files.values()), (h, big)])) == 0
+    assert {n: (target / n).read_bytes() for n in files} == files and (target / "big.arrow").read_bytes() == big
+    main = threading.current_thread().name
+    assert {t for size, t in hashed_on if size < 1000} == {main}
+    assert sorted(size for size, t in hashed_on if t != main) == [5000, PIECE]
+
+
+def test_each_directory_of_the_node_is_looked_up_once_not_once_per_file(
+    world: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checking a plan's parents and making its directories costs a syscall per directory, not per file in it."""
+    target, _ = world
+    (target / "users-notes.txt").unlink()
+    files = {f"train/part{i % 4}/{i:04d}.jpg": b"x%d" % i for i in range(400)}
+    looked: list[str] = []
+    for fn in ("lstat", "stat"):
+        real = getattr(os, fn)
+
+        def counting(path: Any, *a: Any, real: Any = real, **kw: Any) -> Any:
+            if os.path.isabs(str(path)) and str(path).startswith(str(target)):
+                rel = os.path.relpath(str(path), target)
+                if rel in ("train", *(f"train/part{i}" for i in range(4))):
+                    looked.append(rel)
+            return real(path, *a, **kw)
+
+        monkeypatch.setattr(os, fn, counting)
+    assert run(target, stream(plan_for(files), [(sha(d), d) for d in set(files.values())])) == 0
+    monkeypatch.undo()
+    assert {n: (target / n).read_bytes() for n in files} == files
+    assert len(looked) <= 4 * 5, sorted(set(looked))
+
+
+def test_a_renamed_file_moves_on_the_node_without_its_bytes_copied(world: tuple[Path, Path]) -> None:
+    """The source renamed a (large) file: the node links the content it holds under the old name into staging
+    instead of copying it, then the old name goes. A kept name's content is still copied: two names never share a
+    file, which a write to one would change under the other."""
+    target, _ = world
+    (target / "users-notes.txt").unlink()
+    data, kept = os.urandom(300_000), os.urandom(1000)
+    assert (
+        run(target, stream(plan_for({"old.bin": data, "keep.bin": kept}), [(sha(data), data), (sha(kept), kept)])) == 0
+    )
+    inode = (target / "old.bin").stat().st_ino
+    plan = {
+        "want": {"new/name.bin": [len(data), sha(data), "f"], "keep.bin": [1000, sha(kept), "f"],
+                 "keep-copy.bin": [1000, sha(kept), "f"]},
+        "place": {"new/name.bin": sha(data), "keep-copy.bin": sha(kept)},
+        "copy": {sha(data): "old.bin", sha(kept): "keep.bin"},
+        "incoming": {}, "delete": ["old.bin"], "adopt": [],
+    }  # fmt: skip
+    assert run(target, stream(plan)) == 0
+    assert (target / "new" / "name.bin").read_bytes() == data and not (target / "old.bin").exists()
+    assert (target / "new" / "name.bin").stat().st_ino == inode
+    assert (target / "keep-copy.bin").read_bytes() == kept
+    assert (target / "keep-copy.bin").stat().st_ino != (target / "keep.bin").stat().st_ino

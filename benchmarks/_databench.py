@@ -1,0 +1,145 @@
+"""Pure helpers of benchmarks/data_bench.py: the dataset's shape (scaled down by a factor where the disk or the
+time does not allow the full one), the disk it needs, the results tables and the verdicts against issue 45's
+targets. No I/O here, so tests/unit can check them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A dataset of ``files`` small files (``small_kib`` KiB on average, from half to one and a half times that) in
+    directories of 1,000, and ``large`` files of ``large_mib`` MiB each (webdataset tars, Parquet shards)."""
+
+    files: int
+    small_kib: int
+    large: int
+    large_mib: int
+
+    @staticmethod
+    def of(scale: float) -> Shape:
+        """The issue's dataset (about 2 GB: 20,000 files of 50 KiB on average, and four of 256 MiB) times ``scale``:
+        fewer small files of the same sizes (what costs per file stays per file) and smaller large ones."""
+        return Shape(max(1, round(20_000 * scale)), 50, 4, max(1, round(256 * scale)))
+
+    @property
+    def small_bytes(self) -> int:
+        return self.files * self.small_kib * 1024
+
+    @property
+    def large_bytes(self) -> int:
+        return self.large * self.large_mib * MIB
+
+    @property
+    def total(self) -> int:
+        return self.small_bytes + self.large_bytes
+
+    def small_size(self, i: int) -> int:
+        """File ``i``'s size: spread evenly from half to one and a half times the average, same total."""
+        avg = self.small_kib * 1024
+        return avg // 2 + (i * 7919) % (avg + 1)
+
+    def small_name(self, i: int) -> str:
+        return f"shards/d{i // 1000:03d}/{i:06d}.jpg"
+
+    def large_name(self, i: int) -> str:
+        return f"train-{i:02d}.parquet"
+
+
+def disk_need(shape: Shape, hosts: int, scan_files: int) -> int:
+    """Bytes this machine's disk must have free: the source, one large file of the small files' size (small
+    against large), ``hosts`` copies of it (one tool's at a time, 10 % over), the scan's tiny files twice (the source
+    and one host's copy), and 8 GiB left to the machine's other users."""
+    return int(shape.total * (1 + 1.1 * hosts)) + 2 * shape.small_bytes + 2 * scan_files * 4096 + 8 * GIB
+
+
+def size(n: float) -> str:
+    if n < MIB:
+        return f"{n / 1024:.0f} KiB"
+    if n < GIB:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / GIB:.2f} GiB"
+
+
+def _cell(r: Mapping[str, Any] | None) -> str:
+    return "-" if r is None else f"{r['seconds']:.1f} s, {size(r['link_bytes'])}"
+
+
+STEPS = {
+    "first": "first push",
+    "nochange": "no change",
+    "change": "one file changed",
+    "rename": "one large file renamed",
+}
+
+
+def table(results: Mapping[str, Any]) -> list[str]:
+    """One row per host count and step: each tool's time and the bytes the head's link carried."""
+    lines = [
+        "| hosts | step | nodekit data push | parallel rsync over SSH | nodekit's time / rsync's |",
+        "| ---: | --- | --- | --- | ---: |",
+    ]
+    for n in sorted(results["runs"], key=int):
+        run = results["runs"][n]
+        for step, what in STEPS.items():
+            ours, theirs = run.get("nodekit", {}).get(step), run.get("rsync", {}).get(step)
+            if ours is None and theirs is None:
+                continue
+            ratio = f"{ours['seconds'] / theirs['seconds']:.2f}" if ours and theirs and theirs["seconds"] else "-"
+            lines.append(f"| {n} | {what} | {_cell(ours)} | {_cell(theirs)} | {ratio} |")
+    return lines
+
+
+def verdicts(results: Mapping[str, Any]) -> list[str]:
+    """Issue 45's targets, one line each, met or not with the numbers; undecided where this run lacks a side."""
+    runs = results["runs"]
+
+    def first(n: int, tool: str) -> Mapping[str, Any] | None:
+        got: Mapping[str, Any] | None = runs.get(str(n), {}).get(tool, {}).get("first")
+        return got
+
+    out = []
+    one, most = first(1, "nodekit"), max((int(n) for n in runs), default=1)
+    many = first(most, "nodekit") if most > 1 else None
+    if one is None or many is None:
+        out.append("- nodekit to the most hosts within 1.3x its time to 1 host: not decided, this run lacks a side.")
+    else:
+        ratio = many["seconds"] / one["seconds"]
+        ok = "met" if ratio <= 1.3 else "NOT met"
+        out.append(f"- nodekit to {most} hosts within 1.3x its own time to 1 host: **{ok}**, "
+                   f"{many['seconds']:.1f} s vs {one['seconds']:.1f} s ({ratio:.2f}x); the head's link carried "
+                   f"{size(many['link_bytes'])} for {most} hosts, {size(one['link_bytes'])} for one.")  # fmt: skip
+    for n in (4, 8):
+        ours, theirs = first(n, "nodekit"), first(n, "rsync")
+        if ours is None or theirs is None:
+            out.append(f"- nodekit beats parallel rsync at {n} hosts: not decided, this run has no {n}-host pair.")
+            continue
+        ok = "met" if ours["seconds"] < theirs["seconds"] else "NOT met"
+        out.append(f"- nodekit beats parallel rsync at {n} hosts: **{ok}**, {ours['seconds']:.1f} s vs "
+                   f"{theirs['seconds']:.1f} s.")  # fmt: skip
+    sl = results.get("small_large")
+    if sl:
+        share = sl["small_rate"] / sl["large_rate"]
+        out.append(f"- {sl['files']} small files at 80 % or more of the rate of one file of the same size "
+                   f"({size(sl['bytes'])}): **{'met' if share >= 0.8 else 'NOT met'}**, "
+                   f"{sl['small_rate'] / MIB:.1f} MiB/s vs {sl['large_rate'] / MIB:.1f} MiB/s "
+                   f"({share:.0%}).")  # fmt: skip
+    sc = results.get("scan")
+    if sc:
+        ok = "met" if sc["seconds"] <= 5 else "NOT met"
+        out.append(f"- a no-change push of {sc['files']} files in about 5 s: **{ok}**, {sc['seconds']:.1f} s "
+                   f"(the head's link carried {size(sc['link_bytes'])}).")  # fmt: skip
+    return out
+
+
+def steps_of(seq: Sequence[str]) -> list[str]:
+    bad = [s for s in seq if s not in STEPS]
+    if bad:
+        raise ValueError(f"unknown step(s) {', '.join(bad)}; known: {', '.join(STEPS)}")
+    return list(seq)
