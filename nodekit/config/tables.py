@@ -21,7 +21,7 @@ from nodekit.config.inputs import (
     target_problem,
     text_problem,
 )
-from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
+from nodekit.launcher.contract import LINK_SECONDS_DEFAULT, LINK_SECONDS_MAX, LINK_SECONDS_MIN
 
 
 class Bad(ValueError):
@@ -242,9 +242,9 @@ class HealthSettings(BaseModel):
         None, gt=0, le=1e6, description="a pair below this many Gbit/s (either way) stops the job (exit 20)"
     )
     link_seconds: float = Field(
-        DEFAULT_SECONDS,
-        ge=MIN_SECONDS,
-        le=MAX_SECONDS,
+        LINK_SECONDS_DEFAULT,
+        ge=LINK_SECONDS_MIN,
+        le=LINK_SECONDS_MAX,
         description="most seconds of bulk transfer per pair and direction (it ends once its figure settles)",
     )
     gpus: Literal["warn", "refuse", "off"] = Field(
