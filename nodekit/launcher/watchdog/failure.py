@@ -30,6 +30,7 @@ class WorkerFailure:
     exitcode: int  # negative: killed by signal -exitcode, as torchrun reports it
     at: int  # wall-clock seconds when torchrun noticed (ProcessFailure.timestamp)
     max_restarts: int
+    """torchrun's; -1 for processes the launcher started itself (``ranks.py``), which nothing restarts."""
 
     @property
     def signalled(self) -> bool:
@@ -39,11 +40,12 @@ class WorkerFailure:
         """``worker rank 1 (local rank 0) was killed by SIGKILL; no restarts left (max_restarts = 3)``"""
         code = self.exitcode
         how = f"was killed by {signal_name(-code)}" if self.signalled else f"exited with code {code}"
-        left = (
-            "torchrun restarts no worker (max_restarts = 0)"
-            if self.max_restarts == 0
-            else f"no restarts left (max_restarts = {self.max_restarts})"
-        )
+        if self.max_restarts < 0:
+            left = "nothing restarts it"
+        elif self.max_restarts == 0:
+            left = "torchrun restarts no worker (max_restarts = 0)"
+        else:
+            left = f"no restarts left (max_restarts = {self.max_restarts})"
         return f"worker rank {self.rank} (local rank {self.local_rank}) {how}; {left}"
 
     def to_json_dict(self) -> dict[str, int]:
