@@ -35,6 +35,7 @@ from nodekit.config.tables import (
 )
 from nodekit.errors import ConfigError
 from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES
+from nodekit.launcher.plan import styles_text
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -73,9 +74,7 @@ class Settings(BaseSettings):
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
     launcher: str = Field(
         DEFAULT_LAUNCH_MODE,
-        description="torchrun; fabric (what `fabric run` does); env for frameworks that start their own workers "
-        "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank; mpirun for "
-        "scripts that read Open MPI's OMPI_COMM_WORLD_* variables (no MPI runtime)",
+        description=f"how each node starts the script; one of {styles_text()}",
     )
     accelerator: str | None = Field(
         None, description="launcher fabric: --accelerator (default: cuda on a node with GPUs, else cpu)"

@@ -218,6 +218,9 @@ class Style:
     plan: Callable[[LaunchConfig, Command, Tools], ExecPlan]
     runs: Runs = Runs.TORCHRUN
     reads_script: bool = False
+    says: str = ""
+    """Which scripts it is for, in a few words: the settings' description of ``launcher`` (and so the config
+    reference and the starter nodekit.toml) lists every style with these words, from :data:`STYLES`."""
 
 
 def _torchrun_argv(cfg: LaunchConfig, target: Sequence[str], tools: Tools) -> tuple[str, ...]:
@@ -302,12 +305,20 @@ def _mpirun(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
 
 # Every mode of contract.LAUNCH_MODES, and nothing else (tests/unit/launcher/test_contract_names.py holds them equal).
 STYLES: dict[str, Style] = {
-    LaunchMode.TORCHRUN: Style(_torchrun),
-    LaunchMode.FABRIC: Style(_fabric),
-    LaunchMode.ENV: Style(_env, Runs.EXEC),
-    LaunchMode.DISTRIBUTED_LAUNCH: Style(_distributed_launch, reads_script=True),
-    LaunchMode.MPIRUN: Style(_mpirun, Runs.CHILDREN),
-}
+    LaunchMode.TORCHRUN: Style(_torchrun, says="torchrun starts nproc_per_node workers (the default)"),
+    LaunchMode.FABRIC: Style(_fabric, says="what `fabric run` does (settings accelerator, strategy, precision)"),
+    LaunchMode.ENV: Style(_env, Runs.EXEC, says="the script once per node, for frameworks that start their own "
+                          "workers (Lightning Trainer)"),
+    LaunchMode.DISTRIBUTED_LAUNCH: Style(_distributed_launch, reads_script=True,
+                                         says="for scripts that take --local-rank/--local_rank"),
+    LaunchMode.MPIRUN: Style(_mpirun, Runs.CHILDREN, says="for scripts that read Open MPI's OMPI_COMM_WORLD_* "
+                             "variables (no MPI runtime)"),
+}  # fmt: skip
+
+
+def styles_text() -> str:
+    """Every style of :data:`STYLES` with its :attr:`Style.says`, in one line: ``torchrun: ...; fabric: ...``."""
+    return "; ".join(f"{name}: {s.says}" if s.says else name for name, s in STYLES.items())
 
 
 def style(mode: str) -> Style:
