@@ -208,7 +208,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _across_fields(self) -> Settings:
-        across.check(self)  # the checks that read more than one field: nodekit/config/across.py
+        # The checks that read more than one field: nodekit/config/across.py
+        across.check(self, type(self).model_fields)
         return self
 
     @field_validator("pass_env")
