@@ -55,7 +55,7 @@ def _nproc(v: Any) -> Any:
     return v
 
 
-# Processes on a node: a count, or "auto" (the node's GPUs, or 1). Zero used to pass for [nodes.R] and be replaced.
+# Processes on a node: a count, or "auto" (the node's GPUs, or 1). Zero is refused, in [nodes.R] too.
 NProc = Annotated[int | Literal["auto"], BeforeValidator(_nproc)]
 
 
@@ -229,7 +229,8 @@ class K8sSettings(BaseModel):
 
 class HealthSettings(BaseModel):
     """``[health]``: the checks every node runs after the preflight, before any worker starts (the launcher's
-    ``checks.py``). Each is ``warn`` (print what is wrong, then train), ``refuse`` (stop every node) or ``off``."""
+    ``nodekit/launcher/checks.py``). Each is ``warn`` (print what is wrong, then train), ``refuse`` (stop every
+    node) or ``off``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

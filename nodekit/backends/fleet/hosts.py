@@ -111,8 +111,8 @@ def parse_host(url: str, rank: int, slots: int | None = None) -> FleetHost:
 
 def parse_hostfile(text: str, *, user: str | None = None) -> list[tuple[str, int | None]]:
     """A DeepSpeed/MPI hostfile: ``host slots=N`` per line, ``#`` comments; ``(ssh URL, slots)`` in order. A line
-    may also be a full URL. ``user`` is put in front of bare host names. ``slots`` is 1..MAX_PROCS (0 used to be
-    replaced silently); ``max_slots`` is accepted and ignored."""
+    may also be a full URL. ``user`` is put in front of bare host names. ``slots`` is 1..MAX_PROCS (0 is refused, never
+    replaced); ``max_slots`` is accepted and ignored."""
     entries = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()

@@ -1,9 +1,10 @@
 """Preflight: every node publishes its facts to main, main compares, every node prints main's verdict.
 
-The channel is nodekit's own store (``store.py``) on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by node 0 (a port
-of its own, so no late torchrun client ever talks to it), fresh for every run and open only to holders of the job
-secret (``auth.py``: a mutual challenge per connection, then authenticated frames). The protocol runs against the
-small :class:`Store` protocol, so it is testable with an in-memory store.
+The channel is nodekit's own store (``nodekit/launcher/store/``) on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by
+node 0 (a port of its own, so no late torchrun client ever talks to it), fresh for every run and open only to
+holders of the job secret (``nodekit/launcher/store/auth.py``: a mutual challenge per connection, then
+authenticated frames). The protocol runs against the small :class:`Store` protocol, so it is testable with an
+in-memory store.
 
 Keys (all under ``nodekit/``)::
 
