@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def who(ranks: Sequence[int], names: Mapping[int, str]) -> str:
     return f"nodes {', '.join(each[:-1])} and {each[-1]}"
 
 
-def node_names(facts: Iterable[NodeFacts]) -> dict[int, str]:
+def node_names(facts: Iterable[StackReport]) -> dict[int, str]:
     """``{rank: "172.31.250.12, host h2"}`` from the facts every node published in preflight."""
     return {f.rank: f"{f.address or '?'}, host {f.hostname or '?'}" for f in facts}
 
