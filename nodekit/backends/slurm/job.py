@@ -36,7 +36,7 @@ OWN_SHORT = {"-N": "--nodes", "-o": "--output"}
 
 
 @dataclass(frozen=True)
-class ImageFacts:
+class InspectedImage:
     """What the image says of itself (``docker image inspect``), gathered before planning."""
 
     ref: str
@@ -46,7 +46,7 @@ class ImageFacts:
     workdir: str = ""
 
     @classmethod
-    def of(cls, ref: str, inspected: Mapping[str, Any]) -> ImageFacts:
+    def of(cls, ref: str, inspected: Mapping[str, Any]) -> InspectedImage:
         config = inspected.get("Config") or {}
         pairs = [str(e).partition("=") for e in config.get("Env") or ()]
         env = tuple((k, v) for k, sep, v in pairs if sep)
@@ -77,7 +77,7 @@ class Sbatch:
 class SlurmJob:
     name: str
     mode: Mode
-    image: ImageFacts
+    image: InspectedImage
     image_path: str  # charliecloud, pyxis: the SquashFS on a shared path; docker: ""
     sbatch: Sbatch
     nodes: tuple[ContainerSpec, ...]
@@ -100,7 +100,7 @@ def check_mode(mode: str) -> Mode:
 
 def plan_job(
     settings: Settings,
-    image: ImageFacts,
+    image: InspectedImage,
     *,
     mode: Mode,
     job_secret: str,

@@ -40,7 +40,7 @@ import json, os, sys
 from pathlib import Path
 from nodekit.backends.compose.render import render_compose
 from nodekit.backends.k8s.plan import plan_k8s
-from nodekit.backends.slurm.job import ImageFacts, plan_job
+from nodekit.backends.slurm.job import InspectedImage, plan_job
 from nodekit.backends.slurm.render import render
 from nodekit.config.settings import load
 from nodekit.job.plan import plan_container
@@ -52,7 +52,7 @@ s = load(project / "nodekit.toml")
 node = node_spec(s, launch_spec(s), 0, "127.0.0.1", HostFacts())
 spec = plan_container(node, HostFacts(), image="i", output_dir="/o")
 env = render_compose(spec)["services"]["train"]["environment"]
-job = plan_job(s, ImageFacts(ref="i", id="sha256:1"), mode="docker", job_secret="s" * 16, report_token="t" * 32)
+job = plan_job(s, InspectedImage(ref="i", id="sha256:1"), mode="docker", job_secret="s" * 16, report_token="t" * 32)
 script = render(job)
 k8s = plan_k8s(s, image="r/i:1", fingerprint="", secret="s" * 16, kind="job", out_dir=Path("k8s")).files[0].text
 print(json.dumps({"env": env, "slurm": script, "k8s": k8s}))
