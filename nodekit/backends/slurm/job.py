@@ -21,7 +21,7 @@ from nodekit.errors import UsageError
 from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import check_command
 from nodekit.job.plan import plan_container, unset_pass_env
-from nodekit.job.spec import node_facts, node_spec
+from nodekit.job.spec import node_spec, pinned_host_facts
 from nodekit.system.host.facts import HostFacts
 
 Mode = Literal["docker", "charliecloud", "pyxis"]
@@ -132,7 +132,7 @@ def plan_job(
     facts = HostFacts(gpu_count=slurm.gpus_per_node)
     runs = []
     for rank in range(settings.nnodes):
-        node_f = node_facts(settings, rank, facts)
+        node_f = pinned_host_facts(settings, rank, facts)
         node = node_spec(settings, launch, rank, None, node_f)  # main: the allocation's first host, at run time
         spec = plan_container(
             node, node_f, image=image.ref, output_dir=output_dir, image_id=image.id, job_secret=bool(job_secret),
