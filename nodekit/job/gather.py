@@ -107,7 +107,7 @@ def gather_node(
         main_note = f"main is {main_ip}, this host's address on its default route (--main chooses another)"
     if facts is None:
         facts = _facts_here(settings, rank, main_ip)
-    # Refused here, in order.
+    # Bad settings for this node are refused here, in the order a user meets them.
     node = node_spec(settings, launch, rank, main_ip, pinned_host_facts(settings, rank, facts))
     absent = () if mounts_checked else tuple(m.host for m in node.mounts if not Path(m.host).exists())
     check_mounts(node, absent)

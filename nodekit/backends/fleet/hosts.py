@@ -166,8 +166,9 @@ def fleet_hosts(
     return hosts[:nnodes]
 
 
-def main_address(host0: FleetHost, main: str | None) -> str:
-    """Where the other nodes reach main: the configured ``main``, else host 0's own address (unix://: loopback)."""
+def fleet_main(host0: FleetHost, main: str | None) -> str:
+    """Where a fleet's nodes reach main: the configured ``main``, else host 0's own address (unix://: loopback).
+    One node planning alone asks :func:`nodekit.job.gather.main_address`, which can only guess its own address."""
     if main:
         return main
     if host0.scheme == "unix":
