@@ -35,7 +35,7 @@ from nodekit.job.spec import launch_spec, node_spec
 from nodekit.launcher.config import LaunchConfig, parse_env
 from nodekit.launcher.contract import PREFLIGHT_OK, RENDEZVOUS_DONE
 from nodekit.launcher.preflight.exchange import Clock, Outcome, run_main, run_worker
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 from nodekit.launcher.stacks import collect
 from nodekit.launcher.stacks.places import RankStack
 from nodekit.launcher.store import auth
@@ -107,7 +107,7 @@ LAUNCH_ENV = {
     "NODEKIT_FINGERPRINT": "3f2a9c1b0d4e5566",
 }
 
-NODE0 = NodeFacts(
+NODE0 = StackReport(
     rank=0,
     hostname="gpu-a",
     address="10.0.0.5",
@@ -212,17 +212,17 @@ def quiet() -> Clock:
     return Clock(log=lines.append)
 
 
-def facts(rank: int, **changes: Any) -> NodeFacts:
+def facts(rank: int, **changes: Any) -> StackReport:
     """NODE0's stack as node ``rank`` (its own host name and address), with ``changes``."""
     identity: dict[str, Any] = {"rank": rank, "hostname": f"host-{rank}", "address": f"10.0.0.{5 + rank}"}
     return replace(NODE0, **(identity | changes))
 
 
-def run_nodes(store: MemStore, nodes: list[tuple[LaunchConfig, NodeFacts]]) -> list[Outcome]:
+def run_nodes(store: MemStore, nodes: list[tuple[LaunchConfig, StackReport]]) -> list[Outcome]:
     """Run node 0 (first in ``nodes``) and the workers concurrently; return their outcomes in order."""
     results: list[Any] = [None] * len(nodes)
 
-    def go(i: int, c: LaunchConfig, f: NodeFacts) -> None:
+    def go(i: int, c: LaunchConfig, f: StackReport) -> None:
         results[i] = (run_main if c.is_main else run_worker)(store, c, f, quiet())
 
     threads = [threading.Thread(target=go, args=(i, c, f)) for i, (c, f) in enumerate(nodes)]

@@ -7,13 +7,17 @@ import functools
 import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from typer.core import TyperGroup
 
 from nodekit import __version__
 from nodekit.config import backends
+
+if TYPE_CHECKING:  # the modules are imported lazily, where they are used: `nodekit --help` answers at once
+    from nodekit.cli.ui import JobLog, RichReporter
+    from nodekit.config.settings import Settings
 
 # The command modules in the order a user meets their commands: set up, build, ship, check; then each backend's, as
 # registered (one node, every node, Slurm, Kubernetes: nodekit/config/backends.py); then watch and look back.
@@ -197,7 +201,7 @@ def os_error(e: OSError) -> tuple[str, int]:
     return f"{what}: {where}. Fix: {fix}", 2
 
 
-def load_settings(config: Path | None, **flags: Any) -> Any:
+def load_settings(config: Path | None, **flags: Any) -> Settings:
     from nodekit.config import settings
 
     if "args" in flags:  # arguments after `--`; none given is not "no arguments", it is "as nodekit.toml says"
@@ -215,7 +219,7 @@ def load_settings(config: Path | None, **flags: Any) -> Any:
     return settings.load(config, **flags)
 
 
-def reporter(*, verbose: bool | None = None) -> Any:
+def reporter(*, verbose: bool | None = None) -> RichReporter:
     """The CLI's reporter: ``verbose`` None shows the tools' every line where no terminal spins; False is the
     summary (steps and their times); True is every line everywhere."""
     from nodekit.cli.ui import RichReporter
@@ -238,7 +242,7 @@ def _root(
     """Build once, verify everywhere, launch with one command per node."""
 
 
-def line_printer(node: int | None) -> Any:
+def line_printer(node: int | None) -> JobLog:
     """The job's log printer (:class:`nodekit.cli.ui.JobLog`): every node's lines, or ``node``'s alone."""
     from nodekit.cli.ui import JobLog
 

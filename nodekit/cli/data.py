@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, load_settings
+
+if TYPE_CHECKING:
+    from nodekit.backends.fleet.hosts import FleetHost
+    from nodekit.config.settings import Settings
 
 data_app = typer.Typer(help="Datasets: a [[mounts]] source made identical on every host.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
@@ -49,7 +54,7 @@ def push(
     if not any(m.source for m in settings.mounts):
         raise UsageError("no [[mounts]] entry names a source", fix='add source = "data" to a [[mounts]] entry')
     if to:
-        hosts = pushing.to_hosts(settings, to)
+        hosts = to_hosts(settings, to)
     else:
         from nodekit.backends.fleet.hosts import hosts_of
 
@@ -64,3 +69,18 @@ def push(
         out.print(pushing.dry_run_text([d.job for d in done], [d.plan for d in done]), markup=False)
         return
     rep.done(pushing.report_line(done))
+
+
+def to_hosts(settings: Settings, to: Sequence[str]) -> list[tuple[FleetHost, int | None]]:
+    """``--to`` targets as ``nodekit push`` takes them (``[name=]ssh://user@host``, ``unix://...`` for this
+    machine), each with its rank where it is one of the project's hosts (whose ``[nodes.R] mounts`` then apply)."""
+    from nodekit.backends.fleet.hosts import parse_host
+
+    known = {h.strip(): r for r, h in enumerate(settings.hosts)}
+    out = []
+    for i, spec in enumerate(to):
+        name, sep, url = spec.partition("=")
+        if not sep or "://" in name:
+            url = spec
+        out.append((parse_host(url, i), known.get(url.strip())))
+    return out

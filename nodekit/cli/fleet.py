@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -24,13 +24,17 @@ from nodekit.cli.common import (
     load_settings,
 )
 
+if TYPE_CHECKING:
+    from nodekit.backends.fleet.hosts import FleetHost
+    from nodekit.config.settings import Settings
+
 HostfileOpt = Annotated[
     Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
 ]
 NodeOpt = Annotated[int | None, typer.Option("--node", help="only this node (rank)")]
 
 
-def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[Any, Any]:
+def fleet_of(config: Path | None, hostfile: Path | None, **flags: Any) -> tuple[Settings, list[FleetHost]]:
     """The settings and the job's hosts. ``--nnodes`` below the hosts' count is a stated choice, said here."""
     from nodekit.backends.fleet.hosts import hosts_of, left_out
 
@@ -91,7 +95,7 @@ def run(
         # One run of the project on these hosts at a time (a second is refused before it is recorded); the run's
         # record (.nodekit/runs/) and its webhook messages: nodekit/runs/recorder.py.
         with (
-            one_run_here(settings.name, hosts),
+            one_run_here(settings.image_name, hosts),
             recording(settings, "run", [(h.rank, h.where) for h in hosts], warn=rep.warn) as rec,
         ):
             code = fleet.run(settings, hosts, rep, rec.tee(log), image=image, debug=debug, events=rec)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from nodekit.cli.common import ConfigOpt, DryRunOpt, app, handled, job_flags, load_settings
 
+if TYPE_CHECKING:
+    from nodekit.config.settings import Settings
 
-def _with_k8s(settings: Any, **given: Any) -> Any:
+
+def _with_k8s(settings: Settings, **given: Any) -> Settings:
     """``settings`` with the [k8s] keys a flag gave (the flag wins over the file, as everywhere)."""
     given = {k: v for k, v in given.items() if v is not None}
     if not given:

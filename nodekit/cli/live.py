@@ -8,18 +8,25 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from nodekit.cli.common import ConfigOpt, app, handled, load_settings
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from nodekit.backends.fleet.sampler import Row
+    from nodekit.backends.fleet.targets import Target
+    from nodekit.config.settings import Settings
 
 HostfileOpt = Annotated[Path | None, typer.Option("--hostfile", help="these hosts (DeepSpeed/MPI hostfile)")]
 NodeRankOpt = Annotated[int | None, typer.Option("--node-rank", "-r", "--node", help="node (rank)")]
 SHELL = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -l || exec sh -l"]
 
 
-def _targets(config: Path | None, hostfile: Path | None) -> tuple[Any, Any]:
+def _targets(config: Path | None, hostfile: Path | None) -> tuple[Settings, list[Target]]:
     from nodekit.backends.fleet.targets import targets
 
     settings = load_settings(config)
@@ -84,7 +91,7 @@ def _size(n: float | None) -> str:
     return "-"
 
 
-def _gpus(r: Any) -> str:
+def _gpus(r: Row) -> str:
     return " ".join(
         f"{g.index}:{'-' if g.util is None else f'{g.util:.0f}%'} "
         f"{'-' if g.mem_used_mib is None else f'{g.mem_used_mib / 1024:.0f}G'}"
@@ -100,7 +107,7 @@ def _age(s: float | None) -> str:
 COLUMNS = ("NODE", "HOST", "STATE", "SINCE", "CPU%", "MEM", "NET IN/s", "NET OUT/s", "GPUS", "AGE", "LAST LINE")
 
 
-def _cells(r: Any) -> list[str]:
+def _cells(r: Row) -> list[str]:
     """A row's cells as plain text: what a node printed (its last line, its host's name, ssh's complaint) keeps no
     terminal control sequence."""
     from nodekit.system.terminal import printable
@@ -113,13 +120,13 @@ def _cells(r: Any) -> list[str]:
     return [printable(c) for c in cells]
 
 
-def _plain(rows: list[Any]) -> str:
+def _plain(rows: list[Row]) -> str:
     table = [list(COLUMNS), *(_cells(r) for r in rows)]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + "  " + row[-1] for row in table)
 
 
-def _rich(rows: list[Any], title: str) -> Any:
+def _rich(rows: list[Row], title: str) -> Table:
     from rich.table import Table
     from rich.text import Text
 

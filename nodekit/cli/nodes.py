@@ -23,20 +23,24 @@ from nodekit.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
     from nodekit.backends.compose.node import NodePlan
+    from nodekit.backends.fleet.hosts import FleetHost
     from nodekit.backends.shape import BackendPlan
+    from nodekit.config.settings import Settings
 
 OutDirOpt = Annotated[Path | None, typer.Option("--out-dir", help="where node-<rank>.yaml goes (default: compose/)")]
 
 
 def _plan(
-    settings: Any,
+    settings: Settings,
     rank: int,
     main: str | None,
     image: str | None,
     debug: bool,
     out_dir: Path | None,
-    image_id: Any = None,
+    image_id: Callable[[str], str] | None = None,
     *,
     dry_run: bool = False,
 ) -> BackendPlan[NodePlan]:
@@ -141,7 +145,7 @@ def up(
     raise typer.Exit(code)
 
 
-def _node_here(settings: Any, rank: int, out_dir: Path | None) -> tuple[Path | None, str]:
+def _node_here(settings: Settings, rank: int, out_dir: Path | None) -> tuple[Path | None, str]:
     """Node ``rank``'s compose file on this host (None where it was never written here: Docker finds the containers
     by project) and its compose project."""
     from nodekit.backends.compose.node import compose_path, project_for
@@ -150,7 +154,7 @@ def _node_here(settings: Any, rank: int, out_dir: Path | None) -> tuple[Path | N
     return path if path.is_file() else None, project_for(settings, rank)
 
 
-def _ranks(settings: Any, node_rank: int | None) -> list[int]:
+def _ranks(settings: Settings, node_rank: int | None) -> list[int]:
     """Without hosts, down and logs act on this host's nodes: the one --node-rank names, else every node of the
     project whose compose project is on this engine (running or stopped)."""
     if node_rank is not None:
@@ -167,7 +171,7 @@ FleetRankOpt = Annotated[
 FleetFileOpt = Annotated[Path | None, typer.Option("--hostfile", help="act on these hosts (DeepSpeed/MPI hostfile)")]
 
 
-def _fleet(settings: Any, hostfile: Path | None) -> Any:
+def _fleet(settings: Settings, hostfile: Path | None) -> list[FleetHost] | None:
     """The fleet's hosts when hosts are configured, else None (this node only)."""
     if not settings.hosts and hostfile is None:
         return None
@@ -271,7 +275,7 @@ def logs(
             fix="nodekit up --node-rank R first (nodekit ps lists this host's nodes)",
         )
 
-    def one(rank: int) -> Any:
+    def one(rank: int) -> Callable[[], Iterable[str]]:
         path, project = _node_here(settings, rank, out_dir)
         return lambda: docker.compose_logs(path, project, follow=follow, tail=tail)
 

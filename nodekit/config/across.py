@@ -5,14 +5,42 @@ names."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Mapping, Sequence
+from typing import Protocol
 
 from nodekit.config import inputs
-from nodekit.config.tables import Bad
+from nodekit.config.tables import Bad, Mount, NodeOverride
 from nodekit.launcher.contract import Env, LaunchMode
 
-if TYPE_CHECKING:
-    from nodekit.config.settings import Settings
+
+class Checked(Protocol):
+    """The fields these checks read, as :class:`nodekit.config.settings.Settings` (which runs them) has them: named
+    here so that this module, which settings.py imports, needs nothing of it."""
+
+    @property
+    def nnodes(self) -> int: ...
+    @property
+    def hosts(self) -> Sequence[str]: ...
+    @property
+    def nodes(self) -> Mapping[int, NodeOverride]: ...
+    @property
+    def min_nodes(self) -> int | None: ...
+    @property
+    def mounts(self) -> Sequence[Mount]: ...
+    @property
+    def launcher(self) -> str: ...
+    @property
+    def accelerator(self) -> str | None: ...
+    @property
+    def strategy(self) -> str | None: ...
+    @property
+    def precision(self) -> str | None: ...
+    @property
+    def env(self) -> Mapping[str, str]: ...
+    @property
+    def pass_env(self) -> Sequence[str]: ...
+    @property
+    def model_fields_set(self) -> set[str]: ...
 
 
 FABRIC_SETTINGS = ("accelerator", "strategy", "precision")
@@ -36,16 +64,17 @@ def node_rank_problem(rank: int, nnodes: int) -> str:
     return f"[nodes.{rank}] is outside node ranks 0..{nnodes - 1} (nnodes = {nnodes})"
 
 
-def check(s: Settings) -> None:
-    """Every check across fields, in the order a user meets them; the first refusal is raised."""
+def check(s: Checked, fields: Collection[str]) -> None:
+    """Every check across fields, in the order a user meets them; the first refusal is raised. ``fields``: the names
+    of every field of ``s``, whose values must all be plain text."""
     _node_ranks(s)
     _mount_targets(s)
     _fabric_only(s)
-    _plain_text(s)
+    _plain_text(s, fields)
     _env_tables(s)
 
 
-def _node_ranks(s: Settings) -> None:
+def _node_ranks(s: Checked) -> None:
     # Without nnodes, `hosts` counts the nodes; with neither (a hostfile given to `nodekit run`, or `up` on
     # one node) the upper bound is checked once the count is known (nodekit/backends/fleet/hosts.py hosts_of).
     count = s.nnodes if "nnodes" in s.model_fields_set else len(s.hosts) or None
@@ -61,7 +90,7 @@ def _node_ranks(s: Settings) -> None:
         )
 
 
-def _mount_targets(s: Settings) -> None:
+def _mount_targets(s: Checked) -> None:
     targets = [m.container for m in s.mounts]
     twice = next((t for t in targets if targets.count(t) > 1), None)
     if twice is not None:
@@ -80,7 +109,7 @@ def _mount_targets(s: Settings) -> None:
             )
 
 
-def _fabric_only(s: Settings) -> None:
+def _fabric_only(s: Checked) -> None:
     given = [k for k in FABRIC_SETTINGS if getattr(s, k) is not None]
     if given and s.launcher != LaunchMode.FABRIC:
         raise Bad(
@@ -90,10 +119,10 @@ def _fabric_only(s: Settings) -> None:
         )
 
 
-def _plain_text(s: Settings) -> None:
+def _plain_text(s: Checked, fields: Collection[str]) -> None:
     """No value may hold what cannot reach a file, an argv or an environment intact. ``args`` and ``env``
     values may span lines (a prompt, a JSON blob); names, paths, URLs and packages may not."""
-    for name in type(s).model_fields:
+    for name in fields:
         if name == "project_dir":
             continue
         for where, text in inputs.strings(getattr(s, name), name):
@@ -105,7 +134,7 @@ def _plain_text(s: Settings) -> None:
                 raise Bad(f"{text[:40]!r} {problem}", fix=f"write {name} without it", key=where)
 
 
-def _env_tables(s: Settings) -> None:
+def _env_tables(s: Checked) -> None:
     for key in (*s.env, *s.pass_env):
         problem = inputs.env_name_problem(key)
         where = "env" if key in s.env else "pass_env"

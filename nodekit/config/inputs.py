@@ -1,5 +1,6 @@
 """What user-given text and numbers may be: pure checks shared by ``settings.py`` (nodekit.toml, ``NODEKIT_*``,
-flags) and ``fleet/hosts.py``. Each check returns None, or the problem as a phrase the caller puts beside the key.
+flags) and ``nodekit/backends/fleet/hosts.py``. Each check returns None, or the problem as a phrase the caller puts
+beside the key.
 
 The bounds, and why they are where they are:
 

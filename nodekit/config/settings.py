@@ -36,6 +36,7 @@ from nodekit.config.tables import K8sSettings as K8sSettings
 from nodekit.config.tables import SlurmSettings as SlurmSettings
 from nodekit.errors import ConfigError
 from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES
+from nodekit.launcher.plan import styles_text
 
 __all__ = ["CONFIG_FILE", "ENV_NAME", "Mount", "NodeOverride", "Settings", "config_path", "load", "reserved_env"]
 
@@ -74,9 +75,7 @@ class _Keys(BaseSettings):
     args: tuple[str, ...] = Field((), description="arguments passed to the script or module")
     launcher: str = Field(
         DEFAULT_LAUNCH_MODE,
-        description="torchrun; fabric (what `fabric run` does); env for frameworks that start their own workers "
-        "(Lightning Trainer); torch.distributed.launch for scripts that take --local-rank/--local_rank; mpirun for "
-        "scripts that read Open MPI's OMPI_COMM_WORLD_* variables (no MPI runtime)",
+        description=f"how each node starts the script; one of {styles_text()}",
     )
     accelerator: str | None = Field(
         None, description="launcher fabric: --accelerator (default: cuda on a node with GPUs, else cpu)"
@@ -216,7 +215,8 @@ class Settings(BackendTables, _Keys):
 
     @model_validator(mode="after")
     def _across_fields(self) -> Settings:
-        across.check(self)  # the checks that read more than one field: nodekit/config/across.py
+        # The checks that read more than one field: nodekit/config/across.py
+        across.check(self, type(self).model_fields)
         return self
 
     @field_validator("pass_env")

@@ -13,6 +13,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from nodekit.config.settings import DEFAULT_TORCH
+from nodekit.launcher.contract import LAUNCH_MODES
 
 DOCKERIGNORE = """\
 # What stays out of the image (written by nodekit init; Docker's .dockerignore rules). Only the code goes in:
@@ -138,6 +139,10 @@ def _toml_list(items: Sequence[str]) -> str:
     return "[\n" + "".join(f"  {json.dumps(i)},\n" for i in items) + "]"
 
 
+def _styles() -> str:
+    return ", ".join(f'"{m}"' for m in LAUNCH_MODES)
+
+
 def starter_config(
     name: str, script: str = "train.py", packages: Sequence[str] = (DEFAULT_TORCH,), found_in: Sequence[str] = ()
 ) -> str:
@@ -161,10 +166,8 @@ packages = {_toml_list(packages)}
 # The training script, relative to this directory (or: module = "mypkg.train").
 script = "{script}"
 args = []
-# torchrun (default) starts nproc_per_node workers per node; "env" runs the script once per node with
-# MASTER_ADDR/MASTER_PORT/NODE_RANK/WORLD_SIZE set, for frameworks that start their own workers (Lightning);
-# "fabric" does what `fabric run` does (Fabric() without .launch(); settings accelerator, strategy, precision);
-# "torch.distributed.launch" passes each worker --local-rank (or --local_rank) for older scripts.
+# How each node starts the script, one of {_styles()}
+# (docs/guides/launch-styles.md says which fits the guide your script follows).
 launcher = "torchrun"
 # For `nodekit up` by hand. With hosts = [...] below, leave it out: the hosts count the nodes.
 nnodes = 2

@@ -21,7 +21,7 @@ from nodekit.config.inputs import (
     target_problem,
     text_problem,
 )
-from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
+from nodekit.launcher.contract import LINK_SECONDS_DEFAULT, LINK_SECONDS_MAX, LINK_SECONDS_MIN
 
 
 class Bad(ValueError):
@@ -55,7 +55,7 @@ def _nproc(v: Any) -> Any:
     return v
 
 
-# Processes on a node: a count, or "auto" (the node's GPUs, or 1). Zero used to pass for [nodes.R] and be replaced.
+# Processes on a node: a count, or "auto" (the node's GPUs, or 1). Zero is refused, in [nodes.R] too.
 NProc = Annotated[int | Literal["auto"], BeforeValidator(_nproc)]
 
 
@@ -229,7 +229,8 @@ class K8sSettings(BaseModel):
 
 class HealthSettings(BaseModel):
     """``[health]``: the checks every node runs after the preflight, before any worker starts (the launcher's
-    ``checks.py``). Each is ``warn`` (print what is wrong, then train), ``refuse`` (stop every node) or ``off``."""
+    ``nodekit/launcher/checks.py``). Each is ``warn`` (print what is wrong, then train), ``refuse`` (stop every
+    node) or ``off``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -242,9 +243,9 @@ class HealthSettings(BaseModel):
         None, gt=0, le=1e6, description="a pair below this many Gbit/s (either way) stops the job (exit 20)"
     )
     link_seconds: float = Field(
-        DEFAULT_SECONDS,
-        ge=MIN_SECONDS,
-        le=MAX_SECONDS,
+        LINK_SECONDS_DEFAULT,
+        ge=LINK_SECONDS_MIN,
+        le=LINK_SECONDS_MAX,
         description="most seconds of bulk transfer per pair and direction (it ends once its figure settles)",
     )
     gpus: Literal["warn", "refuse", "off"] = Field(

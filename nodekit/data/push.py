@@ -10,12 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from nodekit.backends.fleet.hosts import FleetHost, parse_host
 from nodekit.config.settings import Settings
 from nodekit.data import plan as planning
 from nodekit.data import source as sources
 from nodekit.data import transport
-from nodekit.data.transport import DataError, Where
+from nodekit.data.transport import DataError, Host, RankedHost, Where
 from nodekit.errors import NodekitError, UsageError
 from nodekit.job.spec import mount_points
 from nodekit.launcher.datasync.scan import Manifest
@@ -47,7 +46,7 @@ class Done:
     sent: int = 0
 
 
-def where_of(host: FleetHost) -> Where:
+def where_of(host: Host) -> Where:
     if host.scheme == "unix":
         return Where(host.name)
     if host.scheme != "ssh":
@@ -56,20 +55,7 @@ def where_of(host: FleetHost) -> Where:
     return Where(host.name, host)
 
 
-def to_hosts(settings: Settings, to: Sequence[str]) -> list[tuple[FleetHost, int | None]]:
-    """``--to`` targets as ``nodekit push`` takes them (``[name=]ssh://user@host``, ``unix://...`` for this
-    machine), each with its rank where it is one of the project's hosts (whose ``[nodes.R] mounts`` then apply)."""
-    known = {h.strip(): r for r, h in enumerate(settings.hosts)}
-    out = []
-    for i, spec in enumerate(to):
-        name, sep, url = spec.partition("=")
-        if not sep or "://" in name:
-            url = spec
-        out.append((parse_host(url, i), known.get(url.strip())))
-    return out
-
-
-def jobs_of(settings: Settings, hosts: Sequence[tuple[FleetHost, int | None]]) -> list[Job]:
+def jobs_of(settings: Settings, hosts: Sequence[tuple[Host, int | None]]) -> list[Job]:
     """Every (host, mount with a source) pair; the host path is the host's rank's where it has one."""
     out = []
     for host, rank in hosts:
@@ -168,7 +154,7 @@ def report_line(done: Sequence[Done]) -> str:
     return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s)); sent {sent} bytes"
 
 
-def for_run(settings: Settings, hosts: Sequence[FleetHost], reporter: Reporter) -> None:
+def for_run(settings: Settings, hosts: Sequence[RankedHost], reporter: Reporter) -> None:
     """The push ``nodekit run`` makes after its hosts' checks, before any container starts."""
     done = push(settings, jobs_of(settings, [(h, h.rank) for h in hosts]), reporter)
     reporter.done(report_line(done))

@@ -16,17 +16,16 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import DeadlineError, NodekitError
 from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.system import proc, ssh
 
 MODULES = (
-    "nodekit.launcher.datasync.names",
     "nodekit.launcher.datacheck.filehash",
     "nodekit.launcher.datacheck.manifest",
+    "nodekit.launcher.datasync.names",
     "nodekit.launcher.datasync.scan",
     "nodekit.launcher.datasync.node",
     "nodekit.launcher.datasync.receive",
@@ -59,12 +58,34 @@ class DataError(NodekitError):
     exit_code = 1
 
 
+class Host(Protocol):
+    """What the receiver needs to reach a machine over SSH (a fleet's host is one): the datasets know no backend."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def scheme(self) -> str: ...
+    @property
+    def hostname(self) -> str: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def port(self) -> int | None: ...
+
+
+class RankedHost(Host, Protocol):
+    """A host that is one of the job's nodes (its ``[nodes.R] mounts`` apply)."""
+
+    @property
+    def rank(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class Where:
     """A host the receiver runs on: over SSH (``host``), or on this machine (None)."""
 
     name: str
-    host: FleetHost | None = None
+    host: Host | None = None
 
     def argv(self, mode: str, root: str) -> list[str]:
         words = ["python3", "-c", BOOT, mode, root]

@@ -13,9 +13,9 @@ Every read is checked: a blob whose content no longer hashes to its name is dele
 damaged store costs a slower push, never a wrong image. Writes go through a temporary file and a rename. A blob is
 hashed in full once: when it is written (it is hashed as it goes) or first read, ``verified/<hex>`` records its
 inode, size and modification time, and a later read whose file still has exactly those skips the hash. A write to
-the file changes its size or its time, so it is hashed again. Without this, every build read back every
-package layer (5.8 GB, 4.8 s for the CUDA image's code-only rebuild, 2026-11-26) and every push read each layer it
-sends twice. The engines check each layer's digest again when they load it.
+the file changes its size or its time, so it is hashed again. Without this, every build would read back every
+package layer (gigabytes for a CUDA image, seconds of a code-only rebuild) and every push each layer it sends
+twice. The engines check each layer's digest again when they load it.
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ import functools
 
 from nodekit.job.container import MAIN_ADDR, RANK, EnvVar, Value
 from nodekit.job.spec import LaunchSpec, NodeSpec
-from nodekit.launcher.contract import OUTPUT_DIR, Env, LaunchMode
-from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS
+from nodekit.launcher.contract import LINK_SECONDS_DEFAULT, OUTPUT_DIR, Env, LaunchMode
 from nodekit.system.host.facts import HostFacts
 
 DEBUG_ENV = {
@@ -112,7 +111,7 @@ def health_env(launch: LaunchSpec) -> dict[str, str]:
         env[Env.LINK_CHECK] = h.links
     if h.min_link_gbit is not None:
         env[Env.MIN_LINK_GBIT] = f"{h.min_link_gbit:g}"
-    if h.link_seconds != DEFAULT_SECONDS:
+    if h.link_seconds != LINK_SECONDS_DEFAULT:
         env[Env.LINK_SECONDS] = f"{h.link_seconds:g}"
     if h.gpus != "warn":
         env[Env.GPU_HEALTH] = h.gpus

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from nodekit.config.settings import Settings
 from nodekit.errors import NetworkError, UsageError
-from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_spec, pinned_host_facts
 from nodekit.system.host import facts as host_facts
 from nodekit.system.host import net
 from nodekit.system.host.facts import HostFacts
@@ -110,7 +110,8 @@ def gather_node(
         main_note = f"main is {main_ip}, this host's address on its default route (--main chooses another)"
     if facts is None:
         facts = _facts_here(settings, rank, main_ip)
-    node = node_spec(settings, launch, rank, main_ip, node_facts(settings, rank, facts))  # refused here, in order
+    # Bad settings for this node are refused here, in the order a user meets them.
+    node = node_spec(settings, launch, rank, main_ip, pinned_host_facts(settings, rank, facts))
     absent = () if mounts_checked else tuple(m.host for m in node.mounts if not Path(m.host).exists())
     check_mounts(node, absent)
     ref, why, known_id = image, "", ""

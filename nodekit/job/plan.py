@@ -29,7 +29,7 @@ def plan_container(
     debug: bool = False,
 ) -> ContainerSpec:
     """The container of node ``node.rank`` running ``image`` on a host with ``facts`` (the node's, with the config's
-    per-node pins applied: :func:`nodekit.job.spec.node_facts`).
+    per-node pins applied: :func:`nodekit.job.spec.pinned_host_facts`).
 
     ``output_dir`` is the absolute host directory mounted at /outputs. ``image_id`` is the image's id when planning
     looked it up ("" otherwise); NODEKIT_IMAGE_ID is always declared (a hole: the backend knows the id on the node,

@@ -228,7 +228,7 @@ def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:
     )
 
 
-def node_facts(settings: Settings, rank: int, facts: HostFacts) -> HostFacts:
+def pinned_host_facts(settings: Settings, rank: int, facts: HostFacts) -> HostFacts:
     """``facts`` with what the config pins for node ``rank`` (``[nodes.R] gpus``): a file rendered on a CPU-only
     head for a GPU node still gives that node its GPUs."""
     override = settings.nodes.get(rank)

@@ -29,7 +29,7 @@ from nodekit.launcher.linkcheck.verdict import LinkVerdict, Mode
 from nodekit.launcher.linkcheck.verdict import render as render_links
 from nodekit.launcher.preflight import network as netfacts
 from nodekit.launcher.preflight.exchange import Store
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 
 # The GPU tools' own deadlines bound them; this only keeps a wedged driver call from holding the job forever.
 GPU_WAIT_S = gpus.SMI_TIMEOUT_S + gpus.DMESG_TIMEOUT_S + gpus.DIAG_TIMEOUT_S + 10
@@ -82,7 +82,7 @@ def alone(cfg: LaunchConfig, check: GpuCheck) -> int | None:
     return None if mine is None else _gpu_code(cfg, [mine])
 
 
-def link_job(cfg: LaunchConfig, facts: NodeFacts) -> links.LinkJob:
+def link_job(cfg: LaunchConfig, facts: StackReport) -> links.LinkJob:
     """This node's part of the link check. It is reached at the address it reached main from (main: MASTER_ADDR),
     on the pinned interface's address when the job pins one; it listens and sends from that address when it is
     this machine's own, else (main behind an address translation) from any address."""
@@ -115,7 +115,7 @@ class LinksBeside:
     stops this node's job: every node reads the same verdict and exits 20. A check the job outlived (the store gone)
     says so in one line."""
 
-    def __init__(self, cfg: LaunchConfig, store: Store, me: NodeFacts) -> None:
+    def __init__(self, cfg: LaunchConfig, store: Store, me: StackReport) -> None:
         self.verdict: LinkVerdict | None = None
         self._lock = threading.Lock()
         self._refuse: Callable[[str], None] | None = None
@@ -161,7 +161,7 @@ def _check_links(cfg: LaunchConfig, store: Store, job: links.LinkJob, *, started
 
 
 def after_preflight(
-    cfg: LaunchConfig, store: Store, facts: tuple[NodeFacts, ...], check: GpuCheck, *, beside: bool = False
+    cfg: LaunchConfig, store: Store, facts: tuple[StackReport, ...], check: GpuCheck, *, beside: bool = False
 ) -> tuple[int | None, LinksBeside | None]:
     """Every node together, after a good preflight: the GPU health of every node, then the link check (started in a
     thread when ``beside``: see :func:`links_beside_job`). An exit code to stop with (the same on every node) or

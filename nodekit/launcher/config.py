@@ -12,8 +12,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nodekit.launcher import contract
-from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, LAUNCH_MODES, OUTPUT_DIR, Env
-from nodekit.launcher.linkcheck.rounds import DEFAULT_SECONDS, MAX_SECONDS, MIN_SECONDS
+from nodekit.launcher.contract import (
+    DEFAULT_LAUNCH_MODE,
+    LAUNCH_MODES,
+    LINK_SECONDS_DEFAULT,
+    LINK_SECONDS_MAX,
+    LINK_SECONDS_MIN,
+    OUTPUT_DIR,
+    Env,
+)
 from nodekit.launcher.stacks.hook import DEFAULT_DIR as DEFAULT_WORKER_DIR
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -69,7 +76,7 @@ class LaunchConfig:
     # (NODEKIT_GPU_HEALTH, NODEKIT_DCGM), both after a good preflight; NODEKIT_CHECKS_ONLY: no training after them.
     link_check: Check = "warn"
     min_link_gbit: float | None = None
-    link_seconds: float = DEFAULT_SECONDS
+    link_seconds: float = LINK_SECONDS_DEFAULT
     gpu_health: Check = "warn"
     dcgm: bool = True
     checks_only: bool = False
@@ -283,7 +290,7 @@ def parse_env(env: Mapping[str, str]) -> LaunchConfig:
         exit_guard=_bool(env, Env.EXIT_GUARD, True),
         link_check=_check(env, Env.LINK_CHECK),
         min_link_gbit=_float(env, Env.MIN_LINK_GBIT, 1e-6, 1e6),
-        link_seconds=_float(env, Env.LINK_SECONDS, MIN_SECONDS, MAX_SECONDS) or DEFAULT_SECONDS,
+        link_seconds=_float(env, Env.LINK_SECONDS, LINK_SECONDS_MIN, LINK_SECONDS_MAX) or LINK_SECONDS_DEFAULT,
         gpu_health=_check(env, Env.GPU_HEALTH),
         dcgm=_bool(env, Env.DCGM, True),
         checks_only=_bool(env, Env.CHECKS_ONLY, False),

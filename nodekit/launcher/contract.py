@@ -136,6 +136,12 @@ def preflight_port_for(master_port: int) -> int:
     return master_port + PREFLIGHT_PORT_OFFSET
 
 
+# --- the link check's transfer per pair and direction ([health] link_seconds, NODEKIT_LINK_SECONDS) -----------
+# The settings refuse a value outside these bounds and the launcher reads them again; the schedule's cost estimate
+# (linkcheck/rounds.py) uses the default.
+LINK_SECONDS_DEFAULT = 0.2
+LINK_SECONDS_MIN, LINK_SECONDS_MAX = 0.05, 5.0
+
 # --- the container ---------------------------------------------------------------------------------------------
 OUTPUT_DIR = "/outputs"  # where the job writes; the host mounts its output directory here
 WORKDIR = "/workspace"  # the project's code in the image, and the launcher's working directory
@@ -168,6 +174,9 @@ __all__ = [
     "EXIT_STALLED",
     "EXIT_TERMINATED",
     "LAUNCH_MODES",
+    "LINK_SECONDS_DEFAULT",
+    "LINK_SECONDS_MAX",
+    "LINK_SECONDS_MIN",
     "OUTPUT_DIR",
     "OWN_CONTINUED",
     "OWN_LINES",

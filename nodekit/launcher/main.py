@@ -1,5 +1,5 @@
-"""The launcher's entry point: parse, print the start line, check, preflight, then torchrun in this process under
-the peer watchdog (or exec). See the package docstring."""
+"""The launcher's entry point: parse, print the start line, check, preflight, then carry out the launch style's
+plan the way its :class:`~nodekit.launcher.plan.Runs` says. See the package docstring."""
 
 from __future__ import annotations
 
@@ -26,12 +26,12 @@ from nodekit.launcher.plan import (
     Command,
     CommandError,
     Rendezvous,
+    Runs,
     exec_plan,
     fallback_run_id,
     local_rank_flag,
     missing_target,
     parse_command,
-    slots,
     start_line,
     style,
 )
@@ -96,7 +96,7 @@ def _rendezvous(cfg: LaunchConfig, passed: Passed | None) -> Rendezvous | None:
     """torchrun's c10d rendezvous for a job whose workers may restart (None: static rendezvous, or no torchrun).
 
     The id is main's, from the verdict (new for every run); this node's address is the one it reached main from."""
-    if not style(cfg.mode).torchrun or cfg.max_restarts == 0:
+    if style(cfg.mode).runs is not Runs.TORCHRUN or cfg.max_restarts == 0:
         return None
     mine = next((f for f in passed.verdict.facts if f.rank == cfg.node_rank), None) if passed else None
     address = cfg.master_addr if cfg.is_main else (mine.address if mine else None)
@@ -193,9 +193,9 @@ def _after_preflight(
     thread beside the job's start, where nothing waits for it), the checked mounts compared across nodes (an exit
     code when they differ), and WORLD_SIZE set (in ``env`` and this process's environment) when some node's count
     was 'auto'."""
-    # The launcher stays for the whole job (and node 0 hosts the store) under the peer watchdog (plan.Style.stays);
-    # mode env execs the command, which would end the check.
-    stays = cfg.peer_timeout > 0 and style(cfg.mode).stays
+    # The launcher stays for the whole job (and node 0 hosts the store) under the peer watchdog (plan.Runs.stays);
+    # a style that execs its command would end the check.
+    stays = cfg.peer_timeout > 0 and style(cfg.mode).runs.stays
     try:
         code, beside = checks.after_preflight(
             cfg, passed.store, passed.verdict.facts, gpu, beside=checks.links_beside_job(cfg, stays)
@@ -297,7 +297,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if cfg.checks_only:
         print("nodekit: checks done (checks only: nodekit doctor --fleet); no training started", flush=True)
         return EXIT_OK
-    if not style(cfg.mode).torchrun and cfg.max_restarts > 0:
+    runs = style(cfg.mode).runs
+    if runs is not Runs.TORCHRUN and cfg.max_restarts > 0:
         print(
             f"nodekit: note: max_restarts = {cfg.max_restarts} does nothing with launcher = {cfg.mode} (no torchrun "
             "restarts the framework's workers); `nodekit run` with restarts = N restarts the whole job",
@@ -309,13 +310,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         cfg, command, python=sys.executable, torchrun=torchrun.torchrun_path(), cpus=_cpus(),
         local_rank=_local_rank(cfg, command), rendezvous=rdzv, counts=counts,
     )  # fmt: skip
-    if plan.per_process:  # mpirun mode: the launcher starts and watches every process itself
-        return ranks.run_watched(plan, env, slots(cfg, counts)[0], _watchdog(cfg, passed, beside))
+    if runs is Runs.CHILDREN:  # the launcher starts and watches every process itself
+        return ranks.run_watched(plan, env, plan.first_rank, _watchdog(cfg, passed, beside))
     # torchrun runs in this process whenever torch is here: after preflight torch is imported already, and on one
     # node importing it here costs what exec'ing torchrun would, while a signal to the container is then this
     # process's to report as a stop (stops.py). Without torch, exec says what is missing.
     in_process = "torch" in sys.modules or rdzv is not None or importlib.util.find_spec("torch") is not None
-    if style(cfg.mode).torchrun and in_process:
+    if runs is Runs.TORCHRUN and in_process:
         # torchrun's workers inherit this process's environment.
         os.environ.update(plan.set_env)
         for key, value in plan.default_env:

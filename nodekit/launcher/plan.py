@@ -5,6 +5,7 @@ Nothing here imports torch or touches the process; ``main`` carries the decision
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -47,7 +48,10 @@ class ExecPlan:
     unset_env: tuple[str, ...] = ()
     default_env: tuple[tuple[str, str], ...] = ()  # set only where ``base`` lacks them
     per_process: tuple[tuple[tuple[str, str], ...], ...] = ()
-    """mpirun mode: the launcher starts one process per entry, each with these variables too (``ranks.py``)."""
+    """:attr:`Runs.CHILDREN`: the launcher starts one process per entry, each with these variables too
+    (``ranks.py``)."""
+    first_rank: int = 0
+    """:attr:`Runs.CHILDREN`: the global rank of the first entry's process, so that a failure names its rank."""
 
     def environ(self, base: Mapping[str, str]) -> dict[str, str]:
         """``base`` with this plan's changes applied."""
@@ -183,20 +187,40 @@ class Tools:
     """Every node's processes, from the preflight's facts (mpirun lays its ranks out by them)."""
 
 
+class Runs(enum.Enum):
+    """How a style's plan is carried out: the one choice that decides what the launcher does after the checks."""
+
+    TORCHRUN = "torchrun"
+    """torchrun starts the workers: after a preflight it runs in the launcher's own process (``torchrun.py``), under
+    the peer watchdog and the stall watch, and restarts with c10d (``max_restarts``)."""
+    CHILDREN = "children"
+    """The launcher starts one child per :attr:`ExecPlan.per_process` entry and watches them (``ranks.py``): the
+    first to fail is named and stops the others, under the peer watchdog and the stall watch; nothing restarts
+    them."""
+    EXEC = "exec"
+    """The launcher execs the plan's argv and is gone: no watchdog, no store on node 0 after the checks, no link
+    check beside the job's start; the framework starts its own workers (``env``)."""
+
+    @property
+    def stays(self) -> bool:
+        """The launcher stays for the whole job: only then does node 0 host the store, the peer watchdog run and the
+        link check run beside the job's start."""
+        return self is not Runs.EXEC
+
+
 @dataclass(frozen=True)
 class Style:
-    """One launch mode: the process the launcher becomes (``plan``: argv and environment; NODEKIT_EXIT_GUARD is
-    added for every style), whether torchrun starts its workers (``torchrun``: after a preflight it then runs in
-    the launcher's own process, under the peer watchdog, and restarts with c10d), and whether ``main.py`` must read
-    the training script's source for :attr:`Tools.local_rank` (``reads_script``)."""
+    """One launch style: its plan (the argv and environment, and for :attr:`Runs.CHILDREN` one entry per process;
+    NODEKIT_EXIT_GUARD is added for every style), how that plan runs (:class:`Runs`), and whether ``main.py`` must
+    read the training script's source for :attr:`Tools.local_rank` (``reads_script``: what the plan needs, not how
+    it runs)."""
 
     plan: Callable[[LaunchConfig, Command, Tools], ExecPlan]
-    torchrun: bool = True
+    runs: Runs = Runs.TORCHRUN
     reads_script: bool = False
-    stays: bool = True
-    """The launcher stays for the whole job: torchrun in its own process, or mpirun's processes that it starts and
-    watches; not ``env``, which execs the command. Only a launcher that stays hosts the store (node 0), runs the peer
-    watchdog and can run the link check beside the job's start."""
+    says: str = ""
+    """Which scripts it is for, in a few words: the settings' description of ``launcher`` (and so the config
+    reference and the starter nodekit.toml) lists every style with these words, from :data:`STYLES`."""
 
 
 def _torchrun_argv(cfg: LaunchConfig, target: Sequence[str], tools: Tools) -> tuple[str, ...]:
@@ -276,17 +300,25 @@ def _mpirun(cfg: LaunchConfig, command: Command, tools: Tools) -> ExecPlan:
     (``ranks.py``); nothing restarts them."""
     first, world = slots(cfg, tools.counts)
     return ExecPlan(argv=(tools.python, *command.argv()), unset_env=ENV_MODE_UNSET,
-                    per_process=mpirun_env(cfg, first, world))  # fmt: skip
+                    per_process=mpirun_env(cfg, first, world), first_rank=first)  # fmt: skip
 
 
 # Every mode of contract.LAUNCH_MODES, and nothing else (tests/unit/launcher/test_contract_names.py holds them equal).
 STYLES: dict[str, Style] = {
-    LaunchMode.TORCHRUN: Style(_torchrun),
-    LaunchMode.FABRIC: Style(_fabric),
-    LaunchMode.ENV: Style(_env, torchrun=False, stays=False),
-    LaunchMode.DISTRIBUTED_LAUNCH: Style(_distributed_launch, reads_script=True),
-    LaunchMode.MPIRUN: Style(_mpirun, torchrun=False),
-}
+    LaunchMode.TORCHRUN: Style(_torchrun, says="torchrun starts nproc_per_node workers (the default)"),
+    LaunchMode.FABRIC: Style(_fabric, says="what `fabric run` does (settings accelerator, strategy, precision)"),
+    LaunchMode.ENV: Style(_env, Runs.EXEC, says="the script once per node, for frameworks that start their own "
+                          "workers (Lightning Trainer)"),
+    LaunchMode.DISTRIBUTED_LAUNCH: Style(_distributed_launch, reads_script=True,
+                                         says="for scripts that take --local-rank/--local_rank"),
+    LaunchMode.MPIRUN: Style(_mpirun, Runs.CHILDREN, says="for scripts that read Open MPI's OMPI_COMM_WORLD_* "
+                             "variables (no MPI runtime)"),
+}  # fmt: skip
+
+
+def styles_text() -> str:
+    """Every style of :data:`STYLES` with its :attr:`Style.says`, in one line: ``torchrun: ...; fabric: ...``."""
+    return "; ".join(f"{name}: {s.says}" if s.says else name for name, s in STYLES.items())
 
 
 def style(mode: str) -> Style:
@@ -305,20 +337,15 @@ def exec_plan(
     rendezvous: Rendezvous | None = None,
     counts: Mapping[int, int] | None = None,
 ) -> ExecPlan:
-    """The process this node's launcher becomes: its mode's :class:`Style`, with NODEKIT_EXIT_GUARD set for the
+    """What this node's launcher carries out: its mode's :class:`Style` plan, with NODEKIT_EXIT_GUARD set for the
     job's processes (1 unless the node's environment said 0), which makes every Python process of the job load
-    :mod:`nodekit.launcher.exitguard`.
-
-    ``torchrun`` mode: torchrun with :func:`rendezvous_argv`. ``env`` mode: ``python`` runs the command itself with
-    MASTER_ADDR, MASTER_PORT, NODE_RANK, NNODES, NPROC_PER_NODE (and WORLD_SIZE when known) already in the
-    environment, and without the per-process variables listed in :data:`ENV_MODE_UNSET`; nothing restarts it
-    (max_restarts is torchrun's; ``nodekit run``'s ``restarts`` restart the whole job). ``fabric`` mode is torchrun
-    plus :func:`fabric_env`. ``torch.distributed.launch`` mode is torchrun with ``<local_rank>=${local_rank}``
-    appended to the script's arguments. ``mpirun`` mode: one process per local rank with Open MPI's variables.
-    """
+    :mod:`nodekit.launcher.exitguard`. Each style's function says what its plan is; :data:`STYLES` lists them."""
     tools = Tools(python=python, torchrun=torchrun, cpus=cpus, local_rank=local_rank, rendezvous=rendezvous,
                   counts=counts)  # fmt: skip
-    plan = style(cfg.mode).plan(cfg, command, tools)
+    chosen = style(cfg.mode)
+    plan = chosen.plan(cfg, command, tools)
+    if chosen.runs is Runs.CHILDREN and not plan.per_process:
+        raise ValueError(f"launch style {cfg.mode!r} runs children but its plan names none (ExecPlan.per_process)")
     # Every mode: NODEKIT_EXIT_GUARD for the job's processes (1 unless the node's environment said 0), which makes
     # every Python process of the job load nodekit.launcher.exitguard, and NODEKIT_WORKER_DIR, where that hook keeps
     # each process's stack dump and progress (nodekit.launcher.stacks.hook; `nodekit stacks` and the stall watch).

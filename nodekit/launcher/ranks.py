@@ -72,7 +72,7 @@ def run_group(plan: ExecPlan, env: Mapping[str, str], first_rank: int) -> tuple[
             failed = next((i for i, c in enumerate(codes) if c not in (None, 0)), None)
             if failed is not None:
                 rc = int(codes[failed] or 0)
-                failure = WorkerFailure(first_rank + failed, failed, rc, int(time.time()), 0)
+                failure = WorkerFailure(first_rank + failed, failed, rc, int(time.time()), -1)
                 others = sum(1 for c in codes if c is None)
                 how = f"was killed by {signal_name(-rc)}" if rc < 0 else f"exited with code {rc}"
                 print(

@@ -35,11 +35,12 @@ from nodekit.errors import EngineError
 from nodekit.image.archive import chain_ids, chains_of
 from nodekit.ship.codecs import Codec, Compress, choose_codec, codec_for_file
 from nodekit.ship.engines import layers_held, source_of, survey
-from nodekit.ship.fanout import ProgressFn, PushResult, push
+from nodekit.ship.fanout import push
 from nodekit.ship.files import LoadedFile, Saved, load, save
 from nodekit.ship.grouping import relay_candidates, relay_text
 from nodekit.ship.layers import WithoutLayers
 from nodekit.ship.mux import SharedSsh
+from nodekit.ship.outcome import ProgressFn, PushResult
 from nodekit.ship.plan import (
     DISK_FACTOR,
     SCHEMES,

@@ -10,7 +10,7 @@ connection): ``df -Pk`` on its data root, POSIX output that GNU coreutils and bu
 offers no way to ask: its free disk stays unknown, and the push goes on without the check (the load then fails
 there, with the engine's own "no space left on device", and registers nothing).
 
-:func:`df_argv` and :func:`parse_df` are pure; :func:`remote_facts` runs the command, with a deadline, and answers
+:func:`df_argv` and :func:`parse_df` are pure; :func:`target_disk` runs the command, with a deadline, and answers
 "unknown" rather than failing: a node that cannot say is not refused for it.
 """
 
@@ -58,22 +58,25 @@ def parse_df(out: str) -> int | None:
     return int(row[cap - 1]) * 1024
 
 
-class RemoteFacts(NamedTuple):
+class TargetDisk(NamedTuple):
+    """What a push needs of a target node's disk before it sends: the free space under the data root, and whether
+    the node can unpack zstd."""
+
     free_bytes: int | None
     """None: unknown."""
     zstd: bool
 
 
-def remote_facts(endpoint: str, root: str) -> RemoteFacts:
+def target_disk(endpoint: str, root: str) -> TargetDisk:
     """Free bytes under ``root`` on the ``ssh://`` node of ``endpoint`` (None when it cannot be known: not ssh, the
     command failed or took longer than :data:`DF_TIMEOUT_S`) and whether the node has the zstd command."""
     argv = df_argv(endpoint, root)
     if argv is None:
-        return RemoteFacts(None, False)
+        return TargetDisk(None, False)
     try:
         done = proc.run(argv, deadline=DF_TIMEOUT_S, what=f"df on {endpoint}", fix="", stdin="devnull")
     except (OSError, DeadlineError):
-        return RemoteFacts(None, False)
+        return TargetDisk(None, False)
     if done.returncode != 0:
-        return RemoteFacts(None, False)
-    return RemoteFacts(parse_df(done.stdout), ZSTD_MARK in done.stdout.split())
+        return TargetDisk(None, False)
+    return TargetDisk(parse_df(done.stdout), ZSTD_MARK in done.stdout.split())

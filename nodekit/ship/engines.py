@@ -16,7 +16,7 @@ from nodekit.errors import NodekitError
 from nodekit.image.archive import chains_of
 from nodekit.image.blobs import BlobStore
 from nodekit.image.plan import LABEL_BASE
-from nodekit.ship.disk import RemoteFacts, remote_facts
+from nodekit.ship.disk import TargetDisk, target_disk
 from nodekit.ship.plan import Layer, Source, Target, TargetState, sized_layers
 from nodekit.system import docker
 
@@ -93,9 +93,7 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
             f_id = asks.submit(docker.image_info, own_id, t.endpoint) if own_id else None
             f_layers = asks.submit(docker.layer_lists, t.endpoint)
             # An engine elsewhere: its free disk over SSH (df under its data root), for the plan's room check.
-            f_remote = (
-                asks.submit(remote_facts, t.endpoint, facts.root_dir) if t.endpoint.startswith("ssh://") else None
-            )
+            f_remote = asks.submit(target_disk, t.endpoint, facts.root_dir) if t.endpoint.startswith("ssh://") else None
         try:
             at_ref, by_id = f_ref.result(), (f_id.result() if f_id is not None else None)
             has_image = by_id is not None and by_id.id == own_id
@@ -106,7 +104,7 @@ def survey(source: Source, targets: Sequence[Target]) -> list[TargetState]:
                 chains = chains_of(f_layers.result())
         except NodekitError as e:
             return TargetState(target=t, error=e.message)
-        remote = f_remote.result() if f_remote is not None else RemoteFacts(None, False)
+        remote = f_remote.result() if f_remote is not None else TargetDisk(None, False)
         return TargetState(
             target=t,
             engine_id=facts.engine_id,

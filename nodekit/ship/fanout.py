@@ -15,43 +15,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 from nodekit.errors import NodekitError, ShipError
-from nodekit.ship.fanout_stream import FanOut, Sink
+from nodekit.ship.fanout_stream import Chain, FanOut, Sink
 from nodekit.ship.grouping import groups as _groups
 from nodekit.ship.grouping import relay_candidates
+from nodekit.ship.hopkeys import Hop
 from nodekit.ship.layers import from_store
+from nodekit.ship.outcome import ProgressFn, PushResult
 from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import verify as _verify
 from nodekit.ship.plan import PushPlan, Step, size_text, travelling_bytes
-from nodekit.ship.relay import Hop, RelayMode, hop_of, split_chains
+from nodekit.ship.relay import RelayMode, hop_of, split_chains
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
 
 # A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
 # cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.
 STALL_S = 60.0
-
-Chain = list[tuple[Step, Hop]]
-"""Targets that relay one stream, first to last, with how each is dialled from the one before it."""
-
-ProgressFn = Callable[[str, int, int], None]
-"""``(target name, bytes of the image sent, bytes in all)``; called from worker threads."""
-
-
-@dataclass
-class PushResult:
-    plan: PushPlan
-    seconds: dict[str, float] = field(default_factory=dict)
-    failures: dict[str, ShipError] = field(default_factory=dict)
-    sent: dict[str, int] = field(default_factory=dict)
-    """Bytes written into each target's ``docker load`` (after compression: what went on the wire)."""
-    layers_skipped: dict[str, int] = field(default_factory=dict)
-    """How many of the image's layer files each target was spared (it had them)."""
-    relayed: dict[str, str] = field(default_factory=dict)
-    """Targets that got the image from another target (a relay chain), not from the head: name to that target."""
 
 
 def push(

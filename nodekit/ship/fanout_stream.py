@@ -9,12 +9,14 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from nodekit.errors import NodekitError, ShipError
 from nodekit.ship import outcome
 from nodekit.ship.codecs import Codec
+from nodekit.ship.hopkeys import Hop
 from nodekit.ship.layers import WithoutLayers
+from nodekit.ship.outcome import ProgressFn, PushResult
 from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import diagnose as _diagnose
@@ -24,8 +26,8 @@ from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, unzstd_sink
 from nodekit.system import docker
 
-if TYPE_CHECKING:
-    from nodekit.ship.fanout import Chain, ProgressFn, PushResult
+Chain = list[tuple[Step, Hop]]
+"""Targets that relay one stream, first to last, with how each is dialled from the one before it."""
 
 
 class Sink(Protocol):

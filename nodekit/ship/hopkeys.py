@@ -67,15 +67,32 @@ import re
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from nodekit.errors import DeadlineError, ShipError
 from nodekit.launcher.preflight.network import is_address
 from nodekit.system import proc, ssh
 
-if TYPE_CHECKING:
-    from nodekit.ship.relay import Hop
+
+@dataclass(frozen=True)
+class Hop:
+    """One node of a relay chain, as the node before it dials it."""
+
+    name: str
+    endpoint: str
+    user: str
+    hostname: str
+    port: int
+    alias: str
+    """The name the head's known_hosts knows the node by (``HostKeyAlias`` on the hop before it)."""
+    known_hosts: str
+    """The head's known_hosts lines for the node: the only host keys the hop before it accepts."""
+
+    @property
+    def dest(self) -> str:
+        return f"{self.user}@{self.hostname}" if self.user else self.hostname
+
 
 CONNECT_S = 10
 CALL_S = 30

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from nodekit.errors import NodekitError, ShipError
@@ -22,6 +23,23 @@ dockerd, a relay node whose load hung) is cut off then, and named. Read from thi
 ANSWER_BYTES_PER_S = 50 << 20
 """How fast an engine is assumed to register an image it received (unpacking layers onto a slow disk): 10 GiB adds
 about 200 s to :data:`ANSWER_S`."""
+
+
+ProgressFn = Callable[[str, int, int], None]
+"""``(target name, bytes of the image sent, bytes in all)``; called from worker threads."""
+
+
+@dataclass
+class PushResult:
+    plan: PushPlan
+    seconds: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, ShipError] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)
+    """Bytes written into each target's ``docker load`` (after compression: what went on the wire)."""
+    layers_skipped: dict[str, int] = field(default_factory=dict)
+    """How many of the image's layer files each target was spared (it had them)."""
+    relayed: dict[str, str] = field(default_factory=dict)
+    """Targets that got the image from another target (a relay chain), not from the head: name to that target."""
 
 
 def answer_deadline(image_bytes: int) -> float:

@@ -42,7 +42,7 @@ from urllib.parse import urlsplit
 
 from nodekit.errors import DeadlineError, ShipError
 from nodekit.ship import hopkeys
-from nodekit.ship.hopkeys import ChainAccess, node_argv
+from nodekit.ship.hopkeys import ChainAccess, Hop, node_argv
 from nodekit.system import proc, ssh
 from nodekit.system.docker.streams import Tail
 
@@ -148,25 +148,6 @@ def _unb64(text: str) -> str:
         return base64.b64decode(text, validate=True).decode(errors="replace")
     except ValueError:
         return text
-
-
-@dataclass(frozen=True)
-class Hop:
-    """One node of a relay chain, as the node before it dials it."""
-
-    name: str
-    endpoint: str
-    user: str
-    hostname: str
-    port: int
-    alias: str
-    """The name the head's known_hosts knows the node by (``HostKeyAlias`` on the hop before it)."""
-    known_hosts: str
-    """The head's known_hosts lines for the node: the only host keys the hop before it accepts."""
-
-    @property
-    def dest(self) -> str:
-        return f"{self.user}@{self.hostname}" if self.user else self.hostname
 
 
 def parse_ssh_config(text: str) -> dict[str, list[str]]:

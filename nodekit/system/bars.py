@@ -1,7 +1,7 @@
 """Progress bars in a job's log: one line per node, not one line per redraw.
 
 A bar (tqdm, or any output that ends a line with a carriage return alone) redraws itself many times a second; read
-line by line, every redraw used to become its own ``[node 0]`` line (182 lines for 150 steps). The log streams keep
+line by line, every redraw would become its own ``[node 0]`` line (182 lines for 150 steps). The log streams keep
 such a redraw's "\\r" (:func:`nodekit.system.docker.compose_logs`), and :class:`Bars` decides, on a clock it is
 handed, which of them to show: at most one per node every :data:`EVERY_S` seconds, the state a bar ended in (its
 last redraw, or the line that ended it) always. Pure: the printer (nodekit/cli/ui.py) only carries out what it is

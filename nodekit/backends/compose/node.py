@@ -22,7 +22,7 @@ from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
-from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_facts, node_spec
+from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_spec, pinned_host_facts
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 from nodekit.launcher.stops import STOPPED_BY
 from nodekit.launcher.watchdog.decide import SIGNAL_FROM
@@ -82,7 +82,7 @@ def plan_node(
     command's launch spec, when it built one already."""
     launch = launch or launch_spec(settings)
     check_rank(launch, rank)
-    facts = node_facts(settings, rank, world.facts)
+    facts = pinned_host_facts(settings, rank, world.facts)
     node = node_spec(settings, launch, rank, world.main_ip, facts)
     check_mounts(node, world.absent)
     notes = _notes(node, facts)

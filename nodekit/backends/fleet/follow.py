@@ -2,14 +2,14 @@
 was lost.
 
 An ``ssh://`` host is followed in one SSH command (:data:`FOLLOW_SCRIPT`, riding the run's shared connection): the
-host's own docker CLI follows the container's log and waits for its exit code beside it. Before (issue 33), each
-node had two streams: ``docker compose logs -f`` and ``docker wait`` through the docker CLI's ``ssh://`` transport,
-that is a docker CLI and a Compose plugin on the head, and a ``docker system dial-stdio`` on the host, per stream,
-for the whole job: about 95 MB of memory on the head per node (a docker CLI is 24 MB, the Compose plugin 48), and
-CPU at the start, where every host's start shares the head's cores with the job's. Now the head holds one ``ssh``
-client per node.
+host's own docker CLI follows the container's log and waits for its exit code beside it. Not two streams per node
+(``docker compose logs -f`` and ``docker wait`` through the docker CLI's ``ssh://`` transport), which would be a
+docker CLI and a Compose plugin on the head, and a ``docker system dial-stdio`` on the host, per stream, for the
+whole job: about 95 MB of memory on the head per node (a docker CLI is 24 MB, the Compose plugin 48), and CPU at
+the start, where every host's start shares the head's cores with the job's. The head holds one ``ssh`` client per
+node.
 
-A node is lost, as before, when its connection is: the shared connection keeps alive at the job's interval
+A node is lost when its connection is: the shared connection keeps alive at the job's interval
 (nodekit/backends/fleet/alive.py), and a host that stops answering ends the command within it (ssh's 255). An engine
 that stops answering ends it too: the exit code's question fails there. Other endpoints (``unix://``, ``tcp://``)
 follow the log and wait beside it through this machine's docker CLI, as before.

@@ -111,8 +111,8 @@ def parse_host(url: str, rank: int, slots: int | None = None) -> FleetHost:
 
 def parse_hostfile(text: str, *, user: str | None = None) -> list[tuple[str, int | None]]:
     """A DeepSpeed/MPI hostfile: ``host slots=N`` per line, ``#`` comments; ``(ssh URL, slots)`` in order. A line
-    may also be a full URL. ``user`` is put in front of bare host names. ``slots`` is 1..MAX_PROCS (0 used to be
-    replaced silently); ``max_slots`` is accepted and ignored."""
+    may also be a full URL. ``user`` is put in front of bare host names. ``slots`` is 1..MAX_PROCS (0 is refused, never
+    replaced); ``max_slots`` is accepted and ignored."""
     entries = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
@@ -166,8 +166,9 @@ def fleet_hosts(
     return hosts[:nnodes]
 
 
-def main_address(host0: FleetHost, main: str | None) -> str:
-    """Where the other nodes reach main: the configured ``main``, else host 0's own address (unix://: loopback)."""
+def fleet_main(host0: FleetHost, main: str | None) -> str:
+    """Where a fleet's nodes reach main: the configured ``main``, else host 0's own address (unix://: loopback).
+    One node planning alone asks :func:`nodekit.job.gather.main_address`, which can only guess its own address."""
     if main:
         return main
     if host0.scheme == "unix":

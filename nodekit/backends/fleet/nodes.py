@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, plan_node
-from nodekit.backends.fleet.hosts import FleetHost, main_address
+from nodekit.backends.fleet.hosts import FleetHost, fleet_main
 from nodekit.config.settings import Settings
 from nodekit.job.gather import NodeWorld, check_command
 from nodekit.launcher.contract import Env
@@ -52,7 +52,7 @@ def node_worlds(
     main's address resolved here once, the image id every node verified after shipping, the run's one job secret,
     and which pass_env variables this shell sets (``environ``, default this process's)."""
     launch = check_command(settings)
-    main_ip = net.resolve(main_address(hosts[0], settings.main))
+    main_ip = net.resolve(fleet_main(hosts[0], settings.main))
     environ = os.environ if environ is None else environ
     env_set = frozenset(n for n in launch.pass_env if n in environ)
     cwd = Path.cwd()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from nodekit.backends.compose.render import compose_filename
-from nodekit.backends.fleet.hosts import FleetHost, main_address
+from nodekit.backends.fleet.hosts import FleetHost, fleet_main
 from nodekit.backends.shape import BackendPlan
 from nodekit.config.settings import Settings
 from nodekit.job.spec import launch_spec, processes
@@ -230,5 +230,5 @@ def gather(settings: Settings, hosts: Sequence[FleetHost], *, image: str | None)
         hosts=tuple(hosts),
         image=image,
         last_built=tag if isinstance(tag, str) else None,
-        main=main_address(hosts[0], settings.main),
+        main=fleet_main(hosts[0], settings.main),
     )

@@ -5,8 +5,8 @@ The facts are the ones ``nodekit up`` reads on its own host, by the same script 
 An ``ssh://`` host is checked in one SSH command (:func:`check_script`): its facts, then its engine through the
 host's own docker CLI (the engine the job's ``ssh://`` calls reach: they run ``docker system dial-stdio`` in the same
 login), asked for the run's image, whose answer also proves the engine answers, and for its runtimes where GPUs are
-expected or found. Before, the same answers took three round trips per host (the facts script, ``docker version``
-through ``dial-stdio``, ``docker image inspect`` through it), on the path of every ``nodekit run`` (issue 33).
+expected or found. One command, not three round trips per host (the facts script, ``docker version`` through
+``dial-stdio``, ``docker image inspect`` through it), because it is on the path of every ``nodekit run``.
 
 :func:`check_all` runs every host at once and raises one :class:`FleetCheckError` naming each failing host with its
 fix; nothing has been started anywhere when it does. The parsers are pure.

@@ -12,7 +12,7 @@ survivor. Every ssh of the run to one host (the check's, the docker CLI's for th
 ``docker run``, :mod:`nodekit.backends.fleet.start`; the node's follower: its log and exit code in one SSH command,
 :mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared connection (:class:`nodekit.ship.SharedSsh`, opened
 while this machine picks the image, :func:`nodekit.backends.fleet.remote.opening`, and keeping alive as above): one key
-exchange and login per host per run, not one per call (issue 33).
+exchange and login per host per run, not one per call.
 """
 
 from __future__ import annotations

@@ -4,14 +4,14 @@
 ``status`` use), and an ``ssh://`` host's container is started from the same container spec
 (nodekit/job/container.py) by :func:`run_args`: the same image, command, environment, mounts, limits, devices and
 labels, and the labels Compose gives its own containers (project, service, number, config hash), so that Compose
-and ``nodekit down`` find it as if ``compose up`` had made it. Before (issue 33), ``docker compose up`` ran on the head
-through the docker CLI's ``ssh://`` transport: per node a docker CLI and the Compose plugin on the head (0.08 CPU s)
-and a ``docker system dial-stdio`` on the host, on the path of every run; now the head holds one ``ssh`` client per
+and ``nodekit down`` find it as if ``compose up`` had made it. Not ``docker compose up`` through the docker CLI's
+``ssh://`` transport, which costs per node a docker CLI and the Compose plugin on the head (0.08 CPU s) and a
+``docker system dial-stdio`` on the host, on the path of every run: this way the head holds one ``ssh`` client per
 node for the start, and the host runs one docker CLI.
 
 Values that must not appear in any process's arguments (the job secret, the user's ``pass_env``) travel on the SSH
 command's standard input, base64 per line, and reach ``docker run`` by name through its environment, as they reach
-Compose today. ``docker run`` takes every other value as one argument each: nothing is substituted, so a ``$`` in a
+Compose. ``docker run`` takes every other value as one argument each: nothing is substituted, so a ``$`` in a
 value is a ``$`` in the job (the compose file writes it ``$$``).
 """
 

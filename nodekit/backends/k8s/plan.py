@@ -21,7 +21,7 @@ from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
 from nodekit.job.container import ContainerSpec, Mount
 from nodekit.job.plan import plan_container
-from nodekit.job.spec import LaunchSpec, launch_spec, mount_points, node_facts, node_spec, processes
+from nodekit.job.spec import LaunchSpec, launch_spec, mount_points, node_spec, pinned_host_facts, processes
 from nodekit.launcher.contract import OUTPUT_DIR
 from nodekit.system.files import write_atomic
 from nodekit.system.host.facts import HostFacts
@@ -163,7 +163,7 @@ def pod_container(settings: Settings, launch: LaunchSpec, *, image: str, gpus: i
     themselves, so network and the [nodes.R] iface and addr pins do not apply (the notes say so)."""
     nodes = {r: o.model_copy(update={"iface": None, "addr": None}) for r, o in settings.nodes.items()}
     pods = settings.model_copy(update={"network": "host", "nodes": nodes})
-    facts = node_facts(pods, 0, HostFacts(gpu_count=gpus))
+    facts = pinned_host_facts(pods, 0, HostFacts(gpu_count=gpus))
     node = node_spec(pods, launch, 0, None, facts)  # the job's launch: the pod network changes no part of it
     return plan_container(node, facts, image=image, output_dir=settings.resolve(settings.output_dir), job_secret=True)
 

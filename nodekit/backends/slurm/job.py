@@ -21,7 +21,7 @@ from nodekit.errors import UsageError
 from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import check_command
 from nodekit.job.plan import plan_container, unset_pass_env
-from nodekit.job.spec import node_facts, node_spec
+from nodekit.job.spec import node_spec, pinned_host_facts
 from nodekit.system.host.facts import HostFacts
 
 Mode = Literal["docker", "charliecloud", "pyxis"]
@@ -36,7 +36,7 @@ OWN_SHORT = {"-N": "--nodes", "-o": "--output"}
 
 
 @dataclass(frozen=True)
-class ImageFacts:
+class InspectedImage:
     """What the image says of itself (``docker image inspect``), gathered before planning."""
 
     ref: str
@@ -46,7 +46,7 @@ class ImageFacts:
     workdir: str = ""
 
     @classmethod
-    def of(cls, ref: str, inspected: Mapping[str, Any]) -> ImageFacts:
+    def of(cls, ref: str, inspected: Mapping[str, Any]) -> InspectedImage:
         config = inspected.get("Config") or {}
         pairs = [str(e).partition("=") for e in config.get("Env") or ()]
         env = tuple((k, v) for k, sep, v in pairs if sep)
@@ -77,7 +77,7 @@ class Sbatch:
 class SlurmJob:
     name: str
     mode: Mode
-    image: ImageFacts
+    image: InspectedImage
     image_path: str  # charliecloud, pyxis: the SquashFS on a shared path; docker: ""
     sbatch: Sbatch
     nodes: tuple[ContainerSpec, ...]
@@ -100,7 +100,7 @@ def check_mode(mode: str) -> Mode:
 
 def plan_job(
     settings: Settings,
-    image: ImageFacts,
+    image: InspectedImage,
     *,
     mode: Mode,
     job_secret: str,
@@ -132,7 +132,7 @@ def plan_job(
     facts = HostFacts(gpu_count=slurm.gpus_per_node)
     runs = []
     for rank in range(settings.nnodes):
-        node_f = node_facts(settings, rank, facts)
+        node_f = pinned_host_facts(settings, rank, facts)
         node = node_spec(settings, launch, rank, None, node_f)  # main: the allocation's first host, at run time
         spec = plan_container(
             node, node_f, image=image.ref, output_dir=output_dir, image_id=image.id, job_secret=bool(job_secret),

@@ -18,7 +18,7 @@ travel by name, from the task's environment.
 
 from __future__ import annotations
 
-from nodekit.backends.slurm.job import ImageFacts, Mode, SlurmJob
+from nodekit.backends.slurm.job import InspectedImage, Mode, SlurmJob
 from nodekit.backends.slurm.shell import Part, Raw, Var, array, word
 from nodekit.job.container import IMAGE_ID, MAIN_ADDR, RANK, ContainerSpec, Value, docker_mount
 from nodekit.launcher.contract import Label
@@ -112,7 +112,7 @@ def passed_names(spec: ContainerSpec) -> list[str]:
     return names + [g for g in GPU_VARS if spec.gpus is not None and g not in names]
 
 
-def entry_argv(image: ImageFacts, spec: ContainerSpec) -> list[str]:
+def entry_argv(image: InspectedImage, spec: ContainerSpec) -> list[str]:
     return [*image.entrypoint, *spec.command]
 
 

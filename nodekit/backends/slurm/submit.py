@@ -23,7 +23,7 @@ from pathlib import Path
 
 from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.backends.slurm import cmd, follow
-from nodekit.backends.slurm.job import ImageFacts, Mode, SlurmJob, check_mode, plan_job
+from nodekit.backends.slurm.job import InspectedImage, Mode, SlurmJob, check_mode, plan_job
 from nodekit.backends.slurm.render import render
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, UsageError
@@ -43,13 +43,13 @@ class Prepared:
     project_dir: Path
 
 
-def gather_image(settings: Settings, image: str | None) -> ImageFacts:
+def gather_image(settings: Settings, image: str | None) -> InspectedImage:
     """The image to run (``nodekit up``'s choice when none is named) as its engine here describes it."""
     from nodekit.image.builder import choose
     from nodekit.system import docker
 
     ref = image or choose(settings).ref
-    return ImageFacts.of(ref, docker.image_config(ref))
+    return InspectedImage.of(ref, docker.image_config(ref))
 
 
 def mount_targets(settings: Settings) -> tuple[str, ...]:

@@ -16,8 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from nodekit.launcher.datacheck.filehash import CHUNK
-from nodekit.launcher.datasync.names import STATE_DIR
 
+STATE_DIR = ".nodekit-data"
+"""nodekit's own state beside a pushed dataset (datasync/ keeps it there): it differs per node by design (inodes,
+times), so no manifest lists it, and no dataset may name a file in it."""
 HASH_THREADS = max(4, min(16, 2 * (os.cpu_count() or 1)))  # hashlib releases the GIL on large updates
 # Files larger than this are hashed in pieces of this size in parallel (sha256 over the pieces' digests): one big
 # file would otherwise be hashed by a single core, slower than a fast disk reads it.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-STATE_DIR = ".nodekit-data"
+from nodekit.launcher.datacheck.manifest import STATE_DIR as STATE_DIR
+
 _HASH = re.compile(r"(p:)?[0-9a-f]{64}")
 _PLAIN = frozenset(("", ".", ".."))
 """Components a name never has."""

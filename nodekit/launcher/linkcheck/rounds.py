@@ -25,11 +25,11 @@ import random
 from collections import Counter
 from collections.abc import Collection, Iterable
 
+from nodekit.launcher.contract import LINK_SECONDS_DEFAULT as DEFAULT_SECONDS
+
 Round = list[tuple[int, int]]
 
 # Per pair and direction: the handshake, PINGS round trips, then DEFAULT_SECONDS of bulk transfer.
-DEFAULT_SECONDS = 0.2
-MIN_SECONDS, MAX_SECONDS = 0.05, 5.0
 # What a round costs beyond its two transfers: two connections with their handshakes and pings, the barrier (a
 # store poll) and the result's publication: 0.05 to 0.1 s measured (benchmarks/link_bench.py), the upper end.
 ROUND_OVERHEAD_S = 0.1

@@ -1,14 +1,15 @@
 """Preflight: every node publishes its facts to main, main compares, every node prints main's verdict.
 
-The channel is nodekit's own store (``store.py``) on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by node 0 (a port
-of its own, so no late torchrun client ever talks to it), fresh for every run and open only to holders of the job
-secret (``auth.py``: a mutual challenge per connection, then authenticated frames). The protocol runs against the
-small :class:`Store` protocol, so it is testable with an in-memory store.
+The channel is nodekit's own store (``nodekit/launcher/store/``) on MASTER_ADDR:NODEKIT_PREFLIGHT_PORT, hosted by
+node 0 (a port of its own, so no late torchrun client ever talks to it), fresh for every run and open only to
+holders of the job secret (``nodekit/launcher/store/auth.py``: a mutual challenge per connection, then
+authenticated frames). The protocol runs against the small :class:`Store` protocol, so it is testable with an
+in-memory store.
 
 Keys (all under ``nodekit/``)::
 
     claim/<r>    counter: how many nodes said they are rank r (more than one is a copy-paste compose file)
-    facts/<r>    JSON NodeFacts of the first node with rank r; dup/<r>/<n> for the n-th claimant
+    facts/<r>    JSON StackReport of the first node with rank r; dup/<r>/<n> for the n-th claimant
     verdict      JSON Verdict, written once by main
     seen/<r>     counter: rank r has read the verdict; main keeps the store up until every arrival has, and after
                  a refusal until every node has (see :func:`linger`), so a late node learns the verdict too
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from nodekit.launcher.config import LaunchConfig
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 from nodekit.launcher.preflight.verdict import Declared, Verdict, compare, decide
 from nodekit.launcher.store.auth import NotNodekit, WrongSecret
 from nodekit.launcher.store.client import Client
@@ -186,7 +187,7 @@ def _key(*parts: object) -> str:
     return PREFIX + "/".join(str(p) for p in parts)
 
 
-def _publish(store: Store, facts: NodeFacts) -> int:
+def _publish(store: Store, facts: StackReport) -> int:
     """Claim this node's rank and publish its facts; return how many nodes claimed the rank (1 = only us)."""
     n = int(store.add(_key("claim", facts.rank), 1))
     payload = _json(facts)
@@ -194,13 +195,13 @@ def _publish(store: Store, facts: NodeFacts) -> int:
     return n
 
 
-def _json(facts: NodeFacts) -> str:
+def _json(facts: StackReport) -> str:
     return json.dumps(facts.to_json_dict(), sort_keys=True)
 
 
-def _facts(raw: bytes) -> NodeFacts:
+def _facts(raw: bytes) -> StackReport:
     data: dict[str, Any] = json.loads(raw)
-    return NodeFacts.from_json_dict(data)
+    return StackReport.from_json_dict(data)
 
 
 def _policy(cfg: LaunchConfig) -> dict[str, Any]:
@@ -222,14 +223,14 @@ def _tell_wrong_secrets(store: Store, pending: set[int], told: set[tuple[int, st
             clock.log(f"nodekit preflight: node {rank} ({addr}) reached main with another job secret: {SECRET_FIX}")
 
 
-def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
+def run_main(store: Store, cfg: LaunchConfig, facts: StackReport, clock: Clock) -> Outcome:
     """Node 0: publish, wait up to ``cfg.rdzv_timeout`` (counted from now: the store is up) for every node, decide,
     publish the verdict, and keep the store up until every node that arrived has read it (or ACK_TIMEOUT_S passes).
     """
     start = clock.now()
     deadline = start + cfg.rdzv_timeout
     _publish(store, facts)
-    arrived: dict[int, NodeFacts] = {0: facts}
+    arrived: dict[int, StackReport] = {0: facts}
     pending = set(range(1, cfg.nnodes))
     last_report = start + FIRST_REPORT_S - PROGRESS_EVERY_S
     early = False
@@ -265,7 +266,7 @@ def run_main(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) ->
             f"could not join: {SECRET_FIX}"
         )
     all_facts = list(arrived.values())
-    duplicates: list[NodeFacts] = []
+    duplicates: list[StackReport] = []
     for r in arrived:
         claims = int(store.add(_key("claim", r), 0))
         for n in range(2, claims + 1):
@@ -322,7 +323,7 @@ def linger(
     return tuple(sorted(unseen))
 
 
-def run_worker(store: Store, cfg: LaunchConfig, facts: NodeFacts, clock: Clock) -> Outcome:
+def run_worker(store: Store, cfg: LaunchConfig, facts: StackReport, clock: Clock) -> Outcome:
     """Node r > 0: publish, wait for main's verdict, confirm it, and return it.
 
     Main decides at most ``rdzv_timeout`` after it started hosting, which was before we connected, so waiting

@@ -1,6 +1,6 @@
 """What one node's stack is: gathered inside the container, published to main during preflight.
 
-:class:`NodeFacts` is plain data (JSON in the store). :func:`gather` is the only function that imports torch, and it
+:class:`StackReport` is plain data (JSON in the store). :func:`gather` is the only function that imports torch, and it
 does so lazily so the rest of the launcher is importable without it.
 """
 
@@ -21,7 +21,7 @@ from nodekit.launcher.contract import Env
 
 
 @dataclass(frozen=True)
-class NodeFacts:
+class StackReport:
     """One node's stack and launch parameters. Empty strings mean "not applicable or unknown" (no CUDA, no GPU)."""
 
     rank: int
@@ -49,7 +49,7 @@ class NodeFacts:
         return asdict(self)
 
     @classmethod
-    def from_json_dict(cls, data: Mapping[str, Any]) -> NodeFacts:
+    def from_json_dict(cls, data: Mapping[str, Any]) -> StackReport:
         """Tolerant of fields added by a newer launcher (ignored) and removed ones (empty): a version skew must
         reach the comparison and be reported there, not crash the parser."""
         kwargs: dict[str, Any] = {}
@@ -125,7 +125,7 @@ def _gpus_from_proc(dev: str = "/dev", proc: str = "/proc/driver/nvidia/gpus") -
     return (models.pop() if count and len(models) == 1 else ""), count
 
 
-def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None) -> NodeFacts:
+def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None) -> StackReport:
     """This node's facts. ``address`` is the local address this node reaches main from (main's own for node 0)."""
     import torch  # type: ignore[import-not-found, unused-ignore]  # lazy: only preflight needs it
 
@@ -151,7 +151,7 @@ def gather(cfg: LaunchConfig, address: str, env: Mapping[str, str] | None = None
         # No nvidia-smi: never ask torch.cuda, which initialises CUDA in this process and holds memory on GPU 0
         # for the whole job. The device files and the driver's /proc entries say as much without a context.
         model, count = _gpus_from_proc()
-    return NodeFacts(
+    return StackReport(
         rank=cfg.node_rank,
         hostname=socket.gethostname(),
         address=address,

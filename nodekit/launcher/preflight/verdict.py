@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from nodekit.launcher.contract import PREFLIGHT_OK
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 
 Severity = Literal["error", "note"]
 Status = Literal["ok", "mismatch", "missing"]
@@ -75,9 +75,9 @@ class Verdict:
     nnodes: int
     timeout_s: float
     main: str  # "addr:port" of the preflight store
-    facts: tuple[NodeFacts, ...]
+    facts: tuple[StackReport, ...]
     missing: tuple[int, ...]
-    duplicates: tuple[NodeFacts, ...]
+    duplicates: tuple[StackReport, ...]
     differences: tuple[Difference, ...]
     stopped_early: bool = False  # main stopped waiting at a mismatch, before the timeout
     run_id: str = ""  # chosen by main, new for every run: torchrun's c10d rendezvous id (launcher/plan.py)
@@ -120,9 +120,9 @@ class Verdict:
             nnodes=int(data["nnodes"]),
             timeout_s=float(data["timeout_s"]),
             main=str(data["main"]),
-            facts=tuple(NodeFacts.from_json_dict(f) for f in data["facts"]),
+            facts=tuple(StackReport.from_json_dict(f) for f in data["facts"]),
             missing=tuple(int(r) for r in data["missing"]),
-            duplicates=tuple(NodeFacts.from_json_dict(f) for f in data["duplicates"]),
+            duplicates=tuple(StackReport.from_json_dict(f) for f in data["duplicates"]),
             differences=tuple(
                 Difference(
                     field=d["field"],
@@ -137,7 +137,7 @@ class Verdict:
         )
 
 
-def _value(facts: NodeFacts, field: str) -> str:
+def _value(facts: StackReport, field: str) -> str:
     return str(getattr(facts, field))
 
 
@@ -149,7 +149,7 @@ class Declared:
     nproc: tuple[tuple[int, str], ...] = ()  # (rank, "2" or "auto") for every node
     gpus: tuple[tuple[int, int], ...] = ()  # (rank, count) where [nodes.R] gpus is set
 
-    def unexplained(self, field: str, facts: Sequence[NodeFacts]) -> list[int]:
+    def unexplained(self, field: str, facts: Sequence[StackReport]) -> list[int]:
         """The ranks whose ``field`` (nproc_per_node or gpu_count) no declaration accounts for."""
         nproc, gpus = dict(self.nproc), dict(self.gpus)
         out = []
@@ -168,7 +168,7 @@ _DECLARABLE = {f: HARDWARE_FIELDS[f] for f in ("nproc_per_node", "gpu_count")}
 
 
 def compare(
-    facts: Sequence[NodeFacts], *, allow_heterogeneous_gpus: bool = False, declared: Declared | None = None
+    facts: Sequence[StackReport], *, allow_heterogeneous_gpus: bool = False, declared: Declared | None = None
 ) -> list[Difference]:
     """Every field that differs between the nodes in ``facts``; an empty list means identical stacks.
 
@@ -200,12 +200,12 @@ def compare(
 
 
 def decide(
-    facts: Sequence[NodeFacts],
+    facts: Sequence[StackReport],
     *,
     nnodes: int,
     timeout_s: float,
     main: str,
-    duplicates: Sequence[NodeFacts] = (),
+    duplicates: Sequence[StackReport] = (),
     allow_heterogeneous_gpus: bool = False,
     declared: Declared | None = None,
     stopped_early: bool = False,

@@ -1,6 +1,7 @@
 """A worker's side of the preflight store: connect, prove the job secret, check main's proof, then MAC'd calls.
 
-See ``auth.py`` for the handshake and ``store.py`` for the calls and caps. Standard library only.
+See ``auth.py`` for the handshake, ``kv.py`` for the calls and caps and ``server.py`` for main's side. Standard
+library only.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ instead of every other node's counter, so that the watchdog costs main O(N) stor
 O(1) round trips, where reading every peer cost N x (N - 1) and N - 1 sequential round trips per node.
 
 Main (node 0) hosts the store in its own process, so it reads every node's counter, done mark and will there (no
-network), feeds its own :class:`Watch` as before, and publishes what it read as one :class:`Alive` record: its
+network), feeds its own :class:`Watch` with them, and publishes what it read as one :class:`Alive` record: its
 ``seq`` (bumped on every publish, so it is main's heartbeat as the workers see it), each node's counter, and the done
-marks and wills found. A worker turns the record it read into the same :class:`Reading` it used to build from N - 1
-reads (:func:`reading`), timed on its own clock, so every decision, line and exit code is the one
-:mod:`decide` made before.
+marks and wills found. A worker turns the record it read into the same :class:`Reading` that N - 1 reads of the store
+would give (:func:`reading`), timed on its own clock, so every decision, line and exit code is the one
+:mod:`decide` makes from reading each node itself.
 
 Failure modes, and what each worker concludes:
 

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class WorkerFailure:
     exitcode: int  # negative: killed by signal -exitcode, as torchrun reports it
     at: int  # wall-clock seconds when torchrun noticed (ProcessFailure.timestamp)
     max_restarts: int
+    """torchrun's; -1 for processes the launcher started itself (``ranks.py``), which nothing restarts."""
 
     @property
     def signalled(self) -> bool:
@@ -39,11 +40,12 @@ class WorkerFailure:
         """``worker rank 1 (local rank 0) was killed by SIGKILL; no restarts left (max_restarts = 3)``"""
         code = self.exitcode
         how = f"was killed by {signal_name(-code)}" if self.signalled else f"exited with code {code}"
-        left = (
-            "torchrun restarts no worker (max_restarts = 0)"
-            if self.max_restarts == 0
-            else f"no restarts left (max_restarts = {self.max_restarts})"
-        )
+        if self.max_restarts < 0:
+            left = "nothing restarts it"
+        elif self.max_restarts == 0:
+            left = "torchrun restarts no worker (max_restarts = 0)"
+        else:
+            left = f"no restarts left (max_restarts = {self.max_restarts})"
         return f"worker rank {self.rank} (local rank {self.local_rank}) {how}; {left}"
 
     def to_json_dict(self) -> dict[str, int]:
@@ -111,7 +113,7 @@ def who(ranks: Sequence[int], names: Mapping[int, str]) -> str:
     return f"nodes {', '.join(each[:-1])} and {each[-1]}"
 
 
-def node_names(facts: Iterable[NodeFacts]) -> dict[int, str]:
+def node_names(facts: Iterable[StackReport]) -> dict[int, str]:
     """``{rank: "172.31.250.12, host h2"}`` from the facts every node published in preflight."""
     return {f.rank: f"{f.address or '?'}, host {f.hostname or '?'}" for f in facts}
 

@@ -121,7 +121,7 @@ def hung_fix(host: str | None) -> str:
 def _diagnose(host: str | None) -> None:
     """After a call failed: raise check_engine's precise EngineError when the engine or the Compose plugin is what
     is missing (the docker CLI's own words for that vary: "unknown flag: --file" when Compose is absent). The
-    calls on every ``nodekit up`` no longer check first (0.7 s here); only a failure pays for the diagnosis."""
+    calls on every ``nodekit up`` do not check first (that costs 0.7 s); only a failure pays for the diagnosis."""
     check_engine(host, buildx=False)
 
 

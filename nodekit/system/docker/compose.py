@@ -178,7 +178,7 @@ def compose_wait(
 
     With ``service``, one call where Compose named the container as it does (``<project>-<service>-1``), as
     :func:`compose_exec` does: at a fleet run's start, where every host's calls share the head's cores, a
-    ``compose ps`` first is one more docker CLI, Compose plugin and ``dial-stdio`` per host (issue 33). Else, or where
+    ``compose ps`` first is one more docker CLI, Compose plugin and ``dial-stdio`` per host. Else, or where
     that name is not there (COMPOSE_COMPATIBILITY's ``_`` names), the project's container is listed first."""
     lost = f"lost {where(host)} while waiting for {project}"
     if service is not None:

@@ -1,5 +1,6 @@
 """The environment of every child: this process's, plus what :func:`extra_env` adds for a while. ``os.environ``
-itself is never changed (a push's shared SSH connections used to rewrite PATH process-wide)."""
+itself is never changed: a change made for one push's shared SSH connections (PATH) must not reach every other
+thread's children."""
 
 from __future__ import annotations
 

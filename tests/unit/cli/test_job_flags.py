@@ -83,7 +83,7 @@ def test_run_refuses_a_bad_process_count_in_one_line(project: Path) -> None:
 
 
 def test_slurm_takes_all_four_into_the_script(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    image = slurm_job.ImageFacts(ref="nodekit/t:0123", id="sha256:" + "c" * 64, entrypoint=("python",))
+    image = slurm_job.InspectedImage(ref="nodekit/t:0123", id="sha256:" + "c" * 64, entrypoint=("python",))
     monkeypatch.setattr(submit, "gather_image", lambda settings, ref: image)
     argv = ["--nnodes", "3", "--master-port", "29610", "--nproc-per-node", "3", "--script", "other.py"]
     result = runner.invoke(app, ["slurm", "--dry-run", *argv])

@@ -18,7 +18,7 @@ from nodekit.cli.app import app
 from tests.fake_runner import FakeRunner
 
 runner = CliRunner()
-IMAGE = slurm_job.ImageFacts(ref="nodekit/clitest:0123", id="sha256:" + "c" * 64, entrypoint=("python",))
+IMAGE = slurm_job.InspectedImage(ref="nodekit/clitest:0123", id="sha256:" + "c" * 64, entrypoint=("python",))
 
 
 @pytest.fixture

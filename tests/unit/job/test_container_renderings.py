@@ -16,7 +16,7 @@ from nodekit.backends.compose.render import render_compose
 from nodekit.backends.fleet import start
 from nodekit.backends.k8s import render as k8s
 from nodekit.backends.slurm import modes
-from nodekit.backends.slurm.job import ImageFacts, Sbatch, SlurmJob
+from nodekit.backends.slurm.job import InspectedImage, Sbatch, SlurmJob
 from nodekit.backends.slurm.shell import words
 from nodekit.config.settings import Settings
 from nodekit.job.container import ContainerSpec, EnvVar, Mount, Ulimit
@@ -25,7 +25,7 @@ from nodekit.job.spec import launch_spec, node_spec
 from nodekit.system.host.facts import HostFacts
 
 FACTS = HostFacts(gpu_count=4, infiniband=("/dev/infiniband/uverbs0",))
-IMAGE = ImageFacts(ref="demo:1", id="sha256:" + "ab" * 32, entrypoint=("python", "-m", "nodekit.launcher"))
+IMAGE = InspectedImage(ref="demo:1", id="sha256:" + "ab" * 32, entrypoint=("python", "-m", "nodekit.launcher"))
 
 # One other value per field (ipc has only one).
 OTHER: dict[str, Any] = {

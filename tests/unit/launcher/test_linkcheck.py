@@ -242,10 +242,10 @@ def test_each_node_listens_where_it_is_reached_and_main_behind_a_translation_lis
 
     from nodekit.launcher.checks import link_job
     from nodekit.launcher.config import parse_env
-    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.preflight.stack import StackReport
     from tests.factories import node_env
 
-    facts = NodeFacts.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
+    facts = StackReport.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
     worker = link_job(parse_env({**node_env(1), "MASTER_ADDR": "127.0.0.1"}), facts)
     assert (worker.addr, worker.iface, worker.bind) == ("127.0.0.1", "lo", None)
     main = link_job(parse_env({**node_env(0), "MASTER_ADDR": "203.0.113.9"}), replace(facts, rank=0))
@@ -283,7 +283,7 @@ def test_the_check_beside_the_job_returns_at_once_and_its_verdict_follows_before
     run meanwhile; the peer watchdog's finish waits for it (settle), so the store outlives it."""
     from nodekit.launcher.checks import LinksBeside
     from nodekit.launcher.config import parse_env
-    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.preflight.stack import StackReport
     from nodekit.launcher.watchdog.run import Watchdog
 
     hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
@@ -291,7 +291,7 @@ def test_the_check_beside_the_job_returns_at_once_and_its_verdict_follows_before
     stores = {0: hosted, 1: client}
     besides = {}
     for r in (0, 1):
-        me = NodeFacts.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"})
+        me = StackReport.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"})
         besides[r] = LinksBeside(parse_env(beside_env(r)), stores[r], me)
         assert besides[r].verdict is None  # returned before its first transfer (2 x 0.05 s) could end
     names = {0: "127.0.0.1, host n0", 1: "127.0.0.1, host n1"}
@@ -318,12 +318,12 @@ def test_the_check_beside_the_job_returns_at_once_and_its_verdict_follows_before
 def test_a_check_beside_the_job_that_loses_the_store_says_so_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     from nodekit.launcher.checks import LinksBeside
     from nodekit.launcher.config import parse_env
-    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.preflight.stack import StackReport
 
     hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
     client = Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)
     hosted.close()  # main's store is gone (the job ended there) before this node's check asks anything
-    me = NodeFacts.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
+    me = StackReport.from_json_dict({"rank": 1, "hostname": "n1", "address": "127.0.0.1"})
     beside = LinksBeside(parse_env(beside_env(1)), client, me)
     beside.wait()
     assert beside.verdict is None
@@ -341,7 +341,7 @@ def test_a_refusal_beside_the_job_stops_every_node_through_its_watchdog_and_each
     from nodekit.launcher.checks import LinksBeside
     from nodekit.launcher.config import parse_env
     from nodekit.launcher.contract import EXIT_LINK
-    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.preflight.stack import StackReport
     from nodekit.launcher.watchdog.run import Watchdog
 
     hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
@@ -350,7 +350,7 @@ def test_a_refusal_beside_the_job_stops_every_node_through_its_watchdog_and_each
     stopped = {r: threading.Event() for r in (0, 1)}
     dogs, besides = {}, {}
     for r in (0, 1):
-        me = NodeFacts.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"})
+        me = StackReport.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"})
         besides[r] = LinksBeside(parse_env(beside_env(r, NODEKIT_MIN_LINK_GBIT="1000000")), stores[r], me)
         dogs[r] = Watchdog(stores[r], r, 2, 30.0, names, stop=stopped[r].set, beat_s=0.05, judge_s=0.02,
                            settle=besides[r].wait)  # fmt: skip
@@ -378,12 +378,12 @@ def test_a_refusal_beside_the_job_stops_every_node_through_its_watchdog_and_each
 def test_a_refusal_known_before_the_watchdog_is_attached_is_delivered_on_attach() -> None:
     from nodekit.launcher.checks import LinksBeside
     from nodekit.launcher.config import parse_env
-    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.preflight.stack import StackReport
 
     hosted = host(SECRET, 0, timeout_s=30, host="127.0.0.1")
     stores = {0: hosted, 1: Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=30, connect_s=5)}
     besides = [LinksBeside(parse_env(beside_env(r, NODEKIT_MIN_LINK_GBIT="1000000")), stores[r],
-                           NodeFacts.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"}))
+                           StackReport.from_json_dict({"rank": r, "hostname": f"n{r}", "address": "127.0.0.1"}))
                for r in (0, 1)]  # fmt: skip
     for b in besides:
         b.wait()

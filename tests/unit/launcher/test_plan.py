@@ -168,8 +168,12 @@ def test_every_style_but_env_keeps_the_launcher_for_the_whole_job() -> None:
     """What decides whether node 0 hosts the store, the peer watchdog runs and the link check can run beside the
     job's start: torchrun in the launcher's process and mpirun's watched processes keep it; env execs the command."""
     from nodekit.launcher.contract import LAUNCH_MODES
-    from nodekit.launcher.plan import style
+    from nodekit.launcher.plan import Runs, style
 
-    assert {m: style(m).stays for m in LAUNCH_MODES} == {
+    assert {m: style(m).runs for m in LAUNCH_MODES} == {
+        "torchrun": Runs.TORCHRUN, "fabric": Runs.TORCHRUN, "env": Runs.EXEC,
+        "torch.distributed.launch": Runs.TORCHRUN, "mpirun": Runs.CHILDREN,
+    }  # fmt: skip
+    assert {m: style(m).runs.stays for m in LAUNCH_MODES} == {
         "torchrun": True, "fabric": True, "env": False, "torch.distributed.launch": True, "mpirun": True,
     }  # fmt: skip

@@ -135,7 +135,8 @@ def cycles(imports: list[Import], known: Mapping[str, Path]) -> list[list[str]]:
 
 LAYERS = (
     ("nodekit.cli",),
-    ("nodekit.backends", "nodekit.data"),
+    ("nodekit.backends",),
+    ("nodekit.data",),
     ("nodekit.runs",),
     ("nodekit.doctor",),
     ("nodekit.job",),
@@ -271,3 +272,56 @@ def test_the_architecture_page_names_only_modules_that_exist() -> None:
     named = set(re.findall(r"[\w./]+\.py\b", (repo / "docs" / "architecture.md").read_text()))
     missing = {n for n in named if not any(f == n or f.endswith("/" + n) for f in files)}
     assert len(named) > 20 and missing == set()
+
+
+def room_cycles(imports: list[Import], known: Mapping[str, Path]) -> dict[str, list[list[str]]]:
+    """Per package, the circles among its rooms: each module or subpackage directly inside it is one room, and an
+    import between two modules of the package is an arrow between their rooms (lazy and ``TYPE_CHECKING`` imports
+    included: a reader follows those too). A circle of rooms is an arrow that runs back up in the structure's
+    drawing, at that folder's level; ``{package: [[room, ...], ...]}``, only packages with a circle."""
+    packages = {m for m, p in known.items() if p.name == "__init__.py"}
+    found: dict[str, list[list[str]]] = {}
+    for package in sorted(packages):
+
+        def room(module: str, package: str = package) -> str | None:
+            if module == package:
+                return f"{package}.__init__"
+            if not _within(module, package):
+                return None
+            return package + "." + module[len(package) + 1 :].split(".", 1)[0]
+
+        rooms = {r for m in known if (r := room(m)) is not None}
+        arrows = []
+        for imp in imports:
+            a, b = room(imp.module), room(imp.target) if imp.target in known else None
+            if a is not None and b is not None and a != b:
+                arrows.append(Import(a, b, imp.line, False))
+        groups = cycles(arrows, dict.fromkeys(rooms, Path()))
+        if groups:
+            found[package] = groups
+    return found
+
+
+def test_no_folder_has_a_circle_of_rooms() -> None:
+    """The structure drawing's rule, at every level: inside nodekit/ and inside each of its folders (launcher/,
+    ship/, ...), no two rooms import each other, directly or round a loop, not even for types only. So every arrow
+    between rooms runs down: a newcomer reads a folder from the top room to the bottom without climbing back."""
+    assert room_cycles(all_imports(), modules(ROOT)) == {}
+
+
+def test_the_room_check_finds_a_circle_between_folders_and_a_type_only_one(tmp_path: Path) -> None:
+    folders = _tree(
+        tmp_path / "a",
+        {"x/__init__.py": "", "x/a.py": "from nodekit.y import b\n", "y/__init__.py": "", "y/b.py": "def f():\n"
+         "    from nodekit.x import c\n", "x/c.py": ""},
+    )  # fmt: skip
+    assert room_cycles(all_imports(folders), modules(folders)) == {"nodekit": [["nodekit.x", "nodekit.y"]]}
+    typing = _tree(
+        tmp_path / "b",
+        {
+            "s/__init__.py": "",
+            "s/p.py": "from nodekit.s import q\n",
+            "s/q.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nodekit.s.p import T\n",
+        },
+    )
+    assert room_cycles(all_imports(typing), modules(typing)) == {"nodekit.s": [["nodekit.s.p", "nodekit.s.q"]]}

@@ -36,3 +36,26 @@ def test_the_launchers_docstring_names_its_own_modules() -> None:
     named = set(LOCAL.findall(nodekit.launcher.__doc__ or ""))
     assert {"main.py", "contract.py", "watchdog/", "store/"} <= named
     assert not [n for n in named if not (here / n).exists()], named
+
+
+MODULE = re.compile(r"(?<![\w./-])``([a-z_]+(?:/[a-z_]+)*\.py)``")
+PROJECT_FILES = frozenset({"train.py", "trian.py"})  # a user's project's files, which the prose takes as examples
+
+
+def missing_modules(path: Path) -> list[str]:
+    """The ``name.py`` (or ``dir/name.py``) that the docstrings and comments of ``path`` name by itself and that is
+    neither in its package nor in one above it, up to nodekit/ (a module names its neighbours so)."""
+    nodekit = ROOT / "nodekit"
+    packages = [p for p in path.parents if p == nodekit or nodekit in p.parents] + [ROOT]
+    return sorted(
+        {
+            name
+            for name in MODULE.findall(path.read_text(encoding="utf-8"))
+            if name not in PROJECT_FILES and not any((p / name).exists() for p in packages)
+        }
+    )
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("nodekit/**/*.py")), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_a_docstring_names_by_itself_exists(path: Path) -> None:
+    assert missing_modules(path) == [], f"{path.relative_to(ROOT)} names modules that are not beside it"

@@ -62,9 +62,9 @@ def test_phases_come_in_their_order_and_only_those_reached() -> None:
 
 
 def _facts(rank: int, gpus: int) -> object:
-    from nodekit.launcher.preflight.stack import NodeFacts
+    from nodekit.launcher.preflight.stack import StackReport
 
-    return NodeFacts(rank=rank, hostname=f"h{rank}", address=f"10.0.0.{rank}", fingerprint="f" * 64, image_id="i",
+    return StackReport(rank=rank, hostname=f"h{rank}", address=f"10.0.0.{rank}", fingerprint="f" * 64, image_id="i",
                      python="3.11", torch="2.13.0", cuda="", cudnn="", nccl="", driver="", gpu_model="", gpu_count=gpus,
                      nodekit="1", nnodes=3, nproc_per_node=1, world_size="3", master_port=29500, mode="torchrun",
                      name="demo")  # fmt: skip

@@ -36,7 +36,7 @@ def test_df_over_ssh_for_an_ssh_endpoint_with_user_and_port() -> None:
 @pytest.mark.parametrize("endpoint", ["tcp://10.0.0.6:2376", "unix:///var/run/docker.sock", "ssh://"])
 def test_no_df_where_nodekit_cannot_ask(endpoint: str) -> None:
     assert disk.df_argv(endpoint, "/var/lib/docker") is None
-    assert disk.remote_facts(endpoint, "/var/lib/docker") == (None, False)
+    assert disk.target_disk(endpoint, "/var/lib/docker") == (None, False)
 
 
 def test_parse_df_reads_the_available_column() -> None:
@@ -59,11 +59,11 @@ def test_the_survey_asks_an_ssh_node_its_free_disk_and_the_plan_refuses_it(monke
     monkeypatch.setattr(docker, "image_info", lambda ref, host=None: None)
     monkeypatch.setattr(docker, "layer_lists", lambda host=None: [])
 
-    def free(endpoint: str, root: str) -> disk.RemoteFacts:
+    def free(endpoint: str, root: str) -> disk.TargetDisk:
         asked.append((endpoint, root))
-        return disk.RemoteFacts(1 * GiB, True)
+        return disk.TargetDisk(1 * GiB, True)
 
-    monkeypatch.setattr(engines, "remote_facts", free)
+    monkeypatch.setattr(engines, "target_disk", free)
     src = ship.Source(ref="nodekit/cuda-demo:abc", image_id=NEW, size=6 * GiB, engine_id="engine-src")
     [st] = ship.survey(src, [ship.Target("n1", "ssh://me@n1")])
     assert asked == [("ssh://me@n1", "/var/lib/docker")] and st.free_bytes == 1 * GiB and st.zstd
@@ -77,7 +77,7 @@ def test_an_engine_on_this_machine_is_not_asked_over_ssh(monkeypatch: pytest.Mon
     monkeypatch.setattr(docker, "engine_facts", lambda host: _facts(50 * GiB))
     monkeypatch.setattr(docker, "image_info", lambda ref, host=None: None)
     monkeypatch.setattr(docker, "layer_lists", lambda host=None: [])
-    monkeypatch.setattr(engines, "remote_facts", lambda *a: pytest.fail("asked over ssh"))
+    monkeypatch.setattr(engines, "target_disk", lambda *a: pytest.fail("asked over ssh"))
     src = ship.Source(ref="nodekit/cuda-demo:abc", image_id=NEW, size=6 * GiB, engine_id="engine-src")
     [st] = ship.survey(src, [ship.Target("local", "unix:///run/other.sock")])
     assert st.free_bytes == 50 * GiB

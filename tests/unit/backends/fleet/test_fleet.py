@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nodekit.backends.fleet import remote
-from nodekit.backends.fleet.hosts import fleet_hosts, hosts_of, left_out, main_address, parse_hostfile
+from nodekit.backends.fleet.hosts import fleet_hosts, fleet_main, hosts_of, left_out, parse_hostfile
 from nodekit.backends.fleet.nodes import job_settings
 from nodekit.backends.fleet.supervise import LOST, Budget, Report, decide
 from nodekit.config.settings import Settings
@@ -22,9 +22,9 @@ def test_hosts_are_ranked_by_position_with_user_and_port() -> None:
         (1, None, "10.0.0.6", 2222),
         (2, None, "/var/run/docker.sock", None),
     ]
-    assert hosts[0].name == "node 0 (me@10.0.0.5)" and main_address(hosts[0], None) == "10.0.0.5"
-    assert main_address(hosts[0], "192.168.1.5") == "192.168.1.5"
-    assert main_address(hosts[2], None) == "127.0.0.1"
+    assert hosts[0].name == "node 0 (me@10.0.0.5)" and fleet_main(hosts[0], None) == "10.0.0.5"
+    assert fleet_main(hosts[0], "192.168.1.5") == "192.168.1.5"
+    assert fleet_main(hosts[2], None) == "127.0.0.1"
 
 
 @pytest.mark.parametrize(

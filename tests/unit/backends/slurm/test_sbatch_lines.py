@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from nodekit.backends.slurm.job import ImageFacts, plan_job, sbatch_value
+from nodekit.backends.slurm.job import InspectedImage, plan_job, sbatch_value
 from nodekit.backends.slurm.render import render
 from nodekit.config.settings import Settings
 from nodekit.config.tables import SlurmSettings
 from nodekit.errors import UsageError
 
-IMAGE = ImageFacts(ref="nodekit/demo:1", id="sha256:" + "ab" * 32, entrypoint=("python", "-m", "nodekit.launcher"))
+IMAGE = InspectedImage(ref="nodekit/demo:1", id="sha256:" + "ab" * 32, entrypoint=("python", "-m", "nodekit.launcher"))
 
 
 def sbatch_words(line: str) -> list[str]:

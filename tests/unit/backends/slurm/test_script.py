@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.backends.slurm.job import ImageFacts, SlurmJob, plan_job
+from nodekit.backends.slurm.job import InspectedImage, SlurmJob, plan_job
 from nodekit.backends.slurm.render import render
 from nodekit.backends.slurm.shell import quote, word
 from nodekit.config.settings import Mount, NodeOverride, Settings, SlurmSettings
@@ -29,7 +29,7 @@ from tests.unit.backends.slurm import fakes as fake
 
 TRICKY = ["plain", "two words", "it's", 'say "hi"', "$HOME and `id` and $(id)", "back\\slash", "new\nline",
           "tab\there", "ünïcödé ✓", "", "-dash", "*glob?", "semi;colon&amp|pipe", "NODEKIT_TASK"]  # fmt: skip
-IMAGE = ImageFacts(
+IMAGE = InspectedImage(
     ref="nodekit/demo:0123456789ab",
     id="sha256:" + "ab" * 32,
     env=(("PATH", "/opt/venv/bin:/usr/bin:/bin"), ("NODEKIT_FINGERPRINT", "f" * 64), ("PYTHONPATH", "/opt/nodekit")),

@@ -9,7 +9,7 @@ import yaml
 from nodekit.backends.compose.render import render_compose
 from nodekit.config.settings import NodeOverride, Settings
 from nodekit.job.plan import plan_container
-from nodekit.job.spec import launch_spec, node_facts, node_spec
+from nodekit.job.spec import launch_spec, node_spec, pinned_host_facts
 from nodekit.launcher.preflight import network as netfacts
 from nodekit.system.host.facts import HostFacts
 
@@ -37,7 +37,7 @@ def test_nothing_resolved_without_a_usable_main() -> None:
 
 
 def _env(s: Settings, rank: int, facts: HostFacts, main: str = "10.0.0.5") -> dict[str, str]:
-    facts = node_facts(s, rank, facts)
+    facts = pinned_host_facts(s, rank, facts)
     node = node_spec(s, launch_spec(s), rank, main, facts)
     doc = render_compose(plan_container(node, facts, image="img", output_dir=Path("/o")))
     env: dict[str, str] = doc["services"]["train"]["environment"]
@@ -58,7 +58,7 @@ def test_pinned_interface_and_gpus_come_from_the_config() -> None:
     env = _env(s, 2, HEAD)
     assert env["GLOO_SOCKET_IFNAME"] == "ens5" and env["NCCL_SOCKET_IFNAME"] == "ens5"
     assert env["NPROC_PER_NODE"] == "4"  # auto = the node's GPUs, from the config, on a CPU-only head
-    facts = node_facts(s, 2, HEAD)
+    facts = pinned_host_facts(s, 2, HEAD)
     doc = render_compose(
         plan_container(node_spec(s, launch_spec(s), 2, "10.0.0.5", facts), facts, image="img", output_dir=Path("/o"))
     )

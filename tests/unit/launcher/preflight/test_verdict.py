@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nodekit.launcher.preflight.stack import NodeFacts
+from nodekit.launcher.preflight.stack import StackReport
 from nodekit.launcher.preflight.verdict import Verdict, compare, decide, missing_message, render
 from tests.factories import NODE0, NODE1, VERDICT_KW
 
@@ -106,6 +106,6 @@ def test_every_node_renders_the_same_text_from_the_published_json() -> None:
 def test_facts_from_a_newer_or_older_launcher_still_parse() -> None:
     data = NODE0.to_json_dict() | {"future_field": "x"}
     del data["nccl"]
-    parsed = NodeFacts.from_json_dict(data)
+    parsed = StackReport.from_json_dict(data)
     assert parsed.nccl == "" and parsed.gpu_count == 8
     assert [d.field for d in compare([NODE1, parsed])] == ["nccl"]
