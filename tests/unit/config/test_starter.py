@@ -26,7 +26,7 @@ def test_init_takes_the_packages_of_requirements_txt_and_warns_on_an_unpinned_to
     assert settings.packages == ("torch>=2.3", "numpy==2.1.0")
     text = (project / "nodekit.toml").read_text()
     assert '# hosts = ["ssh://me@10.0.0.5", "ssh://me@10.0.0.6"]' in text
-    assert "# [[mounts]]" in text and '# host = "/data/imagenet"' in text
+    assert "# [[mounts]]" in text and '# host = "data"' in text
 
 
 def test_pyproject_dependencies_join_and_a_missing_torch_is_added_pinned() -> None:
