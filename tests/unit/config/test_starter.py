@@ -51,6 +51,21 @@ def test_init_writes_a_dockerignore_that_keeps_data_outputs_and_environments_out
         assert not rules.excluded(kept), kept
 
 
+def test_init_says_how_the_job_sees_the_data_it_keeps_out_of_the_image(project: Path) -> None:
+    (project / "data").mkdir()
+    result = runner.invoke(app, ["init"])
+    assert result.exit_code == 0, result.output
+    said = "data/ stays out of the image; the job sees it through a mount: uncomment [[mounts]] in nodekit.toml"
+    assert f'{said} (host = "data", container = "/data")' in result.stdout
+    text = (project / "nodekit.toml").read_text()
+    uncommented = text.replace('# [[mounts]]\n# host = "data"', '[[mounts]]\nhost = "data"').replace(
+        '# container = "/data"', 'container = "/data"'
+    )
+    (project / "nodekit.toml").write_text(uncommented)
+    (mount,) = load().mounts
+    assert (mount.host, mount.container) == ("data", "/data")
+
+
 def test_an_existing_dockerignore_is_the_users(project: Path) -> None:
     (project / ".dockerignore").write_text("mine/\n")
     assert runner.invoke(app, ["init"]).exit_code == 0
