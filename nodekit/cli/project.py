@@ -46,3 +46,9 @@ def init(
     if not ignore.exists():
         write_atomic(ignore, DOCKERIGNORE, within=project)
         typer.echo(f"wrote {ignore.relative_to(Path.cwd()) if ignore.is_relative_to(Path.cwd()) else ignore}")
+    for data in ("data", "datasets"):
+        if (project / data).is_dir():  # kept out of the image by the .dockerignore: say how the job sees it
+            typer.echo(
+                f"{data}/ stays out of the image; the job sees it through a mount: uncomment [[mounts]] in {path.name} "
+                f'(host = "{data}", container = "/data")'
+            )

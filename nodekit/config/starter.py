@@ -199,7 +199,7 @@ output_dir = "outputs"
 # Data from the hosts, mounted read-only into every node's job (writable = true to write; check = "sizes" or
 # "hashes" proves every node has the same files before training starts):
 # [[mounts]]
-# host = "/data/imagenet"
+# host = "data"              # relative: this project's data/ (kept out of the image); or absolute: /data/imagenet
 # container = "/data"
 # check = "sizes"
 

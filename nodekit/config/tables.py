@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -67,12 +68,29 @@ def plain_path(v: str) -> str:
     return v.rstrip("/") or "/"
 
 
+def host_path(v: str) -> str:
+    """A mount's host path: absolute (:func:`plain_path`), or relative to the project directory (``data``,
+    ``./data/train``, ``../datasets/x``; kept normalized), which :meth:`nodekit.config.settings.Settings.host_path`
+    resolves. The project itself (``.``) is refused: it would put the code, .nodekit and its secret in the job."""
+    if v.startswith("/"):
+        return plain_path(v)
+    plain = posixpath.normpath(v) if v.strip() else "."
+    if text_problem(v) is not None or plain == "." or len(v.encode()) > 4095:
+        raise Bad(
+            f"mount path {v!r} is neither absolute nor a path relative to the project",
+            fix='write an absolute path such as /data/set, or one relative to the project such as "data"',
+        )
+    return plain
+
+
 class Mount(BaseModel):
     """One ``[[mounts]]`` entry: a host directory (or file) in the job, read-only unless ``writable``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    host: str = Field(description="absolute path on the host (per node: [nodes.R] mounts)")
+    host: str = Field(
+        description="path on the host: absolute, or relative to the project directory (per node: [nodes.R] mounts)"
+    )
     container: str = Field(description="absolute path in the container")
     writable: bool = Field(False, description="mount read-write (default read-only)")
     check: Literal["none", "sizes", "hashes"] = Field(
@@ -91,7 +109,12 @@ class Mount(BaseModel):
             raise Bad(f"source {v!r} is empty or holds control characters", fix='source = "data" (a directory)')
         return v
 
-    @field_validator("host", "container")
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        return host_path(v)
+
+    @field_validator("container")
     @classmethod
     def _absolute(cls, v: str) -> str:
         return plain_path(v)
@@ -125,7 +148,10 @@ class NodeOverride(BaseModel):
         None, description="this node's processes (heterogeneous nodes)"
     )
     gpus: int | None = Field(None, ge=0, le=MAX_PROCS, description="this node's GPU count, where nodes differ")
-    mounts: dict[str, str] = Field(default_factory=dict, description="container path -> this node's host path")
+    mounts: dict[str, str] = Field(
+        default_factory=dict,
+        description="container path -> this node's host path (absolute, or relative to the project)",
+    )
 
     @field_validator("iface")
     @classmethod
@@ -142,7 +168,7 @@ class NodeOverride(BaseModel):
     @field_validator("mounts")
     @classmethod
     def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
-        return {plain_path(k): plain_path(p) for k, p in v.items()}
+        return {plain_path(k): host_path(p) for k, p in v.items()}
 
 
 class SlurmSettings(BaseModel):

@@ -64,7 +64,7 @@ def jobs_of(settings: Settings, hosts: Sequence[tuple[Host, int | None]]) -> lis
         for m in settings.mounts:
             if m.source:
                 src = settings.resolve(Path(m.source)).absolute()
-                out.append(Job(where, m.container, src, points.get(m.container, m.host)))
+                out.append(Job(where, m.container, src, points.get(m.container, settings.host_path(m.host))))
     return out
 
 

@@ -219,7 +219,7 @@ def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:
     override = settings.nodes.get(rank)
     return tuple(
         MountPoint(
-            host=override.mounts.get(m.container, m.host) if override else m.host,
+            host=settings.host_path(override.mounts.get(m.container, m.host) if override else m.host),
             container=m.container,
             writable=m.writable,
             check=m.check,

@@ -326,7 +326,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         log = runlog.log_path(cfg.output_dir, cfg.node_rank)
         runlog.quiet_exit_barrier(log)
         if (dog := _watchdog(cfg, passed, beside)) is not None:
-            return torchrun.watched(plan.argv, dog, cfg.max_restarts, log)
+            return torchrun.watched(plan.argv, dog, cfg.max_restarts, log, cfg.worker_dir)
         passed = None  # no watchdog: node 0 stops hosting the preflight store
         return torchrun.alone(plan.argv, cfg.max_restarts, log)
     # exec replaces the process without flushing Python's buffers: anything unflushed would vanish from the log.

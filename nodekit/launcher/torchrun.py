@@ -16,6 +16,7 @@ from types import FrameType
 from nodekit.launcher import runlog
 from nodekit.launcher.contract import EXIT_OK
 from nodekit.launcher.runlog import err
+from nodekit.launcher.stacks import collect
 from nodekit.launcher.stops import STOP_SIGNALS, Stopped, outside_signal, say_stopped, signal_name, tell_watchdog
 from nodekit.launcher.watchdog.failure import worker_failure
 from nodekit.launcher.watchdog.run import Watchdog
@@ -84,14 +85,17 @@ def alone(argv: Sequence[str], max_restarts: int, log: Path) -> int:
         return 1
 
 
-def watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path | None = None) -> int:
+def watched(
+    argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path | None = None, worker_dir: str = ""
+) -> int:
     """:func:`in_process` with the peer watchdog running; the exit code is torchrun's unless the watchdog
     stopped it, or found after torchrun failed that a node was lost (then 19) or failed first (19 too).
 
     The watchdog stops torchrun with SIGTERM to this process: torchrun's handler raises its SignalException in the
     main thread, and its agent stops the workers (SIGTERM, SIGKILL 30 s later) before re-raising it. While torchrun
     restarts workers (max_restarts) this process lives on and keeps beating, so a restart is never a lost node; a
-    torchrun that gives up publishes the worker it gave up on, which every node names.
+    torchrun that gives up publishes the worker it gave up on, which every node names, with the exception that ended
+    it where the worker left one in ``worker_dir`` (:mod:`nodekit.launcher.stacks.hook`).
     """
 
     def _after(signum: int, frame: FrameType | None) -> None:
@@ -121,7 +125,9 @@ def watched(argv: Sequence[str], dog: Watchdog, max_restarts: int = 0, log: Path
             code, error = 1, e
     if outside is not None:  # a stop, not a crash: no traceback; torchrun already ended the workers with it
         say_stopped(outside, code)
-    failure = worker_failure(error, max_restarts) if error is not None and dog.alarm is None else None
+    failure = None
+    if error is not None and dog.alarm is None:
+        failure = worker_failure(error, max_restarts, lambda pid: collect.raised(worker_dir, pid) if worker_dir else "")
     if error is not None and dog.alarm is None:
         # Said now, as an uncaught exception would be, not after the wait for the other nodes below.
         if log is None:

@@ -6,7 +6,9 @@ Shared by several test modules, so that no test module imports another (tests/un
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +16,13 @@ from pathlib import Path
 from nodekit.backends.compose.node import compose_path, project_for
 from nodekit.config.settings import load
 from nodekit.system import docker
+from tests import wheelcache
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp"
+CLASSIC_HOST = "unix:///var/run/docker.sock"
+"""The default engine (the classic image store); the containerd store's is tests.conftest's ``containerd_engine``."""
+BASE = "nodekit/base:bookworm"
 
 
 def nodekit(
@@ -53,3 +59,31 @@ def containers(config: Path, rank: int) -> list[str]:
         check=True,
     ).stdout
     return out.split()
+
+
+def example_copy(dest: Path) -> Path:
+    """examples/ddp with its locked wheels but no blob store: its build goes through that engine's BuildKit."""
+    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
+    wheelcache.prefill(dest)
+    return dest
+
+
+def base_on(engine: str) -> None:
+    """nodekit's base image on ``engine``: made on the default engine when missing there, and carried over from it
+    by nodekit itself (an image it did not build crosses the stores by its identity)."""
+    if docker.image_info(BASE, engine) is not None:
+        return
+    cli = [sys.executable, "-m", "nodekit"]
+    config = ["--config", str(EXAMPLE / "nodekit.toml")]
+    made = subprocess.run([*cli, "base", "--if-missing", *config], capture_output=True, text=True, timeout=900,
+                          env=os.environ | {"DOCKER_HOST": CLASSIC_HOST})  # fmt: skip
+    assert made.returncode == 0, made.stdout + made.stderr
+    if engine != CLASSIC_HOST:
+        pushed = subprocess.run([*cli, "push", BASE, "--from", CLASSIC_HOST, "--to", f"there={engine}"],
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
+
+
+def here_as_hosts(engine: str) -> dict[str, str]:
+    """The environment that makes `nodekit run` use one engine of this machine as its one host (no SSH)."""
+    return {"DOCKER_HOST": engine, "NODEKIT_HOSTS": json.dumps([engine])}

@@ -6,9 +6,7 @@ a code change there moves one small layer."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -16,17 +14,9 @@ import pytest
 
 from nodekit.backends.slurm.render import IDENTITY_FORMAT
 from nodekit.system import docker
-from tests import wheelcache
-from tests.integration.helpers import EXAMPLE, nodekit
+from tests.integration.helpers import base_on, example_copy, nodekit
 
 pytestmark = pytest.mark.docker
-
-
-def copy_example(dest: Path) -> Path:
-    """examples/ddp with its locked wheels but no blob store: its build goes through that engine's BuildKit."""
-    shutil.copytree(EXAMPLE, dest, ignore=shutil.ignore_patterns("outputs", "compose", ".nodekit", "__pycache__"))
-    wheelcache.prefill(dest)
-    return dest
 
 
 def record(project: Path) -> dict[str, str]:
@@ -37,15 +27,10 @@ def record(project: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def both(tmp_path_factory: pytest.TempPathFactory, containerd_engine: str) -> tuple[Path, Path, str]:
     """The example built on each engine, each from its own copy (so each engine's BuildKit made the layers)."""
-    base = "nodekit/base:bookworm"
     ctd = {"DOCKER_HOST": containerd_engine}
-    if docker.image_info(base, containerd_engine) is None:
-        # The base, carried over by nodekit itself: an image it did not build crosses the stores by its identity.
-        pushed = subprocess.run([sys.executable, "-m", "nodekit", "push", base, "--to", f"ctd={containerd_engine}"],
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
-        assert pushed.returncode == 0, pushed.stdout + pushed.stderr
-    on_classic = copy_example(tmp_path_factory.mktemp("classic") / "ddp")
-    on_ctd = copy_example(tmp_path_factory.mktemp("containerd") / "ddp")
+    base_on(containerd_engine)
+    on_classic = example_copy(tmp_path_factory.mktemp("classic") / "ddp")
+    on_ctd = example_copy(tmp_path_factory.mktemp("containerd") / "ddp")
     built = nodekit("build", config=on_ctd / "nodekit.toml", env=ctd, timeout=1200)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     built = nodekit("build", config=on_classic / "nodekit.toml", timeout=1200)

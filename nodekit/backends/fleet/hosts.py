@@ -8,6 +8,7 @@ are not caught, that needs the network), ``min_nodes > nnodes``.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import shlex
 from collections.abc import Sequence
@@ -174,6 +175,29 @@ def fleet_main(host0: FleetHost, main: str | None) -> str:
     if host0.scheme == "unix":
         return "127.0.0.1"
     return host0.hostname
+
+
+def check_main_on_host0(main_ip: str, main: str | None, host0: FleetHost, addresses: frozenset[str]) -> None:
+    """With host networking, node 0 serves the rendezvous on main's address, so that address must be one of host 0's
+    own (``addresses``, as host 0 reported them; empty: not known, as for tcp://, and not judged). Otherwise every
+    node would start and wait for a main that is not there until rdzv_timeout. A UsageError (exit 2) before any
+    node starts."""
+    if not addresses or any(_same_ip(main_ip, a) for a in addresses):
+        return
+    own = ", ".join(sorted(a for a in addresses if not a.startswith(("127.", "::1")))) or "none but loopback"
+    said = f"main = {main!r} ({main_ip})" if main else f"main, host 0's name {host0.hostname!r} ({main_ip}),"
+    raise UsageError(
+        f"{said} is none of {host0.name}'s addresses ({own}): every node would wait for a main that is not there",
+        fix=f'main = "<one of {host0.where}\'s addresses above, as the other hosts reach it>" in nodekit.toml'
+        + (", or remove main (host 0's own address)" if main else ""),
+    )
+
+
+def _same_ip(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return False
 
 
 def read_hostfile(path: Path, *, user: str | None = None) -> list[tuple[str, int | None]]:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, plan_node
-from nodekit.backends.fleet.hosts import FleetHost, fleet_main
+from nodekit.backends.fleet.hosts import FleetHost, check_main_on_host0, fleet_main
 from nodekit.config.settings import Settings
 from nodekit.job.gather import NodeWorld, check_command
 from nodekit.launcher.contract import Env
@@ -49,10 +49,13 @@ def node_worlds(
     environ: Mapping[str, str] | None = None,
 ) -> list[NodeWorld]:
     """Each rank's world, gathered: that host's own facts (its mounts were checked there, by remote.check_host),
-    main's address resolved here once, the image id every node verified after shipping, the run's one job secret,
-    and which pass_env variables this shell sets (``environ``, default this process's)."""
+    main's address resolved here once (with host networking, refused when it is none of host 0's addresses), the
+    image id every node verified after shipping, the run's one job secret, and which pass_env variables this shell
+    sets (``environ``, default this process's)."""
     launch = check_command(settings)
     main_ip = net.resolve(fleet_main(hosts[0], settings.main))
+    if settings.network == "host":
+        check_main_on_host0(main_ip, settings.main, hosts[0], facts[0].addresses)
     environ = os.environ if environ is None else environ
     env_set = frozenset(n for n in launch.pass_env if n in environ)
     cwd = Path.cwd()

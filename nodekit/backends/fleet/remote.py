@@ -211,6 +211,7 @@ def gather(host: FleetHost, gpus: int | None = None, paths: Sequence[str] = ()) 
         return Gathered(
             facts=here if gpus is None else here.model_copy(update={"gpu_count": gpus}),
             absent=frozenset(p for p in paths if not os.path.exists(p)),
+            addresses=host_facts.addresses_here(),
         )
     if host.scheme == "tcp":
         return Gathered(facts=HostFacts(gpu_count=gpus or 0))

@@ -381,7 +381,7 @@ def _reports(
             image=ref,
         ),
         gpus=lambda h: settings.nodes[h.rank].gpus if h.rank in settings.nodes else None,
-        on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else why}"),
+        on_done=lambda h, why: reporter.detail(f"{h.name}: {'ok' if why is None else 'failed (said below)'}"),
         opened=opened,
     )
 

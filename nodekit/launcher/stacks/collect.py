@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from nodekit.launcher.stacks.dump import complete
 from nodekit.launcher.stacks.hook import DEFAULT_DIR as DEFAULT_DIR
-from nodekit.launcher.stacks.hook import start_time
+from nodekit.launcher.stacks.hook import RAISED, RAISED_MAX, start_time
 
 FORMAT = 1  # of the JSON `python -m nodekit.launcher.stacks` prints; the host refuses another
 COLLECT_S = 3.0  # the whole read: a process that wrote nothing by then is reported without a stack
@@ -99,13 +99,23 @@ def progress(directory: str) -> dict[int, Progress]:
     return {h.pid: p for h in hooked(directory) if (p := _progress(directory, h.pid)) is not None}
 
 
+def raised(directory: str, pid: int) -> str:
+    """The exception that ended process ``pid`` (its ``<pid>.raised``: ``RuntimeError: boom``), or ""."""
+    try:
+        with open(os.path.join(directory, f"{pid}{RAISED}"), encoding="utf-8", errors="replace") as f:
+            return f.read(RAISED_MAX + 1)[:RAISED_MAX].strip()
+    except OSError:
+        return ""
+
+
 def prune(directory: str) -> None:
-    """Remove the files of processes that have ended (a long job starts many short ones: compile workers, ...)."""
+    """Remove the files of processes that have ended (a long job starts many short ones: compile workers, ...), but
+    not what an exception that ended one left (``.raised``: a few hundred bytes, read once torchrun gives up)."""
     alive = {h.pid for h in hooked(directory)}
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
             stem = name.partition(".")[0]
-            if stem.isdigit() and int(stem) not in alive:
+            if stem.isdigit() and int(stem) not in alive and not name.endswith(RAISED):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(directory, name))
 

@@ -16,6 +16,12 @@ In ``<dir>`` (mode 0700), per process:
     writes the stack of every thread there when the process receives signal N (SIGRTMIN + 7: unused by torch,
     Lightning and Slurm, which use SIGUSR1/SIGUSR2/SIGTERM; its default action would end a process, so the reader
     signals only processes whose /proc/<pid>/status shows it caught).
+``<pid>.raised``
+    written when an uncaught exception ends the process: the exception's line as Python prints it last
+    (``RuntimeError: boom``), at most :data:`RAISED_MAX` characters. The launcher reads the one of the worker
+    torchrun gave up on (by its pid) and publishes it with its done mark, so that every node's last line quotes
+    the cause: main's too, when the failing rank is on another machine and its traceback only in that machine's
+    output.
 ``<pid>.progress``
     once this process has joined a process group, one JSON line rewritten (atomically) when it changes, checked
     every :data:`PROGRESS_S`: ``{"rank", "world", "calls", "moves"}``. ``calls``: the collectives this process
@@ -46,7 +52,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from types import FrameType, ModuleType
+from types import FrameType, ModuleType, TracebackType
 
 from nodekit.launcher.contract import Env
 
@@ -54,6 +60,8 @@ ENV = Env.WORKER_DIR
 DEFAULT_DIR = "/tmp/nodekit-workers"  # what the launcher sets ENV to, unless its own environment names another
 SIGNAL = signal.SIGRTMIN + 7
 PROGRESS_S = 1.0
+RAISED = ".raised"
+RAISED_MAX = 1000  # a message can be megabytes (a tensor's repr): the quote is one line
 
 
 def start_time(pid: int | str) -> int | None:
@@ -131,6 +139,30 @@ def _report(path: str, main: int) -> None:
             continue
 
 
+def raised_line(value: BaseException) -> str:
+    """The exception's last line as Python prints it (``RuntimeError: boom``; a message's first line only)."""
+    import traceback  # only in a process that is ending with an exception
+
+    lines = "".join(traceback.format_exception_only(type(value), value)).strip().splitlines()
+    text = next((line for line in lines if line.strip()), type(value).__name__)
+    return text if len(text) <= RAISED_MAX else text[: RAISED_MAX - 3] + "..."
+
+
+def keep_raised(base: str) -> None:
+    """Chain a ``sys.excepthook`` that writes ``<base>.raised`` (see the module docstring) before the hook it
+    replaces prints the traceback; a write that fails is skipped."""
+    previous = sys.excepthook
+
+    def excepthook(tp: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        with contextlib.suppress(Exception):
+            with open(base + RAISED + ".tmp", "w", encoding="utf-8") as f:
+                f.write(raised_line(value))
+            os.replace(base + RAISED + ".tmp", base + RAISED)
+        previous(tp, value, tb)
+
+    sys.excepthook = excepthook
+
+
 def arm(directory: str) -> bool:
     """Arm this process (see the module docstring); whether it worked."""
     try:
@@ -143,6 +175,7 @@ def arm(directory: str) -> bool:
         os.write(fd, header.encode())
         faulthandler.register(SIGNAL, file=fd, all_threads=True)  # keeps fd: it stays open for the process's life
         _thread.start_new_thread(_report, (base + ".progress", main))
+        keep_raised(base)
         return True
     except Exception:
         return False

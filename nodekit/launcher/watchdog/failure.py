@@ -14,11 +14,12 @@ The line names the others too, so that a wrong guess still shows the whole pictu
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from nodekit.launcher.preflight.stack import StackReport
+from nodekit.launcher.stacks.hook import RAISED_MAX
 
 
 @dataclass(frozen=True)
@@ -31,15 +32,19 @@ class WorkerFailure:
     at: int  # wall-clock seconds when torchrun noticed (ProcessFailure.timestamp)
     max_restarts: int
     """torchrun's; -1 for processes the launcher started itself (``ranks.py``), which nothing restarts."""
+    raised: str = ""  # the exception that ended it, as Python printed it last (RuntimeError: boom); "" unknown
 
     @property
     def signalled(self) -> bool:
         return self.exitcode < 0
 
     def describe(self) -> str:
-        """``worker rank 1 (local rank 0) was killed by SIGKILL; no restarts left (max_restarts = 3)``"""
+        """``worker rank 1 (local rank 0) was killed by SIGKILL; no restarts left (max_restarts = 3)``, or
+        ``worker rank 1 (local rank 0) raised RuntimeError: boom (exit code 1); torchrun restarts no worker ...``"""
         code = self.exitcode
         how = f"was killed by {signal_name(-code)}" if self.signalled else f"exited with code {code}"
+        if self.raised and not self.signalled:
+            how = f"raised {self.raised} (exit code {code})"
         if self.max_restarts < 0:
             left = "nothing restarts it"
         elif self.max_restarts == 0:
@@ -48,11 +53,14 @@ class WorkerFailure:
             left = f"no restarts left (max_restarts = {self.max_restarts})"
         return f"worker rank {self.rank} (local rank {self.local_rank}) {how}; {left}"
 
-    def to_json_dict(self) -> dict[str, int]:
-        return {
+    def to_json_dict(self) -> dict[str, int | str]:
+        data: dict[str, int | str] = {
             "rank": self.rank, "local_rank": self.local_rank, "exitcode": self.exitcode, "at": self.at,
             "max_restarts": self.max_restarts,
         }  # fmt: skip
+        if self.raised:
+            data["raised"] = self.raised
+        return data
 
     @classmethod
     def from_json_dict(cls, data: Mapping[str, Any]) -> WorkerFailure:
@@ -62,6 +70,7 @@ class WorkerFailure:
             exitcode=int(data["exitcode"]),
             at=int(data.get("at", 0)),
             max_restarts=int(data.get("max_restarts", 0)),
+            raised=str(data.get("raised", ""))[:RAISED_MAX],
         )
 
 
@@ -72,8 +81,12 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-def worker_failure(error: BaseException, max_restarts: int) -> WorkerFailure | None:
-    """The first failed worker that torchrun's ChildFailedError carries, or None for any other exception."""
+def worker_failure(
+    error: BaseException, max_restarts: int, raised: Callable[[int], str] = lambda pid: ""
+) -> WorkerFailure | None:
+    """The first failed worker that torchrun's ChildFailedError carries, or None for any other exception;
+    ``raised``: what the exception that ended the process with that pid said (:func:`nodekit.launcher.stacks.collect.
+    raised`), "" when unknown."""
     first = getattr(error, "get_first_failure", None)
     if not callable(first):
         return None
@@ -85,6 +98,7 @@ def worker_failure(error: BaseException, max_restarts: int) -> WorkerFailure | N
             exitcode=int(failure.exitcode),
             at=int(failure.timestamp),
             max_restarts=max_restarts,
+            raised=raised(int(pid)) if (pid := getattr(failure, "pid", None)) and int(failure.exitcode) > 0 else "",
         )
     except Exception:  # a torch whose failure record looks different: the traceback above still says it
         return None

@@ -90,6 +90,8 @@ echo "stack_kb=$(ulimit -H -s)"
 echo "nofile=$(ulimit -H -n)"
 echo "host=$(hostname)"
 cat "$R"/proc/net/tcp "$R"/proc/net/tcp6 2>/dev/null | awk '$4 == "0A" {print "listen=" $2}'
+awk '/\|--/ {ip = $2} /\/32 host LOCAL/ {print "addr=" ip}' "$R"/proc/net/fib_trie 2>/dev/null | sort -u
+awk '{print "addr6=" $1}' "$R"/proc/net/if_inet6 2>/dev/null
 """
 
 
@@ -114,6 +116,7 @@ class Gathered:
     listening: frozenset[int] = field(default_factory=frozenset)
     absent: frozenset[str] = field(default_factory=frozenset)  # of the paths asked about (the job's mounts)
     nvidia_smi_hung: bool = False
+    addresses: frozenset[str] = field(default_factory=frozenset)  # the host's own IP addresses; empty: not known
 
 
 def parse_facts(text: str, gpus: int | None = None) -> Gathered:
@@ -125,6 +128,7 @@ def parse_facts(text: str, gpus: int | None = None) -> Gathered:
     hostname = ""
     listening: set[int] = set()
     absent: set[str] = set()
+    addresses: set[str] = set()
     hung = False
     for line in text.splitlines():
         key, _, value = line.partition("=")
@@ -154,6 +158,12 @@ def parse_facts(text: str, gpus: int | None = None) -> Gathered:
             port = value.rsplit(":", 1)[-1]
             if port:
                 listening.add(int(port, 16))
+        elif key == "addr":
+            with contextlib.suppress(ValueError):
+                addresses.add(str(ipaddress.IPv4Address(value)))
+        elif key == "addr6":  # /proc/net/if_inet6: 32 hex digits
+            with contextlib.suppress(ValueError):
+                addresses.add(str(ipaddress.IPv6Address(int(value, 16))))
 
     def limit(label: str, fallback: str) -> int | None:
         return daemon[label] if label in daemon else login.get(fallback)
@@ -167,8 +177,9 @@ def parse_facts(text: str, gpus: int | None = None) -> Gathered:
         infiniband=tuple(sorted(ib)),
     )
     return Gathered(
-        facts=facts, hostname=hostname, listening=frozenset(listening), absent=frozenset(absent), nvidia_smi_hung=hung
-    )
+        facts=facts, hostname=hostname, listening=frozenset(listening), absent=frozenset(absent), nvidia_smi_hung=hung,
+        addresses=frozenset(addresses),
+    )  # fmt: skip
 
 
 def run_script(root: Path = Path("/")) -> Gathered:
@@ -198,6 +209,11 @@ def gather(main_ip: str | None = None, *, root: Path = Path("/")) -> HostFacts:
         if route is not None:
             iface, local_addr = route.iface, route.src or None
     return facts.model_copy(update={"iface": iface, "local_addr": local_addr, "bridge_gateway": bridge_gateway(links)})
+
+
+def addresses_here() -> frozenset[str]:
+    """This host's own IP addresses (its interfaces'), as :attr:`Gathered.addresses` holds a host's."""
+    return frozenset(a.split("%", 1)[0] for link in net.links_here() for a in link.addrs)
 
 
 def bridge_gateway(links: list[net.Link], name: str = "docker0") -> str | None:

@@ -26,7 +26,7 @@ def test_init_takes_the_packages_of_requirements_txt_and_warns_on_an_unpinned_to
     assert settings.packages == ("torch>=2.3", "numpy==2.1.0")
     text = (project / "nodekit.toml").read_text()
     assert '# hosts = ["ssh://me@10.0.0.5", "ssh://me@10.0.0.6"]' in text
-    assert "# [[mounts]]" in text and '# host = "/data/imagenet"' in text
+    assert "# [[mounts]]" in text and '# host = "data"' in text
 
 
 def test_pyproject_dependencies_join_and_a_missing_torch_is_added_pinned() -> None:
@@ -49,6 +49,21 @@ def test_init_writes_a_dockerignore_that_keeps_data_outputs_and_environments_out
         assert rules.excluded(left_out), left_out
     for kept in ("train.py", "pkg/model.py", "configs/base.yaml", "README.md"):
         assert not rules.excluded(kept), kept
+
+
+def test_init_says_how_the_job_sees_the_data_it_keeps_out_of_the_image(project: Path) -> None:
+    (project / "data").mkdir()
+    result = runner.invoke(app, ["init"])
+    assert result.exit_code == 0, result.output
+    said = "data/ stays out of the image; the job sees it through a mount: uncomment [[mounts]] in nodekit.toml"
+    assert f'{said} (host = "data", container = "/data")' in result.stdout
+    text = (project / "nodekit.toml").read_text()
+    uncommented = text.replace('# [[mounts]]\n# host = "data"', '[[mounts]]\nhost = "data"').replace(
+        '# container = "/data"', 'container = "/data"'
+    )
+    (project / "nodekit.toml").write_text(uncommented)
+    (mount,) = load().mounts
+    assert (mount.host, mount.container) == ("data", "/data")
 
 
 def test_an_existing_dockerignore_is_the_users(project: Path) -> None:

@@ -170,6 +170,32 @@ def test_the_fleet_plans_each_rank_from_its_own_hosts_world(tmp_path: Path) -> N
         node_worlds(s.model_copy(update={"script": "gone.py"}), hosts, reported, "nodekit/demo:1")
 
 
+def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: Path) -> None:
+    """Host networking: node 0 serves the rendezvous on main's address. A main host 0 does not have would start every
+    node, each to wait rdzv_timeout for it (issue 46); refused in one line, exit 2, before any node starts."""
+    from nodekit.backends.fleet.nodes import node_worlds
+
+    (tmp_path / "train.py").write_text("")
+    s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, main="10.0.0.9")
+    hosts = fleet_hosts(["ssh://me@10.0.0.5", "ssh://me@10.0.0.6"], 2)
+    own = frozenset({"127.0.0.1", "10.0.0.5", "fe80::1"})
+    reported = [Gathered(facts=CPU_NODE, addresses=own), Gathered(facts=CPU_NODE)]
+    with pytest.raises(UsageError) as e:
+        node_worlds(s, hosts, reported, "nodekit/demo:1")
+    assert e.value.exit_code == 2 and "\n" not in e.value.one_line()
+    assert e.value.message == (
+        "main = '10.0.0.9' (10.0.0.9) is none of node 0 (me@10.0.0.5)'s addresses (10.0.0.5, fe80::1): every node "
+        "would wait for a main that is not there"
+    )
+    assert "remove main" in e.value.fix
+    for fine in (s.model_copy(update={"main": "10.0.0.5"}), s.model_copy(update={"main": None})):
+        assert node_worlds(fine, hosts, reported, "nodekit/demo:1")[1].main_ip == "10.0.0.5"
+    unknown = [Gathered(facts=CPU_NODE), Gathered(facts=CPU_NODE)]  # a tcp:// host 0 reports no addresses
+    assert node_worlds(s, hosts, unknown, "nodekit/demo:1")[0].main_ip == "10.0.0.9"
+    bridge = s.model_copy(update={"network": "bridge"})  # main publishes its ports; not judged here
+    assert node_worlds(bridge, hosts, reported, "nodekit/demo:1")[0].main_ip == "10.0.0.9"
+
+
 def test_host_facts_are_gathered_with_the_route_to_main_only_when_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without facts, gathering asks this host (and refuses no route to main); with them, it asks nothing."""
     from nodekit.errors import NetworkError

@@ -57,13 +57,43 @@ def test_a_missing_host_path_is_refused_before_anything_is_written(tmp_path: Pat
     assert not (tmp_path / "compose").exists()
 
 
+def test_a_relative_host_path_is_the_project_s_wherever_nodekit_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nodekit init` keeps data/ out of the image; `host = "data"` mounts the project's data/ (issue 46), resolved
+    against the project directory, not the shell's: the same file works from any directory, and on the node."""
+    project = tmp_path / "proj"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text("")
+    (project / "nodekit.toml").write_text(
+        'name = "demo"\nscript = "train.py"\nnnodes = 2\n[[mounts]]\nhost = "./data/"\ncontainer = "/data"\n'
+        '[[mounts]]\nhost = "../shared"\ncontainer = "/shared"\n[nodes.1]\nmounts = { "/shared" = "cache" }\n'
+    )
+    (tmp_path / "shared").mkdir()
+    (project / "cache").mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    s = load(project / "nodekit.toml")
+    assert [m.host for m in s.mounts] == ["data", "../shared"]
+    volumes = {
+        v["target"]: v["source"] for v in yaml.safe_load(rendered(s, 0, CPU_NODE))["services"]["train"]["volumes"]
+    }
+    assert volumes["/data"] == str(project / "data") and volumes["/shared"] == str(tmp_path / "shared")
+    plan = plan_here(s, 1, "10.0.0.5", image="x:y", facts=CPU_NODE)
+    assert f"source: {project / 'cache'}" in plan.text  # a node's own path may be relative too
+    (project / "data").rmdir()
+    with pytest.raises(UsageError, match=rf"mount {project / 'data'} \(for /data\) does not exist on node 0"):
+        plan_here(s, 0, "10.0.0.5", image="x:y", facts=CPU_NODE)
+
+
 @pytest.mark.parametrize(
     ("toml", "match"),
     [
-        ('[[mounts]]\nhost = "data"\ncontainer = "/data"\n', "not absolute"),
+        ('[[mounts]]\nhost = "."\ncontainer = "/data"\n', "neither absolute nor a path relative to the project"),
         ('[[mounts]]\nhost = "/srv/data"\ncontainer = "data"\n', "not absolute"),
         ('[[mounts]]\nhost = "/srv/data"\ncontainer = "/outputs"\n', "nodekit's own"),
-        ('[[mounts]]\nhost = "/a"\ncontainer = "/data"\n[nodes.1]\nmounts = { "/data" = "rel" }\n', "not absolute"),
+        ('[[mounts]]\nhost = "/a"\ncontainer = "/data"\n[nodes.1]\nmounts = { "/data" = "./" }\n', "neither absolute"),
         ('[[mounts]]\nhost = "/a"\ncontainer = "/data"\n[nodes.1]\nmounts = { "/other" = "/b" }\n', "no \\[\\[mounts"),
     ],
 )

@@ -48,6 +48,7 @@ class _ProcessFailure:  # the fields of torch's ProcessFailure that nodekit read
     local_rank: int
     exitcode: int
     timestamp: int
+    pid: int = 4242
 
 
 class _ChildFailedError(Exception):
@@ -73,6 +74,28 @@ def test_the_failed_worker_is_read_from_torchrun_s_error() -> None:
     )
     done = Done(1, failure=failure)
     assert Done.from_json(done.to_json()) == done
+
+
+def test_the_failed_worker_s_exception_is_named_on_every_node() -> None:
+    """The exception the worker left (stacks/hook.py) travels in its node's done mark: main's last line quotes it
+    when the failing rank is on another machine, whose traceback main never sees."""
+    error = _ChildFailedError({1: _ProcessFailure(0, 1, 100, pid=77)})
+    failure = worker_failure(error, 0, {77: "RuntimeError: boom"}.get)
+    assert failure == WorkerFailure(1, 0, 1, 100, 0, raised="RuntimeError: boom")
+    assert Done.from_json(Done(1, failure=failure).to_json()) == Done(1, failure=failure)
+    on0 = Watch(0, 2, 15.0, start=0.0)
+    beat(on0, 1.0, {1: 1}, done={1: Done(1, failure=failure)})
+    later = WorkerFailure(0, 0, 1, 101, 3)  # gloo's "Connection closed by peer" on main, a second later
+    assert conclude(on0, 2.0, Done(1, failure=later), None, NAMES).line == (
+        "nodekit: node 1 (10.0.0.6, host gpu-b) failed: worker rank 1 (local rank 0) raised RuntimeError: boom (exit "
+        "code 1); torchrun restarts no worker (max_restarts = 0); then node 0 (10.0.0.5, host gpu-a) failed: worker "
+        "rank 0 (local rank 0) exited with code 1; no restarts left (max_restarts = 3); the job failed (this node "
+        "exits 19)"
+    )
+    killed = worker_failure(_ChildFailedError({1: _ProcessFailure(0, -9, 100, pid=77)}), 0, {77: "x"}.get)
+    assert killed is not None and killed.raised == ""  # a signal ends a process without an exception
+    long = Done.from_json(Done(1, failure=WorkerFailure(1, 0, 1, 0, 0, raised="E" * 5000)).to_json())
+    assert long.failure is not None and len(long.failure.raised) == 1000  # a peer's record is bounded
 
 
 KILLED = WorkerFailure(rank=1, local_rank=0, exitcode=-9, at=100, max_restarts=3)

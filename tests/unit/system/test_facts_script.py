@@ -44,7 +44,33 @@ def host_root(d: Path) -> Path:
         "Max open files            1048576              1048576              files\n"
         "Max locked memory         65536                65536                bytes\n"
     )
+    (d / "proc" / "net").mkdir()
+    (d / "proc" / "net" / "fib_trie").write_text(FIB_TRIE)
+    (d / "proc" / "net" / "if_inet6").write_text(
+        "00000000000000000000000000000001 01 80 10 80       lo\nfe800000000000000000000000000001 02 40 20 80     eth0\n"
+    )
     return d
+
+
+# /proc/net/fib_trie of a host with 10.0.0.5/24 on eth0 (its main table; the local table repeats the addresses).
+FIB_TRIE = """Main:
+  +-- 0.0.0.0/0 3 0 5
+     +-- 10.0.0.0/24 2 0 2
+        +-- 10.0.0.0/30 2 0 2
+           |-- 10.0.0.0
+              /24 link UNICAST
+           |-- 10.0.0.5
+              /32 host LOCAL
+        |-- 10.0.0.255
+           /32 link BROADCAST
+     +-- 127.0.0.0/8 2 0 2
+        |-- 127.0.0.1
+           /32 host LOCAL
+Local:
+  +-- 0.0.0.0/0 3 0 5
+        |-- 10.0.0.5
+           /32 host LOCAL
+"""
 
 
 def test_up_and_run_see_one_host_the_same_way(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,6 +96,8 @@ def test_up_and_run_see_one_host_the_same_way(tmp_path: Path, monkeypatch: pytes
     limits = (here.memlock_hard, here.stack_hard, here.nofile_hard)
     assert limits == (there.facts.memlock_hard, there.facts.stack_hard, there.facts.nofile_hard)
     assert limits == (65536, 16777216, 1048576)  # the daemon's, not this process's
+    # The host's own addresses, for the head's check that main is one of host 0's (its /proc: no iproute2 needed).
+    assert facts.run_script(root).addresses == there.addresses == {"10.0.0.5", "127.0.0.1", "::1", "fe80::1"}
 
 
 def test_without_a_readable_daemon_the_logins_hard_limits_count(tmp_path: Path) -> None:

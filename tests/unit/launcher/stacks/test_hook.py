@@ -60,7 +60,17 @@ JOB = textwrap.dedent(
         print("ready", flush=True)
         time.sleep(600)
 
-    {"collectives": collectives, "compute": compute, "stuck": wait_for_the_others}[sys.argv[1]]()
+    def raises():
+        print("ready", flush=True)
+        raise RuntimeError("boom on rank 3\\nsecond line of the message")
+
+    def exits():
+        print("ready", flush=True)
+        sys.exit(3)
+
+    modes = {"collectives": collectives, "compute": compute, "stuck": wait_for_the_others, "raises": raises,
+             "exits": exits}
+    modes[sys.argv[1]]()
     """
 )
 
@@ -206,3 +216,19 @@ def test_a_process_without_the_guard_or_the_directory_is_left_alone(tmp_path: Pa
         assert out.stdout.split() == ["False", "False"], (extra, out.stdout, out.stderr)
     assert not (tmp_path / "w").exists()
     assert signal.SIGRTMIN + 7 == SIGNAL
+
+
+def test_an_exception_that_ends_a_process_is_kept_for_the_launcher(
+    job: tuple[Path, list[subprocess.Popen[str]]], tmp_path: Path
+) -> None:
+    """What the launcher publishes with its done mark, so that main's last line quotes a rank on another machine."""
+    workers, procs = job
+    raising, exiting = start(tmp_path, procs, "raises"), start(tmp_path, procs, "exits")
+    assert raising.wait(timeout=30) == 1 and exiting.wait(timeout=30) == 3
+    out = raising.stdout.read() if raising.stdout else ""
+    assert "Traceback" in out and "RuntimeError: boom on rank 3" in out  # printed as before, by the hook it chained
+    assert collect.raised(str(workers), raising.pid) == "RuntimeError: boom on rank 3"
+    assert collect.raised(str(workers), exiting.pid) == ""  # sys.exit(3) is no exception to quote
+    collect.prune(str(workers))  # the process has ended; what it raised is read after torchrun gave up on it
+    assert collect.raised(str(workers), raising.pid) == "RuntimeError: boom on rank 3"
+    assert f"{raising.pid}.stack" not in os.listdir(workers)
