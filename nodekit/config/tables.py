@@ -126,6 +126,9 @@ class NodeOverride(BaseModel):
     )
     gpus: int | None = Field(None, ge=0, le=MAX_PROCS, description="this node's GPU count, where nodes differ")
     mounts: dict[str, str] = Field(default_factory=dict, description="container path -> this node's host path")
+    output_dir: str | None = Field(
+        None, description="this node's host directory at /outputs (absolute), where it differs from output_dir"
+    )
 
     @field_validator("iface")
     @classmethod
@@ -143,6 +146,11 @@ class NodeOverride(BaseModel):
     @classmethod
     def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
         return {plain_path(k): plain_path(p) for k, p in v.items()}
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v: str | None) -> str | None:
+        return None if v is None else plain_path(v)
 
 
 class SlurmSettings(BaseModel):

@@ -30,6 +30,7 @@ MODULES = (
     "nodekit.launcher.datasync.scan",
     "nodekit.launcher.datasync.node",
     "nodekit.launcher.datasync.receive",
+    "nodekit.launcher.datasync.outputs",
 )
 PACKAGES = ("nodekit", "nodekit.launcher", "nodekit.launcher.datacheck", "nodekit.launcher.datasync")
 BOOT = (
