@@ -114,7 +114,7 @@ def fetch(
 ) -> tuple[set[str], list[str]]:
     """Bring each wanted file (name -> (size, hash)) into ``store`` as its content: the hashes now held, and the names
     that could not be (gone or changed on the node since its listing, or damaged on the way)."""
-    store.mkdir(parents=True, exist_ok=True)
+    store.mkdir(exist_ok=True)  # not its parents: a store removed (its run ended) is not made again
     order = [(n, s, h) for n, (s, h) in wanted.items() if not object_path(store, h).exists()]
     if not order:
         return {h for _, h in wanted.values()}, []

@@ -26,6 +26,7 @@ from pathlib import Path
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.config.settings import Settings
 from nodekit.data.outputs import fetch, listing, object_path, put
+from nodekit.data.transport import DataError
 from nodekit.errors import NodekitError
 from nodekit.job.spec import output_dir_of
 from nodekit.launcher.datasync.scan import Cache, Manifest
@@ -104,6 +105,7 @@ class Keeper:
             parent = self.settings.project_dir / ".nodekit" / "mirror"
             parent.mkdir(parents=True, exist_ok=True)
             self.dir = Path(tempfile.mkdtemp(prefix="run-", dir=parent))
+            self.store.mkdir()
             threading.Thread(target=self._loop, daemon=True, name="nodekit-mirror").start()
         return self
 
@@ -154,6 +156,8 @@ class Keeper:
                 return self.observe(settings, h)
             except NodekitError as e:
                 return e
+            except OSError as e:  # this machine's disk (or the run ending: its store removed)
+                return DataError(f"the mirror of {h.name}: {e}", fix="check the disk of this machine")
 
         with ThreadPoolExecutor(max_workers=max(1, min(32, len(hosts)))) as pool:
             return dict(zip((h.url for h in hosts), pool.map(one, hosts), strict=True))
