@@ -73,8 +73,9 @@ def gather(
         str | None, typer.Option("--path", help="a directory inside each host's output_dir, not all of it")
     ] = None,
     into: Annotated[
-        Path, typer.Option("--into", help="where node-<rank>/ directories are made [default: gathered, in the project]")
-    ] = Path("gathered"),
+        Path | None,
+        typer.Option("--into", help="where node-<rank>/ directories are made [default: gathered/ in the project]"),
+    ] = None,
     hostfile: Annotated[
         Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
     ] = None,
@@ -95,7 +96,7 @@ def gather(
     settings = load_settings(config)
     if not settings.hosts and hostfile is None:
         raise UsageError("no hosts: name them in nodekit.toml, or --hostfile", fix=HOSTS_FIX)
-    dest = settings.resolve(into)
+    dest = into.absolute() if into is not None else settings.project_dir / "gathered"
     sources = gathering.sources_of(settings, hosts_of(settings, hostfile), path, Path.cwd())
     rep = reporter()
     rep.step(f"gathering from {len(sources)} host(s) into {dest}")
