@@ -164,8 +164,11 @@ def put(root: str, f: BinaryIO) -> dict[str, Any]:
     return {"placed": placed, "skipped": skipped}
 
 
-def main(mode: str, root: str, stdin: BinaryIO, stdout: Any) -> int:
-    """``list``, ``send`` or ``put`` on ``root``; list and put answer one JSON line, send streams its frames."""
+def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> int:
+    """``list ROOT``, ``send ROOT`` or ``put ROOT``; list and put answer one JSON line, send streams its frames."""
+    stdin = stdin if stdin is not None else sys.stdin.buffer
+    stdout = stdout if stdout is not None else sys.stdout
+    mode, root = argv[0], argv[1]
     try:
         request = json.loads(read_block(stdin)) if mode != "put" else None
         if mode == "list":

@@ -336,15 +336,10 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
 
 
 def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> int:
-    """``scan ROOT`` or ``apply ROOT``; the answer as one JSON line on standard output. ``list``, ``send`` and
-    ``put`` are :mod:`nodekit.launcher.datasync.outputs`' (an output directory)."""
+    """``scan ROOT`` or ``apply ROOT``; the answer as one JSON line on standard output."""
     stdin = stdin if stdin is not None else sys.stdin.buffer
     stdout = stdout if stdout is not None else sys.stdout
     mode, root = argv[0], argv[1]
-    if mode in ("list", "send", "put"):  # an output directory, for the head (gather, the restart hand-off)
-        from nodekit.launcher.datasync import outputs
-
-        return outputs.main(mode, root, stdin, stdout)
     try:
         if mode == "scan":
             want = {n: (int(v[0]), str(v[1])) for n, v in json.loads(read_block(stdin)).items()}

@@ -25,7 +25,7 @@ def _stream(files: list[tuple[str, bytes, str | None]], *, damage: bool = False)
 
 def _put(root: Path, stream: io.BytesIO) -> tuple[int, dict[str, object]]:
     out = io.StringIO()
-    code = outputs.main("put", str(root), stream, out)
+    code = outputs.main(["put", str(root)], stream, out)
     return code, json.loads(out.getvalue()) if out.getvalue() else {}
 
 
