@@ -84,3 +84,49 @@ def to_hosts(settings: Settings, to: Sequence[str]) -> list[tuple[FleetHost, int
             url = spec
         out.append((parse_host(url, i), known.get(url.strip())))
     return out
+
+
+@data_app.command("gather")
+@handled
+def gather(
+    path: Annotated[
+        str | None, typer.Option("--path", help="a directory inside each host's output_dir, not all of it")
+    ] = None,
+    into: Annotated[
+        Path | None,
+        typer.Option("--into", help="where node-<rank>/ directories are made [default: gathered/ in the project]"),
+    ] = None,
+    hostfile: Annotated[
+        Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
+    ] = None,
+    dry_run: DryRunOpt = False,
+    config: ConfigOpt = None,
+) -> None:
+    """Bring every host's output_dir (or --path inside it) back here, all hosts at once: one node-<rank>/ directory
+    per host, each file checked against the host's listing as it arrives, files identical across hosts stored once
+    (hard links to one copy). Run it again to finish one cut short: what arrived whole is kept. Nothing here is
+    deleted or written outside --into."""
+    from nodekit import ship
+    from nodekit.backends.fleet.hosts import HOSTS_FIX, hosts_of
+    from nodekit.cli.common import reporter
+    from nodekit.cli.ui import out
+    from nodekit.data import gather as gathering
+    from nodekit.errors import UsageError
+
+    settings = load_settings(config)
+    if not settings.hosts and hostfile is None:
+        raise UsageError("no hosts: name them in nodekit.toml, or --hostfile", fix=HOSTS_FIX)
+    dest = into.absolute() if into is not None else settings.project_dir / "gathered"
+    sources = gathering.sources_of(settings, hosts_of(settings, hostfile), path, Path.cwd())
+    rep = reporter()
+    rep.step(f"gathering from {len(sources)} host(s) into {dest}")
+    with ship.SharedSsh():  # the listing and the stream from a host ride one connection
+        plans = gathering.plan_all(sources, dest)
+        if dry_run:
+            out.print(gathering.dry_run_text(plans, dest), markup=False)
+            return
+        done = gathering.gather(plans, dest)
+    for d in done:
+        for s in d.plan.skipped[:3]:
+            rep.warn(f"{d.plan.source.shown}: not gathered: {s}")
+    rep.done(gathering.report_line(done, dest))

@@ -127,6 +127,12 @@ class _Keys(BaseSettings):
     main: str | None = Field(None, description="main's address as the other nodes reach it (default: host 0's)")
     restarts: int = Field(0, ge=0, description="nodekit run: restart the whole job on every node this many times")
     min_nodes: int | None = Field(None, ge=1, description="nodekit run: go on without lost hosts down to this many")
+    replicate_outputs: bool = Field(
+        True,
+        description="nodekit run, when a restart may go on without a lost host (restarts, min_nodes): the head "
+        "copies each host's new output files every few seconds and, before such a restart, hands every host left "
+        "the newest of each it lacks, so a checkpoint saved on rank 0 only survives the loss of rank 0's host",
+    )
     relay: Literal["auto", "always", "never"] = Field(
         "auto",
         description="nodekit run and push: ssh:// nodes pass the image on to each other (a key per push and hop, no "

@@ -152,6 +152,9 @@ class NodeOverride(BaseModel):
         default_factory=dict,
         description="container path -> this node's host path (absolute, or relative to the project)",
     )
+    output_dir: str | None = Field(
+        None, description="this node's host directory at /outputs (absolute), where it differs from output_dir"
+    )
 
     @field_validator("iface")
     @classmethod
@@ -169,6 +172,11 @@ class NodeOverride(BaseModel):
     @classmethod
     def _absolute(cls, v: dict[str, str]) -> dict[str, str]:
         return {plain_path(k): host_path(p) for k, p in v.items()}
+
+    @field_validator("output_dir")
+    @classmethod
+    def _output_dir(cls, v: str | None) -> str | None:
+        return None if v is None else plain_path(v)
 
 
 class SlurmSettings(BaseModel):

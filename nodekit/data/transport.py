@@ -29,6 +29,7 @@ MODULES = (
     "nodekit.launcher.datasync.scan",
     "nodekit.launcher.datasync.node",
     "nodekit.launcher.datasync.receive",
+    "nodekit.launcher.datasync.outputs",
 )
 PACKAGES = ("nodekit", "nodekit.launcher", "nodekit.launcher.datacheck", "nodekit.launcher.datasync")
 BOOT = (
@@ -39,7 +40,9 @@ BOOT = (
     "    m=types.ModuleType(p);m.__path__=[];sys.modules[p]=m\n"
     "for name,src in mods:\n"
     "    m=types.ModuleType(name);sys.modules[name]=m;exec(compile(src,name,'exec'),m.__dict__)\n"
-    "sys.exit(sys.modules['nodekit.launcher.datasync.receive'].main(sys.argv[1:]))\n"
+    # An output directory's modes are the outputs module's (gather, the restart hand-off); a dataset's the receiver's.
+    "m='outputs' if sys.argv[1] in ('list','send','put') else 'receive'\n"
+    "sys.exit(sys.modules['nodekit.launcher.datasync.'+m].main(sys.argv[1:]))\n"
 )
 SSH_TIMEOUT_S = 10
 STALL_S = 120.0

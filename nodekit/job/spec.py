@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
@@ -226,6 +226,15 @@ def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:
         )
         for m in settings.mounts
     )
+
+
+def output_dir_of(settings: Settings, rank: int, cwd: Path) -> Path:
+    """Node ``rank``'s host directory at /outputs: its ``[nodes.R] output_dir``, else ``output_dir`` (relative to
+    the project, which ``cwd`` anchors when the project directory itself is relative)."""
+    override = settings.nodes.get(rank)
+    if override is not None and override.output_dir is not None:
+        return Path(override.output_dir)
+    return cwd / settings.resolve(settings.output_dir)
 
 
 def pinned_host_facts(settings: Settings, rank: int, facts: HostFacts) -> HostFacts:

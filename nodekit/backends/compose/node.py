@@ -22,7 +22,7 @@ from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld, check_mounts
 from nodekit.job.plan import plan_container, unset_pass_env
-from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_spec, pinned_host_facts
+from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_spec, output_dir_of, pinned_host_facts
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 from nodekit.launcher.stops import STOPPED_BY
 from nodekit.launcher.watchdog.decide import SIGNAL_FROM
@@ -95,7 +95,7 @@ def plan_node(
         node,
         facts,
         image=world.image,
-        output_dir=world.cwd / settings.resolve(settings.output_dir),
+        output_dir=output_dir_of(settings, rank, world.cwd),
         debug=debug,
         image_id=world.image_id,
         job_secret=bool(world.job_secret),

@@ -27,7 +27,7 @@ from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, write_compose
 from nodekit.backends.compose.render import SERVICE
-from nodekit.backends.fleet import follow, remote, start
+from nodekit.backends.fleet import follow, handoff, remote, start
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.backends.fleet.image import is_this_image, ship_image
@@ -246,6 +246,7 @@ def run(
         ship.SharedSsh(),
         remote.opening(hosts) as opened,
         ThreadPoolExecutor(max_workers=1) as beside,
+        handoff.Keeper(settings, hosts, reporter) as keeper,  # the outputs' mirror, for a restart without a host
     ):
         # Every host's connection opens while this machine picks the image (0.2 s of engine calls); the hosts'
         # checks need its reference, and ride the open connections.
@@ -254,7 +255,7 @@ def run(
         # were 0.1 to 0.2 s before the first SSH); the hosts' checks need only its reference.
         local = beside.submit(docker.require_image, ref)
         return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
-                         events, opened)  # fmt: skip
+                         events, opened, keeper)  # fmt: skip
 
 
 def _attempts(
@@ -269,6 +270,7 @@ def _attempts(
     cause_s: float,
     events: RunEvents = NO_EVENTS,
     opened: Mapping[int, remote.Opening] | None = None,
+    keeper: handoff.Keeper | None = None,
 ) -> int:
     t0 = clock()
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
@@ -322,10 +324,8 @@ def _attempts(
         failures[culprit.rank] = failures.get(culprit.rank, 0) + 1
         if decision.action == "restart":
             used += 1
-            dropped = [hosts[r].name for r in decision.drop]
-            if dropped:
-                reporter.warn(f"going on without {', '.join(dropped)} (min_nodes = {settings.min_nodes})")
-                hosts = [replace(h, rank=i) for i, h in enumerate(h for h in hosts if h.rank not in decision.drop)]
+            if decision.drop:  # each host keeps its [nodes.R]; the newest outputs reach every host left
+                settings, hosts = handoff.restart_without(settings, hosts, decision.drop, reporter, keeper)
             reporter.warn(f"{decision.reason}: restarting the whole job ({used} of {settings.restarts})")
             events.attempt(used, [(h.rank, h.where) for h in hosts])
             continue

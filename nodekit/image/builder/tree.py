@@ -151,6 +151,8 @@ def code_rules(settings: Settings) -> IgnoreRules:
         extra.append(compose if compose != "." else "node-*.yaml")
     if (outputs := _relative(settings, settings.output_dir)) not in (None, "."):
         extra.append(str(outputs))
+    # What `nodekit data gather` brings back (its default --into) is the job's output, never code.
+    extra.append("gathered")
     # A dataset kept in the project is sent to the hosts by `nodekit data push`, never built into the image.
     for m in settings.mounts:
         if m.source and (src := _relative(settings, Path(m.source))) is not None and src != ".":
