@@ -27,7 +27,7 @@ from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, write_compose
 from nodekit.backends.compose.render import SERVICE
-from nodekit.backends.fleet import follow, remote, start
+from nodekit.backends.fleet import follow, remote, start, stop
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.backends.fleet.image import is_this_image, ship_image
@@ -66,7 +66,10 @@ def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S, *, keep: bool = 
 
     def one(n: _Live) -> FleetHost | None:
         try:
-            end(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+            if n.host.scheme == "ssh" and start.startable(n.plan.container):
+                stop.stop(n.host, n.plan.project, timeout=timeout, keep=keep)
+            else:
+                end(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
         except NodekitError:
             return n.host
         return None
