@@ -43,7 +43,7 @@ from nodekit.job.spec import mount_points
 from nodekit.launcher.contract import PREFLIGHT_PORT_OFFSET
 from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
-from nodekit.system import docker, proc
+from nodekit.system import docker, fdlimit, proc
 from nodekit.system.host.facts import Gathered
 from nodekit.system.progress import Reporter
 
@@ -62,14 +62,10 @@ def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S, *, keep: bool = 
     """Every node's container stopped and removed, in parallel (with ``keep``, for ``keep_containers``: stopped and
     kept, so that nodekit exec and logs still reach it; nodekit down removes it); the hosts where that failed (a lost
     host: its container may still run there, unreachable from here)."""
-    end = docker.compose_stop if keep else docker.compose_down
 
     def one(n: _Live) -> FleetHost | None:
         try:
-            if n.host.scheme == "ssh" and start.startable(n.plan.container):
-                stop.stop(n.host, n.plan.project, timeout=timeout, keep=keep)
-            else:
-                end(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+            stop.end(n.host, n.plan, timeout=timeout, keep=keep)
         except NodekitError:
             return n.host
         return None
@@ -237,6 +233,7 @@ def run(
     from nodekit.image.builder import current_image
 
     check_command(settings)  # a missing script is refused before any host is checked or shipped to
+    fdlimit.ensure_open_files(stop.open_files(len(hosts)), what=f"nodekit run on {len(hosts)} hosts")
     interval = alive_interval(settings.peer_timeout)
     from nodekit import ship
 

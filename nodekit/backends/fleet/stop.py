@@ -15,11 +15,24 @@ from __future__ import annotations
 
 import shlex
 
-from nodekit.backends.fleet import remote
+from nodekit.backends.compose.node import NodePlan
+from nodekit.backends.fleet import remote, start
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.errors import DeadlineError, EngineError
-from nodekit.system import proc
+from nodekit.system import docker, proc
 from nodekit.system.docker import calls
+
+FILES_PER_NODE = 4
+"""Open files ``nodekit run`` holds per node for the whole job (its follower's pipes; 3.1 measured at 64 stand-in
+hosts, benchmarks/scale_bench.py), and per host in flight (a check's or a start's three pipes, up to MAX_PARALLEL
+at once)."""
+FILES_BASE = 256
+
+
+def open_files(nodes: int) -> int:
+    """Open files ``nodekit run`` on ``nodes`` nodes needs (nodekit/system/fdlimit.py raises the limit to it)."""
+    return FILES_BASE + FILES_PER_NODE * nodes + 3 * remote.MAX_PARALLEL
+
 
 # POSIX sh, run by the host's login after NK_PROJECT, NK_TIMEOUT and NK_KEEP: the project's containers by Compose's
 # label, stopped (SIGTERM, then SIGKILL after NK_TIMEOUT s, as compose does), then removed unless kept. Docker's
@@ -54,3 +67,13 @@ def stop(host: FleetHost, project: str, *, timeout: int, keep: bool = False) -> 
         raise EngineError(f"{what} failed: {problem.what}", fix=problem.fix)
     if done.returncode != 0:
         raise EngineError(f"{what} failed: {calls.stderr_tail(done.stderr)}", fix=fix)
+
+
+def end(host: FleetHost, plan: NodePlan, *, timeout: int, keep: bool = False) -> None:
+    """The end of one node of a run: :func:`stop` where its host's ``docker run`` started it, else ``compose down``
+    (``compose stop`` with ``keep``) through the docker CLI."""
+    if host.scheme == "ssh" and start.startable(plan.container):
+        stop(host, plan.project, timeout=timeout, keep=keep)
+    else:
+        (docker.compose_stop if keep else docker.compose_down)(plan.compose_path, plan.project, timeout=timeout,
+                                                               host=host.url)  # fmt: skip
