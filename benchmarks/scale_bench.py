@@ -83,41 +83,67 @@ def reap(skip: list[int], deadline_s: float = 30) -> None:
     print(f"scale bench: processes left after the run: {with_kids}", flush=True)
 
 
+def sshd_cpu_s(pid: int) -> float:
+    """The CPU seconds of sshd's ended sessions (its children's, which it waits for): the stand-ins' side."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in f[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def own(pid: int) -> tuple[int, int]:
+    """The head's own process: its open descriptors and threads."""
+    try:
+        threads = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Threads:"))
+        return len(os.listdir(f"/proc/{pid}/fd")), int(threads.split()[1])
+    except (OSError, StopIteration, ValueError):
+        return 0, 0
+
+
 def one_run(n: int, project: Path, env: dict[str, str], log: Path, skip: list[int]) -> dict[str, Any]:
+    from benchmarks.fleet_bench import Tail
+
     argv = [sys.executable, "-m", "nodekit", "run", "--image", REF, "--config", str(project / "nodekit.toml")]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sshd0 = sshd_cpu_s(skip[0])
     busy0, t0 = busy_cpu_s(), time.monotonic()
-    peak = {"rss": 0, "fds": 0, "procs": 0}
+    peak = {"rss": 0, "fds": 0, "procs": 0, "own_fds": 0, "threads": 0}
     with open(log, "w") as out:
         p = subprocess.Popen(argv, env=env, cwd=project, stdout=out, stderr=subprocess.STDOUT)
+        tail = Tail(log, t0, marker="node(s) started")
         while p.poll() is None:
-            if time.monotonic() - t0 > 300:
+            if time.monotonic() - t0 > 600:
                 p.kill()
                 p.wait()
-                raise SystemExit(f"nodekit run on {n} stand-in hosts did not end within 300 s; see {log}")
-            rss, fds, procs = tree(skip)
-            peak = {"rss": max(peak["rss"], rss), "fds": max(peak["fds"], fds), "procs": max(peak["procs"], procs)}
+                raise SystemExit(f"nodekit run on {n} stand-in hosts did not end within 600 s; see {log}")
+            tail.poll()
+            got = dict(zip(("rss", "fds", "procs", "own_fds", "threads"), (*tree(skip), *own(p.pid)), strict=True))
+            peak = {k: max(peak[k], got[k]) for k in peak}
             time.sleep(0.25)
     wall = time.monotonic() - t0
+    tail.poll()
     reap(skip)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     text = log.read_text(errors="replace")
     if p.returncode != 0:
         raise SystemExit(f"nodekit run on {n} stand-in hosts failed ({p.returncode}):\n{text[-4000:]}")
     ready, started, finished = READY.search(text), STARTED.search(text), FINISHED.search(text)
+    last_line = max((t for t, ln in tail.lines if "final loss" in ln), default=float("nan"))
     return {
         "hosts": n,
         "ready_s": float(ready.group(2)) if ready else None,
         "started_s": float(started.group(2)) if started else None,
         "finished_s": float(finished.group(2)) if finished else None,
+        "last_job_line_s": last_line,
         "hold_s": hold_s(n),
         "wall_s": wall,
         "cpu_user_s": after.ru_utime - before.ru_utime,
         "cpu_sys_s": after.ru_stime - before.ru_stime,
+        "standins_cpu_s": sshd_cpu_s(skip[0]) - sshd0,
         "machine_busy_s": busy_cpu_s() - busy0,
         "peak_rss_mb": peak["rss"] / 2**20,
         "peak_fds": peak["fds"],
         "peak_procs": peak["procs"],
+        "head_peak_fds": peak["own_fds"],
+        "head_peak_threads": peak["threads"],
         "measured": now_utc(),
         "load": loadavg(),
     }
@@ -125,16 +151,18 @@ def one_run(n: int, project: Path, env: dict[str, str], log: Path, skip: list[in
 
 def row(r: dict[str, Any]) -> str:
     cpu = r["cpu_user_s"] + r["cpu_sys_s"]
-    return (f"| {r['hosts']} | {r['ready_s']:.1f} s | {r['started_s']:.1f} s | {r['wall_s']:.1f} s "
-            f"(job held to {r['hold_s']:.0f} s) | {cpu:.1f} ({r['cpu_user_s']:.1f} user) | {cpu / r['hosts']:.3f} | "
-            f"{r['peak_rss_mb']:.0f} MB | {r['peak_fds']} | {r['peak_procs']} | {r['machine_busy_s']:.0f} | "
-            f"{r['load']} |")  # fmt: skip
+    stop = r["wall_s"] - r["last_job_line_s"]
+    return (f"| {r['hosts']} | {r['ready_s']:.1f} s | {r['started_s']:.1f} s | {stop:.1f} s | {cpu:.1f} "
+            f"({cpu / r['hosts']:.3f}) | {r['peak_rss_mb']:.0f} MB | {r['peak_fds']} | {r['peak_procs']} | "
+            f"{r['head_peak_fds']} / {r['head_peak_threads']} | {r['standins_cpu_s']:.0f} | "
+            f"{r['machine_busy_s']:.0f} in {r['wall_s']:.0f} s | {r['load']} |")  # fmt: skip
 
 
 HEADER = (
-    "| stand-in hosts | all ready | all started | to the end | head CPU s | per host | head peak RSS (tree) | "
-    "peak fds | peak processes | machine busy CPU s | load after |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-    "| ---: | ---: | ---: | --- |"
+    "| stand-in hosts | all ready | all started | the end: last job line to exit | head CPU s (per host) | "
+    "head peak RSS (its whole tree) | peak fds (tree) | peak processes | head process: peak fds / threads | "
+    "stand-ins' CPU s (sshd side) | machine busy CPU s | load after |\n"
+    "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
 )
 
 
@@ -168,6 +196,7 @@ def main() -> int:
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             skip = [s.sshd_pid or -1]
             base = (project / "nodekit.toml").read_text()
+            print(HEADER, flush=True)
             for n in counts:
                 keep = [ln for ln in base.splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
                 names = [f"ssh://root@{a}" for a in s.addrs[:n]]
