@@ -232,8 +232,15 @@ class Standins:
             f"SetEnv PATH={self.bin}:/usr/local/bin:/usr/bin:/bin NKS_STATE={self.state} NKS_BIN={self.bin}", "",
         ]))  # fmt: skip
         log = d / "sshd.log"
-        p = subprocess.Popen(["ip", "netns", "exec", NETNS, str(SSHD), "-D", "-f", str(config), "-E", str(log)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        # The sessions' home is an empty directory bound over /root (as tests/cluster's hosts have their own): this
+        # machine's ~/.bashrc (bash reads it for an SSH command) would cost each session more than the head does.
+        home = d / "home"
+        home.mkdir(exist_ok=True)
+        own_home = ["unshare", "--mount", "--propagation", "private", "--",
+                    "sh", "-c", 'mount --bind "$0" /root && exec "$@"', str(home)]  # fmt: skip
+        p = subprocess.Popen(["ip", "netns", "exec", NETNS, *own_home, str(SSHD), "-D", "-f", str(config), "-E",
+                              str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # fmt: skip
         self.sshd_pid = p.pid
         deadline = time.monotonic() + 10
         while sh("ip", "netns", "exec", NETNS, "ss", "-Hltn", "sport = :22", check=False).stdout.strip() == "":

@@ -47,7 +47,7 @@ FINISHED = re.compile(r"the job finished on (\d+) node\(s\) in ([\d.]+) s")
 
 def hold_s(n: int) -> float:
     """How long after the command every stand-in job ends: past the start, so that every follower is alive at once."""
-    return 12 + 0.06 * n
+    return 15 + 0.1 * n
 
 
 def tree(skip: list[int]) -> tuple[int, int, int]:
