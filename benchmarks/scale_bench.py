@@ -110,10 +110,10 @@ def one_run(n: int, project: Path, env: dict[str, str], log: Path, skip: list[in
         p = subprocess.Popen(argv, env=env, cwd=project, stdout=out, stderr=subprocess.STDOUT)
         tail = Tail(log, t0, marker="node(s) started")
         while p.poll() is None:
-            if time.monotonic() - t0 > 600:
+            if time.monotonic() - t0 > 300 + 3 * n:
                 p.kill()
                 p.wait()
-                raise SystemExit(f"nodekit run on {n} stand-in hosts did not end within 600 s; see {log}")
+                raise SystemExit(f"nodekit run on {n} stand-in hosts did not end within {300 + 3 * n} s; see {log}")
             tail.poll()
             got = dict(zip(("rss", "fds", "procs", "own_fds", "threads"), (*tree(skip), *own(p.pid)), strict=True))
             peak = {k: max(peak[k], got[k]) for k in peak}
