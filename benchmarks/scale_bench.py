@@ -59,6 +59,8 @@ def tree(skip: list[int]) -> tuple[int, int, int]:
         if pid == os.getpid():
             continue
         try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # an exited process this one has not reaped yet (it is their subreaper): not the head's
             rss += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
             fds += len(os.listdir(f"/proc/{pid}/fd"))
             procs += 1

@@ -1,10 +1,11 @@
 """This process's open-file limit, raised where a command needs more descriptors than a login starts with.
 
-``nodekit run`` holds a few descriptors per node for the whole job (each node's follower: its ``ssh`` client's output
-and error pipes), and a few more per host while up to ``MAX_PARALLEL`` hosts are checked or started at once: about
-1,600 at 512 nodes (measured against stand-in hosts, benchmarks/scale_bench.py). Most Linux logins start with a soft
-limit of 1,024 and a hard one far above it; past the soft one, the next pipe fails with EMFILE in the middle of a
-run, with nodes already started. The soft limit is raised up to the hard one (only ever raised: a process may do
+``nodekit run`` holds two descriptors per node for the whole job (each node's follower: its ``ssh`` client's output
+and error pipes), and three more per host while up to ``MAX_PARALLEL`` hosts are checked or started at once, beside
+about a hundred of its own: past 1,024 from about 400 nodes on (the head process held 164 at 64 stand-in hosts and
+698 at 512, where not every follower was alive at once: benchmarks/scale_bench.py). Most Linux logins start with a
+soft limit of 1,024 and a hard one far above it; past the soft one, the next pipe fails with EMFILE in the middle of
+a run, with nodes already started. The soft limit is raised up to the hard one (only ever raised: a process may do
 that without privileges); where the hard one is too low, the command is refused in one line before anything starts.
 The children nodekit starts (ssh, the docker CLI) inherit the raised limit; they poll rather than select, so a high
 limit does not break them.

@@ -1,6 +1,6 @@
-"""The head's open-file limit (nodekit/system/fdlimit.py): ``nodekit run`` holds a few descriptors per node for the
-whole job (each follower's pipes), about 1,600 at 512 nodes (benchmarks/scale_bench.py), past the soft limit of 1,024
-that most Linux logins start with. The limit is raised where the hard one allows, or refused in one line before
+"""The head's open-file limit (nodekit/system/fdlimit.py): ``nodekit run`` holds two descriptors per node for the
+whole job (each follower's pipes), past the soft limit of 1,024 that most Linux logins start with from about 400
+nodes on. The limit is raised where the hard one allows, or refused in one line before
 anything starts. Each case runs in a child process whose limits it sets, as a login shell's ``ulimit -n`` does."""
 
 from __future__ import annotations
