@@ -11,13 +11,17 @@ from pathlib import Path
 
 import pytest
 
+from nodekit.backends.compose.node import NodePlan
 from nodekit.backends.fleet import run as fleet_run
 from nodekit.backends.fleet import stop
 from nodekit.backends.fleet.hosts import parse_host
+from nodekit.config.settings import Settings
 from nodekit.errors import EngineError
+from nodekit.job.plan import plan_container
+from nodekit.job.spec import launch_spec, node_spec
 from nodekit.system import proc
+from nodekit.system.host.facts import HostFacts
 from tests.unit.backends.fleet.stand_ins import on_path
-from tests.unit.backends.fleet.test_start import plan
 
 # The stand-in engine: every call's arguments to $CALLS, one per line, then ---. Containers are the files
 # $CALLS.c.<id> holding their project and state; MODE=down: the engine does not answer.
@@ -41,6 +45,16 @@ SSH = r"""#!/bin/sh
 for a; do last=$a; done
 exec sh -c "$last"
 """
+
+
+def plan(tmp_path: Path) -> NodePlan:
+    """Node 1 of a two-node job, on a host network (the containers its host's ``docker run`` starts)."""
+    s = Settings(project_dir=Path("/p"), name="demo", script="train.py", nnodes=2)
+    facts = HostFacts()
+    node = node_spec(s, launch_spec(s), 1, "10.0.0.5", facts)
+    spec = plan_container(node, facts, image="demo:1", output_dir=str(tmp_path / "out"), image_id="sha256:1")
+    return NodePlan(node=node, image="demo:1", facts=facts, container=spec, compose_path=Path("/p/compose/node-1.yaml"),
+                    project_dir=Path("/p"), project="nodekit-demo-node1", text="# node 1\n")  # fmt: skip
 
 
 @pytest.fixture
