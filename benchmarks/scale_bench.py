@@ -135,6 +135,10 @@ def one_run(n: int, project: Path, env: dict[str, str], log: Path, skip: list[in
         "started_s": float(started.group(2)) if started else None,
         "finished_s": float(finished.group(2)) if finished else None,
         "last_job_line_s": last_line,
+        # Since the command, as this process read the lines (late by up to one sampling round): nodekit's own stamps
+        # count from its check's start, after its Python start-up and after every host's connection was started.
+        "ready_wall_s": tail.first("host(s) ready"),
+        "started_wall_s": tail.first("node(s) started"),
         "hold_s": hold_s(n),
         "wall_s": wall,
         "cpu_user_s": after.ru_utime - before.ru_utime,
@@ -154,14 +158,16 @@ def one_run(n: int, project: Path, env: dict[str, str], log: Path, skip: list[in
 def row(r: dict[str, Any]) -> str:
     cpu = r["cpu_user_s"] + r["cpu_sys_s"]
     stop = r["wall_s"] - r["last_job_line_s"]
-    return (f"| {r['hosts']} | {r['ready_s']:.1f} s | {r['started_s']:.1f} s | {stop:.1f} s | {cpu:.1f} "
+    return (f"| {r['hosts']} | {r['ready_wall_s']:.1f} s ({r['ready_s']:.1f}) | {r['started_wall_s']:.1f} s "
+            f"({r['started_s']:.1f}) | {stop:.1f} s | {cpu:.1f} "
             f"({cpu / r['hosts']:.3f}) | {r['peak_rss_mb']:.0f} MB | {r['peak_fds']} | {r['peak_procs']} | "
             f"{r['head_peak_fds']} / {r['head_peak_threads']} | {r['standins_cpu_s']:.0f} | "
             f"{r['machine_busy_s']:.0f} in {r['wall_s']:.0f} s | {r['load']} |")  # fmt: skip
 
 
 HEADER = (
-    "| stand-in hosts | all ready | all started | the end: last job line to exit | head CPU s (per host) | "
+    "| stand-in hosts | all ready, since the command (nodekit's stamp) | all started (nodekit's stamp) | "
+    "the end: last job line to exit | head CPU s (per host) | "
     "head peak RSS (its whole tree) | peak fds (tree) | peak processes | head process: peak fds / threads | "
     "stand-ins' CPU s (sshd side) | machine busy CPU s | load after |\n"
     "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"
