@@ -35,15 +35,18 @@ def open_files(nodes: int) -> int:
 
 
 # POSIX sh, run by the host's login after NK_PROJECT, NK_TIMEOUT and NK_KEEP: the project's containers by Compose's
-# label, stopped (SIGTERM, then SIGKILL after NK_TIMEOUT s, as compose does), then removed unless kept. Docker's
-# own message goes to standard error; none there is no failure (nothing left to stop).
+# label, stopped (SIGTERM, then SIGKILL after NK_TIMEOUT s, as compose does), then removed unless kept. The removal
+# does not depend on the stop: a stop that fails (an engine under load that missed the exit event, another end of
+# the same run removing it first) still ends in `rm --force`, which kills what runs. Docker's own message goes to
+# standard error; none there is no failure (nothing left to stop).
 STOP_SCRIPT = r"""
 c=$(docker ps --all --quiet --filter "label=com.docker.compose.project=$NK_PROJECT" 2>&1) || {
   printf '%s\n' "$c" >&2; exit 1; }
 [ -n "$c" ] || exit 0
-docker stop --time "$NK_TIMEOUT" $c >/dev/null || exit 1
-[ "$NK_KEEP" = 1 ] && exit 0
-docker rm --force $c >/dev/null
+docker stop --time "$NK_TIMEOUT" $c >/dev/null; stopped=$?
+[ "$NK_KEEP" = 1 ] && exit $stopped
+left=$(docker ps --all --quiet --filter "label=com.docker.compose.project=$NK_PROJECT")
+[ -z "$left" ] || docker rm --force $left >/dev/null
 """
 
 
