@@ -43,10 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import fleet_phases, stats  # noqa: E402
+from benchmarks._headprobe import HeadProbe  # noqa: E402
 from benchmarks._project import busy_cpu_s, loadavg, now_utc, read_state, write_state  # noqa: E402
 
 FIRST_STEP = "ddp-demo: first step done"
 FINAL = "| final loss "  # rank 0's last line: the job has ended there
+LINKS = "nodekit link check: "  # its headline, with its pairs and seconds
 BARRIER_GRACE_S = 30.0  # after rank 0's last line, how long bare torchrun may take to end on every host
 TARGET_S = 1.5
 DOC = ROOT / "docs" / "fleet-bench.md"
@@ -84,9 +86,11 @@ class Tail:
         return next((t for t, ln in self.lines if marker in ln), float("nan"))
 
 
-def until_end(proc: subprocess.Popen[str], tails: Sequence[Tail], timeout: float) -> None:
-    """Read ``tails`` every 20 ms until ``proc`` ends (it is killed after ``timeout`` s: SystemExit)."""
+def until_end(proc: subprocess.Popen[str], tails: Sequence[Tail], timeout: float, probe: Any = None) -> None:
+    """Read ``tails`` every 20 ms until ``proc`` ends (it is killed after ``timeout`` s: SystemExit); ``probe`` (a
+    benchmarks._headprobe.HeadProbe) sampled every 0.25 s."""
     deadline = time.monotonic() + timeout
+    sampled = 0.0
     while proc.poll() is None:
         if time.monotonic() > deadline:
             proc.kill()
@@ -94,6 +98,9 @@ def until_end(proc: subprocess.Popen[str], tails: Sequence[Tail], timeout: float
             raise SystemExit(f"a run did not end within {timeout:.0f} s: {[str(t.path) for t in tails]}")
         for t in tails:
             t.poll()
+        if probe is not None and time.monotonic() - sampled > 0.25:
+            probe.sample()
+            sampled = time.monotonic()
         time.sleep(0.02)
     for t in tails:
         t.poll()
@@ -117,7 +124,8 @@ def kit_run(c: Any, n: int, ref: str, project: Path, port: int, env: dict[str, s
     t0_wall, t0 = time.time(), time.monotonic()
     proc = c.main.popen(*argv, env=env, cwd=project, log=log)
     tail = Tail(log, t0)
-    until_end(proc, [tail], 600)
+    probe = HeadProbe(proc.pid)
+    until_end(proc, [tail], 600, probe)
     if proc.returncode != 0:
         raise SystemExit(f"nodekit run on {n} host(s) failed:\n{log.read_text()[-3000:]}")
     records = sorted((project / ".nodekit" / "runs").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
@@ -129,6 +137,8 @@ def kit_run(c: Any, n: int, ref: str, project: Path, port: int, env: dict[str, s
         "lines": fleet_phases.first_lines(tail.lines),
         "nodes": fleet_phases.node_phases(record, t0_wall),
         "train": step_marks(project / "outputs", t0),
+        "footprint": probe.figures(),
+        "links": next((ln.split("] ", 1)[-1] for _, ln in tail.lines if LINKS in ln and "pair(s)" in ln), ""),
     }
 
 
@@ -296,6 +306,13 @@ def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
         warm = f" after {r['warmup']} run(s) of each side not counted" if r.get("warmup") else ""
         notes.append(f"{key} host(s): {len(kit)} pairs{warm}, measured {r['measured']}, load {r['load_start']} at the "
                      f"start and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
+        if feet := [x["footprint"] for x in r["kit"] if "footprint" in x]:
+            med = {k: stats.median([f[k] for f in feet]) for k in feet[0]}
+            links = next((x["links"] for x in r["kit"] if x.get("links")), "not in the log")
+            notes.append(f"{key} host(s), the head (median of the nodekit runs; it, its children and its connections' "
+                         f"masters): {med['cpu_s']:.1f} CPU s for the whole run, peak {med['rss_mb']:.0f} MB resident, "
+                         f"{med['fds']:.0f} open files, {med['procs']:.0f} processes (its own process: "
+                         f"{med['head_fds']:.0f} open files); the link check: {links}")  # fmt: skip
     title = "## Before (issue 33: as measured before its changes)" if label == "before" else (
         "# `nodekit run`: command to first training step, against bare torchrun over SSH")  # fmt: skip
     return "\n".join([

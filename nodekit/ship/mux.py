@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nodekit.errors import DeadlineError
@@ -85,13 +86,23 @@ class SharedSsh:
             self.dir = None
 
 
+CLOSING_AT_ONCE = 64
+"""Masters told to exit side by side: each ``ssh -O exit`` is a process start, and a run's end has one per host (one
+after another, 100 s of the head's end at 256 stand-in hosts: benchmarks/scale_bench.py)."""
+
+
 def close_masters(d: Path, real_ssh: str) -> int:
-    """Tell every master whose control socket is in ``d`` to exit (with ``real_ssh``, the client the wrapper ran);
-    returns how many were asked."""
+    """Tell every master whose control socket is in ``d`` to exit (with ``real_ssh``, the client the wrapper ran),
+    up to :data:`CLOSING_AT_ONCE` at once; returns how many were asked."""
     socks = [p for p in d.iterdir() if p.is_socket()] if d.is_dir() else []
-    for sock in socks:
+
+    def one(sock: Path) -> None:
         with contextlib.suppress(OSError, DeadlineError):
             proc.run(ssh.exit_master(real_ssh, str(sock)), deadline=10, what="ssh -O exit", fix="", stdin="devnull")
+
+    if socks:
+        with ThreadPoolExecutor(max_workers=min(CLOSING_AT_ONCE, len(socks))) as pool:
+            list(pool.map(one, socks))
     return len(socks)
 
 

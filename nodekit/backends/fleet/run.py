@@ -27,7 +27,7 @@ from typing import Any
 
 from nodekit.backends.compose.node import NodePlan, write_compose
 from nodekit.backends.compose.render import SERVICE
-from nodekit.backends.fleet import follow, handoff, remote, start
+from nodekit.backends.fleet import follow, handoff, remote, start, stop
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.backends.fleet.image import is_this_image, ship_image
@@ -43,7 +43,7 @@ from nodekit.job.spec import mount_points
 from nodekit.launcher.contract import preflight_port_for
 from nodekit.runs.cause import Causes
 from nodekit.runs.events import NO_EVENTS, RunEvents
-from nodekit.system import docker, proc
+from nodekit.system import docker, fdlimit, proc
 from nodekit.system.host.facts import Gathered
 from nodekit.system.progress import Reporter
 
@@ -62,11 +62,10 @@ def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S, *, keep: bool = 
     """Every node's container stopped and removed, in parallel (with ``keep``, for ``keep_containers``: stopped and
     kept, so that nodekit exec and logs still reach it; nodekit down removes it); the hosts where that failed (a lost
     host: its container may still run there, unreachable from here)."""
-    end = docker.compose_stop if keep else docker.compose_down
 
     def one(n: _Live) -> FleetHost | None:
         try:
-            end(n.plan.compose_path, n.plan.project, timeout=timeout, host=n.host.url)
+            stop.end(n.host, n.plan, timeout=timeout, keep=keep)
         except NodekitError:
             return n.host
         return None
@@ -235,6 +234,7 @@ def run(
     from nodekit.image.builder import current_image
 
     check_command(settings)  # a missing script is refused before any host is checked or shipped to
+    fdlimit.ensure_open_files(stop.open_files(len(hosts)), what=f"nodekit run on {len(hosts)} hosts")
     interval = alive_interval(settings.peer_timeout)
     from nodekit import ship
 
@@ -251,8 +251,7 @@ def run(
         # Every host's connection opens while this machine picks the image (0.2 s of engine calls); the hosts'
         # checks need its reference, and ride the open connections.
         ref = image or current_image(settings)
-        # This machine's image is read while the hosts are checked (its docker CLI call and python-on-whales' import
-        # were 0.1 to 0.2 s before the first SSH); the hosts' checks need only its reference.
+        # This machine's image is read while the hosts are checked, which need only its reference.
         local = beside.submit(docker.require_image, ref)
         return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
                          events, opened, keeper)  # fmt: skip

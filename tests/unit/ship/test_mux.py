@@ -50,3 +50,35 @@ def test_the_sweep_removes_only_this_users_directories_of_dead_processes(tmp_pat
     assert mux.sweep(tmp_path, SSH) == [left]
     assert not left.exists() and all(d.is_dir() for d in kept)
     assert (tmp_path / f"nkssh.{dead.pid}.file").is_file()
+
+
+# A stand-in ssh for `ssh -O exit`: it notes how many are in flight beside it (each one a file while it runs), holds on
+# until a second one has started or 3 s pass, then ends.
+SLOW_EXIT = r"""#!/bin/sh
+me="$HERE/inflight.$$"; touch "$me"
+n=0; while [ "$(ls "$HERE" | grep -c '^inflight\.')" -lt 2 ] && [ "$n" -lt 30 ]; do sleep 0.1; n=$((n + 1)); done
+ls "$HERE" | grep -c '^inflight\.' >> "$HERE/seen"
+rm -f "$me"
+"""
+
+
+def test_the_masters_of_a_run_are_told_to_exit_side_by_side_not_one_after_another(tmp_path: Path) -> None:
+    """A run's end tells each host's master to exit; one after another that was a process start per host in a row,
+    100 s of the head's end at 256 stand-in hosts (benchmarks/scale_bench.py)."""
+    d = tmp_path / "nkssh.1.x"
+    d.mkdir()
+    for i in range(4):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(d / f"m{i}"))
+        s.close()
+    fake = tmp_path / "ssh"
+    fake.write_text(SLOW_EXIT)
+    fake.chmod(0o755)
+    here = tmp_path / "here"
+    here.mkdir()
+    from nodekit.system import proc
+
+    with proc.extra_env({"HERE": str(here)}):
+        assert mux.close_masters(d, str(fake)) == 4
+    seen = [int(x) for x in (here / "seen").read_text().split()]
+    assert len(seen) == 4 and max(seen) >= 2, seen

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.backends.fleet import follow, remote, run, start
+from nodekit.backends.fleet import follow, remote, run, start, stop
 from nodekit.backends.fleet.hosts import FleetHost, fleet_hosts
 from nodekit.config import settings as config
 from nodekit.errors import ImageError, JobFailed
@@ -92,6 +92,8 @@ def engines(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Engines:
     monkeypatch.setattr(follow, "follow", e.follow)
     monkeypatch.setattr(docker, "compose_down", e.end("down"))
     monkeypatch.setattr(docker, "compose_stop", e.end("stop"))
+    ends = {False: e.end("down"), True: e.end("stop")}
+    monkeypatch.setattr(stop, "stop", lambda host, project, *, timeout, keep=False: ends[keep](None, project))
     for var in ("NODEKIT_CONFIG", "NODEKIT_NNODES", "NODEKIT_NAME", "NODEKIT_KEEP_CONTAINERS"):
         monkeypatch.delenv(var, raising=False)
     return e
