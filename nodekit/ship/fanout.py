@@ -26,7 +26,8 @@ from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import verify as _verify
 from nodekit.ship.plan import PushPlan, Step, size_text, travelling_bytes
-from nodekit.ship.relay import Hop, RelayMode, hop_of, split_chains
+from nodekit.ship.relay import Hop, RelayMode, hop_of
+from nodekit.ship.tree import plan_tree
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
 
@@ -35,7 +36,8 @@ from nodekit.system.progress import Reporter
 STALL_S = 60.0
 
 Chain = list[tuple[Step, Hop]]
-"""Targets that relay one stream, first to last, with how each is dialled from the one before it."""
+"""Targets that relay one stream to each other, with how each is dialled: the relay tree over them is
+:func:`~nodekit.ship.tree.plan_tree` of their number (index 0, the root, is fed by the head)."""
 
 ProgressFn = Callable[[str, int, int], None]
 """``(target name, bytes of the image sent, bytes in all)``; called from worker threads."""
@@ -51,7 +53,11 @@ class PushResult:
     layers_skipped: dict[str, int] = field(default_factory=dict)
     """How many of the image's layer files each target was spared (it had them)."""
     relayed: dict[str, str] = field(default_factory=dict)
-    """Targets that got the image from another target (a relay chain), not from the head: name to that target."""
+    """Targets that got the image from another target (a relay tree), not from the head: name to that target."""
+    cut_by: dict[str, str] = field(default_factory=dict)
+    """Targets the relay tree did not reach because a node above them failed: name to that node."""
+    refed: list[str] = field(default_factory=list)
+    """Targets the relay tree did not deliver to, sent the image from the head afterwards."""
 
 
 def push(
@@ -66,9 +72,9 @@ def push(
 ) -> PushResult:
     """Carry out ``plan``. Every target is attempted; afterwards, ShipError names the first failed target (and
     how many others failed) when any did. ``open_source``/``open_sink`` replace docker save/load in tests.
-    ``relay``: targets over ``ssh://`` that take the same stream pass it on to each other (a relay chain, see
-    :mod:`nodekit.ship.relay`), so the head sends it once: ``auto`` when at least ``RELAY_MIN_BYTES`` travel,
-    ``always``, or ``never``."""
+    ``relay``: targets over ``ssh://`` that take the same stream pass it on to each other (a relay tree, see
+    :mod:`nodekit.ship.relay` and :mod:`nodekit.ship.tree`), so the head sends it once: ``auto`` when at least
+    ``RELAY_MIN_BYTES`` travel, ``always``, or ``never``."""
     rep = _SafeReporter(reporter)
     src = plan.source
     result = PushResult(plan=plan)
@@ -95,10 +101,7 @@ def push(
         chains = _relay_chains(steps, travels, relay, rep) if open_sink is None else []
         relayed = [c for chain in chains for c, _ in chain]
         direct = [s for s in steps if all(s is not c for c in relayed)]
-        names = ", ".join(
-            [s.target.name for s in direct]
-            + [" -> ".join(c.target.name for c, _ in chain) + " (relayed)" for chain in chains]
-        )
+        names = ", ".join([s.target.name for s in direct] + [_tree_text(chain) for chain in chains])
         # From the build's blob store when it holds every file that travels: no docker save of the whole image.
         cached = None if open_source is not None else from_store(src, skip)
         origin = ", from the build's blob store" if cached is not None else ""
@@ -109,8 +112,10 @@ def push(
         missed = [c for c in relayed if c.target.name in result.failures]
         if missed:
             # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
-            why = "; ".join(f"{c.target.name}: {result.failures.pop(c.target.name).message}" for c in missed)
-            rep.warn(f"the relay chain did not deliver to every node ({why}); sending to them from the head")
+            rep.warn(_missed_text(missed, result))
+            for c in missed:
+                del result.failures[c.target.name]
+            result.refed += [c.target.name for c in missed]
             again = None if open_source is not None else from_store(src, skip)
             FanOut(plan, missed, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify).run(
                 again
@@ -127,18 +132,42 @@ def push(
     return result
 
 
+def _tree_text(chain: Chain) -> str:
+    tree = plan_tree(len(chain))
+    fed = "; ".join(f"{chain[i][0].target.name} -> {', '.join(chain[j][0].target.name for j in kids)}"
+                    for i in range(len(chain)) if (kids := tree.children(i)))  # fmt: skip
+    return f"{fed} (relayed)"
+
+
+def _missed_text(missed: list[Step], result: PushResult) -> str:
+    """The warning for targets the relay tree did not deliver to: the nodes that failed, with why, and the nodes
+    cut off with each (its subtree), then who the head feeds now."""
+    names = [c.target.name for c in missed]
+    failed = [n for n in names if n not in result.cut_by]
+    parts = []
+    for n in failed:
+        below = [m for m in names if result.cut_by.get(m) == n]
+        parts.append(
+            f"{n} failed ({result.failures[n].message})" + (f", cutting off {', '.join(below)}" if below else "")
+        )
+    return (
+        f"the relay tree did not deliver to every node: {'; '.join(parts)}; sending to {', '.join(names)} from the head"
+    )
+
+
 def _relay_chains(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Chain]:
-    """The chains of targets of one stream that relay it to each other (first to last; at most ``CHAIN_MAX``
-    nodes each). Their hops log in with keys made for the push (nodekit.ship.hopkeys), never the user's."""
+    """The targets of one stream that relay it to each other, in one relay tree (:mod:`nodekit.ship.tree`): the
+    head's link carries one copy however many they are. Their hops log in with keys made for the push
+    (nodekit.ship.hopkeys), never the user's."""
     ssh_steps = relay_candidates(steps, travels, mode)
     if not ssh_steps:
         return []
-    with ThreadPoolExecutor(max_workers=min(8, len(ssh_steps))) as pool:
+    with ThreadPoolExecutor(max_workers=min(32, len(ssh_steps))) as pool:
         hops = list(pool.map(lambda s: hop_of(s.target.name, s.target.endpoint), ssh_steps))
     chain = [(s, h) for s, h in zip(ssh_steps, hops, strict=True) if isinstance(h, Hop)]
     for s, h in zip(ssh_steps, hops, strict=True):
         if not isinstance(h, Hop):
-            rep.detail(f"{s.target.name}: not in the relay chain ({h}); sent from the head")
+            rep.detail(f"{s.target.name}: not in the relay tree ({h}); sent from the head")
     if len(chain) < 2:
         return []
-    return [chain[r.start : r.stop] for r in split_chains(len(chain))]
+    return [chain]
