@@ -76,7 +76,10 @@ _TAG = "nodekit-relay"
 # - Each node it feeds (c0, c1, ...: its children in the relay tree) takes the stream through a fifo of its own and
 #   an ssh of its own; tee -p goes on past an output whose reader is gone (that node died, refused the hop, or
 #   stopped answering ssh's keepalives), so one failed node cuts only its own subtree, never its siblings or the
-#   nodes above it.
+#   nodes above it. Its own load is one more output (./load), watched: tee blocked writing to it (its stdout, fd 1,
+#   in /proc/PID/syscall) with nothing written for LOAD_STALL_S seconds means this node's engine hangs, and that
+#   load is ended so that the nodes it feeds go on. Where /proc/PID/syscall cannot be read (Yama ptrace_scope 2 and
+#   not root) nothing is ended, and the head's stall deadline applies.
 _SCRIPT = r"""
 set -C
 d=$1
@@ -100,11 +103,31 @@ while [ -f ./c$j/dest ]; do
   @SSH@ -p "$port" -- "$dest" nodekit-relay < ./c$j/fifo &
   kids="$kids $j:$!" outs="$outs ./c$j/fifo" j=$((j + 1))
 done
-if [ -n "$outs" ]; then
-  tee -p $outs | { docker load -q > ./out 2>&1; echo $? > ./rc; }
-else
-  docker load -q > ./out 2>&1; echo $? > ./rc
-fi
+exec 3<&0
+mkfifo ./load
+docker load -q < ./load > ./out 2>&1 &
+lp=$!
+tee -p $outs <&3 > ./load &
+tp=$!
+exec 3<&-
+same=0 last=
+while kill -0 "$tp" 2> /dev/null; do
+  sleep 1
+  now=$(cut -d' ' -f1,2 "/proc/$tp/syscall" 2> /dev/null)$(grep '^wchar' "/proc/$tp/io" 2> /dev/null)
+  case $now in
+    *' 0x1wchar'*) if [ "$now" = "$last" ]; then same=$((same + 1)); else same=0; fi ;;
+    *) same=0 ;;
+  esac
+  last=$now
+  if [ "$same" -ge @LOAD_STALL@ ]; then
+    echo "nodekit-relay: docker load here took nothing for @LOAD_STALL@ s: cut off; the nodes it feeds go on" >> ./out
+    kill "$lp" 2> /dev/null
+    same=-999999
+  fi
+done
+wait "$tp"
+wait "$lp"
+echo $? > ./rc
 rc=$(cat ./rc 2> /dev/null || echo 125)
 echo "nodekit-relay load $me $rc $(tail -n 3 ./out | base64 | tr -d '\n')" >&2
 for k in $kids; do
@@ -114,18 +137,30 @@ for k in $kids; do
 done
 exit 0
 """
-RELAY_SCRIPT = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
+LOAD_STALL_S = 20
+"""A node whose own ``docker load`` takes nothing for this long (its engine hangs) cuts that load off, and the
+stream goes on to the nodes it feeds: it would otherwise hold up every node above it, and the head's stall deadline
+(60 s, ``nodekit.ship.fanout.STALL_S``) would cut the whole tree. Shorter than a hop's SSH keepalive (about 30 s,
+which ends the hop to a node that stopped answering), so the nearest failure is the one that is cut."""
+
+_RELAY = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
     "@SSH@",
     ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned("./c$j/known_hosts", '"$alias"'), identity="./c$j/key"),
 )
 
 
-def relay_script(codec: str) -> str:
+RELAY_SCRIPT = _RELAY.replace("@LOAD_STALL@", str(LOAD_STALL_S))
+"""The relay step for a gzip (or uncompressed) stream."""
+
+
+def relay_script(codec: str, *, load_stall_s: int = LOAD_STALL_S) -> str:
     """The relay step for a stream compressed with ``codec``: a zstd stream is passed on as it came and
-    decompressed on each node by its zstd command before its ``docker load`` (never by the engine)."""
+    decompressed on each node by its zstd command before its ``docker load`` (never by the engine). Its own load
+    is cut off after ``load_stall_s`` seconds of taking nothing (:data:`LOAD_STALL_S`)."""
+    script = _RELAY.replace("@LOAD_STALL@", str(int(load_stall_s)))
     if codec != "zstd":
-        return RELAY_SCRIPT
-    return RELAY_SCRIPT.replace("docker load -q >", "zstd -dcq | docker load -q >")
+        return script
+    return script.replace("docker load -q < ./load", "zstd -dcq < ./load | docker load -q")
 
 
 def _b64(text: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.ship import hopkeys
+from nodekit.ship import hopkeys, relay
 from nodekit.ship.relay import RELAY_SCRIPT, Hop, hop_of, host_key_name, known_lines, parse_report, why_not_loaded
 from nodekit.ship.tree import plan_tree
 
@@ -236,3 +236,30 @@ def test_a_node_feeds_each_of_its_children_and_one_that_dies_stops_neither_its_l
         "dead": "me could not ssh to it: ssh: connect to host 127.0.0.2: No route to host"
     }
     assert not Path(got.dir).exists()  # nothing left on the node
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen here")
+def test_a_node_whose_engine_hangs_cuts_off_its_own_load_and_still_feeds_the_node_below_it(tmp_path: Path) -> None:
+    """The node's own ``docker load`` takes nothing (a hung engine; a stand-in that never reads): after the load's
+    stall deadline (2 s here) the node ends that load, names why, and the node it feeds still gets the whole stream,
+    instead of the node, and every node above it, waiting until the head cuts the whole tree."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\nexec sleep 600\n")
+    (fake / "ssh").write_text(f'#!/bin/sh\ncat > "{tmp_path}/got"\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{fake}:{os.environ['PATH']}", "SSH_CONNECTION": "10.9.0.1 4 10.9.0.2 22"}
+    setup = hopkeys.setup_command(hop("me"), [hop("below", hostname="127.0.0.1")], relay.relay_script("gzip",
+                                  load_stall_s=2))  # fmt: skip
+    done = subprocess.run(["sh", "-c", setup], env=env, capture_output=True, text=True, timeout=30)
+    got = hopkeys.parse_setup(done.stdout, feeds=1)
+    assert isinstance(got, hopkeys.Prepared), done.stdout + done.stderr
+    stream = os.urandom(4 << 20)
+    ran = subprocess.run(["sh", "-c", hopkeys.entry_command(got.dir)], input=stream, env=env, capture_output=True,
+                         timeout=60)  # fmt: skip
+    assert (tmp_path / "got").read_bytes() == stream
+    why = why_not_loaded([hop("me"), hop("below")], parse_report(ran.stderr.decode()), 0)
+    assert why["me"].startswith("docker load there failed (exit 143): nodekit-relay: docker load here took nothing "
+                                "for 2 s: cut off"), why  # fmt: skip
+    assert not Path(got.dir).exists()
