@@ -35,7 +35,7 @@ from nodekit.system.progress import Reporter
 # cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.
 STALL_S = 60.0
 
-Chain = list[tuple[Step, Hop]]
+Relayed = list[tuple[Step, Hop]]
 """Targets that relay one stream to each other, with how each is dialled: the relay tree over them is
 :func:`~nodekit.ship.tree.plan_tree` of their number (index 0, the root, is fed by the head)."""
 
@@ -98,16 +98,16 @@ def push(
         layers = steps[0].layers
         what = layers.to_text() if layers is not None else size_text(src.size)
         travels = travelling_bytes(src.size, layers)
-        chains = _relay_chains(steps, travels, relay, rep) if open_sink is None else []
-        relayed = [c for chain in chains for c, _ in chain]
+        trees = _relay_trees(steps, travels, relay, rep) if open_sink is None else []
+        relayed = [c for chain in trees for c, _ in chain]
         direct = [s for s in steps if all(s is not c for c in relayed)]
-        names = ", ".join([s.target.name for s in direct] + [_tree_text(chain) for chain in chains])
+        names = ", ".join([s.target.name for s in direct] + [_tree_text(chain) for chain in trees])
         # From the build's blob store when it holds every file that travels: no docker save of the whole image.
         cached = None if open_source is not None else from_store(src, skip)
         origin = ", from the build's blob store" if cached is not None else ""
         rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
         FanOut(
-            plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, chains=chains
+            plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, trees=trees
         ).run(cached)
         missed = [c for c in relayed if c.target.name in result.failures]
         if missed:
@@ -132,7 +132,7 @@ def push(
     return result
 
 
-def _tree_text(chain: Chain) -> str:
+def _tree_text(chain: Relayed) -> str:
     tree = plan_tree(len(chain))
     fed = "; ".join(f"{chain[i][0].target.name} -> {', '.join(chain[j][0].target.name for j in kids)}"
                     for i in range(len(chain)) if (kids := tree.children(i)))  # fmt: skip
@@ -155,7 +155,7 @@ def _missed_text(missed: list[Step], result: PushResult) -> str:
     )
 
 
-def _relay_chains(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Chain]:
+def _relay_trees(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Relayed]:
     """The targets of one stream that relay it to each other, in one relay tree (:mod:`nodekit.ship.tree`): the
     head's link carries one copy however many they are. Their hops log in with keys made for the push
     (nodekit.ship.hopkeys), never the user's."""

@@ -26,7 +26,7 @@ from nodekit.ship.tree import cut_off
 from nodekit.system import docker
 
 if TYPE_CHECKING:
-    from nodekit.ship.fanout import Chain, ProgressFn, PushResult
+    from nodekit.ship.fanout import ProgressFn, PushResult, Relayed
 
 
 class Sink(Protocol):
@@ -42,7 +42,7 @@ _END = object()
 
 class FanOut:
     """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
-    target slows the stream, a failed one is dropped from it. ``chains``: each, targets that take the stream through
+    target slows the stream, a failed one is dropped from it. ``trees``: each, targets that take the stream through
     one queue, relaying it down a tree from the first (:class:`~nodekit.ship.relay.RelaySink`).
 
     One instance carries one stream: :meth:`run` feeds it from this thread, one daemon worker per head
@@ -63,14 +63,14 @@ class FanOut:
         stall_s: float,
         verify: Callable[[Source, Step], None],
         *,
-        chains: list[Chain] | None = None,
+        trees: list[Relayed] | None = None,
     ) -> None:
         self.plan, self.src, self.codec, self.skip = plan, plan.source, codec, skip
         self.rep, self.result, self.on_progress = rep, result, on_progress
         self.open_source, self.open_sink, self.stall_s, self.verify = open_source, open_sink, stall_s, verify
-        self.by_head = {chain[0][0].target.name: chain for chain in chains or []}
+        self.by_head = {chain[0][0].target.name: chain for chain in trees or []}
         # One queue, one sink per head: every direct target, and each tree's root.
-        self.heads = steps + [chain[0][0] for chain in chains or []]
+        self.heads = steps + [chain[0][0] for chain in trees or []]
         self.total = max(travelling_bytes(self.src.size, self.heads[0].layers), 1)
         # After the stream's end: each target's engine must have answered.
         self.answer = outcome.answer_deadline(self.total)
@@ -160,7 +160,7 @@ class FanOut:
             sink.abort()  # ends the load process, which unblocks the worker's write
 
     def consume(self, step: Step) -> None:
-        """The worker of one head: its queue into its sink, then its outcome (a chain's: every node's)."""
+        """The worker of one head: its queue into its sink, then its outcome (a tree's: every node's)."""
         name = step.target.name
         try:
             sink = self.open_one(step)
@@ -173,7 +173,7 @@ class FanOut:
             if not self.drain(step, sink):
                 return
             if name in self.by_head:
-                self.settle_chain(sink, self.by_head[name])
+                self.settle_tree(sink, self.by_head[name])
                 return
             self.settle_direct(step, sink)
         except NodekitError as e:
@@ -236,7 +236,7 @@ class FanOut:
             raise outcome.no_answer(step.target.name, step.target.endpoint, self.answer)
         self.verify(self.src, step)
 
-    def settle_chain(self, sink: Sink, chain: Chain) -> None:
+    def settle_tree(self, sink: Sink, chain: Relayed) -> None:
         """The tree ended: each node's own report, then its image id checked from here. Each node fails alone:
         the stream went on past a node whose own load failed (tee -p), so the nodes below it are judged by theirs;
         a node the stream did not reach because one above it failed is named as cut off by that one."""

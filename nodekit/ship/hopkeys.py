@@ -82,7 +82,7 @@ CALL_S = 30
 """Each setup, authorize or end step on a node: a few file operations and one ssh-keygen."""
 KEY_LIFETIME_S = 300
 """How long a hop key's line is accepted, from its node's own clock (timezone included): the hops log in when the
-chain starts, seconds after the line is written; a line the head could not remove (it died) expires by then."""
+tree starts, seconds after the line is written; a line the head could not remove (it died) expires by then."""
 COMMENT = "nodekit-relay"
 
 # $1 the node's name (base64), $2 the relay script (base64); then, for each node it feeds (its children in the relay
