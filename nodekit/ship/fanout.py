@@ -106,20 +106,26 @@ def push(
         cached = None if open_source is not None else from_store(src, skip)
         origin = ", from the build's blob store" if cached is not None else ""
         rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
-        FanOut(
-            plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, trees=trees
-        ).run(cached)
-        missed = [c for c in relayed if c.target.name in result.failures]
-        if missed:
-            # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
-            rep.warn(_missed_text(missed, result))
+        # At most three rounds: the tree; then what it did not deliver, the nodes cut off below a failed one in a
+        # new tree of their own (so a failure high in a big tree costs the head one more copy, not one per node)
+        # and the failed ones directly; then directly, whatever that new tree did not deliver.
+        for again in (True, False, False):
+            FanOut(
+                plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, trees=trees
+            ).run(cached)
+            missed = [c for chain in trees for c, _ in chain if c.target.name in result.failures]
+            if not missed:
+                break
+            cut = [c for c in missed if c.target.name in result.cut_by]
+            trees = _relay_trees(cut, travels, relay, rep) if again and open_sink is None else []
+            anew = [c for chain in trees for c, _ in chain]
+            direct = [c for c in missed if all(c is not a for a in anew)]
+            rep.warn(_missed_text(missed, result, [c.target.name for c in direct], [c.target.name for c in anew]))
             for c in missed:
                 del result.failures[c.target.name]
+                result.cut_by.pop(c.target.name, None)
             result.refed += [c.target.name for c in missed]
-            again = None if open_source is not None else from_store(src, skip)
-            FanOut(plan, missed, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify).run(
-                again
-            )
+            cached = None if open_source is not None else from_store(src, skip)
     if result.failures:
         (_, first), *rest = result.failures.items()
         if rest:
@@ -139,9 +145,10 @@ def _tree_text(chain: Relayed) -> str:
     return f"{fed} (relayed)"
 
 
-def _missed_text(missed: list[Step], result: PushResult) -> str:
+def _missed_text(missed: list[Step], result: PushResult, direct: list[str], anew: list[str]) -> str:
     """The warning for targets the relay tree did not deliver to: the nodes that failed, with why, and the nodes
-    cut off with each (its subtree), then who the head feeds now."""
+    cut off with each (its subtree), then how the head feeds them now: ``direct`` itself, ``anew`` through a new
+    relay tree."""
     names = [c.target.name for c in missed]
     failed = [n for n in names if n not in result.cut_by]
     parts = []
@@ -150,9 +157,9 @@ def _missed_text(missed: list[Step], result: PushResult) -> str:
         parts.append(
             f"{n} failed ({result.failures[n].message})" + (f", cutting off {', '.join(below)}" if below else "")
         )
-    return (
-        f"the relay tree did not deliver to every node: {'; '.join(parts)}; sending to {', '.join(names)} from the head"
-    )
+    how = [f"sending to {', '.join(direct)} from the head"] if direct else []
+    how += [f"sending to {', '.join(anew)} through a new relay tree"] if anew else []
+    return f"the relay tree did not deliver to every node: {'; '.join(parts)}; {' and '.join(how)}"
 
 
 def _relay_trees(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Relayed]:

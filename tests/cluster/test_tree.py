@@ -117,3 +117,40 @@ def test_a_node_killed_inside_the_tree_cuts_off_only_its_subtree_which_the_head_
         c.restart(h2)
     assert len(left) <= 1, left
     assert ids(h2) == set(), "the killed node kept a partial image"
+
+
+def test_when_the_root_dies_the_nodes_below_it_are_fed_through_a_new_tree_not_one_copy_each(five: Fleet) -> None:
+    """The root (h1) killed mid-stream cuts off every other node: they get the image through a new tree of their
+    own, so the head's link carries about two copies in all (part of the first, then one), not one per node."""
+    c = five.cluster
+    h0, h1, h2, h3, h4 = c.hosts
+    want = fresh_image(five)
+    dirs = relay_dirs()
+    before = head_tx(h0)
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
+    try:
+        proc = subprocess.Popen(h0.argv(*push_argv(five, h1, h2, h3, h4)), env=h0.env(push_env(five)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 60
+        while not loading(h4):
+            assert proc.poll() is None and time.monotonic() < deadline, "the relay never reached h4"
+            time.sleep(0.1)
+        time.sleep(1.0)
+        assert proc.poll() is None, "the push ended before h1 could be killed"
+        h1.stop()
+        out, err = proc.communicate(timeout=300)
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+    sent = head_tx(h0) - before
+    try:
+        assert proc.returncode == 1, out + err
+        assert "h1 failed (" in err and "cutting off h2, h3, h4" in err, err
+        assert "sending to h1 from the head and sending to h2, h3, h4 through a new relay tree" in err, err
+        assert all(h.image_id(REF) == want for h in (h2, h3, h4)), err
+        assert sent < 2.2 * (MIB << 20), f"the head's link sent {sent / (MIB << 20):.2f} copies"
+    finally:
+        left = relay_dirs() - dirs
+        for d in left:
+            shutil.rmtree(d)
+        c.restart(h1)
+    assert len(left) <= 1, left
