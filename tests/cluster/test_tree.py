@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 
 from benchmarks._shipnet import tbf_argv
-from tests.cluster.harness import Cluster, sh
+from tests.cluster.harness import Cluster, Host, sh
 from tests.cluster.helpers import (
     MIB,
     REF,
@@ -48,6 +48,13 @@ def five(cluster_ready: None, ssh_keys: SshKeys, tmp_path_factory: pytest.TempPa
         yield from fleet_on(c, ssh_keys, tmp_path_factory.mktemp("tree"))
     finally:
         c.down(purge=True)
+
+
+def revive(fleet: Fleet, host: Host) -> None:
+    """``host``, killed by a test (engine, sshd and all), started again as the module's fixture started it."""
+    fleet.cluster.restart(host)
+    host.stop_sshd()
+    host.start_sshd(fleet.keys.public(fleet.keys.client_key), fleet.keys.host_key)
 
 
 def fresh_image(fleet: Fleet) -> str:
@@ -114,7 +121,7 @@ def test_a_node_killed_inside_the_tree_cuts_off_only_its_subtree_which_the_head_
         left = relay_dirs() - dirs
         for d in left:
             shutil.rmtree(d)
-        c.restart(h2)
+        revive(five, h2)
     assert len(left) <= 1, left
     assert ids(h2) == set(), "the killed node kept a partial image"
 
@@ -152,5 +159,5 @@ def test_when_the_root_dies_the_nodes_below_it_are_fed_through_a_new_tree_not_on
         left = relay_dirs() - dirs
         for d in left:
             shutil.rmtree(d)
-        c.restart(h1)
+        revive(five, h1)
     assert len(left) <= 1, left
