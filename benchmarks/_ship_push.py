@@ -27,11 +27,16 @@ def main() -> int:
     parser.add_argument("--store", type=Path, help="the project's blob store (nodekit push passes it from the project)")
     parser.add_argument("--relay", default="auto", help="auto, always or never (--whole implies never)")
     parser.add_argument("--compress", default="auto", choices=["auto", "zstd", "gzip", "none"])
+    parser.add_argument("--fanout", type=int, help="nodes each relay node feeds (1: a chain; default the tree's)")
     parser.add_argument("ref")
     parser.add_argument("targets", nargs="+")
     opts = parser.parse_args()
     from nodekit import ship
+    from nodekit.ship import tree
     from nodekit.system.progress import NullReporter
+
+    if opts.fanout is not None:
+        tree.FANOUT = opts.fanout
 
     t0 = time.monotonic()
     src = ship.source_of(opts.ref, opts.source, store=opts.store)

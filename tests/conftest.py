@@ -89,16 +89,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # fixed tiers did. With 3 workers or more (`make test-smoke`, or `make test HEAVY_WORKERS=3`) the rest of the cluster
 # tier runs as two groups as well (``group_of``).
 TIERS = {"integration": "engine", "cluster": "cluster"}
-# The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay chains): they
+# The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay trees): they
 # count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
 # which only their own tests make, so they are one group. The other cluster tests are the other.
-SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_disk.py", "test_linkcheck.py",
-                       "test_ops.py", "test_data.py"})  # fmt: skip
+SSH_GROUP = frozenset({"test_fleet.py", "test_faults.py", "test_relay.py", "test_tree.py", "test_disk.py",
+                       "test_linkcheck.py", "test_ops.py", "test_data.py"})  # fmt: skip
 SLURM_GROUP = frozenset({"test_slurm.py"})
 # Each cluster group has its own cluster name (namespaces nkX-hI, data roots /var/lib/nodekit-cluster/nkX, cgroups),
 # so no group ever sees another's hosts; the data roots, and the demo image in them, persist between runs.
 # A test that brings up a cluster of its own, beside its group's, names it with a name of its own (test_ship's nks,
-# nkid and nkd, test_relay's nkr, test_harness's nkz; benchmarks' nkf): none of these. One that needs more hosts
+# nkid and nkd, test_tree's nkt, test_harness's nkz; benchmarks' nkf and nktb): none of these. One that needs more hosts
 # than the group's three but the demo image demo_on_main put in host 0's data root (test_linkcheck's four) uses its
 # group's name.
 CLUSTER_NAMES = {"cluster-ssh": "nkv", "cluster": "nku", "cluster-slurm": "nkw"}

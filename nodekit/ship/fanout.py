@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from nodekit.errors import NodekitError, ShipError
-from nodekit.ship.fanout_stream import Chain, FanOut, Sink
+from nodekit.ship.dial import hop_of
+from nodekit.ship.fanout_stream import FanOut, Relayed, Sink
 from nodekit.ship.grouping import groups as _groups
 from nodekit.ship.grouping import relay_candidates
 from nodekit.ship.hopkeys import Hop
@@ -27,7 +28,8 @@ from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import verify as _verify
 from nodekit.ship.plan import PushPlan, Step, size_text, travelling_bytes
-from nodekit.ship.relay import RelayMode, hop_of, split_chains
+from nodekit.ship.relay import RelayMode
+from nodekit.ship.tree import plan_tree
 from nodekit.system import docker
 from nodekit.system.progress import Reporter
 
@@ -48,9 +50,9 @@ def push(
 ) -> PushResult:
     """Carry out ``plan``. Every target is attempted; afterwards, ShipError names the first failed target (and
     how many others failed) when any did. ``open_source``/``open_sink`` replace docker save/load in tests.
-    ``relay``: targets over ``ssh://`` that take the same stream pass it on to each other (a relay chain, see
-    :mod:`nodekit.ship.relay`), so the head sends it once: ``auto`` when at least ``RELAY_MIN_BYTES`` travel,
-    ``always``, or ``never``."""
+    ``relay``: targets over ``ssh://`` that take the same stream pass it on to each other (a relay tree, see
+    :mod:`nodekit.ship.relay` and :mod:`nodekit.ship.tree`), so the head sends it once: ``auto`` when at least
+    ``RELAY_MIN_BYTES`` travel, ``always``, or ``never``."""
     rep = _SafeReporter(reporter)
     src = plan.source
     result = PushResult(plan=plan)
@@ -74,29 +76,34 @@ def push(
         layers = steps[0].layers
         what = layers.to_text() if layers is not None else size_text(src.size)
         travels = travelling_bytes(src.size, layers)
-        chains = _relay_chains(steps, travels, relay, rep) if open_sink is None else []
-        relayed = [c for chain in chains for c, _ in chain]
+        trees = _relay_trees(steps, travels, relay, rep) if open_sink is None else []
+        relayed = [c for chain in trees for c, _ in chain]
         direct = [s for s in steps if all(s is not c for c in relayed)]
-        names = ", ".join(
-            [s.target.name for s in direct]
-            + [" -> ".join(c.target.name for c, _ in chain) + " (relayed)" for chain in chains]
-        )
+        names = ", ".join([s.target.name for s in direct] + [_tree_text(chain) for chain in trees])
         # From the build's blob store when it holds every file that travels: no docker save of the whole image.
         cached = None if open_source is not None else from_store(src, skip)
         origin = ", from the build's blob store" if cached is not None else ""
         rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
-        FanOut(
-            plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, chains=chains
-        ).run(cached)
-        missed = [c for c in relayed if c.target.name in result.failures]
-        if missed:
-            # A relay that did not deliver (a node died, a hop was refused): those targets get it from the head.
-            why = "; ".join(f"{c.target.name}: {result.failures.pop(c.target.name).message}" for c in missed)
-            rep.warn(f"the relay chain did not deliver to every node ({why}); sending to them from the head")
-            again = None if open_source is not None else from_store(src, skip)
-            FanOut(plan, missed, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify).run(
-                again
-            )
+        # At most three rounds: the tree; then what it did not deliver, the nodes cut off below a failed one in a
+        # new tree of their own (so a failure high in a big tree costs the head one more copy, not one per node)
+        # and the failed ones directly; then directly, whatever that new tree did not deliver.
+        for again in (True, False, False):
+            FanOut(
+                plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, trees=trees
+            ).run(cached)
+            missed = [c for chain in trees for c, _ in chain if c.target.name in result.failures]
+            if not missed:
+                break
+            cut = [c for c in missed if c.target.name in result.cut_by]
+            trees = _relay_trees(cut, travels, relay, rep) if again and open_sink is None else []
+            anew = [c for chain in trees for c, _ in chain]
+            direct = [c for c in missed if all(c is not a for a in anew)]
+            rep.warn(_missed_text(missed, result, [c.target.name for c in direct], [c.target.name for c in anew]))
+            for c in missed:
+                del result.failures[c.target.name]
+                result.cut_by.pop(c.target.name, None)
+            result.refed += [c.target.name for c in missed]
+            cached = None if open_source is not None else from_store(src, skip)
     if result.failures:
         (_, first), *rest = result.failures.items()
         if rest:
@@ -109,18 +116,43 @@ def push(
     return result
 
 
-def _relay_chains(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Chain]:
-    """The chains of targets of one stream that relay it to each other (first to last; at most ``CHAIN_MAX``
-    nodes each). Their hops log in with keys made for the push (nodekit.ship.hopkeys), never the user's."""
+def _tree_text(chain: Relayed) -> str:
+    tree = plan_tree(len(chain))
+    fed = "; ".join(f"{chain[i][0].target.name} -> {', '.join(chain[j][0].target.name for j in kids)}"
+                    for i in range(len(chain)) if (kids := tree.children(i)))  # fmt: skip
+    return f"{fed} (relayed)"
+
+
+def _missed_text(missed: list[Step], result: PushResult, direct: list[str], anew: list[str]) -> str:
+    """The warning for targets the relay tree did not deliver to: the nodes that failed, with why, and the nodes
+    cut off with each (its subtree), then how the head feeds them now: ``direct`` itself, ``anew`` through a new
+    relay tree."""
+    names = [c.target.name for c in missed]
+    failed = [n for n in names if n not in result.cut_by]
+    parts = []
+    for n in failed:
+        below = [m for m in names if result.cut_by.get(m) == n]
+        parts.append(
+            f"{n} failed ({result.failures[n].message})" + (f", cutting off {', '.join(below)}" if below else "")
+        )
+    how = [f"sending to {', '.join(direct)} from the head"] if direct else []
+    how += [f"sending to {', '.join(anew)} through a new relay tree"] if anew else []
+    return f"the relay tree did not deliver to every node: {'; '.join(parts)}; {' and '.join(how)}"
+
+
+def _relay_trees(steps: list[Step], travels: int, mode: RelayMode, rep: _SafeReporter) -> list[Relayed]:
+    """The targets of one stream that relay it to each other, in one relay tree (:mod:`nodekit.ship.tree`): the
+    head's link carries one copy however many they are. Their hops log in with keys made for the push
+    (nodekit.ship.hopkeys), never the user's."""
     ssh_steps = relay_candidates(steps, travels, mode)
     if not ssh_steps:
         return []
-    with ThreadPoolExecutor(max_workers=min(8, len(ssh_steps))) as pool:
+    with ThreadPoolExecutor(max_workers=min(32, len(ssh_steps))) as pool:
         hops = list(pool.map(lambda s: hop_of(s.target.name, s.target.endpoint), ssh_steps))
     chain = [(s, h) for s, h in zip(ssh_steps, hops, strict=True) if isinstance(h, Hop)]
     for s, h in zip(ssh_steps, hops, strict=True):
         if not isinstance(h, Hop):
-            rep.detail(f"{s.target.name}: not in the relay chain ({h}); sent from the head")
+            rep.detail(f"{s.target.name}: not in the relay tree ({h}); sent from the head")
     if len(chain) < 2:
         return []
-    return [chain[r.start : r.stop] for r in split_chains(len(chain))]
+    return [chain]

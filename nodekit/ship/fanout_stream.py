@@ -24,10 +24,12 @@ from nodekit.ship.plan import PushPlan, Source, Step, size_text, travelling_byte
 from nodekit.ship.relay import RelaySink
 from nodekit.ship.relay import why_not_loaded as relay_failures
 from nodekit.ship.stream import PROGRESS_EVERY_S, Counted, compressed, unzstd_sink
+from nodekit.ship.tree import cut_off
 from nodekit.system import docker
 
-Chain = list[tuple[Step, Hop]]
-"""Targets that relay one stream, first to last, with how each is dialled from the one before it."""
+Relayed = list[tuple[Step, Hop]]
+"""Targets that relay one stream to each other, with how each is dialled: the relay tree over them is
+:func:`~nodekit.ship.tree.plan_tree` of their number (index 0, the root, is fed by the head)."""
 
 
 class Sink(Protocol):
@@ -43,8 +45,8 @@ _END = object()
 
 class FanOut:
     """One save, without the layer files in ``skip``, compressed once, into one bounded queue per target; a slow
-    target slows the stream, a failed one is dropped from it. ``chains``: each, targets that take the stream through
-    one queue, relaying it from the first to the last (:class:`~nodekit.ship.relay.RelaySink`).
+    target slows the stream, a failed one is dropped from it. ``trees``: each, targets that take the stream through
+    one queue, relaying it down a tree from the first (:class:`~nodekit.ship.relay.RelaySink`).
 
     One instance carries one stream: :meth:`run` feeds it from this thread, one daemon worker per head
     (:meth:`consume`) writes it into that head's sink. Workers record into ``result``; a target's failure is
@@ -64,14 +66,14 @@ class FanOut:
         stall_s: float,
         verify: Callable[[Source, Step], None],
         *,
-        chains: list[Chain] | None = None,
+        trees: list[Relayed] | None = None,
     ) -> None:
         self.plan, self.src, self.codec, self.skip = plan, plan.source, codec, skip
         self.rep, self.result, self.on_progress = rep, result, on_progress
         self.open_source, self.open_sink, self.stall_s, self.verify = open_source, open_sink, stall_s, verify
-        self.by_head = {chain[0][0].target.name: chain for chain in chains or []}
-        # One queue, one sink per head: every direct target, and each chain's first node.
-        self.heads = steps + [chain[0][0] for chain in chains or []]
+        self.by_head = {chain[0][0].target.name: chain for chain in trees or []}
+        # One queue, one sink per head: every direct target, and each tree's root.
+        self.heads = steps + [chain[0][0] for chain in trees or []]
         self.total = max(travelling_bytes(self.src.size, self.heads[0].layers), 1)
         # After the stream's end: each target's engine must have answered.
         self.answer = outcome.answer_deadline(self.total)
@@ -161,7 +163,7 @@ class FanOut:
             sink.abort()  # ends the load process, which unblocks the worker's write
 
     def consume(self, step: Step) -> None:
-        """The worker of one head: its queue into its sink, then its outcome (a chain's: every node's)."""
+        """The worker of one head: its queue into its sink, then its outcome (a tree's: every node's)."""
         name = step.target.name
         try:
             sink = self.open_one(step)
@@ -174,7 +176,7 @@ class FanOut:
             if not self.drain(step, sink):
                 return
             if name in self.by_head:
-                self.settle_chain(sink, self.by_head[name])
+                self.settle_tree(sink, self.by_head[name])
                 return
             self.settle_direct(step, sink)
         except NodekitError as e:
@@ -237,17 +239,23 @@ class FanOut:
             raise outcome.no_answer(step.target.name, step.target.endpoint, self.answer)
         self.verify(self.src, step)
 
-    def settle_chain(self, sink: Sink, chain: Chain) -> None:
-        """The chain ended: each node's own report, then its image id checked from here. Each node fails alone:
-        the stream went on past a node whose own load failed (tee -p), so the nodes after it are judged by theirs.
-        """
+    def settle_tree(self, sink: Sink, chain: Relayed) -> None:
+        """The tree ended: each node's own report, then its image id checked from here. Each node fails alone:
+        the stream went on past a node whose own load failed (tee -p), so the nodes below it are judged by theirs;
+        a node the stream did not reach because one above it failed is named as cut off by that one."""
         assert isinstance(sink, RelaySink)
         with outcome.answered_within(sink, self.answer) as late:
             report = sink.finish()
-        why = relay_failures([h for _, h in chain], report, sink.rc)
+        tree = sink.tree
+        why = relay_failures([h for _, h in chain], report, sink.rc, tree)
         relayed = [c for c, _ in chain]
+        unreached = [i for i, c in enumerate(relayed) if c.target.name in why and c.target.name not in report.loads]
+        cut = cut_off(tree, unreached)
         for i, step in enumerate(relayed):
             name = step.target.name
+            if i in cut:
+                self.cut(step, relayed[cut[i]].target.name)
+                continue
             if name in why:
                 silent = late.is_set() and name not in report.loads  # its load never said how it ended
                 self.result.failures.setdefault(
@@ -262,7 +270,14 @@ class FanOut:
             except NodekitError as e:
                 self.result.failures.setdefault(name, _as_ship_error(e, step.target))
                 continue
-            self.loaded(step, relayed[i - 1].target.name if i else None)
+            p = tree.parent[i]
+            self.loaded(step, relayed[p].target.name if p is not None else None)
+
+    def cut(self, step: Step, above: str) -> None:
+        """``step`` was not reached: the relay through ``above``, higher in its tree, failed."""
+        name = step.target.name
+        self.result.failures.setdefault(name, ShipError(f"the relay through {above} was cut", node=name))
+        self.result.cut_by.setdefault(name, above)
 
     def loaded(self, step: Step, upstream: str | None) -> None:
         name, src, result = step.target.name, self.src, self.result
@@ -275,13 +290,10 @@ class FanOut:
         self.rep.done(f"{name}: loaded {src.ref} ({src.named}) in {result.seconds[name]:.1f} s: {how}{spared}")
 
     def fail(self, step: Step, err: ShipError) -> None:
-        """``step`` failed; when it heads a chain, every node after it is left without the image too."""
+        """``step`` failed; when it is a tree's root, every other node of the tree is left without the image too."""
         self.result.failures.setdefault(step.target.name, err)
         for after, _ in self.by_head.get(step.target.name, [])[1:]:
-            self.result.failures.setdefault(
-                after.target.name,
-                ShipError(f"the relay through {step.target.name} was cut", node=after.target.name),
-            )
+            self.cut(after, step.target.name)
 
     def open_one(self, step: Step) -> Sink:
         chain = self.by_head.get(step.target.name)

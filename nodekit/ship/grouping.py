@@ -7,13 +7,14 @@ from collections.abc import Sequence
 
 from nodekit.ship.codecs import Codec
 from nodekit.ship.plan import PushPlan, Step, travelling_bytes
-from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, split_chains
+from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode
+from nodekit.ship.tree import plan_tree, shape_lines
 
 
 def relay_candidates(steps: Sequence[Step], travels: int, mode: RelayMode) -> list[Step]:
     """Pure: the loading targets of one stream that may relay it to each other (``ssh://``, at least two, and in
     ``auto`` at least ``RELAY_MIN_BYTES`` travelling); empty when none relay. Whether each can take part is only
-    known from the head's ssh config and known_hosts (:func:`~nodekit.ship.relay.hop_of`)."""
+    known from the head's ssh config and known_hosts (:func:`~nodekit.ship.dial.hop_of`)."""
     ssh_steps = [s for s in steps if s.target.endpoint.startswith("ssh://")]
     if mode == "never" or len(ssh_steps) < 2 or (mode == "auto" and travels < RELAY_MIN_BYTES):
         return []
@@ -21,14 +22,19 @@ def relay_candidates(steps: Sequence[Step], travels: int, mode: RelayMode) -> li
 
 
 def relay_text(plan: PushPlan, mode: RelayMode) -> list[str]:
-    """What ``push --dry-run`` says about relays: one line per stream that would be relayed."""
+    """What ``push --dry-run`` says about relays: per stream that would be relayed, the tree's shape (who feeds
+    whom) and the copies of that stream on the head's link."""
     out = []
     for steps in groups(plan.loads()).values():
         candidates = relay_candidates(steps, travelling_bytes(plan.source.size, steps[0].layers), mode)
-        for r in split_chains(len(candidates)):
-            chain = candidates[r.start : r.stop]
-            out.append(f"  relayed: {' -> '.join(s.target.name for s in chain)} (each passes the stream on; the "
-                       "head sends it once; a node whose host key the head lacks is fed directly)")  # fmt: skip
+        if not candidates:
+            continue
+        direct = len(steps) - len(candidates)
+        out.append(f"  relayed: {len(candidates)} nodes in one tree, each passing the stream on while it loads it; "
+                   f"the head's link carries {1 + direct} cop{'y' if direct == 0 else 'ies'} of this stream"
+                   + (f" (one for the tree, one per target fed directly: {direct})" if direct else "")
+                   + "; a node whose host key the head lacks is fed directly")  # fmt: skip
+        out += shape_lines([s.target.name for s in candidates], plan_tree(len(candidates)), indent="    ")
     return out
 
 

@@ -1,15 +1,17 @@
 """How a relay node logs in to the next one without the user's keys: a key pair per hop and per push, whose public
 half the next node accepts only for that push's relay step.
 
-The head reaches every node of a chain over its own, already authenticated connection (the user's keys, agent and
-``~/.ssh/config``, on the head only), and there, for each chain (:class:`ChainAccess`):
+The head reaches every node of a relay tree (:mod:`nodekit.ship.tree`; a chain is the tree with a fan-out of one)
+over its own, already authenticated connection (the user's keys, agent and ``~/.ssh/config``, on the head only),
+and there, for each tree (:class:`nodekit.ship.access.TreeAccess`):
 
 1. **setup**, on every node: a private directory (``mktemp -d``, mode 0700) holding the relay script, the node's
-   name and, on every node but the last, what the head says about the next node (address, port, the one host key
-   to accept) and a key pair made on that node by ``ssh-keygen`` (its private half never travels). The node says
-   the addresses it will dial the next node from (``ip route get``, and the one the head reached it at).
-2. **authorize**, on every node but the first: the node before's key is noted in this node's directory, then one
-   line goes into ``~/.ssh/authorized_keys`` for it::
+   name and, for each node it feeds (the "next node" below; at most ``FANOUT``), a subdirectory with what the head
+   says about that node (address, port, the one host key to accept) and a key pair made on this node by
+   ``ssh-keygen`` for that one hop (its private half never travels). The node says the addresses it will dial
+   each next node from (``ip route get``, and the one the head reached it at).
+2. **authorize**, on every node but the root: the key its feeder (the "node before") made for this hop is noted in
+   this node's directory, then one line goes into ``~/.ssh/authorized_keys`` for it::
 
        expiry-time="<its own clock + KEY_LIFETIME_S>",restrict,from="<the node before's addresses>",
        command="<entry_command(this node's directory)>" ssh-ed25519 <the node before's key> nodekit-relay
@@ -17,10 +19,10 @@ The head reaches every node of a chain over its own, already authenticated conne
    ``restrict``: no pty, no agent, port or X11 forwarding, no ``~/.ssh/rc``. ``command=``: whatever the client
    asks for, this node's own relay step runs (SSH_ORIGINAL_COMMAND is never read); what it relays to next is in
    the directory the head wrote. ``from=``: only from the addresses the node before said it dials from (see
-   below). ``expiry-time`` (OpenSSH >= 7.7): the hops log in at the chain's start, seconds after this; it only
+   below). ``expiry-time`` (OpenSSH >= 7.7): the hops log in at the tree's start, seconds after this; it only
    bounds a line whose removal never came (the head died).
 3. **end**: the relay step itself, as it *starts*, removes its line (the key it noted): a hop key runs one relay
-   step (below); as it exits, it removes its directory. And on every node, when the chain ends, the head: after an
+   step (below); as it exits, it removes its directory. And on every node, when the tree ends, the head: after an
    abort, first the process group that *this node's own* relay step recorded in its directory, and only while that
    group still runs that step (never a number another node reported); then the line, found by its key, so that
    concurrent pushes keep theirs (and any nodekit line whose expiry has passed goes too); then the directory.
@@ -64,15 +66,12 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 from urllib.parse import urlsplit
 
-from nodekit.errors import DeadlineError, ShipError
 from nodekit.launcher.preflight.network import is_address
-from nodekit.system import proc, ssh
+from nodekit.system import ssh
 
 
 @dataclass(frozen=True)
@@ -99,35 +98,36 @@ CALL_S = 30
 """Each setup, authorize or end step on a node: a few file operations and one ssh-keygen."""
 KEY_LIFETIME_S = 300
 """How long a hop key's line is accepted, from its node's own clock (timezone included): the hops log in when the
-chain starts, seconds after the line is written; a line the head could not remove (it died) expires by then."""
+tree starts, seconds after the line is written; a line the head could not remove (it died) expires by then."""
 COMMENT = "nodekit-relay"
 
-# $1 the node's name (base64), $2 the relay script (base64); for every node but the last, the next node's name
-# (base64), user@host (base64), port, HostKeyAlias (base64), known_hosts lines (base64) and host (base64). Prints
-# "nodekit-relay-setup DIR [ssh-ed25519 KEY ADDRESS...]".
+# $1 the node's name (base64), $2 the relay script (base64); then, for each node it feeds (its children in the relay
+# tree), six words: that node's name (base64), user@host (base64), port, HostKeyAlias (base64), known_hosts lines
+# (base64) and host (base64), kept in the subdirectory c0, c1, ... with a key pair of its own: one key per hop, so
+# that a hop key is spent by one relay step even where several of this node's children share one authorized_keys
+# (a home directory on NFS). Prints "nodekit-relay-setup DIR", then per child "nodekit-relay-dial J ssh-ed25519
+# KEY ADDRESS...".
 SETUP_SCRIPT = r"""
 umask 077
 d=$(mktemp -d "${TMPDIR:-/tmp}/nodekit-relay.XXXXXX") || exit 1
 printf %s "$1" > "$d/name"
 printf %s "$2" | base64 -d > "$d/relay" || { rm -rf "$d"; exit 1; }
-if [ $# -lt 8 ]; then
-  echo "nodekit-relay-setup $d"
-  exit 0
-fi
-printf %s "$3" > "$d/next-name"
-printf %s "$4" | base64 -d > "$d/dest"
-printf %s "$5" > "$d/port"
-printf %s "$6" | base64 -d > "$d/alias"
-printf %s "$7" | base64 -d > "$d/known_hosts"
-host=$(printf %s "$8" | base64 -d)
-if ! ssh-keygen -q -t ed25519 -N '' -C nodekit-relay -f "$d/key" < /dev/null > /dev/null; then
-  rm -rf "$d"
-  exit 1
-fi
-addr=$(getent ahosts "$host" 2> /dev/null | awk 'NR == 1 { print $1 }')
-src=$(ip route get "${addr:-$host}" 2> /dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p' | head -n 1)
-set -- $SSH_CONNECTION
-echo "nodekit-relay-setup $d $(cut -d ' ' -f 1,2 "$d/key.pub") $src ${3:-}"
+shift 2
+via=$(printf '%s\n' "$SSH_CONNECTION" | cut -d ' ' -f 3)
+echo "nodekit-relay-setup $d"
+j=0
+while [ $# -ge 6 ]; do
+  c=$d/c$j
+  mkdir "$c" && printf %s "$1" > "$c/name" && printf %s "$2" | base64 -d > "$c/dest" && printf %s "$3" > "$c/port" \
+    && printf %s "$4" | base64 -d > "$c/alias" && printf %s "$5" | base64 -d > "$c/known_hosts" \
+    && ssh-keygen -q -t ed25519 -N '' -C nodekit-relay -f "$c/key" < /dev/null > /dev/null || { rm -rf "$d"; exit 1; }
+  host=$(printf %s "$6" | base64 -d)
+  addr=$(getent ahosts "$host" 2> /dev/null | awk 'NR == 1 { print $1 }')
+  src=$(ip route get "${addr:-$host}" 2> /dev/null | sed -n 's/.* src \([^ ]*\).*/\1/p' | head -n 1)
+  echo "nodekit-relay-dial $j $(cut -d ' ' -f 1,2 "$c/key.pub") $src $via"
+  j=$((j + 1))
+  shift 6
+done
 """
 
 # Rewrites ~/.ssh/authorized_keys under a lock: drops nodekit's lines that have expired and the one holding the key
@@ -227,48 +227,67 @@ def _sh(script: str, name: str, *args: str) -> str:
 
 
 @dataclass(frozen=True)
+class Dial:
+    """How a node dials one of the nodes it feeds: the public half of the key it made for that hop, and the
+    addresses it dials from."""
+
+    key: str
+    """The ed25519 public key blob (base64)."""
+    addrs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Prepared:
-    """What setup made on one node: its relay directory and, on every node but the last, the public half of the
-    key it dials the next node with and the addresses it dials from."""
+    """What setup made on one node: its relay directory and, per node it feeds (in order), a :class:`Dial`."""
 
     dir: str
-    key: str = ""
-    """The ed25519 public key blob (base64), empty on the chain's last node."""
-    addrs: tuple[str, ...] = ()
+    dials: tuple[Dial, ...] = ()
 
 
-def setup_command(hop: Hop, after: Hop | None, relay_script: str) -> str:
+def setup_command(hop: Hop, feeds: Sequence[Hop], relay_script: str) -> str:
     args = [_b64(hop.name), _b64(relay_script)]
-    if after is not None:
+    for after in feeds:
         args += [_b64(after.name), _b64(after.dest), str(after.port), _b64(after.alias), _b64(after.known_hosts),
                  _b64(after.hostname)]  # fmt: skip
     return _sh(SETUP_SCRIPT, "nodekit-relay-setup", *args)
 
 
-def parse_setup(stdout: str, *, last: bool) -> Prepared | str:
-    """Pure: setup's answer, checked as the untrusted text it is (a node may say anything): a directory of the
-    shape mktemp makes, an ed25519 key and IP addresses; or why not."""
+def parse_setup(stdout: str, *, feeds: int) -> Prepared | str:
+    """Pure: setup's answer for a node that feeds ``feeds`` others, checked as the untrusted text it is (a node may
+    say anything): a directory of the shape mktemp makes, then per node it feeds an ed25519 key and IP addresses;
+    or why not."""
+    found: str | None = None
+    dials: dict[int, Dial] = {}
     for line in stdout.splitlines():
         words = line.split()
-        if not words or words[0] != "nodekit-relay-setup":
+        if not words:
             continue
-        if len(words) < 2 or not _DIR.fullmatch(words[1]):
-            return "its relay directory is not one mktemp makes"
-        if last:
-            return Prepared(dir=words[1])
-        if len(words) < 4 or words[2] != "ssh-ed25519" or not _ED25519.fullmatch(words[3]):
-            return "it made no ed25519 key (is ssh-keygen installed there?)"
-        addrs = tuple(dict.fromkeys(a for a in words[4:] if is_address(a)))
-        if not addrs:
-            return "it could not say which address it dials the next node from"
-        return Prepared(dir=words[1], key=words[3], addrs=addrs)
-    return "it printed no setup line"
+        if words[0] == "nodekit-relay-setup" and found is None:
+            if len(words) < 2 or not _DIR.fullmatch(words[1]):
+                return "its relay directory is not one mktemp makes"
+            found = words[1]
+        elif words[0] == "nodekit-relay-dial" and found is not None and len(words) >= 2 and words[1].isdigit():
+            j = int(words[1])
+            if j >= feeds or j in dials:
+                return "it made a hop key nobody asked for"
+            if len(words) < 4 or words[2] != "ssh-ed25519" or not _ED25519.fullmatch(words[3]):
+                return "it made no ed25519 key (is ssh-keygen installed there?)"
+            addrs = tuple(dict.fromkeys(a for a in words[4:] if is_address(a)))
+            if not addrs:
+                return "it could not say which address it dials the next node from"
+            dials[j] = Dial(key=words[3], addrs=addrs)
+    if found is None:
+        return "it printed no setup line"
+    if len(dials) < feeds:
+        return "it made no ed25519 key (is ssh-keygen installed there?)"
+    return Prepared(dir=found, dials=tuple(dials[j] for j in range(feeds)))
 
 
-def authorized_line(before: Prepared, here: Prepared) -> str:
+def authorized_line(before: Dial, here: Prepared) -> str:
     """The authorized_keys line (without its expiry, which the node adds by its own clock) that lets the node
-    ``before`` run the relay step in ``here``'s directory, and nothing else. Its parts were checked by
-    :func:`parse_setup`; checked again here, as a line with a quote or a newline in it would be a different line."""
+    feeding ``here``, dialling as ``before``, run the relay step in ``here``'s directory, and nothing else. Its parts
+    were checked by :func:`parse_setup`; checked again here, as a line with a quote or a newline in it would be a
+    different line."""
     if not (_ED25519.fullmatch(before.key) and _DIR.fullmatch(here.dir) and before.addrs):
         raise ValueError("not a checked setup")
     if not all(is_address(a) for a in before.addrs):
@@ -307,81 +326,3 @@ def node_argv(hop: Hop, command: str, *, keepalive: bool = False) -> list[str]:
     parts = urlsplit(hop.endpoint)
     return ssh.command(parts.hostname or hop.hostname, command, port=parts.port, user=parts.username,
                        connect_timeout=CONNECT_S, lend_nothing=True, keepalive=keepalive)  # fmt: skip
-
-
-T = TypeVar("T")
-
-
-def _each(fn: Callable[[int], T], n: int) -> list[T]:
-    if n == 0:
-        return []
-    with ThreadPoolExecutor(max_workers=min(8, n)) as pool:
-        return list(pool.map(fn, range(n)))
-
-
-def _on(hop: Hop, command: str, what: str) -> tuple[bool, str]:
-    """Run ``command`` on ``hop`` over the head's own connection: (ok, stdout or why not)."""
-    try:
-        got = proc.run(node_argv(hop, command), deadline=CALL_S, what=f"{what} on {hop.name}", fix="",
-                       stdin="devnull")  # fmt: skip
-    except (OSError, DeadlineError) as e:
-        return False, str(e)
-    if got.returncode != 0:
-        said = [ln.strip() for ln in got.stderr.splitlines() if ln.strip()]
-        return False, f"exit {got.returncode}" + (f": {said[-1][:200]}" if said else "")
-    return True, got.stdout
-
-
-class ChainAccess:
-    """A chain's per-push access on its nodes: :meth:`open` sets up every node and authorises each hop, returning
-    the command that starts the first node's relay step; :meth:`close` ends it all (idempotent, never raises)."""
-
-    def __init__(self, hops: Sequence[Hop], relay_script: str, *, lifetime_s: int | None = None) -> None:
-        self.hops = list(hops)
-        self._script = relay_script
-        self._lifetime = KEY_LIFETIME_S if lifetime_s is None else lifetime_s
-        self.prepared: dict[str, Prepared] = {}
-        self.authorized: dict[str, str] = {}
-        """Per node: the key whose line was written there."""
-
-    def open(self) -> str:
-        """Set up every node and authorise every hop; ShipError naming the first node that could not be (what
-        was done is undone first)."""
-        hops = self.hops
-
-        def setup(i: int) -> Prepared | str:
-            after = hops[i + 1] if i + 1 < len(hops) else None
-            ok, out = _on(hops[i], setup_command(hops[i], after, self._script), "preparing the relay")
-            return parse_setup(out, last=after is None) if ok else out
-
-        done = _each(setup, len(hops))
-        self.prepared = {h.name: got for h, got in zip(hops, done, strict=True) if isinstance(got, Prepared)}
-        for h, got in zip(hops, done, strict=True):
-            if isinstance(got, str):
-                self._fail(h, f"preparing the relay there failed ({got})")
-
-        def authorize(i: int) -> tuple[bool, str]:
-            before, here = self.prepared[hops[i - 1].name], self.prepared[hops[i].name]
-            line = authorized_line(before, here)
-            command = authorize_command(line, self._lifetime, here.dir, before.key)
-            ok, out = _on(hops[i], command, "authorising the relay's hop key")
-            if ok:
-                self.authorized[hops[i].name] = before.key
-            return ok, out
-
-        for h, (ok, why) in zip(hops[1:], _each(lambda i: authorize(i + 1), len(hops) - 1), strict=True):
-            if not ok:
-                self._fail(h, f"its authorized_keys could not take the hop key ({why})")
-        return entry_command(self.prepared[hops[0].name].dir)
-
-    def _fail(self, hop: Hop, why: str) -> None:
-        self.close()
-        raise ShipError(f"cannot relay through {hop.name}: {why}", node=hop.name)
-
-    def close(self, *, kill: bool = False) -> None:
-        """On every node set up: end its relay step if ``kill`` (only what it recorded itself), remove its
-        directory and the hop key line written there. Best effort (a dead node is left to the line's expiry)."""
-        todo = [(h, self.prepared.pop(h.name)) for h in self.hops if h.name in self.prepared]
-        keys = {h.name: self.authorized.pop(h.name, "") for h, _ in todo}
-        _each(lambda i: _on(todo[i][0], end_command(todo[i][1].dir, keys[todo[i][0].name], kill=kill),
-                            "ending the relay"), len(todo))  # fmt: skip

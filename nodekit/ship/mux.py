@@ -13,7 +13,7 @@ to a node opens the connection, the others ride on it. When the push ends, every
 ``ssh://`` endpoints; a user whose ~/.ssh/config already does it is not harmed (the options given here win for
 these calls only).
 
-The relay chain's sessions (:mod:`nodekit.ship.relay`) ride the same connections: they forward no agent (each
+The relay tree's sessions (:mod:`nodekit.ship.relay`) ride the same connections: they forward no agent (each
 says ``ForwardAgent=no``, which a shared connection honours per session), so nothing ties them to a connection of
 their own.
 """

@@ -39,7 +39,11 @@ class PushResult:
     layers_skipped: dict[str, int] = field(default_factory=dict)
     """How many of the image's layer files each target was spared (it had them)."""
     relayed: dict[str, str] = field(default_factory=dict)
-    """Targets that got the image from another target (a relay chain), not from the head: name to that target."""
+    """Targets that got the image from another target (a relay tree), not from the head: name to that target."""
+    cut_by: dict[str, str] = field(default_factory=dict)
+    """Targets the relay tree did not reach because a node above them failed: name to that node."""
+    refed: list[str] = field(default_factory=list)
+    """Targets the relay tree did not deliver to, sent the image from the head afterwards."""
 
 
 def answer_deadline(image_bytes: int) -> float:

@@ -1,18 +1,19 @@
-"""Relays: a node that receives the image stream passes it on to the next, so the head's link carries it once.
+"""Relays: a node that receives the image stream passes it on to others, so the head's link carries it once.
 
-A push to N nodes over ``ssh://`` would otherwise send N copies out of the head. With a relay chain the head opens
-one SSH session, to the chain's first node, and runs :data:`RELAY_SCRIPT` there (POSIX sh; nothing is installed
-on any node). The script tees its stdin into ``docker load`` on that node and into ``ssh`` to the next node, which
-runs the same script, and so on: the stream flows through the chain while every node loads it, so N nodes take
-about the time of one. Each node reports its load's exit code and last lines on stderr, which flows back along the
-chain to the head; the head then checks the image id on every node itself, over its own connection to each, as
-for a direct push, so a node that lies about another's load changes only a message. A node the chain did not
-deliver to is sent the image directly from the head.
+A push to N nodes over ``ssh://`` would otherwise send N copies out of the head. With a relay tree
+(:mod:`nodekit.ship.tree`: each node feeds at most two others, so the last is about log2(N) hops away) the head
+opens one SSH session, to the tree's root, and runs :data:`RELAY_SCRIPT` there (POSIX sh; nothing is installed on
+any node). The script tees its stdin into ``docker load`` on that node and into one ``ssh`` per node it feeds,
+each of which runs the same script, and so on: the stream flows down the tree while every node loads it, so N nodes
+take about the time of one. Each node reports its load's exit code and last lines on stderr, which flows back up
+the tree to the head; the head then checks the image id on every node itself, over its own connection to each, as
+for a direct push, so a node that lies about another's load changes only a message. A node the tree did not
+deliver to (a node above it failed) is sent the image directly from the head.
 
 What a hop needs, and where it comes from:
 
-- The next node's address, user and port: from the head's own ``ssh -G`` for that node's endpoint (its
-  ``~/.ssh/config`` applies). A node reached through ProxyJump or ProxyCommand is not relayed to.
+- The next node's (each node it feeds) address, user and port: from the head's own ``ssh -G`` for that node's
+  endpoint (its ``~/.ssh/config`` applies). A node reached through ProxyJump or ProxyCommand is not relayed to.
 - The next node's host key: pinned by the head. The hop's ``ssh`` trusts only the lines the head's known_hosts
   files hold for that node (``ssh-keygen -F``, under ``HostKeyAlias``), with ``StrictHostKeyChecking=yes``; a node
   the head has no host key line for is not relayed to.
@@ -20,7 +21,7 @@ What a hop needs, and where it comes from:
   the next node accepts only from it, only to run its own relay step, only for minutes, and only until the push
   ends (:mod:`nodekit.ship.hopkeys`, which the head sets up over its own connection to each node; no agent is
   forwarded anywhere).
-- Ending a chain early: the head ends, on each node, only the process group that node's own relay step recorded in
+- Ending a tree early: the head ends, on each node, only the process group that node's own relay step recorded in
   its directory there; nothing a node says on stderr is ever taken as a process to kill.
 - On every node: sh, base64, mktemp, mkfifo, GNU tee (``-p``: a hop that dies does not stop the node before it),
   GNU date (``-d``), ssh and ssh-keygen, and sshd reading ``~/.ssh/authorized_keys`` (its default). A node where
@@ -31,18 +32,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import shutil
 import threading
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
-from nodekit.errors import DeadlineError, ShipError
+from nodekit.errors import ShipError
 from nodekit.ship import hopkeys
-from nodekit.ship.hopkeys import ChainAccess, Hop, node_argv
+from nodekit.ship.access import TreeAccess
+from nodekit.ship.hopkeys import Hop, node_argv
+from nodekit.ship.tree import Tree, plan_tree
 from nodekit.system import proc, ssh
 from nodekit.system.docker.streams import Tail
 
@@ -53,27 +53,6 @@ RELAY_MIN_BYTES = 64 << 20
 """``auto`` relays only when at least this much travels: each hop adds an SSH handshake from the node before it
 (a few tenths of a second), which a small transfer (a code change) does not win back; 64 MiB is about half a
 second of a 1 Gbit/s link per extra copy."""
-
-CHAIN_MAX = 8
-"""At most this many nodes in one chain: the head sends one stream per chain. A chain goes as fast as its slowest
-hop, and a node that dies cuts every node after it (they are then fed from the head), so many nodes make several
-shorter chains, not one long one."""
-
-
-def split_chains(n: int, most: int | None = None) -> list[range]:
-    """Pure: ``n`` nodes (in order) cut into the fewest chains of at most ``most`` (default :data:`CHAIN_MAX`), as
-    even as can be; a lone node is no chain (it is fed directly)."""
-    if n < 2:
-        return []
-    count = -(-n // max(CHAIN_MAX if most is None else most, 2))
-    size, extra = divmod(n, count)
-    out, start = [], 0
-    for i in range(count):
-        end = start + size + (i < extra)
-        out.append(range(start, end))
-        start = end
-    return out
-
 
 CONNECT_S = 10
 _TAG = "nodekit-relay"
@@ -91,6 +70,13 @@ _TAG = "nodekit-relay"
 #   checked), which then removes its authorized_keys line before anything else, so sshd refuses the key from then
 #   on and a login that got in before that runs nothing. Ending, it removes the line (if that failed at the start)
 #   and then empties and removes its directory, and only the one it was started in.
+# - Each node it feeds (c0, c1, ...: its children in the relay tree) takes the stream through a fifo of its own and
+#   an ssh of its own; tee -p goes on past an output whose reader is gone (that node died, refused the hop, or
+#   stopped answering ssh's keepalives), so one failed node cuts only its own subtree, never its siblings or the
+#   nodes above it. Its own load is one more output (./load), watched: tee blocked writing to it (its stdout, fd 1,
+#   in /proc/PID/syscall) with nothing written for LOAD_STALL_S seconds means this node's engine hangs, and that
+#   load is ended so that the nodes it feeds go on. Where /proc/PID/syscall cannot be read (Yama ptrace_scope 2 and
+#   not root) nothing is ended, and the head's stall deadline applies.
 _SCRIPT = r"""
 set -C
 d=$1
@@ -107,36 +93,71 @@ unauthorize
 trap '' PIPE
 unset SSH_AUTH_SOCK
 { cut -d' ' -f5 /proc/$$/stat 2> /dev/null || echo $$; } > ./pgid
-next= nm=
-if [ -f ./dest ]; then
-  nm=$(cat ./next-name) port=$(cat ./port) dest=$(cat ./dest) alias=$(cat ./alias)
-  mkfifo ./next
-  @SSH@ -p "$port" -- "$dest" nodekit-relay < ./next &
-  next=$!
-  tee -p ./next | { docker load -q > ./out 2>&1; echo $? > ./rc; }
-else
-  docker load -q > ./out 2>&1; echo $? > ./rc
-fi
+kids= outs= j=0
+while [ -f ./c$j/dest ]; do
+  port=$(cat ./c$j/port) dest=$(cat ./c$j/dest) alias=$(cat ./c$j/alias)
+  mkfifo ./c$j/fifo
+  @SSH@ -p "$port" -- "$dest" nodekit-relay < ./c$j/fifo &
+  kids="$kids $j:$!" outs="$outs ./c$j/fifo" j=$((j + 1))
+done
+exec 3<&0
+mkfifo ./load
+docker load -q < ./load > ./out 2>&1 &
+lp=$!
+tee -p $outs <&3 > ./load &
+tp=$!
+exec 3<&-
+same=0 last=
+while kill -0 "$tp" 2> /dev/null; do
+  sleep 1
+  now=$(cut -d' ' -f1,2 "/proc/$tp/syscall" 2> /dev/null)$(grep '^wchar' "/proc/$tp/io" 2> /dev/null)
+  case $now in
+    *' 0x1wchar'*) if [ "$now" = "$last" ]; then same=$((same + 1)); else same=0; fi ;;
+    *) same=0 ;;
+  esac
+  last=$now
+  if [ "$same" -ge @LOAD_STALL@ ]; then
+    echo "nodekit-relay: docker load here took nothing for @LOAD_STALL@ s: cut off; the nodes it feeds go on" >> ./out
+    kill "$lp" 2> /dev/null
+    same=-999999
+  fi
+done
+wait "$tp"
+wait "$lp"
+echo $? > ./rc
 rc=$(cat ./rc 2> /dev/null || echo 125)
 echo "nodekit-relay load $me $rc $(tail -n 3 ./out | base64 | tr -d '\n')" >&2
-if [ -n "$next" ]; then
-  wait "$next"
-  echo "nodekit-relay hop $nm $?" >&2
-fi
+for k in $kids; do
+  wait "${k#*:}"
+  r=$?
+  echo "nodekit-relay hop $(cat "./c${k%%:*}/name") $r" >&2
+done
 exit 0
 """
-RELAY_SCRIPT = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
+LOAD_STALL_S = 20
+"""A node whose own ``docker load`` takes nothing for this long (its engine hangs) cuts that load off, and the
+stream goes on to the nodes it feeds: it would otherwise hold up every node above it, and the head's stall deadline
+(60 s, ``nodekit.ship.fanout.STALL_S``) would cut the whole tree. Shorter than a hop's SSH keepalive (about 30 s,
+which ends the hop to a node that stopped answering), so the nearest failure is the one that is cut."""
+
+_RELAY = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
     "@SSH@",
-    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned("./known_hosts", '"$alias"'), identity="./key"),
+    ssh.hop_words(connect_timeout=CONNECT_S, pinned=ssh.Pinned("./c$j/known_hosts", '"$alias"'), identity="./c$j/key"),
 )
 
 
-def relay_script(codec: str) -> str:
+RELAY_SCRIPT = _RELAY.replace("@LOAD_STALL@", str(LOAD_STALL_S))
+"""The relay step for a gzip (or uncompressed) stream."""
+
+
+def relay_script(codec: str, *, load_stall_s: int = LOAD_STALL_S) -> str:
     """The relay step for a stream compressed with ``codec``: a zstd stream is passed on as it came and
-    decompressed on each node by its zstd command before its ``docker load`` (never by the engine)."""
+    decompressed on each node by its zstd command before its ``docker load`` (never by the engine). Its own load
+    is cut off after ``load_stall_s`` seconds of taking nothing (:data:`LOAD_STALL_S`)."""
+    script = _RELAY.replace("@LOAD_STALL@", str(int(load_stall_s)))
     if codec != "zstd":
-        return RELAY_SCRIPT
-    return RELAY_SCRIPT.replace("docker load -q >", "zstd -dcq | docker load -q >")
+        return script
+    return script.replace("docker load -q < ./load", "zstd -dcq < ./load | docker load -q")
 
 
 def _b64(text: str) -> str:
@@ -150,88 +171,21 @@ def _unb64(text: str) -> str:
         return text
 
 
-def parse_ssh_config(text: str) -> dict[str, list[str]]:
-    """``ssh -G`` output: lower-case keyword to its values (identityfile and a few others repeat)."""
-    out: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        key, _, value = line.strip().partition(" ")
-        if key:
-            out.setdefault(key.lower(), []).append(value.strip())
-    return out
-
-
-def host_key_name(hostname: str, port: int, alias: str | None) -> str:
-    """The name ssh looks a host up by in known_hosts: the HostKeyAlias as is, else ``host`` on port 22 and
-    ``[host]:port`` on any other (OpenSSH's put_host_port)."""
-    if alias:
-        return alias
-    return hostname if port == 22 else f"[{hostname}]:{port}"
-
-
-def known_lines(found: str) -> str:
-    """The key lines of ``ssh-keygen -F`` output (its ``# Host ... found`` comments dropped)."""
-    return "".join(ln + "\n" for ln in found.splitlines() if ln.strip() and not ln.lstrip().startswith("#"))
-
-
-def _expand(path: str, home: str) -> str:
-    return home + path[1:] if path.startswith("~") else path
-
-
-def hop_of(name: str, endpoint: str, env: Mapping[str, str] | None = None) -> Hop | str:
-    """The hop for the target ``endpoint`` as the head's own OpenSSH sees it, or why it cannot be relayed to."""
-    parts = urlsplit(endpoint)
-    if parts.scheme != "ssh" or not parts.hostname:
-        return "not an ssh:// endpoint"
-    real, keygen = shutil.which("ssh", path=(env or proc.environ()).get("PATH")), shutil.which("ssh-keygen")
-    if real is None or keygen is None:
-        return "no ssh or ssh-keygen on this machine"
-    argv = ssh.config_of(real, parts.hostname, user=parts.username, port=parts.port)
-    try:
-        got = proc.run(argv, deadline=10, what="ssh -G", fix="", env=env)
-    except (OSError, DeadlineError) as e:
-        return f"ssh -G failed: {e}"
-    if got.returncode != 0:
-        return f"ssh -G failed: {got.stderr.strip()[-200:]}"
-    cfg = parse_ssh_config(got.stdout)
-
-    def one(key: str, default: str = "") -> str:
-        return (cfg.get(key) or [default])[0]
-
-    for key in ("proxyjump", "proxycommand"):
-        if one(key, "none") != "none":
-            return f"reached through {key} (its node may not reach it directly)"
-    hostname, port = one("hostname", parts.hostname), int(one("port", "22"))
-    alias = one("hostkeyalias", "none")
-    lookup = host_key_name(hostname, port, None if alias == "none" else alias)
-    home = str(Path.home())
-    files = [_expand(f, home) for key in ("userknownhostsfile", "globalknownhostsfile")
-             for v in cfg.get(key, []) for f in v.split()]  # fmt: skip
-    lines = ""
-    for f in files:
-        if Path(f).is_file():
-            found = proc.run(ssh.known_hosts_lookup(keygen, lookup, f), deadline=10, what="ssh-keygen -F",
-                             fix="check that file (ssh-keygen -F HOST -f FILE)")  # fmt: skip
-            lines += known_lines(found.stdout)
-    if not lines:
-        return f"the head has no host key for {lookup} in {' '.join(files) or 'its known_hosts'}"
-    return Hop(name=name, endpoint=endpoint, user=one("user"), hostname=hostname, port=port, alias=lookup,
-               known_hosts=lines)  # fmt: skip
-
-
 @dataclass
 class Report:
-    """What the chain's nodes said on stderr, by node name."""
+    """What the tree's nodes said on stderr, by node name."""
 
     loads: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Each node's ``docker load`` exit code and last lines."""
     hops: dict[str, int] = field(default_factory=dict)
-    """For each node after the first: the exit code of the ``ssh`` that reached it (255: could not connect)."""
+    """For each node but the root: the exit code of the ``ssh`` that reached it (255: could not connect, or it
+    stopped answering)."""
     other: list[str] = field(default_factory=list)
     """Every other line (ssh's own complaints: a refused host key, a refused login)."""
 
 
 def parse_report(stderr: str) -> Report:
-    """What the chain said, for messages only: the head judges every node by the image id it finds there itself,
+    """What the tree said, for messages only: the head judges every node by the image id it finds there itself,
     and takes nothing here as an instruction (no process to end, no node to trust)."""
     r = Report()
     for line in stderr.splitlines():
@@ -247,8 +201,12 @@ def parse_report(stderr: str) -> Report:
     return r
 
 
-def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> dict[str, str]:
-    """For each node of the chain that reported no successful load: why, in words."""
+def why_not_loaded(
+    hops: Sequence[Hop], report: Report, head_rc: int | None, tree: Tree | None = None
+) -> dict[str, str]:
+    """For each node of the tree (default: :func:`~nodekit.ship.tree.plan_tree` over ``hops``) that reported no
+    successful load: why, in words."""
+    tree = plan_tree(len(hops)) if tree is None else tree
     out: dict[str, str] = {}
     said = "; ".join(report.other[-3:])
     for i, h in enumerate(hops):
@@ -257,10 +215,11 @@ def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> 
             if rc != 0:
                 out[h.name] = f"docker load there failed (exit {rc}): {last or 'no output'}"
             continue
-        if i == 0:
+        p = tree.parent[i]
+        if p is None:
             out[h.name] = f"its SSH session ended (exit {head_rc})" + (f": {said}" if said else "")
             continue
-        before = hops[i - 1].name
+        before = hops[p].name
         rc_hop = report.hops.get(h.name)
         if rc_hop == 255:
             out[h.name] = f"{before} could not ssh to it" + (f": {said}" if said else "")
@@ -269,20 +228,22 @@ def why_not_loaded(hops: Sequence[Hop], report: Report, head_rc: int | None) -> 
     return out
 
 
-REPORT_LINES = 4 * CHAIN_MAX
-"""The head keeps at most this many report lines of a chain (its nodes say two each: a load, and a hop for the next)."""
+REPORT_LINES_PER_NODE = 4
+"""The head keeps at most this many report lines per node of a tree (each says two: its load, and a hop for each
+node it feeds, which is one per node but the root)."""
 LINE_MAX = 8 << 10
 """A report line is shorter than this: a name, an exit code and three lines of ``docker load``'s output in base64."""
 _TAG_LINE = _TAG.encode() + b" "
 
 
 class Said:
-    """What a chain says on its stderr, as it arrives, in bounded memory however much comes (the first node, and
-    root there, can write without end): its last :data:`REPORT_LINES` report lines (each cut at :data:`LINE_MAX`),
-    and the last 64 KiB of it all for everything else (ssh's own complaints). Each chunk costs its own length."""
+    """What a tree says on its stderr, as it arrives, in bounded memory however much comes (the root node, and
+    root there, can write without end): its last :data:`REPORT_LINES_PER_NODE` report lines per node (each cut
+    at :data:`LINE_MAX`), and the last 64 KiB of it all for everything else (ssh's own complaints). Each chunk
+    costs its own length."""
 
-    def __init__(self) -> None:
-        self._reports: deque[bytes] = deque(maxlen=REPORT_LINES)
+    def __init__(self, nodes: int = 8) -> None:
+        self._reports: deque[bytes] = deque(maxlen=REPORT_LINES_PER_NODE * max(nodes, 1))
         self._tail = Tail()
         self._partial = b""
         self._lock = threading.Lock()
@@ -308,19 +269,21 @@ class Said:
 
 
 class RelaySink:
-    """Feeds the chain ``hops``: sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.
-    ChainAccess`; ShipError when a node cannot be), then the head's ssh to the first node runs its relay step.
-    Has the shape of :class:`nodekit.system.docker.LoadSink` (write, finish, abort); ``finish`` returns the chain's
-    :class:`Report` and never raises for a node's failure (the head verifies every node itself)."""
+    """Feeds the tree ``tree`` over ``hops`` (default: :func:`~nodekit.ship.tree.plan_tree`; its root is
+    ``hops[0]``): sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.TreeAccess`; ShipError
+    when a node cannot be), then the head's ssh to the root runs its relay step. Has the shape of
+    :class:`nodekit.system.docker.LoadSink` (write, finish, abort); ``finish`` returns the tree's :class:`Report`
+    and never raises for a node's failure (the head verifies every node itself)."""
 
-    def __init__(self, hops: Sequence[Hop], *, codec: str = "gzip") -> None:
+    def __init__(self, hops: Sequence[Hop], *, tree: Tree | None = None, codec: str = "gzip") -> None:
         self.hops = list(hops)
-        self.access = ChainAccess(self.hops, relay_script(codec))
+        self.tree = plan_tree(len(self.hops)) if tree is None else tree
+        self.access = TreeAccess(self.hops, relay_script(codec), tree=self.tree)
         entry = self.access.open()
-        self._said = Said()
+        self._said = Said(len(self.hops))
         try:
             self._proc = proc.start(node_argv(self.hops[0], entry, keepalive=True), stdin="pipe", stdout="devnull",
-                                    stderr="pipe", what=f"the relay chain from {self.hops[0].name}",
+                                    stderr="pipe", what=f"the relay tree from {self.hops[0].name}",
                                     deadline=proc.Unbounded("the stream: finish() or abort() ends it"))  # fmt: skip
         except BaseException:
             self.access.close()
@@ -331,7 +294,7 @@ class RelaySink:
         self._aborted = False
 
     def _read(self) -> None:
-        """Keeps what the chain said as it arrives: a node's line counts even when the session never ends cleanly
+        """Keeps what the tree said as it arrives: a node's line counts even when the session never ends cleanly
         (cut off at the answer deadline, or a process on the way still holding the pipe open)."""
         stream = self._proc.stderr
         assert stream is not None
@@ -365,7 +328,7 @@ class RelaySink:
         return self.report()
 
     def abort(self) -> None:
-        """Cut the chain: end the head's session and, on every node, the relay step that node itself recorded
+        """Cut the tree: end the head's session and, on every node, the relay step that node itself recorded
         there (a hop blocked on a hung node would otherwise linger); then remove the push's keys and directories."""
         self._aborted = True
         self._proc.cut_off()

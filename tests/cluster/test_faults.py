@@ -149,7 +149,7 @@ def test_a_signal_to_nodekit_run_stops_every_node_and_leaves_nothing(
 def test_a_signal_to_nodekit_push_ends_everything_it_started(
     fleet: Fleet, signum: int, record_property: pytest.RecordProperty
 ) -> None:
-    """A relay chain in the middle of its stream (the head's link slowed to 40 Mbit/s): the push's private
+    """A relay in the middle of its stream (the head's link slowed to 40 Mbit/s): the push's private
     ssh-agent, its shared-connection directory, the relays' processes and directories on the nodes, every load: a
     signal that ended nodekit where it stood would leave all of them behind."""
     h0, h1, h2 = fleet.cluster.hosts
@@ -284,7 +284,7 @@ def test_a_target_that_takes_every_byte_and_never_answers_is_named_within_its_de
     assert done.returncode == 0, done.stdout + done.stderr
     flat = " ".join(done.stderr.split())
     assert "h1 took the whole image stream but did not answer within 5 s of its end; cut off" in flat, flat
-    assert "sending to them from the head" in flat, flat
+    assert "cutting off h2; sending to h1, h2 from the head" in flat, flat
     # h2's own answer travels back through h1's relay step, which holds it until h1's load ends (measured: with a
     # load that ends after 15 s, h2's "loaded" arrived at 16.2 s); cut off, h2 is fed again from the head.
     # docs/reliability.md ("Not covered") says so.

@@ -29,12 +29,11 @@ import pytest
 from benchmarks._shipnet import tbf_argv
 from nodekit.ship import hopkeys
 from nodekit.ship.relay import parse_report
-from tests.cluster.harness import Cluster, Host, pids_in_netns, sh, ssh_client
+from tests.cluster.harness import Host, pids_in_netns, sh
 from tests.cluster.helpers import (
     MIB,
     REF,
     Fleet,
-    SshKeys,
     head_tx,
     ids,
     loading,
@@ -108,13 +107,17 @@ def test_a_relay_node_killed_mid_transfer_is_named_and_the_next_node_still_gets_
     finally:
         sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
     assert proc.returncode == 1, out + err
-    assert "the relay chain did not deliver" in err and "sending to them from the head" in err, err
+    assert (
+        "the relay tree did not deliver to every node: h1 failed" in err and "sending to h1, h2 from the head" in err
+    ), err
     assert h2.image_id(REF) == want, err  # the node after the dead relay got the image from the head
     assert "h1" in err.splitlines()[-2] + err.splitlines()[-1], err  # the failure names the dead node
     assert not loading(h2), "a relay process was left running on h2"
     # Only the killed relay node's directory stays (SIGKILL runs no cleanup); h2, the last node, has none left.
     left = relay_dirs() - dirs
-    assert all((d / "known_hosts").is_file() for d in left) and len(left) <= 1, [sorted(os.listdir(d)) for d in left]
+    assert all((d / "c0" / "known_hosts").is_file() for d in left) and len(left) <= 1, [
+        sorted(os.listdir(d)) for d in left
+    ]
     for d in left:
         shutil.rmtree(d)
     c.restart(h1)
@@ -134,7 +137,7 @@ def test_a_node_whose_host_key_the_head_lacks_is_not_relayed_to(fleet: Fleet) ->
         fleet.config.write_text(config)
     assert done.returncode == 0, done.stdout + done.stderr
     assert h1.image_id(REF) == want and h2.image_id(REF) == want
-    assert "h2: not in the relay chain (the head has no host key for" in done.stderr, done.stderr
+    assert "h2: not in the relay tree (the head has no host key for" in done.stderr, done.stderr
     assert "relayed by" not in done.stderr
 
 
@@ -167,46 +170,6 @@ def test_a_push_opens_one_ssh_connection_per_node_and_closes_it(fleet: Fleet) ->
     masters = subprocess.run(["pgrep", "-f", "ControlPath=/tmp/nkssh."], capture_output=True, text=True).stdout
     assert masters.strip() == "", f"SSH master connections left running: {masters}"
     assert set(Path("/tmp").glob("nkssh.*")) <= dirs_before, "this push left its mux directory"
-
-
-CHAINS_SCRIPT = """
-import json, sys
-from nodekit import ship
-from nodekit.system.progress import NullReporter
-from nodekit.ship import relay
-relay.CHAIN_MAX = 2  # four nodes: two chains of two
-src = ship.source_of(sys.argv[1], None)
-targets = [ship.Target(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
-with ship.SharedSsh():
-    plan = ship.plan_push(src, ship.survey(src, targets))
-    result = ship.push(plan, NullReporter(), relay="always")
-print(json.dumps({"sent": result.sent, "relayed": result.relayed}))
-"""
-
-
-def test_four_nodes_with_chains_of_two_make_two_chains(ssh_keys: SshKeys, tmp_path: Path) -> None:
-    """Several chains for one stream (at most CHAIN_MAX nodes each, 2 here): the head sends one copy per chain,
-    each chain's second node gets it from its first, and every node ends with the image."""
-    c = Cluster(5, name="nkr", owner=os.getpid(), decoy=False)
-    c.up()
-    try:
-        h0, *targets = c.hosts
-        bin_dir = ssh_client(tmp_path / "ssh", c.hosts, ssh_keys.client_key, ssh_keys.public(ssh_keys.host_key))
-        for h in targets:
-            h.start_sshd(ssh_keys.public(ssh_keys.client_key), ssh_keys.host_key)
-        want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=4)
-        env = {"PATH": f"{bin_dir}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": ""}
-        urls = [f"ssh://root@{h.addr}" for h in targets]
-        done = h0.run(sys.executable, "-c", CHAINS_SCRIPT, REF, *urls, env=env, cwd=ROOT, timeout=300)
-        assert done.returncode == 0, done.stdout + done.stderr
-        got = json.loads(done.stdout.strip().splitlines()[-1])
-        assert got["relayed"] == {"h2": "h1", "h4": "h3"}, got
-        assert sorted(got["sent"]) == ["h1", "h3"], got  # the head fed the two chains' first nodes only
-        assert all(h.image_id(REF) == want for h in targets)
-    finally:
-        for h in c.hosts:
-            h.stop_sshd()
-        c.down(purge=True)
 
 
 # --- what a relay lends the nodes: nothing of the user's ---------------------------------------------------------
@@ -317,11 +280,12 @@ def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet:
 
 ACCESS_SCRIPT = """
 import json, sys
-from nodekit.ship import hopkeys, relay
-hops = [relay.hop_of(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
-access = hopkeys.ChainAccess(hops, relay.RELAY_SCRIPT, lifetime_s=int(sys.argv[1]))
+from nodekit.ship import dial, relay
+from nodekit.ship.access import TreeAccess
+hops = [dial.hop_of(f"h{i}", url) for i, url in enumerate(sys.argv[2:], 1)]
+access = TreeAccess(hops, relay.RELAY_SCRIPT, lifetime_s=int(sys.argv[1]))
 access.open()
-print(json.dumps({h.name: [access.prepared[h.name].dir, access.prepared[h.name].key] for h in hops}), flush=True)
+print(json.dumps({h.name: [access.prepared[h.name].dir, ""] for h in hops}), flush=True)
 sys.stdin.read()
 access.close()
 print("closed", flush=True)
@@ -329,14 +293,14 @@ print("closed", flush=True)
 
 
 def test_a_hop_key_runs_only_the_relay_step_only_from_the_node_before_and_expires(fleet: Fleet) -> None:
-    """nodekit's own setup (hopkeys.ChainAccess) against real sshd: the key h1 made for the hop to h2 is accepted
-    by h2 from h1's address only, runs h2's relay step whatever command is asked for, and is refused once its
+    """nodekit's own setup (nodekit.ship.access.TreeAccess) against real sshd: the key h1 made for the hop to h2 is
+    accepted by h2 from h1's address only, runs h2's relay step whatever command is asked for, and is refused once its
     expiry-time has passed, even while its line is still there (a push whose head died)."""
     h0, h1, h2 = fleet.cluster.hosts
     life = 12
     with chain_access(fleet, life) as dirs:
         opened = time.time()
-        key = Path(dirs["h1"]) / "key"  # made on h1 (the hosts share this machine's /tmp)
+        key = Path(dirs["h1"]) / "c0" / "key"  # made on h1 (the hosts share this machine's /tmp)
         [line] = nodekit_lines(h2)
         assert nodekit_lines(h1) == []
         assert f'restrict,from="{h1.addr}",command="{hopkeys.entry_command(dirs["h2"])}" ssh-ed25519 ' in line, line
@@ -459,7 +423,7 @@ def test_another_local_user_cannot_make_a_hop_key_run_their_file(fleet: Fleet) -
     planted: Path | None = None
     try:
         with chain_access(fleet, 300) as dirs:
-            key = Path(dirs["h1"]) / "key"
+            key = Path(dirs["h1"]) / "c0" / "key"
             [line] = nodekit_lines(h2)
             ran = hop_login(h1, h2, key)  # the chain's one hop: h2's relay step runs, with nothing to load, and ends
             assert "nodekit-relay load" in ran.stderr, ran.stderr
@@ -511,7 +475,7 @@ def test_two_logins_with_one_hop_key_get_one_relay_step_and_nothing_goes_through
     planted: Path | None = None
     try:
         with chain_access(fleet, 300) as dirs:
-            key, here = Path(dirs["h1"]) / "key", Path(dirs["h2"])
+            key, here = Path(dirs["h1"]) / "c0" / "key", Path(dirs["h2"])
             a = hop_session(h1, h2, key)
             deadline = time.monotonic() + 60
             while not (here / "pgid").exists():  # A's relay step runs (its docker load waits for the stream)

@@ -27,7 +27,8 @@ from nodekit.launcher.preflight.network import is_address
 from nodekit.ship.codecs import Codec, choose_codec
 from nodekit.ship.grouping import groups, relay_candidates
 from nodekit.ship.plan import Step, Target
-from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, split_chains
+from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode
+from nodekit.ship.tree import plan_tree, shape_lines
 
 WHEN_RUN = "decided when run"
 
@@ -134,14 +135,15 @@ class FleetPlan:
         if self.relay == "never":
             lines.append("relay: never (the head sends each host its own stream)")
         elif not self.chains:
-            lines.append(f"relay: {self.relay}, no chain (fewer than two ssh:// hosts): the head feeds each host")
+            lines.append(f"relay: {self.relay}, no tree (fewer than two ssh:// hosts): the head feeds each host")
         else:
             when = "always" if self.relay == "always" else f"auto, when {RELAY_MIN_BYTES >> 20} MiB or more travels"
             lines.append(
-                f"relay ({when}; {WHEN_RUN}: only hosts that lack the same layers share a chain, and a host whose "
+                f"relay ({when}; {WHEN_RUN}: only hosts that lack the same layers share a tree, and a host whose "
                 "host key the head lacks, or reached through a proxy, is fed directly):"
             )
-            lines += [f"  chain: {' -> '.join(chain)}" for chain in self.chains]
+            for chain in self.chains:
+                lines += shape_lines(chain, plan_tree(len(chain)))
         return lines
 
     def _shown(self, path: Path) -> str:
@@ -192,8 +194,9 @@ def as_plan(p: FleetPlan) -> BackendPlan[FleetPlan]:
 
 
 def relay_chains(hosts: Sequence[FleetHost], mode: RelayMode) -> tuple[tuple[str, ...], ...]:
-    """Pure: the chains ``--relay`` would form if every host lacked the image's same layers (the most a push
-    relays), through the push's own grouping and chain cutting: ``ssh://`` hosts only, at most ``CHAIN_MAX`` each."""
+    """Pure: the relay trees ``--relay`` would form if every host lacked the image's same layers (the most a push
+    relays), through the push's own grouping: ``ssh://`` hosts only, each tree's hosts in its order
+    (:func:`~nodekit.ship.tree.plan_tree` gives who feeds whom)."""
     steps = [
         Step(Target(f"node {h.rank}", h.url), "load", "assumed to lack the image", codec=choose_codec("auto", h.url))
         for h in hosts
@@ -202,7 +205,8 @@ def relay_chains(hosts: Sequence[FleetHost], mode: RelayMode) -> tuple[tuple[str
     chains = []
     for group in groups(steps).values():
         candidates = relay_candidates(group, travels, mode)
-        chains += [tuple(s.target.name for s in candidates[r.start : r.stop]) for r in split_chains(len(candidates))]
+        if candidates:
+            chains.append(tuple(s.target.name for s in candidates))
     return tuple(chains)
 
 

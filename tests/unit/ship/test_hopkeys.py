@@ -11,13 +11,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from nodekit.ship import hopkeys
-from nodekit.ship.hopkeys import Prepared, authorized_line, parse_setup
-from nodekit.ship.relay import RELAY_SCRIPT, Hop, parse_report
+from nodekit.ship.hopkeys import Dial, Hop, Prepared, authorized_line, parse_setup
+from nodekit.ship.relay import RELAY_SCRIPT, parse_report
 
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
 DIR = "/tmp/nodekit-relay.Ab12Cd"
@@ -33,37 +34,49 @@ def hop(name: str, host: str = "127.0.0.1") -> Hop:
 
 
 def test_a_setup_answer_is_checked_as_untrusted_text() -> None:
-    good = parse_setup(f"motd noise\nnodekit-relay-setup {DIR} ssh-ed25519 {KEY} 10.0.0.7 fe80::1 10.0.0.7\n",
-                       last=False)  # fmt: skip
-    assert good == Prepared(dir=DIR, key=KEY, addrs=("10.0.0.7", "fe80::1"))
-    assert parse_setup(f"nodekit-relay-setup {DIR}\n", last=True) == Prepared(dir=DIR)
+    key2 = KEY[:-1] + "R"
+    good = parse_setup(f"motd noise\nnodekit-relay-setup {DIR}\nnodekit-relay-dial 0 ssh-ed25519 {KEY} 10.0.0.7 "
+                       f"fe80::1 10.0.0.7\nnodekit-relay-dial 1 ssh-ed25519 {key2} 10.0.0.8\n", feeds=2)  # fmt: skip
+    assert good == Prepared(dir=DIR, dials=(Dial(KEY, ("10.0.0.7", "fe80::1")), Dial(key2, ("10.0.0.8",))))
+    assert parse_setup(f"nodekit-relay-setup {DIR}\n", feeds=0) == Prepared(dir=DIR)
+    setup = f"nodekit-relay-setup {DIR}\n"
     hostile = {
-        f'nodekit-relay-setup /tmp/x" ssh-ed25519 {KEY} 10.0.0.7': "its relay directory is not one mktemp makes",
-        f"nodekit-relay-setup /tmp/nodekit-relay.a;b ssh-ed25519 {KEY} 10.0.0.7": "its relay directory",
-        f"nodekit-relay-setup {DIR} ssh-rsa {KEY} 10.0.0.7": "it made no ed25519 key",
-        f'nodekit-relay-setup {DIR} ssh-ed25519 {KEY}",command="sh 10.0.0.7': "it made no ed25519 key",
-        f"nodekit-relay-setup {DIR} ssh-ed25519 {KEY} *": "it could not say which address",
-        f"nodekit-relay-setup {DIR} ssh-ed25519 {KEY} 10.0.0.*,1.2.3.4": "it could not say which address",
-        f"nodekit-relay-setup {DIR} ssh-ed25519 {KEY}": "it could not say which address",
+        f'nodekit-relay-setup /tmp/x"\nnodekit-relay-dial 0 ssh-ed25519 {KEY} 10.0.0.7': "its relay directory is not",
+        f"nodekit-relay-setup /tmp/nodekit-relay.a;b\nnodekit-relay-dial 0 ssh-ed25519 {KEY} 1.2.3.4": "its relay dir",
+        f"{setup}nodekit-relay-dial 0 ssh-rsa {KEY} 10.0.0.7": "it made no ed25519 key",
+        f'{setup}nodekit-relay-dial 0 ssh-ed25519 {KEY}",command="sh 10.0.0.7': "it made no ed25519 key",
+        f"{setup}nodekit-relay-dial 0 ssh-ed25519 {KEY} *": "it could not say which address",
+        f"{setup}nodekit-relay-dial 0 ssh-ed25519 {KEY} 10.0.0.*,1.2.3.4": "it could not say which address",
+        f"{setup}nodekit-relay-dial 0 ssh-ed25519 {KEY}": "it could not say which address",
+        f"{setup}nodekit-relay-dial 1 ssh-ed25519 {KEY} 10.0.0.7": "it made a hop key nobody asked for",
+        f"{setup}nodekit-relay-dial 0 ssh-ed25519 {KEY} 10.0.0.7\n" * 2: "it made a hop key nobody asked for",
+        f"nodekit-relay-dial 0 ssh-ed25519 {KEY} 10.0.0.7\n": "it printed no setup line",
+        setup: "it made no ed25519 key",  # no key for the node it feeds
         "": "it printed no setup line",
     }
     for answer, why in hostile.items():
-        got = parse_setup(answer, last=False)
+        got = parse_setup(answer, feeds=1)
         assert isinstance(got, str) and got.startswith(why), (answer, got)
 
 
 def test_the_line_restricts_the_key_to_the_next_nodes_relay_step_from_the_node_before() -> None:
-    line = authorized_line(Prepared(dir="/tmp/nodekit-relay.Zz9", key=KEY, addrs=("10.0.0.7", "fd00::7")),
-                           Prepared(dir=DIR))  # fmt: skip
+    line = authorized_line(Dial(key=KEY, addrs=("10.0.0.7", "fd00::7")), Prepared(dir=DIR))
     command = hopkeys.entry_command(DIR)
     assert line == f'restrict,from="10.0.0.7,fd00::7",command="{command}" ssh-ed25519 {KEY} nodekit-relay'
     assert '"' not in command
-    for before in (Prepared(dir=DIR, key=KEY + "\nssh-ed25519", addrs=("10.0.0.7",)),
-                   Prepared(dir=DIR, key=KEY, addrs=("*",)), Prepared(dir=DIR, key=KEY)):  # fmt: skip
+    for before in (Dial(key=KEY + "\nssh-ed25519", addrs=("10.0.0.7",)), Dial(key=KEY, addrs=("*",)),
+                   Dial(key=KEY, addrs=())):  # fmt: skip
         with pytest.raises(ValueError):
             authorized_line(before, Prepared(dir=DIR))
     with pytest.raises(ValueError):
-        authorized_line(Prepared(dir=DIR, key=KEY, addrs=("10.0.0.7",)), Prepared(dir='/tmp/nodekit-relay.x" y'))
+        authorized_line(Dial(key=KEY, addrs=("10.0.0.7",)), Prepared(dir='/tmp/nodekit-relay.x" y'))
+
+
+@dataclass(frozen=True)
+class Feeder(Dial):
+    """How a node set up to feed one other dials it, and that node's own relay directory."""
+
+    dir: str = ""
 
 
 class Node:
@@ -77,13 +90,18 @@ class Node:
         env = {"HOME": str(self.home), "PATH": os.environ["PATH"], "SSH_CONNECTION": "10.9.0.1 40000 10.9.0.2 22"}
         return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True, timeout=30)
 
-    def setup(self, after: Hop | None) -> Prepared:
-        done = self.run(hopkeys.setup_command(hop("me"), after, RELAY_SCRIPT))
-        got = parse_setup(done.stdout, last=after is None)
+    def setup(self, *feeds: Hop) -> Prepared:
+        done = self.run(hopkeys.setup_command(hop("me"), feeds, RELAY_SCRIPT))
+        got = parse_setup(done.stdout, feeds=len(feeds))
         assert isinstance(got, Prepared), (done.stdout, done.stderr)
         return got
 
-    def authorize(self, before: Prepared, here: Prepared, lifetime: int = hopkeys.KEY_LIFETIME_S) -> None:
+    def feeder(self, after: Hop) -> Feeder:
+        """Set up as a node that feeds ``after`` only: how it dials it, and its directory."""
+        got = self.setup(after)
+        return Feeder(key=got.dials[0].key, addrs=got.dials[0].addrs, dir=got.dir)
+
+    def authorize(self, before: Dial, here: Prepared, lifetime: int = hopkeys.KEY_LIFETIME_S) -> None:
         done = self.run(hopkeys.authorize_command(authorized_line(before, here), lifetime, here.dir, before.key))
         assert done.returncode == 0, done.stderr
 
@@ -98,13 +116,18 @@ USER_LINES = 'ssh-ed25519 AAAAuser me@laptop\nfrom="10.*" ssh-rsa AAAAold old ke
 @needs_tools
 def test_setup_makes_a_private_directory_and_a_key_that_never_leaves_the_node(tmp_path: Path) -> None:
     node = Node(tmp_path)
-    got = node.setup(hop("next", "127.0.0.1"))
+    got = node.setup(hop("next", "127.0.0.1"), hop("other", "127.0.0.2"))
     d = Path(got.dir)
     try:
-        assert (d.stat().st_mode & 0o777) == 0o700 and ((d / "key").stat().st_mode & 0o777) == 0o600
-        assert (d / "key.pub").read_text().split()[1] == got.key and (d / "relay").read_text() == RELAY_SCRIPT
-        assert (d / "dest").read_text() == "root@127.0.0.1" and (d / "port").read_text() == "22"
-        assert "10.9.0.2" in got.addrs  # where the head reached it (SSH_CONNECTION)
+        assert (d.stat().st_mode & 0o777) == 0o700 and (d / "relay").read_text() == RELAY_SCRIPT
+        # One key per node it feeds: a hop key is spent by one relay step, even where both share authorized_keys.
+        assert len({dial.key for dial in got.dials}) == 2
+        for j, (dial, dest) in enumerate(zip(got.dials, ("root@127.0.0.1", "root@127.0.0.2"), strict=True)):
+            c = d / f"c{j}"
+            assert (c.stat().st_mode & 0o777) == 0o700 and ((c / "key").stat().st_mode & 0o777) == 0o600
+            assert (c / "key.pub").read_text().split()[1] == dial.key
+            assert (c / "dest").read_text() == dest and (c / "port").read_text() == "22"
+            assert "10.9.0.2" in dial.addrs  # where the head reached it (SSH_CONNECTION)
     finally:
         node.end(got.dir, "")
     assert not d.exists()
@@ -115,8 +138,8 @@ def test_concurrent_pushes_keep_each_others_lines_and_the_users_lines_stay_as_th
     node = Node(tmp_path)
     node.keys.parent.mkdir(mode=0o700)
     node.keys.write_text(USER_LINES)
-    before = [Node(tmp_path).setup(hop("n")) for _ in range(2)]
-    heres = [node.setup(None) for _ in range(2)]
+    before = [Node(tmp_path).feeder(hop("n")) for _ in range(2)]
+    heres = [node.setup() for _ in range(2)]
     lines = [authorized_line(b, h) for b, h in zip(before, heres, strict=True)]
     # Two pushes authorise at the same moment (flock keeps the read-and-replace of one from losing the other's line).
     commands = [hopkeys.authorize_command(line, 300, h.dir, b.key) for line, b, h in zip(lines, before, heres,
@@ -147,10 +170,10 @@ def test_expired_lines_of_earlier_pushes_go_with_the_next_push(tmp_path: Path) -
     node = Node(tmp_path)
     node.keys.parent.mkdir(mode=0o700)
     node.keys.write_text(USER_LINES)
-    old = authorized_line(Prepared(dir=DIR, key=KEY, addrs=("10.0.0.7",)), Prepared(dir=DIR))
+    old = authorized_line(Dial(key=KEY, addrs=("10.0.0.7",)), Prepared(dir=DIR))
     with node.keys.open("a") as f:
         f.write(f'expiry-time="20200101000000",{old}\n')
-    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    before, here = Node(tmp_path).feeder(hop("n")), node.setup()
     node.authorize(before, here)
     assert "20200101000000" not in node.keys.read_text() and node.keys.read_text().startswith(USER_LINES)
     node.end(here.dir, before.key)
@@ -165,13 +188,13 @@ def test_authorized_keys_is_written_through_a_link_and_a_read_only_one_is_left_a
     real = tmp_path / "managed_keys"
     real.write_text(USER_LINES)
     node.keys.symlink_to(real)
-    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    before, here = Node(tmp_path).feeder(hop("n")), node.setup()
     node.authorize(before, here)
     assert node.keys.is_symlink() and real.read_text().startswith(USER_LINES) and KEY[:10] in real.read_text()
     node.end(here.dir, before.key)
     assert real.read_text() == USER_LINES
     real.chmod(0o444)  # read-only by its owner's choice (root could write it: the script checks the mode)
-    again = node.setup(None)
+    again = node.setup()
     done = node.run(hopkeys.authorize_command(authorized_line(before, again), 300, again.dir, before.key))
     assert done.returncode != 0 and real.read_text() == USER_LINES
     node.end(before.dir, "")
@@ -183,7 +206,7 @@ def test_ending_kills_only_the_relay_step_this_node_recorded(tmp_path: Path) -> 
     """The head ends, on a node, the process group recorded in that node's own relay directory, and only while
     that group still runs the relay step there: a stale or forged number names nobody it will kill."""
     node = Node(tmp_path)
-    step, other = node.setup(None), node.setup(None)
+    step, other = node.setup(), node.setup()
     # A stand-in for the relay step: in its directory, its command line `sh ./relay DIR`, as entry_command runs it.
     relay = subprocess.Popen(["sh", "-c", "sleep 60", "./relay", step.dir], cwd=step.dir, start_new_session=True)
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
@@ -218,7 +241,7 @@ def test_the_entry_command_runs_only_a_relay_in_the_users_own_private_directory(
     again in /tmp by any local user with a relay of their own, which the next login with the hop key ran as root.
     Now the command enters DIR and runs ./relay only when what it entered is the login user's, mode 0700."""
     node = Node(tmp_path)
-    mine = node.setup(None)
+    mine = node.setup()
     (Path(mine.dir) / "relay").write_text('echo "ran $(id -u) $1"\n')
     ran = node.run(hopkeys.entry_command(mine.dir))
     assert ran.stdout == f"ran 0 {mine.dir}\n", ran.stderr
@@ -246,7 +269,7 @@ def test_a_link_another_user_puts_where_a_relay_directory_was_runs_nothing(tmp_p
     puts a link there to a live relay directory of another push (the user's own, mode 0700). The hop key must run
     nothing through it: not the other push's relay step, whose one run it would spend."""
     node = Node(tmp_path)
-    gone, other = node.setup(None), node.setup(None)
+    gone, other = node.setup(), node.setup()
     node.end(gone.dir, "")
     (Path(other.dir) / "relay").write_text('echo "ran $1 in $(pwd)"\n')
     made = subprocess.run([*_as_nobody(), "ln", "-s", other.dir, gone.dir], capture_output=True, text=True)
@@ -267,7 +290,7 @@ def test_a_relay_step_removes_its_line_before_its_directory(tmp_path: Path) -> N
     node = Node(tmp_path)
     node.keys.parent.mkdir(mode=0o700)
     node.keys.write_text(USER_LINES)
-    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    before, here = Node(tmp_path).feeder(hop("n")), node.setup()
     node.authorize(before, here)
     assert KEY[:0] + before.key in node.keys.read_text()
     fake = tmp_path / "bin"
@@ -316,7 +339,7 @@ def test_a_relay_step_spends_its_hop_key_as_it_starts_and_a_second_login_runs_no
     node = Node(tmp_path)
     node.keys.parent.mkdir(mode=0o700)
     node.keys.write_text(USER_LINES)
-    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    before, here = Node(tmp_path).feeder(hop("n")), node.setup()
     node.authorize(before, here)
     env = _fake_docker(tmp_path)
     first = _login(here.dir, env)
@@ -358,7 +381,7 @@ def test_a_second_login_cannot_write_or_read_through_links_planted_after_the_fir
     secret = "root:$6$FAKEHASH:19000:0:99999:7:::\nalice:$6$ALICEHASH:19000:0:99999:7:::\n"
     shadow.write_text(secret)
     shadow.chmod(0o640)
-    before, here = Node(tmp_path).setup(hop("n")), node.setup(None)
+    before, here = Node(tmp_path).feeder(hop("n")), node.setup()
     node.authorize(before, here)
     env = _fake_docker(tmp_path)
     a = _login(here.dir, env)

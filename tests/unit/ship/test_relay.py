@@ -5,6 +5,7 @@ tests/unit/ship/test_hopkeys.py."""
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
 import tracemalloc
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.ship import hopkeys
-from nodekit.ship.relay import RELAY_SCRIPT, Hop, hop_of, host_key_name, known_lines, parse_report, why_not_loaded
+from nodekit.ship import hopkeys, relay
+from nodekit.ship.dial import hop_of, host_key_name, known_lines
+from nodekit.ship.hopkeys import Hop
+from nodekit.ship.relay import RELAY_SCRIPT, parse_report, why_not_loaded
+from nodekit.ship.tree import plan_tree
 
 needs_ssh = pytest.mark.skipif(
     shutil.which("ssh") is None or shutil.which("ssh-keygen") is None, reason="no OpenSSH client here"
@@ -31,20 +35,21 @@ def b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-def test_setup_carries_the_script_and_the_next_hop_without_quoting() -> None:
+def test_setup_carries_the_script_and_each_node_it_feeds_without_quoting() -> None:
     hops = [hop("a"), hop("b b", user="", port=2222, alias="[b b]:2222"), hop("c'; rm -rf /")]
-    cmd = hopkeys.setup_command(hops[1], hops[2], RELAY_SCRIPT)
+    cmd = hopkeys.setup_command(hops[1], hops[2:], RELAY_SCRIPT)
     words = cmd.split(" ")
     assert words[:4] == ["sh", "-c", '"$(printf', "%s"] and words[5:8] == ["|", "base64", '-d)"']
     assert base64.b64decode(words[4]).decode() == hopkeys.SETUP_SCRIPT and words[8] == "nodekit-relay-setup"
     args = words[9:]
     assert base64.b64decode(args[0]).decode() == "b b" and base64.b64decode(args[1]).decode() == RELAY_SCRIPT
-    # Six words for the next hop, each base64 or digits: a name with spaces or quotes cannot break the line.
+    # Six words per node it feeds, each base64 or digits: a name with spaces or quotes cannot break the line.
     assert len(args) == 8 and args[4] == "22"
     assert base64.b64decode(args[2]).decode() == "c'; rm -rf /"
     assert all(w.isdigit() or set(w) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
                for w in args)  # fmt: skip
-    assert len(hopkeys.setup_command(hops[2], None, RELAY_SCRIPT).split(" ")[9:]) == 2  # the last node: no next
+    assert len(hopkeys.setup_command(hops[2], [], RELAY_SCRIPT).split(" ")[9:]) == 2  # a leaf: it feeds nobody
+    assert len(hopkeys.setup_command(hops[0], hops[1:], RELAY_SCRIPT).split(" ")[9:]) == 2 + 2 * 6
 
 
 def test_the_script_is_posix_sh() -> None:
@@ -55,18 +60,23 @@ def test_the_script_is_posix_sh() -> None:
 
 
 def test_reports_are_read_per_node_and_failures_explained() -> None:
-    hops = [hop("a"), hop("b"), hop("c")]
+    hops = [hop("a"), hop("b"), hop("c"), hop("d")]  # a feeds b and c, b feeds d
     stderr = "\n".join([
         f"nodekit-relay load {b64('a')} 0 {b64('Loaded image ID: sha256:ab')}",
+        f"nodekit-relay load {b64('c')} 0 {b64('Loaded image ID: sha256:ab')}",
         "Host key verification failed.",
         f"nodekit-relay hop {b64('b')} 255",
+        f"nodekit-relay hop {b64('c')} 0",
     ])  # fmt: skip
     r = parse_report(stderr)
-    assert r.loads == {"a": (0, "Loaded image ID: sha256:ab")} and r.hops == {"b": 255}
+    assert r.loads == {"a": (0, "Loaded image ID: sha256:ab"), "c": (0, "Loaded image ID: sha256:ab")}
+    assert r.hops == {"b": 255, "c": 0}
     why = why_not_loaded(hops, r, head_rc=0)
-    assert set(why) == {"b", "c"}
+    assert set(why) == {"b", "d"}  # c, b's sibling, loaded: a failed hop cuts only its own subtree
     assert why["b"] == "a could not ssh to it: Host key verification failed."
-    assert why["c"] == "the stream from b stopped before it reached it"
+    assert why["d"] == "the stream from b stopped before it reached it"
+    chain = why_not_loaded(hops, r, head_rc=0, tree=plan_tree(4, fanout=1))  # a -> b -> c -> d
+    assert chain["d"] == "the stream from c stopped before it reached it" and set(chain) == {"b", "d"}
     failed = parse_report(f"nodekit-relay load {b64('a')} 1 {b64('unexpected EOF')}")
     assert why_not_loaded(hops[:1], failed, 0) == {"a": "docker load there failed (exit 1): unexpected EOF"}
     assert why_not_loaded(hops[:1], parse_report("Connection refused"), 255) == {
@@ -123,13 +133,17 @@ def test_only_ssh_targets_sharing_a_big_enough_stream_relay() -> None:
     states = [st("n1", "ssh://me@n1"), st("t", "tcp://t:2376"), st("n2", "ssh://me@n2"), st("n3", "ssh://me@n3")]
     plan = ship.plan_push(big, states)
     assert ship.relay_text(plan, "auto") == [
-        "  relayed: n1 -> n2 -> n3 (each passes the stream on; the head sends it once; a node whose host key the "
-        "head lacks is fed directly)"
+        "  relayed: 3 nodes in one tree, each passing the stream on while it loads it; the head's link carries 2 "
+        "copies of this stream (one for the tree, one per target fed directly: 1); a node whose host key the head "
+        "lacks is fed directly",
+        "    the head feeds n1",
+        "    n1 feeds n2, n3",
+        "    3 nodes, at most 2 fed by each, 2 hop(s) deep; 1 copy of the stream on the head's link",
     ]
     assert ship.relay_text(plan, "never") == []
     tiny = ship.plan_push(small, states)
     assert ship.relay_text(tiny, "auto") == []  # a code change's few KiB: the hops' handshakes would cost more
-    assert len(ship.relay_text(tiny, "always")) == 1
+    assert len(ship.relay_text(tiny, "always")) == 4
     one = ship.plan_push(big, states[:2])
     assert ship.relay_candidates(one.loads(), big.size, "always") == []  # one ssh target: nothing to relay to
 
@@ -142,31 +156,19 @@ def test_a_process_group_a_node_names_on_stderr_is_only_text() -> None:
     assert r.other == [f"nodekit-relay pgid {b64('b')} 4242"]
 
 
-def test_many_nodes_make_several_even_chains_of_at_most_eight() -> None:
-    from nodekit.ship.relay import CHAIN_MAX, split_chains
-
-    assert CHAIN_MAX == 8
-    sizes = {n: [len(r) for r in split_chains(n)] for n in (0, 1, 2, 8, 9, 16, 17, 64)}
-    assert sizes == {0: [], 1: [], 2: [2], 8: [8], 9: [5, 4], 16: [8, 8], 17: [6, 6, 5], 64: [8] * 8}
-    assert [list(r) for r in split_chains(5, most=2)] == [
-        [0, 1],
-        [2, 3],
-        [4],
-    ]  # a chain of one: only with at most 2 per chain
-    for n in range(2, 40):
-        cut = split_chains(n)
-        assert [i for r in cut for i in r] == list(range(n)) and max(map(len, cut)) <= CHAIN_MAX
-
-
-def test_the_dry_run_shows_each_chain() -> None:
+def test_the_dry_run_shows_one_tree_and_one_copy_on_the_heads_link_for_sixteen_nodes() -> None:
     from nodekit import ship
 
     big = ship.Source(ref="nodekit/demo:abc", image_id="sha256:" + "a" * 64, size=2 << 30, engine_id="src")
     states = [ship.TargetState(target=ship.Target(f"n{i}", f"ssh://me@n{i}"), engine_id=f"e{i}", free_bytes=1 << 40)
-              for i in range(10)]  # fmt: skip
+              for i in range(16)]  # fmt: skip
     lines = ship.relay_text(ship.plan_push(big, states), "auto")
-    assert [ln.split(" (")[0] for ln in lines] == ["  relayed: n0 -> n1 -> n2 -> n3 -> n4",
-                                                   "  relayed: n5 -> n6 -> n7 -> n8 -> n9"]  # fmt: skip
+    assert lines[0].startswith("  relayed: 16 nodes in one tree") and "carries 1 copy of this stream;" in lines[0]
+    assert lines[1:4] == ["    the head feeds n0", "    n0 feeds n1, n2", "    n1 feeds n3, n4"]
+    assert lines[-2:] == [
+        "    n7 feeds n15",
+        "    16 nodes, at most 2 fed by each, 5 hop(s) deep; 1 copy of the stream on the head's link",
+    ]
 
 
 def test_a_first_node_that_floods_its_stderr_cannot_make_the_head_hold_it_and_the_reports_still_count(
@@ -175,7 +177,7 @@ def test_a_first_node_that_floods_its_stderr_cannot_make_the_head_hold_it_and_th
     """The head reads the chain's stderr, which the first node (root there) can fill without end: 32 MiB here, many
     lines and then one long line without an end, between the nodes' report lines. The head holds a bounded amount
     however much comes (the peak of what Python allocated while it read), and still reads every report line."""
-    from nodekit.ship import relay
+    from nodekit.ship import access, relay
 
     ok_a, ok_b = b64("Loaded image ID: sha256:aa"), b64("Loaded image ID: sha256:bb")
     first = (f"cat > /dev/null; echo 'nodekit-relay load {b64('a')} 0 {ok_a}' >&2; "
@@ -183,8 +185,8 @@ def test_a_first_node_that_floods_its_stderr_cannot_make_the_head_hold_it_and_th
              f"head -c {8 << 20} /dev/zero | tr '\\0' x >&2; echo >&2; "
              f"echo 'nodekit-relay load {b64('b')} 0 {ok_b}' >&2; echo 'nodekit-relay hop {b64('b')} 0' >&2; "
              "echo 'the last words' >&2")  # fmt: skip
-    monkeypatch.setattr(hopkeys.ChainAccess, "open", lambda self: "the first node's relay step")
-    monkeypatch.setattr(hopkeys.ChainAccess, "close", lambda self, kill=False: None)
+    monkeypatch.setattr(access.TreeAccess, "open", lambda self: "the first node's relay step")
+    monkeypatch.setattr(access.TreeAccess, "close", lambda self, kill=False: None)
     monkeypatch.setattr(relay, "node_argv", lambda hop, command, keepalive=False: ["sh", "-c", first])
     tracemalloc.start()
     try:
@@ -197,3 +199,69 @@ def test_a_first_node_that_floods_its_stderr_cannot_make_the_head_hold_it_and_th
     assert peak < 4 << 20, f"the head held {peak >> 20} MiB of a first node's stderr"
     assert got.loads == {"a": (0, "Loaded image ID: sha256:aa"), "b": (0, "Loaded image ID: sha256:bb")}
     assert got.hops == {"b": 0} and got.other[-1] == "the last words"
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen here")
+def test_a_node_feeds_each_of_its_children_and_one_that_dies_stops_neither_its_load_nor_its_sibling(
+    tmp_path: Path,
+) -> None:
+    """The relay step of a node that feeds two others, run by sh as sshd runs it, set up by the real setup script;
+    its ``ssh`` and ``docker`` are stand-ins on PATH (real sshd: tests/cluster/test_tree.py). The hop to the second
+    child fails at once without reading (as an ssh to a dead node does): the node's own load and the first child
+    still get the whole stream, and the node reports each hop's end."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text(f"#!/bin/sh\ncat > {tmp_path}/loaded\necho 'Loaded image ID: sha256:ab'\n")
+    (fake / "ssh").write_text(
+        "#!/bin/sh\nfor a; do dest=$prev; prev=$a; done\n"
+        '[ "$dest" = root@127.0.0.2 ] && { echo "ssh: connect to host 127.0.0.2: No route to host" >&2; exit 255; }\n'
+        f'cat > "{tmp_path}/got-$dest"\necho "nodekit-relay load {b64("live")} 0 {b64("ok")}" >&2\n'
+    )
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{fake}:{os.environ['PATH']}", "SSH_CONNECTION": "10.9.0.1 4 10.9.0.2 22"}
+    setup = hopkeys.setup_command(hop("me"), [hop("live", hostname="127.0.0.1"), hop("dead", hostname="127.0.0.2")],
+                                  RELAY_SCRIPT)  # fmt: skip
+    done = subprocess.run(["sh", "-c", setup], env=env, capture_output=True, text=True, timeout=30)
+    got = hopkeys.parse_setup(done.stdout, feeds=2)
+    assert isinstance(got, hopkeys.Prepared), done.stdout + done.stderr
+    stream = os.urandom(4 << 20)  # far more than a pipe holds: a child that never reads must not hold the node up
+    ran = subprocess.run(["sh", "-c", hopkeys.entry_command(got.dir)], input=stream, env=env, capture_output=True,
+                         timeout=60)  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert (tmp_path / "loaded").read_bytes() == stream
+    assert (tmp_path / "got-root@127.0.0.1").read_bytes() == stream
+    report = parse_report(ran.stderr.decode())
+    assert report.loads == {"me": (0, "Loaded image ID: sha256:ab"), "live": (0, "ok")}
+    assert report.hops == {"live": 0, "dead": 255}
+    assert why_not_loaded([hop("me"), hop("live"), hop("dead")], report, 0) == {
+        "dead": "me could not ssh to it: ssh: connect to host 127.0.0.2: No route to host"
+    }
+    assert not Path(got.dir).exists()  # nothing left on the node
+
+
+@pytest.mark.skipif(shutil.which("ssh-keygen") is None, reason="no ssh-keygen here")
+def test_a_node_whose_engine_hangs_cuts_off_its_own_load_and_still_feeds_the_node_below_it(tmp_path: Path) -> None:
+    """The node's own ``docker load`` takes nothing (a hung engine; a stand-in that never reads): after the load's
+    stall deadline (2 s here) the node ends that load, names why, and the node it feeds still gets the whole stream,
+    instead of the node, and every node above it, waiting until the head cuts the whole tree."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\nexec sleep 600\n")
+    (fake / "ssh").write_text(f'#!/bin/sh\ncat > "{tmp_path}/got"\n')
+    for f in fake.iterdir():
+        f.chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": f"{fake}:{os.environ['PATH']}", "SSH_CONNECTION": "10.9.0.1 4 10.9.0.2 22"}
+    setup = hopkeys.setup_command(hop("me"), [hop("below", hostname="127.0.0.1")], relay.relay_script("gzip",
+                                  load_stall_s=2))  # fmt: skip
+    done = subprocess.run(["sh", "-c", setup], env=env, capture_output=True, text=True, timeout=30)
+    got = hopkeys.parse_setup(done.stdout, feeds=1)
+    assert isinstance(got, hopkeys.Prepared), done.stdout + done.stderr
+    stream = os.urandom(4 << 20)
+    ran = subprocess.run(["sh", "-c", hopkeys.entry_command(got.dir)], input=stream, env=env, capture_output=True,
+                         timeout=60)  # fmt: skip
+    assert (tmp_path / "got").read_bytes() == stream
+    why = why_not_loaded([hop("me"), hop("below")], parse_report(ran.stderr.decode()), 0)
+    assert why["me"].startswith("docker load there failed (exit 143): nodekit-relay: docker load here took nothing "
+                                "for 2 s: cut off"), why  # fmt: skip
+    assert not Path(got.dir).exists()

@@ -282,13 +282,15 @@ def test_a_fleet_host_check_is_one_batch_mode_ssh_within_38_s(fake_runner: FakeR
 def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_the_push_key(
     fake_runner: FakeRunner,
 ) -> None:
-    """No ``ssh -A`` (the user's agent forwarded along the chain): every ssh of a relay says ForwardAgent=no, and
-    before the stream each node is set up (its directory and hop key) and the second node authorises the first
-    node's key; when the stream ends, both are cleaned."""
+    """No ``ssh -A`` (the user's agent forwarded down the tree): every ssh of a relay says ForwardAgent=no, and
+    before the stream each node is set up (its directory and hop key) and the second node authorises the key the
+    first made for it; when the stream ends, both are cleaned."""
     from nodekit.ship import hopkeys, relay
 
     key = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
-    fake_runner.on("ssh", stdout=f"nodekit-relay-setup /tmp/nodekit-relay.Ab12Cd ssh-ed25519 {key} 10.0.0.7\n")
+    fake_runner.on("ssh", stdout="nodekit-relay-setup /tmp/nodekit-relay.Ab12Cd\n")
+    fake_runner.on("--", "n1", stdout=f"nodekit-relay-setup /tmp/nodekit-relay.Ab12Cd\n"
+                                      f"nodekit-relay-dial 0 ssh-ed25519 {key} 10.0.0.7\n")  # fmt: skip
     hops = [relay.Hop(name=n, endpoint=f"ssh://root@{n}:2201", user="root", hostname=n, port=2201, alias=n,
                       known_hosts=f"{n} ssh-ed25519 AAAA\n") for n in ("n1", "n2")]  # fmt: skip
     sink = relay.RelaySink(hops)
@@ -304,7 +306,7 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
     for c in [*setups, authorize, *ends]:
         assert c.cmd[1:-2] == [*lend_nothing, *where] and c.deadline == hopkeys.CALL_S
     n1 = next(c for c in setups if c.cmd[-2] == "n1")
-    assert n1.cmd[-1] == hopkeys.setup_command(hops[0], hops[1], relay.RELAY_SCRIPT)
+    assert n1.cmd[-1] == hopkeys.setup_command(hops[0], hops[1:], relay.RELAY_SCRIPT)
     entry = hopkeys.entry_command("/tmp/nodekit-relay.Ab12Cd")
     line = f'restrict,from="10.0.0.7",command="{entry}" ssh-ed25519 {key} nodekit-relay'
     command = hopkeys.authorize_command(line, hopkeys.KEY_LIFETIME_S, "/tmp/nodekit-relay.Ab12Cd", key)
@@ -316,16 +318,16 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
         ("n1", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", "", kill=False)),
         ("n2", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", key, kill=False)),
     ]
-    # The hop a node makes to the next one: none of the node's ssh config, only the key made for the push, no agent,
-    # nothing forwarded, only the host key the head vouches for; its files named inside the relay directory the
-    # step runs in, never by that directory's path.
+    # The hop a node makes to each node it feeds: none of the node's ssh config, only the key made for that hop of
+    # the push, no agent, nothing forwarded, only the host key the head vouches for; its files named inside the
+    # relay directory the step runs in, never by that directory's path.
     hop_line = next(ln.strip() for ln in relay.RELAY_SCRIPT.splitlines() if ln.strip().startswith("ssh "))
     assert hop_line == (
-        "ssh -F /dev/null -i ./key -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes "
+        "ssh -F /dev/null -i ./c$j/key -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes "
         "-o ForwardAgent=no -o ClearAllForwardings=yes "
-        "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=./known_hosts "
+        "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=./c$j/known_hosts "
         '-o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 '
-        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" nodekit-relay < ./next &'
+        '-o ServerAliveInterval=10 -o ServerAliveCountMax=3 -p "$port" -- "$dest" nodekit-relay < ./c$j/fifo &'
     )
 
 

@@ -34,7 +34,7 @@ def _dry_run(*argv: str) -> str:
     return result.stdout
 
 
-def test_the_dry_run_prints_every_ranks_plan_the_ship_plan_and_the_relay_chain(
+def test_the_dry_run_prints_every_ranks_plan_the_ship_plan_and_the_relay_tree(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole plan, not the host list only (``#   node 1: ssh://...``)."""
@@ -90,14 +90,17 @@ def _inputs(tmp_path: Path, urls: list[str], **kw: object) -> object:
     return FleetInputs(job_settings(s, hosts, restart=0), tuple(hosts), "nodekit/t:1", None, "10.0.0.1")
 
 
-def test_relay_chains_come_from_the_push_grouping_ssh_hosts_only_at_most_eight_a_chain(tmp_path: Path) -> None:
+def test_relay_trees_come_from_the_push_grouping_ssh_hosts_only_one_tree_for_all(tmp_path: Path) -> None:
     from nodekit.backends.fleet.plan import FleetInputs, plan_fleet
 
     urls = [f"ssh://n{i}" for i in range(10)] + ["tcp://d:2375", "unix:///var/run/docker.sock"]
     inputs = _inputs(tmp_path, urls)
     assert isinstance(inputs, FleetInputs)
     plan = plan_fleet(inputs)
-    assert plan.chains == (tuple(f"node {i}" for i in range(5)), tuple(f"node {i}" for i in range(5, 10)))
+    assert plan.chains == (tuple(f"node {i}" for i in range(10)),)
+    text = plan.to_text()
+    assert "  the head feeds node 0\n  node 0 feeds node 1, node 2\n" in text and "  node 4 feeds node 9\n" in text
+    assert "10 nodes, at most 2 fed by each, 4 hop(s) deep; 1 copy of the stream on the head's link" in text
     assert [(r.name, r.codec) for r in plan.receivers[-2:]] == [("node 10", "gzip"), ("node 11", "none")]
     assert all(r.nproc == "8" for r in plan.ranks)  # hostfile slots: processes per node
     assert "skipped if it is this head's own engine" in plan.to_text()
@@ -105,12 +108,12 @@ def test_relay_chains_come_from_the_push_grouping_ssh_hosts_only_at_most_eight_a
 
 @pytest.mark.parametrize(("relay", "urls", "says"), [
     ("never", ["ssh://a", "ssh://b"], "relay: never"),
-    ("always", ["ssh://a", "tcp://b:2375"], "relay: always, no chain"),
+    ("always", ["ssh://a", "tcp://b:2375"], "relay: always, no tree"),
 ])  # fmt: skip
-def test_no_chain_is_printed_where_none_would_form(tmp_path: Path, relay: str, urls: list[str], says: str) -> None:
+def test_no_tree_is_printed_where_none_would_form(tmp_path: Path, relay: str, urls: list[str], says: str) -> None:
     from nodekit.backends.fleet.plan import FleetInputs, plan_fleet
 
     inputs = _inputs(tmp_path, urls, relay=relay)
     assert isinstance(inputs, FleetInputs)
     plan = plan_fleet(inputs)
-    assert plan.chains == () and says in plan.to_text() and "chain:" not in plan.to_text()
+    assert plan.chains == () and says in plan.to_text() and "hop(s) deep" not in plan.to_text()
