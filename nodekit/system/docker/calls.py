@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -22,6 +23,20 @@ from nodekit.system.docker.models import EngineFacts, EngineInfo
 
 if TYPE_CHECKING:
     from python_on_whales import DockerClient
+
+_IMPORTING = threading.Lock()
+
+
+def whales_loaded() -> None:
+    """Import python-on-whales (lazily: `nodekit --help` does without it) in one thread at a time. Two threads that
+    import it at once, one through the package and one through its ``exceptions`` module, can fail with CPython's
+    _DeadlockError on the package's circular imports: `nodekit up` lists the project's images in a thread while its
+    main thread inspects the base image (seen in CI). Every lazy import of it in nodekit comes after this call."""
+    with _IMPORTING:
+        import python_on_whales
+        import python_on_whales.exceptions
+        import python_on_whales.utils  # noqa: F401
+
 
 ENGINE_FIX = "make engine (provisions Docker Engine with Compose v2 and Buildx), or start your Docker daemon"
 
@@ -45,6 +60,7 @@ def client(
     """A client for ``host`` (None: the default engine; else unix://, tcp:// or ssh:// endpoints) whose every call
     is stopped after ``deadline`` seconds ("query": :data:`ENGINE_CALL_S`; proc.Unbounded or None: none) and gets
     the runner's environment: both through :func:`nodekit.system.proc.command_prefix`."""
+    whales_loaded()
     from python_on_whales import DockerClient
 
     _require_cli()
@@ -89,6 +105,7 @@ class Engine:
         """Around python-on-whales calls: DockerException never leaves. ``undo`` runs first (its own failure
         ignored); then DeadlineError when the call's deadline stopped it, check_engine's precise EngineError when
         ``diagnose`` and the engine or Compose is what is missing, else ``error(Docker's last line)``."""
+        whales_loaded()
         from python_on_whales import DockerException
 
         try:
@@ -143,6 +160,7 @@ def stderr_tail(stderr: str) -> str:
 def docker_argv(host: str | None, *args: str) -> list[str]:
     """A docker command line for the runner (which applies its own deadline and environment), built by
     python-on-whales as for every other call (host, context, TLS and config flags)."""
+    whales_loaded()
     from python_on_whales import DockerClient
 
     _require_cli()
@@ -152,6 +170,7 @@ def docker_argv(host: str | None, *args: str) -> list[str]:
 def compose_argv(host: str | None, compose_file: Path | None, project: str, *args: str) -> list[str]:
     """A ``docker compose`` command line for the runner, built by python-on-whales (host and config flags,
     ``--file``, ``--project-name``), as :func:`docker_argv` is."""
+    whales_loaded()
     from python_on_whales import DockerClient
 
     _require_cli()

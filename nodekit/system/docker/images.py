@@ -15,6 +15,7 @@ from nodekit.system.docker.calls import (
     fails,
     inspect_listed,
     query,
+    whales_loaded,
     where,
 )
 from nodekit.system.docker.models import ImageInfo, image_info_of
@@ -24,6 +25,7 @@ def image_info(ref: str, host: str | None = None) -> ImageInfo | None:
     """The image ``ref`` on ``host``, or None when that engine does not have it. Read from the engine's own JSON
     (python-on-whales runs the command; its model would retype fields), so :attr:`ImageInfo.identity` is computed
     from exactly what the engine reports, on either image store."""
+    whales_loaded()
     from python_on_whales.exceptions import NoSuchImage
     from python_on_whales.utils import run
 
