@@ -125,11 +125,10 @@ test-big: venv engine base
 
 # Real-Docker tests fail instead of skipping when the engine is missing (NODEKIT_REQUIRE_DOCKER=1).
 # The unit tier runs on 4 workers (pytest-xdist): its tests are isolated (tmp_path, no engine, no fixed port) and
-# a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The Docker tier and the cluster tier run
-# side by side, one worker each (--dist loadgroup, groups set in tests/conftest.py): inside a tier the tests stay
-# serial, in file order, as they share one engine's fixed ports or one cluster's namespace names.
-# The Slurm tests are a third group, taken by whichever worker is nearly done first. HEAVY_WORKERS=3 also splits off
-# the tests over real SSH: on 2 busy cores that was no faster (docs/architecture.md, "Test tiers"); on more it is.
+# a third of their time is waiting, so 4 on 2 cores finish sooner than 2. The heavy tiers run as four groups (the
+# cluster tests over SSH, the real-engine tier, the other cluster tests, Slurm's) on HEAVY_WORKERS workers, longest
+# first (--dist loadgroup, groups and order in tests/conftest.py); inside a group the tests stay serial, in file
+# order, as they share one engine's fixed ports or one cluster's namespace names.
 # Before the heavy tiers, tests/reclaim.py gives back what earlier runs left (they keep images, build cache, blobs and
 # the virtual hosts' data roots between runs, to be faster): it fails here, with the numbers, when the disk still
 # lacks the room a full run needs, instead of a test failing part-way with "no space left on device".

@@ -78,16 +78,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("docker") and "docker_engine" not in getattr(item, "fixturenames", ()):
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]
+    if config.getoption("dist", None) == "loadgroup":  # groups longest first; a stable sort keeps each file's order
+        items.sort(key=lambda item: group_rank(item.nodeid))
 
 
-# `make test` runs the real-engine tier and the cluster tier side by side (pytest-xdist, -n 2 --dist loadgroup):
-# each group's tests stay in one worker, in file order, because they share state (the default engine's fixed ports
-# and compose projects; a cluster's namespace names and data roots), while the groups share nothing but the default
-# engine's build cache. The Slurm tests are a group of their own, with a cluster name of their own: with 2 workers it
-# is the third group, which goes to whichever worker is nearly done with its first (xdist's load-scope scheduler
-# hands a worker the next group when 2 of its tests are left), so the two workers end closer together than two
-# fixed tiers did. With 3 workers or more (`make test-smoke`, or `make test HEAVY_WORKERS=3`) the rest of the cluster
-# tier runs as two groups as well (``group_of``).
+# `make test` runs the heavy tiers as four groups on two workers (pytest-xdist, -n 2 --dist loadgroup): each group's
+# tests stay in one worker, in file order, because they share state (the default engine's fixed ports and compose
+# projects; a cluster's namespace names and data roots), while the groups share nothing but the default engine's
+# build cache. A worker takes the next group when it is nearly done with its own (xdist's load-scope scheduler hands
+# one over when 2 of its tests are left), and the groups are handed out longest first (GROUP_ORDER), so the two
+# workers end close together: in the CI run of 2026-12-06 the cluster tier as one group (SSH tests included) took
+# 28 of its 31 minutes on one worker while the other was done at 24.
 TIERS = {"integration": "engine", "cluster": "cluster"}
 # The cluster tests that go over real SSH (an sshd in every host, the head's ssh, ssh-agent and relay trees): they
 # count what the machine's /tmp holds (nkssh.*, nkalive.*, nodekit-agent.*, nodekit-relay.*) and its ssh processes,
@@ -102,6 +103,10 @@ SLURM_GROUP = frozenset({"test_slurm.py"})
 # than the group's three but the demo image demo_on_main put in host 0's data root (test_linkcheck's four) uses its
 # group's name.
 CLUSTER_NAMES = {"cluster-ssh": "nkv", "cluster": "nku", "cluster-slurm": "nkw"}
+# Longest first, from the busy minutes each took in that run (the SSH group 19, the real-engine tier 17, the rest of
+# the cluster tier 9.5, Slurm 7): on two workers the SSH group then Slurm on one, the engine's then the cluster's on
+# the other, about 26 minutes each. A group not named here goes last.
+GROUP_ORDER = ("cluster-ssh", "engine", "cluster", "cluster-slurm")
 
 
 def tier_of(nodeid: str) -> str | None:
@@ -110,8 +115,8 @@ def tier_of(nodeid: str) -> str | None:
 
 
 def group_of(nodeid: str) -> str | None:
-    """The group a test runs in when the cluster tier is split in full (3 workers or more): its tier, except that
-    the cluster tier's SSH_GROUP files are "cluster-ssh" and its SLURM_GROUP files "cluster-slurm"."""
+    """The group a test runs in under --dist loadgroup: its tier, except that the cluster tier's SSH_GROUP files are
+    "cluster-ssh" and its SLURM_GROUP files "cluster-slurm"."""
     tier = tier_of(nodeid)
     name = nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
     if tier == "cluster" and name in SSH_GROUP:
@@ -121,13 +126,10 @@ def group_of(nodeid: str) -> str | None:
     return tier
 
 
-def scheduled_group(nodeid: str, workers: int) -> str | None:
-    """The group xdist schedules a test in: ``group_of`` with 3 workers or more; with fewer, the SSH tests stay in
-    the cluster group (two cluster groups and the engine's on 2 workers would start one worker with two large groups
-    while the other finished early), and the Slurm group, the smallest, is the one that goes to the first worker
-    nearly done."""
+def group_rank(nodeid: str) -> int:
+    """Where a test's group goes in GROUP_ORDER (a group not named there, and the unit tier's tests, last)."""
     group = group_of(nodeid)
-    return "cluster" if group == "cluster-ssh" and workers < 3 else group
+    return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
 
 
 def cluster_name(nodeid: str) -> str:
@@ -137,19 +139,20 @@ def cluster_name(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup, a test's group is ``scheduled_group``'s. (pytest-xdist 3.8 groups by an
+    """Under --dist loadgroup, a test's group is ``group_of``'s, and the groups go out in GROUP_ORDER
+    (``pytest_collection_modifyitems`` puts them in that order; the scheduler's reordering by test count is off).
+    (pytest-xdist 3.8 groups by an
     ``xdist_group`` mark by suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope
     is chosen here instead.)"""
     if config.getoption("dist", None) != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    workers = config.getoption("numprocesses", None)
-    n = workers if isinstance(workers, int) else 2
+    config.option.loadscopereorder = False
 
     class TierScheduling(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return scheduled_group(nodeid, n) or super()._split_scope(nodeid)
+            return group_of(nodeid) or super()._split_scope(nodeid)
 
     return TierScheduling(config, log)
 

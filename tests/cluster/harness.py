@@ -196,6 +196,11 @@ def ping_socket(sock: Path, timeout: float = 1.0) -> bool:
 # --- hosts -----------------------------------------------------------------------------------------------------
 
 
+def cluster_tmp(name: str) -> Path:
+    """The TMPDIR of cluster ``name``'s SSH sessions (:attr:`Host.tmp`)."""
+    return Path("/tmp") / f"nkc-tmp.{name}"
+
+
 @dataclass
 class Host:
     """One machine of the cluster: a network namespace with one address toward the others and its own engine."""
@@ -221,6 +226,12 @@ class Host:
     @property
     def netns(self) -> str:
         return f"{self.cluster}-h{self.index}"
+
+    @property
+    def tmp(self) -> Path:
+        """The TMPDIR of this host's SSH sessions, one per cluster (mode 1777, as /tmp): what a relay step makes
+        there is this cluster's, never another test group's that runs at the same time on this machine's /tmp."""
+        return cluster_tmp(self.cluster)
 
     @property
     def netns_path(self) -> Path:
@@ -446,6 +457,8 @@ class Host:
         (self.home / ".ssh").mkdir(mode=0o700, parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         (d / "authorized_keys").write_text(authorized_keys)
+        self.tmp.mkdir(exist_ok=True)
+        self.tmp.chmod(0o1777)
         config = d / "sshd_config"
         config.write_text(
             "\n".join(
@@ -462,7 +475,7 @@ class Host:
                     "StrictModes no",
                     "MaxStartups 100:30:200",
                     "MaxSessions 100",
-                    f"SetEnv DOCKER_HOST={self.docker_host}"
+                    f"SetEnv DOCKER_HOST={self.docker_host} TMPDIR={self.tmp}"
                     + (f" PATH={path_first}:/usr/local/bin:/usr/bin:/bin" if path_first else ""),
                     "",
                 ]

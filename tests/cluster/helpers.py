@@ -162,9 +162,10 @@ def push_argv(fleet: Fleet, *targets: Host, relay: str = "always") -> list[str]:
     return nodekit_argv("push", REF, *to, "--relay", relay)
 
 
-def relay_dirs() -> set[Path]:
-    """The relay's temporary directories (the hosts share this machine's /tmp)."""
-    return set(Path("/tmp").glob("nodekit-relay.*"))
+def relay_dirs(cluster: Cluster) -> set[Path]:
+    """The relay's temporary directories on ``cluster``'s hosts: in its sessions' TMPDIR (``Host.tmp``), which
+    its hosts share, and no other cluster's tests write to."""
+    return set(cluster.main.tmp.glob("nodekit-relay.*"))
 
 
 def loading(host: Host) -> bool:

@@ -80,11 +80,11 @@ def nothing_running(cluster: Cluster, within: float = 10.0) -> list[str]:
         time.sleep(0.2)
 
 
-def scratch() -> set[Path]:
-    """nodekit's temporary directories (shared connections, the keepalive ssh, a private agent)."""
-    tmp = Path(os.environ.get("TMPDIR", "/tmp"))
-    return {p for pattern in ("nkssh.*", "nkalive.*", "nodekit-agent.*") for p in (*tmp.glob(pattern),
-            *Path("/tmp").glob(pattern))}  # fmt: skip
+def scratch(pid: int) -> set[Path]:
+    """The temporary directories nodekit process ``pid`` made (shared connections, the keepalive ssh). By pid:
+    another xdist worker's nodekit run makes its own at the same time in the same /tmp."""
+    tmp = {Path(os.environ.get("TMPDIR", "/tmp")), Path("/tmp")}
+    return {p for d in tmp for pattern in (f"nkssh.{pid}.*", f"nkalive.{pid}.*") for p in d.glob(pattern)}
 
 
 def forget(*hosts: Host) -> None:
@@ -127,7 +127,6 @@ def test_a_signal_to_nodekit_run_stops_every_node_and_leaves_nothing(
 ) -> None:
     """SIGHUP (the SSH session to the head closed) stops every node, as SIGTERM does: none keeps training,
     unsupervised, after nodekit run has gone."""
-    before = scratch()
     project = fleet.project(demo_here, tmp_path, args=["--epochs", "100000", "--epoch-delay", "0.2"])
     log = tmp_path / "run.log"
     proc = fleet.run(project, "--image", demo_here.ref, log=log)
@@ -142,7 +141,7 @@ def test_a_signal_to_nodekit_run_stops_every_node_and_leaves_nothing(
     assert "interrupted: stopping every node (3)" in out and f"{NAMES[signum]} received" in out, out[-3000:]
     nothing_left(fleet.cluster)
     assert nothing_running(fleet.cluster) == []
-    assert scratch() == before
+    assert scratch(proc.pid) == set()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
@@ -155,7 +154,7 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
     h0, h1, h2 = fleet.cluster.hosts
     forget(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
-    before, relays = scratch(), relay_dirs()
+    relays = relay_dirs(fleet.cluster)
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
     try:
         proc = subprocess.Popen(h0.argv(*push_argv(fleet, h1, h2)), env=h0.env(push_env(fleet)),
@@ -175,7 +174,7 @@ def test_a_signal_to_nodekit_push_ends_everything_it_started(
     assert proc.returncode == 128 + signum, out + err
     assert f"{NAMES[signum]} received: stopped" in err, err
     assert nothing_running(fleet.cluster) == []
-    assert scratch() == before and relay_dirs() == relays
+    assert scratch(proc.pid) == set() and relay_dirs(fleet.cluster) == relays
     assert h1.image_id(REF) is None and h2.image_id(REF) is None, "a cut-off load registered an image"
 
 

@@ -54,7 +54,7 @@ def test_a_relay_chain_loads_every_node_and_the_head_sends_the_stream_once(fleet
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
-    dirs = relay_dirs()
+    dirs = relay_dirs(fleet.cluster)
     before = head_tx(h0)
     done = h0.run(*push_argv(fleet, h1, h2), env=push_env(fleet), timeout=300)
     sent = head_tx(h0) - before
@@ -64,7 +64,7 @@ def test_a_relay_chain_loads_every_node_and_the_head_sends_the_stream_once(fleet
     # One copy of the stream (plus SSH's framing and the survey's queries), not two.
     assert MIB << 20 < sent < 1.3 * (MIB << 20), f"the head's link sent {sent} bytes for one {MIB} MiB stream"
     # Nothing of the relay is left on the nodes: no temporary directory, no process.
-    assert relay_dirs() == dirs
+    assert relay_dirs(fleet.cluster) == dirs
     assert not loading(h1) and not loading(h2)
 
 
@@ -86,7 +86,7 @@ def test_a_relay_node_killed_mid_transfer_is_named_and_the_next_node_still_gets_
     h0, h1, h2 = c.hosts
     clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
-    dirs = relay_dirs()
+    dirs = relay_dirs(fleet.cluster)
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))  # about 5 s for the stream: time to kill h1 in the middle
     try:
         proc = subprocess.Popen(
@@ -114,7 +114,7 @@ def test_a_relay_node_killed_mid_transfer_is_named_and_the_next_node_still_gets_
     assert "h1" in err.splitlines()[-2] + err.splitlines()[-1], err  # the failure names the dead node
     assert not loading(h2), "a relay process was left running on h2"
     # Only the killed relay node's directory stays (SIGKILL runs no cleanup); h2, the last node, has none left.
-    left = relay_dirs() - dirs
+    left = relay_dirs(fleet.cluster) - dirs
     assert all((d / "c0" / "known_hosts").is_file() for d in left) and len(left) <= 1, [
         sorted(os.listdir(d)) for d in left
     ]
@@ -162,14 +162,17 @@ def test_a_push_opens_one_ssh_connection_per_node_and_closes_it(fleet: Fleet) ->
     clean(h0, h1, h2)
     want = make_image(h0, REF, seed=random.randrange(1 << 30), mib=4)
     before = {h.name: accepted(h) for h in (h1, h2)}
-    dirs_before = set(Path("/tmp").glob("nkssh.*"))  # a test killed with SIGKILL earlier may have left one
-    done = h0.run(*push_argv(fleet, h1, h2, relay="never"), env=push_env(fleet), timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
+    # By the push's pid (nsenter execs it): another xdist worker's nodekit run has its own in the same /tmp.
+    push = subprocess.Popen(h0.argv(*push_argv(fleet, h1, h2, relay="never")), env=h0.env(push_env(fleet)),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    out, _ = push.communicate(timeout=300)
+    assert push.returncode == 0, out
     assert h1.image_id(REF) == want and h2.image_id(REF) == want
     assert {h.name: accepted(h) - before[h.name] for h in (h1, h2)} == {"h1": 1, "h2": 1}
-    masters = subprocess.run(["pgrep", "-f", "ControlPath=/tmp/nkssh."], capture_output=True, text=True).stdout
+    mine = f"/tmp/nkssh.{push.pid}."
+    masters = subprocess.run(["pgrep", "-f", f"ControlPath={mine}"], capture_output=True, text=True).stdout
     assert masters.strip() == "", f"SSH master connections left running: {masters}"
-    assert set(Path("/tmp").glob("nkssh.*")) <= dirs_before, "this push left its mux directory"
+    assert list(Path("/tmp").glob(f"nkssh.{push.pid}.*")) == [], "this push left its mux directory"
 
 
 # --- what a relay lends the nodes: nothing of the user's ---------------------------------------------------------
@@ -259,7 +262,7 @@ def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet:
     other = "nodekit/shiptest:other"
     want = {REF: make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB),
             other: make_image(h0, other, seed=random.randrange(1 << 30), mib=MIB)}  # fmt: skip
-    dirs = relay_dirs()
+    dirs = relay_dirs(fleet.cluster)
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 80))  # both streams still flowing when the other one ends
     try:
         pushes = {}
@@ -275,7 +278,7 @@ def test_two_pushes_at_once_to_the_same_nodes_both_relay_and_leave_no_key(fleet:
         assert pushes[ref].returncode == 0 and "relayed by h1" in err, out + err
         assert h1.image_id(ref) == want[ref] and h2.image_id(ref) == want[ref]
     assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
-    assert relay_dirs() == dirs
+    assert relay_dirs(fleet.cluster) == dirs
 
 
 ACCESS_SCRIPT = """
@@ -348,7 +351,7 @@ def test_a_killed_push_leaves_no_line_the_relay_steps_remove_their_own(fleet: Fl
     h0, h1, h2 = fleet.cluster.hosts
     clean(h0, h1, h2)
     make_image(h0, REF, seed=random.randrange(1 << 30), mib=MIB)
-    dirs = relay_dirs()
+    dirs = relay_dirs(fleet.cluster)
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
     try:
         head = subprocess.Popen(h0.argv(sys.executable, "-c", KILLED_SCRIPT, "300", REF, fleet.url(h1),
@@ -368,7 +371,7 @@ def test_a_killed_push_leaves_no_line_the_relay_steps_remove_their_own(fleet: Fl
     finally:
         sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
     assert nodekit_lines(h1) == [] and nodekit_lines(h2) == []
-    assert relay_dirs() == dirs
+    assert relay_dirs(fleet.cluster) == dirs
     wipe(h1, h2)
     done = h0.run(*push_argv(fleet, h1, h2), env=push_env(fleet), timeout=300)
     assert done.returncode == 0 and "relayed by h1" in done.stderr, done.stdout + done.stderr

@@ -69,7 +69,7 @@ def fresh_image(fleet: Fleet) -> str:
 def test_four_nodes_form_a_tree_two_levels_deep_and_the_head_sends_one_copy(five: Fleet) -> None:
     h0, h1, h2, h3, h4 = five.cluster.hosts
     want = fresh_image(five)
-    dirs = relay_dirs()
+    dirs = relay_dirs(five.cluster)
     shown = h0.run(*push_argv(five, h1, h2, h3, h4), "--dry-run", env=push_env(five), timeout=120)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert "    the head feeds h1\n    h1 feeds h2, h3\n    h2 feeds h4\n" in shown.stdout, shown.stdout
@@ -84,14 +84,14 @@ def test_four_nodes_form_a_tree_two_levels_deep_and_the_head_sends_one_copy(five
         assert f"{node}: loaded" in done.stderr and f"relayed by {feeder}" in done.stderr, done.stderr
     # One copy of the stream for four nodes (plus SSH's framing and the survey's and checks' queries), not two.
     assert MIB << 20 < sent < 1.3 * (MIB << 20), f"the head's link sent {sent} bytes for one {MIB} MiB stream"
-    assert relay_dirs() == dirs and not any(loading(h) for h in (h1, h2, h3, h4))
+    assert relay_dirs(five.cluster) == dirs and not any(loading(h) for h in (h1, h2, h3, h4))
 
 
 def test_a_node_killed_inside_the_tree_cuts_off_only_its_subtree_which_the_head_feeds_by_name(five: Fleet) -> None:
     c = five.cluster
     h0, h1, h2, h3, h4 = c.hosts
     want = fresh_image(five)
-    dirs = relay_dirs()
+    dirs = relay_dirs(five.cluster)
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))  # about 5 s for the stream: time to kill h2 in the middle
     try:
         proc = subprocess.Popen(h0.argv(*push_argv(five, h1, h2, h3, h4)), env=h0.env(push_env(five)),
@@ -118,7 +118,7 @@ def test_a_node_killed_inside_the_tree_cuts_off_only_its_subtree_which_the_head_
         assert not loading(h4) and not loading(h3)
     finally:
         # Only the killed node's directory stays (SIGKILL runs no cleanup).
-        left = relay_dirs() - dirs
+        left = relay_dirs(five.cluster) - dirs
         for d in left:
             shutil.rmtree(d)
         revive(five, h2)
@@ -132,7 +132,7 @@ def test_when_the_root_dies_the_nodes_below_it_are_fed_through_a_new_tree_not_on
     c = five.cluster
     h0, h1, h2, h3, h4 = c.hosts
     want = fresh_image(five)
-    dirs = relay_dirs()
+    dirs = relay_dirs(five.cluster)
     before = head_tx(h0)
     sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))
     try:
@@ -156,7 +156,7 @@ def test_when_the_root_dies_the_nodes_below_it_are_fed_through_a_new_tree_not_on
         assert all(h.image_id(REF) == want for h in (h2, h3, h4)), err
         assert sent < 2.2 * (MIB << 20), f"the head's link sent {sent / (MIB << 20):.2f} copies"
     finally:
-        left = relay_dirs() - dirs
+        left = relay_dirs(five.cluster) - dirs
         for d in left:
             shutil.rmtree(d)
         revive(five, h1)

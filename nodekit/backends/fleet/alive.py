@@ -43,7 +43,7 @@ def kept_alive(interval: int) -> Iterator[Path | None]:
     if real is None:
         yield None
         return
-    d = Path(tempfile.mkdtemp(prefix="nkalive."))
+    d = Path(tempfile.mkdtemp(prefix=f"nkalive.{os.getpid()}."))  # the pid names whose it is, as nkssh does
     try:
         wrapper = d / "ssh"
         wrapper.write_text(ssh.alive_wrapper(real, interval=interval, count=ALIVE_COUNT, connect_timeout=CONNECT_S))

@@ -7,7 +7,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.conftest import CLUSTER_NAMES, SLURM_GROUP, SSH_GROUP, cluster_name, group_of, scheduled_group, tier_of
+from tests.conftest import (
+    CLUSTER_NAMES,
+    GROUP_ORDER,
+    SLURM_GROUP,
+    SSH_GROUP,
+    cluster_name,
+    group_of,
+    group_rank,
+    tier_of,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -46,8 +55,13 @@ def test_every_cluster_test_over_ssh_is_in_the_ssh_group_and_own_clusters_have_n
     assert own and len(own) == len(set(own)) and not set(own) & set(CLUSTER_NAMES.values()), own
 
 
-def test_on_two_workers_the_ssh_tests_join_the_cluster_group_and_slurm_stays_apart() -> None:
-    ssh, slurm = "tests/cluster/test_fleet.py::test_x", "tests/cluster/test_slurm.py::test_x"
-    assert (scheduled_group(ssh, 2), scheduled_group(slurm, 2)) == ("cluster", "cluster-slurm")
-    assert (scheduled_group(ssh, 3), scheduled_group(slurm, 3)) == ("cluster-ssh", "cluster-slurm")
-    assert scheduled_group("tests/integration/test_two_node.py::test_x", 2) == "engine"
+def test_the_groups_go_out_longest_first_and_every_group_is_ranked() -> None:
+    """GROUP_ORDER decides which worker gets which group (pytest_collection_modifyitems sorts by it): a group left
+    out of it would go last whatever its size."""
+    files = sorted((ROOT / "tests").glob("*/test_*.py"))
+    groups = {group_of(f"{f.relative_to(ROOT).as_posix()}::test_x") for f in files} - {None}
+    assert groups == set(GROUP_ORDER)
+    paths = ("cluster/test_fleet.py", "integration/test_two_node.py", "cluster/test_e2e.py", "cluster/test_slurm.py")
+    ranks = [group_rank(f"tests/{path}::test_x") for path in paths]
+    assert ranks == [0, 1, 2, 3]
+    assert group_rank("tests/unit/meta/test_tiers.py::test_x") == len(GROUP_ORDER)
