@@ -19,13 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from nodekit.launcher.contract import WORKDIR
+from nodekit.launcher.contract import TORCHRUN_KILL_AFTER_S, WORKDIR
 from nodekit.system.host.facts import HostFacts
 
 # NVIDIA's recommendation for deep-learning containers (nvidia-docker's --ulimit stack=67108864).
 STACK_BYTES = 64 * 1024 * 1024
-# torchrun forwards SIGTERM to its workers; give them time to write a checkpoint.
-STOP_GRACE_S = 30
+# How long `docker stop` (and compose down, Kubernetes, the fleet's stop) waits before SIGKILL: torchrun's own
+# escalation (TORCHRUN_KILL_AFTER_S, its workers' time to write a checkpoint) plus the launcher's last words (the
+# stop line, the done mark the other nodes read). With the two equal, a node whose workers took the whole time was
+# SIGKILLed by the engine in the same second: exit 137 and no done mark, so the others called it lost, not stopped.
+STOP_GRACE_S = TORCHRUN_KILL_AFTER_S + 15
 
 
 @dataclass(frozen=True)

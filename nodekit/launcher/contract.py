@@ -128,6 +128,9 @@ EXIT_TERMINATED = 143  # terminated during preflight, or while waiting for the o
 # torchrun's store listens on MASTER_PORT; nodekit's own preflight store (stack comparison, who arrived, the peer
 # watchdog's heartbeats) on the next one by default. A separate port keeps a late torchrun client from ever
 # talking to the preflight store.
+TORCHRUN_KILL_AFTER_S = 30
+"""torchrun's agent, stopped, sends its workers the signal and SIGKILLs those still there this long after
+(torch.distributed.elastic's ``PContext.close`` default): a worker in the middle of writing a checkpoint is given it."""
 PREFLIGHT_PORT_OFFSET = 1
 
 

@@ -149,3 +149,12 @@ def test_every_field_is_rendered_or_said_why_not(backend: str) -> None:
         name for name, other in OTHER.items() if render(dataclasses.replace(spec, **{name: other})) == before
     )
     assert unchanged == sorted(NOT_RENDERED[backend]), f"{backend} ignores fields it does not say why it ignores"
+
+
+def test_the_engine_s_grace_outlasts_torchrun_s_own_so_a_stopped_node_always_says_so() -> None:
+    """docker stop's SIGKILL must not race torchrun's: the launcher needs the time after torchrun's own escalation
+    to print the stop line and publish the done mark (test_container_signals' docker stop case got exit 137)."""
+    from nodekit.job.container import STOP_GRACE_S
+    from nodekit.launcher.contract import TORCHRUN_KILL_AFTER_S
+
+    assert STOP_GRACE_S >= TORCHRUN_KILL_AFTER_S + 10

@@ -341,7 +341,7 @@ def test_every_field_of_a_gpu_infiniband_container_has_a_docker_run_flag(tmp_pat
     assert spec.gpus == 4 and '--gpus="${nk_gpus}"' in args
     assert "--device=/dev/infiniband/uverbs0:/dev/infiniband/uverbs0" in args and "--cap-add=IPC_LOCK" in args
     # The limits are this node's to decide at run time (nk_ulimit), up to what nodekit up asks for.
-    assert {"--stop-timeout=30", "$(nk_ulimit stack -s 67108864)", "$(nk_ulimit memlock -l -1)"} <= set(args)
+    assert {"--stop-timeout=45", "$(nk_ulimit stack -s 67108864)", "$(nk_ulimit memlock -l -1)"} <= set(args)
 
 
 def test_the_secret_is_in_the_script_once_exported_and_never_in_a_task_argument(tmp_path: Path) -> None:
