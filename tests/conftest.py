@@ -78,8 +78,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("docker") and "docker_engine" not in getattr(item, "fixturenames", ()):
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]
-    if config.getoption("dist", None) == "loadgroup":  # groups longest first; a stable sort keeps each file's order
-        items.sort(key=lambda item: group_rank(item.nodeid))
 
 
 # `make test` runs the heavy tiers as four groups on two workers (pytest-xdist, -n 2 --dist loadgroup): each group's
@@ -126,9 +124,8 @@ def group_of(nodeid: str) -> str | None:
     return tier
 
 
-def group_rank(nodeid: str) -> int:
-    """Where a test's group goes in GROUP_ORDER (a group not named there, and the unit tier's tests, last)."""
-    group = group_of(nodeid)
+def group_rank(group: str | None) -> int:
+    """Where a group goes in GROUP_ORDER (a group not named there, and a scope that is none, last)."""
     return GROUP_ORDER.index(group) if group in GROUP_ORDER else len(GROUP_ORDER)
 
 
@@ -139,18 +136,32 @@ def cluster_name(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under --dist loadgroup, a test's group is ``group_of``'s, and the groups go out in GROUP_ORDER
-    (``pytest_collection_modifyitems`` puts them in that order; the scheduler's reordering by test count is off).
-    (pytest-xdist 3.8 groups by an
-    ``xdist_group`` mark by suffixing the test's node id, which pytest 9's node ids no longer let it do; the scope
-    is chosen here instead.)"""
+    """Under --dist loadgroup, a test's group is ``group_of``'s, and the groups go out in GROUP_ORDER: the work
+    queue hands out the first-ranked group left (the workers' collections, whose order the scheduler's test indexes
+    refer to, stay as collected). (pytest-xdist 3.8 groups by an ``xdist_group`` mark by suffixing the test's node
+    id, which pytest 9's node ids no longer let it do; the scope is chosen here instead.)"""
     if config.getoption("dist", None) != "loadgroup":
         return None
+    from collections import OrderedDict
+
     from xdist.scheduler import LoadGroupScheduling
 
     config.option.loadscopereorder = False
 
+    class LongestFirst(OrderedDict[str, Any]):
+        """The scheduler takes its next group with ``popitem(last=False)``: the best-ranked one left."""
+
+        def popitem(self, last: bool = True) -> tuple[str, Any]:
+            if last or not self:
+                return super().popitem(last)
+            scope = min(self, key=group_rank)
+            return scope, self.pop(scope)
+
     class TierScheduling(LoadGroupScheduling):
+        def __init__(self, config: pytest.Config, log: Any = None) -> None:
+            super().__init__(config, log)
+            self.workqueue = LongestFirst()
+
         def _split_scope(self, nodeid: str) -> str:
             return group_of(nodeid) or super()._split_scope(nodeid)
 

@@ -5,6 +5,8 @@ by side while the tests inside each stay serial."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import (
@@ -55,13 +57,30 @@ def test_every_cluster_test_over_ssh_is_in_the_ssh_group_and_own_clusters_have_n
     assert own and len(own) == len(set(own)) and not set(own) & set(CLUSTER_NAMES.values()), own
 
 
-def test_the_groups_go_out_longest_first_and_every_group_is_ranked() -> None:
-    """GROUP_ORDER decides which worker gets which group (pytest_collection_modifyitems sorts by it): a group left
-    out of it would go last whatever its size."""
+def test_the_groups_go_out_longest_first_and_every_group_is_ranked(tmp_path: Path) -> None:
+    """GROUP_ORDER decides which worker gets which group: on two real xdist workers the first group each starts is
+    the SSH group or the engine's, and Slurm's comes last (in collection order it would be the engine's and the
+    other cluster tests' first). A group left out of GROUP_ORDER would go last whatever its size."""
     files = sorted((ROOT / "tests").glob("*/test_*.py"))
     groups = {group_of(f"{f.relative_to(ROOT).as_posix()}::test_x") for f in files} - {None}
-    assert groups == set(GROUP_ORDER)
-    paths = ("cluster/test_fleet.py", "integration/test_two_node.py", "cluster/test_e2e.py", "cluster/test_slurm.py")
-    ranks = [group_rank(f"tests/{path}::test_x") for path in paths]
-    assert ranks == [0, 1, 2, 3]
-    assert group_rank("tests/unit/meta/test_tiers.py::test_x") == len(GROUP_ORDER)
+    assert groups == set(GROUP_ORDER) and group_rank(None) == len(GROUP_ORDER)
+    for path in (
+        "integration/test_two_node.py",
+        "cluster/test_e2e.py",
+        "cluster/test_fleet.py",
+        "cluster/test_slurm.py",
+    ):
+        test = tmp_path / "tests" / path
+        test.parent.mkdir(parents=True, exist_ok=True)
+        test.write_text("import time\n" + "".join(f"def test_{i}():\n    time.sleep(0.3)\n" for i in range(4)))
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nfrom tests.conftest import pytest_xdist_make_scheduler\n"
+    )
+    ran = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                          "-v", "-c", "/dev/null", "--rootdir", str(tmp_path), "tests"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    order = re.findall(r"^\[(gw\d)\] \[ *\d+%\] PASSED tests/(\w+/test_\w+)\.py", ran.stdout, re.M)
+    firsts = {worker: next(test for w, test in order if w == worker) for worker in ("gw0", "gw1")}
+    assert set(firsts.values()) == {"cluster/test_fleet", "integration/test_two_node"}, ran.stdout
+    assert order[-1][1] in ("cluster/test_slurm", "cluster/test_e2e"), ran.stdout
