@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from nodekit.backends.compose.node import NodePlan, plan_node
+from nodekit.backends.compose.node import NodePlan, plan
 from nodekit.backends.fleet.hosts import FleetHost, check_main_on_host0, fleet_main
 from nodekit.config.settings import Settings
-from nodekit.job.gather import NodeWorld, check_command
+from nodekit.job.gather import NodeWorld, check_command, world_of
 from nodekit.launcher.contract import Env
 from nodekit.system.host import net
 from nodekit.system.host.facts import Gathered
@@ -60,9 +60,9 @@ def node_worlds(
     env_set = frozenset(n for n in launch.pass_env if n in environ)
     cwd = Path.cwd()
     return [
-        NodeWorld(main_ip=main_ip, facts=g.facts, image=image, cwd=cwd, image_id=image_id, job_secret=secret,
-                  env_set=env_set)
-        for g in facts
+        world_of(settings, h.rank, main_ip, g.facts, image=image, cwd=cwd, launch=launch, image_id=image_id,
+                 job_secret=secret, env_set=env_set)
+        for h, g in zip(hosts, facts, strict=True)
     ]  # fmt: skip
 
 
@@ -70,4 +70,4 @@ def plan_nodes(
     settings: Settings, hosts: Sequence[FleetHost], worlds: Sequence[NodeWorld], *, debug: bool = False
 ) -> list[NodePlan]:
     """Pure: one NodePlan per rank, each from that host's world (:func:`node_worlds`)."""
-    return [plan_node(settings, h.rank, w, debug=debug) for h, w in zip(hosts, worlds, strict=True)]
+    return [plan(settings, w, debug=debug).detail for w in worlds]
