@@ -153,29 +153,32 @@ def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -
 def test_the_fleet_plans_each_rank_from_its_own_hosts_world(tmp_path: Path) -> None:
     """Each rank's plan takes the facts its host reported (here: 8 GPUs on one, none on the other), main's address
     resolved once, and the run's one secret and image id."""
-    from nodekit.backends.fleet.nodes import node_worlds, plan_nodes
+    from nodekit.backends.fleet.nodes import gathered
+    from nodekit.backends.fleet.plan import plan
 
     (tmp_path / "train.py").write_text("")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, pass_env=("HF_TOKEN",))
     hosts = fleet_hosts(["ssh://me@10.0.0.5", "ssh://me@10.0.0.6"], 2)
     reported = [Gathered(facts=CPU_NODE), Gathered(facts=GPU_NODE)]
-    worlds = node_worlds(s, hosts, reported, "nodekit/demo:1", image_id=IMAGE_ID, secret=SECRET, environ={})
-    assert [w.facts for w in worlds] == [CPU_NODE, GPU_NODE]
-    assert {(w.main_ip, w.image, w.image_id, w.job_secret, w.env_set) for w in worlds} == {
-        ("10.0.0.5", "nodekit/demo:1", IMAGE_ID, SECRET, frozenset())
+    inputs = gathered(s, hosts, reported, "nodekit/demo:1", image_id=IMAGE_ID, secret=SECRET, environ={})
+    assert inputs.facts == (CPU_NODE, GPU_NODE)
+    plans = plan(inputs).detail.nodes
+    assert [p.facts for p in plans] == [CPU_NODE, GPU_NODE]
+    assert {(p.node.main_addr, p.image, p.image_id, p.job_secret) for p in plans} == {
+        ("10.0.0.5", "nodekit/demo:1", IMAGE_ID, SECRET)
     }
-    plans = plan_nodes(s, hosts, worlds)
     assert [p.node.nproc for p in plans] == [1, 8]
     assert [p.compose_path.name for p in plans] == ["node-0.yaml", "node-1.yaml"]
     assert all(p.warnings and "HF_TOKEN" in p.warnings[0] for p in plans)
     with pytest.raises(UsageError, match=r"training script gone\.py not found"):
-        node_worlds(s.model_copy(update={"script": "gone.py"}), hosts, reported, "nodekit/demo:1")
+        gathered(s.model_copy(update={"script": "gone.py"}), hosts, reported, "nodekit/demo:1")
 
 
 def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: Path) -> None:
     """Host networking: node 0 serves the rendezvous on main's address. A main host 0 does not have would start every
     node, each to wait rdzv_timeout for it (issue 46); refused in one line, exit 2, before any node starts."""
-    from nodekit.backends.fleet.nodes import node_worlds
+    from nodekit.backends.fleet.nodes import gathered
+    from nodekit.backends.fleet.plan import plan
 
     (tmp_path / "train.py").write_text("")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, main="10.0.0.9")
@@ -183,7 +186,7 @@ def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: P
     own = frozenset({"127.0.0.1", "10.0.0.5", "fe80::1"})
     reported = [Gathered(facts=CPU_NODE, addresses=own), Gathered(facts=CPU_NODE)]
     with pytest.raises(UsageError) as e:
-        node_worlds(s, hosts, reported, "nodekit/demo:1")
+        gathered(s, hosts, reported, "nodekit/demo:1")
     assert e.value.exit_code == 2 and "\n" not in e.value.one_line()
     assert e.value.message == (
         "main = '10.0.0.9' (10.0.0.9) is none of node 0 (me@10.0.0.5)'s addresses (10.0.0.5, fe80::1): every node "
@@ -191,12 +194,12 @@ def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: P
     )
     assert "remove main" in e.value.fix
     for fine in (s.model_copy(update={"main": "10.0.0.5"}), s.model_copy(update={"main": None})):
-        assert node_worlds(fine, hosts, reported, "nodekit/demo:1")[1].main_ip == "10.0.0.5"
+        assert gathered(fine, hosts, reported, "nodekit/demo:1").main_ip == "10.0.0.5"
     unknown = [Gathered(facts=CPU_NODE), Gathered(facts=CPU_NODE)]  # a tcp:// host 0 reports no addresses
-    assert node_worlds(s, hosts, unknown, "nodekit/demo:1")[0].main_ip == "10.0.0.9"
+    assert gathered(s, hosts, unknown, "nodekit/demo:1").main_ip == "10.0.0.9"
     bridge = s.model_copy(update={"network": "bridge"})  # main publishes its ports: not host 0's address check
     with pytest.raises(UsageError, match=r'network = "bridge" with main 10\.0\.0\.9'):  # the node's own decision
-        node_worlds(bridge, hosts, reported, "nodekit/demo:1")
+        plan(gathered(bridge, hosts, reported, "nodekit/demo:1"))
 
 
 def test_host_facts_are_gathered_with_the_route_to_main_only_when_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
