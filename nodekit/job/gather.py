@@ -22,7 +22,6 @@ from nodekit.job.spec import (
     NodeSpec,
     check_rank,
     launch_spec,
-    mount_points,
     node_spec,
     pinned_host_facts,
 )
@@ -124,8 +123,9 @@ def gather_node(
     if facts is None:
         facts = _facts_here(settings, rank, main_ip)
     # Bad settings for this node are refused here, in the order a user meets them; the node decided is the one planned.
-    absent = () if mounts_checked else tuple(m.host for m in mount_points(settings, rank) if not Path(m.host).exists())
-    node, facts = decide_node(settings, launch, rank, main_ip, facts, absent)
+    node, facts = decide_node(settings, launch, rank, main_ip, facts)
+    absent = () if mounts_checked else tuple(m.host for m in node.mounts if not Path(m.host).exists())
+    check_mounts(node, absent)
     ref, why, known_id = image, "", ""
     if not ref:
         from nodekit.image.builder import choose

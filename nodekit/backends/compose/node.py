@@ -83,34 +83,36 @@ def plan(
     if world.main_note:
         notes = (world.main_note, *notes)
     path = compose_path(settings, rank, out_dir)
+    hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
+    output_dir = output_dir_of(settings, rank, world.cwd)
     container = plan_container(
         node,
         facts,
         image=world.image,
-        output_dir=output_dir_of(settings, rank, world.cwd),
+        output_dir=output_dir,
         debug=debug,
         image_id=world.image_id,
         job_secret=bool(world.job_secret),
     )
+    warnings = unset_pass_env(launch.pass_env, world.env_set)
     doc = render_compose(container, secrets={Env.JOB_SECRET: world.job_secret} if world.job_secret else {})
-    hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
-    return as_plan(
-        NodePlan(
-            node=node,
-            image=world.image,
-            facts=facts,
-            container=container,
-            compose_path=path,
-            project_dir=settings.project_dir,
-            project=project_name(launch.name, rank),
-            text=to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint),
-            notes=notes,
-            image_id=world.image_id,
-            warnings=unset_pass_env(launch.pass_env, world.env_set),
-            job_secret=world.job_secret,
-            main_note=world.main_note,
-        )
+    text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
+    node_plan = NodePlan(
+        node=node,
+        image=world.image,
+        facts=facts,
+        container=container,
+        compose_path=path,
+        project_dir=settings.project_dir,
+        project=project_name(launch.name, rank),
+        text=text,
+        notes=notes,
+        image_id=world.image_id,
+        warnings=warnings,
+        job_secret=world.job_secret,
+        main_note=world.main_note,
     )
+    return as_plan(node_plan)
 
 
 def as_plan(p: NodePlan) -> BackendPlan[NodePlan]:
