@@ -117,6 +117,8 @@ class FleetPlan:
     launcher: str = "torchrun"
     declared: bool = True
     """The nodes were planned with the facts the config declares (no host was asked: a dry run)."""
+    unplanned: str = ""
+    """Why no node is planned yet ("" when every rank's is)."""
 
     @property
     def nodes(self) -> tuple[NodePlan, ...]:
@@ -151,11 +153,8 @@ class FleetPlan:
         return "\n".join([*lines, restarts, *self._nodes_text()])
 
     def _nodes_text(self) -> list[str]:
-        if not self.nodes:
-            return [
-                f"every node's compose file and start: {WHEN_RUN}, once the image and main's IP address are known "
-                "(--image, and main as an address, print them here)"
-            ]
+        if self.unplanned:
+            return [f"every node's compose file and start: {WHEN_RUN}: {self.unplanned}"]
         if not self.declared:
             return []
         return [
@@ -239,13 +238,29 @@ def plan_fleet(inputs: FleetInputs) -> FleetPlan:
         command=tuple(launch.command.argv()),
         launcher=launch.launcher,
         declared=inputs.facts == (),
+        unplanned=unplanned(inputs),
     )
+
+
+def unplanned(inputs: FleetInputs) -> str:
+    """Pure: why the nodes cannot be planned from ``inputs`` yet ("" when they can): the image or main's IP is not
+    known, or (no host asked) a setting needs what only the hosts report."""
+    if inputs.image is None or inputs.main_ip is None:
+        return "once the image and main's IP address are known (--image, and main as an address, print them here)"
+    if inputs.facts:
+        return ""
+    if inputs.settings.ib == "on":
+        return 'ib = "on" needs the InfiniBand devices each host reports'
+    if inputs.settings.network == "bridge":
+        return 'network = "bridge" needs the docker0 bridge each host reports'
+    return ""
 
 
 def _nodes(inputs: FleetInputs, launch: LaunchSpec) -> list[NodePlan | None]:
     """Each rank's node, planned as ``nodekit up`` plans one, from its host's facts (or, in a dry run, the facts
-    its ``[nodes.R]`` declares); None for every rank while the image or main's IP is not known."""
-    if inputs.image is None or inputs.main_ip is None:
+    its ``[nodes.R]`` declares); None for every rank while :func:`unplanned` says why not."""
+    image, main_ip = inputs.image, inputs.main_ip
+    if image is None or main_ip is None or unplanned(inputs):
         return [None] * len(inputs.hosts)
     s = inputs.settings
     facts = inputs.facts or tuple(HostFacts() for _ in inputs.hosts)
@@ -253,7 +268,7 @@ def _nodes(inputs: FleetInputs, launch: LaunchSpec) -> list[NodePlan | None]:
     return [
         plan_node(
             s,
-            world_of(s, h.rank, inputs.main_ip, f, image=inputs.image, cwd=cwd, launch=launch,
+            world_of(s, h.rank, main_ip, f, image=image, cwd=cwd, launch=launch,
                      image_id=inputs.image_id, job_secret=inputs.secret, env_set=inputs.env_set),
             debug=inputs.debug,
         ).detail

@@ -162,4 +162,9 @@ def test_the_dry_run_leaves_the_nodes_to_the_run_while_main_or_the_image_is_not_
     _project(tmp_path, monkeypatch, 'main = "head.example"\n')
     text = _dry_run("--image", "nodekit/t:1")
     assert "  start:" not in text and "# would write" not in text
-    assert "every node's compose file and start: decided when run, once the image and main's IP address" in text
+    assert "every node's compose file and start: decided when run: once the image and main's IP address" in text
+    # A host's InfiniBand devices are its report's: the dry run does not refuse ib = "on" for lacking them.
+    _project(tmp_path, monkeypatch, 'main = "10.0.0.5"\nib = "on"\n')
+    text = _dry_run("--image", "nodekit/t:1")
+    assert "  start:" not in text and "# would write" not in text
+    assert 'decided when run: ib = "on" needs the InfiniBand devices each host reports' in text
