@@ -297,7 +297,7 @@ def _attempts(
                                 secret=secret, debug=debug)).detail  # fmt: skip
         for p in planned.nodes:
             write_compose(p)
-        live = [_Live(plan=r.node, host=r.host, args=r.start) for r in planned.ranks if r.node is not None]
+        live = [_Live(plan=p, host=r.host, args=r.start) for p, r in zip(planned.nodes, planned.ranks, strict=True)]
         attempt = f" (restart {used} of {settings.restarts})" if used else ""
         reporter.step(f"starting {n} node(s){attempt}: {', '.join(str(p.compose_path) for p in planned.nodes[:4])}")
         try:
