@@ -14,9 +14,9 @@ import sys
 import tomllib
 from pathlib import Path
 
-from nodekit.backends.compose.node import plan_node
+from nodekit.backends.compose.node import plan
 from nodekit.config.settings import Settings
-from nodekit.job.gather import NodeWorld
+from nodekit.job.gather import world_of
 from nodekit.system.host.facts import HostFacts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +42,9 @@ def files() -> dict[str, str]:
     out = {}
     for rank, addr in ((0, MAIN), (1, WORKER)):
         facts = HostFacts(gpu_count=0, iface="eth0", local_addr=addr)
-        world = NodeWorld(main_ip=MAIN, facts=facts, image=IMAGE, cwd=PROJECT, job_secret=SECRET)
-        plan = plan_node(settings, rank, world)
-        out[plan.compose_path.name] = plan.text
+        world = world_of(settings, rank, MAIN, facts, image=IMAGE, cwd=PROJECT, job_secret=SECRET)
+        node = plan(settings, world).detail
+        out[node.compose_path.name] = node.text
     return out
 
 

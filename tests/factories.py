@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nodekit import ship
-from nodekit.backends.compose.node import NodePlan, plan_node
+from nodekit.backends.compose.node import NodePlan, plan
 from nodekit.backends.compose.render import render_compose, to_yaml
 from nodekit.config.settings import Settings, load
 from nodekit.image.plan import LABEL_FINGERPRINT, LABEL_LOCK
@@ -81,8 +81,8 @@ def plan_here(
     settings: Settings, rank: int, main: str, *, debug: bool = False, out_dir: Path | None = None, **gather: Any
 ) -> NodePlan:
     """The one-call form of planning a node: :func:`nodekit.job.gather.gather_node` on this machine (``gather``:
-    its keyword arguments), then :func:`nodekit.backends.compose.node.plan_node`."""
-    return plan_node(settings, rank, gather_node(settings, rank, main, **gather), debug=debug, out_dir=out_dir)
+    its keyword arguments), then :func:`nodekit.backends.compose.node.plan`'s node plan."""
+    return plan(settings, gather_node(settings, rank, main, **gather), debug=debug, out_dir=out_dir).detail
 
 
 # --- the launcher: its environment, node facts, an in-memory store ---------------------------------------------

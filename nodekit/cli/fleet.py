@@ -79,11 +79,12 @@ def run(
         from nodekit.image import builder as building
 
         image = building.build(settings, RichReporter(verbose=True)).tag
-    if dry_run:  # the whole plan, gathered on this machine only: no host, engine or DNS is asked
-        from nodekit.backends.fleet.plan import gather, plan
+    if dry_run:  # the planner each attempt of the run applies, gathered on this machine only: no host, engine or DNS
+        from nodekit.backends.fleet.nodes import gather
+        from nodekit.backends.fleet.plan import plan
         from nodekit.cli.ui import show_plan
 
-        show_plan(plan(gather(settings, hosts, image=image)))
+        show_plan(plan(gather(settings, hosts, image=image, debug=debug)))
         return
     from nodekit.backends.fleet.once import one_run_here
     from nodekit.runs.recorder import recording

@@ -58,7 +58,7 @@ def _plan(
         settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret,
         dry_run=dry_run, launch=launch,
     )  # fmt: skip
-    return plan(settings, rank, world, debug=debug, out_dir=out_dir, launch=launch)
+    return plan(settings, world, debug=debug, out_dir=out_dir)
 
 
 @app.command()

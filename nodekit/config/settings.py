@@ -22,6 +22,8 @@ from nodekit.config.across import FABRIC_SETTINGS as FABRIC_SETTINGS
 from nodekit.config.across import node_rank_problem as node_rank_problem
 from nodekit.config.across import reserved_env as reserved_env
 from nodekit.config.backends import BackendTables
+from nodekit.config.backends import K8sSettings as K8sSettings
+from nodekit.config.backends import SlurmSettings as SlurmSettings
 from nodekit.config.file import CONFIG_FILE, config_path
 from nodekit.config.inputs import ENV_NAME, MAX_NODES, MAX_TIMEOUT_S, MIN_PEER_TIMEOUT, MIN_STALL_TIMEOUT
 from nodekit.config.tables import (
@@ -33,8 +35,6 @@ from nodekit.config.tables import (
     NProc,
     checked,
 )
-from nodekit.config.tables import K8sSettings as K8sSettings
-from nodekit.config.tables import SlurmSettings as SlurmSettings
 from nodekit.errors import ConfigError
 from nodekit.launcher.contract import DEFAULT_LAUNCH_MODE, EXIT_STALLED, LAUNCH_MODES
 from nodekit.launcher.plan import styles_text

@@ -2,9 +2,10 @@
 
 Gather, then plan: :func:`gather_node` does every read the plan needs (the training script on disk, main's name in
 DNS, this host's facts and routes, the mount sources, the engine's images, the job secret, the shell's environment,
-the working directory) and refuses what it finds wrong; :func:`nodekit.backends.compose.node.plan_node` is then a pure
-function of the settings and that value, so a plan can be printed, compared with a golden file, or made for another
-machine's facts without touching this one."""
+the working directory) and refuses what it finds wrong, deciding the node (:class:`~nodekit.job.spec.NodeSpec`) once on
+the way; :func:`nodekit.backends.compose.node.plan` is then a pure function of the settings and that value, so a plan
+can be printed, compared with a golden file, or made for another machine's facts without touching this one. A world
+made by hand (another machine's facts) goes through :func:`world_of`, held to the same refusals."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from pathlib import Path
 
 from nodekit.config.settings import Settings
 from nodekit.errors import NetworkError, UsageError
-from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_spec, pinned_host_facts
+from nodekit.job.spec import (
+    LaunchSpec,
+    NodeSpec,
+    check_rank,
+    launch_spec,
+    node_spec,
+    pinned_host_facts,
+)
 from nodekit.system.host import facts as host_facts
 from nodekit.system.host import net
 from nodekit.system.host.facts import HostFacts
@@ -24,16 +32,20 @@ from nodekit.system.host.facts import HostFacts
 
 @dataclass(frozen=True)
 class NodeWorld:
-    """Everything a node's plan takes from outside the settings: one value, printable and comparable.
+    """Everything a node's plan takes from outside the settings, and the node decided from it: one value, printable
+    and comparable.
 
-    ``facts`` are the node's host facts as gathered (or as its host reported them), before the config's per-node
-    pins. ``absent`` lists the node's mount sources that do not exist where it runs (empty when they were checked
-    elsewhere, or cannot be). ``image_note`` says why nodekit chose ``image`` ("" when it was named). ``image_id``
-    is the image's id on the node's engine when it was looked up ("" otherwise: not rendered). ``env_set`` holds
-    the names of the job's ``pass_env`` variables the launching shell sets: names only, their values stay in the
-    shell (Compose reads them at start). ``main_note`` says which address node 0 took for main when none was given
+    ``node`` is the node as the settings and these facts decide it (:func:`decide_node`: made once, while gathering
+    refuses what is wrong, and planned from as it is). ``facts`` are the node's host facts as gathered (or as its
+    host reported them), with the config's per-node pins (:func:`nodekit.job.spec.pinned_host_facts`). ``absent``
+    lists the node's mount sources that do not exist where it runs (empty when they were checked elsewhere, or
+    cannot be). ``image_note`` says why nodekit chose ``image`` ("" when it was named). ``image_id`` is the image's
+    id on the node's engine when it was looked up ("" otherwise: not rendered). ``env_set`` holds the names of the
+    job's ``pass_env`` variables the launching shell sets: names only, their values stay in the shell (Compose reads
+    them at start). ``main_note`` says which address node 0 took for main when none was given
     ("" otherwise). ``cwd`` is the directory the compose file's path hint is shown relative to."""
 
+    node: NodeSpec
     main_ip: str
     facts: HostFacts
     image: str
@@ -110,8 +122,8 @@ def gather_node(
         main_note = f"main is {main_ip}, this host's address on its default route (--main chooses another)"
     if facts is None:
         facts = _facts_here(settings, rank, main_ip)
-    # Bad settings for this node are refused here, in the order a user meets them.
-    node = node_spec(settings, launch, rank, main_ip, pinned_host_facts(settings, rank, facts))
+    # Bad settings for this node are refused here, in the order a user meets them; the node decided is the one planned.
+    node, facts = decide_node(settings, launch, rank, main_ip, facts)
     absent = () if mounts_checked else tuple(m.host for m in node.mounts if not Path(m.host).exists())
     check_mounts(node, absent)
     ref, why, known_id = image, "", ""
@@ -125,6 +137,7 @@ def gather_node(
     cwd = Path.cwd()
     secret = job_secret() if job_secret else ""  # last: everything else passed
     return NodeWorld(
+        node=node,
         main_ip=main_ip,
         facts=facts,
         image=ref,
@@ -136,6 +149,43 @@ def gather_node(
         env_set=env_set,
         main_note=main_note,
     )
+
+
+def decide_node(
+    settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts, absent: tuple[str, ...] = ()
+) -> tuple[NodeSpec, HostFacts]:
+    """Pure: node ``rank`` as the settings decide it with its host's ``facts`` (returned with the config's per-node
+    pins) and main at ``main_ip``; UsageError for what they contradict, a mount source in ``absent`` included."""
+    pinned = pinned_host_facts(settings, rank, facts)
+    node = node_spec(settings, launch, rank, main_ip, pinned)
+    check_mounts(node, absent)
+    return node, pinned
+
+
+def world_of(
+    settings: Settings,
+    rank: int,
+    main_ip: str,
+    facts: HostFacts,
+    *,
+    image: str,
+    cwd: Path,
+    launch: LaunchSpec | None = None,
+    absent: tuple[str, ...] = (),
+    image_note: str = "",
+    image_id: str = "",
+    job_secret: str = "",
+    env_set: frozenset[str] = frozenset(),
+    main_note: str = "",
+) -> NodeWorld:
+    """Pure: node ``rank``'s world from what was gathered elsewhere (its host's report, or declared), its node
+    decided (:func:`decide_node`, with the same refusals as :func:`gather_node`). ``launch``: the command's launch
+    spec, when it holds one."""
+    node, pinned = decide_node(settings, launch or launch_spec(settings), rank, main_ip, facts, absent)
+    return NodeWorld(
+        node=node, main_ip=main_ip, facts=pinned, image=image, cwd=cwd, image_note=image_note, image_id=image_id,
+        job_secret=job_secret, absent=absent, env_set=env_set, main_note=main_note,
+    )  # fmt: skip
 
 
 def _facts_here(settings: Settings, rank: int, main_ip: str) -> HostFacts:

@@ -1,7 +1,8 @@
 """One node of a job: plan its compose file (pure decisions on a gathered world), write it, run it.
 
-:func:`nodekit.job.gather.gather_node` validates everything the user gave and gathers what the plan needs from this
-machine into a :class:`~nodekit.job.gather.NodeWorld`; :func:`plan_node` decides the compose file from it alone (pure);
+:func:`nodekit.job.gather.gather_node` validates everything the user gave, gathers what the plan needs from this
+machine and decides the node into a :class:`~nodekit.job.gather.NodeWorld`; :func:`plan` makes the compose file from it
+alone (pure);
 nothing is written until ``write_compose`` and nothing runs until ``up``. A plan that fails leaves no file behind.
 """
 
@@ -20,9 +21,9 @@ from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NetworkError, UsageError
 from nodekit.job.container import ContainerSpec
-from nodekit.job.gather import NodeWorld, check_mounts
+from nodekit.job.gather import NodeWorld
 from nodekit.job.plan import plan_container, unset_pass_env
-from nodekit.job.spec import LaunchSpec, NodeSpec, check_rank, launch_spec, node_spec, output_dir_of, pinned_host_facts
+from nodekit.job.spec import NodeSpec, output_dir_of
 from nodekit.launcher.contract import EXIT_PEER_LOST, Env
 from nodekit.launcher.stops import STOPPED_BY
 from nodekit.launcher.watchdog.decide import SIGNAL_FROM
@@ -66,43 +67,37 @@ def compose_path(settings: Settings, rank: int, out_dir: Path | None = None) -> 
     return (out_dir or settings.resolve(settings.compose_dir)) / compose_filename(rank)
 
 
-def plan_node(
-    settings: Settings,
-    rank: int,
-    world: NodeWorld,
-    *,
-    debug: bool = False,
-    out_dir: Path | None = None,
-    launch: LaunchSpec | None = None,
-) -> NodePlan:
-    """Pure: node ``rank``'s container (:func:`nodekit.job.plan.plan_container`) and its compose file, decided from
-    the settings and its gathered ``world``. Reads no file,
-    environment, network or engine; raises UsageError for what the settings and the world contradict (the same
-    checks :func:`nodekit.job.gather.gather_node` made, so a world made by hand is held to them too). ``launch``: the
-    command's launch spec, when it built one already."""
-    launch = launch or launch_spec(settings)
-    check_rank(launch, rank)
-    facts = pinned_host_facts(settings, rank, world.facts)
-    node = node_spec(settings, launch, rank, world.main_ip, facts)
-    check_mounts(node, world.absent)
+def plan(
+    settings: Settings, world: NodeWorld, *, debug: bool = False, out_dir: Path | None = None
+) -> BackendPlan[NodePlan]:
+    """Pure: the node ``world`` decided (:attr:`~nodekit.job.gather.NodeWorld.node`), its container
+    (:func:`nodekit.job.plan.plan_container`) and its compose file, in the shape every backend returns (``nodekit
+    compose`` and ``up`` print it on ``--dry-run``; ``write_compose`` and ``up`` carry out its ``detail``; the fleet
+    plans each rank with it). Reads no file, environment, network or engine, and decides nothing the world's node
+    holds again: gathering refused what the settings and the world contradict."""
+    node, facts = world.node, world.facts
+    rank, launch = node.rank, node.launch
     notes = _notes(node, facts)
     if world.image_note:
         notes = (*notes, f"image {world.image}: {world.image_note}")
     if world.main_note:
         notes = (world.main_note, *notes)
     path = compose_path(settings, rank, out_dir)
+    hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
+    output_dir = output_dir_of(settings, rank, world.cwd)
     container = plan_container(
         node,
         facts,
         image=world.image,
-        output_dir=output_dir_of(settings, rank, world.cwd),
+        output_dir=output_dir,
         debug=debug,
         image_id=world.image_id,
         job_secret=bool(world.job_secret),
     )
+    warnings = unset_pass_env(launch.pass_env, world.env_set)
     doc = render_compose(container, secrets={Env.JOB_SECRET: world.job_secret} if world.job_secret else {})
-    hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
-    return NodePlan(
+    text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
+    node_plan = NodePlan(
         node=node,
         image=world.image,
         facts=facts,
@@ -110,27 +105,14 @@ def plan_node(
         compose_path=path,
         project_dir=settings.project_dir,
         project=project_name(launch.name, rank),
-        text=to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint),
+        text=text,
         notes=notes,
         image_id=world.image_id,
-        warnings=unset_pass_env(launch.pass_env, world.env_set),
+        warnings=warnings,
         job_secret=world.job_secret,
         main_note=world.main_note,
     )
-
-
-def plan(
-    settings: Settings,
-    rank: int,
-    world: NodeWorld,
-    *,
-    debug: bool = False,
-    out_dir: Path | None = None,
-    launch: LaunchSpec | None = None,
-) -> BackendPlan[NodePlan]:
-    """Pure: :func:`plan_node` in the shape every backend returns (``nodekit compose`` and ``up`` print it on
-    ``--dry-run``; ``write_compose`` and ``up`` carry out its ``detail``)."""
-    return as_plan(plan_node(settings, rank, world, debug=debug, out_dir=out_dir, launch=launch))
+    return as_plan(node_plan)
 
 
 def as_plan(p: NodePlan) -> BackendPlan[NodePlan]:

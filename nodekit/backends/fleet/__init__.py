@@ -8,7 +8,8 @@ the pure planner writes ``compose/node-R.yaml`` per rank, and each file is appli
 - :mod:`~nodekit.backends.fleet.remote`: the per-host checks and facts, in parallel, each failure named with its fix.
 - :mod:`~nodekit.backends.fleet.supervise`: pure. The supervisor's decision table: who failed first, whom to stop,
   whether to restart.
-- :mod:`~nodekit.backends.fleet.plan`: pure. ``run --dry-run``'s whole plan (per rank, the ship plan, the relay chains),
-  gathered on the head alone.
+- :mod:`~nodekit.backends.fleet.plan`: pure. The plan each attempt of ``run`` applies and ``run --dry-run`` prints
+  (per rank its compose file and start, the ship plan, the relay chains), from what
+  :mod:`~nodekit.backends.fleet.nodes` gathered: the hosts' reports, or (dry run) the head alone.
 - :mod:`~nodekit.backends.fleet.run`: carries the plan out: ship, write, start, merged log, gang stop, restarts.
 """

@@ -2,17 +2,17 @@
 
 Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts;
 each host is asked for the image as soon as its own check passed: nodekit/backends/fleet/image.py) -> ship the image
-where it is missing -> write ``compose/node-R.yaml`` for every rank -> start every node -> one
-merged log while the supervisor's decision table (:mod:`nodekit.backends.fleet.supervise`) watches the exits -> gang
-stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through nodekit.system.proc.stopping,
-an error of ours), every node's container is removed before this returns; a host that cannot be reached for that is
-named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a host that vanishes is reported
-lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before blaming a
-survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image, the start: the host's own
-``docker run``, :mod:`nodekit.backends.fleet.start`; the node's follower: its log and exit code in one SSH command,
-:mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared connection (:class:`nodekit.ship.SharedSsh`, opened
-while this machine picks the image, :func:`nodekit.backends.fleet.remote.opening`, and keeping alive as above): one key
-exchange and login per host per run, not one per call.
+where missing -> the attempt's plan (fleet/plan.py: what ``--dry-run`` prints), its ``compose/node-R.yaml`` written and
+every node started as planned -> one merged log while the supervisor's decision table (fleet/supervise.py) watches the
+exits -> gang stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through
+nodekit.system.proc.stopping, an error of ours), every node's container is removed before this returns; a host that
+cannot be reached for that is named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a
+host that vanishes is reported lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that
+long for it before blaming a survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image,
+the start: the host's own ``docker run``, :mod:`nodekit.backends.fleet.start`; the node's follower: its log and exit
+code in one SSH command, :mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared connection
+(:class:`nodekit.ship.SharedSsh`, opened while this machine picks the image, fleet/remote.py's ``opening``, and keeping
+alive as above): one key exchange and login per host per run, not one per call.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
 from nodekit.backends.fleet.hosts import FleetHost
 from nodekit.backends.fleet.image import is_this_image, ship_image
 from nodekit.backends.fleet.manage import parallel as _parallel
-from nodekit.backends.fleet.nodes import job_settings, node_worlds, plan_nodes
+from nodekit.backends.fleet.nodes import gathered, job_settings
+from nodekit.backends.fleet.plan import plan
 from nodekit.backends.fleet.supervise import LOST, SETTLE_S, Budget, Decision, Report, decide
 from nodekit.config.settings import Settings
 from nodekit.errors import JobFailed, NodekitError
@@ -53,9 +54,10 @@ LineFn = Callable[[int, str], None]
 
 
 @dataclass
-class _Live:
+class _Live:  # one node as planned; ``args``: its docker run's (empty: compose up starts it)
     plan: NodePlan
     host: FleetHost
+    args: tuple[str, ...] = ()
 
 
 def _down(live: Sequence[_Live], timeout: int = STOP_TIMEOUT_S, *, keep: bool = False) -> list[FleetHost]:
@@ -93,8 +95,8 @@ def _start(live: Sequence[_Live], reporter: Reporter, events: RunEvents = NO_EVE
         if proc.interrupted():  # a signal arrived: start nothing more
             return None
         try:
-            if n.host.scheme == "ssh" and start.startable(n.plan.container):
-                start.start(n.host, n.plan, note=reporter.detail)
+            if n.args:
+                start.start(n.host, n.plan, note=reporter.detail, args=n.args)
             else:
                 docker.compose_up(n.plan.compose_path, n.plan.project, host=n.host.url)
         except NodekitError as e:
@@ -280,7 +282,6 @@ def _attempts(
         first = used == 0
         facts, there, info = _check(settings, hosts, reporter, ref, local, events if first else NO_EVENTS,
                                     opened if first else None)  # fmt: skip
-        image_id = info.identity
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
         if missing := [h for h in hosts if h.rank not in there]:
             ship_image(ref, missing, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
@@ -292,14 +293,13 @@ def _attempts(
             from nodekit.data.push import for_run
 
             for_run(settings, hosts, reporter)
-        job = job_settings(settings, hosts, restart=used)
-        worlds = node_worlds(job, hosts, facts, ref, image_id=image_id, secret=secret)
-        plans = plan_nodes(job, hosts, worlds, debug=debug)
-        for p in plans:
+        planned = plan(gathered(job_settings(settings, hosts, restart=used), hosts, facts, ref, image_id=info.identity,
+                                secret=secret, debug=debug)).detail  # fmt: skip
+        for p in planned.nodes:
             write_compose(p)
-        live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]
+        live = [_Live(plan=p, host=r.host, args=r.start) for p, r in zip(planned.nodes, planned.ranks, strict=True)]
         attempt = f" (restart {used} of {settings.restarts})" if used else ""
-        reporter.step(f"starting {n} node(s){attempt}: {', '.join(str(p.compose_path) for p in plans[:4])}")
+        reporter.step(f"starting {n} node(s){attempt}: {', '.join(str(p.compose_path) for p in planned.nodes[:4])}")
         try:
             _start(live, reporter, events)
             reporter.done(f"{n} node(s) started ({clock() - t0:.1f} s since the command)")

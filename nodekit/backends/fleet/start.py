@@ -22,7 +22,7 @@ import hashlib
 import os
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from nodekit.backends.compose.node import NodePlan
@@ -136,10 +136,14 @@ def remote_start(project: str) -> str:
     return f"{REMOTE_COMMAND} {START_MARK} {shlex.quote(container_name(project))}"
 
 
-def start_command(spec: ContainerSpec, *, project: str, compose_file: Path, compose_text: str) -> str:
+def start_command(
+    spec: ContainerSpec, *, project: str, compose_file: Path, compose_text: str, args: Sequence[str] | None = None
+) -> str:
     """The script that starts ``spec``'s container on its host (:data:`START_SCRIPT` with its arguments), without the
-    passed values (:func:`start_input` adds them)."""
-    args = run_args(spec, project=project, compose_file=compose_file, compose_text=compose_text)
+    passed values (:func:`start_input` adds them). ``args``: ``docker run``'s arguments as planned (the fleet's plan
+    holds them), else :func:`run_args`'s."""
+    if args is None:
+        args = run_args(spec, project=project, compose_file=compose_file, compose_text=compose_text)
     dirs = " ".join(_b64(m.source) for m in spec.mounts if m.create)
     head = f"NK_NAME={shlex.quote(container_name(project))}\nNK_DIRS={shlex.quote(dirs)}\n"
     return head + "set -- " + " ".join(shlex.quote(a) for a in args) + "\n" + START_SCRIPT
@@ -182,10 +186,12 @@ def start(
     *,
     environ: Mapping[str, str] | None = None,
     note: Callable[[str], None] | None = None,
+    args: Sequence[str] | None = None,
 ) -> None:
     """Start ``plan``'s container on ``host`` (an ``ssh://`` host, :func:`startable` spec) in one SSH command on the
-    run's shared connection. ImageError when the host's engine lacks the image (a start never pulls), EngineError
-    for anything else Docker or SSH said; nothing of the node is left created either way.
+    run's shared connection, by ``docker run`` with ``args`` (the fleet's plan of it; None: :func:`run_args`'s).
+    ImageError when the host's engine lacks the image (a start never pulls), EngineError for anything else Docker or
+    SSH said; nothing of the node is left created either way.
 
     A stop signal (:func:`nodekit.system.proc.stopping`) gives a start in flight the grace period to end on its own;
     past it, its ssh is killed but the host's ``docker run`` goes on without it, so the node is settled there
@@ -193,7 +199,9 @@ def start(
     spec = plan.container
     secrets = {Env.JOB_SECRET: plan.job_secret} if plan.job_secret else {}
     # The file's text without the secret: the label is readable by anyone who may inspect the container.
-    command = start_command(spec, project=plan.project, compose_file=plan.compose_path, compose_text=plan.shown)
+    command = start_command(
+        spec, project=plan.project, compose_file=plan.compose_path, compose_text=plan.shown, args=args
+    )
     given = passed(spec, secrets, os.environ if environ is None else environ)
     what = f"docker run of node {spec.rank} on {host.where}"
     fix = f"ssh {host.target} docker ps -a (the engine there); nodekit down --node {spec.rank} once it answers"

@@ -1,7 +1,7 @@
 """Gather, then plan: :func:`nodekit.job.gather.gather_node` does every read a node's plan needs, once, into a frozen
 :class:`NodeWorld` (main's address, host facts, the mount sources, the image on the engine and its id, the job
-secret, ``os.environ`` and the working directory); :func:`nodekit.backends.compose.node.plan_node` is a pure function
-of the settings and that value.
+secret, ``os.environ`` and the working directory) with the node decided once; :func:`nodekit.backends.compose.node.plan`
+is a pure function of the settings and that value.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nodekit.backends.compose.node import plan_node
+from nodekit.backends.compose.node import NodePlan, plan
 from nodekit.backends.fleet.hosts import fleet_hosts
 from nodekit.backends.fleet.remote import Gathered
 from nodekit.config.settings import Mount, NodeOverride, Settings
 from nodekit.errors import ImageError, UsageError
-from nodekit.job.gather import NodeWorld, gather_node
+from nodekit.job.gather import NodeWorld, gather_node, world_of
 from nodekit.system.host.facts import HostFacts
 from tests.factories import CPU_NODE, GPU_NODE, plan_here
 from tests.golden import GOLDEN, update_golden
@@ -42,10 +42,8 @@ def _settings(**kw: object) -> Settings:
     return Settings(project_dir=PROJECT, **(base | kw))  # type: ignore[arg-type]
 
 
-def _world(**kw: object) -> NodeWorld:
+def _world(settings: Settings | None = None, rank: int = 1, **kw: object) -> NodeWorld:
     base: dict[str, object] = {
-        "main_ip": "10.0.0.5",
-        "facts": GPU_NODE,
         "image": "nodekit/demo:0123456789ab",
         "cwd": PROJECT,
         "image_note": "its fingerprint 0123456789ab is the project's as it is now",
@@ -53,7 +51,11 @@ def _world(**kw: object) -> NodeWorld:
         "job_secret": SECRET,
         "env_set": frozenset({"HF_TOKEN"}),
     }
-    return NodeWorld(**(base | kw))  # type: ignore[arg-type]
+    return world_of(settings or _settings(), rank, "10.0.0.5", GPU_NODE, **(base | kw))  # type: ignore[arg-type]
+
+
+def plan_node(settings: Settings, world: NodeWorld, debug: bool = False) -> NodePlan:
+    return plan(settings, world, debug=debug).detail
 
 
 def _refuse(*args: object, **kwargs: object) -> object:
@@ -64,7 +66,7 @@ def test_plan_node_reads_nothing_outside_its_arguments(tmp_path: Path, monkeypat
     """The same text with the environment empty, another working directory, and every way out (DNS, sockets,
     processes, the engine through them, the file system's stat, the cwd) made to raise."""
     s, world = _settings(), _world()
-    before = plan_node(s, 1, world)  # also loads the packaged compose template (cached): nodekit's asset, not the world
+    before = plan_node(s, world)  # also loads the packaged compose template (cached): nodekit's asset, not the world
     with monkeypatch.context() as m:
         for name in list(os.environ):
             m.delenv(name)
@@ -76,7 +78,7 @@ def test_plan_node_reads_nothing_outside_its_arguments(tmp_path: Path, monkeypat
         for attr in ("stat", "lstat", "getcwd", "listdir", "scandir"):
             m.setattr(os, attr, _refuse)
         m.setattr(Path, "cwd", _refuse)
-        after = plan_node(s, 1, world)
+        after = plan_node(s, world)
     assert after == before
     assert after.compose_path == PROJECT / "compose" / "node-1.yaml"
     assert after.warnings == (
@@ -92,7 +94,7 @@ def test_plan_node_reads_nothing_outside_its_arguments(tmp_path: Path, monkeypat
 def test_golden_plan_of_a_gathered_world() -> None:
     """One GPU node's compose text, every input a value: the world above, a per-node mount path and debug."""
     s = _settings(nodes={1: NodeOverride(mounts={"/data": "/mnt/nvme/data"})})
-    text = plan_node(s, 1, _world(), debug=True).text
+    text = plan_node(s, _world(s), debug=True).text
     path = GOLDEN / "node-1-world.yaml"
     update_golden(path, text)
     assert text == path.read_text()
@@ -102,12 +104,12 @@ def test_the_world_decides_and_the_settings_are_still_checked_against_it() -> No
     """A world made by hand is held to what gathering refuses: a mount source its host lacks, a rank outside the job,
     a loopback node with a remote main."""
     with pytest.raises(UsageError, match=r"mount /srv/data \(for /data\) does not exist on node 1") as e:
-        plan_node(_settings(), 1, _world(absent=("/srv/data",)))
+        _world(absent=("/srv/data",))
     assert "[nodes.1] mounts" in (e.value.fix or "")
     with pytest.raises(UsageError, match=r"node rank 2 is outside 0\.\.1"):
-        plan_node(_settings(), 2, _world())
+        _world(rank=2)
     with pytest.raises(UsageError, match="no other machine can reach it"):
-        plan_node(_settings(nodes={1: NodeOverride(addr="127.0.0.1")}), 1, _world())
+        _world(_settings(nodes={1: NodeOverride(addr="127.0.0.1")}))
 
 
 def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -> None:
@@ -129,12 +131,12 @@ def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -
         s, 1, "10.0.0.5", image="x:y", facts=CPU_NODE, environ={"HF_TOKEN": "hf_value", "PATH": "/bin"},
         image_id=lambda ref: IMAGE_ID, job_secret=secret,
     )  # fmt: skip
-    assert world == NodeWorld(
-        main_ip="10.0.0.5", facts=CPU_NODE, image="x:y", cwd=Path.cwd(), image_id=IMAGE_ID, job_secret=SECRET,
+    assert world == world_of(
+        s, 1, "10.0.0.5", CPU_NODE, image="x:y", cwd=Path.cwd(), image_id=IMAGE_ID, job_secret=SECRET,
         env_set=frozenset({"HF_TOKEN"}),
     )  # fmt: skip
     assert asked == ["secret"] and "hf_value" not in repr(world)
-    assert plan_node(s, 1, world) == plan_here(
+    assert plan_node(s, world) == plan_here(
         s, 1, "10.0.0.5", image="x:y", facts=CPU_NODE, environ={"HF_TOKEN": "hf_value"},
         image_id=lambda ref: IMAGE_ID, job_secret=lambda: SECRET,
     )  # fmt: skip
@@ -151,29 +153,32 @@ def test_gather_node_gathers_once_and_asks_for_the_secret_last(tmp_path: Path) -
 def test_the_fleet_plans_each_rank_from_its_own_hosts_world(tmp_path: Path) -> None:
     """Each rank's plan takes the facts its host reported (here: 8 GPUs on one, none on the other), main's address
     resolved once, and the run's one secret and image id."""
-    from nodekit.backends.fleet.nodes import node_worlds, plan_nodes
+    from nodekit.backends.fleet.nodes import gathered
+    from nodekit.backends.fleet.plan import plan
 
     (tmp_path / "train.py").write_text("")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, pass_env=("HF_TOKEN",))
     hosts = fleet_hosts(["ssh://me@10.0.0.5", "ssh://me@10.0.0.6"], 2)
     reported = [Gathered(facts=CPU_NODE), Gathered(facts=GPU_NODE)]
-    worlds = node_worlds(s, hosts, reported, "nodekit/demo:1", image_id=IMAGE_ID, secret=SECRET, environ={})
-    assert [w.facts for w in worlds] == [CPU_NODE, GPU_NODE]
-    assert {(w.main_ip, w.image, w.image_id, w.job_secret, w.env_set) for w in worlds} == {
-        ("10.0.0.5", "nodekit/demo:1", IMAGE_ID, SECRET, frozenset())
+    inputs = gathered(s, hosts, reported, "nodekit/demo:1", image_id=IMAGE_ID, secret=SECRET, environ={})
+    assert inputs.facts == (CPU_NODE, GPU_NODE)
+    plans = plan(inputs).detail.nodes
+    assert [p.facts for p in plans] == [CPU_NODE, GPU_NODE]
+    assert {(p.node.main_addr, p.image, p.image_id, p.job_secret) for p in plans} == {
+        ("10.0.0.5", "nodekit/demo:1", IMAGE_ID, SECRET)
     }
-    plans = plan_nodes(s, hosts, worlds)
     assert [p.node.nproc for p in plans] == [1, 8]
     assert [p.compose_path.name for p in plans] == ["node-0.yaml", "node-1.yaml"]
     assert all(p.warnings and "HF_TOKEN" in p.warnings[0] for p in plans)
     with pytest.raises(UsageError, match=r"training script gone\.py not found"):
-        node_worlds(s.model_copy(update={"script": "gone.py"}), hosts, reported, "nodekit/demo:1")
+        gathered(s.model_copy(update={"script": "gone.py"}), hosts, reported, "nodekit/demo:1")
 
 
 def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: Path) -> None:
     """Host networking: node 0 serves the rendezvous on main's address. A main host 0 does not have would start every
     node, each to wait rdzv_timeout for it (issue 46); refused in one line, exit 2, before any node starts."""
-    from nodekit.backends.fleet.nodes import node_worlds
+    from nodekit.backends.fleet.nodes import gathered
+    from nodekit.backends.fleet.plan import plan
 
     (tmp_path / "train.py").write_text("")
     s = Settings(project_dir=tmp_path, name="demo", script="train.py", nnodes=2, main="10.0.0.9")
@@ -181,7 +186,7 @@ def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: P
     own = frozenset({"127.0.0.1", "10.0.0.5", "fe80::1"})
     reported = [Gathered(facts=CPU_NODE, addresses=own), Gathered(facts=CPU_NODE)]
     with pytest.raises(UsageError) as e:
-        node_worlds(s, hosts, reported, "nodekit/demo:1")
+        gathered(s, hosts, reported, "nodekit/demo:1")
     assert e.value.exit_code == 2 and "\n" not in e.value.one_line()
     assert e.value.message == (
         "main = '10.0.0.9' (10.0.0.9) is none of node 0 (me@10.0.0.5)'s addresses (10.0.0.5, fe80::1): every node "
@@ -189,11 +194,12 @@ def test_the_fleet_refuses_a_main_that_is_none_of_host_0_s_addresses(tmp_path: P
     )
     assert "remove main" in e.value.fix
     for fine in (s.model_copy(update={"main": "10.0.0.5"}), s.model_copy(update={"main": None})):
-        assert node_worlds(fine, hosts, reported, "nodekit/demo:1")[1].main_ip == "10.0.0.5"
+        assert gathered(fine, hosts, reported, "nodekit/demo:1").main_ip == "10.0.0.5"
     unknown = [Gathered(facts=CPU_NODE), Gathered(facts=CPU_NODE)]  # a tcp:// host 0 reports no addresses
-    assert node_worlds(s, hosts, unknown, "nodekit/demo:1")[0].main_ip == "10.0.0.9"
-    bridge = s.model_copy(update={"network": "bridge"})  # main publishes its ports; not judged here
-    assert node_worlds(bridge, hosts, reported, "nodekit/demo:1")[0].main_ip == "10.0.0.9"
+    assert gathered(s, hosts, unknown, "nodekit/demo:1").main_ip == "10.0.0.9"
+    bridge = s.model_copy(update={"network": "bridge"})  # main publishes its ports: not host 0's address check
+    with pytest.raises(UsageError, match=r'network = "bridge" with main 10\.0\.0\.9'):  # the node's own decision
+        plan(gathered(bridge, hosts, reported, "nodekit/demo:1"))
 
 
 def test_host_facts_are_gathered_with_the_route_to_main_only_when_not_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,3 +255,34 @@ _CONDA = {
     "site": ["/opt/conda/lib/python3.11/site-packages"], "dists": {"torch": "2.5.0"},
     "torch": {"__version__": "2.5.0+cu124", "cuda": "12.4", "git_version": "abc"},
 }  # fmt: skip
+
+
+def test_nodekit_compose_decides_the_node_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gathering refuses a bad node by deciding it, and that node is the one planned: the way from ``nodekit up`` (and
+    ``compose``) to the compose file decides each node once, not once to refuse and again to plan."""
+    import sys
+
+    from typer.testing import CliRunner
+
+    from nodekit.cli.app import app
+    from nodekit.job import spec
+
+    for var in [v for v in os.environ if v.startswith("NODEKIT_")]:
+        monkeypatch.delenv(var)
+    (tmp_path / "nodekit.toml").write_text('name = "once"\nscript = "train.py"\nnnodes = 2\n')
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    decided: list[int] = []
+    original = spec.node_spec
+
+    def counted(*args: object, **kwargs: object) -> spec.NodeSpec:
+        node = original(*args, **kwargs)  # type: ignore[arg-type]
+        decided.append(node.rank)
+        return node
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("nodekit.")]:
+        if getattr(module, "node_spec", None) is original:
+            monkeypatch.setattr(module, "node_spec", counted)
+    result = CliRunner().invoke(app, ["compose", "-r", "1", "--main", "127.0.0.1", "--image", "i:1", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert decided == [1]

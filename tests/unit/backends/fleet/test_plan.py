@@ -3,6 +3,8 @@ host."""
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 from pathlib import Path
 
@@ -40,6 +42,9 @@ def test_the_dry_run_prints_every_ranks_plan_the_ship_plan_and_the_relay_tree(
     """The whole plan, not the host list only (``#   node 1: ssh://...``)."""
     _project(tmp_path, monkeypatch, 'main = "192.168.8.5"\nnnodes = 3\nrestarts = 1\n[nodes.2]\nnproc_per_node = 2\n')
     text = _dry_run("--image", "nodekit/t:0123456789ab")
+    # The project's directory is the test's own: its path, and the hash of each node file that holds it, vary.
+    text = re.sub(r"config-hash=[0-9a-f]{64}", "config-hash=(sha256 of the node file)", text)
+    text = text.replace(str(tmp_path), "/project")
     path = GOLDEN / "run-dry-run-3-hosts.txt"
     update_golden(path, text)
     assert text == path.read_text()
@@ -117,3 +122,49 @@ def test_no_tree_is_printed_where_none_would_form(tmp_path: Path, relay: str, ur
     assert isinstance(inputs, FleetInputs)
     plan = plan_fleet(inputs)
     assert plan.chains == () and says in plan.to_text() and "hop(s) deep" not in plan.to_text()
+
+
+def test_the_dry_run_prints_each_nodes_file_and_docker_run_as_the_run_plans_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dry run prints the plan the run applies, not a second planner's idea of it: an attempt of the run plans
+    from what the hosts reported (here: what nodekit.toml declares of them, as the dry run assumes), and every
+    rank's compose file and ``docker run`` arguments it would write and start are the ones the dry run printed."""
+    import shlex
+
+    from nodekit.backends.fleet.hosts import hosts_of
+    from nodekit.backends.fleet.nodes import DRY_RUN_SECRET, gathered, job_settings
+    from nodekit.backends.fleet.plan import plan
+    from nodekit.backends.fleet.start import container_name
+    from nodekit.config.settings import load
+    from nodekit.job.secret import masked
+    from nodekit.system.host.facts import Gathered, HostFacts
+
+    _project(tmp_path, monkeypatch, 'main = "192.168.8.5"\nnnodes = 3\n[nodes.2]\ngpus = 4\n')
+    text = _dry_run("--image", "nodekit/t:1")
+    settings = load(tmp_path / "nodekit.toml")
+    hosts = hosts_of(settings)
+    reported = [Gathered(facts=HostFacts()) for _ in hosts]
+    attempt = plan(gathered(job_settings(settings, hosts, restart=0), hosts, reported, "nodekit/t:1",
+                            secret=DRY_RUN_SECRET, environ=os.environ)).detail  # fmt: skip
+    assert [r.node.node.nproc for r in attempt.ranks if r.node] == [1, 1, 4]
+    for r in attempt.ranks:
+        assert r.node is not None and r.start, r
+        argv = ["docker", "run", "--detach", "--name", container_name(r.node.project), *r.start]
+        assert f"  start: {shlex.join(argv)} (on its host, over SSH)\n" in text
+        assert f"{r.node.compose_path} (project {r.node.project}):\n{masked(r.node.text, DRY_RUN_SECRET)}" in text
+    assert DRY_RUN_SECRET not in text
+
+
+def test_the_dry_run_leaves_the_nodes_to_the_run_while_main_or_the_image_is_not_known(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _project(tmp_path, monkeypatch, 'main = "head.example"\n')
+    text = _dry_run("--image", "nodekit/t:1")
+    assert "  start:" not in text and "# would write" not in text
+    assert "every node's compose file and start: decided when run: once the image and main's IP address" in text
+    # A host's InfiniBand devices are its report's: the dry run does not refuse ib = "on" for lacking them.
+    _project(tmp_path, monkeypatch, 'main = "10.0.0.5"\nib = "on"\n')
+    text = _dry_run("--image", "nodekit/t:1")
+    assert "  start:" not in text and "# would write" not in text
+    assert 'decided when run: ib = "on" needs the InfiniBand devices each host reports' in text

@@ -215,7 +215,9 @@ def _interrupted_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **env: s
     from nodekit.backends.fleet import run as fleet_run
     from nodekit.system.progress import RecordingReporter
 
-    live = [fleet_run._Live(plan=plan(tmp_path), host=parse_host("ssh://root@10.0.0.2", 1))]
+    p = plan(tmp_path)
+    args = start.run_args(p.container, project=p.project, compose_file=p.compose_path, compose_text=p.shown)
+    live = [fleet_run._Live(plan=p, host=parse_host("ssh://root@10.0.0.2", 1), args=tuple(args))]
     container = tmp_path / "calls.container"
     monkeypatch.setattr(fleet_run, "_down", lambda live, *a, **k: container.unlink(missing_ok=True) or [])
     reporter = RecordingReporter()

@@ -12,8 +12,8 @@ import pytest
 
 from nodekit.backends.slurm.job import InspectedImage, plan_job, sbatch_value
 from nodekit.backends.slurm.render import render
+from nodekit.config.backends import SlurmSettings
 from nodekit.config.settings import Settings
-from nodekit.config.tables import SlurmSettings
 from nodekit.errors import UsageError
 
 IMAGE = InspectedImage(ref="nodekit/demo:1", id="sha256:" + "ab" * 32, entrypoint=("python", "-m", "nodekit.launcher"))
