@@ -20,7 +20,7 @@ app.add_typer(data_app, name="data")
 
 @data_app.callback()
 def data() -> None:
-    """Datasets: a [[mounts]] entry's source (a directory here) made identical on every host's host path."""
+    """Datasets: a [[mounts]] entry's source (a directory or file here) made identical on every host's host path."""
 
 
 @data_app.command("push")

@@ -4,6 +4,7 @@ that refuses (files nodekit did not write in the way) or lacks the disk stops th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,16 +28,25 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Job:
-    """One mount's source to one host's path."""
+    """One mount's source to one host's path: the directory ``root``, or for a file source the file ``only`` in
+    ``root``."""
 
     where: Where
     container: str
     source: Path
     root: str
+    only: str | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.where.name}:{self.root}"
+        return f"{self.where.name}:{os.path.join(self.root, self.only) if self.only else self.root}"
+
+    def want(self, source: Manifest) -> Manifest:
+        """What the host path must hold: the source's manifest, or a file source's one entry under the host's name."""
+        if self.only is None:
+            return source
+        (entry,) = source.values()
+        return {self.only: entry}
 
 
 @dataclass(frozen=True)
@@ -64,7 +74,12 @@ def jobs_of(settings: Settings, hosts: Sequence[tuple[Host, int | None]]) -> lis
         for m in settings.mounts:
             if m.source:
                 src = settings.resolve(Path(m.source)).absolute()
-                out.append(Job(where, m.container, src, points.get(m.container, settings.host_path(m.host))))
+                path = points.get(m.container, settings.host_path(m.host))
+                if src.is_file():  # the host path is that file: its directory holds it, and others nodekit leaves be
+                    root, only = os.path.split(path.rstrip("/"))
+                    out.append(Job(where, m.container, src, root or "/", only))
+                else:
+                    out.append(Job(where, m.container, src, path))
     return out
 
 
@@ -102,8 +117,9 @@ def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.Hos
                                                                       mount=j.container)  # fmt: skip
 
     def one(j: Job) -> planning.HostPlan:
-        view = planning.NodeView.of(transport.scan(j.where, j.root, manifests[j.source]))
-        p = planning.plan_host(manifests[j.source], view, where=j.label)
+        want = j.want(manifests[j.source])
+        view = planning.NodeView.of(transport.scan(j.where, j.root, want, j.only))
+        p = planning.plan_host(want, view, where=j.label)
         if (short := planning.room_problem(p, view.free, where=j.label)) is not None:
             raise short
         return p
@@ -133,7 +149,7 @@ def push(settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run
         j, p = pair
         if not p.changes:
             return Done(j, p)
-        result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source])
+        result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source], only=j.only)
         if not result.get("ok"):
             diffs = "; ".join(str(d) for d in result.get("diffs", []))
             raise DataError(f"{j.label} differs from {j.source} after the push: {diffs}",

@@ -90,8 +90,8 @@ class Where:
     name: str
     host: Host | None = None
 
-    def argv(self, mode: str, root: str) -> list[str]:
-        words = ["python3", "-c", BOOT, mode, root]
+    def argv(self, mode: str, root: str, only: str | None = None) -> list[str]:
+        words = ["python3", "-c", BOOT, mode, root, *([only] if only is not None else [])]
         if self.host is None:
             return words
         return ssh.command(self.host.hostname, shlex.join(words), connect_timeout=SSH_TIMEOUT_S, port=self.host.port,
@@ -128,11 +128,11 @@ def _failure(where: Where, root: str, code: int, stderr: str) -> DataError:
                      fix="run `nodekit data push` again: it finishes what this one left")  # fmt: skip
 
 
-def scan(where: Where, root: str, want: Mapping[str, tuple[int, str]]) -> dict[str, Any]:
-    """The host's scan of ``root`` (:func:`nodekit.launcher.datasync.node.scan`)."""
+def scan(where: Where, root: str, want: Mapping[str, tuple[int, str]], only: str | None = None) -> dict[str, Any]:
+    """The host's scan of ``root`` (:func:`nodekit.launcher.datasync.node.scan`); ``only``: a file target's name."""
     payload = json.dumps({n: [s, h] for n, (s, h) in want.items()}).encode()
     deadline = SCAN_BASE_S + sum(s for s, _ in want.values()) / HASH_RATE
-    done = proc.run(where.argv("scan", root), deadline=deadline, what=f"the dataset scan on {where.name}",
+    done = proc.run(where.argv("scan", root, only), deadline=deadline, what=f"the dataset scan on {where.name}",
                     fix="check the host's disk (a scan reads files whose size or time changed)",
                     given=bundle() + block(payload))  # fmt: skip
     if done.returncode != 0:
@@ -176,10 +176,11 @@ def apply(
     plan: Mapping[str, Any],
     files: Mapping[str, Path],
     on_bytes: Callable[[int], None] = lambda n: None,
+    only: str | None = None,
 ) -> tuple[dict[str, Any], int]:
     """Carry out ``plan`` on the host: its result and the payload bytes sent. ``files``: for each incoming content,
-    the source file that holds it."""
-    child = proc.start(where.argv("apply", root), deadline=proc.Stall(STALL_S),
+    the source file that holds it; ``only``: a file target's one name in ``root``."""
+    child = proc.start(where.argv("apply", root, only), deadline=proc.Stall(STALL_S),
                        what=f"the dataset push to {where.name}", fix="check the link to that host; push again",
                        stdin="pipe", stdout="pipe", stderr="pipe", group=True)  # fmt: skip
     assert child.stdin is not None and child.stdout is not None and child.stderr is not None

@@ -23,18 +23,20 @@ STATE = "state.json"
 STAGING = "staging"
 
 
-def state_path(root: str) -> str:
-    return os.path.join(root, STATE_DIR, STATE)
+def state_path(root: str, only: str | None = None) -> str:
+    """``only``: a file target, the one name under ``root`` it manages. Its state and staging are its own, so that
+    two file targets in one directory, pushed at once, never share (or remove) each other's."""
+    return os.path.join(root, STATE_DIR, STATE if only is None else f"file.{only}.json")
 
 
-def staging_dir(root: str) -> str:
-    return os.path.join(root, STATE_DIR, STAGING)
+def staging_dir(root: str, only: str | None = None) -> str:
+    return os.path.join(root, STATE_DIR, STAGING if only is None else f"{STAGING}.{only}")
 
 
-def load_state(root: str) -> Cache:
+def load_state(root: str, only: str | None = None) -> Cache:
     """The files nodekit put under ``root`` (name -> cache entry); empty when there is no state yet."""
     try:
-        with open(state_path(root), encoding="utf-8") as f:
+        with open(state_path(root, only), encoding="utf-8") as f:
             data = json.load(f)
     except FileNotFoundError:
         return {}
@@ -42,16 +44,16 @@ def load_state(root: str) -> Cache:
     return {str(k): list(v) for k, v in files.items() if isinstance(v, list)}
 
 
-def save_state(root: str, files: Mapping[str, list[object]]) -> None:
+def save_state(root: str, files: Mapping[str, list[object]], only: str | None = None) -> None:
     """Written whole to a new file, flushed to disk, then renamed over the old one: a crash leaves one or the other."""
     os.makedirs(os.path.join(root, STATE_DIR), exist_ok=True)
-    tmp = state_path(root) + ".tmp"
+    tmp = state_path(root, only) + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         # dumps, not dump: json.dump encodes in pure Python, ten times slower on a state of 100,000 files
         f.write(json.dumps({"version": 1, "files": dict(sorted(files.items()))}, separators=(",", ":")))
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, state_path(root))
+    os.replace(tmp, state_path(root, only))
 
 
 def kind(st: os.stat_result) -> str:
@@ -71,14 +73,23 @@ def free_bytes(root: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def held(root: str) -> tuple[Manifest, dict[str, list[Any]], Cache]:
+def _entries(root: str, only: str | None) -> list[tuple[str, os.stat_result]]:
+    """What a target holds: every entry under the directory, or a file target's one name (its neighbours are not
+    looked at: they are not the dataset's)."""
+    if only is None:
+        return list(walk(root)) if os.path.isdir(root) else []
+    try:
+        return [(only, os.lstat(os.path.join(root, only)))]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def held(root: str, only: str | None = None) -> tuple[Manifest, dict[str, list[Any]], Cache]:
     """What nodekit's files under ``root`` hold now (name -> (size, hash); a name of the state that is missing or no
     longer a regular file is left out), every other entry under ``root`` (name -> [size, kind]), and the new cache."""
-    owned = load_state(root)
-    if not os.path.isdir(root):
-        return {}, {}, {}
+    owned = load_state(root, only)
     mine, foreign = [], {}
-    for name, st in walk(root):
+    for name, st in _entries(root, only):
         if name in owned:
             if stat.S_ISREG(st.st_mode):
                 mine.append((name, st))
@@ -88,9 +99,9 @@ def held(root: str) -> tuple[Manifest, dict[str, list[Any]], Cache]:
     return manifest, foreign, cache
 
 
-def staged(root: str) -> dict[str, int]:
+def staged(root: str, only: str | None = None) -> dict[str, int]:
     """Contents a killed push left complete in staging (hash -> size), each read again to prove its name."""
-    d = staging_dir(root)
+    d = staging_dir(root, only)
     try:
         names = sorted(n for n in os.listdir(d) if hash_problem(n.replace("_", ":")) is None)
     except FileNotFoundError:
@@ -102,11 +113,11 @@ def staged(root: str) -> dict[str, int]:
     }
 
 
-def scan(root: str, want: Manifest) -> dict[str, Any]:
+def scan(root: str, want: Manifest, only: str | None = None) -> dict[str, Any]:
     """The head's view of this node (JSON): ``owned`` (what nodekit's files hold), ``foreign`` (everything else
     under the target; a regular file at a name the source also has, of its size, with its hash so the head can tell
     whether it is the source's), ``staged`` and ``free`` bytes."""
-    owned, foreign, _ = held(root)
+    owned, foreign, _ = held(root, only)
     candidates = [n for n, (size, k) in foreign.items() if k == "f" and n in want and want[n][0] == size]
     for n, h in zip(
         candidates, content_hashes([(os.path.join(root, n), foreign[n][0]) for n in candidates]), strict=True
@@ -115,7 +126,7 @@ def scan(root: str, want: Manifest) -> dict[str, Any]:
     return {
         "owned": {n: list(v) for n, v in owned.items()},
         "foreign": foreign,
-        "staged": staged(root),
+        "staged": staged(root, only),
         "free": free_bytes(root),
     }
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,44 @@ def test_a_sourced_mount_cannot_be_writable(project: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "has a source and writable = true" in result.output
     assert not (project / "target").exists()
+
+
+def _file_project(project: Path, host: Path) -> Path:
+    """The project's dataset as one file (a tokenizer, one big shard), pushed to the file ``host``."""
+    (project / "nodekit.toml").write_text(
+        'name = "datatest"\nscript = "train.py"\nnnodes = 1\n\n'
+        f'[[mounts]]\nsource = "data/big.parquet"\nhost = "{host}"\ncontainer = "/data/big.parquet"\n'
+    )
+    return project / "data" / "big.parquet"
+
+
+def test_a_file_source_makes_the_host_path_exactly_that_file_and_only_a_change_travels(project: Path) -> None:
+    shelf = project / "shelf"
+    shelf.mkdir()
+    (shelf / "theirs.csv").write_text("someone else's file beside it")
+    host = shelf / "tokens.parquet"
+    src = _file_project(project, host)
+    code, out = push()
+    assert code == 0, out
+    assert host.is_file() and sha256(host.read_bytes()).digest() == sha256(src.read_bytes()).digest()
+    assert sent(out) == src.stat().st_size
+    assert (shelf / "theirs.csv").read_text() == "someone else's file beside it"  # its neighbours are not touched
+    code, out = push()
+    assert code == 0 and sent(out) == 0, out  # no change: no content travels
+    src.write_bytes(os.urandom(5000))
+    code, out = push()
+    assert code == 0 and sent(out) == 5000, out
+    assert sha256(host.read_bytes()).digest() == sha256(src.read_bytes()).digest()
+    with open(host, "r+b") as f:  # a flipped byte on the host: repaired by the next push
+        f.write(bytes([host.read_bytes()[0] ^ 0xFF]))
+    code, out = push()
+    assert code == 0 and sent(out) == 5000 and host.read_bytes() == src.read_bytes(), out
+
+
+def test_a_file_source_never_overwrites_a_file_nodekit_did_not_put_there(project: Path) -> None:
+    host = project / "tokens.parquet"
+    host.write_text("the user's own file")
+    _file_project(project, host)
+    code, out = push()
+    assert code == 2 and "tokens.parquet" in out and "nodekit did not put there" in out, out
+    assert host.read_text() == "the user's own file"

@@ -289,3 +289,22 @@ def test_a_renamed_file_moves_on_the_node_without_its_bytes_copied(world: tuple[
     assert (target / "new" / "name.bin").stat().st_ino == inode
     assert (target / "keep-copy.bin").read_bytes() == kept
     assert (target / "keep-copy.bin").stat().st_ino != (target / "keep.bin").stat().st_ino
+
+
+@pytest.mark.parametrize("only", ["tokens.bin", "../tokens.bin", "sub/tokens.bin"])
+def test_a_file_target_receives_its_one_name_and_nothing_beside_it(world: tuple[Path, Path], only: str) -> None:
+    """A file target (a ``source`` that is one file) names one file in a directory that holds others: a plan naming
+    anything but that file, or a target name that is not one plain name, is refused whole."""
+    target, _ = world
+    before = snapshot(target.parent)
+    files = {"tokens.bin": b"tokens", "users-notes.txt": b"overwritten"}
+    data = stream(plan_for(files), [(sha(d), d) for d in files.values()])
+    assert receive.main(["apply", str(target), only], io.BytesIO(data), io.StringIO()) == receive.REFUSED
+    assert snapshot(target.parent) == before
+    if only == "tokens.bin":
+        one = {"tokens.bin": b"tokens"}
+        data = stream(plan_for(one), [(sha(b"tokens"), b"tokens")])
+        assert receive.main(["apply", str(target), only], io.BytesIO(data), io.StringIO()) == 0
+        assert (target / "tokens.bin").read_bytes() == b"tokens"
+        assert (target / "users-notes.txt").read_text() == "mine"
+        assert list(load_state(str(target))) == [] and list(load_state(str(target), only)) == [only]
