@@ -37,6 +37,14 @@ def push(
     hostfile: Annotated[
         Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
     ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="after the push, every host reads every file of its copy back from disk (no hash cache trusted) "
+            "and compares it with the source's manifest; a difference exits 1 naming the host and the files",
+        ),
+    ] = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -64,11 +72,11 @@ def push(
     jobs = pushing.jobs_of(settings, hosts)
     rep = reporter()
     with ship.SharedSsh():  # the scan and the stream to a host ride one connection
-        done = pushing.push(settings, jobs, rep, dry_run=dry_run)
+        done = pushing.push(settings, jobs, rep, dry_run=dry_run, verify=verify)
     if dry_run:
         out.print(pushing.dry_run_text([d.job for d in done], [d.plan for d in done]), markup=False)
         return
-    rep.done(pushing.report_line(done))
+    rep.done(pushing.report_line(done, verified=verify))
 
 
 def to_hosts(settings: Settings, to: Sequence[str]) -> list[tuple[FleetHost, int | None]]:

@@ -135,9 +135,12 @@ def dry_run_text(jobs: Sequence[Job], plans: Sequence[planning.HostPlan]) -> str
     return "\n".join([*lines, f"would send {total} bytes in all"])
 
 
-def push(settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run: bool = False) -> list[Done]:
+def push(
+    settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run: bool = False, verify: bool = False
+) -> list[Done]:
     """Make every job's host path equal its source. DataError naming the host and the first differing files when a
-    host's result differs; nothing is sent when any host refuses or lacks room."""
+    host's result differs; nothing is sent when any host refuses or lacks room. ``verify``: then every host reads
+    every file of its copy again from disk (:func:`verify_all`)."""
     if not jobs:
         return []
     reporter.step(f"dataset: scanning {len({j.source for j in jobs})} source(s) and {len(jobs)} host path(s)")
@@ -161,13 +164,36 @@ def push(settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run
     done = [r for r in results if isinstance(r, Done)]
     for d in done:
         reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes")
+    if verify:
+        verify_all(done, reporter)
     return done
 
 
-def report_line(done: Sequence[Done]) -> str:
+def verify_all(done: Sequence[Done], reporter: Reporter) -> None:
+    """Every host path read back from its disk, on every host at once, no hash cache trusted, and compared with the
+    source's manifest: DataError (exit 1) naming the host, the path and the first differing files. The hosts' caches
+    learn what was read, so the next push repairs what differs."""
+    reporter.step(f"dataset: reading {len(done)} host path(s) back from disk")
+
+    def one(d: Done) -> int:
+        result = transport.verify(d.job.where, d.job.root, d.plan.want, d.job.only)
+        if not result.get("ok"):
+            diffs = "; ".join(str(x) for x in result.get("diffs", []))
+            raise DataError(f"{d.job.label} differs from {d.job.source} when read back from its disk: {diffs}",
+                            fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
+        return int(result.get("bytes", 0))
+
+    results = _all(one, list(done))
+    _raise_first(results)
+    read = sum(r for r in results if isinstance(r, int))
+    reporter.detail(f"verified {len(done)} host path(s) against the source: {read} bytes read back")
+
+
+def report_line(done: Sequence[Done], *, verified: bool = False) -> str:
     hosts = len({d.job.where.name for d in done})
     sent = sum(d.sent for d in done)
-    return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s)); sent {sent} bytes"
+    how = ", verified: every file read back from disk" if verified else ""
+    return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s){how}); sent {sent} bytes"
 
 
 def for_run(settings: Settings, hosts: Sequence[RankedHost], reporter: Reporter) -> None:

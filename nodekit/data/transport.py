@@ -130,12 +130,23 @@ def _failure(where: Where, root: str, code: int, stderr: str) -> DataError:
 
 def scan(where: Where, root: str, want: Mapping[str, tuple[int, str]], only: str | None = None) -> dict[str, Any]:
     """The host's scan of ``root`` (:func:`nodekit.launcher.datasync.node.scan`); ``only``: a file target's name."""
+    return _ask("scan", where, root, want, only)
+
+
+def verify(where: Where, root: str, want: Mapping[str, tuple[int, str]], only: str | None = None) -> dict[str, Any]:
+    """Every file under the host path read again from its disk, no cache trusted, and compared with ``want``
+    (:func:`nodekit.launcher.datasync.node.verify`): ``ok``, ``diffs`` (the first differing names, each saying how),
+    ``files``, ``bytes``."""
+    return _ask("verify", where, root, want, only)
+
+
+def _ask(mode: str, where: Where, root: str, want: Mapping[str, tuple[int, str]], only: str | None) -> dict[str, Any]:
     payload = json.dumps({n: [s, h] for n, (s, h) in want.items()}).encode()
     deadline = SCAN_BASE_S + sum(s for s, _ in want.values()) / HASH_RATE
-    done = proc.run(where.argv("scan", root, only), deadline=deadline, what=f"the dataset scan on {where.name}",
-                    fix="check the host's disk (a scan reads files whose size or time changed)",
+    done = proc.run(where.argv(mode, root, only), deadline=deadline, what=f"the dataset {mode} on {where.name}",
+                    fix="check the host's disk (this reads files whose size or time changed, or all with verify)",
                     given=bundle() + block(payload))  # fmt: skip
-    if done.returncode != 0:
+    if done.returncode not in (0, DIFFERS):
         raise _failure(where, root, done.returncode, done.stderr)
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert isinstance(answer, dict)

@@ -10,6 +10,7 @@ would be on its own disk; each path's manifest is compared with the source's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -107,6 +108,34 @@ def test_a_dataset_reaches_three_hosts_and_only_what_changed_travels(fleet: Flee
     assert code == 0, out
     assert sent == (BIG_MIB << 20) + 2100, out  # the two damaged files, to the one host that lacked them
     _identical(data, paths)
+
+
+def test_a_file_source_reaches_three_hosts_as_that_file_and_a_no_change_push_sends_nothing(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A ``source`` that is one file: each host's host path becomes exactly that file (hash for hash), beside a
+    file of the user's that stays untouched; a no-change push carries no payload, a change carries that file."""
+    project, data, _ = _project(fleet, tmp_path)
+    src = data / "train.parquet"
+    dirs = [tmp_path / f"shelf-{h.name}" for h in fleet.cluster.hosts]
+    toml = (project / "nodekit.toml").read_text().replace('source = "data"', f'source = "{src}"')
+    for rank, d in enumerate(dirs):
+        d.mkdir()
+        (d / "theirs.txt").write_text("the user's")
+        toml = toml.replace(f'mounts = {{ "/data" = "{tmp_path / f"on-{fleet.cluster.hosts[rank].name}"}" }}',
+                            f'mounts = {{ "/data" = "{d / "tokens.parquet"}" }}')  # fmt: skip
+    (project / "nodekit.toml").write_text(toml)
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 3 * src.stat().st_size, out
+    for d in dirs:
+        assert hashlib.sha256((d / "tokens.parquet").read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+        assert (d / "theirs.txt").read_text() == "the user's"
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 0, out
+    src.write_bytes(os.urandom(3000))
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 3 * 3000, out
+    assert all((d / "tokens.parquet").read_bytes() == src.read_bytes() for d in dirs)
 
 
 def _staged_bytes(path: Path) -> int:

@@ -84,9 +84,10 @@ def _entries(root: str, only: str | None) -> list[tuple[str, os.stat_result]]:
         return []
 
 
-def held(root: str, only: str | None = None) -> tuple[Manifest, dict[str, list[Any]], Cache]:
+def held(root: str, only: str | None = None, *, cached: bool = True) -> tuple[Manifest, dict[str, list[Any]], Cache]:
     """What nodekit's files under ``root`` hold now (name -> (size, hash); a name of the state that is missing or no
-    longer a regular file is left out), every other entry under ``root`` (name -> [size, kind]), and the new cache."""
+    longer a regular file is left out), every other entry under ``root`` (name -> [size, kind]), and the new cache.
+    ``cached=False``: every file is read again, whatever the state's hashes say."""
     owned = load_state(root, only)
     mine, foreign = [], {}
     for name, st in _entries(root, only):
@@ -95,7 +96,7 @@ def held(root: str, only: str | None = None) -> tuple[Manifest, dict[str, list[A
                 mine.append((name, st))
         else:
             foreign[name] = [st.st_size, kind(st)]
-    manifest, cache = hashed(root, mine, owned)
+    manifest, cache = hashed(root, mine, owned if cached else {})
     return manifest, foreign, cache
 
 
@@ -129,6 +130,18 @@ def scan(root: str, want: Manifest, only: str | None = None) -> dict[str, Any]:
         "staged": staged(root, only),
         "free": free_bytes(root),
     }
+
+
+def verify(root: str, want: Manifest, only: str | None = None) -> dict[str, Any]:
+    """Every file of the target read again from its disk, no cache trusted, and compared with ``want``. What was
+    read replaces the state's hashes: a file changed under the same size, time and inode (bit rot, a byte rewritten
+    and its time set back), which every cache trusts, is then sent again by the next push."""
+    have, foreign, cache = held(root, only, cached=False)
+    owned = load_state(root, only)
+    if owned and any(cache.get(n, v) != v for n, v in owned.items()):
+        save_state(root, {n: cache.get(n, v) for n, v in owned.items()}, only)
+    diffs = differences(want, have, foreign)
+    return {"ok": not diffs, "diffs": diffs, "files": len(have), "bytes": sum(s for s, _ in have.values())}
 
 
 def differences(want: Manifest, have: Manifest, foreign: Mapping[str, object], limit: int = 3) -> list[str]:

@@ -29,7 +29,7 @@ from typing import Any, BinaryIO
 from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.launcher.datacheck.manifest import PIECE, content_hashes
 from nodekit.launcher.datasync.names import hash_problem, name_problem
-from nodekit.launcher.datasync.node import differences, held, load_state, save_state, scan, staging_dir
+from nodekit.launcher.datasync.node import differences, held, load_state, save_state, scan, staging_dir, verify
 from nodekit.launcher.datasync.scan import Manifest, key
 
 REFUSED = 3
@@ -377,17 +377,17 @@ def apply(root: str, f: BinaryIO, only: str | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> int:
-    """``scan ROOT [NAME]`` or ``apply ROOT [NAME]`` (NAME: a file target's one file in ROOT); the answer as one
-    JSON line on standard output."""
+    """``scan``, ``verify`` or ``apply``, then ``ROOT [NAME]`` (NAME: a file target's one file in ROOT); the answer
+    as one JSON line on standard output."""
     stdin = stdin if stdin is not None else sys.stdin.buffer
     stdout = stdout if stdout is not None else sys.stdout
     mode, root, only = argv[0], argv[1], (argv[2] if len(argv) > 2 else None)
     try:
         if only is not None and ((problem := name_problem(only)) is not None or "/" in only):
             raise Refused(problem or f"{only!r}: a file target is one name in its directory")
-        if mode == "scan":
+        if mode in ("scan", "verify"):
             want = {n: (int(v[0]), str(v[1])) for n, v in json.loads(read_block(stdin)).items()}
-            answer = scan(root, want, only)
+            answer = (scan if mode == "scan" else verify)(root, want, only)
         else:
             answer = apply(root, stdin, only)
     except (Refused, Broken) as e:

@@ -188,3 +188,27 @@ def test_a_file_source_never_overwrites_a_file_nodekit_did_not_put_there(project
     code, out = push()
     assert code == 2 and "tokens.parquet" in out and "nodekit did not put there" in out, out
     assert host.read_text() == "the user's own file"
+
+
+def test_verify_rereads_every_file_from_disk_and_names_a_silent_change_the_cache_hides(project: Path) -> None:
+    """A byte rewritten with its size and time set back is invisible to the hash caches (a plain push sends
+    nothing and passes); ``--verify`` reads every file again, names the host and the file, exits 1 (a data error),
+    and the next push repairs it."""
+    target = project / "target"
+    assert push()[0] == 0
+    code, out = push("--verify")
+    assert code == 0 and "verified" in out, out
+    victim = target / "train" / "005.bin"
+    st = victim.stat()
+    with open(victim, "r+b") as f:  # bit rot: same size, same time, same inode
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0x01]))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out = push()
+    assert code == 0 and sent(out) == 0, out  # the caches cannot see it
+    code, out = push("--verify")
+    assert code == 1, out
+    assert "node 0 (this machine)" in out and "train/005.bin: content differs" in out, out
+    code, out = push()
+    assert code == 0 and sent(out) == 1005 and same(project), out
