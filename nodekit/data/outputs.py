@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from nodekit.data.transport import HASH_RATE, SCAN_BASE_S, STALL_S, DataError, Where, _failure, block, bundle
+from nodekit.data.transport import HASH_RATE, SCAN_BASE_S, STALL_S, DataError, Where, block, bundle, failure
 from nodekit.errors import DeadlineError
 from nodekit.launcher.datasync.names import hash_problem, name_problem
 from nodekit.launcher.datasync.receive import _copy_hashing
@@ -69,7 +69,7 @@ def listing(where: Where, root: str, cache: Mapping[str, list[object]], exclude:
                     what=f"the listing of {where.name}:{root}", fix="check the host's disk and that ssh to it works",
                     given=bundle() + block(payload))  # fmt: skip
     if done.returncode != 0:
-        raise _failure(where, root, done.returncode, done.stderr)
+        raise failure(where, root, done.returncode, done.stderr)
     try:
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -164,7 +164,7 @@ def fetch(
         child.check()
         raise
     if code != 0:
-        raise _failure(where, root, code, b"".join(err).decode(errors="replace"))
+        raise failure(where, root, code, b"".join(err).decode(errors="replace"))
     held = {h for _, h in wanted.values() if object_path(store, h).exists()}
     return held, missed
 
@@ -213,7 +213,7 @@ def put(where: Where, root: str, files: Sequence[tuple[str, str, str | None]], s
             child.wait()
         raise
     if code != 0:
-        raise _failure(where, root, code, said.get("err", b"").decode(errors="replace"))
+        raise failure(where, root, code, said.get("err", b"").decode(errors="replace"))
     answer = json.loads(said.get("out", b"").decode().strip().splitlines()[-1])
     assert isinstance(answer, dict)
     return answer

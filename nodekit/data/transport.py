@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from nodekit.errors import DeadlineError, NodekitError
+from nodekit.errors import DeadlineError, NodekitError, UsageError
 from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.system import proc, ssh
 
@@ -32,8 +33,16 @@ MODULES = (
     "nodekit.launcher.datasync.outputs",
 )
 PACKAGES = ("nodekit", "nodekit.launcher", "nodekit.launcher.datacheck", "nodekit.launcher.datasync")
+PYTHON = (3, 10)
+"""The oldest python3 the receiver runs on (a host's own interpreter; nothing is installed there)."""
+TOO_OLD = 6
+"""The boot's exit code on an older python3, before it reads anything (the receiver's own codes are 3 to 5)."""
 BOOT = (
-    "import sys,json,types\n"
+    "import sys\n"
+    f"if sys.version_info<{PYTHON!r}:\n"
+    f"    sys.stderr.write('nodekit-data: python3 is %d.%d, the receiver needs {PYTHON[0]}.{PYTHON[1]} or later\\n'"
+    "%sys.version_info[:2]);sys.exit(" + str(TOO_OLD) + ")\n"
+    "import json,types\n"
     "f=sys.stdin.buffer\n"
     "mods=json.loads(f.read(int(f.readline(32))))\n"
     f"for p in {PACKAGES!r}:\n"
@@ -93,6 +102,8 @@ class Where:
     def argv(self, mode: str, root: str, only: str | None = None) -> list[str]:
         words = ["python3", "-c", BOOT, mode, root, *([only] if only is not None else [])]
         if self.host is None:
+            if shutil.which("python3") is None:
+                raise no_python(self)
             return words
         return ssh.command(self.host.hostname, shlex.join(words), connect_timeout=SSH_TIMEOUT_S, port=self.host.port,
                            user=self.host.user, lend_nothing=True)  # fmt: skip
@@ -114,11 +125,33 @@ def bundle() -> bytes:
     return block(json.dumps(mods).encode())
 
 
-def _failure(where: Where, root: str, code: int, stderr: str) -> DataError:
+class NoPython(UsageError):
+    """A host whose python3, which runs the receiver, is missing or too old. Every host answers a scan before any
+    byte travels to any of them, so nothing was written anywhere."""
+
+
+def no_python(where: Where, version: str | None = None) -> NoPython:
+    install = "apt-get install -y python3-minimal"
+    if where.host is not None:
+        port = f"-p {where.host.port} " if where.host.port else ""
+        login = f"{where.host.user}@{where.host.hostname}" if where.host.user else where.host.hostname
+        install = f"ssh {port}{login} sudo {install}"
+    what = (
+        f"has python3 {version}, older than the {PYTHON[0]}.{PYTHON[1]} nodekit needs"
+        if version
+        else "has no python3, which nodekit needs"
+    )
+    return NoPython(f"{where.name} {what} there to read and write the files; nothing was sent",
+                    fix=f"{install} (Debian, Ubuntu; python3 {PYTHON[0]}.{PYTHON[1]} or later)")  # fmt: skip
+
+
+def failure(where: Where, root: str, code: int, stderr: str) -> NodekitError:
+    """What a receiver's exit code and last words mean, as nodekit's error (its exit code and fix)."""
     said = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "") or f"exit code {code}"
-    if code == 127 or "python3: not found" in stderr or "python3: command not found" in stderr:
-        return DataError(f"{where.name} has no python3, which receives the dataset", fix="install python3 there "
-                         "(apt-get install python3-minimal), or keep the data on a shared file system")  # fmt: skip
+    if code == 127 and ("python3: not found" in stderr or "python3: command not found" in stderr):
+        return no_python(where)
+    if code == TOO_OLD and said.startswith("nodekit-data: python3 is "):
+        return no_python(where, said.removeprefix("nodekit-data: python3 is ").split(",")[0])
     if code == 255:
         return DataError(f"SSH to {where.name} failed: {said}", fix=f"check that ssh to {where.name} works")
     if code == REFUSED:
@@ -147,7 +180,7 @@ def _ask(mode: str, where: Where, root: str, want: Mapping[str, tuple[int, str]]
                     fix="check the host's disk (this reads files whose size or time changed, or all with verify)",
                     given=bundle() + block(payload))  # fmt: skip
     if done.returncode not in (0, DIFFERS):
-        raise _failure(where, root, done.returncode, done.stderr)
+        raise failure(where, root, done.returncode, done.stderr)
     answer = json.loads(done.stdout.strip().splitlines()[-1])
     assert isinstance(answer, dict)
     return answer
@@ -228,7 +261,7 @@ def apply(
             child.wait()
         raise
     if code not in (0, DIFFERS):
-        raise _failure(where, root, code, errors.get("err", b"").decode(errors="replace"))
+        raise failure(where, root, code, errors.get("err", b"").decode(errors="replace"))
     result = json.loads(errors.get("out", b"").decode().strip().splitlines()[-1])
     assert isinstance(result, dict)
     return result, sent.bytes

@@ -212,3 +212,57 @@ def test_verify_rereads_every_file_from_disk_and_names_a_silent_change_the_cache
     assert "node 0 (this machine)" in out and "train/005.bin: content differs" in out, out
     code, out = push()
     assert code == 0 and sent(out) == 1005 and same(project), out
+
+
+def test_a_host_without_python3_is_refused_in_one_line_before_anything_is_written(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver runs as the host's python3: a host that has none is refused before the first byte travels,
+    with exit 2, naming the host, what is missing and the command that installs it; nothing is written there."""
+    bare = tmp_path_factory.mktemp("bin-without-python3")
+    monkeypatch.setenv("PATH", str(bare))
+    code, out = push()
+    assert code == 2, out
+    line = next(ln for ln in out.splitlines() if "error" in ln)
+    assert "node 0 (this machine) has no python3" in line and "apt-get install -y python3-minimal" in line, out
+    assert "Traceback" not in out
+    assert not (project / "target").exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "said", "missing"),
+    [
+        (127, "bash: line 1: python3: command not found", "has no python3"),
+        (127, "sh: 1: python3: not found", "has no python3"),
+        (6, "nodekit-data: python3 is 3.8, the receiver needs 3.10 or later", "has python3 3.8, older than"),
+    ],
+)
+def test_a_remote_host_without_a_usable_python3_is_a_one_line_usage_error(code: int, said: str, missing: str) -> None:
+    """What the host's shell (127) or the receiver's boot (too old a python3) says, mapped to exit 2 naming the
+    host and the fix run over its SSH."""
+    from nodekit.data.transport import Where, failure
+    from nodekit.errors import UsageError
+
+    class Node:
+        name, scheme, hostname, user, port = "node1", "ssh", "10.0.0.5", "alice", None
+
+    err = failure(Where("node1", Node()), "/srv/data", code, said)
+    assert isinstance(err, UsageError) and err.exit_code == 2
+    assert err.message.startswith("node1") and missing in err.message, err.message
+    assert "ssh alice@10.0.0.5 sudo apt-get install -y python3-minimal" in err.fix
+
+
+def test_the_boot_stops_on_a_python3_older_than_the_receiver_needs_before_reading_anything() -> None:
+    """The real boot, run by a python3 that reports 3.8: exit TOO_OLD with the line that `failure` turns into the
+    one-line refusal."""
+    import subprocess
+    import sys
+
+    from nodekit.data.transport import BOOT, TOO_OLD, Where, failure
+
+    older = f"import sys\nsys.version_info = (3, 8, 1)\nexec(compile({BOOT!r}, 'boot', 'exec'))"
+    done = subprocess.run([sys.executable, "-c", older, "scan", "/nonexistent"], input=b"", capture_output=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == TOO_OLD, done.stderr
+    err = failure(Where("node 0 (this machine)"), "/nonexistent", done.returncode, done.stderr.decode())
+    assert err.exit_code == 2 and err.message.startswith("node 0 (this machine) has python3 3.8"), err.message
