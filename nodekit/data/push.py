@@ -107,10 +107,10 @@ def _raise_first(results: Sequence[object]) -> None:
         raise errors[0]
 
 
-def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.HostPlan], dict[Path, dict[str, Path]]]:
+def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.HostPlan], dict[Path, sources.Holders]]:
     """Every job's plan, from the sources' manifests and every host's scan; raises before anything is sent."""
     manifests: dict[Path, Manifest] = {}
-    holders: dict[Path, dict[str, Path]] = {}
+    holders: dict[Path, sources.Holders] = {}
     for j in jobs:
         if j.source not in manifests:
             manifests[j.source], holders[j.source] = sources.manifest(settings.project_dir, j.source,

@@ -162,8 +162,12 @@ def failure(where: Where, root: str, code: int, stderr: str) -> NodekitError:
 
 
 def scan(where: Where, root: str, want: Mapping[str, tuple[int, str]], only: str | None = None) -> dict[str, Any]:
-    """The host's scan of ``root`` (:func:`nodekit.launcher.datasync.node.scan`); ``only``: a file target's name."""
-    return _ask("scan", where, root, want, only)
+    """The host's scan of ``root`` (:func:`nodekit.launcher.datasync.node.scan`), ``owned`` whole again (the node
+    leaves out what equals ``want``); ``only``: a file target's name."""
+    answer = _ask("scan", where, root, want, only)
+    unequal = set(answer.pop("unequal", []))
+    answer["owned"] = {**{n: list(v) for n, v in want.items() if n not in unequal}, **answer.get("owned", {})}
+    return answer
 
 
 def verify(where: Where, root: str, want: Mapping[str, tuple[int, str]], only: str | None = None) -> dict[str, Any]:

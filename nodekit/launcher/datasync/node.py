@@ -41,7 +41,7 @@ def load_state(root: str, only: str | None = None) -> Cache:
     except FileNotFoundError:
         return {}
     files = data.get("files", {}) if isinstance(data, dict) else {}
-    return {str(k): list(v) for k, v in files.items() if isinstance(v, list)}
+    return files if isinstance(files, dict) else {}  # entries are checked where they are used (scan.hashed)
 
 
 def save_state(root: str, files: Mapping[str, list[object]], only: str | None = None) -> None:
@@ -115,7 +115,9 @@ def staged(root: str, only: str | None = None) -> dict[str, int]:
 
 
 def scan(root: str, want: Manifest, only: str | None = None) -> dict[str, Any]:
-    """The head's view of this node (JSON): ``owned`` (what nodekit's files hold), ``foreign`` (everything else
+    """The head's view of this node (JSON): ``owned`` (what nodekit's files hold, less what equals ``want``: of an
+    unchanged dataset nothing, not the manifest again), ``unequal`` (the names of ``want`` that nodekit's files do
+    not hold as ``want`` has them; every other name of ``want`` is owned and equal), ``foreign`` (everything else
     under the target; a regular file at a name the source also has, of its size, with its hash so the head can tell
     whether it is the source's), ``staged`` and ``free`` bytes."""
     owned, foreign, _ = held(root, only)
@@ -125,7 +127,8 @@ def scan(root: str, want: Manifest, only: str | None = None) -> dict[str, Any]:
     ):
         foreign[n].append(h)
     return {
-        "owned": {n: list(v) for n, v in owned.items()},
+        "owned": {n: list(v) for n, v in owned.items() if want.get(n) != v},
+        "unequal": [n for n, v in want.items() if owned.get(n) != v],
         "foreign": foreign,
         "staged": staged(root, only),
         "free": free_bytes(root),
