@@ -5,25 +5,19 @@ that refuses (files nodekit did not write in the way) or lacks the disk stops th
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from nodekit.config.settings import Settings
 from nodekit.data import plan as planning
 from nodekit.data import source as sources
 from nodekit.data import transport
-from nodekit.data.transport import DataError, Host, RankedHost, Where
-from nodekit.errors import NodekitError, UsageError
+from nodekit.data.transport import DataError, Host, RankedHost, Where, at_once, raise_first
+from nodekit.errors import UsageError
 from nodekit.job.spec import mount_points
 from nodekit.launcher.datasync.scan import Manifest
 from nodekit.system.progress import Reporter
-
-MAX_PARALLEL = 64
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -83,30 +77,6 @@ def jobs_of(settings: Settings, hosts: Sequence[tuple[Host, int | None]]) -> lis
     return out
 
 
-def _all(fn: Callable[[T], R], items: Sequence[T]) -> list[R | NodekitError]:
-    """``fn`` on every item at once; a NodekitError is returned in its place (every host is heard from)."""
-
-    def one(x: T) -> R | NodekitError:
-        try:
-            return fn(x)
-        except NodekitError as e:
-            return e
-
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
-        return list(pool.map(one, items))
-
-
-def _raise_first(results: Sequence[object]) -> None:
-    errors = [r for r in results if isinstance(r, NodekitError)]
-    if errors:
-        if len(errors) > 1:
-            first = errors[0]
-            first.message += f" (and {len(errors) - 1} other host path(s) failed)"
-        raise errors[0]
-
-
 def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.HostPlan], dict[Path, sources.Holders]]:
     """Every job's plan, from the sources' manifests and every host's scan; raises before anything is sent."""
     manifests: dict[Path, Manifest] = {}
@@ -124,8 +94,8 @@ def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.Hos
             raise short
         return p
 
-    results = _all(one, jobs)
-    _raise_first(results)
+    results = at_once(one, jobs)
+    raise_first(results, "host path(s)")
     return [r for r in results if isinstance(r, planning.HostPlan)], holders
 
 
@@ -159,8 +129,8 @@ def push(
                             fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
         return Done(j, p, sent)
 
-    results = _all(one, list(zip(jobs, plans, strict=True)))
-    _raise_first(results)
+    results = at_once(one, list(zip(jobs, plans, strict=True)))
+    raise_first(results, "host path(s)")
     done = [r for r in results if isinstance(r, Done)]
     for d in done:
         reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes")
@@ -183,8 +153,8 @@ def verify_all(done: Sequence[Done], reporter: Reporter) -> None:
                             fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
         return int(result.get("bytes", 0))
 
-    results = _all(one, list(done))
-    _raise_first(results)
+    results = at_once(one, list(done))
+    raise_first(results, "host path(s)")
     read = sum(r for r in results if isinstance(r, int))
     reporter.detail(f"verified {len(done)} host path(s) against the source: {read} bytes read back")
 

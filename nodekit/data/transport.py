@@ -10,14 +10,16 @@ with a deadline; an apply streams the plan and every content's bytes in one stre
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import shutil
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, Any, Protocol, TypeVar
 
 from nodekit.errors import DeadlineError, NodekitError, UsageError
 from nodekit.launcher.datacheck.filehash import CHUNK
@@ -53,6 +55,9 @@ BOOT = (
     "m='outputs' if sys.argv[1] in ('list','send','put') else 'receive'\n"
     "sys.exit(sys.modules['nodekit.launcher.datasync.'+m].main(sys.argv[1:]))\n"
 )
+MAX_PARALLEL = 64
+T = TypeVar("T")
+R = TypeVar("R")
 SSH_TIMEOUT_S = 10
 STALL_S = 120.0
 """A stream that cannot move for this long has hung (the node's disk, or the link)."""
@@ -68,6 +73,30 @@ class DataError(NodekitError):
     """A host's copy of a dataset could not be made equal to the source."""
 
     exit_code = 1
+
+
+def at_once(fn: Callable[[T], R], items: Sequence[T]) -> list[R | NodekitError]:
+    """``fn`` on every item at once (every host is heard from); a NodekitError is returned in its place."""
+
+    def one(x: T) -> R | NodekitError:
+        try:
+            return fn(x)
+        except NodekitError as e:
+            return e
+
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
+        return list(pool.map(one, items))
+
+
+def raise_first(results: Sequence[object], others: str) -> None:
+    """The first NodekitError among ``results``, saying how many ``others`` (e.g. "node(s)") failed too."""
+    errors = [r for r in results if isinstance(r, NodekitError)]
+    if errors:
+        if len(errors) > 1:
+            errors[0].message += f" (and {len(errors) - 1} other {others} failed)"
+        raise errors[0]
 
 
 class Host(Protocol):
@@ -190,6 +219,38 @@ def _ask(mode: str, where: Where, root: str, want: Mapping[str, tuple[int, str]]
     return answer
 
 
+def talk(
+    child: proc.Child, feed: Callable[[], None], tail_s: float, *, late: str, fix: str, read_out: bool = True
+) -> tuple[int, bytes, bytes]:
+    """One conversation with a receiver ``child`` started with pipes: ``feed`` writes its input (each blocking
+    write under ``child.waiting()``, its stall deadline) while threads read its errors and, with ``read_out``, its
+    output (without: ``feed`` reads it); then up to ``tail_s`` seconds for it to exit (DeadlineError: ``late``
+    within that). A node that stops reading breaks the pipe: its exit code and errors say why. On any exception,
+    Ctrl-C and the deadlines included, the child is killed and reaped first. Its exit code, output and errors."""
+    assert child.stdout is not None and child.stderr is not None
+    said: dict[str, bytes] = {}
+    pipes = [("err", child.stderr), *([("out", child.stdout)] if read_out else [])]
+    readers = [threading.Thread(target=lambda k=k, s=s: said.__setitem__(k, s.read()), daemon=True)
+               for k, s in pipes]  # fmt: skip
+    for t in readers:
+        t.start()
+    try:
+        with contextlib.suppress(BrokenPipeError):  # the node stopped reading: its exit code and errors say why
+            feed()
+        code = child.wait(tail_s)
+        if code is None:
+            raise DeadlineError(f"{late} within {tail_s:.0f} s of the stream's end", fix=fix)
+        for t in readers:
+            t.join(10)
+        child.check()
+    except BaseException:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        raise
+    return code, said.get("out", b""), said.get("err", b"")
+
+
 class _Sent:
     def __init__(self) -> None:
         self.bytes = 0
@@ -231,41 +292,23 @@ def apply(
     child = proc.start(where.argv("apply", root, only), deadline=proc.Stall(STALL_S),
                        what=f"the dataset push to {where.name}", fix="check the link to that host; push again",
                        stdin="pipe", stdout="pipe", stderr="pipe", group=True)  # fmt: skip
-    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
     sent = _Sent()
-    errors: dict[str, bytes] = {}
-    readers = [threading.Thread(target=lambda k=k, s=s: errors.__setitem__(k, s.read()), daemon=True)
-               for k, s in (("out", child.stdout), ("err", child.stderr))]  # fmt: skip
-    for t in readers:
-        t.start()
     incoming: Mapping[str, int] = plan["incoming"]
+
+    def feed() -> None:
+        assert child.stdin is not None
+        with child.waiting():
+            child.stdin.write(bundle() + block(json.dumps(plan).encode()))
+        _frames(child.stdin, incoming, files, child, sent, on_bytes)
+        with child.waiting():
+            child.stdin.close()
+
     # The node works on after the stream's end (local copies, renames, the final scan): its own deadline.
     tail_s = SCAN_BASE_S + sum(v[0] for v in plan["want"].values()) / HASH_RATE
-    try:
-        try:
-            with child.waiting():
-                child.stdin.write(bundle() + block(json.dumps(plan).encode()))
-            _frames(child.stdin, incoming, files, child, sent, on_bytes)
-            with child.waiting():
-                child.stdin.close()
-        except BrokenPipeError:
-            pass  # the node stopped reading: its exit code and message say why
-        code = child.wait(tail_s)
-        if code is None:
-            child.kill()
-            child.wait()
-            raise DeadlineError(f"{where.name} did not finish the dataset push within {tail_s:.0f} s of its stream",
-                                fix="check that host's disk; push again to finish")  # fmt: skip
-        for t in readers:
-            t.join(10)
-        child.check()
-    except BaseException:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        raise
+    code, out, err = talk(child, feed, tail_s, late=f"{where.name} did not finish the dataset push",
+                          fix="check that host's disk; push again to finish")  # fmt: skip
     if code not in (0, DIFFERS):
-        raise failure(where, root, code, errors.get("err", b"").decode(errors="replace"))
-    result = json.loads(errors.get("out", b"").decode().strip().splitlines()[-1])
+        raise failure(where, root, code, err.decode(errors="replace"))
+    result = json.loads(out.decode().strip().splitlines()[-1])
     assert isinstance(result, dict)
     return result, sent.bytes

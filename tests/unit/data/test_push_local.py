@@ -266,3 +266,13 @@ def test_the_boot_stops_on_a_python3_older_than_the_receiver_needs_before_readin
     assert done.returncode == TOO_OLD, done.stderr
     err = failure(Where("node 0 (this machine)"), "/nonexistent", done.returncode, done.stderr.decode())
     assert err.exit_code == 2 and err.message.startswith("node 0 (this machine) has python3 3.8"), err.message
+
+
+@pytest.mark.parametrize("command", ["push", "gather"])
+def test_push_and_gather_without_hosts_are_refused_alike_with_every_way_to_name_them(
+    project: Path, command: str
+) -> None:
+    result = runner.invoke(app, ["data", command])
+    assert result.exit_code == 2, result.output
+    assert "no hosts: name them in nodekit.toml, or with --hostfile" in result.output, result.output
+    assert ("--to ssh://user@host" in result.output) == (command == "push"), result.output
