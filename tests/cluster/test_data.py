@@ -56,10 +56,10 @@ def _project(fleet: Fleet, base: Path, *, mib_files: int = 0) -> tuple[Path, Pat
     return project, data, paths
 
 
-def _push(fleet: Fleet, project: Path) -> tuple[int, str, int]:
+def _push(fleet: Fleet, project: Path, *extra: str) -> tuple[int, str, int]:
     """`nodekit data push` on the head: its exit code, its output, the payload bytes it reports."""
     h0 = fleet.cluster.main
-    done = h0.run(*nodekit_argv("data", "push", "--config", str(project / "nodekit.toml")), env=fleet.env,
+    done = h0.run(*nodekit_argv("data", "push", "--config", str(project / "nodekit.toml"), *extra), env=fleet.env,
                   cwd=project, timeout=120)  # fmt: skip
     out = done.stdout + done.stderr
     found = re.search(r"sent (\d+) bytes", out.strip().splitlines()[-1]) if out.strip() else None
@@ -136,6 +136,16 @@ def test_a_file_source_reaches_three_hosts_as_that_file_and_a_no_change_push_sen
     code, out, sent = _push(fleet, project)
     assert code == 0 and sent == 3 * 3000, out
     assert all((d / "tokens.parquet").read_bytes() == src.read_bytes() for d in dirs)
+    with open(dirs[2] / "tokens.parquet", "r+b") as f:  # a byte rewritten, its size and time kept: --verify sees it
+        st = os.fstat(f.fileno())
+        f.write(bytes([src.read_bytes()[0] ^ 0x01]))
+    os.utime(dirs[2] / "tokens.parquet", ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out, _ = _push(fleet, project, "--verify")
+    assert code == 1 and f"{dirs[2] / 'tokens.parquet'}" in out and "content differs" in out, out
+    code, out, sent = _push(fleet, project, "--verify")
+    assert code == 0 and sent == 3000, out  # the read-back taught the host's cache: this push repairs it
+    code, out, sent = _push(fleet, project, "--verify")
+    assert code == 0 and sent == 0 and "every file read back from disk" in out, out
 
 
 def _staged_bytes(path: Path) -> int:
