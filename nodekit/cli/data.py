@@ -20,7 +20,7 @@ app.add_typer(data_app, name="data")
 
 @data_app.callback()
 def data() -> None:
-    """Datasets: a [[mounts]] entry's source (a directory here) made identical on every host's host path."""
+    """Datasets: a [[mounts]] entry's source (a directory or file here) made identical on every host's host path."""
 
 
 @data_app.command("push")
@@ -37,6 +37,14 @@ def push(
     hostfile: Annotated[
         Path | None, typer.Option("--hostfile", help="DeepSpeed/MPI hostfile: 'host slots=N' per line (rank = line)")
     ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="after the push, every host reads every file of its copy back from disk (no hash cache trusted) "
+            "and compares it with the source's manifest; a difference exits 1 naming the host and the files",
+        ),
+    ] = False,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
 ) -> None:
@@ -53,22 +61,31 @@ def push(
     settings = load_settings(config)
     if not any(m.source for m in settings.mounts):
         raise UsageError("no [[mounts]] entry names a source", fix='add source = "data" to a [[mounts]] entry')
-    if to:
-        hosts = to_hosts(settings, to)
-    else:
-        from nodekit.backends.fleet.hosts import hosts_of
-
-        if not settings.hosts and hostfile is None:
-            raise UsageError("no hosts: name them with --to, or hosts in nodekit.toml", fix="--to ssh://user@node1")
-        hosts = [(h, h.rank) for h in hosts_of(settings, hostfile)]
-    jobs = pushing.jobs_of(settings, hosts)
+    jobs = pushing.jobs_of(settings, targets(settings, hostfile, to or []))
     rep = reporter()
     with ship.SharedSsh():  # the scan and the stream to a host ride one connection
-        done = pushing.push(settings, jobs, rep, dry_run=dry_run)
+        done = pushing.push(settings, jobs, rep, dry_run=dry_run, verify=verify)
     if dry_run:
         out.print(pushing.dry_run_text([d.job for d in done], [d.plan for d in done]), markup=False)
         return
-    rep.done(pushing.report_line(done))
+    rep.done(pushing.report_line(done, verified=verify))
+
+
+def targets(
+    settings: Settings, hostfile: Path | None, to: Sequence[str] | None = None
+) -> list[tuple[FleetHost, int | None]]:
+    """The hosts a data command works on, each with its rank where it is one of the job's (whose ``[nodes.R]``
+    settings then apply): ``--to`` targets (``None``: the command has no ``--to``), else ``--hostfile``'s, else the
+    project's ``hosts``. UsageError (exit 2) naming every way to give them when there are none."""
+    from nodekit.backends.fleet.hosts import HOSTS_FIX, hosts_of
+    from nodekit.errors import UsageError
+
+    if to:
+        return to_hosts(settings, to)
+    if not settings.hosts and hostfile is None:
+        raise UsageError("no hosts: name them in nodekit.toml, or with --hostfile" + (", or --to" if to is not None
+                         else ""), fix=HOSTS_FIX + (", or --to ssh://user@host" if to is not None else ""))  # fmt: skip
+    return [(h, h.rank) for h in hosts_of(settings, hostfile)]
 
 
 def to_hosts(settings: Settings, to: Sequence[str]) -> list[tuple[FleetHost, int | None]]:
@@ -107,17 +124,14 @@ def gather(
     (hard links to one copy). Run it again to finish one cut short: what arrived whole is kept. Nothing here is
     deleted or written outside --into."""
     from nodekit import ship
-    from nodekit.backends.fleet.hosts import HOSTS_FIX, hosts_of
     from nodekit.cli.common import reporter
     from nodekit.cli.ui import out
     from nodekit.data import gather as gathering
-    from nodekit.errors import UsageError
 
     settings = load_settings(config)
-    if not settings.hosts and hostfile is None:
-        raise UsageError("no hosts: name them in nodekit.toml, or --hostfile", fix=HOSTS_FIX)
+    hosts = [h for h, _ in targets(settings, hostfile)]
     dest = into.absolute() if into is not None else settings.project_dir / "gathered"
-    sources = gathering.sources_of(settings, hosts_of(settings, hostfile), path, Path.cwd())
+    sources = gathering.sources_of(settings, hosts, path, Path.cwd())
     rep = reporter()
     rep.step(f"gathering from {len(sources)} host(s) into {dest}")
     with ship.SharedSsh():  # the listing and the stream from a host ride one connection

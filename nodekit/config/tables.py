@@ -95,8 +95,9 @@ class Mount(BaseModel):
     )
     source: str | None = Field(
         None,
-        description="a directory on the machine that runs nodekit (relative to the project, or absolute) that "
-        "`nodekit run` and `nodekit data push` make every host's host path equal to; never part of the image",
+        description="a directory (or one file) on the machine that runs nodekit (relative to the project, or "
+        "absolute) that `nodekit run` and `nodekit data push` make every host's host path equal to; never part of "
+        "the image",
     )
 
     @field_validator("source")

@@ -28,9 +28,8 @@ from pathlib import Path
 
 from nodekit.config.settings import Settings
 from nodekit.data.outputs import Listing, fetch, listing, object_path
-from nodekit.data.push import _all
-from nodekit.data.transport import DataError, RankedHost, Where
-from nodekit.errors import NodekitError, UsageError
+from nodekit.data.transport import DataError, RankedHost, Where, at_once, raise_first
+from nodekit.errors import UsageError
 from nodekit.job.spec import output_dir_of
 from nodekit.launcher.datasync.names import name_problem
 from nodekit.launcher.datasync.scan import Cache
@@ -158,12 +157,8 @@ class Gathered:
 
 def plan_all(sources: Sequence[Source], dest: Path, exclude: Sequence[str] = ()) -> list[NodePlan]:
     """Every node listed at once, then planned in rank order (the first node holding a content fetches it)."""
-    listings = _all(lambda s: listing(s.where, s.root, _load_cache(_cache_path(dest, s.label)), exclude), sources)
-    errors = [r for r in listings if isinstance(r, NodekitError)]
-    if errors:
-        if len(errors) > 1:
-            errors[0].message += f" (and {len(errors) - 1} other node(s) failed)"
-        raise errors[0]
+    listings = at_once(lambda s: listing(s.where, s.root, _load_cache(_cache_path(dest, s.label)), exclude), sources)
+    raise_first(listings, "node(s)")
     store = dest / STATE / "objects"
     held = (
         {p.name.replace("_", ":") for p in store.iterdir() if not p.name.startswith(".")} if store.is_dir() else set()
@@ -187,12 +182,8 @@ def gather(plans: Sequence[NodePlan], dest: Path) -> list[Gathered]:
         _, missed = fetch(p.source.where, p.source.root, p.fetch, store)
         return tuple(missed)
 
-    results = _all(one, list(plans))
-    errors = [r for r in results if isinstance(r, NodekitError)]
-    if errors:
-        if len(errors) > 1:
-            errors[0].message += f" (and {len(errors) - 1} other node(s) failed)"
-        raise errors[0]
+    results = at_once(one, list(plans))
+    raise_first(results, "node(s)")
     out = []
     for p, missed in zip(plans, results, strict=True):
         assert isinstance(missed, tuple)

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from nodekit.data.transport import HASH_RATE, SCAN_BASE_S, STALL_S, DataError, Where, _failure, block, bundle
-from nodekit.errors import DeadlineError
+from nodekit.data.transport import HASH_RATE, SCAN_BASE_S, STALL_S, DataError, Where, block, bundle, failure, talk
 from nodekit.launcher.datasync.names import hash_problem, name_problem
 from nodekit.launcher.datasync.receive import _copy_hashing
 from nodekit.launcher.datasync.scan import Cache, Manifest
@@ -69,7 +68,7 @@ def listing(where: Where, root: str, cache: Mapping[str, list[object]], exclude:
                     what=f"the listing of {where.name}:{root}", fix="check the host's disk and that ssh to it works",
                     given=bundle() + block(payload))  # fmt: skip
     if done.returncode != 0:
-        raise _failure(where, root, done.returncode, done.stderr)
+        raise failure(where, root, done.returncode, done.stderr)
     try:
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -121,13 +120,12 @@ def fetch(
     child = proc.start(where.argv("send", root), deadline=proc.Stall(STALL_S),
                        what=f"the fetch from {where.name}:{root}", fix="check the link to that host; run it again",
                        stdin="pipe", stdout="pipe", stderr="pipe", group=True)  # fmt: skip
-    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
-    err: list[bytes] = []
-    reader = threading.Thread(target=lambda: err.append(child.stderr.read() if child.stderr else b""), daemon=True)
-    reader.start()
+    assert child.stdout is not None
     missed: list[str] = []
     frames = _Frames(child, child.stdout, on_bytes)
-    try:
+
+    def exchange() -> None:
+        assert child.stdin is not None
         with child.waiting():
             child.stdin.write(bundle() + block(json.dumps({"files": [list(o) for o in order]}).encode()))
             child.stdin.close()
@@ -149,22 +147,17 @@ def fetch(
                 missed.append(name)
                 continue
             os.replace(tmp, object_path(store, h))
-        code = child.wait(SCAN_BASE_S)
-        if code is None:
-            raise DeadlineError(f"{where.name} did not end its stream within {SCAN_BASE_S:.0f} s",
-                                fix="check that host; run it again")  # fmt: skip
-        reader.join(10)
-        child.check()
+
+    try:
+        code, _, err = talk(child, exchange, SCAN_BASE_S, late=f"{where.name}:{root} did not end its stream",
+                            fix="check that host; run it again", read_out=False)  # fmt: skip
     except BaseException:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
         for part in store.glob(f".*.{os.getpid()}.{threading.get_ident()}.part"):
             part.unlink(missing_ok=True)
         child.check()
         raise
     if code != 0:
-        raise _failure(where, root, code, b"".join(err).decode(errors="replace"))
+        raise failure(where, root, code, err.decode(errors="replace"))
     held = {h for _, h in wanted.values() if object_path(store, h).exists()}
     return held, missed
 
@@ -178,42 +171,25 @@ def put(where: Where, root: str, files: Sequence[tuple[str, str, str | None]], s
     child = proc.start(where.argv("put", root), deadline=proc.Stall(STALL_S),
                        what=f"the hand-off to {where.name}:{root}", fix="check the link to that host",
                        stdin="pipe", stdout="pipe", stderr="pipe", group=True)  # fmt: skip
-    assert child.stdin is not None and child.stdout is not None and child.stderr is not None
-    said: dict[str, bytes] = {}
-    readers = [threading.Thread(target=lambda k=k, s=s: said.__setitem__(k, s.read()), daemon=True)
-               for k, s in (("out", child.stdout), ("err", child.stderr))]  # fmt: skip
-    for t in readers:
-        t.start()
-    try:
-        try:
+
+    def feed() -> None:
+        assert child.stdin is not None
+        with child.waiting():
+            child.stdin.write(bundle() + block(json.dumps({"files": entries}).encode()))
+        for (_, h, _), size in zip(files, sizes, strict=True):
             with child.waiting():
-                child.stdin.write(bundle() + block(json.dumps({"files": entries}).encode()))
-            for (_, h, _), size in zip(files, sizes, strict=True):
-                with child.waiting():
-                    child.stdin.write(f"{size}\n".encode())
-                with open(object_path(store, h), "rb") as f:
-                    while chunk := f.read(1 << 20):
-                        with child.waiting():
-                            child.stdin.write(chunk)
-            with child.waiting():
-                child.stdin.close()
-        except BrokenPipeError:
-            pass  # the node stopped reading: its exit code and message say why
-        tail = SCAN_BASE_S + total / HASH_RATE
-        code = child.wait(tail)
-        if code is None:
-            raise DeadlineError(f"{where.name} did not finish the hand-off within {tail:.0f} s of its stream",
-                                fix="check that host's disk")  # fmt: skip
-        for t in readers:
-            t.join(10)
-        child.check()
-    except BaseException:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-        raise
+                child.stdin.write(f"{size}\n".encode())
+            with open(object_path(store, h), "rb") as f:
+                while chunk := f.read(1 << 20):
+                    with child.waiting():
+                        child.stdin.write(chunk)
+        with child.waiting():
+            child.stdin.close()
+
+    code, out, err = talk(child, feed, SCAN_BASE_S + total / HASH_RATE,
+                          late=f"{where.name} did not finish the hand-off", fix="check that host's disk")  # fmt: skip
     if code != 0:
-        raise _failure(where, root, code, said.get("err", b"").decode(errors="replace"))
-    answer = json.loads(said.get("out", b"").decode().strip().splitlines()[-1])
+        raise failure(where, root, code, err.decode(errors="replace"))
+    answer = json.loads(out.decode().strip().splitlines()[-1])
     assert isinstance(answer, dict)
     return answer

@@ -4,39 +4,43 @@ that refuses (files nodekit did not write in the way) or lacks the disk stops th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 from nodekit.config.settings import Settings
 from nodekit.data import plan as planning
 from nodekit.data import source as sources
 from nodekit.data import transport
-from nodekit.data.transport import DataError, Host, RankedHost, Where
-from nodekit.errors import NodekitError, UsageError
+from nodekit.data.transport import DataError, Host, RankedHost, Where, at_once, raise_first
+from nodekit.errors import UsageError
 from nodekit.job.spec import mount_points
 from nodekit.launcher.datasync.scan import Manifest
 from nodekit.system.progress import Reporter
 
-MAX_PARALLEL = 64
-T = TypeVar("T")
-R = TypeVar("R")
-
 
 @dataclass(frozen=True)
 class Job:
-    """One mount's source to one host's path."""
+    """One mount's source to one host's path: the directory ``root``, or for a file source the file ``only`` in
+    ``root``."""
 
     where: Where
     container: str
     source: Path
     root: str
+    only: str | None = None
 
     @property
     def label(self) -> str:
-        return f"{self.where.name}:{self.root}"
+        return f"{self.where.name}:{os.path.join(self.root, self.only) if self.only else self.root}"
+
+    def want(self, source: Manifest) -> Manifest:
+        """What the host path must hold: the source's manifest, or a file source's one entry under the host's name."""
+        if self.only is None:
+            return source
+        (entry,) = source.values()
+        return {self.only: entry}
 
 
 @dataclass(frozen=True)
@@ -64,52 +68,34 @@ def jobs_of(settings: Settings, hosts: Sequence[tuple[Host, int | None]]) -> lis
         for m in settings.mounts:
             if m.source:
                 src = settings.resolve(Path(m.source)).absolute()
-                out.append(Job(where, m.container, src, points.get(m.container, settings.host_path(m.host))))
+                path = points.get(m.container, settings.host_path(m.host))
+                if src.is_file():  # the host path is that file: its directory holds it, and others nodekit leaves be
+                    root, only = os.path.split(path.rstrip("/"))
+                    out.append(Job(where, m.container, src, root or "/", only))
+                else:
+                    out.append(Job(where, m.container, src, path))
     return out
 
 
-def _all(fn: Callable[[T], R], items: Sequence[T]) -> list[R | NodekitError]:
-    """``fn`` on every item at once; a NodekitError is returned in its place (every host is heard from)."""
-
-    def one(x: T) -> R | NodekitError:
-        try:
-            return fn(x)
-        except NodekitError as e:
-            return e
-
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(items))) as pool:
-        return list(pool.map(one, items))
-
-
-def _raise_first(results: Sequence[object]) -> None:
-    errors = [r for r in results if isinstance(r, NodekitError)]
-    if errors:
-        if len(errors) > 1:
-            first = errors[0]
-            first.message += f" (and {len(errors) - 1} other host path(s) failed)"
-        raise errors[0]
-
-
-def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.HostPlan], dict[Path, dict[str, Path]]]:
+def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.HostPlan], dict[Path, sources.Holders]]:
     """Every job's plan, from the sources' manifests and every host's scan; raises before anything is sent."""
     manifests: dict[Path, Manifest] = {}
-    holders: dict[Path, dict[str, Path]] = {}
+    holders: dict[Path, sources.Holders] = {}
     for j in jobs:
         if j.source not in manifests:
             manifests[j.source], holders[j.source] = sources.manifest(settings.project_dir, j.source,
                                                                       mount=j.container)  # fmt: skip
 
     def one(j: Job) -> planning.HostPlan:
-        view = planning.NodeView.of(transport.scan(j.where, j.root, manifests[j.source]))
-        p = planning.plan_host(manifests[j.source], view, where=j.label)
+        want = j.want(manifests[j.source])
+        view = planning.NodeView.of(transport.scan(j.where, j.root, want, j.only))
+        p = planning.plan_host(want, view, where=j.label)
         if (short := planning.room_problem(p, view.free, where=j.label)) is not None:
             raise short
         return p
 
-    results = _all(one, jobs)
-    _raise_first(results)
+    results = at_once(one, jobs)
+    raise_first(results, "host path(s)")
     return [r for r in results if isinstance(r, planning.HostPlan)], holders
 
 
@@ -119,9 +105,12 @@ def dry_run_text(jobs: Sequence[Job], plans: Sequence[planning.HostPlan]) -> str
     return "\n".join([*lines, f"would send {total} bytes in all"])
 
 
-def push(settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run: bool = False) -> list[Done]:
+def push(
+    settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run: bool = False, verify: bool = False
+) -> list[Done]:
     """Make every job's host path equal its source. DataError naming the host and the first differing files when a
-    host's result differs; nothing is sent when any host refuses or lacks room."""
+    host's result differs; nothing is sent when any host refuses or lacks room. ``verify``: then every host reads
+    every file of its copy again from disk (:func:`verify_all`)."""
     if not jobs:
         return []
     reporter.step(f"dataset: scanning {len({j.source for j in jobs})} source(s) and {len(jobs)} host path(s)")
@@ -133,25 +122,48 @@ def push(settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run
         j, p = pair
         if not p.changes:
             return Done(j, p)
-        result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source])
+        result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source], only=j.only)
         if not result.get("ok"):
             diffs = "; ".join(str(d) for d in result.get("diffs", []))
             raise DataError(f"{j.label} differs from {j.source} after the push: {diffs}",
                             fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
         return Done(j, p, sent)
 
-    results = _all(one, list(zip(jobs, plans, strict=True)))
-    _raise_first(results)
+    results = at_once(one, list(zip(jobs, plans, strict=True)))
+    raise_first(results, "host path(s)")
     done = [r for r in results if isinstance(r, Done)]
     for d in done:
         reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes")
+    if verify:
+        verify_all(done, reporter)
     return done
 
 
-def report_line(done: Sequence[Done]) -> str:
+def verify_all(done: Sequence[Done], reporter: Reporter) -> None:
+    """Every host path read back from its disk, on every host at once, no hash cache trusted, and compared with the
+    source's manifest: DataError (exit 1) naming the host, the path and the first differing files. The hosts' caches
+    learn what was read, so the next push repairs what differs."""
+    reporter.step(f"dataset: reading {len(done)} host path(s) back from disk")
+
+    def one(d: Done) -> int:
+        result = transport.verify(d.job.where, d.job.root, d.plan.want, d.job.only)
+        if not result.get("ok"):
+            diffs = "; ".join(str(x) for x in result.get("diffs", []))
+            raise DataError(f"{d.job.label} differs from {d.job.source} when read back from its disk: {diffs}",
+                            fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
+        return int(result.get("bytes", 0))
+
+    results = at_once(one, list(done))
+    raise_first(results, "host path(s)")
+    read = sum(r for r in results if isinstance(r, int))
+    reporter.detail(f"verified {len(done)} host path(s) against the source: {read} bytes read back")
+
+
+def report_line(done: Sequence[Done], *, verified: bool = False) -> str:
     hosts = len({d.job.where.name for d in done})
     sent = sum(d.sent for d in done)
-    return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s)); sent {sent} bytes"
+    how = ", verified: every file read back from disk" if verified else ""
+    return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s){how}); sent {sent} bytes"
 
 
 def for_run(settings: Settings, hosts: Sequence[RankedHost], reporter: Reporter) -> None:

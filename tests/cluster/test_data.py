@@ -10,6 +10,7 @@ would be on its own disk; each path's manifest is compared with the source's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -55,10 +56,10 @@ def _project(fleet: Fleet, base: Path, *, mib_files: int = 0) -> tuple[Path, Pat
     return project, data, paths
 
 
-def _push(fleet: Fleet, project: Path) -> tuple[int, str, int]:
+def _push(fleet: Fleet, project: Path, *extra: str) -> tuple[int, str, int]:
     """`nodekit data push` on the head: its exit code, its output, the payload bytes it reports."""
     h0 = fleet.cluster.main
-    done = h0.run(*nodekit_argv("data", "push", "--config", str(project / "nodekit.toml")), env=fleet.env,
+    done = h0.run(*nodekit_argv("data", "push", "--config", str(project / "nodekit.toml"), *extra), env=fleet.env,
                   cwd=project, timeout=120)  # fmt: skip
     out = done.stdout + done.stderr
     found = re.search(r"sent (\d+) bytes", out.strip().splitlines()[-1]) if out.strip() else None
@@ -107,6 +108,44 @@ def test_a_dataset_reaches_three_hosts_and_only_what_changed_travels(fleet: Flee
     assert code == 0, out
     assert sent == (BIG_MIB << 20) + 2100, out  # the two damaged files, to the one host that lacked them
     _identical(data, paths)
+
+
+def test_a_file_source_reaches_three_hosts_as_that_file_and_a_no_change_push_sends_nothing(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """A ``source`` that is one file: each host's host path becomes exactly that file (hash for hash), beside a
+    file of the user's that stays untouched; a no-change push carries no payload, a change carries that file."""
+    project, data, _ = _project(fleet, tmp_path)
+    src = data / "train.parquet"
+    dirs = [tmp_path / f"shelf-{h.name}" for h in fleet.cluster.hosts]
+    toml = (project / "nodekit.toml").read_text().replace('source = "data"', f'source = "{src}"')
+    for rank, d in enumerate(dirs):
+        d.mkdir()
+        (d / "theirs.txt").write_text("the user's")
+        toml = toml.replace(f'mounts = {{ "/data" = "{tmp_path / f"on-{fleet.cluster.hosts[rank].name}"}" }}',
+                            f'mounts = {{ "/data" = "{d / "tokens.parquet"}" }}')  # fmt: skip
+    (project / "nodekit.toml").write_text(toml)
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 3 * src.stat().st_size, out
+    for d in dirs:
+        assert hashlib.sha256((d / "tokens.parquet").read_bytes()).digest() == hashlib.sha256(src.read_bytes()).digest()
+        assert (d / "theirs.txt").read_text() == "the user's"
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 0, out
+    src.write_bytes(os.urandom(3000))
+    code, out, sent = _push(fleet, project)
+    assert code == 0 and sent == 3 * 3000, out
+    assert all((d / "tokens.parquet").read_bytes() == src.read_bytes() for d in dirs)
+    with open(dirs[2] / "tokens.parquet", "r+b") as f:  # a byte rewritten, its size and time kept: --verify sees it
+        st = os.fstat(f.fileno())
+        f.write(bytes([src.read_bytes()[0] ^ 0x01]))
+    os.utime(dirs[2] / "tokens.parquet", ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out, _ = _push(fleet, project, "--verify")
+    assert code == 1 and f"{dirs[2] / 'tokens.parquet'}" in out and "content differs" in out, out
+    code, out, sent = _push(fleet, project, "--verify")
+    assert code == 0 and sent == 3000, out  # the read-back taught the host's cache: this push repairs it
+    code, out, sent = _push(fleet, project, "--verify")
+    assert code == 0 and sent == 0 and "every file read back from disk" in out, out
 
 
 def _staged_bytes(path: Path) -> int:

@@ -165,7 +165,8 @@ class Keeper:
     def hand_off(self, settings: Settings, hosts: Sequence[FleetHost]) -> None:
         """Every host in ``hosts`` (the next attempt's) observed once more, then given the newest version of each
         output file it lacks; a host where that fails is named and starts with what it holds."""
-        from nodekit.data.push import _all, where_of
+        from nodekit.data.push import where_of
+        from nodekit.data.transport import at_once
 
         with self._lock:
             self.settings, self.hosts = settings, list(hosts)
@@ -190,7 +191,7 @@ class Keeper:
 
         names: set[str] = set()
         got = 0
-        for h, result in zip(hosts, _all(one, list(hosts)), strict=True):
+        for h, result in zip(hosts, at_once(one, list(hosts)), strict=True):
             if isinstance(result, NodekitError):
                 self.reporter.warn(f"hand-off to {h.name} failed, it starts with what it holds: {result.message}")
             elif result:

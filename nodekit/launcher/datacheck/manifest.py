@@ -105,8 +105,12 @@ def content_hashes(files: Sequence[tuple[str, int]], threads: int = HASH_THREADS
 
 
 def manifest(root: str, *, hashes: bool = False) -> tuple[Entry, ...]:
-    """The manifest of ``root`` (see the module docstring); OSError when ``root`` cannot be read."""
-    found = sorted(_walk(root), key=lambda t: t[0])
+    """The manifest of ``root`` (see the module docstring), or of the one file ``root`` names (a mount of one file);
+    OSError when ``root`` cannot be read."""
+    if os.path.isfile(root):
+        found = [(os.path.basename(root), root, os.path.getsize(root), "")]
+    else:
+        found = sorted(_walk(root), key=lambda t: t[0])
     if not hashes:
         return tuple(Entry(p, size, f"->{link}" if link else "") for p, _, size, link in found)
     digests = iter(content_hashes([(a, size) for _, a, size, link in found if not link]))

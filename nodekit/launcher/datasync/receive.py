@@ -29,14 +29,7 @@ from typing import Any, BinaryIO
 from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.launcher.datacheck.manifest import PIECE, content_hashes
 from nodekit.launcher.datasync.names import hash_problem, name_problem
-from nodekit.launcher.datasync.node import (
-    differences,
-    held,
-    load_state,
-    save_state,
-    scan,
-    staging_dir,
-)
+from nodekit.launcher.datasync.node import differences, held, load_state, save_state, scan, staging_dir, verify
 from nodekit.launcher.datasync.scan import Manifest, key
 
 REFUSED = 3
@@ -102,7 +95,7 @@ def _parents_problem(root: str, name: str, deleting: set[str], modes: dict[str, 
     return None
 
 
-def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> str | None:
+def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object], only: str | None = None) -> str | None:
     """Why the whole ``plan`` must be refused before anything is written, or None."""
     try:
         want = _want(plan)
@@ -116,6 +109,8 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object]) -> 
     for name in [*want, *place, *delete, *adopt, *copy.values()]:
         if (problem := name_problem(name)) is not None:
             return problem
+        if only is not None and name != only:
+            return f"{name!r} is not the file target's one name {only!r}"
     for h in [*(v[1] for v in want.values()), *place.values(), *copy, *incoming]:
         if (problem := hash_problem(h)) is not None:
             return problem
@@ -177,9 +172,8 @@ def _settle(stage: str, h: str, size: int, part: str, pieces: list[Future[bytes]
     os.replace(part, os.path.join(stage, staged_name(h)))
 
 
-def _receive(root: str, f: BinaryIO, incoming: Mapping[str, int]) -> int:
-    """Each incoming content into staging, hashed as written (pieces on threads); bytes received."""
-    stage = staging_dir(root)
+def _receive(stage: str, f: BinaryIO, incoming: Mapping[str, int]) -> int:
+    """Each incoming content into ``stage``, hashed as written (pieces on threads); bytes received."""
     pending: list[tuple[str, int, str, list[Future[bytes]]]] = []
     damaged: list[Broken] = []
 
@@ -278,11 +272,11 @@ def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
     return whole.hexdigest()
 
 
-def _copy_local(root: str, copy: Mapping[str, str], going: set[str], owned: Mapping[str, list[object]]) -> None:
+def _copy_local(root: str, stage: str, copy: Mapping[str, str], going: set[str], owned: Mapping[str, object]) -> None:
     """Each content the node holds into staging: copied and hashed, or linked where its name is being deleted (a
     rename at the source), which its state entry proves unchanged since the scan, as a no-change push trusts it."""
     for h, name in sorted(copy.items()):
-        dest = os.path.join(staging_dir(root), staged_name(h))
+        dest = os.path.join(stage, staged_name(h))
         if os.path.exists(dest):
             continue
         src = os.path.join(root, name)
@@ -328,16 +322,17 @@ def _mkdirs(root: str, name: str, made: set[str]) -> None:
         made.add(rel)
 
 
-def apply(root: str, f: BinaryIO) -> dict[str, Any]:
-    """Carry out the plan read from ``f`` (see the module docstring); the result, or Refused/Broken."""
+def apply(root: str, f: BinaryIO, only: str | None = None) -> dict[str, Any]:
+    """Carry out the plan read from ``f`` (see the module docstring); the result, or Refused/Broken. ``only``: a
+    file target's one name under ``root`` (its state and staging are its own, its neighbours never looked at)."""
     try:
         plan = json.loads(read_block(f))
     except (ValueError, UnicodeDecodeError) as e:
         raise Refused(f"the plan is not JSON: {e}") from None
     if not isinstance(plan, dict):
         raise Refused("the plan is not an object")
-    owned = load_state(root)
-    if (problem := refusal(root, plan, owned)) is not None:
+    owned, stage = load_state(root, only), staging_dir(root, only)
+    if (problem := refusal(root, plan, owned, only)) is not None:
         raise Refused(problem)
     want = _want(plan)
     place: dict[str, str] = plan["place"]
@@ -345,15 +340,15 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
     adopted = content_hashes([(os.path.join(root, n), want[n][0]) for n in adopt]) if adopt else []
     if bad := next((n for n, h in zip(adopt, adopted, strict=True) if h != want[n][1]), None):
         raise Refused(f"{bad} on the node was not put there by nodekit and differs from the source")
-    os.makedirs(staging_dir(root), exist_ok=True)
-    for n in os.listdir(staging_dir(root)):
+    os.makedirs(stage, exist_ok=True)
+    for n in os.listdir(stage):
         if n.endswith(".part") or n.startswith("copy."):
-            os.unlink(os.path.join(staging_dir(root), n))
+            os.unlink(os.path.join(stage, n))
     # Names first: a push killed from here on leaves nothing nodekit does not know it wrote.
     intent: dict[str, list[object]] = {**owned, **{n: [None, None, None, ""] for n in [*place, *adopt]}}
-    save_state(root, intent)
-    received = _receive(root, f, plan.get("incoming", {}))
-    _copy_local(root, plan.get("copy", {}), set(plan.get("delete", [])), owned)
+    save_state(root, intent, only)
+    received = _receive(stage, f, plan.get("incoming", {}))
+    _copy_local(root, stage, plan.get("copy", {}), set(plan.get("delete", [])), owned)
     for name in plan.get("delete", []):
         path = os.path.join(root, name)
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
@@ -364,34 +359,37 @@ def apply(root: str, f: BinaryIO) -> dict[str, Any]:
     made: set[str] = set()
     for i, (name, h) in enumerate(sorted(place.items())):
         _mkdirs(root, name, made)
-        staged = os.path.join(staging_dir(root), staged_name(h))
+        staged = os.path.join(stage, staged_name(h))
         uses[h] -= 1
         if uses[h] > 0:
-            tmp = os.path.join(staging_dir(root), f"copy.{i}")
+            tmp = os.path.join(stage, f"copy.{i}")
             shutil.copyfile(staged, tmp)
             staged = tmp
         dest = os.path.join(root, name)
         os.replace(staged, dest)
         intent[name] = [*key(os.lstat(dest)), h]
-    save_state(root, intent)
-    shutil.rmtree(staging_dir(root), ignore_errors=True)
-    have, foreign, cache = held(root)
-    save_state(root, {n: cache.get(n, v) for n, v in intent.items()})
+    save_state(root, intent, only)
+    shutil.rmtree(stage, ignore_errors=True)
+    have, foreign, cache = held(root, only)
+    save_state(root, {n: cache.get(n, v) for n, v in intent.items()}, only)
     diffs = differences(want, have, foreign)
     return {"ok": not diffs, "diffs": diffs, "received": received, "files": len(have)}
 
 
 def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> int:
-    """``scan ROOT`` or ``apply ROOT``; the answer as one JSON line on standard output."""
+    """``scan``, ``verify`` or ``apply``, then ``ROOT [NAME]`` (NAME: a file target's one file in ROOT); the answer
+    as one JSON line on standard output."""
     stdin = stdin if stdin is not None else sys.stdin.buffer
     stdout = stdout if stdout is not None else sys.stdout
-    mode, root = argv[0], argv[1]
+    mode, root, only = argv[0], argv[1], (argv[2] if len(argv) > 2 else None)
     try:
-        if mode == "scan":
+        if only is not None and ((problem := name_problem(only)) is not None or "/" in only):
+            raise Refused(problem or f"{only!r}: a file target is one name in its directory")
+        if mode in ("scan", "verify"):
             want = {n: (int(v[0]), str(v[1])) for n, v in json.loads(read_block(stdin)).items()}
-            answer = scan(root, want)
+            answer = (scan if mode == "scan" else verify)(root, want, only)
         else:
-            answer = apply(root, stdin)
+            answer = apply(root, stdin, only)
     except (Refused, Broken) as e:
         print(f"nodekit-data: {'refused' if isinstance(e, Refused) else 'stream broken'}: {e}", file=sys.stderr)
         return e.code

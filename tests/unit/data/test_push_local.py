@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,132 @@ def test_a_sourced_mount_cannot_be_writable(project: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "has a source and writable = true" in result.output
     assert not (project / "target").exists()
+
+
+def _file_project(project: Path, host: Path) -> Path:
+    """The project's dataset as one file (a tokenizer, one big shard), pushed to the file ``host``."""
+    (project / "nodekit.toml").write_text(
+        'name = "datatest"\nscript = "train.py"\nnnodes = 1\n\n'
+        f'[[mounts]]\nsource = "data/big.parquet"\nhost = "{host}"\ncontainer = "/data/big.parquet"\n'
+    )
+    return project / "data" / "big.parquet"
+
+
+def test_a_file_source_makes_the_host_path_exactly_that_file_and_only_a_change_travels(project: Path) -> None:
+    shelf = project / "shelf"
+    shelf.mkdir()
+    (shelf / "theirs.csv").write_text("someone else's file beside it")
+    host = shelf / "tokens.parquet"
+    src = _file_project(project, host)
+    code, out = push()
+    assert code == 0, out
+    assert host.is_file() and sha256(host.read_bytes()).digest() == sha256(src.read_bytes()).digest()
+    assert sent(out) == src.stat().st_size
+    assert (shelf / "theirs.csv").read_text() == "someone else's file beside it"  # its neighbours are not touched
+    code, out = push()
+    assert code == 0 and sent(out) == 0, out  # no change: no content travels
+    src.write_bytes(os.urandom(5000))
+    code, out = push()
+    assert code == 0 and sent(out) == 5000, out
+    assert sha256(host.read_bytes()).digest() == sha256(src.read_bytes()).digest()
+    with open(host, "r+b") as f:  # a flipped byte on the host: repaired by the next push
+        f.write(bytes([host.read_bytes()[0] ^ 0xFF]))
+    code, out = push()
+    assert code == 0 and sent(out) == 5000 and host.read_bytes() == src.read_bytes(), out
+
+
+def test_a_file_source_never_overwrites_a_file_nodekit_did_not_put_there(project: Path) -> None:
+    host = project / "tokens.parquet"
+    host.write_text("the user's own file")
+    _file_project(project, host)
+    code, out = push()
+    assert code == 2 and "tokens.parquet" in out and "nodekit did not put there" in out, out
+    assert host.read_text() == "the user's own file"
+
+
+def test_verify_rereads_every_file_from_disk_and_names_a_silent_change_the_cache_hides(project: Path) -> None:
+    """A byte rewritten with its size and time set back is invisible to the hash caches (a plain push sends
+    nothing and passes); ``--verify`` reads every file again, names the host and the file, exits 1 (a data error),
+    and the next push repairs it."""
+    target = project / "target"
+    assert push()[0] == 0
+    code, out = push("--verify")
+    assert code == 0 and "verified" in out, out
+    victim = target / "train" / "005.bin"
+    st = victim.stat()
+    with open(victim, "r+b") as f:  # bit rot: same size, same time, same inode
+        first = f.read(1)
+        f.seek(0)
+        f.write(bytes([first[0] ^ 0x01]))
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns))
+    code, out = push()
+    assert code == 0 and sent(out) == 0, out  # the caches cannot see it
+    code, out = push("--verify")
+    assert code == 1, out
+    assert "node 0 (this machine)" in out and "train/005.bin: content differs" in out, out
+    code, out = push()
+    assert code == 0 and sent(out) == 1005 and same(project), out
+
+
+def test_a_host_without_python3_is_refused_in_one_line_before_anything_is_written(
+    project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The receiver runs as the host's python3: a host that has none is refused before the first byte travels,
+    with exit 2, naming the host, what is missing and the command that installs it; nothing is written there."""
+    bare = tmp_path_factory.mktemp("bin-without-python3")
+    monkeypatch.setenv("PATH", str(bare))
+    code, out = push()
+    assert code == 2, out
+    line = next(ln for ln in out.splitlines() if "error" in ln)
+    assert "node 0 (this machine) has no python3" in line and "apt-get install -y python3-minimal" in line, out
+    assert "Traceback" not in out
+    assert not (project / "target").exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "said", "missing"),
+    [
+        (127, "bash: line 1: python3: command not found", "has no python3"),
+        (127, "sh: 1: python3: not found", "has no python3"),
+        (6, "nodekit-data: python3 is 3.8, the receiver needs 3.10 or later", "has python3 3.8, older than"),
+    ],
+)
+def test_a_remote_host_without_a_usable_python3_is_a_one_line_usage_error(code: int, said: str, missing: str) -> None:
+    """What the host's shell (127) or the receiver's boot (too old a python3) says, mapped to exit 2 naming the
+    host and the fix run over its SSH."""
+    from nodekit.data.transport import Where, failure
+    from nodekit.errors import UsageError
+
+    class Node:
+        name, scheme, hostname, user, port = "node1", "ssh", "10.0.0.5", "alice", None
+
+    err = failure(Where("node1", Node()), "/srv/data", code, said)
+    assert isinstance(err, UsageError) and err.exit_code == 2
+    assert err.message.startswith("node1") and missing in err.message, err.message
+    assert "ssh alice@10.0.0.5 sudo apt-get install -y python3-minimal" in err.fix
+
+
+def test_the_boot_stops_on_a_python3_older_than_the_receiver_needs_before_reading_anything() -> None:
+    """The real boot, run by a python3 that reports 3.8: exit TOO_OLD with the line that `failure` turns into the
+    one-line refusal."""
+    import subprocess
+    import sys
+
+    from nodekit.data.transport import BOOT, TOO_OLD, Where, failure
+
+    older = f"import sys\nsys.version_info = (3, 8, 1)\nexec(compile({BOOT!r}, 'boot', 'exec'))"
+    done = subprocess.run([sys.executable, "-c", older, "scan", "/nonexistent"], input=b"", capture_output=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == TOO_OLD, done.stderr
+    err = failure(Where("node 0 (this machine)"), "/nonexistent", done.returncode, done.stderr.decode())
+    assert err.exit_code == 2 and err.message.startswith("node 0 (this machine) has python3 3.8"), err.message
+
+
+@pytest.mark.parametrize("command", ["push", "gather"])
+def test_push_and_gather_without_hosts_are_refused_alike_with_every_way_to_name_them(
+    project: Path, command: str
+) -> None:
+    result = runner.invoke(app, ["data", command])
+    assert result.exit_code == 2, result.output
+    assert "no hosts: name them in nodekit.toml, or with --hostfile" in result.output, result.output
+    assert ("--to ssh://user@host" in result.output) == (command == "push"), result.output

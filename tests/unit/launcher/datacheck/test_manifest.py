@@ -127,3 +127,13 @@ def test_many_small_files_go_to_the_hashing_threads_in_batches_and_a_big_ones_pi
     assert len(handed) <= 5 + 2 + 600 // 16
     assert hashes[:300] + hashes[301:] == [file_sha256(p) for p, _ in files]
     assert hashes[300] == m.content_hashes([(str(big), 4500)])[0]
+
+
+def test_a_mount_of_one_file_is_its_own_manifest(tmp_path: Path) -> None:
+    """``check`` on a mount whose host path is one file (a ``source`` that is one file): the file's name, size and
+    content hash, as it would be listed inside a directory."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "tokens.json").write_bytes(b"{}" * 1000)
+    inside = manifest(str(tmp_path / "d"), hashes=True)
+    assert manifest(str(tmp_path / "d" / "tokens.json"), hashes=True) == inside
+    assert manifest(str(tmp_path / "d" / "tokens.json")) == manifest(str(tmp_path / "d"))

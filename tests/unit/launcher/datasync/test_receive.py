@@ -289,3 +289,47 @@ def test_a_renamed_file_moves_on_the_node_without_its_bytes_copied(world: tuple[
     assert (target / "new" / "name.bin").stat().st_ino == inode
     assert (target / "keep-copy.bin").read_bytes() == kept
     assert (target / "keep-copy.bin").stat().st_ino != (target / "keep.bin").stat().st_ino
+
+
+@pytest.mark.parametrize("only", ["tokens.bin", "../tokens.bin", "sub/tokens.bin"])
+def test_a_file_target_receives_its_one_name_and_nothing_beside_it(world: tuple[Path, Path], only: str) -> None:
+    """A file target (a ``source`` that is one file) names one file in a directory that holds others: a plan naming
+    anything but that file, or a target name that is not one plain name, is refused whole."""
+    target, _ = world
+    before = snapshot(target.parent)
+    files = {"tokens.bin": b"tokens", "users-notes.txt": b"overwritten"}
+    data = stream(plan_for(files), [(sha(d), d) for d in files.values()])
+    assert receive.main(["apply", str(target), only], io.BytesIO(data), io.StringIO()) == receive.REFUSED
+    assert snapshot(target.parent) == before
+    if only == "tokens.bin":
+        one = {"tokens.bin": b"tokens"}
+        data = stream(plan_for(one), [(sha(b"tokens"), b"tokens")])
+        assert receive.main(["apply", str(target), only], io.BytesIO(data), io.StringIO()) == 0
+        assert (target / "tokens.bin").read_bytes() == b"tokens"
+        assert (target / "users-notes.txt").read_text() == "mine"
+        assert list(load_state(str(target))) == [] and list(load_state(str(target), only)) == [only]
+
+
+def test_a_no_change_scan_answers_a_few_bytes_not_the_manifest_again(tmp_path: Path) -> None:
+    """The head sends the source's manifest with the scan; what of the target equals it is not sent back (of
+    100,000 files that is megabytes of JSON made, carried and read on every no-change push). A file that differs
+    still comes back, with its own size and hash."""
+    target = tmp_path / "target"
+    files = {f"d/{i:04d}.bin": b"%d" % i for i in range(2000)}
+    assert run(target, stream(plan_for(files), [(sha(d), d) for d in files.values()])) == 0
+    want = {n: [len(d), sha(d)] for n, d in files.items()}
+    payload = json.dumps(want).encode()
+
+    def scan() -> dict[str, Any]:
+        out = io.StringIO()
+        assert receive.main(["scan", str(target)], io.BytesIO(b"%d\n" % len(payload) + payload), out) == 0
+        assert len(out.getvalue()) < 500 or "d/0007.bin" in out.getvalue(), len(out.getvalue())
+        answer = json.loads(out.getvalue())
+        assert isinstance(answer, dict)
+        return answer
+
+    answer = scan()
+    assert answer["owned"] == {} and answer["unequal"] == []
+    (target / "d" / "0007.bin").write_bytes(b"changed")
+    answer = scan()
+    assert answer["owned"] == {"d/0007.bin": [7, sha(b"changed")]} and answer["unequal"] == ["d/0007.bin"]
