@@ -4,8 +4,9 @@ a plan and its stream. Standard library only; started by :mod:`nodekit.data.tran
 An apply reads, on standard input, one block (the plan as JSON: the source's manifest ``want``, the names to
 ``adopt`` and ``delete``, the contents to copy from names the node holds, the contents ``incoming`` and where each
 content is ``place``\\ d), then the stream: per incoming content a line ``<hash> <size>`` and that many bytes, then
-``END``; a content the plan names ``passing`` (a relay tree's stream carries it for other nodes) is read past. Every name in the plan is checked before anything is written (:func:`refusal`): one that is not a plain
-relative UTF-8 path, one whose parent on the node is a link or a file nodekit did not write, a device or link
+``END``; a content the plan names ``passing`` (a relay tree's stream carries it for other nodes) is read past.
+Every name in the plan is checked before anything is written (:func:`refusal`): one that is not a plain relative UTF-8
+path, one whose parent on the node is a link or a file nodekit did not write, a device or link
 entry, one that would overwrite or delete a file nodekit did not put there: the whole plan is refused, nothing is
 written. Contents land in ``<target>/.nodekit-data/staging`` as ``.part`` files, hashed as they are written, and are
 renamed to their hash only when it matches; files reach their names by rename from there. The result is the
