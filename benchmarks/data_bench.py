@@ -85,10 +85,10 @@ def make_one(path: Path, n: int) -> None:
 class Bench:
     """The virtual cluster, the projects that push a source to its hosts, and the two tools."""
 
-    def __init__(self, work: Path, hosts: int, mbit: int) -> None:
+    def __init__(self, work: Path, hosts: int, mbit: int, relay: str | None = None) -> None:
         from benchmarks._shipcluster import ShipCluster
 
-        self.work, self.mbit = work, mbit
+        self.work, self.mbit, self.relay = work, mbit, relay
         self.cluster = ShipCluster(NAME, hosts, "classic", work)
 
     def __enter__(self) -> Bench:
@@ -128,6 +128,7 @@ class Bench:
     def nodekit(self, project: Path, *extra: str) -> dict[str, Any]:
         """`nodekit data push` on the head: seconds, the head's link bytes, the payload nodekit counted."""
         argv = [sys.executable, "-m", "nodekit", "data", "push", "--config", str(project / "nodekit.toml"), *extra]
+        argv += ["--relay", self.relay] if self.relay else []
         before = self.cluster.head_tx()
         t0 = time.monotonic()
         done = self.cluster.head.run(*argv, env=self.env, cwd=project, timeout=TIMEOUT_S)
@@ -241,6 +242,7 @@ def main() -> int:
     ap.add_argument("--local", action="store_true", help="small against large and the scan on this machine alone")
     ap.add_argument("--keep", action="store_true", help="keep the generated datasets for the next run")
     ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
+    ap.add_argument("--relay", choices=("auto", "always", "never"), help="nodekit's --relay [default: its own]")
     args = ap.parse_args()
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is missing (the anchor): apt-get install -y rsync")
@@ -275,7 +277,7 @@ def main() -> int:
                 clear([args.work / "src", args.work / "one", args.work / "tiny"])
         return finish(args, results, t_start)
     try:
-        with Bench(args.work, counts[-1], args.mbit) as bench:
+        with Bench(args.work, counts[-1], args.mbit, args.relay) as bench:
             hashed_at = time.monotonic()
             bench.nodekit(bench.project(data, bench.dests("nodekit", 1)), "--dry-run")
             results["head_hash_s"] = round(time.monotonic() - hashed_at, 1)

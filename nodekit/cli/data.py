@@ -45,13 +45,22 @@ def push(
             "and compares it with the source's manifest; a difference exits 1 naming the host and the files",
         ),
     ] = False,
+    relay: Annotated[
+        str | None,
+        typer.Option(
+            help="ssh:// hosts pass the dataset's stream on to each other in a tree, so this machine sends each "
+            "content once: auto (when 64 MiB or more travels), always or never [default: nodekit.toml's relay]",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: DryRunOpt = False,
     config: ConfigOpt = None,
 ) -> None:
     """Make every host's host path of each [[mounts]] entry with a source identical to that source: only contents
     a host lacks travel (a renamed file is copied there, not sent), names the source no longer has are deleted, each
     host checks its copy against the source's manifest. Files nodekit did not put there are never touched: a host
-    path holding ones that differ from the source is refused."""
+    path holding ones that differ from the source is refused. Hosts that lack the same contents take them through a
+    relay tree (each feeding at most two others), so each content leaves this machine once."""
     from nodekit import ship
     from nodekit.cli.common import reporter
     from nodekit.cli.ui import out
@@ -59,14 +68,17 @@ def push(
     from nodekit.errors import UsageError
 
     settings = load_settings(config)
+    relay = relay or settings.relay
+    if relay not in ship.RELAY_MODES:
+        raise UsageError(f"--relay {relay!r} is not one of {', '.join(ship.RELAY_MODES)}", fix="--relay auto")
     if not any(m.source for m in settings.mounts):
         raise UsageError("no [[mounts]] entry names a source", fix='add source = "data" to a [[mounts]] entry')
     jobs = pushing.jobs_of(settings, targets(settings, hostfile, to or []))
     rep = reporter()
     with ship.SharedSsh():  # the scan and the stream to a host ride one connection
-        done = pushing.push(settings, jobs, rep, dry_run=dry_run, verify=verify)
+        done = pushing.push(settings, jobs, rep, dry_run=dry_run, verify=verify, relay=relay)
     if dry_run:
-        out.print(pushing.dry_run_text([d.job for d in done], [d.plan for d in done]), markup=False)
+        out.print(pushing.dry_run_text([d.job for d in done], [d.plan for d in done], relay), markup=False)
         return
     rep.done(pushing.report_line(done, verified=verify))
 

@@ -135,8 +135,9 @@ class _Keys(BaseSettings):
     )
     relay: Literal["auto", "always", "never"] = Field(
         "auto",
-        description="nodekit run and push: ssh:// nodes pass the image on to each other (a key per push and hop, no "
-        "agent forwarded, host keys pinned by the head) so the head sends it once; auto = when 64 MiB or more travels",
+        description="nodekit run, push and data push: ssh:// nodes pass the image (or a dataset's contents) on to "
+        "each other (a key per push and hop, no agent forwarded, host keys pinned by the head) so the head sends it "
+        "once; auto = when 64 MiB or more travels",
     )
     keep_containers: bool = Field(
         False,

@@ -13,10 +13,12 @@ from nodekit.config.settings import Settings
 from nodekit.data import plan as planning
 from nodekit.data import source as sources
 from nodekit.data import transport
+from nodekit.data import tree as trees
 from nodekit.data.transport import DataError, Host, RankedHost, Where, at_once, raise_first
-from nodekit.errors import UsageError
+from nodekit.errors import NodekitError, UsageError
 from nodekit.job.spec import mount_points
 from nodekit.launcher.datasync.scan import Manifest
+from nodekit.ship.relay import RelayMode
 from nodekit.system.progress import Reporter
 
 
@@ -48,6 +50,8 @@ class Done:
     job: Job
     plan: planning.HostPlan
     sent: int = 0
+    how: str = ""
+    """How it got its contents when not by its own stream from the head (through a relay tree)."""
 
 
 def where_of(host: Host) -> Where:
@@ -99,27 +103,78 @@ def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.Hos
     return [r for r in results if isinstance(r, planning.HostPlan)], holders
 
 
-def dry_run_text(jobs: Sequence[Job], plans: Sequence[planning.HostPlan]) -> str:
+def dry_run_text(jobs: Sequence[Job], plans: Sequence[planning.HostPlan], relay: RelayMode = "never") -> str:
+    """What would travel to each host path, and through which relay tree (``relay`` as for the push)."""
     lines = [f"{j.label} <- {j.source}: {planning.summary(p)}" for j, p in zip(jobs, plans, strict=True)]
-    total = sum(p.send_bytes for p in plans)
-    return "\n".join([*lines, f"would send {total} bytes in all"])
+    tree_plans = trees.plan_trees(jobs, plans, relay)
+    relayed = {i for t in tree_plans for i in t.members}
+    total = sum(t.send_bytes for t in tree_plans) + sum(p.send_bytes for i, p in enumerate(plans) if i not in relayed)
+    return "\n".join([*lines, *trees.dry_run_lines(jobs, tree_plans), f"would send {total} bytes in all"])
+
+
+def _replan(j: Job, want: Manifest) -> planning.HostPlan:
+    """The host's plan from a scan of it now."""
+    view = planning.NodeView.of(transport.scan(j.where, j.root, want))
+    return planning.plan_host(want, view, where=j.label)
+
+
+def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: dict[Path, dict[str, Path]],
+             reporter: Reporter, relay: RelayMode) -> dict[int, Done]:  # fmt: skip
+    """The jobs each relay tree made equal to their source, each proven so by a scan of the head's own. Every other
+    job of a tree has its plan made again in ``plans`` from a scan of now (what the tree left staged there is not
+    sent again), for the direct push, and its reason is named."""
+    out: dict[int, Done] = {}
+    for t in trees.plan_trees(jobs, plans, relay):
+        did = trees.relay(t, jobs, plans, holders[t.source], reporter)
+        sent = did.sent
+
+        def again(i: int) -> planning.HostPlan | NodekitError:
+            try:
+                return _replan(jobs[i], plans[i].want)
+            except NodekitError as e:
+                return e
+
+        for i, p in zip(t.members, at_once(again, list(t.members)), strict=True):
+            if isinstance(p, NodekitError):
+                reporter.warn(f"{jobs[i].label}: its scan after the relay tree failed ({p.message})")
+                continue
+            if i in did.fed_by and not p.changes:
+                feeder = did.fed_by[i]
+                out[i] = Done(jobs[i], plans[i], sent, f"relayed by {feeder}" if feeder else "fed by the head")
+                sent = 0
+                continue
+            why = did.missed.get(i) or f"not the source's after the relay tree ({planning.summary(p)})"
+            reporter.warn(f"{jobs[i].label}: {why}; sending it from the head")
+            plans[i] = p
+    return out
 
 
 def push(
-    settings: Settings, jobs: Sequence[Job], reporter: Reporter, *, dry_run: bool = False, verify: bool = False
+    settings: Settings,
+    jobs: Sequence[Job],
+    reporter: Reporter,
+    *,
+    dry_run: bool = False,
+    verify: bool = False,
+    relay: RelayMode = "never",
 ) -> list[Done]:
     """Make every job's host path equal its source. DataError naming the host and the first differing files when a
-    host's result differs; nothing is sent when any host refuses or lacks room. ``verify``: then every host reads
-    every file of its copy again from disk (:func:`verify_all`)."""
+    host's result differs; nothing is sent when any host refuses or lacks room. ``relay``: hosts of one source that
+    lack contents take them through one relay tree (:mod:`nodekit.data.tree`) when ``always``, or in ``auto`` when
+    enough travels; any host it did not make equal gets its own stream from the head, named. ``verify``: then every
+    host reads every file of its copy again from disk (:func:`verify_all`)."""
     if not jobs:
         return []
     reporter.step(f"dataset: scanning {len({j.source for j in jobs})} source(s) and {len(jobs)} host path(s)")
     plans, holders = plan_all(settings, jobs)
     if dry_run:
         return [Done(j, p) for j, p in zip(jobs, plans, strict=True)]
+    relayed = _relayed(jobs, plans, holders, reporter, relay)
 
-    def one(pair: tuple[Job, planning.HostPlan]) -> Done:
-        j, p = pair
+    def one(i: int) -> Done:
+        j, p = jobs[i], plans[i]
+        if i in relayed:
+            return relayed[i]
         if not p.changes:
             return Done(j, p)
         result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source], only=j.only)
@@ -129,11 +184,12 @@ def push(
                             fix="run `nodekit data push` again: it repairs what differs")  # fmt: skip
         return Done(j, p, sent)
 
-    results = at_once(one, list(zip(jobs, plans, strict=True)))
+    results = at_once(one, list(range(len(jobs))))
     raise_first(results, "host path(s)")
     done = [r for r in results if isinstance(r, Done)]
     for d in done:
-        reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes")
+        how = f", {d.how}" if d.how else ""
+        reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes{how}")
     if verify:
         verify_all(done, reporter)
     return done
@@ -162,11 +218,14 @@ def verify_all(done: Sequence[Done], reporter: Reporter) -> None:
 def report_line(done: Sequence[Done], *, verified: bool = False) -> str:
     hosts = len({d.job.where.name for d in done})
     sent = sum(d.sent for d in done)
+    relayed = sum(d.how.startswith("relayed") for d in done)
+    paths = f"{len(done)} path(s)" + (f", {relayed} relayed by other hosts" if relayed else "")
     how = ", verified: every file read back from disk" if verified else ""
-    return f"dataset identical to the source on {hosts} host(s) ({len(done)} path(s){how}); sent {sent} bytes"
+    return f"dataset identical to the source on {hosts} host(s) ({paths}{how}); sent {sent} bytes"
 
 
 def for_run(settings: Settings, hosts: Sequence[RankedHost], reporter: Reporter) -> None:
-    """The push ``nodekit run`` makes after its hosts' checks, before any container starts."""
-    done = push(settings, jobs_of(settings, [(h, h.rank) for h in hosts]), reporter)
+    """The push ``nodekit run`` makes after its hosts' checks, before any container starts (relayed as
+    nodekit.toml's ``relay`` says)."""
+    done = push(settings, jobs_of(settings, [(h, h.rank) for h in hosts]), reporter, relay=settings.relay)
     reporter.done(report_line(done))

@@ -20,6 +20,7 @@ from nodekit.ship.hopkeys import (
     entry_command,
     node_argv,
     parse_setup,
+    put_command,
     setup_command,
 )
 from nodekit.ship.tree import Tree, plan_tree
@@ -40,11 +41,12 @@ def _each(fn: Callable[[int], T], n: int) -> list[T]:
         return list(pool.map(fn, range(n)))
 
 
-def _on(hop: Hop, command: str, what: str) -> tuple[bool, str]:
-    """Run ``command`` on ``hop`` over the head's own connection: (ok, stdout or why not)."""
+def _on(hop: Hop, command: str, what: str, given: bytes | None = None) -> tuple[bool, str]:
+    """Run ``command`` on ``hop`` over the head's own connection (``given``: its standard input): (ok, stdout or
+    why not)."""
     try:
         got = proc.run(node_argv(hop, command), deadline=CALL_S, what=f"{what} on {hop.name}", fix="",
-                       stdin="devnull")  # fmt: skip
+                       stdin="devnull", given=given)  # fmt: skip
     except (OSError, DeadlineError) as e:
         return False, str(e)
     if got.returncode != 0:
@@ -57,16 +59,27 @@ class TreeAccess:
     """A relay tree's per-push access on its nodes: :meth:`open` sets up every node and authorises each hop (each
     node accepts the key its feeder made for it), returning the command that starts the root's relay step;
     :meth:`close` ends it all (idempotent, never raises). ``tree`` defaults to :func:`~nodekit.ship.tree.plan_tree`
-    over ``hops``."""
+    over ``hops``. ``given``: per node (in order), a word and a file the head writes into its directory at setup
+    (``./arg``, ``./given``) for its relay step to consume: what a node takes in is fixed by the head, never by the
+    stream."""
 
     def __init__(
-        self, hops: Sequence[Hop], relay_script: str, *, tree: Tree | None = None, lifetime_s: int | None = None
+        self,
+        hops: Sequence[Hop],
+        relay_script: str,
+        *,
+        tree: Tree | None = None,
+        lifetime_s: int | None = None,
+        given: Sequence[tuple[str, bytes]] | None = None,
     ) -> None:
         self.hops = list(hops)
         self.tree = plan_tree(len(self.hops)) if tree is None else tree
         if len(self.tree) != len(self.hops) or self.tree.head_copies != 1 or self.tree.parent[:1] != (None,):
             raise ValueError("a relay tree has one node per hop and one root, the first")
         self._script = relay_script
+        self._given = list(given) if given is not None else None
+        if self._given is not None and len(self._given) != len(self.hops):
+            raise ValueError("one given input per hop")
         self._lifetime = KEY_LIFETIME_S if lifetime_s is None else lifetime_s
         self.prepared: dict[str, Prepared] = {}
         self.authorized: dict[str, str] = {}
@@ -87,6 +100,15 @@ class TreeAccess:
         for h, got in zip(hops, done, strict=True):
             if isinstance(got, str):
                 self._fail(h, f"preparing the relay there failed ({got})")
+        if (given := self._given) is not None:
+
+            def put(i: int) -> tuple[bool, str]:
+                command = put_command(self.prepared[hops[i].name].dir, given[i][0])
+                return _on(hops[i], command, "handing the relay its input", given[i][1])
+
+            for h, (ok, why) in zip(hops, _each(put, len(hops)), strict=True):
+                if not ok:
+                    self._fail(h, f"its input could not be written there ({why})")
 
         def authorize(i: int) -> tuple[bool, str]:
             p = tree.parent[i]

@@ -201,6 +201,18 @@ trap '[ -n "$here" ] && rm -rf ./* && cd / && [ "$(stat -c %d.%i "$d" 2> /dev/nu
 """.replace("@OWN_DIR@", own_dir('"$d"'))
 END_SCRIPT = _END + _EDIT
 
+# $1 this node's relay directory, $2 a word for its relay step (base64); standard input: a file for it. What the
+# head fixes for one node of a tree (a dataset's receiver and that node's own plan), written over the head's own
+# connection into the directory only the login user can fill, never taken from the stream its feeder sends.
+_PUT = r"""
+umask 077
+set -C
+case $1 in */nodekit-relay.*) ;; *) exit 2 ;; esac
+cd "$1" && @OWN_DIR@ || exit 1
+printf %s "$2" | base64 -d > ./arg && cat > ./given
+""".replace("@OWN_DIR@", own_dir('"$1"'))
+
+
 UNAUTHORIZE = r"""
 unauthorize() {
   [ -f ./authorized ] || return 0
@@ -312,6 +324,13 @@ def authorize_command(line: str, lifetime_s: int, relay_dir: str, key: str) -> s
     if not _DIR.fullmatch(relay_dir) or not _ED25519.fullmatch(key):
         raise ValueError("not a checked setup")
     return _sh(AUTHORIZE_SCRIPT, "nodekit-relay-authorize", _b64(line), str(int(lifetime_s)), relay_dir, key)
+
+
+def put_command(relay_dir: str, arg: str) -> str:
+    """Writes ``arg`` and the command's standard input into ``relay_dir`` as ``./arg`` and ``./given``."""
+    if not _DIR.fullmatch(relay_dir):
+        raise ValueError("not a checked setup")
+    return _sh(_PUT, "nodekit-relay-put", relay_dir, _b64(arg) or "''")
 
 
 def end_command(relay_dir: str, key: str, *, kill: bool) -> str:

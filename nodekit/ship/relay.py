@@ -150,11 +150,15 @@ RELAY_SCRIPT = _RELAY.replace("@LOAD_STALL@", str(LOAD_STALL_S))
 """The relay step for a gzip (or uncompressed) stream."""
 
 
-def relay_script(codec: str, *, load_stall_s: int = LOAD_STALL_S) -> str:
+def relay_script(codec: str, *, load_stall_s: int = LOAD_STALL_S, consumer: str | None = None) -> str:
     """The relay step for a stream compressed with ``codec``: a zstd stream is passed on as it came and
     decompressed on each node by its zstd command before its ``docker load`` (never by the engine). Its own load
-    is cut off after ``load_stall_s`` seconds of taking nothing (:data:`LOAD_STALL_S`)."""
+    is cut off after ``load_stall_s`` seconds of taking nothing (:data:`LOAD_STALL_S`). ``consumer``: a shell
+    command that takes the stream on each node in place of ``docker load`` (it reads ``./load``; what the head
+    wrote into the node's directory, ``./arg`` and ``./given``, is its input of the node's own)."""
     script = _RELAY.replace("@LOAD_STALL@", str(int(load_stall_s)))
+    if consumer is not None:
+        return script.replace("docker load -q < ./load", consumer)
     if codec != "zstd":
         return script
     return script.replace("docker load -q < ./load", "zstd -dcq < ./load | docker load -q")
@@ -273,12 +277,23 @@ class RelaySink:
     ``hops[0]``): sets up every node's access for this push (:class:`~nodekit.ship.hopkeys.TreeAccess`; ShipError
     when a node cannot be), then the head's ssh to the root runs its relay step. Has the shape of
     :class:`nodekit.system.docker.LoadSink` (write, finish, abort); ``finish`` returns the tree's :class:`Report`
-    and never raises for a node's failure (the head verifies every node itself)."""
+    and never raises for a node's failure (the head verifies every node itself). ``script`` replaces the image's
+    relay step (:func:`relay_script` with a consumer of its own) and ``given`` is each node's input for it
+    (:class:`~nodekit.ship.access.TreeAccess`)."""
 
-    def __init__(self, hops: Sequence[Hop], *, tree: Tree | None = None, codec: str = "gzip") -> None:
+    def __init__(
+        self,
+        hops: Sequence[Hop],
+        *,
+        tree: Tree | None = None,
+        codec: str = "gzip",
+        script: str | None = None,
+        given: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
         self.hops = list(hops)
         self.tree = plan_tree(len(self.hops)) if tree is None else tree
-        self.access = TreeAccess(self.hops, relay_script(codec), tree=self.tree)
+        script = relay_script(codec) if script is None else script
+        self.access = TreeAccess(self.hops, script, tree=self.tree, given=given)
         entry = self.access.open()
         self._said = Said(len(self.hops))
         try:

@@ -25,7 +25,17 @@ import pytest
 
 from benchmarks._shipnet import tbf_argv
 from tests.cluster.harness import Cluster, sh
-from tests.cluster.helpers import Demo, Fleet, SshKeys, finish, fleet_on, head_tx, nodekit_argv, wait_for
+from tests.cluster.helpers import (
+    Demo,
+    Fleet,
+    SshKeys,
+    finish,
+    fleet_on,
+    head_tx,
+    nodekit_argv,
+    relay_dirs,
+    wait_for,
+)
 from tests.conftest import cluster_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
@@ -34,10 +44,14 @@ SMALL = 300
 BIG_MIB = 8
 
 
-def _project(fleet: Fleet, base: Path, *, mib_files: int = 0) -> tuple[Path, Path, list[Path]]:
-    """A project whose dataset holds SMALL small files and one BIG_MIB file (or ``mib_files`` files of 1 MiB)."""
+def _project(
+    fleet: Fleet, base: Path, *, mib_files: int = 0, big_mib: int = BIG_MIB, skip_head: bool = False
+) -> tuple[Path, Path, list[Path]]:
+    """A project whose dataset holds SMALL small files and one ``big_mib`` file (or ``mib_files`` files of 1 MiB),
+    on every host of ``fleet`` (but its head with ``skip_head``)."""
     project, data = base / "project", base / "project" / "data"
-    paths = [base / f"on-{h.name}" for h in fleet.cluster.hosts]
+    hosts = fleet.cluster.hosts[1:] if skip_head else fleet.cluster.hosts
+    paths = [base / f"on-{h.name}" for h in hosts]
     (data / "shards").mkdir(parents=True)
     for i in range(SMALL):
         (data / "shards" / f"{i:04d}.jpg").write_bytes(os.urandom(2000 + i))
@@ -45,9 +59,9 @@ def _project(fleet: Fleet, base: Path, *, mib_files: int = 0) -> tuple[Path, Pat
         for i in range(mib_files):
             (data / f"part-{i:02d}.arrow").write_bytes(os.urandom(1 << 20))
     else:
-        (data / "train.parquet").write_bytes(os.urandom(BIG_MIB << 20))
+        (data / "train.parquet").write_bytes(os.urandom(big_mib << 20))
     toml = ['name = "datatest"', 'script = "train.py"', f"nnodes = {len(paths)}",
-            f"hosts = {json.dumps([fleet.url(h) for h in fleet.cluster.hosts])}", "",
+            f"hosts = {json.dumps([fleet.url(h) for h in hosts])}", "",
             "[[mounts]]", 'source = "data"', 'host = "/unused"', 'container = "/data"', 'check = "hashes"']  # fmt: skip
     for rank, p in enumerate(paths):
         toml += ["", f"[nodes.{rank}]", f'mounts = {{ "/data" = "{p}" }}']
@@ -83,7 +97,7 @@ def test_a_dataset_reaches_three_hosts_and_only_what_changed_travels(fleet: Flee
     code, out, sent = _push(fleet, project)
     assert code == 0, out
     _identical(data, paths)
-    assert sent == 3 * total, out  # one stream per host (relay chains are not built yet)
+    assert sent == 3 * total, out  # one stream per host: below RELAY_MIN_BYTES, `--relay auto` builds no tree
 
     before = head_tx(h0)
     code, out, sent = _push(fleet, project)
@@ -146,6 +160,64 @@ def test_a_file_source_reaches_three_hosts_as_that_file_and_a_no_change_push_sen
     assert code == 0 and sent == 3000, out  # the read-back taught the host's cache: this push repairs it
     code, out, sent = _push(fleet, project, "--verify")
     assert code == 0 and sent == 0 and "every file read back from disk" in out, out
+
+
+@pytest.fixture
+def four(cluster_ready: None, ssh_keys: SshKeys, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Four hosts with sshd: the head h0 and three nodes."""
+    c = Cluster(4, name=cluster_name(request.node.nodeid), owner=os.getpid())
+    c.up()
+    try:
+        yield from fleet_on(c, ssh_keys, tmp_path / "four")
+    finally:
+        c.down()
+
+
+def _hop_lines(fleet: Fleet) -> list[str]:
+    """Hop-key lines left in the login user's authorized_keys on any host."""
+    out = []
+    for h in fleet.cluster.hosts:
+        keys = h.home / ".ssh" / "authorized_keys"
+        out += [ln for ln in (keys.read_text() if keys.exists() else "").splitlines() if ln.endswith("nodekit-relay")]
+    return out
+
+
+def test_a_first_push_to_three_hosts_goes_down_one_relay_tree_with_one_copy_on_the_heads_link(
+    four: Fleet, tmp_path: Path
+) -> None:
+    """The head scans every host, then sends one stream down a relay tree (h1 feeds h2 and h3): its link carries
+    about one copy of the dataset, not three; every host ends identical to the source, and nothing of the relay
+    (directories, hop-key lines) is left on any node."""
+    project, data, paths = _project(four, tmp_path, big_mib=24, skip_head=True)
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    h0 = four.cluster.main
+    dirs = relay_dirs(four.cluster)
+    code, out, _ = _push(four, project, "--relay", "always", "--dry-run")
+    assert code == 0, out
+    assert re.search(r"\n  the head feeds node 0 \([^)]*\)\n  node 0 \([^)]*\) feeds node 1 \([^)]*\), node 2 ", out), (
+        out
+    )
+    assert f"would send {total} bytes in all" in out, out
+    before = head_tx(h0)
+    code, out, sent = _push(four, project, "--relay", "always")
+    carried = head_tx(h0) - before
+    assert code == 0, out
+    _identical(data, paths)
+    assert re.search(r"through a relay tree to node 0 \([^)]*\) -> node 1 \([^)]*\), node 2 ", out), out
+    assert "2 relayed by other hosts" in out, out
+    assert "sending it from the head" not in out, out
+    assert sent == total, out
+    assert total < carried < 1.5 * total, f"the head's link carried {carried} bytes for a {total}-byte dataset"
+    assert relay_dirs(four.cluster) == dirs and _hop_lines(four) == []
+    code, out, sent = _push(four, project, "--relay", "always")  # nothing lacks: no tree, no payload
+    assert code == 0 and sent == 0, out
+    for p in paths:  # the same first push without the tree, for contrast: one copy per host
+        shutil.rmtree(p)
+    before = head_tx(h0)
+    code, out, sent = _push(four, project, "--relay", "never")
+    direct = head_tx(h0) - before
+    assert code == 0 and sent == 3 * total and direct > 2.5 * total, (direct, out)
+    _identical(data, paths)
 
 
 def _staged_bytes(path: Path) -> int:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from nodekit.launcher.datacheck.filehash import CHUNK
 
@@ -102,6 +103,26 @@ def content_hashes(files: Sequence[tuple[str, int]], threads: int = HASH_THREADS
     for (_, size), p in zip(files, parts, strict=True):
         out.append("p:" + hashlib.sha256(b"".join(p)).hexdigest() if size > PIECE else p[0].hex())
     return out
+
+
+def copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
+    """Copy exactly ``size`` bytes, returning their content hash as :func:`content_hashes` makes it (pieces of
+    :data:`PIECE`); EOFError if ``src`` ends sooner."""
+    whole, piece, pieces, in_piece, left = hashlib.sha256(), hashlib.sha256(), [], 0, size
+    while left > 0:
+        chunk = src.read(min(CHUNK, left, PIECE - in_piece))
+        if not chunk:
+            raise EOFError(f"the source ended {left} bytes short")
+        out.write(chunk)
+        (whole if size <= PIECE else piece).update(chunk)
+        left -= len(chunk)
+        in_piece += len(chunk)
+        if in_piece == PIECE or (left == 0 and size > PIECE):
+            pieces.append(piece.digest())
+            piece, in_piece = hashlib.sha256(), 0
+    if size > PIECE:
+        return "p:" + hashlib.sha256(b"".join(pieces)).hexdigest()
+    return whole.hexdigest()
 
 
 def manifest(root: str, *, hashes: bool = False) -> tuple[Entry, ...]:

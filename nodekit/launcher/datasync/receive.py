@@ -4,8 +4,9 @@ a plan and its stream. Standard library only; started by :mod:`nodekit.data.tran
 An apply reads, on standard input, one block (the plan as JSON: the source's manifest ``want``, the names to
 ``adopt`` and ``delete``, the contents to copy from names the node holds, the contents ``incoming`` and where each
 content is ``place``\\ d), then the stream: per incoming content a line ``<hash> <size>`` and that many bytes, then
-``END``. Every name in the plan is checked before anything is written (:func:`refusal`): one that is not a plain
-relative UTF-8 path, one whose parent on the node is a link or a file nodekit did not write, a device or link
+``END``; a content the plan names ``passing`` (a relay tree's stream carries it for other nodes) is read past.
+Every name in the plan is checked before anything is written (:func:`refusal`): one that is not a plain relative UTF-8
+path, one whose parent on the node is a link or a file nodekit did not write, a device or link
 entry, one that would overwrite or delete a file nodekit did not put there: the whole plan is refused, nothing is
 written. Contents land in ``<target>/.nodekit-data/staging`` as ``.part`` files, hashed as they are written, and are
 renamed to their hash only when it matches; files reach their names by rename from there. The result is the
@@ -27,7 +28,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from nodekit.launcher.datacheck.filehash import CHUNK
-from nodekit.launcher.datacheck.manifest import PIECE, content_hashes
+from nodekit.launcher.datacheck.manifest import PIECE, content_hashes, copy_hashing
 from nodekit.launcher.datasync.names import hash_problem, name_problem
 from nodekit.launcher.datasync.node import differences, held, load_state, save_state, scan, staging_dir, verify
 from nodekit.launcher.datasync.scan import Manifest, key
@@ -102,19 +103,19 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object], onl
     except Refused as e:
         return str(e)
     place, delete, adopt = plan.get("place", {}), plan.get("delete", []), plan.get("adopt", [])
-    copy, incoming = plan.get("copy", {}), plan.get("incoming", {})
+    copy, incoming, passing = plan.get("copy", {}), plan.get("incoming", {}), plan.get("passing", {})
     if not (isinstance(place, dict) and isinstance(delete, list) and isinstance(adopt, list)
-            and isinstance(copy, dict) and isinstance(incoming, dict)):  # fmt: skip
+            and isinstance(copy, dict) and isinstance(incoming, dict) and isinstance(passing, dict)):  # fmt: skip
         return "the plan is not well formed"
     for name in [*want, *place, *delete, *adopt, *copy.values()]:
         if (problem := name_problem(name)) is not None:
             return problem
         if only is not None and name != only:
             return f"{name!r} is not the file target's one name {only!r}"
-    for h in [*(v[1] for v in want.values()), *place.values(), *copy, *incoming]:
+    for h in [*(v[1] for v in want.values()), *place.values(), *copy, *incoming, *passing]:
         if (problem := hash_problem(h)) is not None:
             return problem
-    if not all(isinstance(s, int) and s >= 0 for s in incoming.values()):
+    if not all(isinstance(s, int) and s >= 0 for s in [*incoming.values(), *passing.values()]):
         return "a bad incoming size"
     deleting = set(delete)
     if stray := next((n for n in delete if n not in owned), None):
@@ -172,8 +173,9 @@ def _settle(stage: str, h: str, size: int, part: str, pieces: list[Future[bytes]
     os.replace(part, os.path.join(stage, staged_name(h)))
 
 
-def _receive(stage: str, f: BinaryIO, incoming: Mapping[str, int]) -> int:
-    """Each incoming content into ``stage``, hashed as written (pieces on threads); bytes received."""
+def _receive(stage: str, f: BinaryIO, incoming: Mapping[str, int], passing: Mapping[str, int]) -> int:
+    """Each incoming content into ``stage``, hashed as written (pieces on threads); bytes received. A content in
+    ``passing`` (a relay tree's stream carries it for other nodes) is read past, never written."""
     pending: list[tuple[str, int, str, list[Future[bytes]]]] = []
     damaged: list[Broken] = []
 
@@ -187,7 +189,7 @@ def _receive(stage: str, f: BinaryIO, incoming: Mapping[str, int]) -> int:
 
     with ThreadPoolExecutor(HASH_THREADS) as pool:
         try:
-            total = _frames(f, incoming, stage, pool, pending, lambda: settle(False))
+            total = _frames(f, incoming, passing, stage, pool, pending, lambda: settle(False))
         finally:  # a stream cut short keeps the contents that arrived whole, for the next push
             settle(True)
     if damaged:
@@ -198,6 +200,7 @@ def _receive(stage: str, f: BinaryIO, incoming: Mapping[str, int]) -> int:
 def _frames(
     f: BinaryIO,
     incoming: Mapping[str, int],
+    passing: Mapping[str, int],
     stage: str,
     pool: ThreadPoolExecutor,
     pending: list[tuple[str, int, str, list[Future[bytes]]]],
@@ -209,9 +212,13 @@ def _frames(
         line = f.readline(200).decode("ascii", "replace").split()
         if line == ["END"]:
             return total
-        if len(line) != 2 or line[0] not in incoming or not line[1].isdigit() or int(line[1]) != incoming[line[0]]:
+        h, size = (line[0], int(line[1])) if len(line) == 2 and line[1].isdigit() else ("", -1)
+        if h not in incoming and passing.get(h) == size:
+            for at in range(0, size, CHUNK):
+                _exactly(f, min(CHUNK, size - at))
+            continue
+        if incoming.get(h) != size:
             raise Broken(f"a frame that the plan does not announce: {' '.join(line)[:100]!r}")
-        h, size = line[0], int(line[1])
         part = os.path.join(stage, staged_name(h) + ".part")
         pieces: list[Future[bytes]] = []
         if size <= INLINE:
@@ -254,22 +261,11 @@ def _exactly(f: BinaryIO, size: int) -> bytes:
 
 
 def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
-    """Copy exactly ``size`` bytes, returning their content hash (pieces as the manifest hashes them)."""
-    whole, piece, pieces, in_piece, left = hashlib.sha256(), hashlib.sha256(), [], 0, size
-    while left > 0:
-        chunk = src.read(min(CHUNK, left, PIECE - in_piece))
-        if not chunk:
-            raise Broken(f"the stream ended {left} bytes short of a content")
-        out.write(chunk)
-        (whole if size <= PIECE else piece).update(chunk)
-        left -= len(chunk)
-        in_piece += len(chunk)
-        if in_piece == PIECE or (left == 0 and size > PIECE):
-            pieces.append(piece.digest())
-            piece, in_piece = hashlib.sha256(), 0
-    if size > PIECE:
-        return "p:" + hashlib.sha256(b"".join(pieces)).hexdigest()
-    return whole.hexdigest()
+    """:func:`~nodekit.launcher.datacheck.manifest.copy_hashing`, a source that ends short being a broken stream."""
+    try:
+        return copy_hashing(src, out, size)
+    except EOFError as e:
+        raise Broken(f"the stream ended short of a content ({e})") from None
 
 
 def _copy_local(root: str, stage: str, copy: Mapping[str, str], going: set[str], owned: Mapping[str, object]) -> None:
@@ -347,7 +343,7 @@ def apply(root: str, f: BinaryIO, only: str | None = None) -> dict[str, Any]:
     # Names first: a push killed from here on leaves nothing nodekit does not know it wrote.
     intent: dict[str, list[object]] = {**owned, **{n: [None, None, None, ""] for n in [*place, *adopt]}}
     save_state(root, intent, only)
-    received = _receive(stage, f, plan.get("incoming", {}))
+    received = _receive(stage, f, plan.get("incoming", {}), plan.get("passing", {}))
     _copy_local(root, stage, plan.get("copy", {}), set(plan.get("delete", [])), owned)
     for name in plan.get("delete", []):
         path = os.path.join(root, name)

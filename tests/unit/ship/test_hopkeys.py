@@ -18,7 +18,7 @@ import pytest
 
 from nodekit.ship import hopkeys
 from nodekit.ship.hopkeys import Dial, Hop, Prepared, authorized_line, parse_setup
-from nodekit.ship.relay import RELAY_SCRIPT, parse_report
+from nodekit.ship.relay import RELAY_SCRIPT, parse_report, relay_script
 
 KEY = "AAAAC3NzaC1lZDI1NTE5AAAAI" + "Q" * 43
 DIR = "/tmp/nodekit-relay.Ab12Cd"
@@ -412,3 +412,65 @@ def test_a_second_login_cannot_write_or_read_through_links_planted_after_the_fir
     assert "FAKEHASH" not in shown and "ALICEHASH" not in shown, shown
     assert b.returncode == 126, said
     node.end(before.dir, "")
+
+
+@needs_tools
+def test_a_dataset_relay_step_feeds_its_nodes_receiver_only_what_the_head_wrote_there(tmp_path: Path) -> None:
+    """The data tree's relay step on a node (no child: a leaf): its receiver's code, plan and path are what the
+    head wrote into the node's directory over its own connection (put_command); the stream brings only contents,
+    of which the node writes the ones its plan names and reads past the rest. Nothing of the step is left."""
+    import hashlib
+    import json
+
+    from nodekit.data import transport, tree
+
+    node = Node(tmp_path)
+    done = node.run(hopkeys.setup_command(hop("me"), [], relay_script("none", consumer=tree.CONSUMER)))
+    here = parse_setup(done.stdout, feeds=0)
+    assert isinstance(here, Prepared), done.stderr
+    target = tmp_path / "target"
+    target.mkdir()
+    good, other = b"good" * 1000, b"for another node"
+    sha = {d: hashlib.sha256(d).hexdigest() for d in (good, other)}
+    plan = {"want": {"a/b.bin": [len(good), sha[good], "f"]}, "place": {"a/b.bin": sha[good]},
+            "incoming": {sha[good]: len(good)}, "copy": {}, "delete": [], "adopt": [],
+            "passing": {sha[other]: len(other)}}  # fmt: skip
+    given = transport.bundle() + transport.block(json.dumps(plan).encode())
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+    put = subprocess.run(["sh", "-c", hopkeys.put_command(here.dir, str(target))], input=given, env=env,
+                         capture_output=True, timeout=30)  # fmt: skip
+    assert put.returncode == 0, put.stderr
+    stream = b"".join(f"{sha[d]} {len(d)}\n".encode() + d for d in (other, good)) + b"END\n"
+    ran = subprocess.run(["sh", "-c", hopkeys.entry_command(here.dir)], input=stream, env=env,
+                         capture_output=True, timeout=60)  # fmt: skip
+    report = parse_report(ran.stderr.decode())
+    assert report.loads.get("me", (None, ""))[0] == 0, ran.stderr
+    assert (target / "a" / "b.bin").read_bytes() == good
+    assert sorted(p.name for p in target.rglob("*") if p.is_file() and ".nodekit-data" not in p.parts) == ["b.bin"]
+    assert not Path(here.dir).exists()
+
+
+@needs_tools
+def test_the_head_writes_a_nodes_input_only_into_a_private_relay_directory_of_its_own(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    here = node.setup()
+    env = {"HOME": str(tmp_path), "PATH": os.environ["PATH"]}
+
+    def put(where: str) -> int:
+        return subprocess.run(["sh", "-c", hopkeys.put_command(where, "/srv/data")], input=b"plan", env=env,
+                              capture_output=True, timeout=30).returncode  # fmt: skip
+
+    assert put(here.dir) == 0
+    assert (Path(here.dir) / "arg").read_text() == "/srv/data" and (Path(here.dir) / "given").read_bytes() == b"plan"
+    assert put(here.dir) != 0  # written once: set -C, never through what is there
+    other = node.setup()
+    os.chmod(other.dir, 0o755)  # no longer private: what is in it may not be the head's
+    assert put(other.dir) != 0 and not (Path(other.dir) / "given").exists()
+    link = Path(f"/tmp/nodekit-relay.{os.getpid()}lnk")
+    link.symlink_to(here.dir)
+    try:
+        assert put(str(link)) != 0
+    finally:
+        link.unlink()
+    node.end(here.dir, "")
+    node.end(other.dir, "")

@@ -333,3 +333,34 @@ def test_a_no_change_scan_answers_a_few_bytes_not_the_manifest_again(tmp_path: P
     (target / "d" / "0007.bin").write_bytes(b"changed")
     answer = scan()
     assert answer["owned"] == {"d/0007.bin": [7, sha(b"changed")]} and answer["unequal"] == ["d/0007.bin"]
+
+
+def test_contents_a_shared_stream_carries_for_other_nodes_are_read_past_and_never_written(
+    world: tuple[Path, Path],
+) -> None:
+    """A relay tree's stream carries every content any node of the tree lacks: a node reads past the ones it does
+    not need (its plan's ``passing``), in any order, and writes only its own."""
+    target, outside = world
+    (target / "users-notes.txt").unlink()
+    big = os.urandom(3 << 20)
+    plan = plan_for({"a.bin": b"good"}, passing={sha(b"other"): 5, sha(big): len(big)})
+    frames = [(sha(b"other"), b"other"), (sha(b"good"), b"good"), (sha(big), big)]
+    assert run(target, stream(plan, frames)) == 0
+    assert sorted(os.listdir(target)) == [".nodekit-data", "a.bin"]
+    assert (target / "a.bin").read_bytes() == b"good" and sorted(os.listdir(outside)) == ["keep"]
+    assert not os.path.exists(staging_dir(str(target)))
+
+
+def test_a_passing_frame_of_another_size_than_announced_stops_the_stream(world: tuple[Path, Path]) -> None:
+    target, _ = world
+    plan = plan_for({"a.bin": b"good"}, passing={sha(b"other"): 5})
+    assert run(target, stream(plan, [(sha(b"other"), b"other!"), (sha(b"good"), b"good")])) == receive.BROKEN
+    assert not (target / "a.bin").exists()
+
+
+def test_a_plan_whose_passing_contents_are_not_well_formed_is_refused(world: tuple[Path, Path]) -> None:
+    target, _ = world
+    for passing in ({"../x": 5}, {sha(b"other"): -1}, [sha(b"other")]):
+        plan = plan_for({"a.bin": b"good"}, passing=passing)
+        assert run(target, stream(plan, [(sha(b"good"), b"good")])) == receive.REFUSED, passing
+        assert not (target / "a.bin").exists()

@@ -1,0 +1,95 @@
+"""The pure parts of a dataset's relay tree (nodekit/data/tree.py): which host paths share one tree, what its one
+stream carries (every content any of them lacks, once), what each node's receiver is told to read past, and what
+the dry run shows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nodekit.data import tree
+from nodekit.data.plan import HostPlan, NodeView, plan_host
+from nodekit.data.push import Job, dry_run_text
+from nodekit.data.transport import Where
+from nodekit.ship.relay import RELAY_MIN_BYTES
+
+BIG = RELAY_MIN_BYTES
+
+
+@dataclass(frozen=True)
+class Ssh:
+    name: str
+    scheme: str = "ssh"
+    hostname: str = "10.0.0.1"
+    user: str | None = "root"
+    port: int | None = None
+
+
+WANT = {"a.bin": (10, "a" * 64), "b.bin": (20, "b" * 64), "shards/c.bin": (BIG, "c" * 64)}
+
+
+def job(name: str, *, source: str = "/data", ssh: bool = True, root: str = "/srv/data") -> Job:
+    return Job(Where(name, Ssh(name) if ssh else None), "/data", Path(source), root)
+
+
+def plan(have: dict[str, tuple[int, str]] | None = None, want: dict[str, tuple[int, str]] | None = None) -> HostPlan:
+    return plan_host(want or WANT, NodeView(owned=have or {}, foreign={}), where="x")
+
+
+def test_one_tree_carries_every_content_any_host_lacks_once_smallest_first() -> None:
+    jobs = [job("n1"), job("n2"), job("n3")]
+    plans = [plan(), plan({"a.bin": WANT["a.bin"]}), plan({"moved.bin": WANT["shards/c.bin"]})]
+    (t,) = tree.plan_trees(jobs, plans, "auto")
+    assert t.members == (0, 1, 2) and t.source == Path("/data")
+    assert list(t.stream) == ["a" * 64, "b" * 64, "c" * 64]  # a and c once, though two hosts lack each
+    assert t.send_bytes == 30 + BIG
+    # n3 holds c under another name: the stream carries c for the others, n3 reads it past and copies its own.
+    mine = tree.node_plan(plans[2], t.stream)
+    assert mine["incoming"] == {"a" * 64: 10, "b" * 64: 20} and mine["passing"] == {"c" * 64: BIG}
+    assert mine["copy"] == {"c" * 64: "moved.bin"}
+
+
+def test_a_tree_forms_only_where_it_pays() -> None:
+    two = [job("n1"), job("n2")]
+    small = {"a.bin": (10, "a" * 64)}
+    assert tree.plan_trees(two, [plan(want=small), plan(want=small)], "auto") == []  # a few bytes: direct
+    assert len(tree.plan_trees(two, [plan(want=small), plan(want=small)], "always")) == 1
+    assert tree.plan_trees(two, [plan(), plan()], "never") == []
+    assert tree.plan_trees([job("n1")], [plan()], "always") == []  # one host: nothing to relay to
+    # Hosts with nothing to receive (up to date, or only copies and deletions) are pushed directly.
+    assert tree.plan_trees(two, [plan(), plan(dict(WANT))], "always") == []
+
+
+def test_only_ssh_hosts_one_path_each_and_one_tree_per_source() -> None:
+    jobs = [job("here", ssh=False), job("n1"), job("n1", root="/other"), job("n2"), job("n3", source="/logs"),
+            job("n4", source="/logs")]  # fmt: skip
+    trees = tree.plan_trees(jobs, [plan() for _ in jobs], "always")
+    assert [(t.source, t.members) for t in trees] == [(Path("/data"), (1, 3)), (Path("/logs"), (4, 5))]
+
+
+def test_the_dry_run_shows_who_feeds_whom_and_one_copy_on_the_heads_link() -> None:
+    jobs = [job(f"n{i}") for i in range(1, 5)]
+    plans = [plan() for _ in jobs]
+    text = dry_run_text(jobs, plans, "auto")
+    assert "  the head feeds n1\n  n1 feeds n2, n3\n  n2 feeds n4\n" in text, text
+    assert text.endswith(f"would send {30 + BIG} bytes in all"), text  # once, not four times
+    assert dry_run_text(jobs, plans, "never").endswith(f"would send {4 * (30 + BIG)} bytes in all")
+
+
+def test_the_last_line_says_how_many_paths_a_tree_fed_and_the_bytes_sent_once() -> None:
+    from nodekit.data.push import Done, report_line
+
+    jobs, p = [job(f"n{i}") for i in range(1, 4)], plan()
+    done = [Done(jobs[0], p, 30 + BIG, "fed by the head"), Done(jobs[1], p, 0, "relayed by n1"),
+            Done(jobs[2], p, 0, "relayed by n1")]  # fmt: skip
+    assert report_line(done) == (
+        f"dataset identical to the source on 3 host(s) (3 path(s), 2 relayed by other hosts); sent {30 + BIG} bytes"
+    )
+
+
+def test_a_file_source_is_pushed_directly_never_through_a_tree() -> None:
+    """A tree node's receiver makes a whole directory equal to its plan: a file source's host path is one name in
+    a directory that holds the user's other files, so it takes the direct push, which gives the receiver that name."""
+    files = [Job(Where(n, Ssh(n)), "/data/tokens.bin", Path("/data/tokens.bin"), "/srv", "tokens.bin") for n in "ab"]
+    assert tree.plan_trees(files, [plan(), plan()], "always") == []
+    assert len(tree.plan_trees([job("a"), job("b")], [plan(), plan()], "always")) == 1
