@@ -5,7 +5,7 @@ that refuses (files nodekit did not write in the way) or lacks the disk stops th
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,7 +118,7 @@ def _replan(j: Job, want: Manifest) -> planning.HostPlan:
     return planning.plan_host(want, view, where=j.label)
 
 
-def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: dict[Path, dict[str, Path]],
+def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mapping[Path, Mapping[str, Path]],
              reporter: Reporter, relay: RelayMode) -> dict[int, Done]:  # fmt: skip
     """The jobs each relay tree made equal to their source, each proven so by a scan of the head's own. Every other
     job of a tree has its plan made again in ``plans`` from a scan of now (what the tree left staged there is not
