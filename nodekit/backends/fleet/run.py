@@ -1,9 +1,9 @@
 """``nodekit run``: the plan per rank, carried out on every host (``status``/``logs``/``down``: fleet/manage.py).
 
 Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts;
-each host is asked for the image as soon as its own check passed: nodekit/backends/fleet/image.py) -> ship the image
-where it is missing -> write ``compose/node-R.yaml`` for every rank -> start every node -> one
-merged log while the supervisor's decision table (:mod:`nodekit.backends.fleet.supervise`) watches the exits -> gang
+each host is asked for the image as soon as its own check passed: nodekit/backends/fleet/image.py) -> plan every rank
+(a refusal costs no transfer) -> ship the image where missing -> write ``compose/node-R.yaml`` -> start every node ->
+one merged log while the supervisor's decision table (:mod:`nodekit.backends.fleet.supervise`) watches the exits -> gang
 stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through nodekit.system.proc.stopping,
 an error of ours), every node's container is removed before this returns; a host that cannot be reached for that is
 named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a host that vanishes is reported
@@ -280,8 +280,11 @@ def _attempts(
         first = used == 0
         facts, there, info = _check(settings, hosts, reporter, ref, local, events if first else NO_EVENTS,
                                     opened if first else None)  # fmt: skip
-        image_id = info.identity
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
+        # Planned before any byte moves: a refused plan (a wrong main) costs the checks, not a push to every host.
+        job = job_settings(settings, hosts, restart=used)
+        worlds = node_worlds(job, hosts, facts, ref, image_id=info.identity, secret=secret)
+        plans = plan_nodes(job, hosts, worlds, debug=debug)
         if missing := [h for h in hosts if h.rank not in there]:
             ship_image(ref, missing, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
         else:
@@ -292,9 +295,6 @@ def _attempts(
             from nodekit.data.push import for_run
 
             for_run(settings, hosts, reporter)
-        job = job_settings(settings, hosts, restart=used)
-        worlds = node_worlds(job, hosts, facts, ref, image_id=image_id, secret=secret)
-        plans = plan_nodes(job, hosts, worlds, debug=debug)
         for p in plans:
             write_compose(p)
         live = [_Live(plan=p, host=h) for p, h in zip(plans, hosts, strict=True)]

@@ -238,3 +238,21 @@ def test_a_run_whose_hosts_fail_their_checks_still_records_its_image(
     rec.finish(2)
     r = store.load(rec.dir)
     assert r.image == IMAGE and r.image_id == "sha256:" + "e" * 64
+
+
+def test_a_main_that_is_none_of_host_0s_addresses_is_refused_before_the_image_is_shipped(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong main costs the host checks (seconds), not a push of the image (minutes) to hosts that lack it."""
+    from nodekit.errors import UsageError
+
+    settings, hosts = _three_hosts(tmp_path)
+    settings = settings.model_copy(update={"main": "192.0.2.77"})
+    shipped: list[object] = []
+    here = remote.HostReport(gathered=remote.Gathered(facts=HostFacts(), addresses=frozenset({"10.0.0.1"})))
+    monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [here for _ in hosts])  # no host has the image
+    monkeypatch.setattr(run, "ship_image", lambda *a, **k: shipped.append(a))
+    monkeypatch.setattr(net, "resolve", lambda name: name)
+    with pytest.raises(UsageError, match=r"main = '192.0.2.77' \(192.0.2.77\) is none of .*addresses \(10.0.0.1\)"):
+        run.run(settings, hosts, _Quiet(), lambda r, t: None, image=IMAGE)
+    assert shipped == [] and not (tmp_path / "compose").exists()
