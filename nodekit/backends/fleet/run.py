@@ -210,9 +210,9 @@ def _attempt(
                     eofs.add(rank)
             for t in stopping:
                 t.join(STOP_TIMEOUT_S + 20)
-            raised = causes.first(decision.culprit) if decision.culprit is not None else None
-            if decision.action != "done" and raised is not None:
-                return replace(decision, reason=f"{decision.reason}: {raised.quote()}")
+            said = causes.quote(decision.culprit, decision.code) if decision.culprit is not None else None
+            if decision.action != "done" and said is not None:
+                return replace(decision, reason=f"{decision.reason}: {said}")
             return decision
 
 
