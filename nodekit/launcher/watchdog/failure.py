@@ -9,8 +9,8 @@ the others is exit code 1 (gloo or NCCL raise "Connection closed by peer") or SI
 the exception a worker raised tells them apart (its hook kept it): one of the job's own (``RuntimeError: boom``)
 comes before one that names none, and a peer's loss (:data:`CONSEQUENCES`) after both, since torchrun's second is
 often the same for the cause and its consequence. So: that order, then the earliest (torchrun's wall-clock
-second), then the lowest node rank. Nodes whose torchrun failed
-without naming a worker (the failing node closed the rendezvous, a timeout) come after every node that named one.
+second), then the lowest node rank. Nodes whose torchrun failed without naming a worker (the failing node closed the
+rendezvous, a timeout) come after every node that named one.
 The line names the others too, so that a wrong guess still shows the whole picture.
 """
 
