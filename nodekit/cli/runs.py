@@ -104,7 +104,9 @@ def show(
     ]
     if r.job_id:
         lines.append(f"slurm    job {r.job_id}")
-    if r.exit_code not in (None, 0):
+    if r.refused:
+        lines.append(f"refused  {r.reason}")
+    elif r.exit_code not in (None, 0):
         lines.append(f"failed   {_failed(r) or 'the run'}: {r.reason}")
     lines.append("")
     lines.append(f"{'NODE':<6}{'HOST':<26}" + "".join(f"{p:<12}" for p in PHASES) + "EXIT")

@@ -163,6 +163,10 @@ OWN_LINES = "nodekit"  # the launcher's own lines start so; the first other line
 # OWN_REPORTS, then lines indented by two spaces, and preflight's timing line "(preflight 1.2 s, ...)".
 OWN_REPORTS = ("nodekit preflight:", "nodekit data check:")
 OWN_CONTINUED = ("  ", "(preflight ")
+# The peer watchdog's line about other nodes, ``nodekit: node 1 (...) failed: <why>; then ...; <what this node does>``
+# (failed, lost or stopped from outside): a node that exits 19 was ended by them, and the host's last line quotes the
+# first node it names (nodekit/runs/cause.py), whose exception it carries, where that node's output is elsewhere.
+PEER_VERDICT = ("nodekit: node ", "nodekit: nodes ")
 
 __all__ = [
     "DEFAULT_LAUNCH_MODE",
@@ -184,6 +188,7 @@ __all__ = [
     "OWN_CONTINUED",
     "OWN_LINES",
     "OWN_REPORTS",
+    "PEER_VERDICT",
     "PREFLIGHT_OK",
     "PREFLIGHT_PORT_OFFSET",
     "RENDEZVOUS_DONE",

@@ -8,8 +8,13 @@ message), so that the last line can say ``node 1 failed with exit code 1: rank 1
 A traceback is Python's own shape: ``Traceback (most recent call last):``, indented frames, then the first line
 that is not indented (``RuntimeError: boom``). torch prefixes each line of a rank's uncaught exception with
 ``[rankN]:``, which names the rank. A chained exception (``During handling of the above exception`` / ``The above
-exception was the direct cause``) is followed to its last link, the one Python prints last. Pure: lines in,
-a quote out.
+exception was the direct cause``) is followed to its last link, the one Python prints last.
+
+A node that exited 19 (:data:`~nodekit.launcher.contract.EXIT_PEER_LOST`) was ended by another node, and its own
+traceback is the consequence (gloo's "Connection closed by peer"). Its peer watchdog printed a line naming the node
+that failed first, with the exception that node's done mark carried (:data:`~nodekit.launcher.contract.PEER_VERDICT`):
+that is its quote, the only place the cause is when the failing node's output is on another machine (``nodekit up``).
+Pure: lines in, a quote out.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from nodekit.launcher.contract import EXIT_PEER_LOST, PEER_VERDICT
 from nodekit.system.terminal import ESCAPES
 
 _PREFIX = re.compile(r"^\[rank(\d+)\]:\s?")
@@ -51,11 +57,14 @@ class Causes:
 
     _reading: dict[tuple[int, int | None], _Reading] = field(default_factory=dict)
     _first: dict[int, Raised] = field(default_factory=dict)
+    _verdict: dict[int, str] = field(default_factory=dict)
 
     def feed(self, node: int, line: str) -> None:
+        text = ESCAPES.sub("", line).rstrip("\r\n")
+        if node not in self._verdict and text.startswith(PEER_VERDICT):
+            self._verdict[node] = _first_named(text)
         if node in self._first:
             return
-        text = ESCAPES.sub("", line).rstrip("\r\n")
         m = _PREFIX.match(text)
         rank = int(m.group(1)) if m else None
         body = text[m.end() :] if m else text
@@ -90,3 +99,19 @@ class Causes:
         for key in [k for k in self._reading if k[0] == node and self._reading[k].candidate is not None]:
             self._settle(node, key)
         return self._first.get(node)
+
+    def quote(self, node: int, code: int) -> str | None:
+        """What a closing line quotes for ``node``, which exited with ``code``: on 19 its watchdog's verdict (the node
+        that failed first, its exception included), else its own first exception; None when there is none."""
+        if code == EXIT_PEER_LOST:
+            return self._verdict.get(node)
+        raised = self.first(node)
+        return raised.quote() if raised is not None else None
+
+
+def _first_named(line: str) -> str:
+    """``node 1 (...) failed: worker rank 1 ... raised RuntimeError: boom (exit code 1); ...`` from a verdict line: the
+    first node it names, without the nodes that followed (``; then``) or what this node did (the last clause)."""
+    text = line.removeprefix("nodekit: ").partition("; then ")[0]
+    text = text if "; then " in line else text.rpartition("; ")[0] or text
+    return text if len(text) <= 2 * MAX_QUOTE else text[: 2 * MAX_QUOTE - 3] + "..."

@@ -29,7 +29,7 @@ def _recorded(command: str) -> str:
 
 # The commands whose runs are recorded: each backend's registration says which of its commands record.
 Command = Annotated[str, AfterValidator(_recorded)]
-State = Literal["running", "ok", "failed", "interrupted", "detached", "vanished"]
+State = Literal["running", "ok", "failed", "refused", "interrupted", "detached", "vanished"]
 
 # A record is read back strictly: a cloned repo can carry .nodekit/runs/, and a value of the wrong type (a rank that
 # is a string of HTML, a pid of 2**70, a start of NaN) would reach the report unescaped or crash the list.
@@ -86,6 +86,9 @@ class RunRecord:
     """The failing node's last lines."""
     dropped: list[NodeRecord] = field(default_factory=list)
     """Nodes an earlier attempt had and a restart went on without (lost hosts, ``min_nodes``)."""
+    refused: bool = False
+    """Ended by a refusal (bad input, a host or image not ready: exit 2) before any node started: nothing ran, and
+    nothing failed. ``reason`` says why."""
     schema: int = SCHEMA
 
     def state(self, alive: Callable[[int], bool]) -> State:
@@ -96,6 +99,8 @@ class RunRecord:
             return "running" if alive(self.pid) else "vanished"
         if self.exit_code == 0:
             return "ok"
+        if self.refused:
+            return "refused"
         return (
             "interrupted" if self.signal in ("SIGINT", "SIGTERM", "SIGHUP") and self.failed_rank is None else "failed"
         )

@@ -94,6 +94,8 @@ def text(event: Event, record: RunRecord, now: float, *, quote: Callable[[object
     took = _took(record.duration(now))
     if event == "finish":
         return f"{what} finished in {took} on {len(record.nodes)} node(s) (exit code 0)"
+    if record.refused:  # nothing started anywhere: a refusal to fix, not a failure to look into
+        return f"{what} was refused before any node started (exit code {record.exit_code}): {quote(record.reason)}"
     who = f"node {record.failed_rank} ({quote(record.failed_host)})" if record.failed_rank is not None else "the run"
     sig = f", {quote(record.signal)}" if record.signal else ""
     head = f"{what} FAILED after {took}: {who}, exit code {record.exit_code}{sig}"

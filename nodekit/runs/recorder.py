@@ -167,11 +167,12 @@ class Recorder:
             self.record.detached = True
             self._save(force=True)
 
-    def finish(self, code: int, *, signal: str = "", reason: str = "") -> None:
+    def finish(self, code: int, *, signal: str = "", reason: str = "", refused: bool = False) -> None:
+        """The run ended with ``code``; ``refused``: before any node started (:func:`refusal`), no node failed."""
         with self._lock:
             r = self.record
-            r.ended, r.exit_code = self._clock(), code
-            if code != 0 and r.failed_rank is None and len(r.nodes) == 1 and not signal:
+            r.ended, r.exit_code, r.refused = self._clock(), code, refused
+            if code != 0 and r.failed_rank is None and len(r.nodes) == 1 and not signal and not refused:
                 r.failed_rank = r.nodes[0].rank  # one node: it is the one that failed
             if r.failed_rank is not None:
                 node = r.node(r.failed_rank)
@@ -304,6 +305,18 @@ def ending(e: BaseException | None) -> tuple[int, str, str]:
     return 1, "", f"{type(e).__name__}: {e}"
 
 
+def refusal(e: BaseException, record: RunRecord) -> bool:
+    """Whether ``e`` refused the run before any of its nodes started: one of nodekit's exit-2 errors (bad input, a
+    host, engine or image not ready), raised while no node had reached "started". An exit 2 after a start is the
+    launcher's refusal inside a container: a failed run."""
+    return (
+        isinstance(e, NodekitError)
+        and not isinstance(e, JobFailed)
+        and e.exit_code == 2
+        and not any("started" in n.phases for n in record.nodes)
+    )
+
+
 @contextlib.contextmanager
 def recording(
     settings: Settings,
@@ -323,7 +336,7 @@ def recording(
     except BaseException as e:
         code, sig, reason = ending(e)
         if rec.record.ended is None:
-            rec.finish(code, signal=sig, reason=reason)
+            rec.finish(code, signal=sig, reason=reason, refused=refusal(e, rec.record))
         raise
     finally:
         if rec.record.ended is None and not rec.record.detached:

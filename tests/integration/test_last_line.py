@@ -35,4 +35,9 @@ def test_main_s_last_line_quotes_the_exception_rank_1_raised_on_the_other_node(
     # The traceback is only in node 1's output; main names the exception all the same, from node 1's done mark.
     assert "[rank1]" not in said, said  # main never saw rank 1's traceback
     assert "node 1 (" in said and "worker rank 1 (local rank 0) raised RuntimeError: boom on rank 1" in said, said
+    # ... and so does nodekit up's own last line: main exits 19 (node 1 failed first), and says why.
+    last = [line for line in main.stderr.splitlines() if line.strip()][-1]
+    assert main.returncode == 19, said
+    assert "the job exited with code 19: node 1 (" in last, last
+    assert "worker rank 1 (local rank 0) raised RuntimeError: boom on rank 1" in last, last
     assert "RuntimeError: boom on rank 1" in worker.stdout, worker.stdout[-3000:]

@@ -24,7 +24,7 @@ from nodekit.job.container import ContainerSpec
 from nodekit.job.gather import NodeWorld
 from nodekit.job.plan import plan_container, unset_pass_env
 from nodekit.job.spec import NodeSpec, output_dir_of
-from nodekit.launcher.contract import EXIT_PEER_LOST, Env
+from nodekit.launcher.contract import Env
 from nodekit.launcher.stops import STOPPED_BY
 from nodekit.launcher.watchdog.decide import SIGNAL_FROM
 from nodekit.runs.cause import Causes
@@ -279,9 +279,9 @@ def _up(
         raise
     if code != 0:
         stopped = STOPPED_BY.get(code)
-        # 19 is a consequence (another node failed, and this node's own gloo traceback says only that).
-        raised = causes.first(rank) if code != EXIT_PEER_LOST and not stopped else None
-        what = f"the job exited with code {code}" + (f": {raised.quote()}" if raised else "")
+        # On 19 another node failed first: the quote is what the watchdog said of it, not this node's gloo error.
+        said = causes.quote(rank, code) if not stopped else None
+        what = f"the job exited with code {code}" + (f": {said}" if said else "")
         if stopped:
             what = f"the job was stopped from outside by {stopped} (exit {code}: {SIGNAL_FROM.split(': ', 1)[1]})"
         raise JobFailed(

@@ -1,18 +1,18 @@
 """``nodekit run``: the plan per rank, carried out on every host (``status``/``logs``/``down``: fleet/manage.py).
 
 Order, each phase in parallel over hosts: the training command checked here -> check every host (and gather facts;
-each host is asked for the image as soon as its own check passed: nodekit/backends/fleet/image.py) -> ship the image
-where missing -> the attempt's plan (fleet/plan.py: what ``--dry-run`` prints), its ``compose/node-R.yaml`` written and
-every node started as planned -> one merged log while the supervisor's decision table (fleet/supervise.py) watches the
-exits -> gang stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through
+each host is asked for the image as soon as its own check passed: fleet/image.py) -> the attempt's plan (fleet/plan.py:
+what ``--dry-run`` prints; a refusal costs no transfer) -> ship the image where missing -> write
+``compose/node-R.yaml`` -> start every node -> one merged log while the supervisor's decision table (fleet/supervise.py)
+watches the exits -> gang stop, restart or finish. Whatever happens (failure, Ctrl-C, SIGTERM or SIGHUP through
 nodekit.system.proc.stopping, an error of ours), every node's container is removed before this returns; a host that
-cannot be reached for that is named. Every connection to a node keeps alive (:mod:`nodekit.backends.fleet.alive`): a
-host that vanishes is reported lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that
-long for it before blaming a survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image,
-the start: the host's own ``docker run``, :mod:`nodekit.backends.fleet.start`; the node's follower: its log and exit
-code in one SSH command, :mod:`nodekit.backends.fleet.follow`; ``down``) rides one shared connection
-(:class:`nodekit.ship.SharedSsh`, opened while this machine picks the image, fleet/remote.py's ``opening``, and keeping
-alive as above): one key exchange and login per host per run, not one per call.
+cannot be reached for that is named. Every connection to a node keeps alive (fleet/alive.py): a host that vanishes is
+reported lost about ``peer_timeout`` after it stopped answering, and the supervisor waits that long for it before
+blaming a survivor. Every ssh of the run to one host (the check's, the docker CLI's for the image, the start: the
+host's own ``docker run``, fleet/start.py; the node's follower: its log and exit code in one SSH command,
+fleet/follow.py; ``down``) rides one shared connection (:class:`nodekit.ship.SharedSsh`, opened while this machine
+picks the image, fleet/remote.py's ``opening``, and keeping alive as above): one key exchange and login per host per
+run, not one per call.
 """
 
 from __future__ import annotations
@@ -212,9 +212,9 @@ def _attempt(
                     eofs.add(rank)
             for t in stopping:
                 t.join(STOP_TIMEOUT_S + 20)
-            raised = causes.first(decision.culprit) if decision.culprit is not None else None
-            if decision.action != "done" and raised is not None:
-                return replace(decision, reason=f"{decision.reason}: {raised.quote()}")
+            said = causes.quote(decision.culprit, decision.code) if decision.culprit is not None else None
+            if decision.action != "done" and said is not None:
+                return replace(decision, reason=f"{decision.reason}: {said}")
             return decision
 
 
@@ -250,10 +250,9 @@ def run(
         ThreadPoolExecutor(max_workers=1) as beside,
         handoff.Keeper(settings, hosts, reporter) as keeper,  # the outputs' mirror, for a restart without a host
     ):
-        # Every host's connection opens while this machine picks the image (0.2 s of engine calls); the hosts'
-        # checks need its reference, and ride the open connections.
+        # The connections open while this machine picks the image (0.2 s of engine calls); its own image is read
+        # while the hosts are checked, which need only its reference and ride the open connections.
         ref = image or current_image(settings)
-        # This machine's image is read while the hosts are checked, which need only its reference.
         local = beside.submit(docker.require_image, ref)
         return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
                          events, opened, keeper)  # fmt: skip
@@ -283,6 +282,9 @@ def _attempts(
         facts, there, info = _check(settings, hosts, reporter, ref, local, events if first else NO_EVENTS,
                                     opened if first else None)  # fmt: skip
         reporter.done(f"{n} host(s) ready ({clock() - t0:.1f} s)")
+        # Planned before any byte moves: a refused plan (a wrong main) costs the checks, not a push to every host.
+        planned = plan(gathered(job_settings(settings, hosts, restart=used), hosts, facts, ref, image_id=info.identity,
+                                secret=secret, debug=debug)).detail  # fmt: skip
         if missing := [h for h in hosts if h.rank not in there]:
             ship_image(ref, missing, reporter, store=settings.project_dir / BLOBS, relay=settings.relay)
         else:
@@ -293,8 +295,6 @@ def _attempts(
             from nodekit.data.push import for_run
 
             for_run(settings, hosts, reporter)
-        planned = plan(gathered(job_settings(settings, hosts, restart=used), hosts, facts, ref, image_id=info.identity,
-                                secret=secret, debug=debug)).detail  # fmt: skip
         for p in planned.nodes:
             write_compose(p)
         live = [_Live(plan=p, host=r.host, args=r.start) for p, r in zip(planned.nodes, planned.ranks, strict=True)]

@@ -5,9 +5,12 @@ by duck typing, so this module imports without it).
 When one worker dies past ``max_restarts``, its peers' collectives fail with it, so several nodes can report a failed
 worker within the same second. :func:`first_failed` picks the one to name first. What a peer's death looks like on
 the others is exit code 1 (gloo or NCCL raise "Connection closed by peer") or SIGABRT (their destructors call
-``std::terminate``); anything else (another signal, another exit code) is more likely the cause. So: that kind
-first, then the earliest (torchrun's wall-clock second), then the lowest node rank. Nodes whose torchrun failed
-without naming a worker (the failing node closed the rendezvous, a timeout) come after every node that named one.
+``std::terminate``); anything else (another signal, another exit code) is more likely the cause. Among the exit 1s,
+the exception a worker raised tells them apart (its hook kept it): one of the job's own (``RuntimeError: boom``)
+comes before one that names none, and a peer's loss (:data:`CONSEQUENCES`) after both, since torchrun's second is
+often the same for the cause and its consequence. So: that order, then the earliest (torchrun's wall-clock
+second), then the lowest node rank. Nodes whose torchrun failed without naming a worker (the failing node closed the
+rendezvous, a timeout) come after every node that named one.
 The line names the others too, so that a wrong guess still shows the whole picture.
 """
 
@@ -104,15 +107,23 @@ def worker_failure(
         return None
 
 
+# What a collective raises in the ranks that outlive a peer (gloo, NCCL, the TCPStore): a consequence, not a cause.
+CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "DistNetworkError",
+                "NCCL communicator was aborted", "remote process exited")  # fmt: skip
+
+
 def first_failed(failed: Sequence[tuple[int, WorkerFailure | None]]) -> list[tuple[int, WorkerFailure | None]]:
     """``(node rank, its worker failure)`` pairs, the one to name first first (see the module docstring)."""
 
     def key(item: tuple[int, WorkerFailure | None]) -> tuple[int, int, int, int]:
         rank, f = item
         if f is None:
-            return (2, 0, 0, rank)
-        follows = f.exitcode in (1, -signal.SIGABRT)
-        return (1 if follows else 0, f.at, 0, rank)
+            return (9, 0, 0, rank)
+        if f.exitcode not in (1, -signal.SIGABRT):
+            return (0, f.at, 0, rank)
+        if not f.raised:
+            return (2, f.at, 0, rank)
+        return (3 if any(c in f.raised for c in CONSEQUENCES) else 1, f.at, 0, rank)
 
     return sorted(failed, key=key)
 

@@ -139,3 +139,35 @@ def test_no_records_yet_says_how_one_is_made(project: Path) -> None:
     assert result.exit_code == 2 and "no run records" in result.stderr
     listed = runner.invoke(app, ["runs"])
     assert listed.exit_code == 0 and len(listed.stdout.splitlines()) == 1
+
+
+def test_a_refused_run_is_listed_as_refused_with_its_reason_not_as_failed(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`nodekit run` refused before any node started (here: the script is missing) changed nothing anywhere: the
+    list says so, and why, instead of a failed run beside the runs that did fail."""
+    (project / "nodekit.toml").write_text('name = "clitest"\nscript = "train.py"\nhosts = ["ssh://a", "ssh://b"]\n')
+    (project / "train.py").unlink()
+    monkeypatch.setenv("PATH", str(project))  # no ssh, no docker here: nothing may be contacted
+    refused = runner.invoke(app, ["run"])
+    assert refused.exit_code == 2, refused.output
+    listed = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
+    said = [(r["command"], r["state"], r["exit_code"], r["failed_rank"]) for r in listed]
+    assert said == [("run", "refused", 2, None)]
+    row = runner.invoke(app, ["runs"]).stdout.splitlines()[1]
+    assert " refused " in row and "failed" not in row, row
+    shown = runner.invoke(app, ["runs", "show", "last"]).stdout
+    assert "state    refused, exit code 2" in shown and "refused  training script train.py not found" in shown, shown
+
+
+def test_a_run_whose_nodes_started_and_then_exited_2_is_failed_not_refused(project: Path) -> None:
+    """Exit 2 from a node's launcher (bad input found inside the container) comes after nodes started: a failure."""
+    from nodekit.errors import JobFailed
+    from nodekit.runs.recorder import recording
+
+    settings = config.load(project / "nodekit.toml")
+    with pytest.raises(JobFailed), recording(settings, "run", HOSTS, warn=lambda _: None) as rec:
+        rec.phase(0, "started")
+        raise JobFailed("node 0 failed with exit code 2", exit_code=2)
+    listed = json.loads(runner.invoke(app, ["runs", "--json"]).stdout)
+    assert [(r["state"], r["exit_code"]) for r in listed] == [("failed", 2)]

@@ -114,6 +114,20 @@ def test_the_first_failure_is_named_first() -> None:
     assert [r for r, _ in first_failed([(0, None), (2, FOLLOWED)])] == [2, 0]  # a worker named before none
 
 
+def test_an_exception_of_the_job_s_own_is_named_before_a_peer_s_gloo_error_of_the_same_second() -> None:
+    """Rank 1 raises; rank 0's collective fails with gloo's "Connection closed by peer" in the same second (torchrun's
+    timestamps are whole seconds): both exit 1. The lower node no longer wins the tie with its consequence, and an
+    exception of the job's own comes before a failure that names none (a SIGABRT from a destructor)."""
+    boom = WorkerFailure(1, 0, 1, 100, 0, raised="RuntimeError: boom on rank 1")
+    gloo = WorkerFailure(0, 0, 1, 100, 0, raised="RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed "
+                         "by peer [10.0.0.6]:4711")  # fmt: skip
+    reset = WorkerFailure(2, 0, 1, 99, 0, raised="torch.distributed.DistNetworkError: Connection reset by peer")
+    assert [r for r, _ in first_failed([(0, gloo), (1, boom)])] == [1, 0]
+    assert [r for r, _ in first_failed([(2, reset), (0, gloo), (1, boom)])] == [1, 2, 0]
+    assert [r for r, _ in first_failed([(0, WorkerFailure(0, 0, -6, 99, 0)), (1, boom)])] == [1, 0]
+    assert [r for r, _ in first_failed([(0, KILLED), (1, boom)])] == [0, 1]  # a kill is still named first
+
+
 def test_a_node_whose_workers_failed_after_another_s_exits_19_and_every_node_names_the_first() -> None:
     line = (
         "nodekit: node 1 (10.0.0.6, host gpu-b) failed: worker rank 1 (local rank 0) was killed by SIGKILL; "

@@ -70,3 +70,34 @@ def test_lines_that_only_look_like_errors_outside_a_traceback_are_ignored() -> N
     for line in ("RuntimeError: printed by the script as a log line", "Warning: low disk", "step 3"):
         c.feed(0, line)
     assert c.first(0) is None
+
+
+def test_a_node_that_exited_19_is_quoted_by_its_watchdog_s_verdict_of_every_kind() -> None:
+    """Each line the peer watchdog prints about another node (from the launcher's own functions) is what the host
+    quotes for a node that exited 19; its own gloo traceback is a consequence and is not."""
+    from nodekit.launcher.contract import EXIT_PEER_LOST
+    from nodekit.launcher.watchdog.decide import Done, Lost, lost_line, stopped_line
+    from nodekit.launcher.watchdog.failure import WorkerFailure, node_failed
+
+    names = {0: "10.0.0.5, host a", 2: "10.0.0.7, host c"}
+    boom = WorkerFailure(rank=5, local_rank=1, exitcode=1, at=3, max_restarts=0, raised="KeyError: 'x'")
+    verdicts = {
+        f"nodekit: {node_failed(2, 1, boom, names)}; stopping this node": (
+            "node 2 (10.0.0.7, host c) failed: worker rank 5 (local rank 1) raised KeyError: 'x' (exit code 1); "
+            "torchrun restarts no worker (max_restarts = 0)"
+        ),
+        lost_line((Lost(rank=2, silent_s=15.0),), names, "stopping this node"): (
+            "node 2 (10.0.0.7, host c) lost: no heartbeat for 15 s"
+        ),
+        stopped_line(((2, Done(143, signal=15)),), names, "this node exits 19"): (
+            "node 2 (10.0.0.7, host c) was stopped by SIGTERM (a signal to its container: nodekit down, docker stop, "
+            "docker kill or an administrator)"
+        ),
+    }
+    for line, quoted in verdicts.items():
+        c = Causes()
+        for own in ("Traceback (most recent call last):", '  File "t.py", line 1', "RuntimeError: Connection reset"):
+            c.feed(0, f"[rank0]: {own}")
+        c.feed(0, line)
+        assert c.quote(0, EXIT_PEER_LOST) == quoted, line
+        assert c.quote(0, 1) == "rank 0 raised RuntimeError: Connection reset"

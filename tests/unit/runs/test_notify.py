@@ -208,3 +208,13 @@ def test_slack_text_carries_the_jobs_output_as_text_not_markup(tmp_path: Path, c
     # Plain JSON is for scripts, not Slack: its fields keep the job's lines as they were.
     full = payload("failure", store.load(rec.dir), "json", clock.now)
     assert full["log_tail"] == tail
+
+
+def test_a_refused_run_is_told_as_refused_with_its_reason_not_as_failed(tmp_path: Path, clean_env: None) -> None:
+    from nodekit.errors import UsageError
+
+    with pytest.raises(UsageError), recording(project_settings(tmp_path), "run", HOSTS, warn=lambda _: None) as rec:
+        raise UsageError("main = '192.0.2.77' is none of node 0's addresses", fix="main = ... in nodekit.toml")
+    text = payload("failure", store.load(rec.dir), "slack", time.time())["text"]
+    assert "was refused before any node started (exit code 2): main = '192.0.2.77' is none of" in text, text
+    assert "FAILED" not in text

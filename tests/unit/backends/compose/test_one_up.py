@@ -140,3 +140,33 @@ def test_a_node_stopped_from_another_shell_is_said_to_be_stopped_not_to_have_fai
         node.up(plan(tmp_path), RecordingReporter(), detach=False, on_line=lambda line: None)
     assert failed.value.message.startswith("the job was stopped from outside by SIGTERM (exit 143: nodekit down,")
     assert failed.value.exit_code == 143
+
+
+def test_on_exit_19_the_last_line_quotes_the_other_node_s_failure_its_watchdog_named(
+    tmp_path: Path, engine: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 raised on node 1; this node (0) saw only its own gloo error and exits 19. Its watchdog's line, printed
+    by the launcher's own code, names node 1 with the exception node 1's done mark carried: the host's last line
+    quotes the node named first (the nodes that failed after it are in that line above), not this node's
+    consequence, and not just an exit code."""
+    from nodekit.errors import JobFailed
+    from nodekit.launcher.watchdog.failure import WorkerFailure, failed_line
+
+    boom = WorkerFailure(rank=1, local_rank=0, exitcode=1, at=10, max_restarts=0, raised="RuntimeError: boom on rank 1")
+    gloo = WorkerFailure(rank=0, local_rank=0, exitcode=1, at=11, max_restarts=0, raised="RuntimeError: [gloo] closed")
+    names = {0: "10.0.0.5, host a", 1: "10.0.0.6, host b"}
+    out = [
+        "[rank0]: Traceback (most recent call last):",
+        '[rank0]:   File "t.py", line 3',
+        "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+        "nodekit: error: a worker failed (torchrun's report: /outputs/nodekit/node-0.log)",
+        failed_line([(0, 1, gloo), (1, 1, boom)], names, "the job failed (this node exits 19)"),
+    ]
+    monkeypatch.setattr(node, "follow", lambda path, project: iter(out))
+    monkeypatch.setattr(docker, "compose_wait", lambda path, project, service=None: 19)
+    with pytest.raises(JobFailed) as failed:
+        node.up(plan(tmp_path), RecordingReporter(), detach=False, on_line=lambda line: None)
+    assert failed.value.message == (
+        "the job exited with code 19: node 1 (10.0.0.6, host b) failed: worker rank 1 (local rank 0) raised "
+        "RuntimeError: boom on rank 1 (exit code 1); torchrun restarts no worker (max_restarts = 0)"
+    )

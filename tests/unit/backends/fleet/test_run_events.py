@@ -238,3 +238,44 @@ def test_a_run_whose_hosts_fail_their_checks_still_records_its_image(
     rec.finish(2)
     r = store.load(rec.dir)
     assert r.image == IMAGE and r.image_id == "sha256:" + "e" * 64
+
+
+def test_a_main_that_is_none_of_host_0s_addresses_is_refused_before_the_image_is_shipped(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong main costs the host checks (seconds), not a push of the image (minutes) to hosts that lack it."""
+    from nodekit.errors import UsageError
+
+    settings, hosts = _three_hosts(tmp_path)
+    settings = settings.model_copy(update={"main": "192.0.2.77"})
+    shipped: list[object] = []
+    here = remote.HostReport(gathered=remote.Gathered(facts=HostFacts(), addresses=frozenset({"10.0.0.1"})))
+    monkeypatch.setattr(remote, "check_all", lambda hosts, **k: [here for _ in hosts])  # no host has the image
+    monkeypatch.setattr(run, "ship_image", lambda *a, **k: shipped.append(a))
+    monkeypatch.setattr(net, "resolve", lambda name: name)
+    with pytest.raises(UsageError, match=r"main = '192.0.2.77' \(192.0.2.77\) is none of .*addresses \(10.0.0.1\)"):
+        run.run(settings, hosts, _Quiet(), lambda r, t: None, image=IMAGE)
+    assert shipped == [] and not (tmp_path / "compose").exists()
+
+
+def test_a_culprit_that_exited_19_is_quoted_by_the_verdict_its_watchdog_printed_not_its_gloo_error(
+    engines: Engines, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Node 2 exits 19: its watchdog named node 1, lost (its host gone before the head heard of it). The closing line
+    quotes that verdict, not node 2's own gloo traceback, the consequence."""
+    from nodekit.launcher.watchdog.decide import Lost, lost_line
+
+    settings, hosts = _three_hosts(tmp_path)
+    gloo = ('  File "/app/train.py", line 61, in <module>', "    dist.all_reduce(t)",
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")  # fmt: skip
+    verdict = lost_line((Lost(rank=1, silent_s=15.0),), {1: "10.0.0.2, host b"}, "this node exits 19")
+    engines.output = {2: [*_traceback(2, *gloo), verdict]}
+    wait = engines.wait
+    monkeypatch.setattr(
+        engines, "wait", lambda path, project, **k: 19 if engines.rank(project) == 2 else wait(path, project, **k)
+    )
+    with pytest.raises(JobFailed) as failed:
+        run.run(settings, hosts, _Quiet(), lambda r, t: None, image=IMAGE)
+    line = failed.value.message
+    assert "failed with exit code 19: node 1 (10.0.0.2, host b) lost: no heartbeat for 15 s" in line, line
+    assert "Connection closed by peer" not in line
