@@ -13,6 +13,7 @@ from tests.conftest import (
     CLUSTER_NAMES,
     GROUP_ORDER,
     SLURM_GROUP,
+    SSH_ELSEWHERE,
     SSH_GROUP,
     cluster_name,
     group_of,
@@ -46,13 +47,17 @@ def test_the_cluster_tier_runs_as_three_groups_each_with_its_own_cluster_name() 
     assert names == set(CLUSTER_NAMES.values()) and len(names) == 3
 
 
-def test_every_cluster_test_over_ssh_is_in_the_ssh_group_and_own_clusters_have_names_of_their_own() -> None:
-    """The SSH group's tests count the machine's ssh processes and /tmp entries: a file that starts sshds or ssh
-    clients outside the group would run beside them (3 workers) and spoil their counts. A cluster a test brings up
-    itself must not share a name (namespaces, data root) with a group's cluster or another test's."""
+def test_every_cluster_test_over_ssh_is_placed_counts_only_its_own_and_own_clusters_have_names_of_their_own() -> None:
+    """Every file that starts sshds or ssh clients is placed (the SSH group, or beside it for balance), and none
+    counts nodekit's scratch machine-wide: groups run side by side, and a glob of every ``nkssh.*`` in /tmp saw
+    another group's (the CI failure of ecabdca). A cluster a test brings up itself must not share a name
+    (namespaces, data root) with a group's cluster or another test's."""
     sources = {f.name: f.read_text() for f in sorted((ROOT / "tests" / "cluster").glob("test_*.py"))}
     over_ssh = {name for name, text in sources.items() if re.search(r"ssh_client\(|start_sshd\(|: Fleet\b", text)}
-    assert over_ssh == SSH_GROUP
+    assert over_ssh == SSH_GROUP | SSH_ELSEWHERE and not SSH_GROUP & SSH_ELSEWHERE
+    helpers = (ROOT / "tests" / "cluster" / "helpers.py").read_text()
+    machine_wide = r'Path\("/tmp"\)\.glob\(f?"(nkssh|nkalive|nodekit-relay)\.\*"\)'
+    assert [n for n, text in {**sources, "helpers.py": helpers}.items() if re.search(machine_wide, text)] == []
     own = [m for text in sources.values() for m in re.findall(r'Cluster\(\d+, name="(\w+)"', text)]
     assert own and len(own) == len(set(own)) and not set(own) & set(CLUSTER_NAMES.values()), own
 
