@@ -91,9 +91,7 @@ def plan_all(settings: Settings, jobs: Sequence[Job]) -> tuple[list[planning.Hos
                                                                       mount=j.container)  # fmt: skip
 
     def one(j: Job) -> planning.HostPlan:
-        want = j.want(manifests[j.source])
-        view = planning.NodeView.of(transport.scan(j.where, j.root, want, j.only))
-        p = planning.plan_host(want, view, where=j.label)
+        p, view = _scanned(j, j.want(manifests[j.source]))
         if (short := planning.room_problem(p, view.free, where=j.label)) is not None:
             raise short
         return p
@@ -112,10 +110,10 @@ def dry_run_text(jobs: Sequence[Job], plans: Sequence[planning.HostPlan], relay:
     return "\n".join([*lines, *trees.dry_run_lines(jobs, tree_plans), f"would send {total} bytes in all"])
 
 
-def _replan(j: Job, want: Manifest) -> planning.HostPlan:
-    """The host's plan from a scan of it now."""
-    view = planning.NodeView.of(transport.scan(j.where, j.root, want))
-    return planning.plan_host(want, view, where=j.label)
+def _scanned(j: Job, want: Manifest) -> tuple[planning.HostPlan, planning.NodeView]:
+    """The host path's plan toward ``want`` from a scan of it now, and what the scan saw."""
+    view = planning.NodeView.of(transport.scan(j.where, j.root, want, j.only))
+    return planning.plan_host(want, view, where=j.label), view
 
 
 def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mapping[Path, Mapping[str, Path]],
@@ -130,7 +128,7 @@ def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mappi
 
         def again(i: int) -> planning.HostPlan | NodekitError:
             try:
-                return _replan(jobs[i], plans[i].want)
+                return _scanned(jobs[i], plans[i].want)[0]
             except NodekitError as e:
                 return e
 
