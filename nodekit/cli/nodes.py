@@ -48,17 +48,19 @@ def _plan(
 
     from nodekit.backends.compose.node import plan
     from nodekit.job import secret
-    from nodekit.job.gather import check_command, gather_node
+    from nodekit.job.gather import gather_node
 
-    def job_secret() -> str:
-        return secret.for_node(os.environ, settings.project_dir, create=not dry_run)
-
-    launch = check_command(settings)  # the job's launch spec, built once and passed down
-    world = gather_node(
-        settings, rank, main, image=image, environ=os.environ, image_id=image_id, job_secret=job_secret,
-        dry_run=dry_run, launch=launch,
+    # The node's plan from its world, gathered once (refusals in the order a user meets them); the job secret is
+    # asked for last, once everything else passed, since asking may create the project's secret file.
+    return plan(
+        settings,
+        gather_node(
+            settings, rank, main, image=image, environ=os.environ, image_id=image_id, dry_run=dry_run,
+            job_secret=lambda: secret.for_node(os.environ, settings.project_dir, create=not dry_run),
+        ),
+        debug=debug,
+        out_dir=out_dir,
     )  # fmt: skip
-    return plan(settings, world, debug=debug, out_dir=out_dir)
 
 
 @app.command()

@@ -7,6 +7,7 @@ backend fills (nodekit/job/container.py). The names are the launcher's (nodekit/
 from __future__ import annotations
 
 import functools
+from typing import Literal
 
 from nodekit.job.container import MAIN_ADDR, RANK, EnvVar, Value
 from nodekit.job.spec import LaunchSpec, NodeSpec
@@ -34,6 +35,13 @@ class _Vars:
 
     def rank(self, name: str, value: Value) -> None:
         self.items[name] = EnvVar(name, value, per_rank=True)
+
+
+@functools.lru_cache(maxsize=8)
+def _nproc_declared(nnodes: int, default: int | Literal["auto"], node_nproc: tuple[int | Literal["auto"], ...]) -> str:
+    """Every node's declared processes, ``rank:count`` comma-separated, once per job (O(nodes); planned once per
+    node)."""
+    return ",".join(f"{r}:{node_nproc[r] if r < len(node_nproc) else default}" for r in range(nnodes))
 
 
 @functools.lru_cache(maxsize=8)
@@ -65,7 +73,7 @@ def node_env(node: NodeSpec, facts: HostFacts, *, debug: bool = False) -> tuple[
     v.job(Env.OUTPUT_DIR, OUTPUT_DIR)
     if launch.nnodes > 1:
         # What the shared nodekit.toml declares per node, so the preflight accepts exactly those differences.
-        v.job(Env.NPROC_DECLARED, launch.nproc_declared())
+        v.job(Env.NPROC_DECLARED, _nproc_declared(launch.nnodes, launch.nproc_per_node, launch.node_nproc))
         if gpus := _gpus_declared(launch.node_gpus):
             v.job(Env.GPUS_DECLARED, gpus)
     for key, value in health_env(launch).items():

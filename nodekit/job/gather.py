@@ -206,7 +206,11 @@ def check_command(settings: Settings) -> LaunchSpec:
     """The job's launch spec, once its training command is known to run: exactly one of script and module, and the
     script present in the project (it travels in the image). ``nodekit run`` asks this before anything is checked,
     shipped or started on any host; UsageError otherwise."""
-    launch = launch_spec(settings)
+    return _script_present(settings, launch_spec(settings))
+
+
+def _script_present(settings: Settings, launch: LaunchSpec) -> LaunchSpec:
+    """``launch``, unless its script is missing from the project (UsageError with the nearest name as the fix)."""
     if launch.command.script is not None and not settings.resolve(Path(launch.command.script)).is_file():
         near = _near(settings.resolve(Path(launch.command.script)))
         guess = Path(launch.command.script).with_name(near).as_posix() if near else None

@@ -37,8 +37,10 @@ def plan_container(
     ``job_secret``: the job has a secret, passed by name as NODEKIT_JOB_SECRET (the launcher's store refuses nodes
     without it, nodekit/job/secret.py)."""
     launch = node.launch
-    env = (*node_env(node, facts, debug=debug), EnvVar(Env.IMAGE_ID, IMAGE_ID))
+    mounts = _mounts(node, str(output_dir))
     declared = launch.node_gpus[node.rank] if node.rank < len(launch.node_gpus) else None
+    limits = ulimits(facts)
+    env = (*node_env(node, facts, debug=debug), EnvVar(Env.IMAGE_ID, IMAGE_ID))
     return ContainerSpec(
         name=launch.name,
         rank=node.rank,
@@ -54,8 +56,8 @@ def plan_container(
             (Label.NNODES, str(launch.nnodes)),
             (Label.VERSION, __version__),
         ),
-        mounts=_mounts(node, str(output_dir)),
-        ulimits=ulimits(facts),
+        mounts=mounts,
+        ulimits=limits,
         # The GPUs the container reserves: this node's declared [nodes.R] gpus, else all of them.
         gpus=None if facts.gpu_count == 0 else ("all" if declared is None else declared),
         devices=node.infiniband,

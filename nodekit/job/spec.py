@@ -78,10 +78,6 @@ class LaunchSpec(BaseModel):
         """Total processes, the sum over nodes; None while some node's count is 'auto' (known after preflight)."""
         return _world_size(self.nnodes, self.nproc_per_node, self.node_nproc)
 
-    def nproc_declared(self) -> str:
-        """Every node's declared processes, ``rank:count`` comma-separated (the launcher's NODEKIT_NPROC_DECLARED)."""
-        return _nproc_declared(self.nnodes, self.nproc_per_node, self.node_nproc)
-
     @property
     def preflight_port(self) -> int:
         return preflight_port_for(self.master_port)
@@ -322,8 +318,3 @@ def _world_size(
 ) -> int | None:
     counts = _counts(nnodes, default, node_nproc)
     return None if "auto" in counts else sum(c for c in counts if c != "auto")
-
-
-@functools.lru_cache(maxsize=8)
-def _nproc_declared(nnodes: int, default: int | Literal["auto"], node_nproc: tuple[int | Literal["auto"], ...]) -> str:
-    return ",".join(f"{r}:{c}" for r, c in enumerate(_counts(nnodes, default, node_nproc)))

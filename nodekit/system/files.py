@@ -1,13 +1,17 @@
-"""Writing files so that a reader (or a crash) never sees half of one; reading a small file a user named without
-hanging on a FIFO or a device, or reading without end."""
+"""Writing files so that a reader (or a crash) never sees half of one; a private file made once by whichever of several
+writers links it first; reading a small file a user named without hanging on a FIFO or a device, or reading without
+end."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import secrets
 import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from nodekit.errors import UsageError
@@ -138,6 +142,106 @@ def _fsync(dir_fd: int) -> None:
     except OSError as e:
         if e.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
             raise
+
+
+class PrivateFileRefused(Exception):
+    """Why the private file (or directory) ``path`` cannot be used: ``kind`` is "parent is a file", "unreadable",
+    "known" (someone else may know what it holds) or "not a directory"; ``why`` says more ("" where nothing does).
+    The caller words it for what the file holds."""
+
+    def __init__(self, path: Path, kind: str, why: str = "") -> None:
+        super().__init__(f"{path}: {kind}{': ' + why if why else ''}")
+        self.path, self.kind, self.why = path, kind, why
+
+
+def read_private(path: Path) -> str | None:
+    """The text of the private file ``path``; None when it is absent. PrivateFileRefused when it cannot be read as
+    text, or when it holds something (more than white space) that someone else may know (:func:`_private`)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            text = f.read()
+            if text.strip():  # an empty remnant holds nothing to know
+                _private(path, os.fstat(f.fileno()))
+            return text
+    except FileNotFoundError:
+        return None
+    except NotADirectoryError:
+        raise PrivateFileRefused(path.parent, "parent is a file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PrivateFileRefused(
+            path, "unreadable", str(e.strerror) if isinstance(e, OSError) else "not text"
+        ) from None
+
+
+def _private(path: Path, st: os.stat_result) -> None:
+    """Refuse a file another user may know: one that others can read (what a git checkout or a copy made by
+    redirection leaves), or one another user owns. As ssh treats a private key."""
+    loose = stat.S_IMODE(st.st_mode) & 0o077
+    if loose or st.st_uid != os.geteuid():
+        why = f"readable by others (mode {stat.S_IMODE(st.st_mode):04o})" if loose else f"owned by uid {st.st_uid}"
+        raise PrivateFileRefused(path, "known", why)
+
+
+def private_once(path: Path, make: Callable[[], str]) -> str:
+    """The text of the private file ``path``, made first when absent: ``make()``, 0600, written whole to a temporary
+    file, then linked into place, so a reader sees no file or the whole text, and of several writers at once every
+    one gets the text of the first link. An empty file (a writer that crashed between creating and writing it) is
+    replaced the same way, under a lock on ``<path>.lock`` (which the repair alone uses) so that concurrent repairs
+    agree. Any other text is returned as it is, for the caller to judge: it may be one a user wrote by hand. ""
+    where the file is still empty after three looks; PrivateFileRefused as :func:`read_private`."""
+    for _ in range(3):  # absent, then found empty and replaced, then read: at most three looks
+        text = read_private(path)
+        if text is None:
+            value = make()
+            if _link_new(path, value):
+                return value
+            continue  # someone else linked first: read theirs
+        if text.strip():
+            return text
+        _replace_empty(path, make)
+    return read_private(path) or ""
+
+
+def _temp_with(path: Path, value: str) -> Path:
+    """A 0600 file beside ``path`` holding ``value``, on disk before it gets its real name."""
+    directory = path.parent
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise PrivateFileRefused(directory, "not a directory") from None
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(tmp)
+
+
+def _link_new(path: Path, value: str) -> bool:
+    """Give ``value`` the name ``path`` unless something already has it; True when ours is the one there."""
+    tmp = _temp_with(path, value)
+    try:
+        os.link(tmp, path)  # atomic, and never replaces: the first of several writers wins
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(path.parent)
+    return True
+
+
+def _replace_empty(path: Path, make: Callable[[], str]) -> None:
+    """Replace an empty ``path`` with ``make()``, unless another writer already did (checked under the lock)."""
+    lock = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX)
+        text = read_private(path)
+        if text is not None and not text.strip():
+            tmp = _temp_with(path, make())
+            os.replace(tmp, path)
+            fsync_dir(path.parent)
+    finally:
+        os.close(lock)
 
 
 READ_CAP = 4 << 20

