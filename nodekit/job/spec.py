@@ -233,6 +233,17 @@ def host_path(settings: Settings, path: str) -> str:
     return path if path.startswith("/") else posixpath.normpath(str(settings.project_dir.absolute() / path))
 
 
+def check_mounts(node: NodeSpec, absent: tuple[str, ...]) -> None:
+    """Pure: UsageError for the first of the node's mounts whose source is in ``absent``."""
+    missing = next((m for m in node.mounts if m.host in absent), None)
+    if missing is not None:
+        raise UsageError(
+            f"mount {missing.host} (for {missing.container}) does not exist on node {node.rank}",
+            fix=f"create or mount it here, or set this node's path: [nodes.{node.rank}] mounts = "
+            f'{{ "{missing.container}" = "/its/path" }} in nodekit.toml',
+        )
+
+
 def output_dir_of(settings: Settings, rank: int, cwd: Path) -> Path:
     """Node ``rank``'s host directory at /outputs: its ``[nodes.R] output_dir``, else ``output_dir`` (relative to
     the project, which ``cwd`` anchors when the project directory itself is relative)."""
