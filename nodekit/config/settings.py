@@ -8,7 +8,6 @@ The file is found at ``--config``/``NODEKIT_CONFIG``, else ``./nodekit.toml``; i
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -300,12 +299,6 @@ class Settings(BackendTables, _Keys):
     def resolve(self, path: Path) -> Path:
         """A configured path, relative to the project root."""
         return path if path.is_absolute() else self.project_dir / path
-
-    def host_path(self, path: str) -> str:
-        """A mount's host path as the node's engine takes it: absolute, a relative one resolved against the project
-        directory on the machine that plans (the node's own for `nodekit up`; the head's for `nodekit run`, so every
-        host must have the project at the same path, as it does where the data was pushed there)."""
-        return path if path.startswith("/") else posixpath.normpath(str(self.project_dir.absolute() / path))
 
 
 def _source(top: str, given: dict[str, Any]) -> str:

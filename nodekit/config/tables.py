@@ -67,7 +67,7 @@ def plain_path(v: str) -> str:
 
 def host_path(v: str) -> str:
     """A mount's host path: absolute (:func:`plain_path`), or relative to the project directory (``data``,
-    ``./data/train``, ``../datasets/x``; kept normalized), which :meth:`nodekit.config.settings.Settings.host_path`
+    ``./data/train``, ``../datasets/x``; kept normalized), which :func:`nodekit.job.spec.host_path`
     resolves. The project itself (``.``) is refused: it would put the code, .nodekit and its secret in the job."""
     if v.startswith("/"):
         return plain_path(v)

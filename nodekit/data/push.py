@@ -16,7 +16,7 @@ from nodekit.data import transport
 from nodekit.data import tree as trees
 from nodekit.data.transport import DataError, Host, RankedHost, Where, at_once, raise_first
 from nodekit.errors import NodekitError, UsageError
-from nodekit.job.spec import mount_points
+from nodekit.job.spec import host_path, mount_points
 from nodekit.launcher.datasync.scan import Manifest
 from nodekit.ship.relay import RelayMode
 from nodekit.system.progress import Reporter
@@ -72,7 +72,7 @@ def jobs_of(settings: Settings, hosts: Sequence[tuple[Host, int | None]]) -> lis
         for m in settings.mounts:
             if m.source:
                 src = settings.resolve(Path(m.source)).absolute()
-                path = points.get(m.container, settings.host_path(m.host))
+                path = points.get(m.container, host_path(settings, m.host))
                 if src.is_file():  # the host path is that file: its directory holds it, and others nodekit leaves be
                     root, only = os.path.split(path.rstrip("/"))
                     out.append(Job(where, m.container, src, root or "/", only))

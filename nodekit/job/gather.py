@@ -20,6 +20,7 @@ from nodekit.errors import NetworkError, UsageError
 from nodekit.job.spec import (
     LaunchSpec,
     NodeSpec,
+    check_mounts,
     check_rank,
     launch_spec,
     node_spec,
@@ -233,17 +234,6 @@ def _near(script: Path) -> str | None:
         return None
     close = difflib.get_close_matches(script.name, names, n=1, cutoff=0.75)
     return close[0] if close else None
-
-
-def check_mounts(node: NodeSpec, absent: tuple[str, ...]) -> None:
-    """Pure: UsageError for the first of the node's mounts whose source is in ``absent``."""
-    missing = next((m for m in node.mounts if m.host in absent), None)
-    if missing is not None:
-        raise UsageError(
-            f"mount {missing.host} (for {missing.container}) does not exist on node {node.rank}",
-            fix=f"create or mount it here, or set this node's path: [nodes.{node.rank}] mounts = "
-            f'{{ "{missing.container}" = "/its/path" }} in nodekit.toml',
-        )
 
 
 def check_main_is_here(main_ip: str, addrs: list[str]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import posixpath
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -215,13 +216,32 @@ def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:
     override = settings.nodes.get(rank)
     return tuple(
         MountPoint(
-            host=settings.host_path(override.mounts.get(m.container, m.host) if override else m.host),
+            host=host_path(settings, override.mounts.get(m.container, m.host) if override else m.host),
             container=m.container,
             writable=m.writable,
             check=m.check,
         )
         for m in settings.mounts
     )
+
+
+def host_path(settings: Settings, path: str) -> str:
+    """A mount's host path as the node's engine takes it: absolute, a relative one resolved against the project
+    directory on the machine that plans (the node's own for `nodekit up`; the head's for `nodekit run`, so every
+    host must have the project at the same path, as it does where the data was pushed there). A relative project
+    directory is anchored at this process's working directory, as everywhere the settings are used."""
+    return path if path.startswith("/") else posixpath.normpath(str(settings.project_dir.absolute() / path))
+
+
+def check_mounts(node: NodeSpec, absent: tuple[str, ...]) -> None:
+    """Pure: UsageError for the first of the node's mounts whose source is in ``absent``."""
+    missing = next((m for m in node.mounts if m.host in absent), None)
+    if missing is not None:
+        raise UsageError(
+            f"mount {missing.host} (for {missing.container}) does not exist on node {node.rank}",
+            fix=f"create or mount it here, or set this node's path: [nodes.{node.rank}] mounts = "
+            f'{{ "{missing.container}" = "/its/path" }} in nodekit.toml',
+        )
 
 
 def output_dir_of(settings: Settings, rank: int, cwd: Path) -> Path:

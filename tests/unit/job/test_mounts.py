@@ -102,3 +102,17 @@ def test_bad_mounts_are_one_line(tmp_path: Path, toml: str, match: str) -> None:
     with pytest.raises(ConfigError, match=match) as e:
         load(tmp_path / "nodekit.toml")
     assert "\n" not in str(e.value)
+
+
+def test_a_mount_s_host_path_is_decided_beside_the_node_s_mounts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """job/spec decides where a mount lands on the node's engine (with the node's mounts), not the settings: a
+    relative host path is the project's, anchored where nodekit runs when the project directory is relative."""
+    from nodekit.job.spec import host_path, mount_points
+
+    monkeypatch.chdir(tmp_path)
+    mounts = (Mount(host="data", container="/data"), Mount(host="/srv/x", container="/x"))
+    s = Settings(project_dir=Path("proj"), name="demo", script="train.py", mounts=mounts)
+    assert host_path(s, "../shared") == str(tmp_path / "shared")
+    assert [m.host for m in mount_points(s, 0)] == [str(tmp_path / "proj" / "data"), "/srv/x"]
