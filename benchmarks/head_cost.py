@@ -30,13 +30,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+AGAIN = ("nkssh.", "scale_bench.py", "head_cost.py")
+"""Command lines read again while their process lives: a connection's master takes a title of its own, and a child is
+seen with its parent's command line (this one's, scale_bench's) until it execs its own."""
+
+
 def snapshot(seen: dict[int, tuple[int, str, str]]) -> None:
     """Every process now in /proc not yet in ``seen``: its parent, its name and its command line; an ``ssh`` seen
-    before, or one whose command line was empty (caught between fork and exec), is read again: a connection's master
-    leaves its client's tree and takes a title of its own when it goes to the background."""
+    before, or one whose command line was empty (caught between fork and exec), is read again (:data:`AGAIN`)."""
     for e in os.scandir("/proc"):
         known = seen.get(int(e.name)) if e.name.isdigit() else None
-        if not e.name.isdigit() or (known is not None and known[2].strip() and "nkssh." not in known[2]):
+        again = known is not None and (not known[2].strip() or any(m in known[2] for m in AGAIN))
+        if not e.name.isdigit() or (known is not None and not again):
             continue
         try:
             stat = Path(f"/proc/{e.name}/stat").read_text()
