@@ -33,7 +33,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +85,10 @@ def ship_phase(c: Any, mib: int) -> dict[str, Any]:
 
 
 def fleet_phase(c: Any, n: int, ref: str, project: Path, base: str, env: dict[str, str], work: Path, *, pairs: int,
-                warmup: int, lean: bool) -> dict[str, Any]:  # fmt: skip
+                warmup: int, lean: bool, save: Callable[[dict[str, Any]], None]) -> None:  # fmt: skip
     """``pairs`` interleaved rounds at ``n`` hosts (h0 onwards), each a nodekit run and a bare torchrun (and, with
     ``lean``, a nodekit run without the link check and the watchdog), the order rotating; ``warmup`` rounds first,
-    not counted."""
+    not counted. The results so far go to ``save`` after each counted round (a cut-off run keeps its rounds)."""
     from benchmarks.fleet_bench import bare_run, configure, kit_run
 
     hosts = [f"ssh://root@{h.addr}" for h in c.cluster.hosts[:n]]
@@ -98,7 +98,7 @@ def fleet_phase(c: Any, n: int, ref: str, project: Path, base: str, env: dict[st
     t_n, load0 = time.monotonic(), loadavg()
 
     def one(side: str, i: int) -> dict[str, Any]:
-        port = 29700 + (i * 3 + sides.index(side)) % 60
+        port = 29700 + 2 * ((i * 3 + sides.index(side)) % 30)  # nodekit's preflight store is on port + 1
         if side == "bare":
             return bare_run(c.cluster, n, ref, project, port, c.bin_dir, env, work / f"bare-{n}")
         configure(cfg, base, hosts, LEAN if side == "lean" else "")
@@ -113,8 +113,8 @@ def fleet_phase(c: Any, n: int, ref: str, project: Path, base: str, env: dict[st
             got[s].append(done[s])
         print(f"scale16: {n} host(s), round {i + 1}: " + ", ".join(
             f"{s} {done[s]['first']:.2f} s ({done[s]['cpu']:.1f} CPU s)" for s in sides), flush=True)  # fmt: skip
-    return {**got, "measured": now_utc(), "load_start": load0, "load_end": loadavg(),
-            "minutes": (time.monotonic() - t_n) / 60, "warmup": warmup}  # fmt: skip
+        save({**got, "measured": now_utc(), "load_start": load0, "load_end": loadavg(),
+              "minutes": (time.monotonic() - t_n) / 60, "warmup": warmup})  # fmt: skip
 
 
 def distribute(c: Any, ref: str, n: int) -> float:
@@ -187,7 +187,7 @@ def render(state: Mapping[str, Any], *, seed: int = 1) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hosts", default="2,4,8,16")
+    parser.add_argument("--hosts", default="2,4,8,16", help="host counts, run in this order (default 2,4,8,16)")
     parser.add_argument("--pairs", type=int, default=3, help="counted rounds per host count (default 3)")
     parser.add_argument("--warmup", type=int, default=1, help="rounds first, not counted (default 1)")
     parser.add_argument("--mib", type=int, default=64, help="the shipping comparison's image (default 64 MiB)")
@@ -204,7 +204,7 @@ def main() -> int:
 
     exit_on_signals()
     compileall.compile_dir(ROOT / "nodekit", quiet=1)  # the head runs nodekit as `pip install` leaves it
-    counts = sorted(int(x) for x in opts.hosts.split(","))
+    counts = [int(x) for x in opts.hosts.split(",")]  # in this order: the counts that matter most can go first
     state: dict[str, Any] = read_state(opts.state)
     fleet: dict[str, Any] = state.setdefault("fleet", {})
     project = copy_demo("nodekit-scale16-")
@@ -221,10 +221,13 @@ def main() -> int:
             for n in counts:
                 took = distribute(c, ref, n)
                 print(f"scale16: the image on {n} host(s) ({took:.0f} s)", flush=True)
-                lean = n == counts[-1] and not opts.no_lean
-                fleet[str(n)] = fleet_phase(c, n, ref, project, base, env, work, pairs=opts.pairs,
-                                            warmup=opts.warmup, lean=lean)  # fmt: skip
-                write_state(opts.state, state)
+
+                def save(got: dict[str, Any], key: str = str(n)) -> None:
+                    fleet[key] = got
+                    write_state(opts.state, state)
+
+                fleet_phase(c, n, ref, project, base, env, work, pairs=opts.pairs, warmup=opts.warmup,
+                            lean=n == max(counts) and not opts.no_lean, save=save)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(render(state))
