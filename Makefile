@@ -156,6 +156,7 @@ else
 	$(PY) benchmarks/top_cost.py
 	$(PY) benchmarks/ship_bench.py
 	$(PY) benchmarks/tree_bench.py
+	$(PY) benchmarks/scale16_bench.py
 	$(PY) benchmarks/base_bench.py
 	$(PY) benchmarks/cuda_bench.py --phase all
 endif

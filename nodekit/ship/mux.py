@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -87,22 +88,54 @@ class SharedSsh:
 
 
 CLOSING_AT_ONCE = 64
-"""Masters told to exit side by side: each ``ssh -O exit`` is a process start, and a run's end has one per host (one
-after another, 100 s of the head's end at 256 stand-in hosts: benchmarks/scale_bench.py)."""
+"""Masters told to exit with ``ssh -O exit`` side by side, where one's process is not found (:func:`masters`): each is
+a process start, and a run's end has one per host (one after another, 100 s of the head's end at 256 stand-in hosts:
+benchmarks/scale_bench.py)."""
+
+
+def masters(socks: list[Path], proc_root: Path = Path("/proc")) -> dict[Path, int]:
+    """The PID of each of ``socks``' masters that runs as this user. OpenSSH titles a master's process
+    ``ssh: <ControlPath> [mux]``, so the title names the very socket; read from /proc (Linux), elsewhere none is
+    found."""
+    wanted = {f"ssh: {s} [mux]".encode(): s for s in socks}
+    found: dict[Path, int] = {}
+    uid = os.getuid()
+    with contextlib.suppress(OSError):
+        for e in os.scandir(proc_root):
+            if not e.name.isdigit():
+                continue
+            try:
+                if e.stat().st_uid != uid:
+                    continue
+                title = Path(e.path, "cmdline").read_bytes().split(b"\0", 1)[0].strip()
+            except OSError:
+                continue
+            if (sock := wanted.get(title)) is not None:
+                found[sock] = int(e.name)
+    return found
 
 
 def close_masters(d: Path, real_ssh: str) -> int:
-    """Tell every master whose control socket is in ``d`` to exit (with ``real_ssh``, the client the wrapper ran),
-    up to :data:`CLOSING_AT_ONCE` at once; returns how many were asked."""
+    """Tell every master whose control socket is in ``d`` to exit; returns how many were asked. A master whose
+    process is found (:func:`masters`) is sent SIGTERM, on which it ends its connection and removes its socket as
+    ``ssh -O exit`` has it do, without a process start per host (at 64 stand-in hosts, 64 ``ssh -O exit`` at once
+    were the head's memory peak: docs/scale.md); any other is told with ``real_ssh -O exit``, up to
+    :data:`CLOSING_AT_ONCE` at once."""
     socks = [p for p in d.iterdir() if p.is_socket()] if d.is_dir() else []
+    told = set()
+    for sock, pid in masters(socks).items():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+            told.add(sock)
+    rest = [s for s in socks if s not in told]
 
     def one(sock: Path) -> None:
         with contextlib.suppress(OSError, DeadlineError):
             proc.run(ssh.exit_master(real_ssh, str(sock)), deadline=10, what="ssh -O exit", fix="", stdin="devnull")
 
-    if socks:
-        with ThreadPoolExecutor(max_workers=min(CLOSING_AT_ONCE, len(socks))) as pool:
-            list(pool.map(one, socks))
+    if rest:
+        with ThreadPoolExecutor(max_workers=min(CLOSING_AT_ONCE, len(rest))) as pool:
+            list(pool.map(one, rest))
     return len(socks)
 
 
