@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._databench import STEPS, Shape, disk_need, size, steps_of, table, verdicts
-from benchmarks._project import DOCS, loadavg, now_utc, replace_section
+from benchmarks._project import DOCS, busy_cpu_s, loadavg, now_utc, replace_section
 
 TITLE = "## Datasets: `nodekit data push` against parallel rsync"
 NAME = "nkdb"
@@ -129,19 +129,22 @@ class Bench:
         """`nodekit data push` on the head: seconds, the head's link bytes, the payload nodekit counted."""
         argv = [sys.executable, "-m", "nodekit", "data", "push", "--config", str(project / "nodekit.toml"), *extra]
         argv += ["--relay", self.relay] if self.relay else []
-        before = self.cluster.head_tx()
+        before, cpu = self.cluster.head_tx(), busy_cpu_s()
         t0 = time.monotonic()
         done = self.cluster.head.run(*argv, env=self.env, cwd=project, timeout=TIMEOUT_S)
         seconds = time.monotonic() - t0
-        after = self.cluster.head_tx()
+        after, cpu = self.cluster.head_tx(), busy_cpu_s() - cpu
         out = (done.stdout + done.stderr).strip()
         if done.returncode != 0:
             raise SystemExit(f"nodekit data push failed ({done.returncode}):\n{out[-3000:]}")
-        found = re.search(r"sent (\d+) bytes", out.splitlines()[-1]) if out else None
+        last = out.splitlines()[-1] if out else ""
+        found, relayed = re.search(r"sent (\d+) bytes", last), re.search(r"(\d+) relayed by other hosts", last)
         return {
             "seconds": round(seconds, 2),
             "link_bytes": after - before,
             "sent": int(found.group(1)) if found else None,
+            "relayed": int(relayed.group(1)) if relayed else 0,
+            "busy": busy_share(cpu, seconds),
         }
 
     def rsync(self, source: Path, dests: Sequence[Path]) -> dict[str, Any]:
@@ -150,7 +153,7 @@ class Bench:
         h0 = self.cluster.head
         for d in dests:
             d.parent.mkdir(parents=True, exist_ok=True)  # rsync makes the last directory only
-        before = self.cluster.head_tx()
+        before, cpu = self.cluster.head_tx(), busy_cpu_s()
         t0 = time.monotonic()
         procs = [
             subprocess.Popen(h0.argv("rsync", "-az", "--delete", "-e", ssh, f"{source}/", f"root@{t.addr}:{d}/"),
@@ -159,11 +162,11 @@ class Bench:
         ]  # fmt: skip
         outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
         seconds = time.monotonic() - t0
-        after = self.cluster.head_tx()
+        after, cpu = self.cluster.head_tx(), busy_cpu_s() - cpu
         for p, out in zip(procs, outs, strict=True):
             if p.returncode != 0:
                 raise SystemExit(f"rsync failed ({p.returncode}):\n{out[-3000:]}")
-        return {"seconds": round(seconds, 2), "link_bytes": after - before}
+        return {"seconds": round(seconds, 2), "link_bytes": after - before, "busy": busy_share(cpu, seconds)}
 
 
 class Local:
@@ -196,6 +199,12 @@ class Local:
         if done.returncode != 0:
             raise SystemExit(f"nodekit data push failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
         return {"seconds": round(seconds, 2), "link_bytes": 0}
+
+
+def busy_share(cpu_s: float, seconds: float) -> float:
+    """How busy this machine's cores were over ``seconds`` in which they spent ``cpu_s`` (every virtual host runs on
+    them: a push to 8 hosts that keeps them all busy measures this machine, not the hosts' links)."""
+    return round(cpu_s / max(seconds, 1e-3) / (os.cpu_count() or 1), 2)
 
 
 def clear(paths: Sequence[Path]) -> None:
@@ -242,7 +251,7 @@ def main() -> int:
     ap.add_argument("--local", action="store_true", help="small against large and the scan on this machine alone")
     ap.add_argument("--keep", action="store_true", help="keep the generated datasets for the next run")
     ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
-    ap.add_argument("--relay", choices=("auto", "always", "never"), help="nodekit's --relay [default: its own]")
+    ap.add_argument("--relay", choices=("auto", "always", "never"), default="auto", help="nodekit's --relay")
     args = ap.parse_args()
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is missing (the anchor): apt-get install -y rsync")
@@ -356,8 +365,9 @@ def section(results: dict[str, Any]) -> str:
         "",
         f"`benchmarks/data_bench.py` (issue 45), {results['measured']}, load {results['load_start']} at the start and "
         f"{results['load_end']} at the end, {results['run_minutes']} minutes. The virtual cluster (a head and a host "
-        "per target, each its own network namespace with Debian's sshd, all on this machine's one disk), every link "
-        f"at {results['mbit']} Mbit/s (tc tbf on both ends of every veth). The dataset: {shape.files} files of "
+        "per target, each its own network namespace with Debian's sshd, all on this machine's one disk and "
+        f"{os.cpu_count()} cores), every link at {results['mbit']} Mbit/s, the head's own included (tc tbf on both "
+        f"ends of every veth). The dataset: {shape.files} files of "
         f"{shape.small_kib} KiB on average in directories of 1,000 and {shape.large} of {shape.large_mib} MiB, "
         f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk. nodekit: "
         "`nodekit data push` run on the head (its hash of the source made once before, "
