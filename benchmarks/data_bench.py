@@ -266,7 +266,8 @@ def main() -> int:
                          f"--scale (or --hosts, --scan-files)")  # fmt: skip
     results: dict[str, Any] = {"measured": now_utc(), "load_start": loadavg(), "scale": args.scale,
                                "shape": shape.__dict__, "total": shape.total, "mbit": args.mbit,
-                               "disk_free": free, "runs": {}}  # fmt: skip
+                               "disk_free": free, "disk_need": need, "runs": {},
+                               "command": " ".join(["benchmarks/data_bench.py", *sys.argv[1:]])}  # fmt: skip
     t_start = time.monotonic()
     data = args.work / "src" / "data"
     print(f"making the dataset: {shape.files} files + {shape.large} x {shape.large_mib} MiB = {size(shape.total)}",
@@ -363,13 +364,16 @@ def section(results: dict[str, Any]) -> str:
     lines = [
         TITLE,
         "",
-        f"`benchmarks/data_bench.py` (issue 45), {results['measured']}, load {results['load_start']} at the start and "
+        f"`{results.get('command', 'benchmarks/data_bench.py')}` (issue 45), {results['measured']}, load "
+        f"{results['load_start']} at the start and "
         f"{results['load_end']} at the end, {results['run_minutes']} minutes. The virtual cluster (a head and a host "
         "per target, each its own network namespace with Debian's sshd, all on this machine's one disk and "
         f"{os.cpu_count()} cores), every link at {results['mbit']} Mbit/s, the head's own included (tc tbf on both "
         f"ends of every veth). The dataset: {shape.files} files of "
         f"{shape.small_kib} KiB on average in directories of 1,000 and {shape.large} of {shape.large_mib} MiB, "
-        f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk. nodekit: "
+        f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk, of which "
+        f"this run needed about {size(results.get('disk_need', 0))} (the source, a copy per host, 8 GiB left to "
+        "others). nodekit: "
         "`nodekit data push` run on the head (its hash of the source made once before, "
         f"{results.get('head_hash_s', '?')} s); the anchor: SkyPilot's way, `rsync -az --delete` from the head to "
         "every host at once over the same SSH. Each step's wall time and the bytes the head's veth sent:",
