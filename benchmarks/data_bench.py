@@ -252,7 +252,12 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the generated datasets for the next run")
     ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
     ap.add_argument("--relay", choices=("auto", "always", "never"), default="auto", help="nodekit's --relay")
+    ap.add_argument("--render", type=Path, help="print the section of a results file (results.partial.json of a "
+                    "run cut off) and stop")  # fmt: skip
     args = ap.parse_args()
+    if args.render:
+        print(section(json.loads(args.render.read_text())))
+        return 0
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is missing (the anchor): apt-get install -y rsync")
     counts = sorted(int(x) for x in args.hosts.split(","))
@@ -295,8 +300,10 @@ def main() -> int:
                 run = results["runs"][str(n)] = {}
                 for j, tool in enumerate(["nodekit", *([] if args.no_rsync else ["rsync"])]):
                     run[tool] = one_tool(bench, tool, n, data, shape, steps, 2 * k + j)
+                    partial(args, results, t_start)
             if not args.no_small_large:
                 results["small_large"] = small_large(bench, args.work, data, shape)
+                partial(args, results, t_start)
             if args.scan_files:
                 results["scan"] = scan(bench, args.work, args.scan_files)
     finally:
@@ -304,6 +311,12 @@ def main() -> int:
         if not args.keep:
             clear([args.work / "src", args.work / "one", args.work / "tiny"])
     return finish(args, results, t_start)
+
+
+def partial(args: argparse.Namespace, results: dict[str, Any], t_start: float) -> None:
+    """What is measured so far, for ``--render`` when a run is cut off (the lock's time limit, a failed step)."""
+    done = {**results, "load_end": loadavg(), "run_minutes": round((time.monotonic() - t_start) / 60, 1)}
+    (args.work / "results.partial.json").write_text(json.dumps(done, indent=1))
 
 
 def finish(args: argparse.Namespace, results: dict[str, Any], t_start: float) -> int:
