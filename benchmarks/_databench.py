@@ -68,7 +68,13 @@ def size(n: float) -> str:
 
 
 def _cell(r: Mapping[str, Any] | None) -> str:
-    return "-" if r is None else f"{r['seconds']:.1f} s, {size(r['link_bytes'])}"
+    """Seconds and the head's link bytes; then, where measured, how busy this machine's cores were and how many
+    hosts took it from another host (a relay tree)."""
+    if r is None:
+        return "-"
+    out = f"{r['seconds']:.1f} s, {size(r['link_bytes'])}"
+    out += f", cores {r['busy']:.0%} busy" if "busy" in r else ""
+    return out + (f", relayed to {r['relayed']}" if r.get("relayed") else "")
 
 
 STEPS = {
@@ -112,9 +118,12 @@ def verdicts(results: Mapping[str, Any]) -> list[str]:
     else:
         ratio = many["seconds"] / one["seconds"]
         ok = "met" if ratio <= 1.3 else "NOT met"
+        busy = (f"; this machine's cores were {many['busy']:.0%} busy during it, {one['busy']:.0%} during the push "
+                "to 1 host (every virtual host runs on them)") if "busy" in many and "busy" in one else ""  # fmt: skip
         out.append(f"- nodekit to {most} hosts within 1.3x its own time to 1 host: **{ok}**, "
                    f"{many['seconds']:.1f} s vs {one['seconds']:.1f} s ({ratio:.2f}x); the head's link carried "
-                   f"{size(many['link_bytes'])} for {most} hosts, {size(one['link_bytes'])} for one.")  # fmt: skip
+                   f"{size(many['link_bytes'])} for {most} hosts, {size(one['link_bytes'])} for one"
+                   f"{busy}.")  # fmt: skip
     for n in (4, 8):
         ours, theirs = first(n, "nodekit"), first(n, "rsync")
         if ours is None or theirs is None:

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._databench import STEPS, Shape, disk_need, size, steps_of, table, verdicts
-from benchmarks._project import DOCS, loadavg, now_utc, replace_section
+from benchmarks._project import DOCS, busy_cpu_s, loadavg, now_utc, replace_section
 
 TITLE = "## Datasets: `nodekit data push` against parallel rsync"
 NAME = "nkdb"
@@ -129,19 +129,22 @@ class Bench:
         """`nodekit data push` on the head: seconds, the head's link bytes, the payload nodekit counted."""
         argv = [sys.executable, "-m", "nodekit", "data", "push", "--config", str(project / "nodekit.toml"), *extra]
         argv += ["--relay", self.relay] if self.relay else []
-        before = self.cluster.head_tx()
+        before, cpu = self.cluster.head_tx(), busy_cpu_s()
         t0 = time.monotonic()
         done = self.cluster.head.run(*argv, env=self.env, cwd=project, timeout=TIMEOUT_S)
         seconds = time.monotonic() - t0
-        after = self.cluster.head_tx()
+        after, cpu = self.cluster.head_tx(), busy_cpu_s() - cpu
         out = (done.stdout + done.stderr).strip()
         if done.returncode != 0:
             raise SystemExit(f"nodekit data push failed ({done.returncode}):\n{out[-3000:]}")
-        found = re.search(r"sent (\d+) bytes", out.splitlines()[-1]) if out else None
+        last = out.splitlines()[-1] if out else ""
+        found, relayed = re.search(r"sent (\d+) bytes", last), re.search(r"(\d+) relayed by other hosts", last)
         return {
             "seconds": round(seconds, 2),
             "link_bytes": after - before,
             "sent": int(found.group(1)) if found else None,
+            "relayed": int(relayed.group(1)) if relayed else 0,
+            "busy": busy_share(cpu, seconds),
         }
 
     def rsync(self, source: Path, dests: Sequence[Path]) -> dict[str, Any]:
@@ -150,7 +153,7 @@ class Bench:
         h0 = self.cluster.head
         for d in dests:
             d.parent.mkdir(parents=True, exist_ok=True)  # rsync makes the last directory only
-        before = self.cluster.head_tx()
+        before, cpu = self.cluster.head_tx(), busy_cpu_s()
         t0 = time.monotonic()
         procs = [
             subprocess.Popen(h0.argv("rsync", "-az", "--delete", "-e", ssh, f"{source}/", f"root@{t.addr}:{d}/"),
@@ -159,11 +162,11 @@ class Bench:
         ]  # fmt: skip
         outs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
         seconds = time.monotonic() - t0
-        after = self.cluster.head_tx()
+        after, cpu = self.cluster.head_tx(), busy_cpu_s() - cpu
         for p, out in zip(procs, outs, strict=True):
             if p.returncode != 0:
                 raise SystemExit(f"rsync failed ({p.returncode}):\n{out[-3000:]}")
-        return {"seconds": round(seconds, 2), "link_bytes": after - before}
+        return {"seconds": round(seconds, 2), "link_bytes": after - before, "busy": busy_share(cpu, seconds)}
 
 
 class Local:
@@ -196,6 +199,12 @@ class Local:
         if done.returncode != 0:
             raise SystemExit(f"nodekit data push failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
         return {"seconds": round(seconds, 2), "link_bytes": 0}
+
+
+def busy_share(cpu_s: float, seconds: float) -> float:
+    """How busy this machine's cores were over ``seconds`` in which they spent ``cpu_s`` (every virtual host runs on
+    them: a push to 8 hosts that keeps them all busy measures this machine, not the hosts' links)."""
+    return round(cpu_s / max(seconds, 1e-3) / (os.cpu_count() or 1), 2)
 
 
 def clear(paths: Sequence[Path]) -> None:
@@ -242,8 +251,13 @@ def main() -> int:
     ap.add_argument("--local", action="store_true", help="small against large and the scan on this machine alone")
     ap.add_argument("--keep", action="store_true", help="keep the generated datasets for the next run")
     ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
-    ap.add_argument("--relay", choices=("auto", "always", "never"), help="nodekit's --relay [default: its own]")
+    ap.add_argument("--relay", choices=("auto", "always", "never"), default="auto", help="nodekit's --relay")
+    ap.add_argument("--render", type=Path, help="print the section of a results file (results.partial.json of a "
+                    "run cut off) and stop")  # fmt: skip
     args = ap.parse_args()
+    if args.render:
+        print(section(json.loads(args.render.read_text())))
+        return 0
     if shutil.which("rsync") is None:
         raise SystemExit("rsync is missing (the anchor): apt-get install -y rsync")
     counts = sorted(int(x) for x in args.hosts.split(","))
@@ -257,7 +271,8 @@ def main() -> int:
                          f"--scale (or --hosts, --scan-files)")  # fmt: skip
     results: dict[str, Any] = {"measured": now_utc(), "load_start": loadavg(), "scale": args.scale,
                                "shape": shape.__dict__, "total": shape.total, "mbit": args.mbit,
-                               "disk_free": free, "runs": {}}  # fmt: skip
+                               "disk_free": free, "disk_need": need, "runs": {},
+                               "command": " ".join(["benchmarks/data_bench.py", *sys.argv[1:]])}  # fmt: skip
     t_start = time.monotonic()
     data = args.work / "src" / "data"
     print(f"making the dataset: {shape.files} files + {shape.large} x {shape.large_mib} MiB = {size(shape.total)}",
@@ -285,8 +300,10 @@ def main() -> int:
                 run = results["runs"][str(n)] = {}
                 for j, tool in enumerate(["nodekit", *([] if args.no_rsync else ["rsync"])]):
                     run[tool] = one_tool(bench, tool, n, data, shape, steps, 2 * k + j)
+                    partial(args, results, t_start)
             if not args.no_small_large:
                 results["small_large"] = small_large(bench, args.work, data, shape)
+                partial(args, results, t_start)
             if args.scan_files:
                 results["scan"] = scan(bench, args.work, args.scan_files)
     finally:
@@ -294,6 +311,12 @@ def main() -> int:
         if not args.keep:
             clear([args.work / "src", args.work / "one", args.work / "tiny"])
     return finish(args, results, t_start)
+
+
+def partial(args: argparse.Namespace, results: dict[str, Any], t_start: float) -> None:
+    """What is measured so far, for ``--render`` when a run is cut off (the lock's time limit, a failed step)."""
+    done = {**results, "load_end": loadavg(), "run_minutes": round((time.monotonic() - t_start) / 60, 1)}
+    (args.work / "results.partial.json").write_text(json.dumps(done, indent=1))
 
 
 def finish(args: argparse.Namespace, results: dict[str, Any], t_start: float) -> int:
@@ -354,12 +377,16 @@ def section(results: dict[str, Any]) -> str:
     lines = [
         TITLE,
         "",
-        f"`benchmarks/data_bench.py` (issue 45), {results['measured']}, load {results['load_start']} at the start and "
+        f"`{results.get('command', 'benchmarks/data_bench.py')}` (issue 45), {results['measured']}, load "
+        f"{results['load_start']} at the start and "
         f"{results['load_end']} at the end, {results['run_minutes']} minutes. The virtual cluster (a head and a host "
-        "per target, each its own network namespace with Debian's sshd, all on this machine's one disk), every link "
-        f"at {results['mbit']} Mbit/s (tc tbf on both ends of every veth). The dataset: {shape.files} files of "
+        "per target, each its own network namespace with Debian's sshd, all on this machine's one disk and "
+        f"{os.cpu_count()} cores), every link at {results['mbit']} Mbit/s, the head's own included (tc tbf on both "
+        f"ends of every veth). The dataset: {shape.files} files of "
         f"{shape.small_kib} KiB on average in directories of 1,000 and {shape.large} of {shape.large_mib} MiB, "
-        f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk. nodekit: "
+        f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk, of which "
+        f"this run needed about {size(results.get('disk_need', 0))} (the source, a copy per host, 8 GiB left to "
+        "others). nodekit: "
         "`nodekit data push` run on the head (its hash of the source made once before, "
         f"{results.get('head_hash_s', '?')} s); the anchor: SkyPilot's way, `rsync -az --delete` from the head to "
         "every host at once over the same SSH. Each step's wall time and the bytes the head's veth sent:",

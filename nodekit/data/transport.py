@@ -31,6 +31,7 @@ MODULES = (
     "nodekit.launcher.datasync.names",
     "nodekit.launcher.datasync.scan",
     "nodekit.launcher.datasync.node",
+    "nodekit.launcher.datasync.frames",
     "nodekit.launcher.datasync.receive",
     "nodekit.launcher.datasync.outputs",
 )

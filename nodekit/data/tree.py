@@ -46,11 +46,13 @@ RECEIVER_STALL_S = 60
 than the image's load (a receiver may first hash files of the user's it adopts)."""
 
 CONSUMER = (
-    "cat ./given ./load | python3 -c "
-    f'"$(printf %s {base64.b64encode(transport.BOOT.encode()).decode()} | base64 -d)" apply "$(cat ./arg)"'
+    f'exec python3 -c "$(printf %s {base64.b64encode(transport.BOOT.encode()).decode()} | base64 -d)" relayed '
+    '"$(cat ./arg)" < ./given 3< ./load'
 )
-"""What takes the stream on each node: the receiver, from the node's own input (its code and plan, ``./given``)
-and then the stream, applied to the node's own path (``./arg``)."""
+"""What takes the stream on each node: the receiver, its code and plan from the node's own input (``./given``), the
+stream straight from the relay step's fifo on fd 3, applied to the node's own path (``./arg``). ``exec``: no shell
+stays behind holding the fifo open (a receiver that stopped would otherwise leave the step's tee blocked on a reader
+that never reads, not broken off, and the nodes this one feeds would wait)."""
 
 
 class Job(Protocol):

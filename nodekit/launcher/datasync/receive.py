@@ -15,36 +15,31 @@ target's manifest compared with ``want``: exit 0, or :data:`DIFFERS` naming the 
 
 from __future__ import annotations
 
-import hashlib
+import io
 import json
 import os
 import shutil
 import stat
 import sys
-import threading
 from collections import Counter
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO
+from collections.abc import Mapping
+from typing import Any, BinaryIO, cast
 
-from nodekit.launcher.datacheck.filehash import CHUNK
-from nodekit.launcher.datacheck.manifest import PIECE, content_hashes, copy_hashing
+from nodekit.launcher.datacheck.manifest import content_hashes, copy_hashing
+from nodekit.launcher.datasync.frames import BROKEN as BROKEN
+from nodekit.launcher.datasync.frames import Broken as Broken
+from nodekit.launcher.datasync.frames import Reader, receive, staged_name
 from nodekit.launcher.datasync.names import hash_problem, name_problem
 from nodekit.launcher.datasync.node import differences, held, load_state, save_state, scan, staging_dir, verify
 from nodekit.launcher.datasync.scan import Manifest, key
 
 REFUSED = 3
 DIFFERS = 4
-BROKEN = 5
 MAX_BLOCK = 1 << 30
 
 
 class Refused(Exception):
     code = REFUSED
-
-
-class Broken(Exception):
-    code = BROKEN
 
 
 def read_block(f: BinaryIO) -> bytes:
@@ -56,10 +51,6 @@ def read_block(f: BinaryIO) -> bytes:
     if len(data) != int(line):
         raise Broken("the stream ended inside a block")
     return data
-
-
-def staged_name(h: str) -> str:
-    return h.replace(":", "_")
 
 
 def _want(plan: Mapping[str, Any]) -> Manifest:
@@ -149,117 +140,6 @@ def refusal(root: str, plan: Mapping[str, Any], owned: Mapping[str, object], onl
     return None
 
 
-INLINE = CHUNK
-"""A content up to this size is hashed on the thread that reads the stream: handing one small file to a hashing
-thread costs more than hashing it, and a dataset of 20,000 small files would pay that 20,000 times."""
-HASH_THREADS = max(2, min(8, os.cpu_count() or 1))
-"""Pieces are hashed on threads while the stream goes on (hashlib releases the GIL): sha256 runs at about 440 MiB/s
-on one core of the reference machine, below a 10 GbE link, so one thread hashing would set the pace."""
-IN_FLIGHT = 2 * HASH_THREADS
-"""Pieces (at most 32 MiB each) read but not hashed yet: the memory the receiver holds is bounded by this."""
-
-
-def _digest(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
-
-
-def _settle(stage: str, h: str, size: int, part: str, pieces: list[Future[bytes]]) -> None:
-    """Rename a received content to its hash once its pieces' hashes prove it; Broken (the .part removed) if not."""
-    digests = [f.result() for f in pieces]
-    got = "p:" + hashlib.sha256(b"".join(digests)).hexdigest() if size > PIECE else digests[0].hex()
-    if got != h:
-        os.unlink(part)
-        raise Broken(f"content {h[:16]} arrived damaged or changed at the source during the push (got {got[:16]})")
-    os.replace(part, os.path.join(stage, staged_name(h)))
-
-
-def _receive(stage: str, f: BinaryIO, incoming: Mapping[str, int], passing: Mapping[str, int]) -> int:
-    """Each incoming content into ``stage``, hashed as written (pieces on threads); bytes received. A content in
-    ``passing`` (a relay tree's stream carries it for other nodes) is read past, never written."""
-    pending: list[tuple[str, int, str, list[Future[bytes]]]] = []
-    damaged: list[Broken] = []
-
-    def settle(all_of_them: bool) -> None:
-        while pending and (all_of_them or all(p.done() for p in pending[0][3])):
-            h, size, part, pieces = pending.pop(0)
-            try:
-                _settle(stage, h, size, part, pieces)
-            except Broken as e:
-                damaged.append(e)
-
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
-        try:
-            total = _frames(f, incoming, passing, stage, pool, pending, lambda: settle(False))
-        finally:  # a stream cut short keeps the contents that arrived whole, for the next push
-            settle(True)
-    if damaged:
-        raise damaged[0]
-    return total
-
-
-def _frames(
-    f: BinaryIO,
-    incoming: Mapping[str, int],
-    passing: Mapping[str, int],
-    stage: str,
-    pool: ThreadPoolExecutor,
-    pending: list[tuple[str, int, str, list[Future[bytes]]]],
-    settle: Callable[[], None],
-) -> int:
-    room = threading.BoundedSemaphore(IN_FLIGHT)
-    total = 0
-    while True:
-        line = f.readline(200).decode("ascii", "replace").split()
-        if line == ["END"]:
-            return total
-        h, size = (line[0], int(line[1])) if len(line) == 2 and line[1].isdigit() else ("", -1)
-        if h not in incoming and passing.get(h) == size:
-            for at in range(0, size, CHUNK):
-                _exactly(f, min(CHUNK, size - at))
-            continue
-        if incoming.get(h) != size:
-            raise Broken(f"a frame that the plan does not announce: {' '.join(line)[:100]!r}")
-        part = os.path.join(stage, staged_name(h) + ".part")
-        pieces: list[Future[bytes]] = []
-        if size <= INLINE:
-            data = _exactly(f, size)
-            with open(part, "wb") as out:
-                out.write(data)
-            pieces.append(Future())
-            pieces[0].set_result(_digest(data))
-            pending.append((h, size, part, pieces))
-            settle()
-            total += size
-            continue
-        with open(part, "wb") as out:
-            left = size
-            while left > 0 or not pieces:  # an empty file is one empty piece
-                buf = bytearray()
-                while len(buf) < min(PIECE, left):
-                    chunk = f.read(min(CHUNK, left - len(buf)))
-                    if not chunk:
-                        raise Broken(f"the stream ended {left - len(buf)} bytes short of a content")
-                    out.write(chunk)
-                    buf += chunk
-                left -= len(buf)
-                room.acquire()
-                fut = pool.submit(_digest, bytes(buf))
-                fut.add_done_callback(lambda _: room.release())
-                pieces.append(fut)
-        pending.append((h, size, part, pieces))
-        settle()
-        total += size
-
-
-def _exactly(f: BinaryIO, size: int) -> bytes:
-    data = f.read(size)
-    while len(data) < size and (more := f.read(size - len(data))):
-        data += more
-    if len(data) < size:
-        raise Broken(f"the stream ended {size - len(data)} bytes short of a content")
-    return data
-
-
 def _copy_hashing(src: BinaryIO, out: BinaryIO, size: int) -> str:
     """:func:`~nodekit.launcher.datacheck.manifest.copy_hashing`, a source that ends short being a broken stream."""
     try:
@@ -318,9 +198,10 @@ def _mkdirs(root: str, name: str, made: set[str]) -> None:
         made.add(rel)
 
 
-def apply(root: str, f: BinaryIO, only: str | None = None) -> dict[str, Any]:
+def apply(root: str, f: BinaryIO, only: str | None = None, stream: Reader | None = None) -> dict[str, Any]:
     """Carry out the plan read from ``f`` (see the module docstring); the result, or Refused/Broken. ``only``: a
-    file target's one name under ``root`` (its state and staging are its own, its neighbours never looked at)."""
+    file target's one name under ``root`` (its state and staging are its own, its neighbours never looked at).
+    ``stream``: where the frames come from after the plan, when not from ``f``."""
     try:
         plan = json.loads(read_block(f))
     except (ValueError, UnicodeDecodeError) as e:
@@ -343,7 +224,9 @@ def apply(root: str, f: BinaryIO, only: str | None = None) -> dict[str, Any]:
     # Names first: a push killed from here on leaves nothing nodekit does not know it wrote.
     intent: dict[str, list[object]] = {**owned, **{n: [None, None, None, ""] for n in [*place, *adopt]}}
     save_state(root, intent, only)
-    received = _receive(stage, f, plan.get("incoming", {}), plan.get("passing", {}))
+    # Standard input's binary stream is a BufferedReader (typing's BinaryIO names no readinto).
+    frames = stream or cast(Reader, f)
+    received = receive(stage, frames, plan.get("incoming", {}), plan.get("passing", {}))
     _copy_local(root, stage, plan.get("copy", {}), set(plan.get("delete", [])), owned)
     for name in plan.get("delete", []):
         path = os.path.join(root, name)
@@ -373,8 +256,8 @@ def apply(root: str, f: BinaryIO, only: str | None = None) -> dict[str, Any]:
 
 
 def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> int:
-    """``scan``, ``verify`` or ``apply``, then ``ROOT [NAME]`` (NAME: a file target's one file in ROOT); the answer
-    as one JSON line on standard output."""
+    """``scan``, ``verify``, ``apply`` or ``relayed`` (an apply whose stream is on fd 3), then ``ROOT [NAME]``
+    (NAME: a file target's one file in ROOT); the answer as one JSON line on standard output."""
     stdin = stdin if stdin is not None else sys.stdin.buffer
     stdout = stdout if stdout is not None else sys.stdout
     mode, root, only = argv[0], argv[1], (argv[2] if len(argv) > 2 else None)
@@ -384,6 +267,11 @@ def main(argv: list[str], stdin: BinaryIO | None = None, stdout: Any = None) -> 
         if mode in ("scan", "verify"):
             want = {n: (int(v[0]), str(v[1])) for n, v in json.loads(read_block(stdin)).items()}
             answer = (scan if mode == "scan" else verify)(root, want, only)
+        elif mode == "relayed":
+            # A relay tree's node: its plan on standard input, the stream on fd 3, read straight from the relay
+            # step's fifo (a process joining the two would copy every byte once more on every node).
+            with io.BufferedReader(io.FileIO(3, "r"), buffer_size=1 << 20) as stream:
+                answer = apply(root, stdin, only, stream)
         else:
             answer = apply(root, stdin, only)
     except (Refused, Broken) as e:

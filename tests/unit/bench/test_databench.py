@@ -24,3 +24,14 @@ def test_a_target_whose_side_was_not_measured_is_undecided_not_met() -> None:
     assert "4 hosts within 1.3x its own time to 1 host: **met**" in said
     assert "beats parallel rsync at 4 hosts: not decided" in said and "rsync at 4 hosts: **" not in said
     assert table(results)[2] == "| 1 | first push | 10.0 s, 2.00 GiB | - | - |"
+
+
+def test_the_cores_busy_and_the_hosts_a_tree_fed_are_shown_where_measured() -> None:
+    """Every virtual host runs on this machine's cores: a run says how busy they were, so a push to 8 hosts that
+    is bound by them is not read as the link's figure."""
+    one = {"seconds": 10.0, "link_bytes": 2 << 30, "busy": 0.4}
+    many = {"seconds": 20.0, "link_bytes": 2 << 30, "busy": 0.98, "relayed": 7}
+    results = {"runs": {"1": {"nodekit": {"first": one}}, "8": {"nodekit": {"first": many}}}}
+    said = "\n".join(verdicts(results))
+    assert "**NOT met**" in said and "cores were 98% busy during it, 40% during the push to 1 host" in said
+    assert table(results)[3] == "| 8 | first push | 20.0 s, 2.00 GiB, cores 98% busy, relayed to 7 | - | - |"

@@ -319,11 +319,13 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
         ("n2", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", key, kill=False)),
     ]
     # The hop a node makes to each node it feeds: none of the node's ssh config, only the key made for that hop of
-    # the push, no agent, nothing forwarded, only the host key the head vouches for; its files named inside the
-    # relay directory the step runs in, never by that directory's path.
+    # the push, no agent, nothing forwarded, only the host key the head vouches for, AES-GCM first; its files named
+    # inside the relay directory the step runs in, never by that directory's path.
     hop_line = next(ln.strip() for ln in relay.RELAY_SCRIPT.splitlines() if ln.strip().startswith("ssh "))
     assert hop_line == (
-        "ssh -F /dev/null -i ./c$j/key -o IdentitiesOnly=yes -o IdentityAgent=none -o BatchMode=yes "
+        "ssh -F /dev/null -i ./c$j/key -o IdentitiesOnly=yes -o IdentityAgent=none "
+        "-o Ciphers=aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,"
+        "aes192-ctr,aes256-ctr -o BatchMode=yes "
         "-o ForwardAgent=no -o ClearAllForwardings=yes "
         "-o StrictHostKeyChecking=yes -o UserKnownHostsFile=./c$j/known_hosts "
         '-o GlobalKnownHostsFile=/dev/null -o HostKeyAlias="$alias" -o CheckHostIP=no -o ConnectTimeout=10 '

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from nodekit.launcher.datasync import receive
+from nodekit.launcher.datasync import frames, receive
 from nodekit.launcher.datasync.node import load_state, staging_dir
 
 
@@ -222,13 +222,13 @@ def test_small_contents_are_hashed_as_they_arrive_and_big_ones_in_pieces_on_thre
     target, _ = world
     (target / "users-notes.txt").unlink()
     hashed_on: list[tuple[int, str]] = []
-    digest = receive._digest
+    digest = frames.digest
 
     def recording(data: bytes) -> bytes:
         hashed_on.append((len(data), threading.current_thread().name))
         return digest(data)
 
-    monkeypatch.setattr(receive, "_digest", recording)
+    monkeypatch.setattr(frames, "digest", recording)
     files = {f"d{i % 3}/{i:03d}.jpg": os.urandom(100 + i) for i in range(200)}
     big = os.urandom(PIECE + 5000)
     plan = plan_for(files)
