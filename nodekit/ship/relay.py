@@ -299,7 +299,7 @@ class RelaySink:
         codec: str = "gzip",
         script: str | None = None,
         given: Sequence[tuple[str, bytes]] | None = None,
-        stall_s: float = STALL_S,
+        stall_s: float | None = None,
     ) -> None:
         self.hops = list(hops)
         self.tree = plan_tree(len(self.hops)) if tree is None else tree
@@ -310,7 +310,7 @@ class RelaySink:
         try:
             self._proc = proc.start(node_argv(self.hops[0], entry, keepalive=True), stdin="pipe", stdout="devnull",
                                     stderr="pipe", what=f"the relay tree from {self.hops[0].name}",
-                                    deadline=proc.Stall(stall_s))  # fmt: skip
+                                    deadline=proc.Stall(STALL_S if stall_s is None else stall_s))  # fmt: skip
         except BaseException:
             self.access.close()
             raise
