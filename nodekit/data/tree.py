@@ -40,10 +40,18 @@ from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.ship.dial import hop_of
 from nodekit.ship.hopkeys import Hop
 from nodekit.ship.outcome import answered_within
-from nodekit.ship.relay import RELAY_MIN_BYTES, STALL_S, RelayMode, RelaySink, relay_script, why_not_loaded
+from nodekit.ship.relay import RelayMode, RelaySink, relay_script, why_not_loaded
 from nodekit.ship.tree import plan_tree, shape_lines
 from nodekit.system.progress import Reporter
 
+TREE_COST_S = 5.0
+"""What a dataset's relay tree costs beyond a stream per host, in seconds: three rounds of short SSH calls to every
+host to set it up, a handshake per level, the head's scan of each host afterwards. On the virtual cluster
+(docs/guides/data-and-secrets.md) 100 MiB to 4 hosts over 1 Gbit/s links took 9.0 s through the tree and 6.9 s with a
+stream each; less the streams themselves on the head's link (about 0.9 s and 3.5 s), 4.7 s."""
+HEAD_LINKS = (100e6 / 8, 1e9 / 8)
+"""The rates of the head's link (bytes/s) that ``auto`` decides for, since nothing tells it before the stream: a
+laptop's or an office's uplink (100 Mbit/s) to a datacenter node's (1 Gbit/s)."""
 RECEIVER_STALL_S = 60
 """A node's receiver taking nothing for this long is cut off there, so the nodes that node feeds go on: longer
 than the image's load (a receiver may first hash files of the user's it adopts)."""
@@ -92,12 +100,23 @@ def union(plans: Sequence[HostPlan]) -> dict[str, int]:
     return {h: sizes[h] for h in sorted(sizes, key=lambda h: (sizes[h], h))}
 
 
+def tree_pays(hosts: int, stream_bytes: int) -> bool:
+    """Pure: whether ``auto`` sends ``stream_bytes`` to ``hosts`` host paths through one tree: the copies it spares the
+    head's link, ``(hosts - 1) * stream_bytes``, against its fixed cost (:data:`TREE_COST_S`), choosing what loses
+    the least at the worse of :data:`HEAD_LINKS` for it. A needless tree loses its cost less what it spared on the
+    fast link; a missing one, what the spared copies take on the slow link less that cost. The two are equal when
+    the spared bytes are 2 x cost / (1/slow + 1/fast), about 108 MiB: a tree pays from 108 MiB to 2 hosts, 54 MiB
+    to 3, 27 MiB to 5, 14 MiB to 9. Wrong on a fast link it costs seconds; wrong on a slow one, a copy per host."""
+    slow, fast = HEAD_LINKS
+    return (hosts - 1) * stream_bytes * (1 / slow + 1 / fast) >= 2 * TREE_COST_S
+
+
 def plan_trees(
     jobs: Sequence[Job], plans: Sequence[HostPlan], mode: RelayMode, among: Collection[int] | None = None
 ) -> list[TreePlan]:
     """Pure: per source, the jobs that take it through one relay tree: over ``ssh://``, lacking contents, one path
-    per host (a second path of a host is pushed directly), at least two; in ``auto`` only when the stream is at least
-    ``RELAY_MIN_BYTES`` (each hop's SSH handshake costs more than a small stream wins). A file source (``only``)
+    per host (a second path of a host is pushed directly), at least two; in ``auto`` only where the tree pays for its
+    fixed cost (:func:`tree_pays`: the more hosts, the smaller the stream that pays). A file source (``only``)
     goes directly: a tree node's receiver makes a whole directory equal to the plan. ``among``: only these jobs
     (indices) are considered."""
     if mode == "never":
@@ -111,7 +130,7 @@ def plan_trees(
     out = []
     for source, members in by_source.items():
         stream = union([plans[i] for i in members])
-        if len(members) >= 2 and (mode == "always" or sum(stream.values()) >= RELAY_MIN_BYTES):
+        if len(members) >= 2 and (mode == "always" or tree_pays(len(members), sum(stream.values()))):
             out.append(TreePlan(source, tuple(members), stream))
     return out
 
@@ -198,7 +217,7 @@ class Relayed:
 
 
 def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Mapping[str, Path],
-          reporter: Reporter, *, stall_s: float = STALL_S, what: str = "a relay tree") -> Relayed:  # fmt: skip
+          reporter: Reporter, *, stall_s: float | None = None, what: str = "a relay tree") -> Relayed:  # fmt: skip
     """Carry out the tree ``t``: the head's one stream down it (``what``, in the output). Never raises for a host's
     failure: a job it did not reach is in ``missed``, to be fed again (:func:`plan_refeed`)."""
     with ThreadPoolExecutor(max_workers=min(32, len(t.members))) as pool:

@@ -134,3 +134,16 @@ def test_each_host_fed_again_is_named_with_why_and_how() -> None:
     ]
     text = dry_run_text(jobs, plans, "always")
     assert "cuts off are fed again through a second tree (one alone: its own stream)" in text, text
+
+
+def test_auto_builds_a_tree_where_the_copies_it_spares_outweigh_its_fixed_cost_so_more_hosts_need_less() -> None:
+    """``auto`` weighs the copies a tree spares the head's link, (hosts - 1) x the stream, against its few seconds
+    of fixed cost, for the least loss over a 100 Mbit/s to a 1 Gbit/s head link: about 108 MiB spared in all."""
+    mib = 1 << 20
+    assert not tree.tree_pays(2, 100 * mib) and tree.tree_pays(2, 110 * mib)
+    assert not tree.tree_pays(3, 50 * mib) and tree.tree_pays(3, 55 * mib)
+    assert not tree.tree_pays(9, 13 * mib) and tree.tree_pays(9, 14 * mib)
+    want = {"x.bin": (60 * mib, "x" * 64)}
+    assert tree.plan_trees([job("n1"), job("n2")], [plan(want=want), plan(want=want)], "auto") == []
+    three = [job("n1"), job("n2"), job("n3")]
+    assert len(tree.plan_trees(three, [plan(want=want) for _ in three], "auto")) == 1  # 120 MiB spared
