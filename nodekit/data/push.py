@@ -202,8 +202,11 @@ def push(
         return Done(j, p, sent)
 
     results = at_once(one, list(range(len(jobs))))
-    raise_first(results, "host path(s)")
     done = [r for r in results if isinstance(r, Done)]
+    failed = [r for r in results if isinstance(r, NodekitError)]
+    if failed and done:  # what the user need not push again
+        failed[0].message += f"; the {len(done)} other host path(s) are the source's"
+    raise_first(results, "host path(s)")
     if unclaimed and done:  # a tree that made no path equal still cost the head's link its bytes
         done[0] = Done(done[0].job, done[0].plan, done[0].sent + unclaimed, done[0].how)
     for d in done:
