@@ -49,7 +49,8 @@ def push(
         str | None,
         typer.Option(
             help="ssh:// hosts pass the dataset's stream on to each other in a tree, so this machine sends each "
-            "content once: auto (when 64 MiB or more travels), always or never [default: nodekit.toml's relay]",
+            "content once: auto (when the copies it spares, (hosts - 1) x what travels, are 108 MiB or more), "
+            "always or never [default: nodekit.toml's relay]",
             show_default=False,
         ),
     ] = None,

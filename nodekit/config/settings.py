@@ -136,7 +136,8 @@ class _Keys(BaseSettings):
         "auto",
         description="nodekit run, push and data push: ssh:// nodes pass the image (or a dataset's contents) on to "
         "each other (a key per push and hop, no agent forwarded, host keys pinned by the head) so the head sends it "
-        "once; auto = when 64 MiB or more travels",
+        "once; auto = an image when 64 MiB or more travels, a dataset when (hosts - 1) x what travels is 108 MiB or "
+        "more",
     )
     keep_containers: bool = Field(
         False,

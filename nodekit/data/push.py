@@ -117,34 +117,51 @@ def _scanned(j: Job, want: Manifest) -> tuple[planning.HostPlan, planning.NodeVi
 
 
 def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mapping[Path, Mapping[str, Path]],
-             reporter: Reporter, relay: RelayMode) -> dict[int, Done]:  # fmt: skip
-    """The jobs each relay tree made equal to their source, each proven so by a scan of the head's own. Every other
+             reporter: Reporter, relay: RelayMode) -> tuple[dict[int, Done], dict[int, NodekitError], int]:  # fmt: skip
+    """The jobs the relay trees made equal to their source, each proven so by a scan of the head's own. Every other
     job of a tree has its plan made again in ``plans`` from a scan of now (what the tree left staged there is not
-    sent again), for the direct push, and its reason is named."""
+    sent again), its reason named; those of one source that still lack contents take a second tree of their own
+    when two or more do (:func:`~nodekit.data.tree.plan_refeed`), and what that one leaves, like a single host,
+    gets the direct push. Also returned: the jobs whose scan after a tree failed (the host is gone, or its link),
+    with that error, which are not tried again; and the bytes sent into trees that made no job equal."""
     out: dict[int, Done] = {}
-    for t in trees.plan_trees(jobs, plans, relay):
-        did = trees.relay(t, jobs, plans, holders[t.source], reporter)
-        sent = did.sent
+    lost: dict[int, NodekitError] = {}
+    unclaimed = 0
+    outside: set[int] = set()
 
-        def again(i: int) -> planning.HostPlan | NodekitError:
-            try:
-                return _scanned(jobs[i], plans[i].want)[0]
-            except NodekitError as e:
-                return e
+    def rescan(i: int) -> planning.HostPlan:
+        return _scanned(jobs[i], plans[i].want)[0]
 
-        for i, p in zip(t.members, at_once(again, list(t.members)), strict=True):
-            if isinstance(p, NodekitError):
-                reporter.warn(f"{jobs[i].label}: its scan after the relay tree failed ({p.message})")
-                continue
-            if i in did.fed_by and not p.changes:
-                feeder = did.fed_by[i]
-                out[i] = Done(jobs[i], plans[i], sent, f"relayed by {feeder}" if feeder else "fed by the head")
-                sent = 0
-                continue
-            why = did.missed.get(i) or f"not the source's after the relay tree ({planning.summary(p)})"
-            reporter.warn(f"{jobs[i].label}: {why}; sending it from the head")
-            plans[i] = p
-    return out
+    todo = trees.plan_trees(jobs, plans, relay)
+    for again, what in ((True, "a relay tree"), (False, "a second relay tree")):
+        left: list[int] = []
+        why: dict[int, str] = {}
+        for t in todo:
+            did = trees.relay(t, jobs, plans, holders[t.source], reporter, what=what)
+            outside |= did.outside
+            sent = did.sent
+            for i, p in zip(t.members, at_once(rescan, list(t.members)), strict=True):
+                said = did.missed.get(i) or f"after {what}"
+                if isinstance(p, NodekitError):
+                    reporter.warn(f"{jobs[i].label}: {said}; it cannot be scanned again ({p.message})")
+                    p.message = f"{jobs[i].label}: {said}; then {p.message}"
+                    lost[i] = p
+                elif i in did.fed_by and not p.changes:
+                    feeder = did.fed_by[i]
+                    out[i] = Done(jobs[i], plans[i], sent, f"relayed by {feeder}" if feeder else "fed by the head")
+                    sent = 0
+                else:
+                    why[i] = did.missed.get(i) or f"not the source's after {what} ({planning.summary(p)})"
+                    plans[i] = p
+                    left.append(i)
+            unclaimed += sent
+        refeed = trees.plan_refeed(jobs, plans, left, relay, again=again, outside=outside)
+        for line in trees.refeed_lines(jobs, refeed, why):
+            reporter.warn(line)
+        todo = refeed.trees
+        if not todo:
+            break
+    return out, lost, unclaimed
 
 
 def push(
@@ -167,12 +184,14 @@ def push(
     plans, holders = plan_all(settings, jobs)
     if dry_run:
         return [Done(j, p) for j, p in zip(jobs, plans, strict=True)]
-    relayed = _relayed(jobs, plans, holders, reporter, relay)
+    relayed, lost, unclaimed = _relayed(jobs, plans, holders, reporter, relay)
 
     def one(i: int) -> Done:
         j, p = jobs[i], plans[i]
         if i in relayed:
             return relayed[i]
+        if i in lost:
+            raise lost[i]
         if not p.changes:
             return Done(j, p)
         result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source], only=j.only)
@@ -183,8 +202,13 @@ def push(
         return Done(j, p, sent)
 
     results = at_once(one, list(range(len(jobs))))
-    raise_first(results, "host path(s)")
     done = [r for r in results if isinstance(r, Done)]
+    failed = [r for r in results if isinstance(r, NodekitError)]
+    if failed and done:  # what the user need not push again
+        failed[0].message += f"; the {len(done)} other host path(s) are the source's"
+    raise_first(results, "host path(s)")
+    if unclaimed and done:  # a tree that made no path equal still cost the head's link its bytes
+        done[0] = Done(done[0].job, done[0].plan, done[0].sent + unclaimed, done[0].how)
     for d in done:
         how = f", {d.how}" if d.how else ""
         reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes{how}")

@@ -10,18 +10,23 @@ receiver, whose code and plan the head wrote into the node's relay directory ove
 is in its plan's ``passing`` and read past. A node that holds a content under another name copies it there, as in a
 direct push.
 
-The tree's word is taken for nothing: afterwards the head scans every host of the tree again and plans it again; a
-host that is not the source's yet (its receiver failed, a node above it failed, it could not be relayed to) gets
-the direct push, named in the output (:mod:`nodekit.data.push`).
+The tree's word is taken for nothing: afterwards the head scans every host of the tree again and plans it again
+(what arrived whole is not sent again). The hosts that are not the source's yet (their receiver failed, a node above
+them failed, they could not be relayed to), each named in the output with why, are fed again
+(:func:`plan_refeed`): two or more through a second tree of their own, so a node that dies high in a big tree costs
+the head's link about one more copy, not one per host below it; a single one, or whatever the second tree leaves,
+by the direct push (:mod:`nodekit.data.push`). A host that cannot even be scanned again (it died, its link did) is
+not tried again: the push fails naming it.
+
+The tree's stall deadline is its sink's (:class:`~nodekit.ship.relay.RelaySink`, as for images); the nodes' work
+after the stream's end has a deadline of its own (their final scans).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,13 +39,19 @@ from nodekit.errors import NodekitError
 from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.ship.dial import hop_of
 from nodekit.ship.hopkeys import Hop
-from nodekit.ship.relay import RELAY_MIN_BYTES, RelayMode, RelaySink, relay_script, why_not_loaded
+from nodekit.ship.outcome import answered_within
+from nodekit.ship.relay import RelayMode, RelaySink, relay_script, why_not_loaded
 from nodekit.ship.tree import plan_tree, shape_lines
 from nodekit.system.progress import Reporter
 
-STALL_S = 60.0
-"""The tree's stream taking nothing for this long (a node, or a link, hangs): the head cuts the tree, and every
-host it did not make equal gets the direct push."""
+TREE_COST_S = 5.0
+"""What a dataset's relay tree costs beyond a stream per host, in seconds: three rounds of short SSH calls to every
+host to set it up, a handshake per level, the head's scan of each host afterwards. On the virtual cluster
+(docs/guides/data-and-secrets.md) 100 MiB to 4 hosts over 1 Gbit/s links took 9.0 s through the tree and 6.9 s with a
+stream each; less the streams themselves on the head's link (about 0.9 s and 3.5 s), 4.7 s."""
+HEAD_LINKS = (100e6 / 8, 1e9 / 8)
+"""The rates of the head's link (bytes/s) that ``auto`` decides for, since nothing tells it before the stream: a
+laptop's or an office's uplink (100 Mbit/s) to a datacenter node's (1 Gbit/s)."""
 RECEIVER_STALL_S = 60
 """A node's receiver taking nothing for this long is cut off there, so the nodes that node feeds go on: longer
 than the image's load (a receiver may first hash files of the user's it adopts)."""
@@ -91,25 +102,70 @@ def union(plans: Sequence[HostPlan]) -> dict[str, int]:
     return {h: sizes[h] for h in sorted(sizes, key=lambda h: (sizes[h], h))}
 
 
-def plan_trees(jobs: Sequence[Job], plans: Sequence[HostPlan], mode: RelayMode) -> list[TreePlan]:
+def tree_pays(hosts: int, stream_bytes: int) -> bool:
+    """Pure: whether ``auto`` sends ``stream_bytes`` to ``hosts`` host paths through one tree: the copies it spares the
+    head's link, ``(hosts - 1) * stream_bytes``, against its fixed cost (:data:`TREE_COST_S`), choosing what loses
+    the least at the worse of :data:`HEAD_LINKS` for it. A needless tree loses its cost less what it spared on the
+    fast link; a missing one, what the spared copies take on the slow link less that cost. The two are equal when
+    the spared bytes are 2 x cost / (1/slow + 1/fast), about 108 MiB: a tree pays from 108 MiB to 2 hosts, 54 MiB
+    to 3, 27 MiB to 5, 14 MiB to 9. Wrong on a fast link it costs seconds; wrong on a slow one, a copy per host."""
+    slow, fast = HEAD_LINKS
+    return (hosts - 1) * stream_bytes * (1 / slow + 1 / fast) >= 2 * TREE_COST_S
+
+
+def plan_trees(
+    jobs: Sequence[Job], plans: Sequence[HostPlan], mode: RelayMode, among: Collection[int] | None = None
+) -> list[TreePlan]:
     """Pure: per source, the jobs that take it through one relay tree: over ``ssh://``, lacking contents, one path
-    per host (a second path of a host is pushed directly), at least two; in ``auto`` only when the stream is at least
-    ``RELAY_MIN_BYTES`` (each hop's SSH handshake costs more than a small stream wins). A file source (``only``)
-    goes directly: a tree node's receiver makes a whole directory equal to the plan."""
+    per host (a second path of a host is pushed directly), at least two; in ``auto`` only where the tree pays for its
+    fixed cost (:func:`tree_pays`: the more hosts, the smaller the stream that pays). A file source (``only``)
+    goes directly: a tree node's receiver makes a whole directory equal to the plan. ``among``: only these jobs
+    (indices) are considered."""
     if mode == "never":
         return []
     by_source: dict[Path, list[int]] = {}
     for i, (j, p) in enumerate(zip(jobs, plans, strict=True)):
-        if j.where.host is not None and p.incoming and j.only is None:
+        if (among is None or i in among) and j.where.host is not None and p.incoming and j.only is None:
             taken = by_source.setdefault(j.source, [])
             if all(jobs[k].where.name != j.where.name for k in taken):
                 taken.append(i)
     out = []
     for source, members in by_source.items():
         stream = union([plans[i] for i in members])
-        if len(members) >= 2 and (mode == "always" or sum(stream.values()) >= RELAY_MIN_BYTES):
+        if len(members) >= 2 and (mode == "always" or tree_pays(len(members), sum(stream.values()))):
             out.append(TreePlan(source, tuple(members), stream))
     return out
+
+
+@dataclass(frozen=True)
+class Refeed:
+    """How the head feeds again the jobs a relay tree left unequal: ``trees``, one more tree per source for those
+    that still lack contents (two or more of them: the head's link then carries about one more copy, not one per
+    host); ``direct``, each its own stream from the head."""
+
+    trees: list[TreePlan]
+    direct: tuple[int, ...]
+
+
+def plan_refeed(jobs: Sequence[Job], plans: Sequence[HostPlan], left: Sequence[int], mode: RelayMode, *,
+                again: bool = True, outside: Collection[int] = ()) -> Refeed:  # fmt: skip
+    """Pure: ``left``, the jobs a tree did not make equal (``plans`` made again from a scan after it, so what the tree
+    delivered whole is not sent twice), through a second tree as :func:`plan_trees` forms one among them; each other
+    one, a single host or a stream too small for ``auto``, directly, and so is each in ``outside`` (no node can dial
+    it: :attr:`Relayed.outside`). ``again`` False (the second tree failed too): every one directly."""
+    trees = plan_trees(jobs, plans, mode, among=set(left) - set(outside)) if again else []
+    fed = {i for t in trees for i in t.members}
+    return Refeed(trees, tuple(i for i in left if i not in fed))
+
+
+def refeed_lines(jobs: Sequence[Job], refeed: Refeed, why: Mapping[int, str]) -> list[str]:
+    """Pure: the warning for each job a tree left unequal: why (``why``), and how the head feeds it now."""
+    out = []
+    for t in refeed.trees:
+        how = (f"sending it through a second relay tree ({len(t.members)} host paths, {t.send_bytes} bytes once on "
+               "the head's link)")  # fmt: skip
+        out += [f"{jobs[i].label}: {why[i]}; {how}" for i in t.members]
+    return out + [f"{jobs[i].label}: {why[i]}; sending it from the head" for i in refeed.direct]
 
 
 def node_plan(plan: HostPlan, stream: Mapping[str, int]) -> dict[str, object]:
@@ -122,7 +178,8 @@ def dry_run_lines(jobs: Sequence[Job], trees: Sequence[TreePlan]) -> list[str]:
     out = []
     for t in trees:
         out.append(f"relayed: {len(t.members)} host paths of {t.source} in one tree, {t.send_bytes} bytes once on "
-                   "the head's link; a host whose host key the head lacks is sent its own stream")  # fmt: skip
+                   "the head's link; a host whose host key the head lacks is sent its own stream; the hosts a node "
+                   "that fails cuts off are fed again through a second tree (one alone: its own stream)")  # fmt: skip
         out += shape_lines([jobs[i].where.name for i in t.members], plan_tree(len(t.members)))
     return out
 
@@ -149,31 +206,6 @@ def _frames(stream: Mapping[str, int], files: Mapping[str, Path]) -> Iterator[tu
     yield b"END\n", 0
 
 
-class _Watch:
-    """Cuts the tree (``sink.abort``) when it has taken nothing for ``limit`` seconds."""
-
-    def __init__(self, sink: RelaySink, limit: float) -> None:
-        self.sink, self.limit, self.last, self.cut = sink, limit, time.monotonic(), False
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def moved(self, limit: float | None = None) -> None:
-        self.last = time.monotonic()
-        self.limit = self.limit if limit is None else limit
-
-    def _run(self) -> None:
-        while not self._done.wait(0.5):
-            if time.monotonic() - self.last > self.limit:
-                self.cut = True
-                self.sink.abort()
-                return
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
-
-
 @dataclass(frozen=True)
 class Relayed:
     """What one tree did: the bytes the head sent into it, who fed each job it reached (None: the head), and why
@@ -182,50 +214,51 @@ class Relayed:
     sent: int
     fed_by: Mapping[int, str | None]
     missed: Mapping[int, str]
+    outside: frozenset[int] = frozenset()
+    """The jobs no node can dial (the head has no host key for it, a proxy in the way): never in a tree."""
 
 
 def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Mapping[str, Path],
-          reporter: Reporter, *, stall_s: float = STALL_S) -> Relayed:  # fmt: skip
-    """Carry out the tree ``t``: the head's one stream down it. Never raises for a host's failure: a job it did not
-    reach is in ``missed``, for the direct push."""
+          reporter: Reporter, *, stall_s: float | None = None, what: str = "a relay tree") -> Relayed:  # fmt: skip
+    """Carry out the tree ``t``: the head's one stream down it (``what``, in the output). Never raises for a host's
+    failure: a job it did not reach is in ``missed``, to be fed again (:func:`plan_refeed`)."""
     with ThreadPoolExecutor(max_workers=min(32, len(t.members))) as pool:
         found = list(pool.map(lambda i: hop_of(jobs[i].where.name, endpoint(jobs[i].where)), t.members))
     members = [(i, h) for i, h in zip(t.members, found, strict=True) if isinstance(h, Hop)]
     missed = {i: f"not in the relay tree ({h})" for i, h in zip(t.members, found, strict=True) if isinstance(h, str)}
+    outside = frozenset(missed)
     if len(members) < 2:
-        return Relayed(0, {}, {**missed, **{i: "no relay tree to join" for i, _ in members}})
+        return Relayed(0, {}, {**missed, **{i: "no relay tree to join" for i, _ in members}}, outside)
     stream = union([plans[i] for i, _ in members])
     hops = [h for _, h in members]
     given = [(jobs[i].root, transport.bundle() + transport.block(json.dumps(node_plan(plans[i], stream)).encode()))
              for i, _ in members]  # fmt: skip
     tree = plan_tree(len(members))
     script = relay_script("none", load_stall_s=RECEIVER_STALL_S, consumer=CONSUMER)
-    reporter.step(f"dataset: {sum(stream.values())} bytes of {t.source} through a relay tree to "
+    reporter.step(f"dataset: {sum(stream.values())} bytes of {t.source} through {what} to "
                   + "; ".join(f"{hops[k].name} -> {', '.join(hops[c].name for c in kids)}"
                               for k in range(len(hops)) if (kids := tree.children(k))))  # fmt: skip
     try:
-        sink = RelaySink(hops, tree=tree, script=script, given=given)
+        sink = RelaySink(hops, tree=tree, script=script, given=given, stall_s=stall_s)
     except NodekitError as e:
-        return Relayed(0, {}, {**missed, **{i: f"the relay tree could not be set up: {e.message}" for i, _ in members}})
-    watch = _Watch(sink, stall_s)
+        broke = f"the relay tree could not be set up: {e.message}"
+        return Relayed(0, {}, {**missed, **{i: broke for i, _ in members}}, outside)
     sent = 0
     try:
         for chunk, payload in _frames(stream, files):
-            sink.write(chunk)
+            sink.write(chunk)  # the sink's stall deadline cuts the tree when this blocks for stall_s
             sent += payload
-            watch.moved()
         # The nodes work on after the stream's end (local copies, renames, their final scan).
         most = max(sum(s for s, _ in plans[i].want.values()) for i, _ in members)
-        watch.moved(transport.SCAN_BASE_S + most / transport.HASH_RATE)
-        report = sink.finish()
+        answer_s = transport.SCAN_BASE_S + most / transport.HASH_RATE
+        with answered_within(sink, answer_s) as late:
+            report = sink.finish()
+        if late.is_set():
+            reporter.warn(f"dataset: {what} did not finish within {answer_s:.0f} s of the stream's end: cut off")
     except NodekitError as e:
         sink.abort()
         report = sink.report()
-        reporter.warn(f"dataset: the relay tree broke ({e.message})")
-    finally:
-        watch.stop()
-    if watch.cut:
-        reporter.warn(f"dataset: the relay tree took nothing for {watch.limit:.0f} s: cut off")
+        reporter.warn(f"dataset: {what} broke ({e.message})")
     why = why_not_loaded(hops, report, sink.rc, tree)
     for i, h in members:
         rc, last = report.loads.get(h.name, (None, ""))
@@ -238,4 +271,4 @@ def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Ma
         if i not in missed:
             p = tree.parent[k]
             fed[i] = None if p is None else hops[p].name
-    return Relayed(sent, fed, missed)
+    return Relayed(sent, fed, missed, outside)

@@ -28,6 +28,7 @@ from nodekit.ship.outcome import SafeReporter as _SafeReporter
 from nodekit.ship.outcome import as_ship_error as _as_ship_error
 from nodekit.ship.outcome import verify as _verify
 from nodekit.ship.plan import PushPlan, Step, size_text, travelling_bytes
+from nodekit.ship.relay import STALL_S as RELAY_STALL_S
 from nodekit.ship.relay import RelayMode
 from nodekit.ship.tree import plan_tree
 from nodekit.system import docker
@@ -35,7 +36,8 @@ from nodekit.system.progress import Reporter
 
 # A target that takes no data for this long has stopped reading (a hung engine, a frozen SSH connection): it is
 # cut off so that the others, fed from the same stream, go on. Loads write steadily; a minute of nothing is a hang.
-STALL_S = 60.0
+# A relay tree's is the same deadline, kept by its sink (nodekit.ship.relay.STALL_S), for images and datasets alike.
+STALL_S = RELAY_STALL_S
 
 
 def push(

@@ -136,13 +136,16 @@ class FanOut:
             self.put(s.target.name, _END)
 
     def put(self, name: str, item: object) -> None:
+        """``item`` into ``name``'s queue; a direct target whose queue stays full for ``stall_s`` is cut off. A
+        tree's queue is drained into its :class:`~nodekit.ship.relay.RelaySink`, whose own stall deadline (the same
+        ``stall_s``) cuts the tree on every node: one deadline, not two racing for it."""
         waited_since = time.monotonic()
         while not self.dead[name].is_set():
             try:
                 self.queues[name].put(item, timeout=min(0.5, self.stall_s))
                 return
             except queue.Full:
-                if time.monotonic() - waited_since >= self.stall_s:
+                if name not in self.by_head and time.monotonic() - waited_since >= self.stall_s:
                     self.stalled(name)
                 continue
 
@@ -298,7 +301,7 @@ class FanOut:
     def open_one(self, step: Step) -> Sink:
         chain = self.by_head.get(step.target.name)
         if chain is not None:
-            return RelaySink([h for _, h in chain], codec=self.codec)
+            return RelaySink([h for _, h in chain], codec=self.codec, stall_s=self.stall_s)
         if self.open_sink is not None:
             return self.open_sink(step.target.endpoint)
         if self.codec == "zstd":

@@ -55,6 +55,11 @@ RELAY_MIN_BYTES = 64 << 20
 second of a 1 Gbit/s link per extra copy."""
 
 CONNECT_S = 10
+STALL_S = 60.0
+"""The tree's stream taking nothing for this long (the root stopped reading: a node or a link hangs somewhere and
+every tee above it blocks): :class:`RelaySink` cuts the whole tree, on every node, and its caller feeds whom it
+did not reach again. Longer than a node's own :data:`LOAD_STALL_S` and a hop's SSH keepalive (about 30 s), so a
+failure deeper in the tree is cut there first and only its subtree is lost."""
 _TAG = "nodekit-relay"
 
 # Run as `sh ./relay DIR` in DIR (the node's own directory, made and filled by hopkeys' setup over the head's own
@@ -137,7 +142,7 @@ exit 0
 LOAD_STALL_S = 20
 """A node whose own ``docker load`` takes nothing for this long (its engine hangs) cuts that load off, and the
 stream goes on to the nodes it feeds: it would otherwise hold up every node above it, and the head's stall deadline
-(60 s, ``nodekit.ship.fanout.STALL_S``) would cut the whole tree. Shorter than a hop's SSH keepalive (about 30 s,
+(:data:`STALL_S`) would cut the whole tree. Shorter than a hop's SSH keepalive (about 30 s,
 which ends the hop to a node that stopped answering), so the nearest failure is the one that is cut."""
 
 _RELAY = _SCRIPT.replace("@UNAUTHORIZE@", hopkeys.UNAUTHORIZE.strip()).replace(
@@ -279,7 +284,12 @@ class RelaySink:
     :class:`nodekit.system.docker.LoadSink` (write, finish, abort); ``finish`` returns the tree's :class:`Report`
     and never raises for a node's failure (the head verifies every node itself). ``script`` replaces the image's
     relay step (:func:`relay_script` with a consumer of its own) and ``given`` is each node's input for it
-    (:class:`~nodekit.ship.access.TreeAccess`)."""
+    (:class:`~nodekit.ship.access.TreeAccess`).
+
+    The tree's one stall deadline is here, where it is fed, for images and datasets alike: a :meth:`write` that
+    blocks for ``stall_s`` seconds (:data:`STALL_S`) cuts the tree (:meth:`abort`) and raises ShipError saying
+    so. ``finish`` waits for the nodes' work after the stream's end: its caller bounds that
+    (:func:`nodekit.ship.outcome.answered_within`)."""
 
     def __init__(
         self,
@@ -289,6 +299,7 @@ class RelaySink:
         codec: str = "gzip",
         script: str | None = None,
         given: Sequence[tuple[str, bytes]] | None = None,
+        stall_s: float | None = None,
     ) -> None:
         self.hops = list(hops)
         self.tree = plan_tree(len(self.hops)) if tree is None else tree
@@ -299,7 +310,7 @@ class RelaySink:
         try:
             self._proc = proc.start(node_argv(self.hops[0], entry, keepalive=True), stdin="pipe", stdout="devnull",
                                     stderr="pipe", what=f"the relay tree from {self.hops[0].name}",
-                                    deadline=proc.Unbounded("the stream: finish() or abort() ends it"))  # fmt: skip
+                                    deadline=proc.Stall(STALL_S if stall_s is None else stall_s))  # fmt: skip
         except BaseException:
             self.access.close()
             raise
@@ -325,21 +336,29 @@ class RelaySink:
     def write(self, chunk: bytes) -> None:
         assert self._proc.stdin is not None
         try:
-            self._proc.stdin.write(chunk)
+            with self._proc.waiting():
+                self._proc.stdin.write(chunk)
         except (BrokenPipeError, ValueError):
             self._proc.wait()
             first = self.hops[0]
+            if self._proc.timed_out:
+                self.abort()  # the head's session is gone: the relay steps on the nodes too, and their keys
+                assert isinstance(self._proc.deadline, proc.Stall)
+                raise ShipError(f"the relay tree from {first.name} took nothing for {self._proc.deadline.seconds:g} s "
+                                "(a node or a link in it hangs): cut off on every node",
+                                fix="check the tree's nodes and links, then push again (--relay never sends each "
+                                "node its own stream)", node=first.name) from None  # fmt: skip
             why = why_not_loaded(self.hops[:1], self.report(), self._proc.returncode).get(first.name, "")
             raise ShipError(f"the relay stream to {first.name} broke: {why}", node=first.name) from None
 
     def finish(self) -> Report:
         assert self._proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError):
+        with contextlib.suppress(BrokenPipeError), self._proc.waiting():  # its last buffered bytes go out here
             self._proc.stdin.close()
         self.rc = self._proc.wait()
-        # An abort (the answer deadline's timer thread) ends the head's session, which is what lets this wait
-        # return: this close must then kill the nodes' relay steps too, whichever of the two closes gets there first.
-        self.access.close(kill=self._aborted)
+        # An abort (the answer deadline's timer thread) or the stall deadline ends the head's session, which is what
+        # lets this wait return: this close must then kill the nodes' relay steps too, whichever close comes first.
+        self.access.close(kill=self._aborted or self._proc.timed_out)
         return self.report()
 
     def abort(self) -> None:

@@ -10,6 +10,7 @@ would be on its own disk; each path's manifest is compared with the source's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -17,15 +18,17 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from benchmarks._shipnet import tbf_argv
-from tests.cluster.harness import Cluster, sh
+from tests.cluster.harness import Cluster, Host, pids_in_netns, sh
 from tests.cluster.helpers import (
+    ROOT,
     Demo,
     Fleet,
     SshKeys,
@@ -218,6 +221,101 @@ def test_a_first_push_to_three_hosts_goes_down_one_relay_tree_with_one_copy_on_t
     direct = head_tx(h0) - before
     assert code == 0 and sent == 3 * total and direct > 2.5 * total, (direct, out)
     _identical(data, paths)
+
+
+def _part_bytes(path: Path) -> int:
+    """Bytes of contents still arriving (``.part``) in ``path``'s staging."""
+    staging = path / ".nodekit-data" / "staging"
+    n = 0
+    for p in staging.glob("*.part") if staging.is_dir() else []:
+        with contextlib.suppress(FileNotFoundError):  # renamed once whole, between the listing and this
+            n += p.stat().st_size
+    return n
+
+
+def _dataset_processes(cluster: Cluster) -> list[str]:
+    """Receivers (their boot names the datasync package), relay steps and ssh clients still running in any host."""
+    found = []
+    for h in cluster.hosts:
+        for pid in pids_in_netns(os.stat(h.netns_path).st_ino):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            line = b" ".join(argv).decode(errors="replace")
+            if "launcher.datasync" in line or "nodekit-relay" in line or os.path.basename(argv[0]) == b"ssh":
+                found.append(f"{h.name}:{pid} {line[:120]}")
+    return found
+
+
+def _root_fails_mid_push(four: Fleet, tmp_path: Path, fault: Callable[[Host], object], *patch: str) -> str:
+    """A first push of 25 MiB to h1, h2, h3 through one tree (h1 feeds h2 and h3), the head's link at 40 Mbit/s
+    until ``fault`` strikes h1, once the big file is on its way to h3 through it; ``patch``: production constants
+    shortened (tests/cluster/patched.py). Asserts what must hold however h1 failed: h2 and h3, cut off below it, are
+    scanned again and fed through a second tree of their own, not one stream each, so the head's link carries the
+    part of the first copy that went out plus about one copy more; both end identical to the source; each is named
+    with the node that cut it off; h1 is named in the last line with the fix, the push exits 1, and no receiver,
+    relay step or hop key is left anywhere within 90 s. Returns the push's output."""
+    project, data, paths = _project(four, tmp_path, big_mib=24, skip_head=True)
+    total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
+    h0, h1 = four.cluster.hosts[:2]
+    cli = [sys.executable, "-m", "tests.cluster.patched", *patch, "--"] if patch else nodekit_argv()
+    argv = h0.argv(*cli, "data", "push", "--config", str(project / "nodekit.toml"), "--relay", "always")
+    before = head_tx(h0)
+    proc = None
+    sh("tc", "-n", h0.netns, *tbf_argv(h0.iface, 40))  # about 5 s for the stream: time to strike h1 in the middle
+    try:
+        proc = subprocess.Popen(argv, env=h0.env({**four.env, "PYTHONPATH": str(ROOT)}), cwd=project,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        deadline = time.monotonic() + 90
+        while _part_bytes(paths[2]) < 2 << 20:  # the small files arrived, the big one is on its way through h1
+            assert proc.poll() is None and time.monotonic() < deadline, "the tree's stream never reached h3"
+            time.sleep(0.05)
+        fault(h1)
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        sh("tc", "-n", h0.netns, "qdisc", "del", "dev", h0.iface, "root", check=False)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    carried = head_tx(h0) - before
+    said = out + err
+    print(f"{said}the head's link carried {carried / total:.2f} copies")
+    assert proc.returncode == 1, said
+    _identical(data, paths[1:])
+    dead = r"node 0 \([^)]*\)"
+    assert re.search(r"through a relay tree to node 0 \([^)]*\) -> node 1 \([^)]*\), node 2 ", said), said
+    for n in (1, 2):  # each cut-off host named with the node that cut it off, and how it is fed again
+        cut = rf"node {n} \([^)]*\):{re.escape(str(paths[n]))}: the stream from {dead} stopped before it reached"
+        assert re.search(cut + r" it; sending it through a second relay tree \(2 host paths", said), said
+    assert re.search(r"through a second relay tree to node 1 \([^)]*\) -> node 2 ", said), said
+    assert "sending it from the head" not in said, said  # no stream of its own for either
+    last = err.strip().splitlines()[-1]
+    assert re.search(dead, last) and "the 2 other host path(s) are the source's" in last and "Fix:" in last, last
+    # Part of the first copy (the fault came mid-stream), then one copy of what h2 and h3 still lacked, not two.
+    assert total < carried < 1.7 * total, f"the head's link carried {carried / total:.2f} copies"
+    wait = time.monotonic() + 90
+    while left := _dataset_processes(four.cluster):
+        assert time.monotonic() < wait, f"left running after the push: {left}"
+        time.sleep(0.2)
+    assert _hop_lines(four) == []
+    return said
+
+
+def test_an_inner_node_that_dies_mid_push_cuts_only_its_subtree_which_a_second_tree_feeds_by_name(
+    four: Fleet, tmp_path: Path
+) -> None:
+    """h1, the tree's root, dies mid-stream (engine, sshd, relay step, receiver: everything in its namespace):
+    :func:`_root_fails_mid_push`. Its relay directory is all it leaves (SIGKILL runs no cleanup)."""
+    dirs = relay_dirs(four.cluster)
+    try:
+        _root_fails_mid_push(four, tmp_path, lambda h1: h1.stop())
+    finally:
+        stale = relay_dirs(four.cluster) - dirs
+        for d in stale:
+            shutil.rmtree(d)
+    assert len(stale) <= 1, stale
 
 
 def _staged_bytes(path: Path) -> int:

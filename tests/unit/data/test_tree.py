@@ -93,3 +93,57 @@ def test_a_file_source_is_pushed_directly_never_through_a_tree() -> None:
     files = [Job(Where(n, Ssh(n)), "/data/tokens.bin", Path("/data/tokens.bin"), "/srv", "tokens.bin") for n in "ab"]
     assert tree.plan_trees(files, [plan(), plan()], "always") == []
     assert len(tree.plan_trees([job("a"), job("b")], [plan(), plan()], "always")) == 1
+
+
+def test_the_hosts_a_failed_node_cut_off_are_fed_again_through_a_second_tree_and_one_alone_directly() -> None:
+    """A tree's node died: the hosts below it are left unequal. Two or more of one source take a second tree of their
+    own (about one more copy on the head's link, not one per host); a single one, one that no node can dial, and all
+    of them after the second tree failed too, their own stream from the head. What arrived whole before the node
+    died is not in the second tree's stream (their plans were made again from a scan after the first)."""
+    jobs = [job(f"n{i}") for i in range(1, 6)]
+    got_a = {"a.bin": WANT["a.bin"]}
+    plans = [plan(), plan(got_a), plan(got_a), plan(), plan()]
+    refeed = tree.plan_refeed(jobs, plans, [1, 2, 4], "always")
+    (t,) = refeed.trees
+    assert t.members == (1, 2, 4) and refeed.direct == ()
+    assert list(t.stream) == ["a" * 64, "b" * 64, "c" * 64]  # n5 still lacks a.bin
+    # a.bin arrived whole on n2 and n3 before the node above them died: their second tree does not carry it again.
+    assert list(tree.plan_refeed(jobs, plans, [1, 2], "always").trees[0].stream) == ["b" * 64, "c" * 64]
+    alone = tree.plan_refeed(jobs, plans, [3], "always")
+    assert alone.trees == [] and alone.direct == (3,)
+    assert tree.plan_refeed(jobs, plans, [1, 2, 4], "always", again=False) == tree.Refeed([], (1, 2, 4))
+    undialled = tree.plan_refeed(jobs, plans, [1, 2, 4], "always", outside={4})
+    assert [x.members for x in undialled.trees] == [(1, 2)] and undialled.direct == (4,)
+    assert tree.plan_refeed(jobs, plans, [1, 2], "never") == tree.Refeed([], (1, 2))
+    small = [plan(want={"a.bin": WANT["a.bin"]}) for _ in jobs]
+    assert tree.plan_refeed(jobs, small, [1, 2], "auto").direct == (1, 2)  # a few bytes: two streams cost less
+
+
+def test_each_host_fed_again_is_named_with_why_and_how() -> None:
+    jobs = [job(f"n{i}") for i in range(1, 5)]
+    plans = [plan() for _ in jobs]
+    refeed = tree.plan_refeed(jobs, plans, [1, 2, 3], "always", outside={3})
+    why = {1: "the stream from n1 stopped before it reached it", 2: "the stream from n1 stopped before it reached it",
+           3: "not in the relay tree (no host key)"}  # fmt: skip
+    assert tree.refeed_lines(jobs, refeed, why) == [
+        "n2:/srv/data: the stream from n1 stopped before it reached it; sending it through a second relay tree "
+        f"(2 host paths, {30 + BIG} bytes once on the head's link)",
+        "n3:/srv/data: the stream from n1 stopped before it reached it; sending it through a second relay tree "
+        f"(2 host paths, {30 + BIG} bytes once on the head's link)",
+        "n4:/srv/data: not in the relay tree (no host key); sending it from the head",
+    ]
+    text = dry_run_text(jobs, plans, "always")
+    assert "cuts off are fed again through a second tree (one alone: its own stream)" in text, text
+
+
+def test_auto_builds_a_tree_where_the_copies_it_spares_outweigh_its_fixed_cost_so_more_hosts_need_less() -> None:
+    """``auto`` weighs the copies a tree spares the head's link, (hosts - 1) x the stream, against its few seconds
+    of fixed cost, for the least loss over a 100 Mbit/s to a 1 Gbit/s head link: about 108 MiB spared in all."""
+    mib = 1 << 20
+    assert not tree.tree_pays(2, 100 * mib) and tree.tree_pays(2, 110 * mib)
+    assert not tree.tree_pays(3, 50 * mib) and tree.tree_pays(3, 55 * mib)
+    assert not tree.tree_pays(9, 13 * mib) and tree.tree_pays(9, 14 * mib)
+    want = {"x.bin": (60 * mib, "x" * 64)}
+    assert tree.plan_trees([job("n1"), job("n2")], [plan(want=want), plan(want=want)], "auto") == []
+    three = [job("n1"), job("n2"), job("n3")]
+    assert len(tree.plan_trees(three, [plan(want=want) for _ in three], "auto")) == 1  # 120 MiB spared

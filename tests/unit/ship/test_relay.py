@@ -265,3 +265,41 @@ def test_a_node_whose_engine_hangs_cuts_off_its_own_load_and_still_feeds_the_nod
     assert why["me"].startswith("docker load there failed (exit 143): nodekit-relay: docker load here took nothing "
                                 "for 2 s: cut off"), why  # fmt: skip
     assert not Path(got.dir).exists()
+
+
+def test_a_tree_whose_root_stops_reading_is_cut_on_every_node_after_the_sinks_one_stall_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head's session to the root takes nothing (a node or a link below hangs, and every tee above it blocks):
+    a write that blocks for the sink's stall deadline (1 s here) cuts the head's session and, on every node, the
+    relay step (``close(kill=True)``), and raises ShipError naming the root and the deadline. Images and datasets
+    both feed a tree through this one sink, so this is their one stall deadline."""
+    import threading
+
+    from nodekit.errors import ShipError
+    from nodekit.ship import access
+
+    closed: list[bool] = []
+    monkeypatch.setattr(access.TreeAccess, "open", lambda self: "the first node's relay step")
+    monkeypatch.setattr(access.TreeAccess, "close", lambda self, kill=False: closed.append(kill))
+    monkeypatch.setattr(relay, "node_argv", lambda hop, command, keepalive=False: ["sleep", "600"])
+    sink = relay.RelaySink([hop("a"), hop("b")], stall_s=1)
+    raised: list[BaseException] = []
+
+    def feed() -> None:
+        try:
+            for _ in range(1024):  # 64 MiB: far more than a pipe holds
+                sink.write(b"x" * (64 << 10))
+        except BaseException as e:
+            raised.append(e)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    feeder.join(timeout=20)
+    if feeder.is_alive():
+        sink.abort()
+        pytest.fail("a write into a root that reads nothing blocked past 20 s")
+    (e,) = raised
+    assert isinstance(e, ShipError) and e.node == "a", e
+    assert e.message.startswith("the relay tree from a took nothing for 1 s"), e.message
+    assert closed and closed[0] is True  # the relay steps on the nodes were ended, not left blocked

@@ -313,7 +313,8 @@ def test_a_relay_lends_no_agent_sets_up_every_node_first_and_its_hop_uses_only_t
     assert authorize.cmd[-1] == command
     assert stream.cmd == ["ssh", *lend_nothing, "-o", "ServerAliveInterval=10", "-o", "ServerAliveCountMax=3",
                           *where, "n1", entry]  # fmt: skip
-    assert isinstance(stream.deadline, relay.proc.Unbounded) and bytes(stream.written) == b"image bytes"
+    # The tree's one stall deadline: the stream stops once a write into it stands still that long.
+    assert stream.deadline == relay.proc.Stall(relay.STALL_S) and bytes(stream.written) == b"image bytes"
     assert sorted((c.cmd[-2], c.cmd[-1]) for c in ends) == [
         ("n1", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", "", kill=False)),
         ("n2", hopkeys.end_command("/tmp/nodekit-relay.Ab12Cd", key, kill=False)),

@@ -1,0 +1,77 @@
+"""A dataset's relay tree is bounded by the deadlines of the sink it feeds (nodekit/ship/relay.py's RelaySink, the
+one images use), not by a watch of its own: a root that stops reading is cut after the stall deadline, and a tree
+that took the whole stream but never ends after the answer deadline; either way every host is named as missed, for
+the re-feed. The head's session to the root runs a stand-in (real relays over sshd: tests/cluster/test_data.py)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nodekit.data import transport, tree
+from nodekit.data.plan import NodeView, plan_host
+from nodekit.data.push import Job
+from nodekit.data.transport import Where
+from nodekit.ship import access, relay
+from nodekit.ship.hopkeys import Hop
+from nodekit.system.progress import RecordingReporter
+
+SIZE = 1 << 20
+
+
+@dataclass(frozen=True)
+class Ssh:
+    name: str
+    scheme: str = "ssh"
+    hostname: str = "10.0.0.1"
+    user: str | None = "root"
+    port: int | None = None
+
+
+def _hop(name: str) -> Hop:
+    return Hop(name=name, endpoint=f"ssh://root@{name}", user="root", hostname=name, port=22, alias=name,
+               known_hosts=f"{name} ssh-ed25519 AAAA\n")  # fmt: skip
+
+
+def _relay(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, root_runs: str) -> tuple[tree.Relayed, RecordingReporter]:
+    """Two host paths through one tree whose root runs ``root_runs`` (sh) in place of the relay step, within 20 s."""
+    closed: list[bool] = []
+    monkeypatch.setattr(tree, "hop_of", lambda name, endpoint: _hop(name))
+    monkeypatch.setattr(access.TreeAccess, "open", lambda self: "the root's relay step")
+    monkeypatch.setattr(access.TreeAccess, "close", lambda self, kill=False: closed.append(kill))
+    monkeypatch.setattr(relay, "node_argv", lambda hop, command, keepalive=False: ["sh", "-c", root_runs])
+    (tmp_path / "a.bin").write_bytes(b"a" * SIZE)
+    want = {"a.bin": (SIZE, "a" * 64)}
+    jobs = [Job(Where(n, Ssh(n)), "/data", tmp_path, "/srv/data") for n in ("n1", "n2")]
+    plans = [plan_host(want, NodeView(owned={}, foreign={}), where=j.label) for j in jobs]
+    (t,) = tree.plan_trees(jobs, plans, "always")
+    reporter = RecordingReporter()
+    got: list[tree.Relayed] = []
+    run = threading.Thread(target=lambda: got.append(tree.relay(t, jobs, plans, {"a" * 64: tmp_path / "a.bin"},
+                                                                 reporter, stall_s=1)), daemon=True)  # fmt: skip
+    run.start()
+    run.join(timeout=20)
+    assert not run.is_alive(), "the relay tree was not cut within 20 s"
+    assert closed and closed[0] is True, closed  # the relay steps on the nodes were ended too
+    return got[0], reporter
+
+
+def test_a_root_that_stops_reading_is_cut_after_the_sinks_stall_deadline_and_every_host_is_missed(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    did, reporter = _relay(monkeypatch, tmp_path, "exec sleep 600")
+    assert did.fed_by == {} and set(did.missed) == {0, 1}, did
+    (warned,) = reporter.said("warn")
+    assert warned.startswith("dataset: a relay tree broke (the relay tree from n1 took nothing for 1 s"), warned
+
+
+def test_a_tree_that_took_the_whole_stream_but_never_ends_is_cut_after_the_answer_deadline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(transport, "SCAN_BASE_S", 1.0)
+    did, reporter = _relay(monkeypatch, tmp_path, "cat > /dev/null; exec sleep 600")
+    assert did.sent == SIZE and did.fed_by == {} and set(did.missed) == {0, 1}, did
+    assert reporter.said("warn") == ["dataset: a relay tree did not finish within 1 s of the stream's end: cut off"]
