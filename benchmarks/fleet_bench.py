@@ -284,28 +284,16 @@ def main() -> int:
     return 0
 
 
-def cpu_median(runs: Sequence[Mapping[str, Any]]) -> str:
-    """The median of the runs' busy CPU seconds (every process on the machine, from the command to rank 0's first
-    step: :class:`Tail`), or "not measured" for runs recorded before it was."""
-    got = [x["cpu"] for x in runs if not math.isnan(x.get("cpu", math.nan))]
-    return f"{stats.median(got):.1f}" if got else "not measured"
-
-
 def render(runs: Mapping[str, Any], label: str, *, seed: int = 1) -> str:
     """The doc's text for one label's results: the verdict per host count, then where the seconds go."""
     rows, phases, notes = [], [], []
     for key in sorted(runs, key=int):
         r = runs[key]
-        kit, bare = [x["first"] for x in r["kit"]], [x["first"] for x in r["bare"]]
-        diff = stats.difference_of_medians(bare, kit, seed=seed)
-        rows.append(f"| {key} | {stats.median(bare):.2f} s ({', '.join(f'{x:.1f}' for x in bare)}) | "
-                    f"{stats.median(kit):.2f} s ({', '.join(f'{x:.1f}' for x in kit)}) | {diff.estimate:+.2f} s "
-                    f"[{diff.low:+.2f}, {diff.high:+.2f}] | {stats.verdict(diff, TARGET_S).text} | "
-                    f"{cpu_median(r['bare'])} / {cpu_median(r['kit'])} |")  # fmt: skip
+        rows.append(fleet_phases.first_step_row(key, r, TARGET_S, seed=seed))
         phases.append(fleet_phases.breakdown_row(int(key), r["kit"], r["bare"]))
         warm = f" after {r['warmup']} run(s) of each side not counted" if r.get("warmup") else ""
-        notes.append(f"{key} host(s): {len(kit)} pairs{warm}, measured {r['measured']}, load {r['load_start']} at the "
-                     f"start and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
+        notes.append(f"{key} host(s): {len(r['kit'])} pairs{warm}, measured {r['measured']}, load {r['load_start']} "
+                     f"at the start and {r['load_end']} at the end, {r['minutes']:.1f} minutes")  # fmt: skip
         if feet := [x["footprint"] for x in r["kit"] if "footprint" in x]:
             med = {k: stats.median([f[k] for f in feet]) for k in feet[0]}
             links = next((x["links"] for x in r["kit"] if x.get("links")), "not in the log")

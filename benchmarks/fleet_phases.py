@@ -14,10 +14,12 @@ Every time is seconds since the command started:
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from benchmarks import stats
 from benchmarks.stats import median
 
 HEAD_MARKS: tuple[tuple[str, str], ...] = (
@@ -128,3 +130,21 @@ BREAKDOWN_HEADER = (
 
 def _s(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def cpu_median(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The median of the runs' busy CPU seconds (every process on the machine, from the command to rank 0's first
+    step), or "not measured" for runs recorded before it was."""
+    got = [x["cpu"] for x in runs if not math.isnan(x.get("cpu", math.nan))]
+    return f"{median(got):.1f}" if got else "not measured"
+
+
+def first_step_row(key: str, r: Mapping[str, Any], target_s: float, *, seed: int = 1) -> str:
+    """One host count's row: bare and nodekit to the first step (median, then each run), their difference with its
+    interval, the verdict against ``target_s``, and the machine's CPU seconds of each side."""
+    kit, bare = [x["first"] for x in r["kit"]], [x["first"] for x in r["bare"]]
+    d = stats.difference_of_medians(bare, kit, seed=seed)
+    return (f"| {key} | {median(bare):.2f} s ({', '.join(f'{x:.1f}' for x in bare)}) | "
+            f"{median(kit):.2f} s ({', '.join(f'{x:.1f}' for x in kit)}) | {d.estimate:+.2f} s "
+            f"[{d.low:+.2f}, {d.high:+.2f}] | {stats.verdict(d, target_s).text} | "
+            f"{cpu_median(r['bare'])} / {cpu_median(r['kit'])} |")  # fmt: skip

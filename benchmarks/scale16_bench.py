@@ -135,19 +135,14 @@ def render(state: Mapping[str, Any], *, seed: int = 1) -> str:
     rows, heads, phases, notes = [], [], [], []
     for key in sorted(fleet, key=int):
         r = fleet[key]
-        kit, bare = [x["first"] for x in r["kit"]], [x["first"] for x in r["bare"]]
-        d = stats.difference_of_medians(bare, kit, seed=seed)
-        rows.append(f"| {key} | {stats.median(bare):.2f} s ({', '.join(f'{x:.1f}' for x in bare)}) | "
-                    f"{stats.median(kit):.2f} s ({', '.join(f'{x:.1f}' for x in kit)}) | {d.estimate:+.2f} s "
-                    f"[{d.low:+.2f}, {d.high:+.2f}] | {stats.verdict(d, TARGET_S).text} | "
-                    f"{median_of(r['bare'], 'cpu'):.1f} / {median_of(r['kit'], 'cpu'):.1f} |")  # fmt: skip
+        rows.append(fleet_phases.first_step_row(key, r, TARGET_S, seed=seed))
         ks = r["kit"]
         links = next((x["links"] for x in ks if x.get("links")), "not in the log")
         heads.append(f"| {key} | {foot(ks, 'cpu_s'):.1f} ({foot(ks, 'cpu_s') / int(key):.2f}) | "
                      f"{foot(ks, 'rss_mb'):.0f} MB | {foot(ks, 'fds'):.0f} ({foot(ks, 'head_fds'):.0f}) | "
                      f"{foot(ks, 'procs'):.0f} | {links} |")  # fmt: skip
         phases.append(fleet_phases.breakdown_row(int(key), r["kit"], r["bare"]))
-        notes.append(f"{key} hosts: {len(kit)} pairs after {r['warmup']} round(s) not counted, {r['measured']}, "
+        notes.append(f"{key} hosts: {len(ks)} pairs after {r['warmup']} round(s) not counted, {r['measured']}, "
                      f"load {r['load_start']} at the start and {r['load_end']} at the end, {r['minutes']:.1f} "
                      f"minutes")  # fmt: skip
         if r.get("lean"):
@@ -156,7 +151,7 @@ def render(state: Mapping[str, Any], *, seed: int = 1) -> str:
             notes.append(f"{key} hosts, without the link check and the peer watchdog (`links = \"off\"`, "
                          f"`peer_timeout = 0`), {len(lean)} runs interleaved: first step "
                          f"{median_of(lean, 'first'):.2f} s ({each}) against "
-                         f"{stats.median(kit):.2f} s with them; machine CPU to the first step "
+                         f"{median_of(ks, 'first'):.2f} s with them; machine CPU to the first step "
                          f"{median_of(lean, 'cpu'):.1f} against {median_of(ks, 'cpu'):.1f} CPU s; the head "
                          f"{foot(lean, 'cpu_s'):.1f} against {foot(ks, 'cpu_s'):.1f} CPU s")  # fmt: skip
     out = [f"Measured by `benchmarks/scale16_bench.py` on the virtual cluster ({os.cpu_count()} cores shared by "
