@@ -158,7 +158,9 @@ def read_private(path: Path) -> str | None:
     """The text of the private file ``path``; None when it is absent. PrivateFileRefused when it cannot be read as
     text, or when it holds something (more than white space) that someone else may know (:func:`_private`)."""
     try:
-        with path.open(encoding="utf-8") as f:
+        # O_NOFOLLOW: a link planted there (a cloned repository can carry one) would hand over the text of a file of
+        # the user's own, which the mode and owner checks below would pass.
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), encoding="utf-8") as f:
             text = f.read()
             if text.strip():  # an empty remnant holds nothing to know
                 _private(path, os.fstat(f.fileno()))
@@ -167,10 +169,12 @@ def read_private(path: Path) -> str | None:
         return None
     except NotADirectoryError:
         raise PrivateFileRefused(path.parent, "parent is a file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PrivateFileRefused(
-            path, "unreadable", str(e.strerror) if isinstance(e, OSError) else "not text"
-        ) from None
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise PrivateFileRefused(path, "unreadable", str(e.strerror)) from None
+        raise PrivateFileRefused(path, "unreadable", "a symbolic link, not a file of nodekit's own") from None
+    except UnicodeDecodeError:
+        raise PrivateFileRefused(path, "unreadable", "not text") from None
 
 
 def _private(path: Path, st: os.stat_result) -> None:

@@ -45,6 +45,19 @@ def test_a_dry_run_creates_no_secret_file(tmp_path: Path) -> None:
     assert not (tmp_path / ".nodekit").exists()
 
 
+def test_a_secret_file_that_is_a_link_is_refused_and_what_it_points_at_is_never_the_secret(tmp_path: Path) -> None:
+    """A cloned repository can carry ``.nodekit/job-secret`` as a link to a file of the user's own (0600, theirs: the
+    mode and owner checks pass it): its text must not become the job secret every node gets."""
+    own = tmp_path / "id_ed25519"
+    own.write_text("c" * 32 + "\n")
+    own.chmod(0o600)
+    (tmp_path / ".nodekit").mkdir()
+    (tmp_path / ".nodekit" / "job-secret").symlink_to(own)
+    with pytest.raises(ConfigError, match="symbolic link") as refused:
+        secret.resolve({}, tmp_path)
+    assert "c" * 32 not in str(refused.value) and own.read_text() == "c" * 32 + "\n"
+
+
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for var in ("NODEKIT_NNODES", "NODEKIT_CONFIG", "NODEKIT_MASTER_PORT", "NODEKIT_NAME", "NODEKIT_JOB_SECRET"):
