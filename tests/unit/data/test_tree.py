@@ -4,7 +4,6 @@ the dry run shows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 from nodekit.data import tree
@@ -12,17 +11,9 @@ from nodekit.data.plan import HostPlan, NodeView, plan_host
 from nodekit.data.push import Job, dry_run_text
 from nodekit.data.transport import Where
 from nodekit.ship.relay import RELAY_MIN_BYTES
+from tests.unit.data.stand_ins import Ssh
 
 BIG = RELAY_MIN_BYTES
-
-
-@dataclass(frozen=True)
-class Ssh:
-    name: str
-    scheme: str = "ssh"
-    hostname: str = "10.0.0.1"
-    user: str | None = "root"
-    port: int | None = None
 
 
 WANT = {"a.bin": (10, "a" * 64), "b.bin": (20, "b" * 64), "shards/c.bin": (BIG, "c" * 64)}

@@ -6,7 +6,6 @@ the re-feed. The head's session to the root runs a stand-in (real relays over ss
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,17 +17,9 @@ from nodekit.data.transport import Where
 from nodekit.ship import access, relay
 from nodekit.ship.hopkeys import Hop
 from nodekit.system.progress import RecordingReporter
+from tests.unit.data.stand_ins import Ssh
 
 SIZE = 1 << 20
-
-
-@dataclass(frozen=True)
-class Ssh:
-    name: str
-    scheme: str = "ssh"
-    hostname: str = "10.0.0.1"
-    user: str | None = "root"
-    port: int | None = None
 
 
 def _hop(name: str) -> Hop:
