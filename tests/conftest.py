@@ -75,6 +75,10 @@ def containerd_engine(docker_engine: None) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A group's tests run in collection order, on one worker: a test marked first_in_group goes before the rest (a
+    # stable sort: the others keep their order), so that what it loads into its group's hosts, every later test of
+    # the group finds there, on a new machine too.
+    items.sort(key=lambda item: item.get_closest_marker("first_in_group") is None)
     for item in items:
         if item.get_closest_marker("docker") and "docker_engine" not in getattr(item, "fixturenames", ()):
             item.fixturenames.append("docker_engine")  # type: ignore[attr-defined]

@@ -146,6 +146,17 @@ def wipe(*hosts: Host) -> None:
             h.docker("rmi", "-f", image_id, check=False)
 
 
+def same_as_source(data: Path, paths: list[Path]) -> None:
+    """Each of ``paths`` holds exactly ``data``'s files (names, sizes, modes and contents: the same-data check's
+    manifest, hashes included)."""
+    from nodekit.launcher.datacheck.manifest import digest, first_differences, manifest
+
+    want = manifest(str(data), hashes=True)
+    for p in paths:
+        have = manifest(str(p), hashes=True)
+        assert digest(have) == digest(want), f"{p}: {first_differences(want, have)}"
+
+
 MIB = 24  # random bytes: gzip cannot shrink them, so the stream is about this size
 
 

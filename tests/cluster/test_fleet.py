@@ -17,7 +17,17 @@ import yaml
 
 from tests.cluster import snoop
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
-from tests.cluster.helpers import Demo, Fleet, finish, host_project, nodekit_argv, nothing_left, wait_for, wipe
+from tests.cluster.helpers import (
+    Demo,
+    Fleet,
+    finish,
+    host_project,
+    nodekit_argv,
+    nothing_left,
+    same_as_source,
+    wait_for,
+    wipe,
+)
 from tests.joblog import bars
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
@@ -71,16 +81,30 @@ def test_files_rendered_on_host0_run_by_hand_on_every_host(
 
 
 @pytest.mark.smoke
+@pytest.mark.first_in_group
 def test_three_nodes_from_the_head_over_ssh(
     demo_on_main: Demo, fleet: Fleet, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:
-    """`nodekit run` on host 0: checks every host over SSH, ships the image where missing, writes every rank's
-    file, starts every node, streams one log, and ends with equal checksums; nothing is left on any host."""
+    """`nodekit run` on host 0: checks every host over SSH, ships the image where missing, makes every host's copy
+    of a sourced mount (check = "hashes") identical to the source before any container starts, writes every rank's
+    file, starts every node, streams one log, and ends with equal checksums, the job's own same-data check passed;
+    nothing is left on any host. First in its group: the image it ships by relay is then the one every later test
+    of the group finds on hosts 1 and 2, so a new machine loads it into them once, not again after a wipe."""
     c = fleet.cluster
     # Every image off hosts 1 and 2, not just the demo's tag: an image an earlier test left there (the tampered
     # copy of the mismatch test) shares the demo's layers, and then too little travels for a relay.
     wipe(*c.hosts[1:])
     project = fleet.project(demo_on_main, tmp_path)
+    # The virtual hosts share one file system: each host's copy on a path of its own, as on its own disk.
+    data, paths = project / "data", [tmp_path / f"on-{h.name}" for h in c.hosts]
+    data.mkdir()
+    for i in range(50):
+        (data / f"{i:02d}.bin").write_bytes(os.urandom(4000 + i))
+    toml = ["", "[[mounts]]", 'source = "data"', 'host = "/unused"', 'container = "/data"', 'check = "hashes"']
+    for rank, p in enumerate(paths):
+        toml += ["", f"[nodes.{rank}]", f'mounts = {{ "/data" = "{p}" }}']
+    with open(project / "nodekit.toml", "a") as f:
+        f.write("\n".join(toml) + "\n")
     t0 = time.monotonic()
     # The script's arguments after `--` reach every node (nodekit.toml says 5 epochs), and its progress bar, a
     # redraw per step, is at most one line per node a second in the merged log (issue 32).
@@ -94,6 +118,9 @@ def test_three_nodes_from_the_head_over_ssh(
     assert_equal_checksums(project)
     assert all(h.image_id(demo_on_main.ref) == demo_on_main.image_id for h in c.hosts)
     assert "shipping" in out and "3 host(s) ready" in out
+    assert "dataset identical to the source on 3 host(s)" in out, out[-5000:]
+    assert "/data: same" in out and "on 3 nodes" in out, out[-5000:]  # the job's own check, in the containers
+    same_as_source(data, paths)
     # The 1.1 GB image went to node 1 only; node 1 passed it on to node 2 (a relay chain over SSH).
     assert "node 1 -> node 2 (relayed)" in out and "node 2: loaded" in out and "relayed by node 1" in out, out[-5000:]
     for rank, h in enumerate(c.hosts):
