@@ -221,6 +221,7 @@ def _worker_pid(host: Host, spare: int | None = None) -> int | None:
     return None
 
 
+@pytest.mark.big  # 79 s; the whole-job restart and resume also run in the lost-host restart below: make test-big
 def test_a_killed_worker_restarts_the_job_from_its_checkpoint(demo_on_main: Demo, fleet: Fleet, tmp_path: Path) -> None:
     project = fleet.project(demo_on_main, tmp_path, restarts=1, args=["--epochs", "12", "--epoch-delay", "0.5"])
     log = tmp_path / "run.log"

@@ -160,6 +160,7 @@ def _torch_base(tmp_path: Path) -> docker.ImageInfo:
     return docker.require_image(TORCH_BASE)
 
 
+@pytest.mark.big  # 111 s on a cleaned machine (the torch base built first), 64 warm: make test-big, make bench
 def test_a_base_with_torch_keeps_it_and_a_two_node_lightning_job_runs(tmp_path: Path) -> None:
     base = _torch_base(tmp_path)
     proj = tmp_path / "lit"
