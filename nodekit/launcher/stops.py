@@ -44,7 +44,21 @@ def signal_name(signum: int) -> str:
 
 def outside_signal(error: BaseException) -> int | None:
     """The signal an exception says stopped this node from outside: torchrun's SignalException (it turns SIGTERM,
-    SIGINT and SIGHUP into one while it runs, after ending its workers with the same signal), ours, or Ctrl-C's."""
+    SIGINT and SIGHUP into one while it runs, after ending its workers with the same signal), ours, or Ctrl-C's;
+    also when it is the cause or context of ``error``: torchrun's own cleanup can fail while it handles the stop
+    (torch 2.13's agent once raised an UnboundLocalError there), and that is still the stop, not a crash."""
+    seen: set[int] = set()
+    chain: BaseException | None = error
+    while chain is not None and id(chain) not in seen:
+        seen.add(id(chain))
+        signum = _signal_of(chain)
+        if signum is not None:
+            return signum
+        chain = chain.__cause__ or chain.__context__
+    return None
+
+
+def _signal_of(error: BaseException) -> int | None:
     if isinstance(error, Stopped):
         return error.signum
     if isinstance(error, KeyboardInterrupt):

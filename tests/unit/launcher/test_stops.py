@@ -36,6 +36,31 @@ def test_the_signal_is_read_from_torchrun_s_exception_ours_or_ctrl_c() -> None:
     assert outside_signal(RuntimeError("gloo: Connection closed by peer")) is None
 
 
+def _raised_while_stopping(signum: int) -> BaseException:
+    """What torchrun's own shutdown can raise when the stop lands in its cleanup: torch 2.13's agent read a local
+    variable it had not set yet (an UnboundLocalError), seen once in a cleaned machine's suite (2026-12-06)."""
+    try:
+        try:
+            raise SignalException(signal.Signals(signum))
+        except SignalException:
+            start: float
+            print(start)  # noqa: F821 - the very error torchrun raised
+    except UnboundLocalError as e:
+        return e
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("signum", [HUP, INT, TERM])
+def test_an_error_torchrun_raises_while_it_handles_a_stop_is_still_that_stop(signum: int) -> None:
+    error = _raised_while_stopping(signum)
+    assert isinstance(error, UnboundLocalError) and isinstance(error.__context__, SignalException)
+    assert outside_signal(error) == signum
+    chained = RuntimeError("in the agent")
+    chained.__cause__ = error
+    assert outside_signal(chained) == signum
+    assert outside_signal(ValueError("a crash, no stop in its chain")) is None
+
+
 @pytest.mark.parametrize("signum", [HUP, INT, TERM])
 def test_the_others_name_a_signalled_node_as_stopped_and_never_themselves(signum: int) -> None:
     """Before: HUP and TERM gave exit 1 and "node 1 failed with exit code 1"; with INT main blamed itself (its own
