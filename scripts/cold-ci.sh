@@ -15,7 +15,10 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 ref=$(git -C "$repo" rev-parse "${2:-HEAD}") || exit 2
 out=${3:-/tmp/nodekit-cold}
 echo "cold-ci: cleaning at $(date -u +%T)"
+# Both engines up first: an engine that is down would keep its images through the cleaning, and the run would be warm.
+make -C "$repo" engine engine-containerd > /dev/null || { echo "cold-ci: the engines did not start (make engine)" >&2; exit 1; }
 for h in unix:///var/run/docker.sock unix:///run/nodekit-engine-sid/containerd/docker.sock; do
+  docker -H "$h" info > /dev/null 2>&1 || { echo "cold-ci: no engine answers on $h" >&2; exit 1; }
   docker -H "$h" ps -aq | xargs -r docker -H "$h" rm -f >/dev/null 2>&1
   docker -H "$h" images -q | xargs -r docker -H "$h" rmi -f >/dev/null 2>&1
   docker -H "$h" builder prune -af >/dev/null 2>&1

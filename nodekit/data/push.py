@@ -5,16 +5,20 @@ that refuses (files nodekit did not write in the way) or lacks the disk stops th
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
+from typing import TypeVar
 
 from nodekit.config.settings import Settings
 from nodekit.data import plan as planning
 from nodekit.data import source as sources
 from nodekit.data import transport
 from nodekit.data import tree as trees
-from nodekit.data.transport import DataError, Host, RankedHost, Where, at_once, raise_first
+from nodekit.data.transport import MAX_PARALLEL, DataError, Host, RankedHost, Where, at_once, raise_first
 from nodekit.errors import NodekitError, UsageError
 from nodekit.job.spec import host_path, mount_points
 from nodekit.launcher.datasync.scan import Manifest
@@ -116,17 +120,75 @@ def _scanned(j: Job, want: Manifest) -> tuple[planning.HostPlan, planning.NodeVi
     return planning.plan_host(want, view, where=j.label), view
 
 
+T = TypeVar("T")
+
+LATE_GRACE_S = 10.0
+"""After a relay tree, how long the head waits for the scans still out once the first has answered (or twice the
+first's time, when longer). A scan after a tree reads metadata only (each node hashed what it wrote), so a healthy
+host answers within seconds; one that stays silent (its link gone, SSH waiting out its keepalive, about 45 s) no
+longer holds the second tree back from the hosts it cut off: it is named, left out of that tree, and its answer
+is awaited when its own push comes."""
+
+
+def answered_soon(
+    pool: ThreadPoolExecutor, fn: Callable[[int], T], items: Sequence[int], grace_s: float = LATE_GRACE_S
+) -> tuple[dict[int, T | NodekitError], dict[int, Future[T]]]:
+    """``fn`` on every item at once, on ``pool``: the answers (a NodekitError in a result's place) of those that came
+    within ``grace_s`` of the first answer (or twice its time), and the futures of those still out then. With no
+    answer at all, every one is waited for: nothing could go on without them."""
+    start = time.monotonic()
+    futures: dict[Future[T], int] = {pool.submit(fn, i): i for i in items}
+    pending = set(futures)
+    deadline: float | None = None
+    while pending:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        done, pending = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+        if not done:
+            break  # the deadline passed with these still out
+        if deadline is None:
+            first = time.monotonic() - start
+            deadline = start + first + max(grace_s, 2 * first)
+    answers: dict[int, T | NodekitError] = {}
+    for f, i in futures.items():
+        if f not in pending:
+            answer: T | NodekitError = _outcome(f)
+            answers[i] = answer
+    return answers, {futures[f]: f for f in pending}
+
+
+def _outcome(f: Future[T]) -> T | NodekitError:
+    """A finished future's result, or the NodekitError it raised (as :func:`~nodekit.data.transport.at_once`)."""
+    e = f.exception()
+    if isinstance(e, NodekitError):
+        return e
+    if e is not None:
+        raise e
+    return f.result()
+
+
+@dataclass
+class _Trees:
+    """What the relay trees left for the direct push: the jobs they made equal (``out``), the jobs whose scan after a
+    tree failed (``lost``: the host is gone, or its link; not tried again), the scans still out when the next tree
+    went (``late``), and the bytes sent into trees that made no job equal (``unclaimed``)."""
+
+    out: dict[int, Done]
+    lost: dict[int, NodekitError]
+    late: dict[int, Callable[[], Done | NodekitError | planning.HostPlan]]
+    unclaimed: int = 0
+    settle: list[Callable[[], None]] = field(default_factory=list)
+    """The cleanups broken trees left running on their nodes, waited for before the push ends."""
+
+
 def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mapping[Path, Mapping[str, Path]],
-             reporter: Reporter, relay: RelayMode) -> tuple[dict[int, Done], dict[int, NodekitError], int]:  # fmt: skip
+             reporter: Reporter, relay: RelayMode, pool: ThreadPoolExecutor, trees_done: _Trees) -> None:  # fmt: skip
     """The jobs the relay trees made equal to their source, each proven so by a scan of the head's own. Every other
     job of a tree has its plan made again in ``plans`` from a scan of now (what the tree left staged there is not
     sent again), its reason named; those of one source that still lack contents take a second tree of their own
     when two or more do (:func:`~nodekit.data.tree.plan_refeed`), and what that one leaves, like a single host,
-    gets the direct push. Also returned: the jobs whose scan after a tree failed (the host is gone, or its link),
-    with that error, which are not tried again; and the bytes sent into trees that made no job equal."""
-    out: dict[int, Done] = {}
-    lost: dict[int, NodekitError] = {}
-    unclaimed = 0
+    gets the direct push. A host whose scan after a tree is still out :data:`LATE_GRACE_S` after the others
+    answered goes to the direct push with its scan (``late``), so a stalled host does not hold its subtree back.
+    What the trees did goes into ``trees_done`` as it happens (its cleanups too, should this raise)."""
     outside: set[int] = set()
 
     def rescan(i: int) -> planning.HostPlan:
@@ -138,30 +200,60 @@ def _relayed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mappi
         why: dict[int, str] = {}
         for t in todo:
             did = trees.relay(t, jobs, plans, holders[t.source], reporter, what=what)
+            if did.settle is not None:
+                trees_done.settle.append(did.settle)
             outside |= did.outside
             sent = did.sent
-            for i, p in zip(t.members, at_once(rescan, list(t.members)), strict=True):
+
+            def sort(i: int, p: planning.HostPlan | NodekitError, what: str = what, did: trees.Relayed = did,
+                     sent: int = 0) -> Done | NodekitError | planning.HostPlan:  # fmt: skip
+                """One rescan's answer: the job the tree made equal (Done), lost (the error, named), or its new plan."""
                 said = did.missed.get(i) or f"after {what}"
                 if isinstance(p, NodekitError):
                     reporter.warn(f"{jobs[i].label}: {said}; it cannot be scanned again ({p.message})")
                     p.message = f"{jobs[i].label}: {said}; then {p.message}"
-                    lost[i] = p
-                elif i in did.fed_by and not p.changes:
+                    return p
+                if i in did.fed_by and not p.changes:
                     feeder = did.fed_by[i]
-                    out[i] = Done(jobs[i], plans[i], sent, f"relayed by {feeder}" if feeder else "fed by the head")
-                    sent = 0
+                    return Done(jobs[i], plans[i], sent, f"relayed by {feeder}" if feeder else "fed by the head")
+                return p
+
+            answers, late = answered_soon(pool, rescan, list(t.members))
+            for i in t.members:
+                if i in late:
+                    said = did.missed.get(i) or f"after {what}"
+                    reporter.warn(f"{jobs[i].label}: {said}; its scan has not answered within {LATE_GRACE_S:.0f} s "
+                                  "of the others', which go on without it")  # fmt: skip
+                    trees_done.late[i] = partial(_sorted_late, sort, i, late[i])
+                    continue
+                r = sort(i, answers[i], sent=sent)
+                if isinstance(r, NodekitError):
+                    trees_done.lost[i] = r
+                elif isinstance(r, Done):
+                    trees_done.out[i] = r
+                    sent = 0  # the tree's bytes counted once, on the first path it made equal
                 else:
-                    why[i] = did.missed.get(i) or f"not the source's after {what} ({planning.summary(p)})"
-                    plans[i] = p
+                    why[i] = did.missed.get(i) or f"not the source's after {what} ({planning.summary(r)})"
+                    plans[i] = r
                     left.append(i)
-            unclaimed += sent
+            trees_done.unclaimed += sent
         refeed = trees.plan_refeed(jobs, plans, left, relay, again=again, outside=outside)
         for line in trees.refeed_lines(jobs, refeed, why):
             reporter.warn(line)
         todo = refeed.trees
         if not todo:
             break
-    return out, lost, unclaimed
+
+
+def _sorted_late(
+    sort: Callable[[int, planning.HostPlan | NodekitError], Done | NodekitError | planning.HostPlan],
+    i: int,
+    f: Future[planning.HostPlan],
+) -> Done | NodekitError | planning.HostPlan:
+    """A late scan's answer, waited for (its own SSH deadlines bound it), sorted as the others were."""
+    wait([f])
+    answer: planning.HostPlan | NodekitError = _outcome(f)
+    return sort(i, answer)
 
 
 def push(
@@ -184,14 +276,49 @@ def push(
     plans, holders = plan_all(settings, jobs)
     if dry_run:
         return [Done(j, p) for j, p in zip(jobs, plans, strict=True)]
-    relayed, lost, unclaimed = _relayed(jobs, plans, holders, reporter, relay)
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(jobs))) as pool:
+        done = _pushed(jobs, plans, holders, reporter, relay, pool)
+    for d in done:
+        how = f", {d.how}" if d.how else ""
+        reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes{how}")
+    if verify:
+        verify_all(done, reporter)
+    return done
+
+
+def _pushed(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mapping[Path, sources.Holders],
+            reporter: Reporter, relay: RelayMode, pool: ThreadPoolExecutor) -> list[Done]:  # fmt: skip
+    """The relay trees (:func:`_relayed`), then every job they left, each its own stream from the head at once;
+    then the cleanup a broken tree left running on its nodes, waited for."""
+    relayed = _Trees({}, {}, {})
+    try:
+        _relayed(jobs, plans, holders, reporter, relay, pool, relayed)
+        return _direct(jobs, plans, holders, reporter, relayed)
+    finally:
+        for settle in relayed.settle:
+            settle()
+
+
+def _direct(jobs: Sequence[Job], plans: list[planning.HostPlan], holders: Mapping[Path, sources.Holders],
+            reporter: Reporter, relayed: _Trees) -> list[Done]:  # fmt: skip
+    """Every job the trees left, each its own stream from the head, at once."""
 
     def one(i: int) -> Done:
+        if i in relayed.late:  # its scan after a tree, awaited now; then as any other
+            r = relayed.late[i]()
+            if isinstance(r, NodekitError):
+                raise r
+            if isinstance(r, Done):
+                return r
+            if r.changes:
+                reporter.warn(f"{jobs[i].label}: answered late, not the source's ({planning.summary(r)}); "
+                              "sending it from the head")  # fmt: skip
+            plans[i] = r
         j, p = jobs[i], plans[i]
-        if i in relayed:
-            return relayed[i]
-        if i in lost:
-            raise lost[i]
+        if i in relayed.out:
+            return relayed.out[i]
+        if i in relayed.lost:
+            raise relayed.lost[i]
         if not p.changes:
             return Done(j, p)
         result, sent = transport.apply(j.where, j.root, p.to_json(), holders[j.source], only=j.only)
@@ -207,13 +334,8 @@ def push(
     if failed and done:  # what the user need not push again
         failed[0].message += f"; the {len(done)} other host path(s) are the source's"
     raise_first(results, "host path(s)")
-    if unclaimed and done:  # a tree that made no path equal still cost the head's link its bytes
-        done[0] = Done(done[0].job, done[0].plan, done[0].sent + unclaimed, done[0].how)
-    for d in done:
-        how = f", {d.how}" if d.how else ""
-        reporter.detail(f"{d.job.label}: {planning.summary(d.plan)}; sent {d.sent} bytes{how}")
-    if verify:
-        verify_all(done, reporter)
+    if relayed.unclaimed and done:  # a tree that made no path equal still cost the head's link its bytes
+        done[0] = Done(done[0].job, done[0].plan, done[0].sent + relayed.unclaimed, done[0].how)
     return done
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -216,6 +216,9 @@ class Relayed:
     missed: Mapping[int, str]
     outside: frozenset[int] = frozenset()
     """The jobs no node can dial (the head has no host key for it, a proxy in the way): never in a tree."""
+    settle: Callable[[], None] | None = None
+    """Waits for the cleanup a broken tree left running on its nodes (:meth:`RelaySink.settle`); the push calls it
+    before it ends."""
 
 
 def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Mapping[str, Path],
@@ -244,6 +247,7 @@ def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Ma
         broke = f"the relay tree could not be set up: {e.message}"
         return Relayed(0, {}, {**missed, **{i: broke for i, _ in members}}, outside)
     sent = 0
+    settle: Callable[[], None] | None = None
     try:
         for chunk, payload in _frames(stream, files):
             sink.write(chunk)  # the sink's stall deadline cuts the tree when this blocks for stall_s
@@ -256,7 +260,10 @@ def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Ma
         if late.is_set():
             reporter.warn(f"dataset: {what} did not finish within {answer_s:.0f} s of the stream's end: cut off")
     except NodekitError as e:
-        sink.abort()
+        # The cleanup on the tree's nodes goes on while the head scans them and feeds the rest again: a node that
+        # hangs (the likeliest cause here) would hold its end step, and so the hosts it cut off, up to its deadline.
+        sink.abort(wait=False)
+        settle = sink.settle
         report = sink.report()
         reporter.warn(f"dataset: {what} broke ({e.message})")
     why = why_not_loaded(hops, report, sink.rc, tree)
@@ -271,4 +278,4 @@ def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Ma
         if i not in missed:
             p = tree.parent[k]
             fed[i] = None if p is None else hops[p].name
-    return Relayed(sent, fed, missed, outside)
+    return Relayed(sent, fed, missed, outside, settle)

@@ -318,6 +318,8 @@ class RelaySink:
         self._drain.start()
         self.rc: int | None = None
         self._aborted = False
+        self._closing: threading.Thread | None = None
+        self._close_lock = threading.Lock()
 
     def _read(self) -> None:
         """Keeps what the tree said as it arrives: a node's line counts even when the session never ends cleanly
@@ -342,7 +344,9 @@ class RelaySink:
             self._proc.wait()
             first = self.hops[0]
             if self._proc.timed_out:
-                self.abort()  # the head's session is gone: the relay steps on the nodes too, and their keys
+                # The head's session is gone: the relay steps on the nodes too, and their keys, on a thread of its own
+                # (a node that hangs holds its end step up to its deadline); the caller's abort waits for it.
+                self.abort(wait=False)
                 assert isinstance(self._proc.deadline, proc.Stall)
                 raise ShipError(f"the relay tree from {first.name} took nothing for {self._proc.deadline.seconds:g} s "
                                 "(a node or a link in it hangs): cut off on every node",
@@ -358,13 +362,31 @@ class RelaySink:
         self.rc = self._proc.wait()
         # An abort (the answer deadline's timer thread) or the stall deadline ends the head's session, which is what
         # lets this wait return: this close must then kill the nodes' relay steps too, whichever close comes first.
-        self.access.close(kill=self._aborted or self._proc.timed_out)
+        self._close(kill=self._aborted or self._proc.timed_out, wait=True)
         return self.report()
 
-    def abort(self) -> None:
+    def abort(self, *, wait: bool = True) -> None:
         """Cut the tree: end the head's session and, on every node, the relay step that node itself recorded
-        there (a hop blocked on a hung node would otherwise linger); then remove the push's keys and directories."""
+        there (a hop blocked on a hung node would otherwise linger); then remove the push's keys and directories.
+        ``wait`` False: that cleanup goes on on a thread of its own (each node's step bounded by its deadline, a
+        node that hangs up to :data:`~nodekit.ship.hopkeys.CALL_S`) while the caller goes on; :meth:`settle` waits
+        for it, as a later abort or finish does."""
         self._aborted = True
         self._proc.cut_off()
         self.rc = self._proc.returncode
-        self.access.close(kill=True)
+        self._close(kill=True, wait=wait)
+
+    def settle(self) -> None:
+        """Wait for a cleanup that an abort left running (nothing when none did)."""
+        if self._closing is not None:
+            self._closing.join()
+
+    def _close(self, *, kill: bool, wait: bool) -> None:
+        """The tree's access closed on every node, once, whoever asks first (idempotent)."""
+        with self._close_lock:
+            if self._closing is None:
+                self._closing = threading.Thread(target=self.access.close, kwargs={"kill": kill},
+                                                 name="relay-cleanup")  # fmt: skip
+                self._closing.start()
+        if wait:
+            self.settle()

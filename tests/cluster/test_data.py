@@ -320,7 +320,7 @@ def test_an_inner_node_that_dies_mid_push_cuts_only_its_subtree_which_a_second_t
     assert len(stale) <= 1, stale
 
 
-@pytest.mark.big  # 58 to 76 s (the push waits out the stall, then SSH's connect timeout to the host): make test-big
+@pytest.mark.big  # about 60 s (the stall deadline, then the silent host's scan to SSH's keepalive): make test-big
 def test_an_inner_node_whose_link_stalls_mid_push_is_cut_by_the_trees_one_stall_deadline_and_the_next_push_finishes(
     four: Fleet, tmp_path: Path
 ) -> None:
