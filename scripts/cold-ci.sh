@@ -8,7 +8,9 @@
 #
 # REF: the commit to clone (default HEAD); OUT: the clone's path (default /tmp/nodekit-cold); the run's output goes
 # to OUT.log, its per-test times to OUT.times (NODEKIT_TEST_TIMES; python -m tests.times reads them), and
-# "rc=... seconds=..." to OUT.done. Run it alone: under `flock /tmp/nodekit-heavy.lock` when others share the machine.
+# "rc=... seconds=..." to OUT.done. COLD_CMD runs another command in the clone instead (COLD_CMD="make demo": the
+# README's first command on a cleaned machine). Run it alone: under `flock /tmp/nodekit-heavy.lock` when others
+# share the machine.
 set -u
 # One function, parsed whole before it runs: an edit to this file during a run cannot change what the run does.
 main() {
@@ -30,7 +32,7 @@ main() {
   rm -rf "$out" "$out.times" && git clone -q "$repo" "$out" && cd "$out" && git checkout -q "$ref" || exit 1
   git log --oneline -1
   start=$(date +%s)
-  CI=true NODEKIT_TEST_TIMES="$out.times" bash .ci/run < /dev/null > "$out.log" 2>&1
+  CI=true NODEKIT_TEST_TIMES="$out.times" bash -c "${COLD_CMD:-bash .ci/run}" < /dev/null > "$out.log" 2>&1
   rc=$?
   echo "rc=$rc seconds=$(( $(date +%s) - start )) ended=$(date -u +%T)" | tee "$out.done"
   exit $rc
