@@ -484,10 +484,26 @@ def test_main_host_lost_mid_training_the_job_resumes_on_the_others_from_mains_ch
     proc = fleet4.run(project, "--image", demo_on_main.ref, log=log)
     wait_for(log, "ddp-demo: epoch 2 done", proc, 300)
     deadline = time.monotonic() + 90
-    # Two checkpoints mirrored (epoch 0's and a later one's): the newest the head holds is past epoch 0. One saved
+
+    def mirrored() -> dict[Path, int]:
+        found = {}
+        for p in (project / ".nodekit" / "mirror").glob("run-*/objects/*"):
+            with contextlib.suppress(FileNotFoundError):
+                found[p] = p.stat().st_size
+        return found
+
+    # The newest checkpoint.pt the head holds must be past epoch 0: a mirror round after the first one fetched a
+    # content of the checkpoint's size. Counting objects is not enough: the first round can fetch epoch 0's
+    # checkpoint.pt and the next one's checkpoint.pt.tmp (the script's write before its rename) at once. One saved
     # less than a mirror round before the loss is not there yet (docs/guides/restarts-and-resume.md).
-    while len(list((project / ".nodekit" / "mirror").glob("run-*/objects/*"))) < 2:
+    while not mirrored():
         assert proc.poll() is None and time.monotonic() < deadline, "the head never mirrored main's checkpoints"
+        time.sleep(0.5)
+    time.sleep(1)  # the first round's fetches end
+    first = set(mirrored())
+    while not any(p not in first and size == (disks[0] / "checkpoint.pt").stat().st_size
+                  for p, size in mirrored().items()):  # fmt: skip
+        assert proc.poll() is None and time.monotonic() < deadline, "the head mirrored no later checkpoint"
         time.sleep(0.5)
     assert (disks[0] / "checkpoint.pt").is_file()
     assert not any((d / "checkpoint.pt").exists() for d in disks[1:]), "rank 0 only saves: the others have none"
