@@ -22,9 +22,9 @@ from nodekit.job.spec import (
     NodeSpec,
     check_mounts,
     check_rank,
+    decide_node,
     launch_spec,
-    node_spec,
-    pinned_host_facts,
+    main_address,
 )
 from nodekit.system.host import facts as host_facts
 from nodekit.system.host import net
@@ -59,33 +59,6 @@ class NodeWorld:
     main_note: str = ""
 
 
-def main_address(settings: Settings, rank: int, main: str | None, default_here: Callable[[], str | None]) -> str:
-    """Main's address for node ``rank``: ``--main``, else ``main`` in the settings; on node 0 (which is main)
-    without either, loopback for a one-node job, else ``default_here()`` (this host's address on its default route,
-    where the other machines most likely reach it). UsageError when none applies."""
-    if main:
-        return main
-    if settings.main:
-        return settings.main
-    if rank == 0:
-        if settings.nnodes == 1:
-            return "127.0.0.1"
-        found = default_here()
-        if found is not None:
-            return found
-        raise UsageError(
-            "node 0 is main, and this host has no default route to take main's address from",
-            fix="pass --main with this host's address as the other nodes reach it, or set main in nodekit.toml",
-            node="node 0",
-        )
-    raise UsageError(
-        "main's address is not known on this node",
-        fix="pass --main with node 0's address as this node reaches it (e.g. --main 10.0.0.5), or set main in "
-        "nodekit.toml",
-        node=f"node {rank}",
-    )
-
-
 def gather_node(
     settings: Settings,
     rank: int,
@@ -117,12 +90,13 @@ def gather_node(
     than built again."""
     launch = launch or check_command(settings)
     check_rank(launch, rank)  # before anything slower: the most likely typo is the rank
-    main_ip = net.resolve(main_address(settings, rank, main, net.default_address_here))
+    addr = main_address(settings, rank, main, net.default_address_here)
+    main_ip = net.resolve(addr)
     main_note = ""
     if not main and not settings.main and settings.nnodes > 1:
         main_note = f"main is {main_ip}, this host's address on its default route (--main chooses another)"
     if facts is None:
-        facts = _facts_here(settings, rank, main_ip)
+        facts = _facts_here(rank, main_ip, host_network=settings.network == "host")
     # Bad settings for this node are refused here, in the order a user meets them; the node decided is the one planned.
     node, facts = decide_node(settings, launch, rank, main_ip, facts)
     absent = () if mounts_checked else tuple(m.host for m in node.mounts if not Path(m.host).exists())
@@ -152,17 +126,6 @@ def gather_node(
     )
 
 
-def decide_node(
-    settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts, absent: tuple[str, ...] = ()
-) -> tuple[NodeSpec, HostFacts]:
-    """Pure: node ``rank`` as the settings decide it with its host's ``facts`` (returned with the config's per-node
-    pins) and main at ``main_ip``; UsageError for what they contradict, a mount source in ``absent`` included."""
-    pinned = pinned_host_facts(settings, rank, facts)
-    node = node_spec(settings, launch, rank, main_ip, pinned)
-    check_mounts(node, absent)
-    return node, pinned
-
-
 def world_of(
     settings: Settings,
     rank: int,
@@ -189,7 +152,7 @@ def world_of(
     )  # fmt: skip
 
 
-def _facts_here(settings: Settings, rank: int, main_ip: str) -> HostFacts:
+def _facts_here(rank: int, main_ip: str, *, host_network: bool) -> HostFacts:
     """This host's facts, with a route toward main; for rank 0 on host networking, main must be this machine."""
     facts = host_facts.gather(main_ip)
     if facts.iface is None:
@@ -198,7 +161,7 @@ def _facts_here(settings: Settings, rank: int, main_ip: str) -> HostFacts:
             fix="check the address (ip route get " + main_ip + "), or pass the address main has on this network",
             node=f"node {rank}",
         )
-    if rank == 0 and settings.network == "host":
+    if rank == 0 and host_network:
         check_main_is_here(main_ip, [a for link in net.links_here() for a in link.addrs])
     return facts
 

@@ -1,6 +1,8 @@
-"""Frozen, validated models: what one node of one job is. Built from Settings plus per-node facts.
+"""Frozen, validated models: what one node of one job is, and the pure decisions that make it from Settings plus
+per-node facts (main's address, the node and its refusals).
 
-Nothing here reads the environment, the file system or the network; callers pass what varies.
+Nothing here reads the environment, the file system or the network; callers pass what varies
+(:mod:`nodekit.job.gather` does the reads).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import posixpath
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -209,6 +212,44 @@ def node_spec(settings: Settings, launch: LaunchSpec, rank: int, main_ip: str | 
         infiniband=infiniband_for(settings, facts, rank),
         mounts=mount_points(settings, rank),
     )
+
+
+def main_address(settings: Settings, rank: int, main: str | None, default_here: Callable[[], str | None]) -> str:
+    """Main's address for node ``rank``: ``--main``, else ``main`` in the settings; on node 0 (which is main)
+    without either, loopback for a one-node job, else ``default_here()`` (this host's address on its default route,
+    where the other machines most likely reach it). UsageError when none applies."""
+    if main:
+        return main
+    if settings.main:
+        return settings.main
+    if rank == 0:
+        if settings.nnodes == 1:
+            return "127.0.0.1"
+        found = default_here()
+        if found is not None:
+            return found
+        raise UsageError(
+            "node 0 is main, and this host has no default route to take main's address from",
+            fix="pass --main with this host's address as the other nodes reach it, or set main in nodekit.toml",
+            node="node 0",
+        )
+    raise UsageError(
+        "main's address is not known on this node",
+        fix="pass --main with node 0's address as this node reaches it (e.g. --main 10.0.0.5), or set main in "
+        "nodekit.toml",
+        node=f"node {rank}",
+    )
+
+
+def decide_node(
+    settings: Settings, launch: LaunchSpec, rank: int, main_ip: str, facts: HostFacts, absent: tuple[str, ...] = ()
+) -> tuple[NodeSpec, HostFacts]:
+    """Pure: node ``rank`` as the settings decide it with its host's ``facts`` (returned with the config's per-node
+    pins) and main at ``main_ip``; UsageError for what they contradict, a mount source in ``absent`` included."""
+    pinned = pinned_host_facts(settings, rank, facts)
+    node = node_spec(settings, launch, rank, main_ip, pinned)
+    check_mounts(node, absent)
+    return node, pinned
 
 
 def mount_points(settings: Settings, rank: int) -> tuple[MountPoint, ...]:

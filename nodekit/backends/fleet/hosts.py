@@ -175,7 +175,7 @@ def fleet_hosts(
 
 def fleet_main(host0: FleetHost, main: str | None) -> str:
     """Where a fleet's nodes reach main: the configured ``main``, else host 0's own address (unix://: loopback).
-    One node planning alone asks :func:`nodekit.job.gather.main_address`, which can only guess its own address."""
+    One node planning alone asks :func:`nodekit.job.spec.main_address`, which can only guess its own address."""
     if main:
         return main
     if host0.scheme == "unix":

@@ -93,7 +93,7 @@ def test_node_zero_needs_no_main(project: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(net, "resolve", lambda a: a)
     from nodekit.job import gather
 
-    monkeypatch.setattr(gather, "_facts_here", lambda settings, rank, main_ip: _facts())
+    monkeypatch.setattr(gather, "_facts_here", lambda rank, main_ip, host_network: _facts())
     result = runner.invoke(app, ["compose", "-r", "0", "--image", "nodekit/t:0123", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "MASTER_ADDR: 10.9.8.7" in result.stdout

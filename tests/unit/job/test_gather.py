@@ -286,3 +286,32 @@ def test_nodekit_compose_decides_the_node_once(tmp_path: Path, monkeypatch: pyte
     result = CliRunner().invoke(app, ["compose", "-r", "1", "--main", "127.0.0.1", "--image", "i:1", "--dry-run"])
     assert result.exit_code == 0, result.output
     assert decided == [1]
+
+
+def test_the_gatherer_reads_and_the_spec_decides() -> None:
+    """``job/spec.py`` holds the node's decisions (main's address, the node, its refusals) and reads nothing: it
+    imports no module that reaches the environment, the network, processes or the engine, which ``job/gather.py``
+    does, and every function of the gatherer that takes the settings either reads something or hands them on."""
+    import ast
+
+    import nodekit.job.gather as gather_mod
+    import nodekit.job.spec as spec_mod
+
+    readers = {"os", "socket", "subprocess", "shutil", "nodekit.system.proc", "nodekit.system.host.net",
+               "nodekit.system.docker", "nodekit.system.host", "nodekit.job.gather"}  # fmt: skip
+
+    def imported(module: object) -> set[str]:
+        tree = ast.parse(Path(str(getattr(module, "__file__", ""))).read_text())
+        names: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        return names
+
+    assert not imported(spec_mod) & readers, imported(spec_mod) & readers
+    assert {"nodekit.system.host.net", "os"} <= imported(gather_mod)
+    for name in ("main_address", "decide_node"):
+        assert getattr(gather_mod, name) is getattr(spec_mod, name)  # the gatherer uses the spec's, defines none
+        assert f"def {name}(" not in Path(str(gather_mod.__file__)).read_text()

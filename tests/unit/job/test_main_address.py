@@ -7,7 +7,7 @@ import pytest
 
 from nodekit.config.settings import Settings
 from nodekit.errors import UsageError
-from nodekit.job.gather import main_address
+from nodekit.job.spec import main_address
 from nodekit.system.host.net import Link, default_address
 
 
