@@ -154,9 +154,12 @@ def render(state: Mapping[str, Any], *, seed: int = 1) -> str:
                          f"{median_of(ks, 'first'):.2f} s with them; machine CPU to the first step "
                          f"{median_of(lean, 'cpu'):.1f} against {median_of(ks, 'cpu'):.1f} CPU s; the head "
                          f"{foot(lean, 'cpu_s'):.1f} against {foot(ks, 'cpu_s'):.1f} CPU s")  # fmt: skip
+    mbit = state.get("mbit", 0)
+    links = (f"every host's link limited to {mbit} Mbit/s (tc tbf on both ends of every veth)" if mbit else
+             "the links unshaped (a transfer is a copy on the shared cores)")  # fmt: skip
     out = [f"Measured by `benchmarks/scale16_bench.py` on the virtual cluster ({os.cpu_count()} cores shared by "
-           "every host, the head and every container): examples/ddp, one epoch, gloo, one process per host; the "
-           "image already on every host; bare torchrun started over SSH on the same hosts as the anchor "
+           f"every host, the head and every container; {links}): examples/ddp, one epoch, gloo, one process per "
+           "host; the image already on every host; bare torchrun started over SSH on the same hosts as the anchor "
            "(docs/fleet-bench.md).", ""]  # fmt: skip
     out += [f"- {n}" for n in notes]
     if ship := state.get("ship"):
@@ -189,6 +192,13 @@ def main() -> int:
     parser.add_argument("--mib", type=int, default=64, help="the shipping comparison's image (default 64 MiB)")
     parser.add_argument("--no-ship", action="store_true", help="skip the shipping comparison")
     parser.add_argument("--no-lean", action="store_true", help="no run without the link check and the watchdog")
+    parser.add_argument(
+        "--mbit",
+        type=int,
+        default=0,
+        help="every host's link limited to this rate, both ends of every veth (tc tbf), as a host's "
+        "own NIC limits it; 0 (default): unshaped, every transfer a copy on the shared cores",
+    )
     parser.add_argument("--state", type=Path, default=Path("/tmp/nodekit-scale16.json"))
     parser.add_argument("--render", type=Path, help="print the section from this state file, run nothing")
     opts = parser.parse_args()
@@ -202,6 +212,9 @@ def main() -> int:
     compileall.compile_dir(ROOT / "nodekit", quiet=1)  # the head runs nodekit as `pip install` leaves it
     counts = [int(x) for x in opts.hosts.split(",")]  # in this order: the counts that matter most can go first
     state: dict[str, Any] = read_state(opts.state)
+    if state.get("fleet") and state.get("mbit", 0) != opts.mbit:
+        raise SystemExit(f"{opts.state} holds runs at --mbit {state.get('mbit', 0)}: pass another --state")
+    state["mbit"] = opts.mbit
     fleet: dict[str, Any] = state.setdefault("fleet", {})
     project = copy_demo("nodekit-scale16-")
     work = project.parent
@@ -211,6 +224,8 @@ def main() -> int:
         with ShipCluster("nk16", max(counts), "classic", work) as c:
             env = {"PATH": f"{c.bin_dir}:{os.environ.get('PATH', '')}", "SSH_AUTH_SOCK": "",
                    "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}  # fmt: skip
+            if opts.mbit:
+                c.shape(opts.mbit)
             for n in counts:
                 took = distribute(c, ref, n)
                 print(f"scale16: the image on {n} host(s) ({took:.0f} s)", flush=True)
