@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from nodekit.errors import NodekitError, ShipError
+from nodekit.ship.codecs import Codec
 from nodekit.ship.dial import hop_of
 from nodekit.ship.fanout_stream import FanOut, Relayed, Sink
 from nodekit.ship.grouping import groups as _groups
@@ -74,6 +75,39 @@ def push(
             rep.done(f"{s.target.name}: tagged {src.ref} ({s.reason})")
     groups = _groups(plan.loads())
     stall = STALL_S if stall_s is None else stall_s
+    fans: list[FanOut] = []  # each stream's, whose cut trees' cleanups the push waits for before it ends
+    try:
+        _streams(plan, groups, rep, result, fans, on_progress, open_source, open_sink, stall, relay)
+    finally:
+        for fan in fans:
+            fan.settle()
+    if result.failures:
+        (_, first), *rest = result.failures.items()
+        if rest:
+            first = ShipError(
+                f"{first.message} (and {len(rest)} more failed: {', '.join(n for n, _ in rest)})",
+                fix=first.fix,
+                node=first.node,
+            )
+        raise first
+    return result
+
+
+def _streams(
+    plan: PushPlan,
+    groups: dict[tuple[Codec, frozenset[str]], list[Step]],
+    rep: _SafeReporter,
+    result: PushResult,
+    fans: list[FanOut],
+    on_progress: ProgressFn | None,
+    open_source: Callable[[str, str | None], Iterable[bytes]] | None,
+    open_sink: Callable[[str], Sink] | None,
+    stall: float,
+    relay: RelayMode,
+) -> None:
+    """Each group's stream (its targets lack the same layers): a relay tree over its ``ssh://`` targets and the rest
+    directly, then up to two rounds for what that did not deliver. Every :class:`FanOut` made goes into ``fans``."""
+    src = plan.source
     for (codec, skip), steps in groups.items():
         layers = steps[0].layers
         what = layers.to_text() if layers is not None else size_text(src.size)
@@ -90,9 +124,11 @@ def push(
         # new tree of their own (so a failure high in a big tree costs the head one more copy, not one per node)
         # and the failed ones directly; then directly, whatever that new tree did not deliver.
         for again in (True, False, False):
-            FanOut(
+            fan = FanOut(
                 plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, trees=trees
-            ).run(cached)
+            )
+            fans.append(fan)
+            fan.run(cached)
             missed = [c for chain in trees for c, _ in chain if c.target.name in result.failures]
             if not missed:
                 break
@@ -106,16 +142,6 @@ def push(
                 result.cut_by.pop(c.target.name, None)
             result.refed += [c.target.name for c in missed]
             cached = None if open_source is not None else from_store(src, skip)
-    if result.failures:
-        (_, first), *rest = result.failures.items()
-        if rest:
-            first = ShipError(
-                f"{first.message} (and {len(rest)} more failed: {', '.join(n for n, _ in rest)})",
-                fix=first.fix,
-                node=first.node,
-            )
-        raise first
-    return result
 
 
 def _tree_text(chain: Relayed) -> str:

@@ -80,6 +80,8 @@ class FanOut:
         self.queues = {s.target.name: queue.Queue[object](maxsize=16) for s in self.heads}
         self.dead = {s.target.name: threading.Event() for s in self.heads}
         self.sinks: dict[str, Sink] = {}
+        # The cleanups a cut tree left running on its nodes (RelaySink.settle): awaited by settle(), after the push.
+        self.settles: list[Callable[[], None]] = []
         self.started = time.monotonic()
         # Layer files left out of the stream; set once it ended, before _END, so a worker reads it in loaded().
         self.skipped_n = 0
@@ -183,12 +185,12 @@ class FanOut:
                 return
             self.settle_direct(step, sink)
         except NodekitError as e:
-            sink.abort()
+            self.cut_sink(sink)
             self.fail(step, _diagnose(e, step, self.plan))
             self.dead[name].set()
             return
         except BaseException as e:
-            sink.abort()
+            self.cut_sink(sink)
             self.fail(
                 step,
                 ShipError(
@@ -211,7 +213,7 @@ class FanOut:
                 return True
             if isinstance(item, ShipError):
                 # The source broke: cut this load off so the engine discards the partial image.
-                sink.abort()
+                self.cut_sink(sink)
                 self.fail(step, ShipError(item.message, fix=item.fix, node=name))
                 self.dead[name].set()
                 return False
@@ -229,6 +231,21 @@ class FanOut:
                     f"{name}: {size_text(sent)} of {size_text(self.total)} ({100 * sent // self.total}%), "
                     f"{size_text(self.result.sent[name])} on the wire, {size_text(rate)}/s"
                 )
+
+    def cut_sink(self, sink: Sink) -> None:
+        """Abort ``sink``. A relay tree's cleanup on its nodes (ending each node's relay step, which waits out its
+        deadline on a node that does not answer) runs on while this stream's other targets and the re-feed of the
+        nodes it cut off go on; :meth:`settle` waits for it."""
+        if isinstance(sink, RelaySink):
+            sink.abort(wait=False)
+            self.settles.append(sink.settle)
+        else:
+            sink.abort()
+
+    def settle(self) -> None:
+        """Wait for the cleanups that cut trees left running (:meth:`cut_sink`)."""
+        for settle in self.settles:
+            settle()
 
     def settle_direct(self, step: Step, sink: Sink) -> None:
         """The stream ended on a direct target: its engine's answer within the deadline, then its image id."""
