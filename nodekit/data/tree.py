@@ -2,7 +2,8 @@
 
 The head scans every host and plans each one as for a direct push (:mod:`nodekit.data.plan`). The hosts of one
 source that lack contents (over ``ssh://``, one path each) then form one relay tree (:mod:`nodekit.ship.tree`, the
-one images take: each node feeds at most two, hop keys that run only the relay step, nothing left on a node). The
+one images take: hop keys that run only the relay step, nothing left on a node; up to :data:`CHAIN_MAX` hosts a
+chain, each node feeding one, beyond that each node feeding at most two). The
 head sends ONE stream down it: the union of the contents any of them lacks, smallest first, framed as the receiver
 reads them (:mod:`nodekit.launcher.datasync.receive`). Each node's relay step tees it on and into that node's own
 receiver, whose code and plan the head wrote into the node's relay directory over its own connection at setup
@@ -41,7 +42,7 @@ from nodekit.ship.dial import hop_of
 from nodekit.ship.hopkeys import Hop
 from nodekit.ship.outcome import answered_within
 from nodekit.ship.relay import RelayMode, RelaySink, relay_script, why_not_loaded
-from nodekit.ship.tree import plan_tree, shape_lines
+from nodekit.ship.tree import Tree, plan_tree, shape_lines
 from nodekit.system.progress import Reporter
 
 TREE_COST_S = 5.0
@@ -52,6 +53,14 @@ stream each; less the streams themselves on the head's link (about 0.9 s and 3.5
 HEAD_LINKS = (100e6 / 8, 1e9 / 8)
 """The rates of the head's link (bytes/s) that ``auto`` decides for, since nothing tells it before the stream: a
 laptop's or an office's uplink (100 Mbit/s) to a datacenter node's (1 Gbit/s)."""
+CHAIN_MAX = 8
+"""Up to this many host paths, a dataset's relay tree is a chain: each node feeds one, so its uplink carries one copy
+and the stream moves at a node's link. A node that feeds two sends two copies: where the links are the limit, the
+stream moves at half a node's link (measured, 500 MiB at 100 Mbit/s on every link: 98.5 s to 8 hosts through a tree
+of fan-out two against 45.3 s to one host; docs/benchmarks.md). The chain's cost is its depth, one SSH handshake
+per hop before the stream reaches the last node (a few seconds at 8), and a node that fails cuts off every node
+below it (fed again through a second tree). Beyond it, the tree of :data:`nodekit.ship.tree.FANOUT`, whose depth
+grows as log N."""
 RECEIVER_STALL_S = 60
 """A node's receiver taking nothing for this long is cut off there, so the nodes that node feeds go on: longer
 than the image's load (a receiver may first hash files of the user's it adopts)."""
@@ -111,6 +120,12 @@ def tree_pays(hosts: int, stream_bytes: int) -> bool:
     to 3, 27 MiB to 5, 14 MiB to 9. Wrong on a fast link it costs seconds; wrong on a slow one, a copy per host."""
     slow, fast = HEAD_LINKS
     return (hosts - 1) * stream_bytes * (1 / slow + 1 / fast) >= 2 * TREE_COST_S
+
+
+def shape_of(n: int) -> Tree:
+    """Pure: who feeds whom among a dataset tree's ``n`` host paths: a chain up to :data:`CHAIN_MAX`, else the tree
+    of :func:`~nodekit.ship.tree.plan_tree`'s fan-out."""
+    return plan_tree(n, fanout=1 if n <= CHAIN_MAX else None)
 
 
 def plan_trees(
@@ -180,7 +195,7 @@ def dry_run_lines(jobs: Sequence[Job], trees: Sequence[TreePlan]) -> list[str]:
         out.append(f"relayed: {len(t.members)} host paths of {t.source} in one tree, {t.send_bytes} bytes once on "
                    "the head's link; a host whose host key the head lacks is sent its own stream; the hosts a node "
                    "that fails cuts off are fed again through a second tree (one alone: its own stream)")  # fmt: skip
-        out += shape_lines([jobs[i].where.name for i in t.members], plan_tree(len(t.members)))
+        out += shape_lines([jobs[i].where.name for i in t.members], shape_of(len(t.members)))
     return out
 
 
@@ -236,7 +251,7 @@ def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Ma
     hops = [h for _, h in members]
     given = [(jobs[i].root, transport.bundle() + transport.block(json.dumps(node_plan(plans[i], stream)).encode()))
              for i, _ in members]  # fmt: skip
-    tree = plan_tree(len(members))
+    tree = shape_of(len(members))
     script = relay_script("none", load_stall_s=RECEIVER_STALL_S, consumer=CONSUMER)
     reporter.step(f"dataset: {sum(stream.values())} bytes of {t.source} through {what} to "
                   + "; ".join(f"{hops[k].name} -> {', '.join(hops[c].name for c in kids)}"

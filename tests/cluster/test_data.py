@@ -181,7 +181,8 @@ def _hop_lines(fleet: Fleet) -> list[str]:
 def test_a_first_push_to_three_hosts_goes_down_one_relay_tree_with_one_copy_on_the_heads_link(
     four: Fleet, tmp_path: Path
 ) -> None:
-    """The head scans every host, then sends one stream down a relay tree (h1 feeds h2 and h3): its link carries
+    """The head scans every host, then sends one stream down a relay tree (a chain: h1 feeds h2, which feeds h3, as
+    every dataset tree up to CHAIN_MAX host paths; nodekit/data/tree.py): its link carries
     about one copy of the dataset, not three; every host ends identical to the source, and nothing of the relay
     (directories, hop-key lines) is left on any node."""
     project, data, paths = _project(four, tmp_path, big_mib=24, skip_head=True)
@@ -190,16 +191,18 @@ def test_a_first_push_to_three_hosts_goes_down_one_relay_tree_with_one_copy_on_t
     dirs = relay_dirs(four.cluster)
     code, out, _ = _push(four, project, "--relay", "always", "--dry-run")
     assert code == 0, out
-    assert re.search(r"\n  the head feeds node 0 \([^)]*\)\n  node 0 \([^)]*\) feeds node 1 \([^)]*\), node 2 ", out), (
-        out
-    )
+    node = r"node \d \([^)]*\)"
+    shape = rf"\n  the head feeds node 0 \([^)]*\)\n  {node} feeds node 1 \([^)]*\)\n  node 1 \([^)]*\) feeds node 2 "
+    assert re.search(shape, out), out
     assert f"would send {total} bytes in all" in out, out
     before = head_tx(h0)
     code, out, sent = _push(four, project, "--relay", "always")
     carried = head_tx(h0) - before
     assert code == 0, out
     same_as_source(data, paths)
-    assert re.search(r"through a relay tree to node 0 \([^)]*\) -> node 1 \([^)]*\), node 2 ", out), out
+    assert re.search(
+        r"through a relay tree to node 0 \([^)]*\) -> node 1 \([^)]*\); node 1 \([^)]*\) -> node 2 ", out
+    ), out
     assert "2 relayed by other hosts" in out, out
     assert "sending it from the head" not in out, out
     assert sent == total, out
@@ -248,14 +251,14 @@ def _root_fails_mid_push(
     *patch: str,
     heal: Callable[[Host], object] | None = None,
 ) -> str:
-    """A first push of 25 MiB to h1, h2, h3 through one tree (h1 feeds h2 and h3), the head's link at 40 Mbit/s
-    until ``fault`` strikes h1, once the big file is on its way to h3 through it; ``patch``: production constants
-    shortened (tests/cluster/patched.py). Asserts what must hold however h1 failed: h2 and h3, cut off below it, are
-    scanned again and fed through a second tree of their own, not one stream each, so the head's link carries the
-    part of the first copy that went out plus about one copy more; both end identical to the source; each is named
-    with the node that cut it off; h1 is named in the last line with the fix, the push exits 1, and no receiver,
-    relay step or hop key is left anywhere within 90 s of ``heal`` (h1 back on the network: a host cut off cannot
-    be asked to clean up). Returns the push's output."""
+    """A first push of 25 MiB to h1, h2, h3 through one tree (a chain: h1 feeds h2, h2 feeds h3), the head's link at 40
+    Mbit/s until ``fault`` strikes h1, once the big file is on its way to h3 through it; ``patch``: production
+    constants shortened (tests/cluster/patched.py). Asserts what must hold however h1 failed: h2 and h3, cut off
+    below it, are scanned again and fed through a second tree of their own, not one stream each, so the head's link
+    carries the part of the first copy that went out plus about one copy more; both end identical to the source;
+    each is named with the node above it; h1 is named in the last line with the fix, the push exits 1, and no
+    receiver, relay step or hop key is left anywhere within 90 s of ``heal`` (h1 back on the network: a host cut off
+    cannot be asked to clean up). Returns the push's output."""
     project, data, paths = _project(four, tmp_path, big_mib=24, skip_head=True)
     total = sum(p.stat().st_size for p in data.rglob("*") if p.is_file())
     h0, h1 = four.cluster.hosts[:2]
@@ -287,9 +290,12 @@ def _root_fails_mid_push(
     assert proc.returncode == 1, said
     same_as_source(data, paths[1:])
     dead = r"node 0 \([^)]*\)"
-    assert re.search(r"through a relay tree to node 0 \([^)]*\) -> node 1 \([^)]*\), node 2 ", said), said
-    for n in (1, 2):  # each cut-off host named with the node that cut it off, and how it is fed again
-        cut = rf"node {n} \([^)]*\):{re.escape(str(paths[n]))}: the stream from {dead} stopped before it reached"
+    assert re.search(
+        r"through a relay tree to node 0 \([^)]*\) -> node 1 \([^)]*\); node 1 \([^)]*\) -> node 2 ", said
+    ), said
+    for n in (1, 2):  # each cut-off host named with the node above it that the stream stopped at, and how it is fed
+        above = rf"node {n - 1} \([^)]*\)"
+        cut = rf"node {n} \([^)]*\):{re.escape(str(paths[n]))}: the stream from {above} stopped before it reached"
         assert re.search(cut + r" it; sending it through a second relay tree \(2 host paths", said), said
     assert re.search(r"through a second relay tree to node 1 \([^)]*\) -> node 2 ", said), said
     assert "sending it from the head" not in said, said  # no stream of its own for either

@@ -62,9 +62,21 @@ def test_the_dry_run_shows_who_feeds_whom_and_one_copy_on_the_heads_link() -> No
     jobs = [job(f"n{i}") for i in range(1, 5)]
     plans = [plan() for _ in jobs]
     text = dry_run_text(jobs, plans, "auto")
-    assert "  the head feeds n1\n  n1 feeds n2, n3\n  n2 feeds n4\n" in text, text
+    # Up to CHAIN_MAX host paths a chain: each node's uplink carries one copy, the stream moves at a node's link.
+    assert "  the head feeds n1\n  n1 feeds n2\n  n2 feeds n3\n  n3 feeds n4\n" in text, text
+    assert "4 nodes, at most 1 fed by each, 4 hop(s) deep; 1 copy of the stream on the head's link" in text, text
     assert text.endswith(f"would send {30 + BIG} bytes in all"), text  # once, not four times
     assert dry_run_text(jobs, plans, "never").endswith(f"would send {4 * (30 + BIG)} bytes in all")
+
+
+def test_beyond_the_chain_s_length_each_node_feeds_two_and_the_depth_grows_as_log_n() -> None:
+    assert tree.shape_of(tree.CHAIN_MAX).height == tree.CHAIN_MAX and tree.shape_of(tree.CHAIN_MAX).fanout == 1
+    wide = tree.shape_of(tree.CHAIN_MAX + 1)
+    assert wide.fanout == 2 and wide.height == 4 and wide.head_copies == 1, wide
+    assert tree.shape_of(512).height == 10  # hops from the head to the deepest node
+    jobs = [job(f"n{i}") for i in range(1, tree.CHAIN_MAX + 2)]
+    text = dry_run_text(jobs, [plan() for _ in jobs], "auto")
+    assert "  the head feeds n1\n  n1 feeds n2, n3\n  n2 feeds n4, n5\n" in text, text
 
 
 def test_the_last_line_says_how_many_paths_a_tree_fed_and_the_bytes_sent_once() -> None:
