@@ -138,13 +138,22 @@ def verdicts(results: Mapping[str, Any]) -> list[str]:
         out.append(f"- {sl['files']} small files at 80 % or more of the rate of one file of the same size "
                    f"({size(sl['bytes'])}): **{'met' if share >= 0.8 else 'NOT met'}**, "
                    f"{sl['small_rate'] / MIB:.1f} MiB/s vs {sl['large_rate'] / MIB:.1f} MiB/s "
-                   f"({share:.0%}).")  # fmt: skip
+                   f"({share:.0%}){_settled(sl)}.")  # fmt: skip
     sc = results.get("scan")
     if sc:
         ok = "met" if sc["seconds"] <= 5 else "NOT met"
         out.append(f"- a no-change push of {sc['files']} files in about 5 s: **{ok}**, {sc['seconds']:.1f} s "
                    f"(the head's link carried {size(sc['link_bytes'])}).")  # fmt: skip
     return out
+
+
+def _settled(sl: Mapping[str, Any]) -> str:
+    """How small against large met the file system (data_bench.settle); a run from before it says nothing."""
+    if "settle_s" not in sl:
+        return ""
+    if not sl["settle_s"]:
+        return "; each pushed right after the step before deleted its copy"
+    return f"; each pushed after a sync and {sl['settle_s']:g} s for the deletions before it to settle"
 
 
 def steps_of(seq: Sequence[str]) -> list[str]:
