@@ -257,13 +257,21 @@ class _Sent:
         self.bytes = 0
 
 
+BATCH = 64 << 10
+"""Small contents' frames are written together up to this many bytes: a pipe's default capacity. The head reads a
+batch's files while the SSH client drains what the pipe holds of the one before; a batch much bigger than the pipe
+would leave it empty, and the link idle, for part of that time (a reasoned bound: the cluster runs here could not
+tell 64 KiB from 1 MiB apart, their spread being the file system's, see benchmarks/data_bench.py SETTLE_S)."""
+
+
 def frames(stream: Mapping[str, int], files: Mapping[str, Path]) -> Iterator[tuple[bytes, int]]:
     """The stream as the receiver reads it (each content of ``stream`` read once from ``files``, then ``END``), in
-    pieces of about :data:`CHUNK` bytes, each with the payload bytes in it. Small contents' frames go out together,
-    whole: a frame per write would cost the head, the SSH client and the node a system call and a wake-up for every
-    file's line and every file's bytes, 40,000 of each for a dataset of 20,000 small files. Not hashed here: each node
-    hashes what it receives against the plan's hash, so a source file that changed since its manifest is refused
-    there (and each host's stream would otherwise cost this machine one more core of sha256)."""
+    pieces of at most :data:`CHUNK` bytes or one :data:`BATCH` of small frames, each with the payload bytes in it. A
+    small content's frame goes out whole, with its neighbours': a write for its line and one for its bytes would cost
+    the head, the SSH client and the node a system call and a wake-up each, 40,000 of each for 20,000 small files.
+    Not hashed here: each node hashes what it receives against the plan's hash, so a source file that changed since
+    its manifest is refused there (and each host's stream would otherwise cost this machine one more core of
+    sha256)."""
     batch: list[bytes] = []
     held = payload = 0  # the batch's bytes, and its contents' bytes
     for h, size in stream.items():
@@ -274,7 +282,7 @@ def frames(stream: Mapping[str, int], files: Mapping[str, Path]) -> Iterator[tup
                 if len(batch[-1]) < size:
                     raise _shrank(files[h])
                 held, payload = held + size, payload + size
-                if held >= CHUNK:
+                if held >= BATCH:
                     yield b"".join(batch), payload
                     batch, held, payload = [], 0, 0
                 continue

@@ -1,5 +1,5 @@
 """The head's side of a push's stream (:func:`nodekit.data.transport.frames`): small contents' frames travel together
-in writes of about a MiB, not two writes per file, and the receiver reads that stream back byte for byte as the files
+in writes of about 64 KiB, not two writes per file, and the receiver reads that stream back byte for byte as the files
 it was made from; a file that shrinks while it is sent stops the push."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nodekit.data.transport import DataError, block, frames
+from nodekit.data.transport import BATCH, DataError, block, frames
 from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.launcher.datasync import receive
 
@@ -39,9 +39,10 @@ def test_small_frames_travel_together_and_each_frame_is_whole(source: dict[str, 
     expected = b"".join(f"{sha(d)} {len(d)}\n".encode() + d for d in source.values()) + b"END\n"
     assert b"".join(p for p, _ in pieces) == expected
     assert sum(n for _, n in pieces) == sum(incoming.values())
-    assert all(len(p) <= 2 * CHUNK for p, _ in pieces)
+    assert all(len(p) <= max(CHUNK, BATCH + 15_000) for p, _ in pieces)
     small = sum(len(d) for n, d in source.items() if n != "big.bin")
-    assert len(pieces) <= small // CHUNK + 2 + 3  # the small ones' batches, the big one's line and its three pieces
+    assert len(pieces) <= small // BATCH + 2 + 3  # the small ones' batches, the big one's line and its three pieces
+    assert len(pieces) < len(source)  # not a write per file, let alone two
 
 
 def test_the_receiver_reads_the_heads_stream_back_as_the_files(source: dict[str, bytes], tmp_path: Path) -> None:
