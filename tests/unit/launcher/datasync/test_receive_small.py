@@ -11,7 +11,7 @@ import pytest
 
 from nodekit.launcher.datasync import node, scan
 from nodekit.launcher.datasync.node import load_state, staging_dir
-from tests.unit.launcher.datasync.test_receive import plan_for, run, sha, snapshot, stream
+from tests.unit.launcher.datasync.streams import plan_for, run, sha, snapshot, stream
 
 FILES = {f"shards/d{i % 4}/{i:04d}.jpg": os.urandom(2000 + 37 * i) for i in range(300)}
 
