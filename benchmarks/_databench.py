@@ -4,10 +4,12 @@ targets. No I/O here, so tests/unit can check them."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+TITLE = "## Datasets: `nodekit data push` against parallel rsync"
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -138,7 +140,7 @@ def verdicts(results: Mapping[str, Any]) -> list[str]:
         out.append(f"- {sl['files']} small files at 80 % or more of the rate of one file of the same size "
                    f"({size(sl['bytes'])}): **{'met' if share >= 0.8 else 'NOT met'}**, "
                    f"{sl['small_rate'] / MIB:.1f} MiB/s vs {sl['large_rate'] / MIB:.1f} MiB/s "
-                   f"({share:.0%}).")  # fmt: skip
+                   f"({share:.0%}){_settled(sl)}.")  # fmt: skip
     sc = results.get("scan")
     if sc:
         ok = "met" if sc["seconds"] <= 5 else "NOT met"
@@ -147,8 +149,53 @@ def verdicts(results: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _settled(sl: Mapping[str, Any]) -> str:
+    """How small against large met the file system (data_bench.settle); a run from before it says nothing."""
+    if "settle_s" not in sl:
+        return ""
+    if not sl["settle_s"]:
+        return "; the small files pushed right after a sync"
+    return f"; the small files pushed after a sync and {sl['settle_s']:g} s for earlier deletions to age out"
+
+
 def steps_of(seq: Sequence[str]) -> list[str]:
     bad = [s for s in seq if s not in STEPS]
     if bad:
         raise ValueError(f"unknown step(s) {', '.join(bad)}; known: {', '.join(STEPS)}")
     return list(seq)
+
+
+def section(results: Mapping[str, Any]) -> str:
+    """The docs section of a run's results (or a --local run's lines)."""
+    shape = Shape(**results["shape"])
+    scaled = "" if results["scale"] == 1 else (f" (the issue's 2 GB scaled by {results['scale']:g}: this run's disk "
+                                               "and time allowed no more)")  # fmt: skip
+    if results.get("mode") == "local":
+        said = [v for v in verdicts(results) if not v.startswith("- nodekit")]  # no hosts, no anchor here
+        return "\n".join([
+            f"`benchmarks/data_bench.py --local` (issue 45), {results['measured']}, load {results['load_start']} at "
+            f"the start and {results['load_end']} at the end: this machine alone, no link (`--to unix://`, the "
+            f"receiver run here), {size(results['disk_free'])} free on the disk.", "", *said, ""])  # fmt: skip
+    lines = [
+        TITLE,
+        "",
+        f"`{results.get('command', 'benchmarks/data_bench.py')}` (issue 45), {results['measured']}, load "
+        f"{results['load_start']} at the start and "
+        f"{results['load_end']} at the end, {results['run_minutes']} minutes. The virtual cluster (a head and a host "
+        "per target, each its own network namespace with Debian's sshd, all on this machine's one disk and "
+        f"{os.cpu_count()} cores), every link at {results['mbit']} Mbit/s, the head's own included (tc tbf on both "
+        f"ends of every veth). The dataset: {shape.files} files of "
+        f"{shape.small_kib} KiB on average in directories of 1,000 and {shape.large} of {shape.large_mib} MiB, "
+        f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk, of which "
+        f"this run needed about {size(results.get('disk_need', 0))} (the source, a copy per host, 8 GiB left to "
+        "others). nodekit: "
+        "`nodekit data push` run on the head (its hash of the source made once before, "
+        f"{results.get('head_hash_s', '?')} s); the anchor: SkyPilot's way, `rsync -az --delete` from the head to "
+        "every host at once over the same SSH. Each step's wall time and the bytes the head's veth sent:",
+        "",
+        *table(results),
+        "",
+        *verdicts(results),
+        "",
+    ]
+    return "\n".join(lines) + "\n"

@@ -34,10 +34,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks._databench import STEPS, Shape, disk_need, size, steps_of, table, verdicts
+from benchmarks._databench import STEPS, TITLE, Shape, disk_need, section, size, steps_of
 from benchmarks._project import DOCS, busy_cpu_s, loadavg, now_utc, replace_section
 
-TITLE = "## Datasets: `nodekit data push` against parallel rsync"
 NAME = "nkdb"
 TIMEOUT_S = 1800
 
@@ -246,6 +245,8 @@ def main() -> int:
     ap.add_argument("--steps", default=",".join(STEPS), help=f"of {', '.join(STEPS)}")
     ap.add_argument("--scan-files", type=int, default=100_000, help="the no-change scan's files (0: skip it)")
     ap.add_argument("--no-small-large", action="store_true")
+    ap.add_argument("--settle-s", type=float, default=SETTLE_S, help="before small against large's small files, "
+                    "sync and wait this long for earlier deletions to age out (see SETTLE_S)")  # fmt: skip
     ap.add_argument("--no-rsync", action="store_true")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/nodekit-data-bench"))
     ap.add_argument("--local", action="store_true", help="small against large and the scan on this machine alone")
@@ -283,7 +284,7 @@ def main() -> int:
         try:
             local = Local(args.work)
             if not args.no_small_large:
-                results["small_large"] = small_large(local, args.work, data, shape)
+                results["small_large"] = small_large(local, args.work, data, shape, args.settle_s)
             if args.scan_files:
                 results["scan"] = scan(local, args.work, args.scan_files)
         finally:
@@ -296,14 +297,14 @@ def main() -> int:
             hashed_at = time.monotonic()
             bench.nodekit(bench.project(data, bench.dests("nodekit", 1)), "--dry-run")
             results["head_hash_s"] = round(time.monotonic() - hashed_at, 1)
+            if not args.no_small_large:  # first: before this run has deleted any host's copy (see SETTLE_S)
+                results["small_large"] = small_large(bench, args.work, data, shape, args.settle_s)
+                partial(args, results, t_start)
             for k, n in enumerate(counts):
                 run = results["runs"][str(n)] = {}
                 for j, tool in enumerate(["nodekit", *([] if args.no_rsync else ["rsync"])]):
                     run[tool] = one_tool(bench, tool, n, data, shape, steps, 2 * k + j)
                     partial(args, results, t_start)
-            if not args.no_small_large:
-                results["small_large"] = small_large(bench, args.work, data, shape)
-                partial(args, results, t_start)
             if args.scan_files:
                 results["scan"] = scan(bench, args.work, args.scan_files)
     finally:
@@ -330,8 +331,25 @@ def finish(args: argparse.Namespace, results: dict[str, Any], t_start: float) ->
     return 0
 
 
-def small_large(bench: Bench | Local, work: Path, data: Path, shape: Shape) -> dict[str, Any]:
-    """The small files alone, then one file of their total size, each a first push to 1 host."""
+SETTLE_S = 370
+"""ext4 without a journal (this machine's root file system) does not hand out an inode freed in the last 60 s, nor one
+freed in the last 360 s whose inode table block is dirty (``recently_deleted`` in the kernel's ``find_inode_bit``):
+a push that creates 20,000 files soon after 20,000 were deleted scans past them for each new file, up to 0.5 ms per
+file in the kernel (seen with perf), and how much it meets depends on which block group its directory lands in. So
+the small files' push runs before this run deletes any host's copy, after a sync and this long for the deletions of
+whatever ran before (a previous run's cleanup) to age out. The large file's push creates one file: a sync only."""
+
+
+def settle(seconds: float) -> None:
+    """What was deleted and written before written out (``sync``), then ``seconds`` to pass (:data:`SETTLE_S`)."""
+    os.sync()
+    if seconds > 0:
+        time.sleep(seconds)
+
+
+def small_large(bench: Bench | Local, work: Path, data: Path, shape: Shape, settle_s: float) -> dict[str, Any]:
+    """The small files alone, then one file of their total size, each a first push to 1 host; the small files' after
+    the deletions before it have settled (``settle_s``: :func:`settle`)."""
     shards = data / "shards"
     total = sum(p.stat().st_size for p in shards.rglob("*") if p.is_file())
     one = work / "one" / "data" / "all.bin"
@@ -342,11 +360,12 @@ def small_large(bench: Bench | Local, work: Path, data: Path, shape: Shape) -> d
         clear(dests)
         project = bench.project(source, dests)
         bench.nodekit(project, "--dry-run")  # the head's hash, made before the timing as for every push here
+        settle(settle_s if what == "small" else 0)
         r = bench.nodekit(project)
         _log(f"{what} files to 1", r)
         rates[what] = total / r["seconds"]
         clear(dests)
-    return {"files": sum(1 for p in shards.rglob("*") if p.is_file()), "bytes": total,
+    return {"files": sum(1 for p in shards.rglob("*") if p.is_file()), "bytes": total, "settle_s": settle_s,
             "small_rate": rates["small"], "large_rate": rates["large"]}  # fmt: skip
 
 
@@ -362,41 +381,6 @@ def scan(bench: Bench | Local, work: Path, files: int) -> dict[str, Any]:
     _log(f"{files} tiny files, no change", r)
     clear(dests)
     return {"files": files, **r}
-
-
-def section(results: dict[str, Any]) -> str:
-    shape = Shape(**results["shape"])
-    scaled = "" if results["scale"] == 1 else (f" (the issue's 2 GB scaled by {results['scale']:g}: this run's disk "
-                                               "and time allowed no more)")  # fmt: skip
-    if results.get("mode") == "local":
-        said = [v for v in verdicts(results) if not v.startswith("- nodekit")]  # no hosts, no anchor here
-        return "\n".join([
-            f"`benchmarks/data_bench.py --local` (issue 45), {results['measured']}, load {results['load_start']} at "
-            f"the start and {results['load_end']} at the end: this machine alone, no link (`--to unix://`, the "
-            f"receiver run here), {size(results['disk_free'])} free on the disk.", "", *said, ""])  # fmt: skip
-    lines = [
-        TITLE,
-        "",
-        f"`{results.get('command', 'benchmarks/data_bench.py')}` (issue 45), {results['measured']}, load "
-        f"{results['load_start']} at the start and "
-        f"{results['load_end']} at the end, {results['run_minutes']} minutes. The virtual cluster (a head and a host "
-        "per target, each its own network namespace with Debian's sshd, all on this machine's one disk and "
-        f"{os.cpu_count()} cores), every link at {results['mbit']} Mbit/s, the head's own included (tc tbf on both "
-        f"ends of every veth). The dataset: {shape.files} files of "
-        f"{shape.small_kib} KiB on average in directories of 1,000 and {shape.large} of {shape.large_mib} MiB, "
-        f"{size(shape.total)} of random bytes{scaled}; {size(results['disk_free'])} were free on the disk, of which "
-        f"this run needed about {size(results.get('disk_need', 0))} (the source, a copy per host, 8 GiB left to "
-        "others). nodekit: "
-        "`nodekit data push` run on the head (its hash of the source made once before, "
-        f"{results.get('head_hash_s', '?')} s); the anchor: SkyPilot's way, `rsync -az --delete` from the head to "
-        "every host at once over the same SSH. Each step's wall time and the bytes the head's veth sent:",
-        "",
-        *table(results),
-        "",
-        *verdicts(results),
-        "",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

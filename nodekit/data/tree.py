@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +37,6 @@ from nodekit.data import transport
 from nodekit.data.plan import HostPlan
 from nodekit.data.transport import Where
 from nodekit.errors import NodekitError
-from nodekit.launcher.datacheck.filehash import CHUNK
 from nodekit.ship.dial import hop_of
 from nodekit.ship.hopkeys import Hop
 from nodekit.ship.outcome import answered_within
@@ -205,22 +204,6 @@ def endpoint(where: Where) -> str:
     return f"ssh://{h.user + '@' if h.user else ''}{h.hostname}{f':{h.port}' if h.port else ''}"
 
 
-def _frames(stream: Mapping[str, int], files: Mapping[str, Path]) -> Iterator[tuple[bytes, int]]:
-    """The stream as the receiver reads it, each piece with the payload bytes in it; a content is read once and
-    not hashed here (each node hashes what it receives)."""
-    for h, size in stream.items():
-        yield f"{h} {size}\n".encode(), 0
-        left = size
-        with open(files[h], "rb") as f:
-            while left > 0:
-                chunk = f.read(min(CHUNK, left))
-                if not chunk:
-                    raise transport.DataError(f"{files[h]} shrank while it was sent", fix="push again once written")
-                left -= len(chunk)
-                yield chunk, len(chunk)
-    yield b"END\n", 0
-
-
 @dataclass(frozen=True)
 class Relayed:
     """What one tree did: the bytes the head sent into it, who fed each job it reached (None: the head), and why
@@ -264,7 +247,7 @@ def relay(t: TreePlan, jobs: Sequence[Job], plans: Sequence[HostPlan], files: Ma
     sent = 0
     settle: Callable[[], None] | None = None
     try:
-        for chunk, payload in _frames(stream, files):
+        for chunk, payload in transport.frames(stream, files):
             sink.write(chunk)  # the sink's stall deadline cuts the tree when this blocks for stall_s
             sent += payload
         # The nodes work on after the stream's end (local copies, renames, their final scan).

@@ -84,11 +84,14 @@ def _entries(root: str, only: str | None) -> list[tuple[str, os.stat_result]]:
         return []
 
 
-def held(root: str, only: str | None = None, *, cached: bool = True) -> tuple[Manifest, dict[str, list[Any]], Cache]:
+def held(
+    root: str, only: str | None = None, *, cached: bool = True, owned: Cache | None = None
+) -> tuple[Manifest, dict[str, list[Any]], Cache]:
     """What nodekit's files under ``root`` hold now (name -> (size, hash); a name of the state that is missing or no
     longer a regular file is left out), every other entry under ``root`` (name -> [size, kind]), and the new cache.
-    ``cached=False``: every file is read again, whatever the state's hashes say."""
-    owned = load_state(root, only)
+    ``cached=False``: every file is read again, whatever the state's hashes say. ``owned``: the state as the caller
+    holds it, not yet saved (an apply's, whose placed files' entries it has just made); else the saved one."""
+    owned = load_state(root, only) if owned is None else owned
     mine, foreign = [], {}
     for name, st in _entries(root, only):
         if name in owned:

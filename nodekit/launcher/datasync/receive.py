@@ -247,9 +247,10 @@ def apply(root: str, f: BinaryIO, only: str | None = None, stream: Reader | None
         dest = os.path.join(root, name)
         os.replace(staged, dest)
         intent[name] = [*key(os.lstat(dest)), h]
-    save_state(root, intent, only)
     shutil.rmtree(stage, ignore_errors=True)
-    have, foreign, cache = held(root, only)
+    # One save for the placed files, after the final scan: until then the state names each of them (saved above,
+    # before the first rename), so a push killed here leaves none unknown; the next scan only reads them again.
+    have, foreign, cache = held(root, only, owned=intent)
     save_state(root, {n: cache.get(n, v) for n, v in intent.items()}, only)
     diffs = differences(want, have, foreign)
     return {"ok": not diffs, "diffs": diffs, "received": received, "files": len(have)}
