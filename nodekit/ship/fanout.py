@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from nodekit.errors import NodekitError, ShipError
-from nodekit.ship.codecs import Codec
 from nodekit.ship.dial import hop_of
 from nodekit.ship.fanout_stream import FanOut, Relayed, Sink
 from nodekit.ship.grouping import groups as _groups
@@ -77,7 +76,39 @@ def push(
     stall = STALL_S if stall_s is None else stall_s
     fans: list[FanOut] = []  # each stream's, whose cut trees' cleanups the push waits for before it ends
     try:
-        _streams(plan, groups, rep, result, fans, on_progress, open_source, open_sink, stall, relay)
+        for (codec, skip), steps in groups.items():
+            layers = steps[0].layers
+            what = layers.to_text() if layers is not None else size_text(src.size)
+            travels = travelling_bytes(src.size, layers)
+            trees = _relay_trees(steps, travels, relay, rep) if open_sink is None else []
+            relayed = [c for chain in trees for c, _ in chain]
+            direct = [s for s in steps if all(s is not c for c in relayed)]
+            names = ", ".join([s.target.name for s in direct] + [_tree_text(chain) for chain in trees])
+            # From the build's blob store when it holds every file that travels: no docker save of the whole image.
+            cached = None if open_source is not None else from_store(src, skip)
+            origin = ", from the build's blob store" if cached is not None else ""
+            rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
+            # At most three rounds: the tree; then what it did not deliver, the nodes cut off below a failed one in a
+            # new tree of their own (so a failure high in a big tree costs the head one more copy, not one per node)
+            # and the failed ones directly; then directly, whatever that new tree did not deliver.
+            for again in (True, False, False):
+                fan = FanOut(plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall,
+                             _verify, trees=trees)  # fmt: skip
+                fans.append(fan)
+                fan.run(cached)
+                missed = [c for chain in trees for c, _ in chain if c.target.name in result.failures]
+                if not missed:
+                    break
+                cut = [c for c in missed if c.target.name in result.cut_by]
+                trees = _relay_trees(cut, travels, relay, rep) if again and open_sink is None else []
+                anew = [c for chain in trees for c, _ in chain]
+                direct = [c for c in missed if all(c is not a for a in anew)]
+                rep.warn(_missed_text(missed, result, [c.target.name for c in direct], [c.target.name for c in anew]))
+                for c in missed:
+                    del result.failures[c.target.name]
+                    result.cut_by.pop(c.target.name, None)
+                result.refed += [c.target.name for c in missed]
+                cached = None if open_source is not None else from_store(src, skip)
     finally:
         for fan in fans:
             fan.settle()
@@ -91,57 +122,6 @@ def push(
             )
         raise first
     return result
-
-
-def _streams(
-    plan: PushPlan,
-    groups: dict[tuple[Codec, frozenset[str]], list[Step]],
-    rep: _SafeReporter,
-    result: PushResult,
-    fans: list[FanOut],
-    on_progress: ProgressFn | None,
-    open_source: Callable[[str, str | None], Iterable[bytes]] | None,
-    open_sink: Callable[[str], Sink] | None,
-    stall: float,
-    relay: RelayMode,
-) -> None:
-    """Each group's stream (its targets lack the same layers): a relay tree over its ``ssh://`` targets and the rest
-    directly, then up to two rounds for what that did not deliver. Every :class:`FanOut` made goes into ``fans``."""
-    src = plan.source
-    for (codec, skip), steps in groups.items():
-        layers = steps[0].layers
-        what = layers.to_text() if layers is not None else size_text(src.size)
-        travels = travelling_bytes(src.size, layers)
-        trees = _relay_trees(steps, travels, relay, rep) if open_sink is None else []
-        relayed = [c for chain in trees for c, _ in chain]
-        direct = [s for s in steps if all(s is not c for c in relayed)]
-        names = ", ".join([s.target.name for s in direct] + [_tree_text(chain) for chain in trees])
-        # From the build's blob store when it holds every file that travels: no docker save of the whole image.
-        cached = None if open_source is not None else from_store(src, skip)
-        origin = ", from the build's blob store" if cached is not None else ""
-        rep.step(f"pushing {src.ref} ({what}, {codec} stream{origin}) to {names}")
-        # At most three rounds: the tree; then what it did not deliver, the nodes cut off below a failed one in a
-        # new tree of their own (so a failure high in a big tree costs the head one more copy, not one per node)
-        # and the failed ones directly; then directly, whatever that new tree did not deliver.
-        for again in (True, False, False):
-            fan = FanOut(
-                plan, direct, codec, skip, rep, result, on_progress, open_source, open_sink, stall, _verify, trees=trees
-            )
-            fans.append(fan)
-            fan.run(cached)
-            missed = [c for chain in trees for c, _ in chain if c.target.name in result.failures]
-            if not missed:
-                break
-            cut = [c for c in missed if c.target.name in result.cut_by]
-            trees = _relay_trees(cut, travels, relay, rep) if again and open_sink is None else []
-            anew = [c for chain in trees for c, _ in chain]
-            direct = [c for c in missed if all(c is not a for a in anew)]
-            rep.warn(_missed_text(missed, result, [c.target.name for c in direct], [c.target.name for c in anew]))
-            for c in missed:
-                del result.failures[c.target.name]
-                result.cut_by.pop(c.target.name, None)
-            result.refed += [c.target.name for c in missed]
-            cached = None if open_source is not None else from_store(src, skip)
 
 
 def _tree_text(chain: Relayed) -> str:
