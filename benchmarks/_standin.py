@@ -61,9 +61,11 @@ def image_json(ref: str) -> dict[str, object]:
 # ($NKS_STATE/<address>/). A container is a file named after it: its project, then its end (epoch ns).
 DOCKER_SCRIPT = r"""#!/bin/sh
 set -u
-me=$(printf '%s' "${SSH_CONNECTION:-x x local x}" | cut -d' ' -f3)
+# No program started for what the shell can do itself (the address, the directory): these sessions' CPU is the
+# simulation's, on the cores the head is measured on.
+me=${SSH_CONNECTION:-x x local x}; me=${me#* * }; me=${me%% *}
 d="$NKS_STATE/$me"
-mkdir -p "$d"
+[ -d "$d" ] || mkdir -p "$d"
 now_ns() { date +%s%N; }
 nap_until() {  # sleep until epoch ns $1
   left=$(( ($1 - $(now_ns)) / 1000000 ))

@@ -88,6 +88,7 @@ def run(
         return
     from nodekit.backends.fleet.once import one_run_here
     from nodekit.runs.recorder import recording
+    from nodekit.system.progress import command_started
 
     rep = RichReporter(verbose=True)
     # SIGHUP (a closed SSH session to the head), SIGTERM and Ctrl-C stop every node: handled(), proc.stopping.
@@ -99,7 +100,8 @@ def run(
             one_run_here(settings.image_name, hosts),
             recording(settings, "run", [(h.rank, h.where) for h in hosts], warn=rep.warn) as rec,
         ):
-            code = fleet.run(settings, hosts, rep, rec.tee(log), image=image, debug=debug, events=rec)
+            code = fleet.run(settings, hosts, rep, rec.tee(log), image=image, debug=debug, events=rec,
+                             started=command_started())  # fmt: skip
             rec.finish(code)
     finally:
         log.close()

@@ -5,9 +5,25 @@ The CLI passes a rich-backed reporter; tests pass a RecordingReporter and assert
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
+
+
+def command_started() -> float:
+    """When this process started, on ``time.monotonic``'s clock: "N s since the command" counts from here, the
+    interpreter's start and the CLI's imports included (Linux: /proc/self/stat's start time, in clock ticks since
+    boot, against CLOCK_BOOTTIME). Now, where that cannot be read."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):
+        return now
+    return now - max(0.0, age)
 
 
 class Reporter(Protocol):

@@ -228,11 +228,15 @@ def run(
     debug: bool = False,
     clock: Callable[[], float] = time.monotonic,
     events: RunEvents = NO_EVENTS,
+    started: float | None = None,
 ) -> int:
     """Check, ship, write, start, supervise; restart up to ``settings.restarts`` times. Returns 0, or raises
     JobFailed with the failing node's exit code. Ctrl-C (or nodekit.system.proc.Interrupted: SIGTERM, SIGHUP) stops
     every node, then goes on (the CLI exits 128 + the signal). ``events`` hears the image, when each node reached
-    each phase the head sees (image there, container started, ended) and the verdict (nodekit/runs/)."""
+    each phase the head sees (image there, container started, ended) and the verdict (nodekit/runs/). ``started``:
+    the command's start on ``clock`` (:func:`~nodekit.system.progress.command_started`), from which the progress
+    lines count; by default the call's."""
+    started = clock() if started is None else started
     from nodekit.image.builder import current_image
 
     check_command(settings)  # a missing script is refused before any host is checked or shipped to
@@ -255,7 +259,7 @@ def run(
         ref = image or current_image(settings)
         local = beside.submit(docker.require_image, ref)
         return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
-                         events, opened, keeper)  # fmt: skip
+                         events, opened, keeper, started)  # fmt: skip
 
 
 def _attempts(
@@ -271,8 +275,9 @@ def _attempts(
     events: RunEvents = NO_EVENTS,
     opened: Mapping[int, remote.Opening] | None = None,
     keeper: handoff.Keeper | None = None,
+    t0: float | None = None,
 ) -> int:
-    t0 = clock()
+    t0 = clock() if t0 is None else t0
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
     failures: dict[int, int] = {}
     used = 0

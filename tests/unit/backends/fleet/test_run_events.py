@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from nodekit.runs.recorder import begin
 from nodekit.system import docker
 from nodekit.system.host import net
 from nodekit.system.host.facts import HostFacts
+from nodekit.system.progress import RecordingReporter
 
 IMAGE = "nodekit/evdemo:0123456789ab"
 
@@ -279,3 +281,24 @@ def test_a_culprit_that_exited_19_is_quoted_by_the_verdict_its_watchdog_printed_
     line = failed.value.message
     assert "failed with exit code 19: node 1 (10.0.0.2, host b) lost: no heartbeat for 15 s" in line, line
     assert "Connection closed by peer" not in line
+
+
+def test_the_progress_lines_count_from_the_commands_start(engines: Engines, tmp_path: Path) -> None:
+    """ "N node(s) started (X s since the command)": from the process's start, which the CLI passes, not from the
+    hosts' check (before which every host's connection opened: 28 s at 512 stand-in hosts)."""
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "nodekit.toml").write_text(
+        'name = "evdemo"\nscript = "train.py"\nhosts = ["ssh://root@10.0.0.1", "ssh://root@10.0.0.2", '
+        '"ssh://root@10.0.0.3"]\n'
+    )
+    settings = config.load(tmp_path / "nodekit.toml")
+    said = RecordingReporter()
+    ticks = itertools.count()
+    with pytest.raises(JobFailed):
+        run.run(settings, fleet_hosts(settings.hosts, 3), said, lambda r, t: None, image=IMAGE,
+                clock=lambda: 1000 + next(ticks) * 0.5, started=900.0)  # fmt: skip
+    done = " ".join(said.said("done"))
+    ready = re.search(r"3 host\(s\) ready \(([\d.]+) s\)", done)
+    up = re.search(r"3 node\(s\) started \(([\d.]+) s since the command\)", done)
+    assert ready and up, done
+    assert 100 <= float(ready.group(1)) <= float(up.group(1)) < 150, done  # not from the check: that is 0 to 50
