@@ -194,6 +194,7 @@ def main() -> int:
                         "~/.ssh/config (default: OpenSSH's own, sntrup761x25519-sha512 in 9.2)")  # fmt: skip
     opts = parser.parse_args()
     counts = [int(x) for x in opts.hosts.split(",")]
+    kex = opts.kex or "OpenSSH's default"
     exit_on_signals()
     compileall.compile_dir(ROOT / "nodekit", quiet=1)
     work = Path(tempfile.mkdtemp(prefix="nodekit-scale-"))
@@ -221,7 +222,7 @@ def main() -> int:
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             skip = [s.sshd_pid or -1]
             base = (project / "nodekit.toml").read_text()
-            print(f"key exchange: {opts.kex or 'OpenSSH default'}\n{HEADER}", flush=True)
+            print(f"key exchange: {kex}\n{HEADER}", flush=True)
             for n in counts:
                 keep = [ln for ln in base.splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
                 names = [f"ssh://root@{a}" for a in s.addrs[:n]]
@@ -230,7 +231,7 @@ def main() -> int:
                 s.clear()
                 s.set_job(REF, time.time() + hold_s(n))
                 r = one_run(n, project, env, work / f"run-{n}.log", skip)
-                r["kex"] = opts.kex or "OpenSSH's default"
+                r["kex"] = kex
                 rows.append(r)
                 print(row(r), flush=True)
                 if opts.state:

@@ -259,7 +259,7 @@ def run(
         ref = image or current_image(settings)
         local = beside.submit(docker.require_image, ref)
         return _attempts(settings, list(hosts), reporter, on_line, ref, local, debug, clock, loss_window(interval),
-                         events, opened, keeper, started)  # fmt: skip
+                         events, opened, keeper, started=started)  # fmt: skip
 
 
 def _attempts(
@@ -275,9 +275,10 @@ def _attempts(
     events: RunEvents = NO_EVENTS,
     opened: Mapping[int, remote.Opening] | None = None,
     keeper: handoff.Keeper | None = None,
-    t0: float | None = None,
+    *,
+    started: float,
 ) -> int:
-    t0 = clock() if t0 is None else t0
+    t0 = started  # the command's start (run's ``started``): every progress line counts from it
     secret = new_secret()  # one per run, the same on every node (nodekit/job/secret.py)
     failures: dict[int, int] = {}
     used = 0
