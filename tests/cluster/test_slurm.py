@@ -370,13 +370,13 @@ def test_two_charliecloud_jobs_of_one_user_at_once_on_the_same_nodes(
     user = os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
     defaults = Path("/var/tmp") / f"{user}.ch"
     planted = defaults / "img" / str(sqsh).replace("/", "%").replace(":", "+")
-    assert not defaults.exists() or _rm_empty_mount_point(defaults), f"{defaults} holds something: not ours to move"
+    assert not defaults.exists() or _rm_our_leftover(defaults), f"{defaults} holds something: not ours to move"
     before = _temp_files()
     procs = []
     try:
         (planted / "bin").mkdir(parents=True)
-        (planted / "PLANTED").write_text("not the image\n")
-        (defaults / "mnt").write_text("not a directory\n")
+        (planted / "PLANTED").write_text(_PLANTED)
+        (defaults / "mnt").write_text(_NOT_A_DIRECTORY)
         ids = []
         for proj in projs:  # one after the other: the first converts the image when the cache lacks it
             proc, log = start(slurm, proj)
@@ -405,12 +405,29 @@ def test_two_charliecloud_jobs_of_one_user_at_once_on_the_same_nodes(
     assert _task_dirs(ids) == [] and _temp_files() - before == set()
 
 
-def _rm_empty_mount_point(defaults: Path) -> bool:
-    """ch-run's default directory as an older nodekit left it (an empty mnt): removed; False if it holds more."""
-    if [c.name for c in defaults.iterdir()] != ["mnt"] or any((defaults / "mnt").iterdir()):
-        return False
-    (defaults / "mnt").rmdir()
-    defaults.rmdir()
+_PLANTED = "not the image\n"
+_NOT_A_DIRECTORY = "not a directory\n"
+
+
+def _rm_our_leftover(defaults: Path) -> bool:
+    """ch-run's default directory as a run of ours left it, removed: an older nodekit's empty mnt, or what the test
+    above plants, left there when its run was killed before its ``finally`` (a session that ended mid-suite left it,
+    and the next run on that machine failed here). False, and nothing touched, if it holds anything else."""
+    found = {p.relative_to(defaults).as_posix(): p for p in defaults.rglob("*")}
+    if found.keys() == {"mnt"} and found["mnt"].is_dir():
+        found["mnt"].rmdir()
+        defaults.rmdir()
+        return True
+    plant = {"mnt": _NOT_A_DIRECTORY, "img": None}
+    for name in (k for k in found if re.fullmatch(r"img/%[^/]*\.sqsh", k)):  # the image file's path, as ch-run names it
+        plant |= {name: None, f"{name}/bin": None, f"{name}/PLANTED": _PLANTED}
+    for rel, p in found.items():
+        want = plant.get(rel, False)
+        if want is False or p.is_symlink() or (want is None) != p.is_dir():
+            return False
+        if want is not None and p.read_text() != want:
+            return False
+    shutil.rmtree(defaults)
     return True
 
 
