@@ -163,12 +163,16 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
         logs.append(out / f"rank{rank}.log")
         procs.append(main.popen(str(bin_dir / "ssh"), f"root@{h.addr}", remote, env=env, log=logs[-1]))
     tail = Tail(logs[0], t0)
-    deadline = t0 + 600
+    probe = HeadProbe([p.pid for p in procs])  # the same probing as nodekit's side, on this side's head: its ssh
+    deadline, sampled = t0 + 600, 0.0
     while any(p.poll() is None for p in procs):
         if time.monotonic() > deadline:
             print(f"fleet bench: bare torchrun on {n} host(s) did not end within 600 s", flush=True)
             break
         tail.poll()
+        if time.monotonic() - sampled > 0.25:
+            probe.sample()
+            sampled = time.monotonic()
         done = tail.first(FINAL)
         # torchrun's agents meet at an exit barrier after the job; one that leaves it early (seen here: exit 1 on a
         # node whose job had ended well) holds the others there for 300 s. Rank 0's job has ended by then: the
@@ -195,7 +199,8 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
             f"(stuck in torchrun's exit barrier: {', '.join(stuck) or 'none'}); its first step is kept",
             flush=True,
         )
-    return {"first": first, "cpu": tail.cpu, "train": step_marks(out / main.name / "outputs", t0)}
+    return {"first": first, "cpu": tail.cpu, "train": step_marks(out / main.name / "outputs", t0),
+            "footprint": probe.figures()}  # fmt: skip
 
 
 def configure(cfg: Path, base: str, hosts: Sequence[str], extra: str = "") -> None:

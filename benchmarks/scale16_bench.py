@@ -142,6 +142,11 @@ def render(state: Mapping[str, Any], *, seed: int = 1) -> str:
                      f"{foot(ks, 'rss_mb'):.0f} MB | {foot(ks, 'fds'):.0f} ({foot(ks, 'head_fds'):.0f}) | "
                      f"{foot(ks, 'procs'):.0f} | {links} |")  # fmt: skip
         phases.append(fleet_phases.breakdown_row(int(key), r["kit"], r["bare"]))
+        if any("footprint" in x for x in r["bare"]):  # probed as nodekit's side is, since issue 48's fourth stop
+            b = r["bare"]
+            notes.append(f"{key} hosts, bare torchrun's head (its {key} `ssh` clients, probed as nodekit's head is): "
+                         f"{foot(b, 'cpu_s'):.1f} CPU s for the whole run, peak {foot(b, 'rss_mb'):.0f} MB "
+                         f"resident, {foot(b, 'fds'):.0f} open files")  # fmt: skip
         notes.append(f"{key} hosts: {len(ks)} pairs after {r['warmup']} round(s) not counted, {r['measured']}, "
                      f"load {r['load_start']} at the start and {r['load_end']} at the end, {r['minutes']:.1f} "
                      f"minutes")  # fmt: skip
