@@ -157,6 +157,7 @@ else
 	$(PY) benchmarks/ship_bench.py
 	$(PY) benchmarks/tree_bench.py
 	$(PY) benchmarks/scale16_bench.py
+	$(PY) benchmarks/start_cost.py
 	$(PY) benchmarks/base_bench.py
 	$(PY) benchmarks/cuda_bench.py --phase all
 endif
