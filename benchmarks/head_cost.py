@@ -24,6 +24,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,13 +36,20 @@ AGAIN = ("nkssh.", "scale_bench.py", "head_cost.py")
 seen with its parent's command line (this one's, scale_bench's) until it execs its own."""
 
 
-def snapshot(seen: dict[int, tuple[int, str, str]]) -> None:
-    """Every process now in /proc not yet in ``seen``: its parent, its name and its command line; an ``ssh`` seen
-    before, or one whose command line was empty (caught between fork and exec), is read again (:data:`AGAIN`)."""
+def _again(known: tuple[int, str, str]) -> bool:
+    """A process seen before is read again while its command line is empty (caught between fork and exec) or one of
+    :data:`AGAIN`'s."""
+    return not known[2].strip() or any(m in known[2] for m in AGAIN)
+
+
+def snapshot(seen: dict[int, tuple[int, str, str]], again: Callable[[tuple[int, str, str]], bool] = _again) -> None:
+    """Every process now in /proc not yet in ``seen``, and those seen before that ``again`` says to read again: its
+    parent, its name and its command line."""
     for e in os.scandir("/proc"):
-        known = seen.get(int(e.name)) if e.name.isdigit() else None
-        again = known is not None and (not known[2].strip() or any(m in known[2] for m in AGAIN))
-        if not e.name.isdigit() or (known is not None and not again):
+        if not e.name.isdigit():
+            continue
+        known = seen.get(int(e.name))
+        if known is not None and not again(known):
             continue
         try:
             stat = Path(f"/proc/{e.name}/stat").read_text()

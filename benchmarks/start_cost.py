@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import stats  # noqa: E402
+from benchmarks import head_cost, stats  # noqa: E402
 
 Procs = dict[int, tuple[int, str, str]]
 """pid: (parent pid, name, command line), as :func:`benchmarks.head_cost.snapshot` records them."""
@@ -56,22 +56,14 @@ until it execs, and under compose's ``init`` docker-init's child until it execs;
 shell until it execs): such a process is read again."""
 
 
+def _again(known: tuple[int, str, str]) -> bool:
+    return not known[2].strip() or known[1].startswith(BEFORE_EXEC)
+
+
 def snapshot(procs: Procs) -> None:
     """Every process now in /proc not yet in ``procs``, and again those still named as before their exec
     (:data:`BEFORE_EXEC`, or no command line yet): its parent, its name and its command line."""
-    for e in os.scandir("/proc"):
-        if not e.name.isdigit():
-            continue
-        known = procs.get(int(e.name))
-        if known is not None and known[2].strip() and not known[1].startswith(BEFORE_EXEC):
-            continue
-        try:
-            stat = Path(f"/proc/{e.name}/stat").read_text()
-            cmd = Path(f"/proc/{e.name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        procs[int(e.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), comm, cmd)
+    head_cost.snapshot(procs, _again)
 
 
 def _chain(pid: int, procs: Procs) -> list[int]:
