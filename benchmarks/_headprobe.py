@@ -15,11 +15,12 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from benchmarks._standin import descendants
+
 
 class HeadProbe:
     def __init__(self, pid: int | Sequence[int]) -> None:
         self.roots = [pid] if isinstance(pid, int) else list(pid)
-        self.pid = self.roots[0]
         self.peak_rss = self.peak_fds = self.peak_procs = 0
         self.head_fds = 0
         self._cpu: dict[int, float] = {}
@@ -42,12 +43,7 @@ class HeadProbe:
             except (OSError, ValueError):
                 continue
             children.setdefault(int(stat[stat.rfind(")") + 2 :].split()[1]), []).append(int(e.name))
-        tree, todo = set(), list(self.roots)
-        while todo:
-            p = todo.pop()
-            if p not in tree:
-                tree.add(p)
-                todo += children.get(p, [])
+        tree = set(descendants(children, self.roots))
         return tree, masters - tree
 
     def sample(self) -> None:

@@ -24,7 +24,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 NETNS = "nkscale"
@@ -292,11 +292,20 @@ def pids_under(root: int, skip: Sequence[int] = ()) -> list[int]:
             continue
         ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
         children.setdefault(ppid, []).append(int(e.name))
-    out, todo = [], [root]
+    return descendants(children, [root], skip)
+
+
+def descendants(children: Mapping[int, Sequence[int]], roots: Iterable[int], skip: Collection[int] = ()) -> list[int]:
+    """``roots`` and every descendant of theirs in ``children`` (a parent's PID: its children's), each once, not
+    entering ``skip``'s subtrees."""
+    out: list[int] = []
+    seen: set[int] = set()
+    todo = list(roots)
     while todo:
         p = todo.pop()
-        if p in skip:
+        if p in skip or p in seen:
             continue
+        seen.add(p)
         out.append(p)
         todo += children.get(p, [])
     return out

@@ -131,6 +131,7 @@ def kit_run(c: Any, n: int, ref: str, project: Path, port: int, env: dict[str, s
     records = sorted((project / ".nodekit" / "runs").glob("*/run.json"), key=lambda p: p.stat().st_mtime)
     record = json.loads(records[-1].read_text()) if records else {}
     return {
+        "t0": t0,
         "first": tail.first(FIRST_STEP),
         "cpu": tail.cpu,
         "head": fleet_phases.head_phases(tail.lines),
@@ -199,7 +200,7 @@ def bare_run(c: Any, n: int, ref: str, project: Path, port: int, bin_dir: Path, 
             f"(stuck in torchrun's exit barrier: {', '.join(stuck) or 'none'}); its first step is kept",
             flush=True,
         )
-    return {"first": first, "cpu": tail.cpu, "train": step_marks(out / main.name / "outputs", t0),
+    return {"t0": t0, "first": first, "cpu": tail.cpu, "train": step_marks(out / main.name / "outputs", t0),
             "footprint": probe.figures()}  # fmt: skip
 
 

@@ -60,13 +60,19 @@ def snapshot(seen: dict[int, tuple[int, str, str]], again: Callable[[tuple[int, 
         seen[int(e.name)] = (int(stat.rsplit(")", 1)[1].split()[1]), comm, cmd)
 
 
-def kind(pid: int, seen: dict[int, tuple[int, str, str]], head: int, bench: int, comm: str) -> str:
-    """What ``pid`` is for: one of the head's kinds, ``standin`` (sshd's side), or ``other`` (the rest of the
-    machine, the bench included)."""
+def ancestry(pid: int, seen: dict[int, tuple[int, str, str]]) -> list[int]:
+    """``pid`` and its recorded ancestors, nearest first, up to init (64 at most)."""
     chain, p = [], pid
     while p in seen and p not in (0, 1) and len(chain) < 64:
         chain.append(p)
         p = seen[p][0]
+    return chain
+
+
+def kind(pid: int, seen: dict[int, tuple[int, str, str]], head: int, bench: int, comm: str) -> str:
+    """What ``pid`` is for: one of the head's kinds, ``standin`` (sshd's side), or ``other`` (the rest of the
+    machine, the bench included)."""
+    chain = ancestry(pid, seen)
     cmd = seen[pid][2] if pid in seen else ""
     name = comm
     if any(seen[q][1] == "sshd" for q in chain if q in seen):

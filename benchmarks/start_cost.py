@@ -66,14 +66,6 @@ def snapshot(procs: Procs) -> None:
     head_cost.snapshot(procs, _again)
 
 
-def _chain(pid: int, procs: Procs) -> list[int]:
-    chain, p = [], pid
-    while p in procs and p not in (0, 1) and len(chain) < 64:
-        chain.append(p)
-        p = procs[p][0]
-    return chain
-
-
 def _is_shim(name: str) -> bool:
     return name.startswith("containerd-shim")
 
@@ -82,7 +74,7 @@ def kind(pid: int, comm: str, procs: Procs, head: int, bench: int) -> str:
     """What ``pid`` (a sample's process, ``comm`` its thread's name) is for in a run from host 0 (``head``: the
     ``nodekit run`` process, 0 on bare torchrun's side; ``bench``: this process): see the module's docstring.
     ``other: <name>`` is the rest of the machine (the kernel's threads, perf)."""
-    chain = _chain(pid, procs)
+    chain = head_cost.ancestry(pid, procs)
     names = [procs[p][1] for p in chain]
     name = names[0] if names else comm
     if pid == bench:
@@ -165,18 +157,18 @@ def charge(samples: list[tuple[float, int, str]], procs: Procs, head: int, t0: f
 
 
 def profiled(side: str, run: Any, work: Path, i: int) -> dict[str, Any]:
-    """One run of ``side`` (``run`` returns fleet_bench's result, whose ``first`` is seconds since its own start)
-    under the recorder: CPU seconds per kind to its first step."""
+    """One run of ``side`` (``run`` returns fleet_bench's result: ``t0``, the monotonic second its clock started,
+    after its own set-up, and ``first``, seconds since then) under the recorder: CPU seconds per kind from ``t0``
+    to its first step."""
     rec = Recorder(work / f"perf-{side}-{i}.data")
     rec.start()
     me = os.getpid()
-    t0 = time.monotonic()
     try:
         got = run()
     finally:
         rec.stop()
     heads = [p for p, (pp, _, cmd) in rec.procs.items() if pp == me and "-m nodekit run" in cmd]
-    kinds = charge(rec.samples(), rec.procs, heads[0] if heads else 0, t0, t0 + got["first"])
+    kinds = charge(rec.samples(), rec.procs, heads[0] if heads else 0, got["t0"], got["t0"] + got["first"])
     rec.data.unlink(missing_ok=True)
     return {"first": got["first"], "cpu": got["cpu"], "kinds": kinds}
 
