@@ -31,7 +31,6 @@ import json
 import secrets
 import select
 import socket
-import statistics
 import time
 from collections.abc import Callable
 
@@ -250,11 +249,11 @@ def measure(
             got = json.loads(up.recv())
             ab = Transfer(bytes=int(got["bytes"]), seconds=float(got["seconds"]), error=str(got.get("error", "")))
         except (LinkError, OSError, EOFError, ValueError, KeyError) as e:
-            return Pair(a, b, Transfer(error=_why(e)), Transfer(), _median(rtts), error=f"during {a}->{b}: {_why(e)}")
+            return Pair(a, b, Transfer(error=_why(e)), Transfer(), path_rtt(rtts), error=f"during {a}->{b}: {_why(e)}")
     try:
         down = _connect_tried(addr, port, secret, run_id, source)
     except (LinkError, OSError, EOFError, NotNodekit, WrongSecret) as e:
-        return Pair(a, b, ab, Transfer(error=_why(e)), _median(rtts))
+        return Pair(a, b, ab, Transfer(error=_why(e)), path_rtt(rtts))
     with down.sock:
         try:
             down.send(json.dumps({"op": "down", "seconds": seconds}).encode())
@@ -264,11 +263,15 @@ def measure(
             sink(down.sock, time.monotonic() + DRAIN_S)
         except (LinkError, OSError) as e:
             ba = Transfer(error=_why(e))
-    return Pair(a, b, ab, ba, _median(rtts))
+    return Pair(a, b, ab, ba, path_rtt(rtts))
 
 
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
+def path_rtt(rtts_ms: list[float]) -> float | None:
+    """The pair's round trip: the least of its pings. A busy core only adds to a round trip (the listener's thread
+    woken late, the answer read late), never takes from it, while a slow path (a longer route, a queue that stays
+    full) is in every one. The median of five named pairs "late" on links that were all alike while the cores were
+    busy with the job's start (benchmarks/link_bench.py, part 3)."""
+    return round(min(rtts_ms), 4) if rtts_ms else None
 
 
 def _why(e: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from dataclasses import replace
 from itertools import combinations
 
 import pytest
@@ -215,6 +216,38 @@ def test_a_pair_on_a_settled_link_ends_each_way_long_before_its_bound() -> None:
         assert again.error == "" and again.gbit
     finally:
         server.close()
+
+
+@pytest.mark.parametrize(("stalled", "late"), [((1, 2, 3), False), ((0, 1, 2, 3, 4), True)])
+def test_a_round_trip_is_the_paths_own_a_busy_listener_stalling_some_pings_is_not_late(
+    monkeypatch: pytest.MonkeyPatch, stalled: tuple[int, ...], late: bool
+) -> None:
+    """The listener's answers to the pings ``stalled`` wait 30 ms, as a thread on a busy core does: three of five
+    are noise on a fast path; all five are a slow path. By the verdict's rule (over 4 x the others' and 5 ms more),
+    only the second is late."""
+    import time
+
+    answered: list[int] = []
+    send = probe.Channel.send
+
+    def stalling(channel: probe.Channel, payload: bytes) -> None:
+        if channel.out == probe.TO_CLIENT and len(payload) == 8:  # the listener echoing a ping
+            if len(answered) in stalled:
+                time.sleep(0.03)
+            answered.append(int.from_bytes(payload, "big"))
+        send(channel, payload)
+
+    monkeypatch.setattr(probe.Channel, "send", stalling)
+    server = listener.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    try:
+        pair = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"r" * 16, 0.05)
+    finally:
+        server.close()
+    assert answered == list(range(probe.PINGS)) and pair.error == "" and pair.rtt_ms is not None
+    assert (pair.rtt_ms >= 30) is late, pair
+    others = [Pair(a, b, gbit(9.4), gbit(9.4), rtt_ms=0.1) for a, b in combinations(range(4), 2) if (a, b) != (0, 1)]
+    v = decide(ends(4), [replace(pair, ab=gbit(9.4), ba=gbit(9.4)), *others])
+    assert [(f.kind, f.a, f.b) for f in v.findings] == ([("late", 0, 1)] if late else [])
 
 
 def test_closing_the_listener_wakes_its_accept_loop_instead_of_sleeping_out_its_poll(
