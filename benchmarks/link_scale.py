@@ -69,10 +69,12 @@ def _raise_fd_limit() -> None:
 
 
 def _node(store: Any, rank: int, n: int, run_id: bytes, seconds: float) -> tuple[LinkVerdict, int]:
+    from nodekit.launcher.linkcheck.apart import Here
     from nodekit.launcher.linkcheck.run import LinkJob, run
 
     counted = Counting(store)
-    v = run(counted, LinkJob(rank, n, f"h{rank}", addr(rank), "lo", SECRET, seconds=seconds), run_id)
+    job = LinkJob(rank, n, f"h{rank}", addr(rank), "lo", SECRET, seconds=seconds)
+    v = run(counted, job, run_id, meters=Here)  # in this process, where the shaper is: not a process per node
     return v, counted.ops
 
 

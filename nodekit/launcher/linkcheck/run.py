@@ -21,8 +21,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from nodekit.launcher.linkcheck.listener import LinkServer
-from nodekit.launcher.linkcheck.probe import CONNECT_S, DRAIN_S, TRIES, measure
+from nodekit.launcher.linkcheck.apart import Apart, ListenError, Meter, Meters
+from nodekit.launcher.linkcheck.probe import CONNECT_S, DRAIN_S, TRIES
 from nodekit.launcher.linkcheck.rounds import (
     BARRIER_POLL_S,
     Round,
@@ -77,12 +77,13 @@ def _barrier(store: Store, name: str, nnodes: int, deadline: float, clock: Clock
     return True
 
 
-def run(store: Store, job: LinkJob, run_id: bytes, clock: Clock | None = None) -> LinkVerdict:
+def run(store: Store, job: LinkJob, run_id: bytes, clock: Clock | None = None, meters: Meters = Apart) -> LinkVerdict:
     """Listen, measure this node's pairs round by round, and return main's verdict (main decides it). A lost
-    store is a :class:`PreflightError`."""
+    store is a :class:`PreflightError`. ``meters``: where the listener and the transfers run, by default a
+    process of their own (``apart.py``)."""
     clock = clock or Clock()
     try:
-        return _run(store, job, run_id, clock)
+        return _run(store, job, run_id, clock, meters)
     except RuntimeError as e:  # StoreError: main went away mid-check
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise PreflightError(f"lost main's store during the link check: {first}") from e
@@ -100,30 +101,29 @@ class _Endpoints:
         return self.known[rank]
 
 
-def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock) -> LinkVerdict:
+def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock, meters: Meters) -> LinkVerdict:
     start = clock.now()
     local = job.addr if job.bind is None else job.bind
     try:
-        server = LinkServer(job.secret, run_id, local).start()
-    except OSError as err:
-        why = err.strerror or err
-        raise PreflightError(f"cannot listen for the link check on {local or 'any address'}: {why}") from err
+        meter = meters(job.secret, run_id, local)
+    except ListenError as err:
+        raise PreflightError(f"cannot listen for the link check on {local or 'any address'}: {err}") from err
     n = job.nnodes
     per_round = round_deadline_s(job.seconds, TRIES * CONNECT_S, DRAIN_S)
     try:
-        me = Endpoint(job.rank, job.host, job.addr, job.iface, server.port)
+        me = Endpoint(job.rank, job.host, job.addr, job.iface, meter.port)
         store.set(_k("end", job.rank), json.dumps(asdict(me)))
         if not _barrier(store, "ready", n, clock.now() + ENDPOINTS_WAIT_S, clock):
             raise PreflightError(f"not every node published its link check endpoint within {ENDPOINTS_WAIT_S:g} s")
         ends = _Endpoints(store)
         schedule = survey(n, run_id)
-        finished = _measure(store, job, run_id, schedule, 0, ends, local, per_round, clock)
+        finished = _measure(store, job, meter, schedule, 0, ends, local, per_round, clock)
         if sampled(n):
             more = _narrowing(store, job, ends, schedule, finished, per_round, clock)
-            finished = finished and _measure(store, job, run_id, more, len(schedule), ends, local, per_round, clock)
+            finished = finished and _measure(store, job, meter, more, len(schedule), ends, local, per_round, clock)
             schedule = schedule + more
     finally:
-        server.close()
+        meter.close()
     if job.rank == 0:
         return _decide(store, job, ends, schedule, clock.now() - start, finished, clock)
     deadline = clock.now() + per_round * (plan_rounds(n) + 1) + SEEN_WAIT_S
@@ -137,7 +137,7 @@ def _run(store: Store, job: LinkJob, run_id: bytes, clock: Clock) -> LinkVerdict
 def _measure(
     store: Store,
     job: LinkJob,
-    run_id: bytes,
+    meter: Meter,
     schedule: list[Round],
     first_no: int,
     ends: _Endpoints,
@@ -151,7 +151,7 @@ def _measure(
         mate = partner(schedule, i, job.rank)
         if mate is not None and job.rank < mate:
             e = ends[mate]
-            pair = measure(job.rank, mate, e.addr, e.port, job.secret, run_id, job.seconds, source=local or None)
+            pair = meter.measure(job.rank, mate, e.addr, e.port, job.seconds, local or None)
             store.set(_k("pair", f"{job.rank}-{mate}"), json.dumps(pair.to_json_dict()))
         if not _barrier(store, f"round/{first_no + i}", job.nnodes, clock.now() + per_round, clock):
             return False

@@ -2,7 +2,8 @@
 address (127.0.0.x), its own listener and its own connection to a real preflight store, the real probes and
 handshakes. One node's link is slow: every send on a connection with its address is paced, in the test's own
 shaper (the loopback's stand-in for ``tc`` on that node's interface, both directions). The plan measures a sample
-of the pairs, re-tests the suspects against known-good nodes, and names the slow node."""
+of the pairs, re-tests the suspects against known-good nodes, and names the slow node. The nodes' listeners and
+transfers run in this process (``apart.Here``), where the shaper is, not each in a process of its own."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections import Counter
 
 import pytest
 
+from nodekit.launcher.linkcheck.apart import Here
 from nodekit.launcher.linkcheck.rounds import ALL_PAIRS_MAX, NARROW_ROUNDS, SURVEY_ROUNDS
 from nodekit.launcher.linkcheck.run import LinkJob, run
 from nodekit.launcher.linkcheck.verdict import LinkVerdict
@@ -36,7 +38,8 @@ def test_above_the_threshold_a_sample_of_pairs_names_the_slow_node(monkeypatch: 
     def node(r: int) -> None:
         try:
             store = hosted if r == 0 else Client.connect("127.0.0.1", hosted.port, SECRET, timeout_s=60, connect_s=10)
-            out[r] = run(store, LinkJob(r, N, f"h{r}", f"127.0.0.{r + 1}", "lo", SECRET, seconds=0.1), hosted.run_id)
+            job = LinkJob(r, N, f"h{r}", f"127.0.0.{r + 1}", "lo", SECRET, seconds=0.1)
+            out[r] = run(store, job, hosted.run_id, meters=Here)  # in this process: the shaper is here
         except BaseException as e:
             errors.append(e)
 
