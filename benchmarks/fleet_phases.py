@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -148,3 +149,18 @@ def first_step_row(key: str, r: Mapping[str, Any], target_s: float, *, seed: int
             f"{median(kit):.2f} s ({', '.join(f'{x:.1f}' for x in kit)}) | {d.estimate:+.2f} s "
             f"[{d.low:+.2f}, {d.high:+.2f}] | {stats.verdict(d, target_s).text} | "
             f"{cpu_median(r['bare'])} / {cpu_median(r['kit'])} |")  # fmt: skip
+
+
+FINDING_KINDS = {"round trip over": "late", "under 0.25 x": "slow", "below min_link_gbit": "below_floor",
+                 "no transfer": "unreachable"}  # fmt: skip
+
+
+def finding_kinds(lines: Iterable[str]) -> dict[str, int]:
+    """The link check's named pairs by kind (its finding lines, which every node prints: each pair counted once)."""
+    found: dict[str, str] = {}
+    for ln in lines:
+        text = ln.split("] ", 1)[-1]
+        if text.startswith(("  warn ", "  refuse ")) and "<->" in text:
+            pair = text.split(":", 1)[0]
+            found[pair] = next((k for cue, k in FINDING_KINDS.items() if cue in text), "other")
+    return dict(Counter(found.values()))

@@ -2,11 +2,18 @@
 
 1. Its own cost at 2, 4, 8 and 16 nodes: that many processes on this machine, each a node on its own loopback
    address (127.0.0.N) with the launcher's real check (store, handshake, rounds, transfers, verdict), node 0 hosting
-   the store. The rounds are time-bounded, so the seconds are those of a real cluster; the Gbit/s are not (16
-   processes share 2 cores and the loopback).
+   the store; each node's listener and transfers in the node's own process (``apart.Here``), where the whole-bound
+   side can set the bound. The rounds are time-bounded, so the seconds are those of a real cluster; the Gbit/s are
+   not (16 processes share 2 cores and the loopback).
 2. Its cost on the demo job: examples/ddp as two nodes on this machine (`nodekit up`, main at this machine's own
    non-loopback address, so that the check runs: with main 127.0.0.1 it is skipped), with [health] links = "off"
    and "warn" alternating, `--reps` times each: the check's own seconds from node 0's log, and the job's wall time.
+3. Its verdict on busy cores: ``--busy-nodes`` nodes as in 1, every other node's process with a busy thread (the
+   launcher's main thread importing and starting torchrun beside the check) and ``--busy-procs`` busy processes
+   beside (workers importing torch), three ways alternating, ``--reps`` checks each: the listener and transfers in
+   the node's process with a pair's round trip the median of its pings (before), the same with the least, and in a
+   process of their own with the least (now, ``linkcheck/apart.py``). Reported: the pairs named, by kind, the
+   pairs' median round trip and the reference rate. Every link is loopback: every pair named is a false alarm.
 
 Needs a Docker engine and the demo image for part 2 (`--no-demo` skips it).
 """
@@ -23,7 +30,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,56 +41,110 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks._project import DOCS, build, copy_demo, replace_section
 from nodekit.launcher.linkcheck.probe import STEADY_MIN_S as SETTLE_MIN_S  # restored after a run of the whole bound
+from nodekit.launcher.linkcheck.probe import path_rtt as PATH_RTT  # restored after a run of the median rule
 
 TITLE = "## The link check: its cost at 2 to 16 nodes and on the demo job"
 SECRET = "link-bench-secret"
 PORT = 29730
 
 
-def _fixed(fixed: bool) -> None:
-    """With ``fixed``, every transfer runs for its whole bound, as before issue 33 (the figure never settles)."""
+def _fixed(fixed: bool, rule: str = "least") -> None:
+    """With ``fixed``, every transfer runs for its whole bound, as before issue 33 (the figure never settles). With
+    ``rule`` "median", a pair's round trip is the median of its pings, as before the least was taken. Both act on
+    the transfers of this process only (``apart.Here``)."""
     from nodekit.launcher.linkcheck import probe
 
     probe.STEADY_MIN_S = math.inf if fixed else SETTLE_MIN_S
+    probe.path_rtt = _median_rtt if rule == "median" else PATH_RTT
 
 
-def _node(rank: int, n: int, port: int, run_id: bytes, seconds: float, out: Any, fixed: bool) -> None:
+def _median_rtt(rtts_ms: list[float]) -> float | None:
+    return round(statistics.median(rtts_ms), 4) if rtts_ms else None
+
+
+def _busy(until: float) -> None:
+    """Busy until ``until``: a core's worth of demand (a worker importing torch, in a process; the launcher's main
+    thread importing and starting torchrun, in a node's own process)."""
+    while time.monotonic() < until:
+        pass
+
+
+# Part 3's sides: where a node's listener and transfers run, and how a pair's round trip is taken.
+SIDES = {
+    "before": ("in the node's process", "median"),
+    "least": ("in the node's process", "least"),
+    "now": ("in a process of their own", "least"),
+}
+
+
+@dataclass(frozen=True)
+class How:
+    """One check's conditions: ``fixed`` and ``rule`` as :func:`_fixed`; ``apart``: each node's listener and
+    transfers in a process of their own (the launcher's way) instead of the node's process; ``spin``: a busy
+    thread in the process of every odd-ranked node from before the first round; ``busy``: that many busy
+    processes beside."""
+
+    fixed: bool = False
+    rule: str = "least"
+    apart: bool = False
+    spin: bool = False
+    busy: int = 0
+
+
+def _meters(how: How) -> Any:
+    from nodekit.launcher.linkcheck.apart import Apart, Here
+
+    return Apart if how.apart else Here
+
+
+def _node(rank: int, n: int, port: int, run_id: bytes, seconds: float, out: Any, how: How) -> None:
     from nodekit.launcher.linkcheck.run import LinkJob, run
-
-    _fixed(fixed)
     from nodekit.launcher.store.client import Client
 
+    _fixed(how.fixed, how.rule)
+    if how.spin and rank % 2:  # half the nodes (odd ranks), as launchers start torchrun at their own moments
+        threading.Thread(target=_busy, args=(time.monotonic() + 120,), daemon=True).start()
     store = Client.connect("127.0.0.1", port, SECRET, timeout_s=120, connect_s=30)
-    v = run(store, LinkJob(rank, n, f"n{rank}", f"127.0.0.{rank + 1}", "lo", SECRET, seconds=seconds), run_id)
+    job = LinkJob(rank, n, f"n{rank}", f"127.0.0.{rank + 1}", "lo", SECRET, seconds=seconds)
+    v = run(store, job, run_id, meters=_meters(how))
     out.put((rank, v.took_s))
 
 
-def scaling(n: int, seconds: float, *, fixed: bool = False) -> dict[str, float]:
-    """One check among ``n`` local nodes: main's measured duration and the wall time from the first process's
-    start to the last verdict (processes already running, as a launcher is when its preflight passed). ``fixed``:
-    every transfer runs for its whole bound (:func:`_fixed`)."""
+def scaling(n: int, seconds: float, how: How | None = None) -> dict[str, Any]:
+    """One check among ``n`` local nodes under ``how``: main's measured duration and the wall time from the first
+    process's start to the last verdict (processes already running, as a launcher is when its preflight passed);
+    the pairs named, by kind; the median of the pairs' round trips and the reference rate."""
     from nodekit.launcher.linkcheck.rounds import estimate_s
     from nodekit.launcher.linkcheck.run import LinkJob, run
     from nodekit.launcher.store.server import host
 
+    how = how or How()
     hosted = host(SECRET, 0, timeout_s=120, host="127.0.0.1")
     ctx = mp.get_context("spawn")
     out: Any = ctx.Queue()
-    procs = [
-        ctx.Process(target=_node, args=(r, n, hosted.port, hosted.run_id, seconds, out, fixed)) for r in range(1, n)
-    ]
-    _fixed(fixed)
+    procs = [ctx.Process(target=_node, args=(r, n, hosted.port, hosted.run_id, seconds, out, how)) for r in range(1, n)]
+    _fixed(how.fixed, how.rule)
     for p in procs:
         p.start()
     time.sleep(1.0 + 0.1 * n)  # let every process import and connect: the launcher is past that when it starts
+    hogs = [ctx.Process(target=_busy, args=(time.monotonic() + 120,)) for _ in range(how.busy)]
+    for h in hogs:
+        h.start()
     start = time.monotonic()
-    v = run(hosted, LinkJob(0, n, "n0", "127.0.0.1", "lo", SECRET, seconds=seconds), hosted.run_id)
+    job = LinkJob(0, n, "n0", "127.0.0.1", "lo", SECRET, seconds=seconds)
+    v = run(hosted, job, hosted.run_id, meters=_meters(how))  # node 0 (even) without a busy thread
     wall = time.monotonic() - start
+    for h in hogs:
+        h.terminate()
+        h.join(10)
     for p in procs:
         p.join(60)
     hosted.close()
     _fixed(False)
-    return {"n": n, "took_s": v.took_s, "wall_s": wall, "estimate_s": estimate_s(n, seconds), "pairs": len(v.pairs)}
+    kinds = Counter(f.kind for f in v.findings)
+    return {"n": n, "took_s": v.took_s, "wall_s": wall, "estimate_s": estimate_s(n, seconds), "pairs": len(v.pairs),
+            "late": kinds["late"], "slow": kinds["slow"], "named": len(v.findings),
+            "median_rtt_ms": v.median_rtt_ms or 0.0, "reference_gbit": v.reference_gbit or 0.0}  # fmt: skip
 
 
 def own_address() -> str:
@@ -131,7 +195,14 @@ def _list(values: list[float]) -> str:
     return ", ".join(f"{v:.1f}" for v in values)
 
 
-def section(scale: list[dict[str, Any]], demo: dict[str, Any] | None, seconds: float, reps: int) -> str:
+def section(
+    scale: list[dict[str, Any]],
+    demo: dict[str, Any] | None,
+    seconds: float,
+    reps: int,
+    busy: dict[str, list[dict[str, Any]]] | None = None,
+    procs: int = 0,
+) -> str:
     lines = [
         TITLE,
         "",
@@ -167,6 +238,30 @@ def section(scale: list[dict[str, Any]], demo: dict[str, Any] | None, seconds: f
             f"spread over {spread:.1f} s on this shared machine, so only the check's own figure is exact.",
             "",
         ]
+    if busy and busy["now"]:
+        n = busy["now"][0]["n"]
+
+        def each(side: str, key: str, fmt: str) -> str:
+            return ", ".join(format(r[key], fmt) for r in busy[side])
+
+        lines += [
+            f"On busy cores ({n} nodes as above; in the process of every other node a busy thread, as the "
+            "launcher's main thread is while it imports and starts torchrun beside the check; "
+            f"{procs} busy processes beside, as workers importing torch are; {len(busy['now'])} checks each way, "
+            "alternating). Every link is loopback, so every pair named is a false alarm:",
+            "",
+            "| the node's listener and transfers | a pair's round trip | pairs named late | pairs named slow | the "
+            "pairs' median round trip, ms | the reference, Gbit/s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for side, (where, rule) in SIDES.items():
+            label = {"before": " (before)", "now": " (now)"}.get(side, "")
+            lines.append(
+                f"| {where}{label} | the {rule} of its five pings | {each(side, 'late', 'd')} | "
+                f"{each(side, 'slow', 'd')} | {each(side, 'median_rtt_ms', '.2f')} | "
+                f"{each(side, 'reference_gbit', '.1f')} |"
+            )
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -175,34 +270,48 @@ def main() -> int:
     ap.add_argument("--nodes", default="2,4,8,16")
     ap.add_argument("--seconds", type=float, default=0.2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--busy-nodes", type=int, default=8, help="part 3 at this many nodes (0: not run)")
+    ap.add_argument("--busy-procs", type=int, default=8, help="part 3: busy processes beside the nodes")
     ap.add_argument("--no-demo", action="store_true")
     ap.add_argument("--no-docs", action="store_true", help="print the section, do not write docs/benchmarks.md")
     args = ap.parse_args()
     scale: list[dict[str, Any]] = []
-    for n in (int(x) for x in args.nodes.split(",")):
+    for n in (int(x) for x in args.nodes.split(",") if x):
         runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
         for _ in range(args.reps):
             for fixed in (False, True):
-                runs[fixed].append(scaling(n, args.seconds, fixed=fixed))
+                runs[fixed].append(scaling(n, args.seconds, How(fixed=fixed)))
         best, before = (sorted(runs[f], key=lambda r: r["took_s"])[len(runs[f]) // 2] for f in (False, True))
         took = ", ".join(f"{r['took_s']:.2f}" for r in runs[False])
         was = ", ".join(f"{r['took_s']:.2f}" for r in runs[True])
         print(f"{n} nodes: {took} s until settled, {was} s for the whole bound ({best['estimate_s']:.2f} s)")
         scale.append({**best, "fixed": before})
+    busy: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
+    if args.busy_nodes:
+        for _ in range(args.reps):
+            for side, (where, rule) in SIDES.items():
+                how = How(rule=rule, apart=where == SIDES["now"][0], spin=True, busy=args.busy_procs)
+                busy[side].append(scaling(args.busy_nodes, args.seconds, how))
+        for side, got in busy.items():
+            print(f"busy, {side}: late {[r['late'] for r in got]}, slow {[r['slow'] for r in got]}, "
+                  f"rtt {[round(r['median_rtt_ms'], 2) for r in got]}, "
+                  f"Gbit/s {[round(r['reference_gbit'], 1) for r in got]}")  # fmt: skip
     demo = None
     if not args.no_demo:
         project = copy_demo("nodekit-link-bench-")
         build(project, quiet=True)
         main_addr = own_address()
-        off, on, took = [], [], []
+        off: list[float] = []
+        on: list[float] = []
+        checks: list[float] = []
         for _ in range(args.reps):
             off.append(demo_run(project / "nodekit.toml", main_addr, "off")[0])
             wall, check = demo_run(project / "nodekit.toml", main_addr, "warn")
             on.append(wall)
-            took.append(check or 0.0)
-        demo = {"main": main_addr, "reps": args.reps, "off_s": off, "on_s": on, "check_s": took}
-        print(f"demo: off {off}, on {on}, check {took}")
-    text = section(scale, demo, args.seconds, args.reps)
+            checks.append(check or 0.0)
+        demo = {"main": main_addr, "reps": args.reps, "off_s": off, "on_s": on, "check_s": checks}
+        print(f"demo: off {off}, on {on}, check {checks}")
+    text = section(scale, demo, args.seconds, args.reps, busy, args.busy_procs)
     print(text)
     if not args.no_docs:
         DOCS.write_text(replace_section(DOCS.read_text(), TITLE, text))

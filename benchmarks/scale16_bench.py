@@ -147,6 +147,11 @@ def render(state: Mapping[str, Any], *, seed: int = 1) -> str:
             notes.append(f"{key} hosts, bare torchrun's head (its {key} `ssh` clients, probed as nodekit's head is): "
                          f"{foot(b, 'cpu_s'):.1f} CPU s for the whole run, peak {foot(b, 'rss_mb'):.0f} MB "
                          f"resident, {foot(b, 'fds'):.0f} open files")  # fmt: skip
+        if all("findings" in x for x in ks):  # recorded since issue 48's fifth stop
+            named = "; ".join(", ".join(f"{n} {kind}" for kind, n in sorted(x["findings"].items())) or "none"
+                              for x in ks)  # fmt: skip
+            notes.append(f"{key} hosts, the pairs the link check named in each nodekit run (every link alike): "
+                         f"{named}")  # fmt: skip
         notes.append(f"{key} hosts: {len(ks)} pairs after {r['warmup']} round(s) not counted, {r['measured']}, "
                      f"load {r['load_start']} at the start and {r['load_end']} at the end, {r['minutes']:.1f} "
                      f"minutes")  # fmt: skip

@@ -98,3 +98,22 @@ def test_breakdown_row_has_a_cell_per_header_column() -> None:
     assert cells[5] == "4.0 to 4.1"  # the nodes' first lines, earliest to latest
     assert cells[6:10] == ["3.1 to 3.3", "5.0 to 5.5", "6.5", "8.0"]  # started, preflight, rendezvous, output
     assert cells[10:] == ["7.5", "8.2", "9.0", "6.0", "7.0", "8.0"]  # rank 0's marks, first step; bare's
+
+
+def test_the_link_checks_named_pairs_are_counted_by_kind_once_each_from_every_nodes_lines() -> None:
+    from itertools import combinations
+
+    from nodekit.launcher.linkcheck.verdict import Endpoint, Pair, Transfer, decide, render
+
+    def gbit(g: float) -> Transfer:
+        return Transfer(bytes=int(g * 1e9 / 8 * 0.2), seconds=0.2)
+
+    ends = [Endpoint(r, f"h{r}", f"10.0.0.{r + 1}", "eth0", 40000 + r) for r in range(5)]
+    pairs = [
+        Pair(a, b, gbit(0.5 if b == 4 else 9.4), gbit(9.4), rtt_ms=9.0 if (a, b) == (0, 1) else 0.1)
+        for a, b in combinations(range(5), 2)
+    ]
+    report = render(decide(ends, pairs), matrix=True, started=True)
+    merged = [f"[node {r}] {line}" for r in range(5) for line in report.splitlines()]
+    assert fleet_phases.finding_kinds(merged) == {"slow": 4, "late": 1}
+    assert fleet_phases.finding_kinds(["[node 0] nodekit link check: ok, 5 nodes"]) == {}
