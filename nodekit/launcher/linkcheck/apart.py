@@ -4,9 +4,9 @@ The launcher runs the check in a thread beside the job's start, while its main t
 (a second or more of Python holding the interpreter's lock). A thread of the same process then waits up to the
 lock's switch interval (5 ms) each time it wants the lock back: every ping's answer and every read of the bulk
 stream. The check then measures the launcher, not the link: on 8 nodes of one 2-core machine, every other node's
-process busy that way, the check named 10 to 12 pairs of links that were all alike, the pairs' median round trip
-1.4 to 3.4 ms; with the listener and transfers in processes of their own, none, and 0.06 ms (benchmarks/link_bench.py,
-part 3).
+process busy that way, the check named 8 to 11 pairs of links that were all alike, the pairs' median round trip
+0.4 to 1.9 ms; with the listener and transfers in processes of their own, none, and 0.06 to 0.10 ms
+(benchmarks/link_bench.py, part 3).
 
 So :class:`Apart` starts ``python -m nodekit.launcher.linkcheck.apart``: it listens (``listener.py``) and measures
 the pairs it is asked to (``probe.measure``); the rounds, the store and the verdict stay in the launcher
@@ -87,10 +87,13 @@ class Apart:
         root = str(Path(__file__).resolve().parents[3])  # the directory holding the nodekit package
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        self._child = subprocess.Popen(
-            [sys.executable, "-m", "nodekit.launcher.linkcheck.apart"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-        )  # fmt: skip
+        try:
+            self._child = subprocess.Popen(
+                [sys.executable, "-m", "nodekit.launcher.linkcheck.apart"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+            )  # fmt: skip
+        except OSError as e:
+            raise ListenError(f"cannot start its process ({e.strerror or e})") from e
         self.pid = self._child.pid
         assert self._child.stdin is not None and self._child.stdout is not None
         self._in: IO[bytes] = self._child.stdin
@@ -111,14 +114,28 @@ class Apart:
             self._in.write(json.dumps(request).encode() + b"\n")
             self._in.flush()
         except OSError as e:
-            raise ListenError(f"the link check's process is gone ({e.strerror or e})") from e
+            raise ListenError(self._ended() or f"its process is gone ({e.strerror or e})") from e
         line = self._line(time.monotonic() + within_s)
         if line is None:
-            raise ListenError(f"the link check's process did not answer within {within_s:g} s")
-        answer = json.loads(line)
+            ended = self._ended()
+            if not ended:  # stuck: ended, so that a late answer is never read as the next request's
+                self._child.kill()
+            raise ListenError(ended or f"its process did not answer within {within_s:g} s")
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
         if not isinstance(answer, dict):
-            raise ListenError("the link check's process answered something else")
+            raise ListenError("its process answered something else")
         return answer
+
+    def _ended(self) -> str:
+        """Why the child cannot answer when it has ended ("" while it runs)."""
+        try:
+            code = self._child.wait(0.5)
+        except subprocess.TimeoutExpired:
+            return ""
+        return f"its process ended (exit code {code}) without an answer"
 
     def _line(self, deadline: float) -> bytes | None:
         """The child's next line by ``deadline`` (None: none came, or the child ended). Read from its descriptor
@@ -142,7 +159,8 @@ class Apart:
         try:
             return Pair.from_json_dict(self._ask(request, bound))
         except (ListenError, ValueError, KeyError, TypeError) as e:
-            return Pair(a, b, Transfer(), Transfer(), error=str(e) or type(e).__name__)
+            why = f"this node's link check process: {e}" if isinstance(e, ListenError) else f"a garbled answer ({e})"
+            return Pair(a, b, Transfer(), Transfer(), error=why)
 
     def close(self) -> None:
         """Ends the child: its input closed (it closes its listener and exits), then killed if it has not."""
@@ -191,8 +209,8 @@ def main() -> int:
         signal.signal(s, signal.SIG_DFL)
     try:
         return serve(sys.stdin.buffer, sys.stdout.buffer)
-    except (OSError, ValueError, KeyError) as e:  # the launcher went away mid-answer, or a garbled request
-        print(f"nodekit link check: its process stopped: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # the launcher went away mid-answer, a garbled request: one line in the job's log
+        print(f"nodekit link check: its process stopped: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         return 1
 
 

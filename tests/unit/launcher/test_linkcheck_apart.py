@@ -130,3 +130,16 @@ def test_the_child_ends_when_the_launcher_ends_however_it_ends(how: signal.Signa
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_a_child_that_died_makes_its_pairs_errors_naming_it_not_a_hang() -> None:
+    a, b = Apart(SECRET, RUN, "127.0.0.1"), Here(SECRET, RUN, "127.0.0.2")
+    try:
+        os.kill(a.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        pair = a.measure(0, 1, "127.0.0.2", b.port, 0.05, "127.0.0.1")
+        assert time.monotonic() - t0 < 5
+        assert pair.gbit is None and "link check process" in pair.error and "ended (exit code -9)" in pair.error, pair
+    finally:
+        a.close()
+        b.close()
