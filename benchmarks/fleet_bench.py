@@ -141,6 +141,7 @@ def kit_run(c: Any, n: int, ref: str, project: Path, port: int, env: dict[str, s
         "footprint": probe.figures(),
         "links": next((ln.split("] ", 1)[-1] for _, ln in tail.lines if LINKS in ln and "pair(s)" in ln), ""),
         "findings": fleet_phases.finding_kinds(ln for _, ln in tail.lines),
+        "finding_lines": fleet_phases.finding_lines(ln for _, ln in tail.lines)[:40],
     }
 
 

@@ -155,12 +155,17 @@ FINDING_KINDS = {"round trip over": "late", "under 0.25 x": "slow", "below min_l
                  "no transfer": "unreachable"}  # fmt: skip
 
 
-def finding_kinds(lines: Iterable[str]) -> dict[str, int]:
-    """The link check's named pairs by kind (its finding lines, which every node prints: each pair counted once)."""
+def finding_lines(lines: Iterable[str]) -> list[str]:
+    """The link check's finding lines (every node prints them), each pair's once, in order."""
     found: dict[str, str] = {}
     for ln in lines:
         text = ln.split("] ", 1)[-1]
         if text.startswith(("  warn ", "  refuse ")) and "<->" in text:
-            pair = text.split(":", 1)[0]
-            found[pair] = next((k for cue, k in FINDING_KINDS.items() if cue in text), "other")
-    return dict(Counter(found.values()))
+            found.setdefault(text.split(":", 1)[0], text.strip())
+    return list(found.values())
+
+
+def finding_kinds(lines: Iterable[str]) -> dict[str, int]:
+    """The link check's named pairs by kind, each pair counted once."""
+    kinds = (next((k for cue, k in FINDING_KINDS.items() if cue in text), "other") for text in finding_lines(lines))
+    return dict(Counter(kinds))
