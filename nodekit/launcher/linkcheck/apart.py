@@ -91,6 +91,7 @@ class Apart:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "nodekit.launcher.linkcheck.apart"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
+                cwd=root,  # `-m` puts the working directory first on the path: not the job's, whose files could shadow
             )  # fmt: skip
         except OSError as e:
             raise ListenError(f"cannot start its process ({e.strerror or e})") from e
