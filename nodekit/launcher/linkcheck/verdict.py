@@ -224,10 +224,23 @@ def narrow(
     return narrowing(len(endpoints), [(p.a, p.b) for p in pairs], flagged)
 
 
+# A pair whose every answer came late is also what a host whose cores are all taken gives: its processes wait for
+# the scheduler at each wake-up (8 nodes in cpu cgroups of their own, each with a busy process, named 3 and 4 pairs
+# late on loopback where the same load without the cgroups named none: docs/benchmarks.md).
+LATE_CPU = (
+    "; a late pair can also be a host whose cores are all taken (every answer waits for the scheduler): "
+    "`top` on both ends"
+)
+
+
 def fix_for(verdict: LinkVerdict) -> str:
     """What to do, in one line, for the verdict's findings."""
-    ends = {e.rank: e for e in verdict.endpoints}
     kinds = {f.kind for f in verdict.findings}
+    return _fix(verdict, kinds) + (LATE_CPU if "late" in kinds else "")
+
+
+def _fix(verdict: LinkVerdict, kinds: set[Kind]) -> str:
+    ends = {e.rank: e for e in verdict.endpoints}
     if verdict.suspects:
         parts = []
         for r in verdict.suspects:

@@ -104,6 +104,11 @@ def test_a_late_pair_is_named_by_its_round_trip() -> None:
     ]
     v = decide(ends(4), ps)
     assert [(f.kind, f.a, f.b) for f in v.findings] == [("late", 0, 1)]
+    # the fix names the path, and a host whose cores are all taken: the scheduler delays every answer too
+    fix = render(v, matrix=False).splitlines()[-1]
+    assert "`ethtool`" in fix and "cores are all taken" in fix and "`top` on both ends" in fix
+    slow_only = decide(ends(4), pairs(4, slow=2))
+    assert "cores are all taken" not in render(slow_only, matrix=False)
 
 
 def test_the_reference_is_the_upper_quartile() -> None:
