@@ -107,8 +107,10 @@ def test_a_late_pair_is_named_by_its_round_trip() -> None:
     # the fix names the path, and a host whose cores are all taken: the scheduler delays every answer too
     fix = render(v, matrix=False).splitlines()[-1]
     assert "`ethtool`" in fix and "cores are all taken" in fix and "`top` on both ends" in fix
-    slow_only = decide(ends(4), pairs(4, slow=2))
-    assert "cores are all taken" not in render(slow_only, matrix=False)
+    slow = render(decide(ends(4), pairs(4, slow=2)), matrix=False)
+    assert "likely cause" in slow and "cores are all taken" in slow
+    floor = render(decide(ends(2), [Pair(0, 1, gbit(0.9), gbit(0.95), rtt_ms=0.2)], min_gbit=1.0), matrix=False)
+    assert "min_link_gbit" in floor and "cores are all taken" not in floor
 
 
 def test_the_reference_is_the_upper_quartile() -> None:
