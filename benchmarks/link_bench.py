@@ -12,8 +12,10 @@
    launcher's main thread importing and starting torchrun beside the check) and ``--busy-procs`` busy processes
    beside (workers importing torch), three ways alternating, ``--reps`` checks each: the listener and transfers in
    the node's process with a pair's round trip the median of its pings (before), the same with the least, and in a
-   process of their own with the least (now, ``linkcheck/apart.py``). Reported: the pairs named, by kind, the
-   pairs' median round trip and the reference rate. Every link is loopback: every pair named is a false alarm.
+   process of their own with the least (now, ``linkcheck/apart.py``), and the same with every node and one busy
+   process in a cpu cgroup of its own, as containers are (needs root and cpu cgroups). Reported: the pairs named,
+   by kind, the pairs' median round trip and the reference rate. Every link is loopback: every pair named is a
+   false alarm.
 
 Needs a Docker engine and the demo image for part 2 (`--no-demo` skips it).
 """
@@ -21,6 +23,7 @@ Needs a Docker engine and the demo image for part 2 (`--no-demo` skips it).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import multiprocessing as mp
@@ -74,7 +77,39 @@ SIDES = {
     "before": ("in the node's process", "median"),
     "least": ("in the node's process", "least"),
     "now": ("in a process of their own", "least"),
+    "cgroups": ("in a process of their own, each node with one busy process in a cpu cgroup of its own", "least"),
 }
+CGROUP_V1, CGROUP_V2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
+CGROUP_NAME = "nodekit-link-bench-"
+
+
+def _cgroups() -> Path | None:
+    """Where this machine's cpu cgroups are made (v1's cpu hierarchy, or v2's with the cpu controller), or None."""
+    if (CGROUP_V1 / "cgroup.procs").is_file():
+        return CGROUP_V1
+    control = CGROUP_V2 / "cgroup.subtree_control"
+    if control.is_file() and "cpu" in (CGROUP_V2 / "cgroup.controllers").read_text().split():
+        if "cpu" not in control.read_text().split():
+            control.write_text("+cpu")
+        return CGROUP_V2
+    return None
+
+
+def _join(rank: int | None) -> None:
+    """This process into node ``rank``'s cpu cgroup (made where missing), as a container's processes are; None:
+    back to the root group."""
+    root = _cgroups()
+    if root is None:
+        raise SystemExit("link_bench: no cpu cgroups on this machine for part 3's last side (--busy-nodes 0 skips it)")
+    group = root if rank is None else root / f"{CGROUP_NAME}{rank}"
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def _busy_in(rank: int | None, until: float) -> None:
+    if rank is not None:
+        _join(rank)
+    _busy(until)
 
 
 @dataclass(frozen=True)
@@ -82,13 +117,14 @@ class How:
     """One check's conditions: ``fixed`` and ``rule`` as :func:`_fixed`; ``apart``: each node's listener and
     transfers in a process of their own (the launcher's way) instead of the node's process; ``spin``: a busy
     thread in the process of every odd-ranked node from before the first round; ``busy``: that many busy
-    processes beside."""
+    processes beside; ``cgroups``: every node, and the busy processes in turn, in a cpu cgroup of its own."""
 
     fixed: bool = False
     rule: str = "least"
     apart: bool = False
     spin: bool = False
     busy: int = 0
+    cgroups: bool = False
 
 
 def _meters(how: How) -> Any:
@@ -102,6 +138,8 @@ def _node(rank: int, n: int, port: int, run_id: bytes, seconds: float, out: Any,
     from nodekit.launcher.store.client import Client
 
     _fixed(how.fixed, how.rule)
+    if how.cgroups:
+        _join(rank)
     if how.spin and rank % 2:  # half the nodes (odd ranks), as launchers start torchrun at their own moments
         threading.Thread(target=_busy, args=(time.monotonic() + 120,), daemon=True).start()
     store = Client.connect("127.0.0.1", port, SECRET, timeout_s=120, connect_s=30)
@@ -127,12 +165,19 @@ def scaling(n: int, seconds: float, how: How | None = None) -> dict[str, Any]:
     for p in procs:
         p.start()
     time.sleep(1.0 + 0.1 * n)  # let every process import and connect: the launcher is past that when it starts
-    hogs = [ctx.Process(target=_busy, args=(time.monotonic() + 120,)) for _ in range(how.busy)]
+    until = time.monotonic() + 120
+    hogs = [ctx.Process(target=_busy_in, args=(i % n if how.cgroups else None, until)) for i in range(how.busy)]
     for h in hogs:
         h.start()
+    if how.cgroups:
+        _join(0)
     start = time.monotonic()
-    job = LinkJob(0, n, "n0", "127.0.0.1", "lo", SECRET, seconds=seconds)
-    v = run(hosted, job, hosted.run_id, meters=_meters(how))  # node 0 (even) without a busy thread
+    try:
+        job = LinkJob(0, n, "n0", "127.0.0.1", "lo", SECRET, seconds=seconds)
+        v = run(hosted, job, hosted.run_id, meters=_meters(how))  # node 0 (even) without a busy thread
+    finally:
+        if how.cgroups:
+            _join(None)
     wall = time.monotonic() - start
     for h in hogs:
         h.terminate()
@@ -140,6 +185,10 @@ def scaling(n: int, seconds: float, how: How | None = None) -> dict[str, Any]:
     for p in procs:
         p.join(60)
     hosted.close()
+    if how.cgroups and (root := _cgroups()) is not None:
+        for group in root.glob(f"{CGROUP_NAME}*"):
+            with contextlib.suppress(OSError):
+                group.rmdir()
     _fixed(False)
     kinds = Counter(f.kind for f in v.findings)
     return {"n": n, "took_s": v.took_s, "wall_s": wall, "estimate_s": estimate_s(n, seconds), "pairs": len(v.pairs),
@@ -255,13 +304,20 @@ def section(
             "|---|---|---|---|---|---|",
         ]
         for side, (where, rule) in SIDES.items():
-            label = {"before": " (before)", "now": " (now)"}.get(side, "")
+            label = {"before": " (before)", "now": " (now)", "cgroups": " (now, as containers)"}.get(side, "")
             lines.append(
                 f"| {where}{label} | the {rule} of its five pings | {each(side, 'late', 'd')} | "
                 f"{each(side, 'slow', 'd')} | {each(side, 'median_rtt_ms', '.2f')} | "
                 f"{each(side, 'reference_gbit', '.1f')} |"
             )
-        lines.append("")
+        lines += [
+            "",
+            "The last row is the same load with every node (its process and its check's process) and one busy process "
+            "in a cpu cgroup of its own, as a container's processes are: the scheduler then runs the groups in turn, "
+            "and a woken listener waits for its group's turn at every answer. The pairs named late there are the "
+            "hosts' CPU, not their links; the check's fix line for a late pair says so.",
+            "",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -289,8 +345,9 @@ def main() -> int:
     busy: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     if args.busy_nodes:
         for _ in range(args.reps):
-            for side, (where, rule) in SIDES.items():
-                how = How(rule=rule, apart=where == SIDES["now"][0], spin=True, busy=args.busy_procs)
+            for side, (_where, rule) in SIDES.items():
+                apart, cgroups = side in ("now", "cgroups"), side == "cgroups"
+                how = How(rule=rule, apart=apart, spin=True, busy=args.busy_procs, cgroups=cgroups)
                 busy[side].append(scaling(args.busy_nodes, args.seconds, how))
         for side, got in busy.items():
             print(f"busy, {side}: late {[r['late'] for r in got]}, slow {[r['slow'] for r in got]}, "

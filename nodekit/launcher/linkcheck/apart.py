@@ -4,8 +4,8 @@ The launcher runs the check in a thread beside the job's start, while its main t
 (a second or more of Python holding the interpreter's lock). A thread of the same process then waits up to the
 lock's switch interval (5 ms) each time it wants the lock back: every ping's answer and every read of the bulk
 stream. The check then measures the launcher, not the link: on 8 nodes of one 2-core machine, every other node's
-process busy that way, the check named 8 to 11 pairs of links that were all alike, the pairs' median round trip
-0.4 to 1.9 ms; with the listener and transfers in processes of their own, none, and 0.06 to 0.10 ms
+process busy that way, the check named 12 pairs of links that were all alike, the pairs' median round trip
+0.7 to 2.5 ms; with the listener and transfers in processes of their own, none, and 0.06 to 0.07 ms
 (benchmarks/link_bench.py, part 3).
 
 So :class:`Apart` starts ``python -m nodekit.launcher.linkcheck.apart``: it listens (``listener.py``) and measures
