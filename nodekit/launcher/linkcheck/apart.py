@@ -85,13 +85,14 @@ class Apart:
 
     def __init__(self, secret: str, run_id: bytes, local: str) -> None:
         root = str(Path(__file__).resolve().parents[3])  # the directory holding the nodekit package
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        # Only nodekit's directory on the path, first: the child needs nothing else (the standard library), and the
+        # job's directory (the working directory, which `-m` would put first, or a PYTHONPATH the image sets) could
+        # hold files named like the standard library's modules.
+        env = {**os.environ, "PYTHONPATH": root}
         try:
             self._child = subprocess.Popen(
                 [sys.executable, "-m", "nodekit.launcher.linkcheck.apart"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True,
-                cwd=root,  # `-m` puts the working directory first on the path: not the job's, whose files could shadow
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True, cwd=root,
             )  # fmt: skip
         except OSError as e:
             raise ListenError(f"cannot start its process ({e.strerror or e})") from e

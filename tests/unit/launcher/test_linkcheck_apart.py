@@ -145,12 +145,16 @@ def test_a_child_that_died_makes_its_pairs_errors_naming_it_not_a_hang() -> None
         b.close()
 
 
-def test_the_jobs_files_in_the_working_directory_do_not_shadow_the_childs_modules(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("how", ["working directory", "PYTHONPATH"])
+def test_the_jobs_files_do_not_shadow_the_childs_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     for name in ("select", "json", "secrets"):  # a job's own modules that share a name with the standard library's
         (tmp_path / f"{name}.py").write_text("raise SystemExit('the job file was imported')\n")
-    monkeypatch.chdir(tmp_path)
+    if how == "PYTHONPATH":  # as an image with ENV PYTHONPATH=/workspace has it
+        monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    else:
+        monkeypatch.chdir(tmp_path)
     a, b = Apart(SECRET, RUN, "127.0.0.1"), Here(SECRET, RUN, "127.0.0.2")
     try:
         pair = a.measure(0, 1, "127.0.0.2", b.port, 0.05, "127.0.0.1")
