@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from nodekit.launcher.linkcheck.apart import Apart, Here, ListenError
+from tests.factories import gone
 
 SECRET = "job-secret-for-the-apart-check"
 RUN = b"r" * 16
@@ -40,19 +41,6 @@ def _socket_inodes(pid: int | str) -> set[str]:
     return out
 
 
-def _gone(pid: int, within_s: float) -> bool:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":  # ended, not yet reaped by its parent
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_the_listener_is_the_childs_the_secret_never_in_its_arguments_and_closing_ends_it() -> None:
     a, b = Apart(SECRET, RUN, "127.0.0.1"), Apart(SECRET, RUN, "127.0.0.2")
     try:
@@ -67,7 +55,7 @@ def test_the_listener_is_the_childs_the_secret_never_in_its_arguments_and_closin
     finally:
         a.close()
         b.close()
-    assert _gone(a.pid, 5) and _gone(b.pid, 5)
+    assert gone(a.pid, 5) and gone(b.pid, 5)
     with socket.socket() as s, pytest.raises(ConnectionRefusedError):
         s.connect(("127.0.0.2", b.port))
 
@@ -95,7 +83,7 @@ def test_an_address_not_this_machines_is_one_line_and_no_child_is_left() -> None
     left = [
         p.name
         for p in Path("/proc").iterdir()
-        if p.name.isdigit() and p.name not in before and _parent(p.name) == mine and not _gone(int(p.name), 0.1)
+        if p.name.isdigit() and p.name not in before and _parent(p.name) == mine and not gone(int(p.name), 0.1)
     ]
     assert left == []
 
@@ -125,7 +113,7 @@ def test_the_child_ends_when_the_launcher_ends_however_it_ends(how: signal.Signa
         assert _listening_inode(port) in _socket_inodes(pid)
         launcher.send_signal(how)
         launcher.wait(10)
-        assert _gone(pid, 5), f"the check's process {pid} outlived its launcher ({how.name})"
+        assert gone(pid, 5), f"the check's process {pid} outlived its launcher ({how.name})"
     finally:
         if launcher.poll() is None:
             launcher.kill()
