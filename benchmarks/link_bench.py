@@ -10,7 +10,7 @@
    and "warn" alternating, `--reps` times each: the check's own seconds from node 0's log, and the job's wall time.
 3. Its verdict on busy cores: ``--busy-nodes`` nodes as in 1, every other node's process with a busy thread (the
    launcher's main thread importing and starting torchrun beside the check) and ``--busy-procs`` busy processes
-   beside (workers importing torch), three ways alternating, ``--reps`` checks each: the listener and transfers in
+   beside (workers importing torch), four ways alternating, ``--reps`` checks each: the listener and transfers in
    the node's process with a pair's round trip the median of its pings (before), the same with the least, and in a
    process of their own with the least (now, ``linkcheck/apart.py``), and the same with every node and one busy
    process in a cpu cgroup of its own, as containers are (needs root and cpu cgroups). Reported: the pairs named,
@@ -36,7 +36,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +72,6 @@ def _busy(until: float) -> None:
         pass
 
 
-# Part 3's sides: where a node's listener and transfers run, and how a pair's round trip is taken.
-SIDES = {
-    "before": ("in the node's process", "median"),
-    "least": ("in the node's process", "least"),
-    "now": ("in a process of their own", "least"),
-    "cgroups": ("in a process of their own, each node with one busy process in a cpu cgroup of its own", "least"),
-}
 CGROUP_V1, CGROUP_V2 = Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup")
 CGROUP_NAME = "nodekit-link-bench-"
 
@@ -125,6 +118,19 @@ class How:
     spin: bool = False
     busy: int = 0
     cgroups: bool = False
+
+
+# Part 3's sides: where a node's listener and transfers run (as the table says it), and the check's conditions
+# (``busy`` is set from --busy-procs).
+SIDES = {
+    "before": ("in the node's process", How(rule="median", spin=True)),
+    "least": ("in the node's process", How(spin=True)),
+    "now": ("in a process of their own", How(apart=True, spin=True)),
+    "cgroups": (
+        "in a process of their own, each node with one busy process in a cpu cgroup of its own",
+        How(apart=True, spin=True, cgroups=True),
+    ),
+}
 
 
 def _meters(how: How) -> Any:
@@ -303,10 +309,10 @@ def section(
             "pairs' median round trip, ms | the reference, Gbit/s |",
             "|---|---|---|---|---|---|",
         ]
-        for side, (where, rule) in SIDES.items():
+        for side, (where, how) in SIDES.items():
             label = {"before": " (before)", "now": " (now)", "cgroups": " (now, as containers)"}.get(side, "")
             lines.append(
-                f"| {where}{label} | the {rule} of its five pings | {each(side, 'late', 'd')} | "
+                f"| {where}{label} | the {how.rule} of its five pings | {each(side, 'late', 'd')} | "
                 f"{each(side, 'slow', 'd')} | {each(side, 'median_rtt_ms', '.2f')} | "
                 f"{each(side, 'reference_gbit', '.1f')} |"
             )
@@ -345,10 +351,8 @@ def main() -> int:
     busy: dict[str, list[dict[str, Any]]] = {side: [] for side in SIDES}
     if args.busy_nodes:
         for _ in range(args.reps):
-            for side, (_where, rule) in SIDES.items():
-                apart, cgroups = side in ("now", "cgroups"), side == "cgroups"
-                how = How(rule=rule, apart=apart, spin=True, busy=args.busy_procs, cgroups=cgroups)
-                busy[side].append(scaling(args.busy_nodes, args.seconds, how))
+            for side, (_where, how) in SIDES.items():
+                busy[side].append(scaling(args.busy_nodes, args.seconds, replace(how, busy=args.busy_procs)))
         for side, got in busy.items():
             print(f"busy, {side}: late {[r['late'] for r in got]}, slow {[r['slow'] for r in got]}, "
                   f"rtt {[round(r['median_rtt_ms'], 2) for r in got]}, "
