@@ -16,9 +16,9 @@ from nodekit.errors import EngineError
 from nodekit.system import proc
 from tests.unit.backends.fleet.stand_ins import on_path
 
-# The stand-in engine: MODE picks what it does; every call is written to $CALLS, one argument per line.
+# The stand-in engine: MODE picks what it does; every call is written to $CALLS, one argument per line, then ---.
 DOCKER = r"""#!/bin/sh
-printf '%s\n' "$@" >> "$CALLS"; echo --- >> "$CALLS"
+printf '%s\n' "$@" --- >> "$CALLS"  # one write: concurrent calls never interleave
 case "$1" in
   ps)
     case "$MODE" in

@@ -26,7 +26,7 @@ from tests.unit.backends.fleet.stand_ins import on_path
 # The stand-in engine: every call's arguments to $CALLS, one per line, then ---. Containers are the files
 # $CALLS.c.<id> holding their project and state; MODE=down: the engine does not answer.
 DOCKER = r"""#!/bin/sh
-printf '%s\n' "$@" >> "$CALLS"; echo --- >> "$CALLS"
+printf '%s\n' "$@" --- >> "$CALLS"  # one write: concurrent calls never interleave
 [ "$MODE" = down ] && { echo "Cannot connect to the Docker daemon at unix:///var/run/docker.sock." >&2; exit 1; }
 case "$1" in
   ps)
