@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from nodekit.launcher.linkcheck.probe import (
     CONNECT_S,
     DRAIN_S,
-    PINGS,
     Channel,
     LinkError,
+    answer_pings,
     send_for,
     sink,
+    stamp_arrivals,
 )
 from nodekit.launcher.store.auth import (
     CLIENT_HELLO_LEN,
@@ -76,6 +77,7 @@ class LinkServer:
         family = socket.AF_INET6 if ":" in addr or (not addr and v6) else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        stamp_arrivals(self._sock)  # every accepted connection inherits it: the pings' times of receipt (probe.py)
         self._sock.bind((addr, 0))
         self._sock.listen(32)
         self._sock.setblocking(False)
@@ -217,8 +219,7 @@ class LinkServer:
         request = json.loads(channel.recv())
         seconds = min(max(float(request.get("seconds", 0.0)), 0.0), 10.0)
         if request.get("op") == "up":
-            for _ in range(PINGS):
-                channel.send(channel.recv())
+            answer_pings(channel)
             got = sink(conn, time.monotonic() + seconds + DRAIN_S, steady=True)
             conn.settimeout(CONNECT_S)
             channel.send(json.dumps({"bytes": got.bytes, "seconds": got.seconds, "error": got.error}).encode())

@@ -14,6 +14,14 @@ job even with ``links = "warn"``): a reset, a close or a timeout, as when the li
 handshake to admit a newer stranger (``listener.py``). A listener that answers with another secret, another run or
 another protocol has answered: that is not tried again.
 
+A ping's round trip is the path's, not the two processes': each end reads the time its kernel received the
+other's frame (``SO_TIMESTAMPNS``), and the listener's answer carries how long it held the ping, from its kernel's
+receipt to its answer. The connecting node subtracts that hold from the time between its send and its kernel's
+receipt of the answer, as NTP subtracts a server's processing time. A listener whose process waited for a core (a
+host busy with the job's start, a container's cpu cgroup waiting for its turn) held the ping longer; the path did
+not get slower. Where the kernel gives no time (another OS, the first frames after the option is set), the time
+the process read the frame stands in, and that end's wait counts as it did before.
+
 The receiver times the transfer from its first to its last byte, so the sender's socket buffer does not count; it
 stops waiting ``DRAIN_S`` after the sender's time is up, which bounds a pair on a crawling link.
 
@@ -28,9 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import platform
 import secrets
 import select
 import socket
+import struct
+import sys
 import time
 from collections.abc import Callable
 
@@ -67,6 +78,12 @@ STEADY_WINDOWS = 3
 STEADY_SPREAD = 1.1
 STEADY_MIN_S = 0.06
 STOP = b"enough"  # the receiver to the sender: the rate has settled, stop sending
+PING_LEN = 8  # a ping: its index; the answer: the index, then how long the listener held it (ns), 8 bytes each
+# The kernel's time of a frame's receipt, as a control message on each read (socket(7)). Python's socket module does
+# not name it; 35 is its value on Linux's every architecture but sparc's and parisc's, which go without.
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: seconds and nanoseconds, the C long of this machine
+STAMPS = sys.platform == "linux" and not platform.machine().startswith(("sparc", "parisc"))
 
 
 class LinkError(Exception):
@@ -87,6 +104,34 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
+def stamp_arrivals(sock: socket.socket) -> None:
+    """Ask the kernel for each received frame's time of receipt (:func:`Channel.recv_stamped`); a socket that
+    cannot is read as before."""
+    if STAMPS:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+
+def _stamp(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, ns = _TIMESPEC.unpack_from(data)
+            return sec + ns / 1e9 if sec > 0 else None
+    return None
+
+
+def _recv_exact_stamped(sock: socket.socket, n: int) -> tuple[bytes, float]:
+    """:func:`_recv_exact`, and when the first of its bytes reached this machine: the kernel's time of receipt
+    (``time.time()``'s clock), or the time they were read where the kernel gives none."""
+    data, ancillary, _flags, _addr = sock.recvmsg(n, socket.CMSG_SPACE(_TIMESPEC.size))
+    read = time.time()
+    if not data:
+        raise EOFError(f"connection closed after 0 of {n} bytes")
+    arrived = _stamp(ancillary)
+    rest = _recv_exact(sock, n - len(data)) if len(data) < n else b""
+    return data + rest, read if arrived is None else min(arrived, read)
+
+
 class Channel:
     """The sealed frames of one admitted connection (seq counters per direction, as the store's)."""
 
@@ -99,7 +144,11 @@ class Channel:
         self.wseq += 1
 
     def recv(self) -> bytes:
-        header = _recv_exact(self.sock, HEADER_LEN)
+        return self.recv_stamped()[0]
+
+    def recv_stamped(self) -> tuple[bytes, float]:
+        """The next frame's payload, and when it reached this machine (:func:`_recv_exact_stamped`)."""
+        header, arrived = _recv_exact_stamped(self.sock, HEADER_LEN)
         n = frame_length(header)
         if n > MAX_FRAME:
             raise LinkError(f"a frame of {n} bytes (cap {MAX_FRAME})")
@@ -107,7 +156,7 @@ class Channel:
         if payload is None:
             raise LinkError("a frame failed its check")
         self.rseq += 1
-        return payload
+        return payload, arrived
 
 
 class Steady:
@@ -198,6 +247,7 @@ def _connect(addr: str, port: int, secret: str, run_id: bytes, source: str | Non
         raise LinkError(f"cannot connect to {addr}:{port}: {e.strerror or e}") from e
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        stamp_arrivals(sock)  # before the handshake: the kernel turns its clock on for the frames after it
         nonce = secrets.token_bytes(NONCE_LEN)
         sock.sendall(client_hello(nonce))
         hs = read_server_hello(_recv_exact(sock, SERVER_HELLO_LEN), secret, nonce)
@@ -231,6 +281,7 @@ def measure(
     a's bytes to b (counted by b) on one connection, b's bytes to a (counted here) on a second, each connection
     tried once more when it fails in passing. Never raises: a failure is the pair's ``error``, or a direction's."""
     rtts: list[float] = []
+    read: list[float] = []
     try:
         up = _connect_tried(addr, port, secret, run_id, source)
     except (LinkError, OSError, EOFError, NotNodekit, WrongSecret) as e:
@@ -239,21 +290,20 @@ def measure(
         try:
             up.send(json.dumps({"op": "up", "seconds": seconds}).encode())
             for i in range(PINGS):
-                t = time.perf_counter()
-                up.send(i.to_bytes(8, "big"))
-                if up.recv() != i.to_bytes(8, "big"):
-                    raise LinkError("a ping came back changed")
-                rtts.append((time.perf_counter() - t) * 1000)
+                path, whole = _ping(up, i)
+                rtts.append(path)
+                read.append(whole)
             send_for(up.sock, seconds)
             up.sock.settimeout(seconds + DRAIN_S + CONNECT_S)
             got = json.loads(up.recv())
             ab = Transfer(bytes=int(got["bytes"]), seconds=float(got["seconds"]), error=str(got.get("error", "")))
         except (LinkError, OSError, EOFError, ValueError, KeyError) as e:
-            return Pair(a, b, Transfer(error=_why(e)), Transfer(), path_rtt(rtts), error=f"during {a}->{b}: {_why(e)}")
+            why, held_out, as_read = _why(e), path_rtt(rtts), path_rtt(read)
+            return Pair(a, b, Transfer(error=why), Transfer(), held_out, f"during {a}->{b}: {why}", read_rtt_ms=as_read)
     try:
         down = _connect_tried(addr, port, secret, run_id, source)
     except (LinkError, OSError, EOFError, NotNodekit, WrongSecret) as e:
-        return Pair(a, b, ab, Transfer(error=_why(e)), path_rtt(rtts))
+        return Pair(a, b, ab, Transfer(error=_why(e)), path_rtt(rtts), read_rtt_ms=path_rtt(read))
     with down.sock:
         try:
             down.send(json.dumps({"op": "down", "seconds": seconds}).encode())
@@ -263,14 +313,36 @@ def measure(
             sink(down.sock, time.monotonic() + DRAIN_S)
         except (LinkError, OSError) as e:
             ba = Transfer(error=_why(e))
-    return Pair(a, b, ab, ba, path_rtt(rtts))
+    return Pair(a, b, ab, ba, path_rtt(rtts), read_rtt_ms=path_rtt(read))
+
+
+def _ping(up: Channel, i: int) -> tuple[float, float]:
+    """One ping on ``up``: the path's round trip (ms; the module docstring) and the whole one as read here."""
+    sent = time.time()
+    up.send(i.to_bytes(PING_LEN, "big"))
+    answer, arrived = up.recv_stamped()
+    read = time.time()
+    if len(answer) != 2 * PING_LEN or answer[:PING_LEN] != i.to_bytes(PING_LEN, "big"):
+        raise LinkError("a ping came back changed")
+    whole = max(arrived - sent, 0.0)
+    held = min(int.from_bytes(answer[PING_LEN:], "big") / 1e9, whole)
+    return (whole - held) * 1000, max(read - sent, 0.0) * 1000
+
+
+def answer_pings(channel: Channel) -> None:
+    """The listener's side of :func:`_ping`: each ping back, with how long this end held it (ns)."""
+    for _ in range(PINGS):
+        ping, arrived = channel.recv_stamped()
+        held = max(time.time() - arrived, 0.0)
+        channel.send(ping + int(held * 1e9).to_bytes(PING_LEN, "big"))
 
 
 def path_rtt(rtts_ms: list[float]) -> float | None:
     """The pair's round trip: the least of its pings. A busy core only adds to a round trip (the listener's thread
-    woken late, the answer read late), never takes from it, while a slow path (a longer route, a queue that stays
-    full) is in every one. The median of five named pairs "late" on links that were all alike while the cores were
-    busy with the job's start (benchmarks/link_bench.py, part 3)."""
+    woken late, the answer read late, and where the kernel gives no times of receipt those waits are in the
+    figure), never takes from it, while a slow path (a longer route, a queue that stays full) is in every one. The
+    median of five named pairs "late" on links that were all alike while the cores were busy with the job's start
+    (benchmarks/link_bench.py, part 3)."""
     return round(min(rtts_ms), 4) if rtts_ms else None
 
 

@@ -66,8 +66,9 @@ class Pair:
     b: int
     ab: Transfer
     ba: Transfer
-    rtt_ms: float | None = None
+    rtt_ms: float | None = None  # the path's: the ends' hold taken out (probe.py)
     error: str = ""
+    read_rtt_ms: float | None = None  # as the two processes read it, their waits for a core included
 
     @property
     def gbit(self) -> float | None:
@@ -85,6 +86,7 @@ class Pair:
             ab=Transfer(**data["ab"]),
             ba=Transfer(**data["ba"]),
             rtt_ms=None if data.get("rtt_ms") is None else float(data["rtt_ms"]),
+            read_rtt_ms=None if data.get("read_rtt_ms") is None else float(data["read_rtt_ms"]),
             error=str(data.get("error", "")),
         )
 

@@ -225,36 +225,111 @@ def test_a_pair_on_a_settled_link_ends_each_way_long_before_its_bound() -> None:
         server.close()
 
 
-@pytest.mark.parametrize(("stalled", "late"), [((1, 2, 3), False), ((0, 1, 2, 3, 4), True)])
-def test_a_round_trip_is_the_paths_own_a_busy_listener_stalling_some_pings_is_not_late(
-    monkeypatch: pytest.MonkeyPatch, stalled: tuple[int, ...], late: bool
+class _Relay:
+    """A slow path between the two ends: a TCP relay on loopback that holds every chunk ``delay_s`` each way, as a
+    longer route or a full queue does; both ends' kernels receive each frame that much later."""
+
+    def __init__(self, to_port: int, delay_s: float) -> None:
+        self.to_port, self.delay_s = to_port, delay_s
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            while True:
+                near, _ = self.sock.accept()
+                far = socket.create_connection(("127.0.0.1", self.to_port))
+                for a, b in ((near, far), (far, near)):
+                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        import contextlib
+        import time
+
+        with contextlib.suppress(OSError):
+            while chunk := src.recv(1 << 16):
+                time.sleep(self.delay_s)
+                dst.sendall(chunk)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("where", "stalled", "late"),
+    [
+        ("listener", (1, 2, 3), False),  # some answers wait for a core: the least is the path's
+        ("listener", (0, 1, 2, 3, 4), False),  # every answer waits for a core: the listener's hold is taken out
+        ("client", (0, 1, 2, 3, 4), False),  # every answer is read late: its kernel's time of receipt counts
+        ("path", (0, 1, 2, 3, 4), True),  # the path itself holds every frame: late
+    ],
+)
+def test_a_round_trip_is_the_paths_own_a_busy_end_is_not_late_a_slow_path_is(
+    monkeypatch: pytest.MonkeyPatch, where: str, stalled: tuple[int, ...], late: bool
 ) -> None:
-    """The listener's answers to the pings ``stalled`` wait 30 ms, as a thread on a busy core does: three of five
-    are noise on a fast path; all five are a slow path. By the verdict's rule (over 4 x the others' and 5 ms more),
-    only the second is late."""
+    """30 ms added to a ping's round trip, where it happens: at the listener between its kernel's receipt and its
+    process's read (a thread woken late on a busy core, a container waiting for its cpu cgroup's turn), at the
+    connecting node between the answer's receipt and its read, or on the path (a relay that holds every chunk
+    15 ms each way). By the verdict's rule (over 4 x the others' and 5 ms more) only the path is late; the round
+    trip as the processes read it carries every stall."""
     import time
 
     answered: list[int] = []
-    send = probe.Channel.send
+    recv_stamped = probe.Channel.recv_stamped
 
-    def stalling(channel: probe.Channel, payload: bytes) -> None:
-        if channel.out == probe.TO_CLIENT and len(payload) == 8:  # the listener echoing a ping
-            if len(answered) in stalled:
-                time.sleep(0.03)
-            answered.append(int.from_bytes(payload, "big"))
-        send(channel, payload)
+    def stalling(channel: probe.Channel) -> tuple[bytes, float]:
+        # The listener's reads: its request, then the pings; the connecting node's: the answers, then the result.
+        on_listener = channel.out == probe.TO_CLIENT
+        ping = channel.rseq - 1 if on_listener else channel.rseq
+        if 0 <= ping < probe.PINGS and on_listener == (where == "listener"):
+            if where in ("listener", "client") and ping in stalled:
+                time.sleep(0.03)  # the frame has arrived; the process reads it late
+            answered.append(ping)
+        return recv_stamped(channel)
 
-    monkeypatch.setattr(probe.Channel, "send", stalling)
+    monkeypatch.setattr(probe.Channel, "recv_stamped", stalling)
     server = listener.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
+    relay = _Relay(server.port, 0.015) if where == "path" else None
     try:
-        pair = probe.measure(0, 1, "127.0.0.1", server.port, SECRET, b"r" * 16, 0.05)
+        port = relay.port if relay else server.port
+        pair = probe.measure(0, 1, "127.0.0.1", port, SECRET, b"r" * 16, 0.05)
     finally:
         server.close()
-    assert answered == list(range(probe.PINGS)) and pair.error == "" and pair.rtt_ms is not None
+        if relay:
+            relay.close()
+    if where != "path":
+        assert answered == list(range(probe.PINGS))
+    assert pair.error == "" and pair.rtt_ms is not None and pair.read_rtt_ms is not None, pair
     assert (pair.rtt_ms >= 30) is late, pair
+    assert pair.read_rtt_ms >= (30 if len(stalled) == probe.PINGS else 0), pair
     others = [Pair(a, b, gbit(9.4), gbit(9.4), rtt_ms=0.1) for a, b in combinations(range(4), 2) if (a, b) != (0, 1)]
     v = decide(ends(4), [replace(pair, ab=gbit(9.4), ba=gbit(9.4)), *others])
     assert [(f.kind, f.a, f.b) for f in v.findings] == ([("late", 0, 1)] if late else [])
+
+
+def test_a_frame_s_time_is_when_its_kernel_received_it_not_when_it_was_read() -> None:
+    """The clock the pings are timed by: a frame read 50 ms after it arrived is stamped with its arrival."""
+    import time
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        a = socket.create_connection(server.getsockname())
+        b, _ = server.accept()
+    with a, b:
+        probe.stamp_arrivals(b)
+        a.sendall(b"warm")  # the kernel turns its clock on for the frames after the option
+        time.sleep(0.05)
+        b.recv(16)
+        sent = time.time()
+        a.sendall(b"x" * 32)
+        time.sleep(0.05)
+        data, arrived = probe._recv_exact_stamped(b, 32)
+        assert data == b"x" * 32
+        assert arrived - sent < 0.02 < time.time() - sent, (arrived - sent, time.time() - sent)
 
 
 def test_closing_the_listener_wakes_its_accept_loop_instead_of_sleeping_out_its_poll(
