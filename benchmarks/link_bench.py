@@ -14,8 +14,9 @@
    the node's process with a pair's round trip the median of its pings (before), the same with the least, and in a
    process of their own with the least (now, ``linkcheck/apart.py``), and the same with every node and one busy
    process in a cpu cgroup of its own, as containers are (needs root and cpu cgroups). Reported: the pairs named,
-   by kind, the pairs' median round trip and the reference rate. Every link is loopback: every pair named is a
-   false alarm.
+   by kind, the pairs' median round trip and the reference rate, and the pairs the same pings name late by their
+   round trip as the two processes read them (before the kernels' times of receipt were taken). Every link is
+   loopback: every pair named is a false alarm.
 
 Needs a Docker engine and the demo image for part 2 (`--no-demo` skips it).
 """
@@ -325,10 +326,14 @@ def section(
             )
         lines += [
             "",
-            "The last row is the same load with every node (its process and its check's process) and one busy process "
-            "in a cpu cgroup of its own, as a container's processes are: the scheduler then runs the groups in turn, "
-            "and a woken listener waits for its group's turn at every answer. The pairs named late there are the "
-            "hosts' CPU, not their links; the check's fix line for a late pair says so.",
+            "The last row is the same load with every node (its process and its check's process) and one busy "
+            "process in a cpu cgroup of its own, as a container's processes are: the scheduler then runs the "
+            "groups in turn, and a woken listener waits for its group's turn at every answer. The column of pairs "
+            "named late judges each pair by the path's round trip, each end's wait for a core taken out by the "
+            "kernels' times of receipt (linkcheck/probe.py); the next column judges the same pings by the round "
+            "trip as the two processes read them, as every check did before: the pairs named there are the hosts' "
+            "CPU, not their links. The first row's as-read column is the check as it was before issue 48's fifth "
+            "stop.",
             "",
         ]
     return "\n".join(lines) + "\n"
