@@ -148,6 +148,8 @@ def upper_quartile(values: Sequence[float]) -> float:
 def _figures(p: Pair) -> str:
     ab, ba = p.ab.gbit, p.ba.gbit
     rtt = f", rtt {p.rtt_ms:.2f} ms" if p.rtt_ms is not None else ""
+    if p.rtt_ms is not None and p.read_rtt_ms is not None and p.read_rtt_ms - p.rtt_ms >= RTT_FLOOR_MS:
+        rtt += f" ({p.read_rtt_ms:.2f} ms as its ends read it: they waited for a core)"
     return f"{_g(ab)} Gbit/s {p.a}->{p.b}, {_g(ba)} Gbit/s {p.b}->{p.a}{rtt}"
 
 

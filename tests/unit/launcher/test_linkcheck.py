@@ -113,6 +113,20 @@ def test_a_late_pair_is_named_by_its_round_trip() -> None:
     assert "min_link_gbit" in floor and "cores are all taken" not in floor
 
 
+def test_a_named_pair_whose_ends_held_its_pings_says_how_long_as_read() -> None:
+    """A slow pair whose ends waited for a core at every ping (the round trip as read 12 ms, the path's 0.05 ms)
+    shows both figures: the evidence for the busy host the fix line names. Ends that held nothing show one."""
+    held = [
+        Pair(a, b, gbit(0.5 if (a, b) == (0, 1) else 9.4), gbit(9.4), rtt_ms=0.05, read_rtt_ms=12.0 if a == 0 else 0.1)
+        for a, b in combinations(range(4), 2)
+    ]
+    line = next(f.text for f in decide(ends(4), held).findings)
+    assert "rtt 0.05 ms (12.00 ms as its ends read it: they waited for a core)" in line, line
+    quiet = [replace(p, read_rtt_ms=0.1) for p in held]
+    line = next(f.text for f in decide(ends(4), quiet).findings)
+    assert line.endswith("rtt 0.05 ms, under 0.25 x the others' 9.40 Gbit/s"), line
+
+
 def test_the_reference_is_the_upper_quartile() -> None:
     assert upper_quartile([1, 2, 3, 4]) == 3 and upper_quartile([0.05, 0.05, 0.05, 9, 9, 9]) == 9
     assert upper_quartile([5.0]) == 5.0
