@@ -8,11 +8,13 @@ the conftest.py of the folder whose tests use them. Grouped by the part of nodek
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import os
 import shutil
 import socket
+import struct
 import tarfile
 import threading
 import time
@@ -510,6 +512,56 @@ def tar_of(files: dict[str, bytes], *, link: str | None = None) -> bytes:
             info.linkname = "manifest.json"
             tar.addfile(info)
     return buf.getvalue()
+
+
+class Front:
+    """A port in front of a link check listener on loopback: the first ``resets`` connections it accepts are reset at
+    once (as by a listener that pushed them out, or a passing fault), the others are forwarded to the listener byte
+    for byte, half-closes included, each chunk held ``delay_s`` each way (a slower path: a longer route, a full
+    queue; both ends' kernels receive every frame that much later)."""
+
+    def __init__(self, target: int, resets: int = 0, delay_s: float = 0.0) -> None:
+        self.target, self.resets, self.accepted, self.delay_s = target, resets, 0, delay_s
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self._sock.settimeout(0.1)
+        self.port = int(self._sock.getsockname()[1])
+        self._stop = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            self.accepted += 1
+            if self.accepted <= self.resets:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.close()  # a reset, not an orderly close
+                continue
+            up = socket.create_connection(("127.0.0.1", self.target), timeout=5)
+            self._socks += [conn, up]
+            for src, dst in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        src.settimeout(10)
+        try:
+            while data := src.recv(1 << 16):
+                time.sleep(self.delay_s)
+                dst.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        for s in [self._sock, *self._socks]:
+            s.close()
 
 
 def shaper(slow: str, rate: float, pace: int = 16 << 10) -> type[socket.socket]:

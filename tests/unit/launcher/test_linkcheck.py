@@ -24,6 +24,7 @@ from nodekit.launcher.linkcheck.verdict import (
 )
 from nodekit.launcher.store.client import Client
 from nodekit.launcher.store.server import host
+from tests.factories import Front
 
 SECRET = "job-secret-for-the-link-check"
 
@@ -239,41 +240,6 @@ def test_a_pair_on_a_settled_link_ends_each_way_long_before_its_bound() -> None:
         server.close()
 
 
-class _Relay:
-    """A slow path between the two ends: a TCP relay on loopback that holds every chunk ``delay_s`` each way, as a
-    longer route or a full queue does; both ends' kernels receive each frame that much later."""
-
-    def __init__(self, to_port: int, delay_s: float) -> None:
-        self.to_port, self.delay_s = to_port, delay_s
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        import contextlib
-
-        with contextlib.suppress(OSError):
-            while True:
-                near, _ = self.sock.accept()
-                far = socket.create_connection(("127.0.0.1", self.to_port))
-                for a, b in ((near, far), (far, near)):
-                    threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        import contextlib
-        import time
-
-        with contextlib.suppress(OSError):
-            while chunk := src.recv(1 << 16):
-                time.sleep(self.delay_s)
-                dst.sendall(chunk)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.mark.parametrize(
     ("where", "stalled", "late"),
     [
@@ -310,7 +276,7 @@ def test_a_round_trip_is_the_paths_own_a_busy_end_is_not_late_a_slow_path_is(
 
     monkeypatch.setattr(probe.Channel, "recv_stamped", stalling)
     server = listener.LinkServer(SECRET, b"r" * 16, "127.0.0.1").start()
-    relay = _Relay(server.port, 0.015) if where == "path" else None
+    relay = Front(server.port, delay_s=0.015) if where == "path" else None
     try:
         port = relay.port if relay else server.port
         pair = probe.measure(0, 1, "127.0.0.1", port, SECRET, b"r" * 16, 0.05)

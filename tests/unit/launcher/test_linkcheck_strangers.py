@@ -10,7 +10,6 @@ import contextlib
 import itertools
 import select
 import socket
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from nodekit.launcher.linkcheck import probe
 from nodekit.launcher.linkcheck.listener import HANDSHAKE_S, MAX_PENDING, LinkServer
 from nodekit.launcher.linkcheck.verdict import Endpoint, decide
 from nodekit.launcher.store.auth import MAGIC, NONCE_LEN
+from tests.factories import Front
 
 SECRET = "job-secret-for-the-link-check"
 RUN = b"r" * 16
@@ -116,55 +116,6 @@ def test_a_stranger_trickling_its_hello_is_cut_at_the_total_handshake_deadline(s
         t.join(give_up + 5)
     for t in took:
         assert t is not None and HANDSHAKE_S - 0.5 <= t <= HANDSHAKE_S + SLACK_S, took
-
-
-class Front:
-    """A port in front of the listener: the first ``resets`` connections it accepts are reset at once (as by a
-    listener that pushed them out, or a passing fault), the others are forwarded to the listener byte for byte,
-    half-closes included."""
-
-    def __init__(self, target: int, resets: int) -> None:
-        self.target, self.resets, self.accepted = target, resets, 0
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._sock.settimeout(0.1)
-        self.port = int(self._sock.getsockname()[1])
-        self._stop = threading.Event()
-        self._socks: list[socket.socket] = []
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-            except TimeoutError:
-                continue
-            self.accepted += 1
-            if self.accepted <= self.resets:
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                conn.close()  # a reset, not an orderly close
-                continue
-            up = socket.create_connection(("127.0.0.1", self.target), timeout=5)
-            self._socks += [conn, up]
-            for src, dst in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        src.settimeout(10)
-        try:
-            while data := src.recv(1 << 16):
-                dst.sendall(data)
-        except OSError:
-            pass
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_WR)
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        for s in [self._sock, *self._socks]:
-            s.close()
 
 
 def test_a_pair_whose_first_connection_is_reset_is_measured_on_its_second_try(server: LinkServer) -> None:
