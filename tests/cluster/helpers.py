@@ -28,6 +28,15 @@ EXAMPLE = ROOT / "examples" / "ddp"
 NODEKIT = [sys.executable, "-m", "nodekit"]
 
 
+# A host killed with its processes: the kernel ends their connections with a FIN, or with a reset where a heartbeat
+# was still unread (on a loaded machine); main's store names the first "closed", the second "cut", confirmed by the
+# heartbeat's silence. Either way the node is named within seconds, not after NODEKIT_PEER_TIMEOUT.
+CLOSED_OR_CUT = (
+    r"store connection (closed without a done mark \(the launcher ended: its container killed or stopped\)"
+    r"|broke and the heartbeat stopped); "
+)
+
+
 def nodekit_argv(*args: str) -> list[str]:
     """The real CLI, as a user runs it."""
     return [*NODEKIT, *args]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.cluster.harness import Cluster, Host, netns_inode, pids_in_netns
-from tests.cluster.helpers import Demo, host_project, nodekit_argv, tampered_image
+from tests.cluster.helpers import CLOSED_OR_CUT, Demo, host_project, nodekit_argv, tampered_image
 
 pytestmark = [pytest.mark.cluster, pytest.mark.docker]
 
@@ -231,13 +231,6 @@ def _mesh_connected(host: Host, peers: list[Host]) -> bool:
 
 
 HEARTBEAT = r"no heartbeat for \d+ s; "
-# A host killed with its processes: the kernel ends their connections with a FIN, or with a reset where a heartbeat
-# was still unread (on a loaded machine); main's store names the first "closed", the second "cut", confirmed by the
-# heartbeat's silence. Either way the node is named within seconds, not after NODEKIT_PEER_TIMEOUT.
-CLOSED_OR_CUT = (
-    r"store connection (closed without a done mark \(the launcher ended: its container killed or stopped\)"
-    r"|broke and the heartbeat stopped); "
-)
 
 
 def lost_line(out: str, rank: int, addr: str, why: str = HEARTBEAT) -> str | None:

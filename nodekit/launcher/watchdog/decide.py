@@ -219,13 +219,21 @@ class Watch:
         """For a node whose torchrun returned at ``since``: whether it knows how every other node stands, i.e.
         each is done, lost, or has beaten since (alive: it will see this node's done mark and act on it).
 
-        Node 0 also hosts the store: it is settled when every other node said bye or went silent."""
+        Node 0 also hosts the store: it is settled when every other node said bye, was lost, went silent, or ended
+        (its done mark, then its connection closed)."""
         lost = {x.rank for x in self.lost(now)}
         if self.rank == 0:
             if self.store_gone:
                 return True  # its own store failing (never seen): nobody can read or write anything anyway
-            # A node whose connection ended cannot say bye any more.
-            return all(peer.bye or peer.gone or self.silence(rank) >= self.timeout for rank, peer in self.peers.items())
+            # A node whose connection ended cannot say bye any more; one that had not marked itself done is waited
+            # for until it is lost (a cut connection needs the heartbeat to agree): else the ending names no one.
+            return all(
+                peer.bye
+                or rank in lost
+                or self.silence(rank) >= self.timeout
+                or (bool(peer.gone) and peer.done is not None)
+                for rank, peer in self.peers.items()
+            )
         if 0 in lost or (self.store_gone and self.peers[0].done is not None):
             return True  # nothing more can be learned without the store
         return all(

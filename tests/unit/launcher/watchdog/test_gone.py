@@ -12,7 +12,18 @@ import time
 
 from nodekit.launcher.preflight.exchange import Clock
 from nodekit.launcher.store.server import host
-from nodekit.launcher.watchdog.decide import CLOSED, CUT, Done, Lost, Reading, Watch, alarm, lost_line
+from nodekit.launcher.watchdog.decide import (
+    CLOSED,
+    CUT,
+    EXIT_PEER_LOST,
+    Done,
+    Lost,
+    Reading,
+    Watch,
+    alarm,
+    conclude,
+    lost_line,
+)
 from nodekit.launcher.watchdog.run import Watchdog
 
 T = 30.0
@@ -42,6 +53,25 @@ def test_a_connection_cut_unclearly_is_lost_once_the_heartbeat_agrees() -> None:
         w.see(Reading(at=float(t), counts={1: 10, 2: t}))
     assert w.lost(13.0) == (Lost(1, 3.0, gone=CUT),)
     assert "store connection broke and the heartbeat stopped" in lost_line(w.lost(13.0), NAMES, "x")
+
+
+def test_main_whose_job_failed_as_a_connection_was_cut_waits_for_the_heartbeat_and_names_the_node() -> None:
+    """A host killed mid-job: its kernel resets both the job's gloo connection and its store connection (unread data
+    makes a reset, read as a cut). Main's workers fail first ("Connection reset by peer"); main then waits for the
+    heartbeat to agree before it ends, and names the lost node (19), not its own worker's failure (1). Before, main
+    took the cut for settled at once and exited 1 naming no one (CI, a host stopped under Slurm)."""
+    w = Watch(0, 3, T, start=0.0, confirm_s=3.0)
+    beats(w, 10, gone={1: CUT})
+    since = 10.5
+    assert not w.settled(10.5, since)
+    settled = []
+    for t in (11, 12, 13):
+        w.see(Reading(at=float(t), counts={1: 10, 2: t}, bye=frozenset({2})))
+        settled.append(w.settled(float(t), since))
+    assert settled == [False, False, True]
+    ending = conclude(w, 13.0, Done(1), None, NAMES)
+    assert ending.code == EXIT_PEER_LOST, ending
+    assert ending.line is not None and "node 1 (10.0.0.6, host b) lost: store connection broke" in ending.line
 
 
 def test_a_node_that_ended_normally_is_not_lost_when_its_connection_closes() -> None:
