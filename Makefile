@@ -149,6 +149,7 @@ else
 	$(PY) benchmarks/manifest_bench.py
 	$(PY) benchmarks/layers_bench.py
 	$(PY) benchmarks/link_bench.py
+	$(PY) benchmarks/stamp_cost.py
 	$(PY) benchmarks/data_bench.py
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/decide.py
