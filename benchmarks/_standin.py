@@ -198,6 +198,7 @@ class Standins:
         self.state, self.bin = work / "state", work / "bin"
         self.authorized_key, self.host_key = authorized_key, host_key
         self.sshd_pid: int | None = None
+        self.openssh: Path | None = None  # an unpacked openssh-server's root (usr/sbin/sshd, ...); None: the system's
 
     @property
     def addrs(self) -> list[str]:
@@ -219,7 +220,20 @@ class Standins:
         self._sshd()
         return self
 
+    def use_openssh(self, root: Path | None) -> None:
+        """The stand-ins' sshd from ``root``, an unpacked openssh-server package (None: the system's), restarted."""
+        self._stop_sshd()
+        self.openssh = root
+        self._sshd()
+
     def _sshd(self) -> None:
+        sshd = SSHD if self.openssh is None else self.openssh / "usr/sbin/sshd"
+        # OpenSSH 9.8 and later start each connection's session (and 10.0 its authentication) from a path of their
+        # own, which an unpacked package must name.
+        helpers = [] if self.openssh is None else [
+            f"SshdSessionPath {self.openssh / 'usr/lib/openssh/sshd-session'}",
+            *([f"SshdAuthPath {auth}"] if (auth := self.openssh / "usr/lib/openssh/sshd-auth").exists() else []),
+        ]  # fmt: skip
         d = self.work / "sshd"
         d.mkdir(exist_ok=True)
         (d / "authorized_keys").write_text(self.authorized_key)
@@ -231,7 +245,8 @@ class Standins:
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
             # One sshd plays every host: each would see a handful of the head's connections at once.
             "MaxStartups 4096", "MaxSessions 100",
-            f"SetEnv PATH={self.bin}:/usr/local/bin:/usr/bin:/bin NKS_STATE={self.state} NKS_BIN={self.bin}", "",
+            f"SetEnv PATH={self.bin}:/usr/local/bin:/usr/bin:/bin NKS_STATE={self.state} NKS_BIN={self.bin}",
+            *helpers, "",
         ]))  # fmt: skip
         log = d / "sshd.log"
         # The sessions' home is an empty directory bound over /root (as tests/cluster's hosts have their own): this
@@ -240,7 +255,7 @@ class Standins:
         home.mkdir(exist_ok=True)
         own_home = ["unshare", "--mount", "--propagation", "private", "--",
                     "sh", "-c", 'mount --bind "$0" /root && exec "$@"', str(home)]  # fmt: skip
-        p = subprocess.Popen(["ip", "netns", "exec", NETNS, *own_home, str(SSHD), "-D", "-f", str(config), "-E",
+        p = subprocess.Popen(["ip", "netns", "exec", NETNS, *own_home, str(sshd), "-D", "-f", str(config), "-E",
                               str(log)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                              start_new_session=True)  # fmt: skip
         self.sshd_pid = p.pid
@@ -266,11 +281,16 @@ class Standins:
     def __exit__(self, *exc: object) -> None:
         self.down()
 
-    def down(self) -> None:
+    def _stop_sshd(self) -> None:
         if self.sshd_pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.sshd_pid, 15)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(self.sshd_pid, 0)
             self.sshd_pid = None
+
+    def down(self) -> None:
+        self._stop_sshd()
         # Everything left in the namespace (sessions of a killed run): the namespace is ours alone.
         got = sh("ip", "netns", "pids", NETNS, check=False).stdout.split()
         for pid in got:

@@ -12,6 +12,13 @@ Not a test. Needs root, iproute2 and Debian's openssh-server; the stand-ins' ssh
 cores with the head (the machine's busy CPU over the run is printed beside the head's).
 
     .venv/bin/python benchmarks/scale_bench.py [--hosts 64,256,512] [--state F]
+
+Another OpenSSH beside the system's, alternating (OpenSSH 10's default key exchange on Debian bookworm, from
+bookworm-backports, unpacked, not installed; both ends then use their own default):
+
+    apt-get download openssh-client/bookworm-backports openssh-server/bookworm-backports   # with that suite listed
+    for d in openssh-*.deb; do dpkg-deb -x "$d" /tmp/openssh10; done
+    .venv/bin/python benchmarks/scale_bench.py --hosts 512 --openssh system,/tmp/openssh10 --rounds 2
 """
 
 from __future__ import annotations
@@ -186,14 +193,31 @@ HEADER = (
 )
 
 
+def _use_openssh(standins: Standins, build: Path | None, ssh_bin: Path) -> str:
+    """The stand-ins' sshd and the head's ssh from ``build`` (None: the system's); returns the client's version."""
+    if build != standins.openssh:
+        standins.use_openssh(build)
+    wrapper = ssh_bin / "ssh"
+    real = str(build / "usr/bin/ssh") if build is not None else shutil.which("ssh") or "/usr/bin/ssh"
+    line = wrapper.read_text().splitlines()[1].split(" ", 2)
+    wrapper.write_text(f"#!/bin/sh\nexec {real} {line[2]}\n")
+    said = subprocess.run([real, "-V"], capture_output=True, text=True).stderr.strip()
+    return said.split(",")[0].split()[0]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="64,256,512")
     parser.add_argument("--state", type=Path, help="append each run's figures here (JSON lines)")
     parser.add_argument("--kex", default="", help="KexAlgorithms for the head's ssh config, as a user may set in "
                         "~/.ssh/config (default: OpenSSH's own, sntrup761x25519-sha512 in 9.2)")  # fmt: skip
+    parser.add_argument("--openssh", default="system", help="OpenSSH builds to alternate, comma-separated: 'system' "
+                        "or the root of unpacked openssh-client and openssh-server packages (dpkg-deb -x), whose ssh "
+                        "the head runs and whose sshd the stand-ins run")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every host count and OpenSSH, alternating")
     opts = parser.parse_args()
     counts = [int(x) for x in opts.hosts.split(",")]
+    builds = [None if x == "system" else Path(x).resolve() for x in opts.openssh.split(",")]
     kex = opts.kex or "OpenSSH's default"
     exit_on_signals()
     compileall.compile_dir(ROOT / "nodekit", quiet=1)
@@ -220,10 +244,12 @@ def main() -> int:
                    "PYTHONUNBUFFERED": "1", "COLUMNS": "400"}  # fmt: skip
             project = copy_demo("nodekit-scale-project-")
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-            skip = [s.sshd_pid or -1]
             base = (project / "nodekit.toml").read_text()
             print(f"key exchange: {kex}\n{HEADER}", flush=True)
-            for n in counts:
+            sides = [(n, b) for _ in range(opts.rounds) for n in counts for b in builds]
+            for n, build in sides:
+                ssh = _use_openssh(s, build, ssh_bin)
+                skip = [s.sshd_pid or -1]  # the stand-ins' side: its sshd and sessions are not the head's
                 keep = [ln for ln in base.splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
                 names = [f"ssh://root@{a}" for a in s.addrs[:n]]
                 (project / "nodekit.toml").write_text("\n".join([*keep, f"nnodes = {n}", f"hosts = {json.dumps(names)}",
@@ -231,9 +257,9 @@ def main() -> int:
                 s.clear()
                 s.set_job(REF, time.time() + hold_s(n))
                 r = one_run(n, project, env, work / f"run-{n}.log", skip)
-                r["kex"] = kex
+                r["kex"], r["openssh"] = kex, ssh
                 rows.append(r)
-                print(row(r), flush=True)
+                print(f"{r['openssh']} {row(r)}", flush=True)
                 if opts.state:
                     with open(opts.state, "a") as f:
                         f.write(json.dumps(r) + "\n")
@@ -243,7 +269,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(HEADER)
     for r in rows:
-        print(row(r))
+        print(f"{r['openssh']} {row(r)}")
     return 0
 
 

@@ -5,14 +5,18 @@ label, waits for and follows to its end, and the end's ``stop`` and ``rm`` remov
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks._standin import DOCKER_SCRIPT, image_json
+from benchmarks.scale_bench import _use_openssh
 from nodekit.backends.fleet.image import is_this_image
 from nodekit.backends.fleet.remote import parse_engine
 from nodekit.system.docker.models import image_info_of
+from tests.cluster.harness import ssh_client
 
 REF = "nodekit/demo:standin"
 
@@ -47,3 +51,21 @@ def test_a_stand_in_host_answers_the_check_start_follow_and_end(tmp_path: Path) 
     assert docker(tmp_path, "stop", "--time", "10", "p-train-1").returncode == 0
     assert docker(tmp_path, "rm", "--force", "p-train-1").returncode == 0
     assert docker(tmp_path, "ps", "--all", "--quiet").stdout == ""
+
+
+def test_the_heads_ssh_is_the_chosen_openssh_with_the_users_config(tmp_path: Path) -> None:
+    """scale_bench --openssh: the head's ssh wrapper runs the build's client with the same -F config, and says its
+    version; 'system' goes back to the system's."""
+    build = tmp_path / "openssh"
+    (build / "usr/bin").mkdir(parents=True)
+    fake = build / "usr/bin/ssh"
+    fake.write_text('#!/bin/sh\necho "OpenSSH_10.0p2 Debian-7, OpenSSL 3.0.19" >&2\n')
+    fake.chmod(0o755)
+    bin_dir = ssh_client(tmp_path / "ssh", [SimpleNamespace(addr="10.77.1.1")], tmp_path / "key", "ssh-ed25519 AAAA")  # type: ignore[list-item]
+    standins = SimpleNamespace(openssh=build)  # already that build's sshd: nothing restarted
+    assert _use_openssh(standins, build, bin_dir) == "OpenSSH_10.0p2"  # type: ignore[arg-type]
+    wrapper = (bin_dir / "ssh").read_text()
+    assert f'exec {fake} -F {tmp_path / "ssh" / "ssh_config"} "$@"' in wrapper, wrapper
+    standins.openssh = None
+    assert _use_openssh(standins, None, bin_dir).startswith("OpenSSH_")  # type: ignore[arg-type]
+    assert f"exec {shutil.which('ssh')} -F" in (bin_dir / "ssh").read_text()
