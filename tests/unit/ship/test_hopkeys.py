@@ -473,4 +473,6 @@ def test_the_head_writes_a_nodes_input_only_into_a_private_relay_directory_of_it
     finally:
         link.unlink()
     node.end(here.dir, "")
+    os.chmod(other.dir, 0o700)  # private again, so that the end step removes it (it leaves one that is not)
     node.end(other.dir, "")
+    assert not Path(here.dir).exists() and not Path(other.dir).exists()

@@ -196,7 +196,7 @@ if [ -n "$UNREACHABLE_AFTER" ] && [ "$n" -gt "$UNREACHABLE_AFTER" ]; then
   echo "ssh: connect to host 10.0.0.2 port 22: No route to host" >&2; exit 255
 fi
 for a; do last=$a; done
-out=$(mktemp) err=$(mktemp)
+out=$(mktemp "$CALLS.out.XXXXXX") err=$(mktemp "$CALLS.err.XXXXXX")
 setsid sh -c "$last" >"$out" 2>"$err"
 rc=$?
 cat "$out"; cat "$err" >&2; rm -f "$out" "$err"
