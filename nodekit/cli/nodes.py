@@ -157,13 +157,21 @@ def _node_here(settings: Settings, rank: int, out_dir: Path | None) -> tuple[Pat
 
 
 def _ranks(settings: Settings, node_rank: int | None) -> list[int]:
-    """Without hosts, down and logs act on this host's nodes: the one --node-rank names, else every node of the
-    project whose compose project is on this engine (running or stopped)."""
-    if node_rank is not None:
-        return [node_rank]
+    """Without hosts, down and logs act on this host's nodes: every node of the project whose compose project is on
+    this engine (running or stopped), or only the one --node-rank names where it is among them."""
     from nodekit.backends.compose.node import ranks_here
 
-    return ranks_here(settings)
+    here = ranks_here(settings)
+    return here if node_rank is None else [r for r in here if r == node_rank]
+
+
+def _nowhere(settings: Settings, node_rank: int | None) -> str:
+    """What is not on this host: the node --node-rank names, else any node of the project."""
+    from nodekit.backends.compose.node import project_for
+
+    if node_rank is None:
+        return f"no node of {settings.image_name} is on this host"
+    return f"node {node_rank} of {settings.image_name} ({project_for(settings, node_rank)}) is not on this host"
 
 
 # With hosts configured (nodekit.toml `hosts`, or --hostfile), logs and down act on the whole fleet from the head.
@@ -218,7 +226,7 @@ def down(
 
     ranks = _ranks(settings, node_rank)
     if not ranks:
-        typer.echo(f"no node of {settings.image_name} is on this host: nothing to stop")
+        typer.echo(f"{_nowhere(settings, node_rank)}: nothing to stop")
     for rank in ranks:
         path, project = _node_here(settings, rank, out_dir)
         docker.compose_down(path, project, timeout=timeout)
@@ -273,7 +281,7 @@ def logs(
     ranks = _ranks(settings, node_rank)
     if not ranks:
         raise UsageError(
-            f"no node of {settings.image_name} is on this host",
+            _nowhere(settings, node_rank),
             fix="nodekit up --node-rank R first (nodekit ps lists this host's nodes)",
         )
 

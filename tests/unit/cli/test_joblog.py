@@ -3,6 +3,7 @@ every redraw was a line of its own (issue 32)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ def test_the_log_stream_keeps_a_redraws_carriage_return(fake_runner: FakeRunner)
 
 
 def test_a_progress_bar_is_one_line_per_node_not_one_per_redraw(project: Path, fake_runner: FakeRunner) -> None:
+    fake_runner.on("compose", "ls", stdout=json.dumps([{"Name": "nodekit-t-node0", "Status": "exited(1)"}]))
     fake_runner.on("--project-name", "nodekit-t-node0", "logs", stdout=f"epoch 1\n{BAR}epoch 2\n")
     result = runner.invoke(app, ["logs", "--node-rank", "0"])
     assert result.exit_code == 0, result.output

@@ -66,6 +66,22 @@ def test_logs_with_no_node_here_names_the_fix(project: Path, fake_runner: FakeRu
     assert "no node of t is on this host" in result.stderr and "nodekit up" in result.stderr
 
 
+def test_logs_and_down_of_a_node_that_is_not_here_say_so_and_touch_nothing(
+    project: Path, fake_runner: FakeRunner
+) -> None:
+    """A --node-rank that names no node of the project on this host is named, as no node at all is, rather than a
+    silent empty log or a "down" of nothing; the node that is here is not touched."""
+    _projects(fake_runner, "nodekit-t-node0")
+    logs = runner.invoke(app, ["logs", "--node-rank", "9"])
+    assert logs.exit_code == 2 and "node 9 of t (nodekit-t-node9) is not on this host" in logs.stderr, logs.output
+    down = runner.invoke(app, ["down", "--node-rank", "9"])
+    assert down.exit_code == 0 and "node 9 of t (nodekit-t-node9) is not on this host: nothing to stop" in down.stdout
+    assert not [c.cmd for c in fake_runner.calls if "logs" in c.cmd or "down" in c.cmd]
+    fake_runner.on("--project-name", "nodekit-t-node0", "logs", stdout="epoch 1 loss 0.5\n")
+    here = runner.invoke(app, ["logs", "--node-rank", "0"])
+    assert here.exit_code == 0 and here.stdout == "[node 0] epoch 1 loss 0.5\n", here.output
+
+
 @pytest.mark.parametrize("command", ["compose", "up"])
 def test_arguments_after_the_double_dash_reach_the_script(project: Path, command: str) -> None:
     plan = ["-r", "1", "-m", "10.0.0.5", "--image", "nodekit/t:0123", "--dry-run"]
