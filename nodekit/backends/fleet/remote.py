@@ -6,7 +6,9 @@ An ``ssh://`` host is checked in one SSH command (:func:`check_script`): its fac
 host's own docker CLI (the engine the job's ``ssh://`` calls reach: they run ``docker system dial-stdio`` in the same
 login), asked for the run's image, whose answer also proves the engine answers, and for its runtimes where GPUs are
 expected or found. One command, not three round trips per host (the facts script, ``docker version`` through
-``dial-stdio``, ``docker image inspect`` through it), because it is on the path of every ``nodekit run``.
+``dial-stdio``, ``docker image inspect`` through it), because it is on the path of every ``nodekit run``. In a run
+that command is the one that opened the host's connection (:func:`opening`): ``ssh HOST sh -s``, started while this
+machine picks the image, whose shell there runs the check once its script is written (:meth:`Opening.ask`).
 
 :func:`check_all` runs every host at once and raises one :class:`FleetCheckError` naming each failing host with its
 fix; nothing has been started anywhere when it does. The parsers are pure.
@@ -190,11 +192,16 @@ def _run_ssh(host: FleetHost, script: str, deadline: float) -> str | Problem:
         done = proc.run(ssh_argv(host, script), deadline=deadline, what="SSH", fix=fix)
     except DeadlineError:
         return Problem(host, f"SSH did not answer within {deadline:g} s", fix)
-    if done.returncode == 255:
-        return ssh_problem(host, done.stderr)
-    if done.returncode != 0:
-        return Problem(host, f"the facts script failed there ({done.stderr.strip()[-200:]})", "check its login shell")
-    return done.stdout
+    return _said(host, done.returncode, done.stdout, done.stderr)
+
+
+def _said(host: FleetHost, code: int | None, stdout: str, stderr: str) -> str | Problem:
+    """A host's script's standard output, or why not: ssh's own failure (255) named by its last line."""
+    if code == 255:
+        return ssh_problem(host, stderr)
+    if code != 0:
+        return Problem(host, f"the facts script failed there ({stderr.strip()[-200:]})", "check its login shell")
+    return stdout
 
 
 def _facts(host: FleetHost, out: str, gpus: int | None) -> Gathered | Problem:
@@ -229,45 +236,63 @@ class Expect:
     image: str = ""  # the image the node runs: asked of its engine in the same check ("" for none)
 
 
+OPEN_COMMAND = "sh -s"
+"""What :func:`opening`'s SSH command runs there: a shell that waits for its script on standard input, which is the
+host's check once this machine knows what to ask (:meth:`Opening.ask`)."""
+
+
+def _on_stdin(script: str) -> bytes:
+    """``script`` as ``sh -s`` reads it: one brace group, which the shell reads whole before it runs any of it, and
+    whose commands read nothing of the rest (standard input /dev/null)."""
+    return f"{{\n{script}\n}} </dev/null\n".encode()
+
+
 class Opening:
-    """One host's connection being opened by :func:`opening` (``ssh HOST true``)."""
+    """One host's connection being opened by :func:`opening`: ``ssh HOST sh -s``, whose shell there runs the host's
+    check once :meth:`ask` writes it."""
 
     def __init__(self, host: FleetHost, child: proc.Child) -> None:
         self.host, self.child = host, child
-        self._known = False
-        self._problem: Problem | None = None
+        self._asked = False
 
-    def problem(self) -> Problem | None:
-        """Once the connection is open, None; else why not (ssh's 255 and its last line), so that the host's check
-        names it without a second attempt of the same length. A login that ran ``true`` and failed otherwise is the
-        check's to report."""
-        if not self._known:
-            code, err = self.child.wait(), self.child.stderr
-            if code == 255 and err is not None:
-                self._problem = ssh_problem(self.host, err.read().decode(errors="replace"))
-            self._known = True
-        return self._problem
+    def ask(self, script: str, deadline: float) -> str | Problem:
+        """``script`` run there by the shell this connection opened, within ``deadline`` seconds from now (the
+        connection's own opening included, where it is still under way): its standard output, or why not, as
+        :func:`_run_ssh` says it. Once: the shell ends with the script."""
+        if self._asked:
+            raise RuntimeError(f"{self.host.name}'s opening ran its script already")
+        self._asked = True
+        fix = f"check that {self.host.hostname} is up (ssh {self.host.hostname})"
+        try:
+            out, err = self.child.communicate(_on_stdin(script), deadline)
+        except DeadlineError:
+            return Problem(self.host, f"SSH did not answer within {deadline:g} s", fix)
+        return _said(self.host, self.child.returncode, out, err)
 
     def end(self) -> None:
         self.child.wait_or_kill(0)
-        if self.child.stderr is not None:
-            self.child.stderr.close()
+        for pipe in (self.child.stdin, self.child.stdout, self.child.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
 
 
 @contextlib.contextmanager
 def opening(hosts: Sequence[FleetHost]) -> Iterator[Mapping[int, Opening]]:
-    """While entered, each ``ssh://`` host's connection is being opened (``ssh HOST true``, which becomes the
+    """While entered, each ``ssh://`` host's connection is being opened (``ssh HOST sh -s``, which becomes the
     connection a :class:`nodekit.ship.SharedSsh` around it shares): the key exchange and login happen while the
     caller does what needs no host (``nodekit run`` picks this machine's image), and the host's check
-    (:func:`check_all` with ``opened``) then rides the open connection. Yields them by rank; on the way out, any
-    still connecting is ended."""
+    (:func:`check_all` with ``opened``) is then the script of that same SSH command (:meth:`Opening.ask`): one
+    ``ssh`` and one session per host, not a second ``ssh`` for the check once the first has ended. Yields them by
+    rank; on the way out, any still open is ended (its shell there ends with its standard input)."""
     opened: dict[int, Opening] = {}
     if shutil.which("ssh", path=proc.environ().get("PATH")) is not None:
         for h in hosts:
             if h.scheme == "ssh":
                 with contextlib.suppress(OSError):
-                    child = proc.start(ssh_argv(h, "true"), deadline=SSH_DEADLINE_S, what="SSH", fix="",
-                                       stdin="devnull", stdout="devnull", stderr="pipe")  # fmt: skip
+                    child = proc.start(ssh_argv(h, OPEN_COMMAND), what="SSH", fix="", stdin="pipe", stdout="pipe",
+                                       stderr="pipe", deadline=proc.Unbounded("its script's, once asked: "
+                                                                              "Opening.ask"))  # fmt: skip
                     opened[h.rank] = Opening(h, child)
     try:
         yield opened
@@ -285,10 +310,9 @@ def _asked(
     if host.scheme != "ssh":
         got = gather(host, gpus, expect.paths)
         return got if isinstance(got, Problem) else (got, _engine_said(host, expect, got))
-    if opened is not None and (refused := opened.problem()) is not None:
-        return refused
     ask_runtimes = True if expect.gpus or gpus else (False if gpus == 0 else None)
-    out = _run_ssh(host, check_script(expect.paths, image=expect.image, runtimes=ask_runtimes), CHECK_DEADLINE_S)
+    script = check_script(expect.paths, image=expect.image, runtimes=ask_runtimes)
+    out = opened.ask(script, CHECK_DEADLINE_S) if opened is not None else _run_ssh(host, script, CHECK_DEADLINE_S)
     if isinstance(out, Problem):
         return out
     facts = _facts(host, out, gpus)

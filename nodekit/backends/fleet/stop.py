@@ -23,9 +23,10 @@ from nodekit.system import docker, proc
 from nodekit.system.docker import calls
 
 FILES_PER_NODE = 4
-"""Open files ``nodekit run`` may hold per node for the whole job: its follower's two pipes, with room to spare (the
-head process held 164 at 64 stand-in hosts with every follower alive: benchmarks/scale_bench.py); and per host in
-flight, a check's or a start's three pipes, up to MAX_PARALLEL at once."""
+"""Open files ``nodekit run`` may hold per node: until its check, its opening's three pipes (every host's at once:
+fleet/remote.py's ``opening``), then for the whole job its follower's two, with room to spare (the head process held
+164 at 64 stand-in hosts with every follower alive, 1,404 to 1,508 at 512: benchmarks/scale_bench.py); and per host
+in flight, a start's three pipes, up to MAX_PARALLEL at once."""
 FILES_BASE = 256
 
 

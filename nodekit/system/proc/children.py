@@ -126,6 +126,23 @@ class Child:
         self.kill()
         return self.wait()
 
+    def communicate(self, given: bytes, seconds: float) -> tuple[str, str]:
+        """``given`` on its standard input, then its end; its standard output and error (as text) once it has ended,
+        within ``seconds`` from now: past them it is killed and :func:`hung`'s error raised. Started with all three
+        pipes. Whatever interrupts the wait (Ctrl-C, a stop signal) kills it first."""
+        try:
+            out, err = self._popen.communicate(input=given, timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait()
+            raise hung(self.what, seconds, self.fix, cause=self._cause, error=self._error) from None
+        except BaseException:
+            self.kill()
+            self.wait()
+            raise
+        self.wait()
+        return out.decode(errors="replace"), err.decode(errors="replace")
+
     def cut_off(self) -> None:
         """End a process this one feeds on stdin: killed if it still runs, reaped, its stdin closed."""
         if self.poll() is None:

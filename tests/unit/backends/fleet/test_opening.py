@@ -3,6 +3,7 @@ with a stand-in ``ssh`` on PATH that logs every call (the real OpenSSH path: the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +36,27 @@ def test_connections_open_at_once_and_a_refused_one_is_named_without_a_second_at
         assert sorted(opened) == [0, 1]  # every ssh:// host
         assert opened[0].child.poll() is None  # started without waiting for any (each takes 0.2 s)
         checked = remote.check_host(bad, remote.Expect(), None, opened[1])
-        assert opened[0].problem() is None
+        # The good host's script is the opening's own: its shell there ran it, and its commands read nothing
+        # of what followed it on standard input.
+        said = opened[0].ask("echo checked; read more && echo read-the-rest: $more || echo nothing-to-read", 10)
+        assert said == "checked\nnothing-to-read\n", said
+        with pytest.raises(RuntimeError):
+            opened[0].ask("echo again", 10)  # once: the shell ended with its script
     [refused] = checked
     assert "Connection refused" in refused.what and "runs sshd" in refused.fix
-    # One ssh per host: the refused host's check did not dial again.
-    assert calls.read_text().split() == ["true", "true"]
+    # One ssh per host, the check's included: the refused host's check did not dial again, the good one's rode
+    # its opening.
+    assert [c for c in calls.read_text().splitlines() if c] == [remote.OPEN_COMMAND] * 2
+
+
+def test_a_host_whose_opening_never_answers_is_named_within_the_checks_deadline(calls: Path, tmp_path: Path) -> None:
+    slow = tmp_path / "bin" / "ssh"
+    slow.write_text(SSH.replace("sleep 0.2", "sleep 30"))
+    with remote.opening([parse_host("ssh://root@10.0.0.2", 0)]) as opened:
+        t0 = time.monotonic()
+        said = opened[0].ask("echo checked", 0.5)
+        assert isinstance(said, remote.Problem) and said.what == "SSH did not answer within 0.5 s", said
+        assert time.monotonic() - t0 < 5 and opened[0].child.returncode is not None  # killed, not left to run
 
 
 def test_leaving_early_ends_the_connections_still_opening(calls: Path, tmp_path: Path) -> None:
