@@ -214,13 +214,22 @@ def main() -> int:
     parser.add_argument("--openssh", default="system", help="OpenSSH builds to alternate, comma-separated: 'system' "
                         "or the root of unpacked openssh-client and openssh-server packages (dpkg-deb -x), whose ssh "
                         "the head runs and whose sshd the stand-ins run")  # fmt: skip
-    parser.add_argument("--rounds", type=int, default=1, help="runs of every host count and OpenSSH, alternating")
+    parser.add_argument("--code", default="this", help="nodekit's code to alternate, comma-separated: 'this' (the "
+                        "checkout this runs from) or another tree holding a nodekit package (a git worktree of an "
+                        "earlier commit), which the head then imports first (PYTHONPATH)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of every host count, OpenSSH and code, alternating")  # fmt: skip
     opts = parser.parse_args()
     counts = [int(x) for x in opts.hosts.split(",")]
     builds = [None if x == "system" else Path(x).resolve() for x in opts.openssh.split(",")]
+    codes = [None if x == "this" else Path(x).resolve() for x in opts.code.split(",")]
+    for tree in codes:
+        if tree is not None and not (tree / "nodekit" / "__init__.py").is_file():
+            raise SystemExit(f"--code {tree}: no nodekit package there")
     kex = opts.kex or "OpenSSH's default"
     exit_on_signals()
-    compileall.compile_dir(ROOT / "nodekit", quiet=1)
+    for tree in (ROOT, *(c for c in codes if c is not None)):
+        compileall.compile_dir(tree / "nodekit", quiet=1)
     work = Path(tempfile.mkdtemp(prefix="nodekit-scale-"))
     rows = []
     try:
@@ -246,8 +255,8 @@ def main() -> int:
             ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
             base = (project / "nodekit.toml").read_text()
             print(f"key exchange: {kex}\n{HEADER}", flush=True)
-            sides = [(n, b) for _ in range(opts.rounds) for n in counts for b in builds]
-            for n, build in sides:
+            sides = [(n, b, c) for _ in range(opts.rounds) for n in counts for b in builds for c in codes]
+            for n, build, code in sides:
                 ssh = _use_openssh(s, build, ssh_bin)
                 skip = [s.sshd_pid or -1]  # the stand-ins' side: its sshd and sessions are not the head's
                 keep = [ln for ln in base.splitlines() if not ln.startswith(("nnodes =", "hosts =", "args ="))]
@@ -256,10 +265,11 @@ def main() -> int:
                                                                  'args = ["--epochs", "1"]']) + "\n")  # fmt: skip
                 s.clear()
                 s.set_job(REF, time.time() + hold_s(n))
-                r = one_run(n, project, env, work / f"run-{n}.log", skip)
-                r["kex"], r["openssh"] = kex, ssh
+                side_env = env if code is None else {**env, "PYTHONPATH": str(code)}
+                r = one_run(n, project, side_env, work / f"run-{n}.log", skip)
+                r["kex"], r["openssh"], r["code"] = kex, ssh, "this" if code is None else str(code)
                 rows.append(r)
-                print(f"{r['openssh']} {row(r)}", flush=True)
+                print(f"{r['openssh']} {r['code']} {row(r)}", flush=True)
                 if opts.state:
                     with open(opts.state, "a") as f:
                         f.write(json.dumps(r) + "\n")
@@ -269,7 +279,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(HEADER)
     for r in rows:
-        print(f"{r['openssh']} {row(r)}")
+        print(f"{r['openssh']} {r['code']} {row(r)}")
     return 0
 
 
