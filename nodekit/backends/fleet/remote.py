@@ -290,9 +290,9 @@ def opening(hosts: Sequence[FleetHost]) -> Iterator[Mapping[int, Opening]]:
         for h in hosts:
             if h.scheme == "ssh":
                 with contextlib.suppress(OSError):
-                    child = proc.start(ssh_argv(h, OPEN_COMMAND), what="SSH", fix="", stdin="pipe", stdout="pipe",
-                                       stderr="pipe", deadline=proc.Unbounded("its script's, once asked: "
-                                                                              "Opening.ask"))  # fmt: skip
+                    waits = proc.Unbounded("the check's deadline, from when Opening.ask writes its script")
+                    child = proc.start(ssh_argv(h, OPEN_COMMAND), deadline=waits, what="SSH", fix="", stdin="pipe",
+                                       stdout="pipe", stderr="pipe")  # fmt: skip
                     opened[h.rank] = Opening(h, child)
     try:
         yield opened
