@@ -36,10 +36,10 @@ def test_connections_open_at_once_and_a_refused_one_is_named_without_a_second_at
         assert sorted(opened) == [0, 1]  # every ssh:// host
         assert opened[0].child.poll() is None  # started without waiting for any (each takes 0.2 s)
         checked = remote.check_host(bad, remote.Expect(), None, opened[1])
-        # The good host's script is the opening's own: its shell there ran it, and its commands read nothing
-        # of what followed it on standard input.
-        said = opened[0].ask("echo checked; read more && echo read-the-rest: $more || echo nothing-to-read", 10)
-        assert said == "checked\nnothing-to-read\n", said
+        # The good host's script is the opening's own: its shell there ran it, its commands' standard input
+        # /dev/null (not the stream the script came on).
+        said = opened[0].ask("echo checked; echo stdin=$(readlink /proc/self/fd/0)", 10)
+        assert said == "checked\nstdin=/dev/null\n", said
         with pytest.raises(RuntimeError):
             opened[0].ask("echo again", 10)  # once: the shell ended with its script
     [refused] = checked
