@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from nodekit.launcher.contract import EXIT_PEER_LOST, EXIT_STALLED
+from tests.ports import quiet_ports
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -158,12 +158,6 @@ time.sleep(60)
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _two_nodes(tmp_path: Path, copy: Path, **extra: str) -> list[tuple[int, str]]:
     """Both nodes' launchers on loopback, each with its compose file's environment; their exit codes and output."""
     project = tmp_path / "project"
@@ -179,8 +173,8 @@ def _two_nodes(tmp_path: Path, copy: Path, **extra: str) -> list[tuple[int, str]
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     env = {k: v for k, v in json.loads(done.stdout)["env"].items() if v is not None}
-    port = _free_port()
-    job = env | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODEKIT_PREFLIGHT_PORT": str(_free_port()),
+    port, preflight = quiet_ports(2)  # not from the ephemeral range, which other tests' connections draw on
+    job = env | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODEKIT_PREFLIGHT_PORT": str(preflight),
                  "NODEKIT_JOB_SECRET": "s" * 32, "NODEKIT_OUTPUT_DIR": str(tmp_path / "out"),
                  "NODEKIT_LINK_CHECK": "off", "NODEKIT_GPU_HEALTH": "off", "NODEKIT_PEER_TIMEOUT": "5",
                  "NODEKIT_RDZV_TIMEOUT": "60", **extra}  # fmt: skip
