@@ -8,13 +8,14 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.ports import quiet_ports
 
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage")  # fmt: skip
@@ -29,9 +30,8 @@ def missing() -> str | None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """The browser's debugging port: not from the ephemeral range, which other tests' connections draw on."""
+    return quiet_ports(1)[0]
 
 
 class Browser:

@@ -24,6 +24,7 @@ from nodekit.job import secret
 from nodekit.launcher.config import LaunchConfig
 from nodekit.launcher.preflight.exchange import SecretMismatch, open_store
 from tests.factories import BEHAVIOURS, cfg, facts, hostile, quiet, wait_for
+from tests.ports import quiet_ports
 
 S1 = "a" * 32
 S2 = "b" * 32
@@ -86,9 +87,8 @@ def test_every_node_file_carries_the_same_secret_and_no_output_shows_it(project:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port for a store this test opens: not from the ephemeral range, which other tests' connections draw on."""
+    return quiet_ports(1)[0]
 
 
 def run_preflight(
