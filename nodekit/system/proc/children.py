@@ -126,15 +126,17 @@ class Child:
         self.kill()
         return self.wait()
 
-    def communicate(self, given: bytes, seconds: float) -> tuple[str, str]:
-        """``given`` on its standard input, then its end; its standard output and error (as text) once it has ended,
-        within ``seconds`` from now: past them it is killed and :func:`hung`'s error raised. Started with all three
-        pipes. Whatever interrupts the wait (Ctrl-C, a stop signal) kills it first."""
+    def communicate(self, given: bytes | None, seconds: float | None) -> tuple[str, str]:
+        """``given`` on its standard input (None: none of ours), then its end; its standard output and error (as
+        text) once it has ended, within ``seconds`` from now (None: no bound): past them it is killed and
+        :func:`hung`'s error raised. Started with its output piped. Whatever interrupts the wait (Ctrl-C, a stop
+        signal) kills it first."""
         try:
             out, err = self._popen.communicate(input=given, timeout=seconds)
         except subprocess.TimeoutExpired:
             self.kill()
             self.wait()
+            assert seconds is not None
             raise hung(self.what, seconds, self.fix, cause=self._cause, error=self._error) from None
         except BaseException:
             self.kill()

@@ -14,7 +14,7 @@ from typing import Literal
 
 from nodekit.errors import DeadlineError
 from nodekit.system.proc.children import Child
-from nodekit.system.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Unbounded, hung
+from nodekit.system.proc.deadlines import KILL_AFTER_S, TIMEOUT_CODES, Deadline, Unbounded
 from nodekit.system.proc.env import environ, overlay
 
 Stdio = Literal["inherit", "pipe", "devnull", "stdout"]
@@ -101,22 +101,12 @@ def run(
     given the grace period to end on its own)."""
     popen = _popen(list(argv), env=dict(env) if env is not None else environ(), deadline=deadline,
                    stdin="pipe" if given is not None else stdin, stdout="pipe", stderr="pipe", group=group)  # fmt: skip
-    child = Child(popen, what=what, fix=fix, deadline=deadline, group=group, timer=False, stop_with=stop_with)
-    seconds = None if isinstance(deadline, Unbounded) else deadline
-    try:
-        out, err = popen.communicate(input=given, timeout=seconds)
-    except subprocess.TimeoutExpired:
-        assert seconds is not None
-        child.kill()
-        child.wait()
-        raise hung(what, seconds, fix, cause=cause, error=error) from None
-    except BaseException:
-        child.kill()
-        child.wait()
-        raise
-    code = child.wait()
+    child = Child(popen, what=what, fix=fix, deadline=deadline, group=group, timer=False, stop_with=stop_with,
+                  cause=cause, error=error)  # fmt: skip
+    out, err = child.communicate(given, None if isinstance(deadline, Unbounded) else deadline)
+    code = child.returncode
     assert code is not None
-    return Result(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+    return Result(tuple(argv), code, out, err)
 
 
 @functools.cache
