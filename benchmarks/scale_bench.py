@@ -175,9 +175,11 @@ def one_run(n: int, project: Path, env: dict[str, str], log: Path, skip: list[in
 
 
 def row(r: dict[str, Any]) -> str:
+    """The run's line of the table, after the OpenSSH and the code it ran (when they are recorded)."""
     cpu = r["cpu_user_s"] + r["cpu_sys_s"]
     stop = r["wall_s"] - r["last_job_line_s"]
-    return (f"| {r['hosts']} | {r['ready_wall_s']:.1f} s ({r['ready_s']:.1f}) | {r['started_wall_s']:.1f} s "
+    side = "".join(f"{r[k]} " for k in ("openssh", "code") if k in r)
+    return (f"{side}| {r['hosts']} | {r['ready_wall_s']:.1f} s ({r['ready_s']:.1f}) | {r['started_wall_s']:.1f} s "
             f"({r['started_s']:.1f}) | {stop:.1f} s | {cpu:.1f} "
             f"({cpu / r['hosts']:.3f}) | {r['peak_rss_mb']:.0f} MB | {r['peak_fds']} | {r['peak_procs']} | "
             f"{r['head_peak_fds']} / {r['head_peak_threads']} | {r['standins_cpu_s']:.0f} | "
@@ -269,7 +271,7 @@ def main() -> int:
                 r = one_run(n, project, side_env, work / f"run-{n}.log", skip)
                 r["kex"], r["openssh"], r["code"] = kex, ssh, "this" if code is None else str(code)
                 rows.append(r)
-                print(f"{r['openssh']} {r['code']} {row(r)}", flush=True)
+                print(row(r), flush=True)
                 if opts.state:
                     with open(opts.state, "a") as f:
                         f.write(json.dumps(r) + "\n")
@@ -279,7 +281,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     print(HEADER)
     for r in rows:
-        print(f"{r['openssh']} {r['code']} {row(r)}")
+        print(row(r))
     return 0
 
 
